@@ -1,0 +1,5 @@
+"""`python -m builder` is `moe-stack`."""
+
+from builder.cli import main
+
+main()

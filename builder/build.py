@@ -1,0 +1,104 @@
+"""Build a rendered context with buildx. The call is a plain value (BuildPlan) first, so tests and
+`--dry-run` see exactly what runs; python-on-whales then makes it."""
+
+from __future__ import annotations
+
+import shlex
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from python_on_whales.exceptions import DockerException
+
+from builder.docker_client import docker
+from builder.engines import get_engine
+from builder.errors import BuildFailed
+from builder.spec import ImageSpec
+
+# The stage the image is; the others only build it.
+RUNTIME_STAGE = "runtime"
+# Name of the stage a local engine tree replaces (see the Dockerfile's source stage).
+SOURCE_CONTEXT = "engine-src"
+
+
+def image_tag(spec: ImageSpec) -> str:
+    """`<registry>/<namespace>/<engine>:<ref>-<cuda|cpu>-<isa>`."""
+    return f"{spec.registry}/{spec.namespace}/{get_engine(spec.engine).slug}:{spec.variant}"
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    context: Path
+    tags: tuple[str, ...]
+    labels: dict[str, str] = field(default_factory=dict)
+    build_contexts: dict[str, str] = field(default_factory=dict)
+    load: bool = True
+    target: str = RUNTIME_STAGE
+
+    def kwargs(self) -> dict[str, object]:
+        """Arguments for `docker.buildx.build`."""
+        return {
+            "context_path": self.context,
+            "file": self.context / "Dockerfile",
+            "target": self.target,
+            "tags": list(self.tags),
+            "labels": dict(self.labels),
+            "build_contexts": dict(self.build_contexts),
+            "load": self.load,
+        }
+
+    def argv(self) -> list[str]:
+        """The same build as a `docker buildx build` command line."""
+        argv = ["docker", "buildx", "build", "--file", str(self.context / "Dockerfile"), "--target", self.target]
+        for tag in self.tags:
+            argv += ["--tag", tag]
+        for key, value in self.labels.items():
+            argv += ["--label", f"{key}={value}"]
+        for name, path in self.build_contexts.items():
+            argv += ["--build-context", f"{name}={path}"]
+        if self.load:
+            argv.append("--load")
+        return argv + [str(self.context)]
+
+    def command_line(self) -> str:
+        return shlex.join(self.argv())
+
+
+def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None) -> BuildPlan:
+    """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone."""
+    created = created or datetime.now(timezone.utc)
+    contexts = {SOURCE_CONTEXT: str(source_tree)} if source_tree is not None else {}
+    return BuildPlan(
+        context=context,
+        tags=(image_tag(spec),),
+        labels={"org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ")},
+        build_contexts=contexts,
+    )
+
+
+def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> str:
+    """Run `plan`, showing each log line and keeping all of them in `log_path`; returns the first tag.
+
+    On failure raise BuildFailed with the failing step's tail and where the full log is.
+    """
+    tail: deque[str] = deque(maxlen=25)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    client = docker()
+    with log_path.open("w") as log:
+        try:
+            for line in client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True):
+                line = line.rstrip("\n")
+                log.write(line + "\n")
+                tail.append(line)
+                show(line)
+        except DockerException as err:
+            extra = (err.stderr or "").strip().splitlines()
+            for line in extra:
+                log.write(line + "\n")
+            tail.extend(extra[-10:])
+            failing = next((l for l in reversed(tail) if "ERROR" in l or "error:" in l), "see the log")
+            raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",
+                              tail="\n".join(tail), log_path=str(log_path)) from None
+    return plan.tags[0]

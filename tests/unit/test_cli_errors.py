@@ -1,0 +1,95 @@
+"""Bad input at the command line: one clear line, exit status 1, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=120)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("moe-stack: error: "), result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_unknown_engine(tmp_path: Path) -> None:
+    result = run_cli("render", "--engine", "vllm", "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, "unknown engine 'vllm'", "llama.cpp, ik_llama.cpp")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_isa(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("render", "--cpu", "avx9", "--out", str(tmp_path / "o")), "unknown CPU target 'avx9'")
+
+
+def test_bad_ref() -> None:
+    assert_one_line_error(run_cli("render", "--ref", "a b"), "ref: 'a b' must be", "image tag")
+
+
+def test_source_missing(tmp_path: Path) -> None:
+    result = run_cli("build", "--source", str(tmp_path / "missing"), "--dry-run")
+    assert_one_line_error(result, "no such file or directory", "pypi:llama-cpp-python")
+
+
+def test_source_not_an_engine_tree(tmp_path: Path) -> None:
+    result = run_cli("build", "--engine", "ik_llama.cpp", "--source", str(tmp_path), "--dry-run")
+    assert_one_line_error(result, "is not a ik_llama.cpp source tree")
+
+
+def test_model_missing(tmp_path: Path) -> None:
+    result = run_cli("compose", "--model", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "c.yaml"))
+    assert_one_line_error(result, "does not exist")
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_cli("compose", "--model", str(model), "--port", str(port), "--out", str(tmp_path / "c.yaml"))
+    assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
+    assert not (tmp_path / "c.yaml").exists()
+
+
+@pytest.mark.parametrize("verb", [["up"], ["build", "--source", "pypi:none"], ["base"]])
+def test_docker_daemon_unreachable(tmp_path: Path, verb: list[str]) -> None:
+    compose_file = tmp_path / "compose.yaml"
+    compose_file.write_text("services: {}\n")
+    args = [*verb, str(compose_file)] if verb == ["up"] else verb
+    if verb[0] == "build":
+        args = ["build", "--engine", "llama.cpp", "--source", str(_mainline_tree(tmp_path / "src"))]
+    result = run_cli(*args, env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
+    assert_one_line_error(result, "can't reach the Docker daemon")
+
+
+def _mainline_tree(root: Path) -> Path:
+    for rel in ("ggml", "tools/server"):
+        (root / rel).mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text("project(llama)\n")
+    return root
+
+
+def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--experts-on-cpu",
+                     "--port", "18080", "--", "--no-warmup")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "c.yaml").read_text()
+    assert "127.0.0.1" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text and "--no-warmup" in text

@@ -1,0 +1,69 @@
+"""Compose emission: the document's security defaults, flags, metadata; atomic write; port checks."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builder.compose import check_port_free, compose_dict, start_period_for, to_yaml, write_stack
+from builder.errors import StackError
+from builder.spec import StackSpec
+
+
+def _stack(tmp_path: Path, **update: object) -> StackSpec:
+    model = tmp_path / "models" / "m.gguf"
+    model.parent.mkdir(exist_ok=True)
+    model.write_bytes(b"GGUF")
+    values = {"project": "demo", "engine": "llama.cpp", "image": "img:1", "model": model, "threads": 4}
+    return StackSpec(**(values | update))
+
+
+def test_document_defaults(tmp_path: Path) -> None:
+    doc = compose_dict(_stack(tmp_path), generated_by="moe-stack compose -m m.gguf")
+    service = doc["services"]["engine"]
+    assert service["ports"] == [{"target": 8080, "published": "8080", "host_ip": "127.0.0.1", "protocol": "tcp"}]
+    assert service["volumes"] == [{"type": "bind", "source": str(tmp_path / "models"), "target": "/models",
+                                   "read_only": True}]
+    assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
+    assert "privileged" not in service and "cap_add" not in service
+    assert service["healthcheck"]["test"] == ["CMD", "/usr/local/bin/moe-stack-health"]
+    assert service["command"][:6] == ["--model", "/models/m.gguf", "--host", "0.0.0.0", "--port", "8080"]
+    assert doc["x-moe-stack"]["generated-by"] == "moe-stack compose -m m.gguf"
+
+
+def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
+    rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--mlock",)), "x")
+    command = doc["services"]["engine"]["command"]
+    assert command[-3:] == ["--override-tensor", rule, "--mlock"]
+    assert yaml.safe_load(to_yaml(doc))["services"]["engine"]["command"] == command, "regex survives YAML"
+
+
+def test_extra_args_may_not_repeat_stack_flags(tmp_path: Path) -> None:
+    with pytest.raises(StackError, match=r"repeat flags the stack sets itself \(--port\)"):
+        compose_dict(_stack(tmp_path, extra_args=("--port", "9000")), "x")
+
+
+def test_start_period_grows_with_model_size() -> None:
+    assert start_period_for(240 * 1024**2) == 60
+    assert start_period_for(355 * 1000**3) > 1300  # DeepSeek-R1 IQ4_XS: minutes to load
+
+
+def test_write_is_atomic_and_keeps_neighbours(tmp_path: Path) -> None:
+    (tmp_path / "other.yaml").write_text("keep")
+    path = write_stack(compose_dict(_stack(tmp_path), "x"), tmp_path / "compose.yaml")
+    assert yaml.safe_load(path.read_text())["name"] == "demo"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "models", "other.yaml"]
+
+
+def test_port_in_use_is_named() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(StackError, match=f"port {port} on 127.0.0.1 is already in use"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # free again

@@ -1,0 +1,37 @@
+"""Each published spec renders to the checked-in files under tests/golden/, byte for byte.
+
+After an intended template change: MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from builder.engines import get_engine
+from builder.render import render, render_files
+from tests.specs import published_specs
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+SPECS = {f"{get_engine(s.engine).slug}-{s.variant}": s for s in published_specs()}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_render_matches_golden(name: str) -> None:
+    spec = SPECS[name]
+    directory = GOLDEN / name
+    if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
+        render(spec, directory)
+    rendered = render_files(spec)
+    assert directory.is_dir(), f"no golden render for {name}: run with MOE_STACK_UPDATE_GOLDEN=1"
+    on_disk = {p.name: p.read_text() for p in directory.iterdir() if p.is_file()}
+    assert sorted(on_disk) == sorted(rendered), "golden file set differs: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+    for filename, text in rendered.items():
+        assert on_disk[filename] == text, f"{name}/{filename} is stale: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+
+
+def test_no_stale_golden_directories() -> None:
+    stale = {p.name for p in GOLDEN.iterdir() if p.is_dir()} - set(SPECS)
+    assert not stale, f"golden renders for specs no longer published: {sorted(stale)}"

