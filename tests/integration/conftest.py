@@ -1,0 +1,130 @@
+"""Container harness: real base image, real engine images built from real sources, real models.
+
+Everything a test creates has a unique name and is removed by a yield fixture, also on failure.
+Without a Docker daemon the integration tests are skipped, except under CI, where that fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from builder.baseimage import ensure_base
+from builder.build import image_tag, plan_build, run_build
+from builder.compose import compose_dict, write_stack
+from builder.docker_client import docker
+from builder.engines import get_engine
+from builder.errors import DockerUnavailable
+from builder.models import fetch_demo_model
+from builder.render import render
+from builder.source import cache_dir, resolve_local
+from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
+from builder.stack import down, up
+from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.targets import cpu_target
+
+ENGINES = ["llama.cpp", "ik_llama.cpp"]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    engine: str
+    tag: str
+    ref: str
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    compose_file: Path
+    port: int
+    client: DockerClient
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> DockerClient:
+    try:
+        return docker()
+    except DockerUnavailable as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs a Docker daemon: {err}")
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: DockerClient) -> str:
+    """debian:bookworm-slim where it can be pulled, else one made here with `moe-stack base`."""
+    return ensure_base()
+
+
+_built: dict[str, BuiltImage] = {}
+
+
+def build_engine_image(engine_name: str, base: str) -> BuiltImage:
+    """The engine's avx2 CPU image, built once per session from the PyPI sdist that vendors it."""
+    if engine_name not in _built:
+        engine = get_engine(engine_name)
+        tree = resolve_local(engine, f"pypi:{engine.sdist}")
+        spec = ImageSpec(engine=engine.name, source=LocalSource(path=tree, ref=engine.sdist_ref),
+                         cpu=cpu_target("avx2"), base=BaseImages(build=base, runtime=base),
+                         registry="localhost", namespace="moe-stack-test")
+        name = f"test-{engine.slug}-{spec.variant}"
+        context = render(spec, cache_dir() / "contexts" / name)
+        log = cache_dir() / "logs" / f"{name}.log"
+        run_build(plan_build(spec, context, tree), log, show=lambda line: None)
+        _built[engine_name] = BuiltImage(engine=engine.name, tag=image_tag(spec), ref=engine.sdist_ref)
+    return _built[engine_name]
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def engine_image(request: pytest.FixtureRequest, base_image: str) -> BuiltImage:
+    return build_engine_image(request.param, base_image)
+
+
+@pytest.fixture(scope="session")
+def gemma_model() -> Path:
+    return fetch_demo_model()
+
+
+@pytest.fixture(scope="session")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_moe_gguf(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-q8_0.gguf", MoeShape())
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+StackFactory = Callable[..., RunningStack]
+
+
+@pytest.fixture
+def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
+    """Emit a stack for (image, model, options), bring it up healthy; every stack is removed after."""
+    started: list[Path] = []
+
+    def _start(image: BuiltImage, model: Path, wait_s: int = 180, **options: object) -> RunningStack:
+        port = free_port()
+        project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
+        stack = StackSpec(project=project, engine=image.engine, image=image.tag, model=model, port=port,
+                          threads=2, **options)
+        compose_file = write_stack(compose_dict(stack, generated_by="pytest"), tmp_path / project / "compose.yaml")
+        started.append(compose_file)
+        up(compose_file, timeout_s=wait_s)
+        return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
+
+    yield _start
+    for compose_file in started:
+        down(compose_file)

@@ -1,0 +1,81 @@
+"""Both engines, end to end: a real image from real sources, serving real models over HTTP."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+from python_on_whales.exceptions import DockerException
+
+from builder.cli import EXPERTS_ON_CPU_RULE
+from builder.demo import ask
+from builder.errors import StackError
+from tests.integration.conftest import BuiltImage, StackFactory
+
+pytestmark = pytest.mark.integration
+
+
+def _post(url: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)
+
+
+def test_image_metadata(docker_client: DockerClient, engine_image: BuiltImage) -> None:
+    config = docker_client.image.inspect(engine_image.tag).config
+    assert config.user == "10001:10001"
+    assert config.entrypoint == ["/usr/local/bin/moe-stack-entrypoint"]
+    assert config.healthcheck is not None and config.healthcheck.test[-1] == "/usr/local/bin/moe-stack-health"
+    labels = config.labels
+    assert labels["io.moe-stack.engine"] == engine_image.engine
+    assert labels["io.moe-stack.engine-ref"] == engine_image.ref
+    assert labels["io.moe-stack.cpu-target"] == "avx2"
+    assert "avx2" in labels["io.moe-stack.required-cpu-flags"].split()
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+
+
+def test_binary_reports_the_pinned_ref_as_non_root(docker_client: DockerClient, engine_image: BuiltImage) -> None:
+    identity = docker_client.run(engine_image.tag, ["-c", "id -u; id -g"], entrypoint="/bin/sh", remove=True)
+    assert identity.split() == ["10001", "10001"]
+    version = docker_client.run(engine_image.tag, ["--version"], remove=True, stream=False,)
+    assert engine_image.ref in str(version), version
+
+
+def test_isa_guard_names_missing_flags(docker_client: DockerClient, engine_image: BuiltImage, tmp_path: Path) -> None:
+    flags = tmp_path / "required-cpu-flags"
+    flags.write_text("avx2 moe_stack_no_such_flag\n")
+    with pytest.raises(DockerException) as failure:
+        docker_client.run(engine_image.tag, ["--version"], remove=True,
+                          volumes=[(flags, "/etc/moe-stack/required-cpu-flags", "ro")])
+    assert failure.value.return_code == 78
+    assert "needs CPU flags this host lacks: moe_stack_no_such_flag" in failure.value.stderr
+    assert "Illegal instruction" not in failure.value.stderr
+
+
+def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start_stack: StackFactory) -> None:
+    stack = start_stack(engine_image, gemma_model)
+    answer = ask(stack.port, prompt="Name one colour of the sky.", max_tokens=16)
+    assert answer.text.strip(), "empty answer"
+    assert answer.completion_tokens > 0
+    container = stack.client.compose.ps()[0]
+    assert container.execute(["id", "-u"]).strip() == "10001"
+    assert container.state.health.status == "healthy"
+
+
+def test_moe_serves_with_experts_on_cpu(engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory) -> None:
+    stack = start_stack(engine_image, moe_model, override_tensors=(EXPERTS_ON_CPU_RULE,))
+    reply = _post(f"{stack.url}/completion", {"prompt": "hello expert", "n_predict": 8, "ignore_eos": True,
+                                              "temperature": 0})
+    assert reply["tokens_predicted"] == 8 and reply["content"], reply
+    command = stack.client.compose.ps()[0].config.cmd
+    assert ["--override-tensor", EXPERTS_ON_CPU_RULE] == command[command.index("--override-tensor"):][:2]
+
+
+def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_model: Path,
+                                               start_stack: StackFactory) -> None:
+    """The -ot rule reaches the engine's parser: a bad buffer type stops the stack with a clear error."""
+    with pytest.raises(StackError, match="did not become healthy"):
+        start_stack(engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",), wait_s=60)
