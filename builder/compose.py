@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import stat
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ from builder.engines import get_engine
 from builder.engines.base import CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
+from builder.render import IMAGE_UID
 from builder.spec import StackSpec
 
 SERVICE = "engine"
@@ -32,6 +34,21 @@ def start_period_for(model_bytes: int) -> int:
     return max(_MIN_START_PERIOD_S, 30 + model_bytes // _LOAD_BYTES_PER_S)
 
 
+def check_readable_in_container(model: Path, uid: int = IMAGE_UID) -> None:
+    """The engine runs as `uid`, not as the model's owner: refuse a model it could not open."""
+    model = model.resolve()
+    for path, need_owner, need_other, fix in (
+        (model.parent, stat.S_IRUSR | stat.S_IXUSR, stat.S_IROTH | stat.S_IXOTH, "o+rx"),
+        (model, stat.S_IRUSR, stat.S_IROTH, "o+r"),
+    ):
+        info = path.stat()
+        mode = info.st_mode
+        readable = (mode & need_owner) == need_owner if info.st_uid == uid else (mode & need_other) == need_other
+        if not readable:
+            raise StackError(f"{path} is not readable by the engine's user (uid {uid}) in the container; "
+                             f"run `chmod {fix} {path}` (or chown it to {uid})")
+
+
 def compose_dict(stack: StackSpec, generated_by: str) -> dict[str, object]:
     """The compose document for `stack`; `generated_by` records the command that made it."""
     clashing = sorted(RESERVED_FLAGS.intersection(stack.extra_args))
@@ -40,6 +57,7 @@ def compose_dict(stack: StackSpec, generated_by: str) -> dict[str, object]:
                          "use the matching moe-stack option instead")
     engine = get_engine(stack.engine)
     model = stack.model.resolve()
+    check_readable_in_container(model)
     service = {
         "image": stack.image,
         "command": engine.server_args(stack),

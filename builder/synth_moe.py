@@ -4,7 +4,8 @@ Architecture qwen3moe, as llama.cpp and ik_llama.cpp load it: per layer attentio
 q/k norms), a router (ffn_gate_inp) and routed experts (ffn_gate/up/down_exps), so `-ot ...exps=CPU`
 and fused-MoE code paths run for real. Weights are random Q8_0/Q4_0 blocks written as bytes and
 streamed tensor by tensor (large shapes never sit in memory). The vocabulary is a SentencePiece-style
-one with all 256 byte tokens, so any text tokenizes and completions decode.
+one with all 256 byte tokens, so any text tokenizes; the output head never prefers a token that is
+not text on its own, so greedy completions are valid UTF-8 (ik_llama.cpp's server answers 500 otherwise).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def _tensors(shape: MoeShape, n_vocab: int) -> Iterator[tuple[str, tuple[int, ...], str]]:
-    """(name, ne as ggml orders it, kind) for every tensor; kind is 'norm' (F32 ones) or 'quant'."""
+    """(name, ne as ggml orders it, kind) per tensor: 'norm' (F32 ones), 'router' (F32), 'quant', 'head'."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     yield "token_embd.weight", (h, n_vocab), "quant"
     for i in range(shape.layers):
@@ -84,18 +85,32 @@ def _tensors(shape: MoeShape, n_vocab: int) -> Iterator[tuple[str, tuple[int, ..
         yield f"{p}.ffn_up_exps.weight", (h, shape.expert_ffn, shape.experts), "quant"
         yield f"{p}.ffn_down_exps.weight", (shape.expert_ffn, h, shape.experts), "quant"
     yield "output_norm.weight", (h,), "norm"
-    yield "output.weight", (h, n_vocab), "quant"
+    yield "output.weight", (h, n_vocab), "head"
 
 
-def _quant_blocks(rng: np.random.Generator, ne: tuple[int, ...], quant: str) -> np.ndarray:
-    """Random blocks of `quant` for a tensor of `ne`, as the uint8 array gguf expects (std ≈ 0.02)."""
+def unprintable_token_ids() -> list[int]:
+    """Control tokens and the bytes 0x80-0xFF: alone they are not valid UTF-8 text."""
+    tokens, _, types = vocabulary()
+    control = [i for i, kind in enumerate(types) if kind == int(gguf.TokenType.CONTROL)]
+    return control + [tokens.index(f"<0x{b:02X}>") for b in range(0x80, 0x100)]
+
+
+def _quant_blocks(rng: np.random.Generator, ne: tuple[int, ...], quant: str, zero_rows: list[int]) -> np.ndarray:
+    """Random blocks of `quant` for a tensor of `ne`, as the uint8 array gguf expects (std ≈ 0.02).
+
+    `zero_rows` (of the first matrix) get scale 0: an output row of zeros gives that token logit 0,
+    below the best of the random logits, so greedy decoding never emits it.
+    """
     rows = int(np.prod(ne[1:], dtype=np.int64))
-    blocks = rows * (ne[0] // 32)
+    per_row = ne[0] // 32
+    blocks = rows * per_row
     if quant == "Q8_0":  # f16 scale + 32 int8
         scale, payload = np.float16(0.02 * 3**0.5 / 127), rng.integers(-127, 128, (blocks, 32), dtype=np.int8)
     else:  # Q4_0: f16 scale + 16 bytes of nibbles, value = (q - 8) * scale
         scale, payload = np.float16(0.02 / 4.6), rng.integers(0, 256, (blocks, 16), dtype=np.uint8)
-    head = np.full((blocks, 1), scale, dtype=np.float16).view(np.uint8)
+    scales = np.full((rows, per_row), scale, dtype=np.float16)
+    scales[zero_rows] = 0
+    head = scales.reshape(blocks, 1).view(np.uint8)
     data = np.concatenate([head, payload.view(np.uint8)], axis=1)
     return data.reshape(*reversed(ne[1:]), -1)
 
@@ -105,7 +120,7 @@ def _array(rng: np.random.Generator, ne: tuple[int, ...], kind: str, quant: str)
         return np.ones(tuple(reversed(ne)), dtype=np.float32)
     if kind == "router":
         return rng.normal(0.0, 0.02, tuple(reversed(ne))).astype(np.float32)
-    return _quant_blocks(rng, ne, quant)
+    return _quant_blocks(rng, ne, quant, unprintable_token_ids() if kind == "head" else [])
 
 
 def write_moe_gguf(path: Path, shape: MoeShape = MoeShape(), seed: int = 0) -> Path:
@@ -147,7 +162,7 @@ def write_moe_gguf(path: Path, shape: MoeShape = MoeShape(), seed: int = 0) -> P
     qtype = _QUANTS[shape.quant]
     specs = list(_tensors(shape, len(tokens)))
     for name, ne, kind in specs:  # header first: shapes and types only
-        if kind == "quant":
+        if kind in ("quant", "head"):
             row_bytes = ne[0] // 32 * gguf.GGML_QUANT_SIZES[qtype][1]
             byte_shape = (*reversed(ne[1:]), row_bytes)
             nbytes = int(np.prod(byte_shape, dtype=np.int64))

@@ -98,7 +98,11 @@ def gemma_model() -> Path:
 
 @pytest.fixture(scope="session")
 def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_moe_gguf(tmp_path_factory.mktemp("moe") / "tiny-qwen3moe-q8_0.gguf", MoeShape())
+    directory = tmp_path_factory.mktemp("moe")
+    directory.chmod(0o755)  # the engine runs as uid 10001, not as the file's owner
+    model = write_moe_gguf(directory / "tiny-qwen3moe-q8_0.gguf", MoeShape())
+    model.chmod(0o644)
+    return model
 
 
 def free_port() -> int:

@@ -81,8 +81,10 @@ def _mainline_tree(root: Path) -> Path:
 
 
 def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model.chmod(0o644)
     result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--experts-on-cpu",
                      "--port", "18080", "--", "--no-warmup")
     assert result.returncode == 0, result.stderr

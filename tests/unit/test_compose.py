@@ -15,8 +15,9 @@ from builder.spec import StackSpec
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:
     model = tmp_path / "models" / "m.gguf"
-    model.parent.mkdir(exist_ok=True)
+    model.parent.mkdir(exist_ok=True, mode=0o755)
     model.write_bytes(b"GGUF")
+    model.chmod(0o644)
     values = {"project": "demo", "engine": "llama.cpp", "image": "img:1", "model": model, "threads": 4}
     return StackSpec(**(values | update))
 
@@ -67,3 +68,14 @@ def test_port_in_use_is_named() -> None:
         with pytest.raises(StackError, match=f"port {port} on 127.0.0.1 is already in use"):
             check_port_free("127.0.0.1", port)
     check_port_free("127.0.0.1", port)  # free again
+
+
+def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
+    stack = _stack(tmp_path)
+    (tmp_path / "models").chmod(0o700)
+    with pytest.raises(StackError, match=r"not readable by the engine's user \(uid 10001\).*chmod o\+rx"):
+        compose_dict(stack, "x")
+    (tmp_path / "models").chmod(0o755)
+    stack.model.chmod(0o600)
+    with pytest.raises(StackError, match=r"chmod o\+r .*m\.gguf"):
+        compose_dict(stack, "x")

@@ -9,7 +9,7 @@ import pytest
 
 from builder.errors import ModelError
 from builder.models import check_gguf
-from builder.synth_moe import MoeShape, vocabulary, write_moe_gguf
+from builder.synth_moe import MoeShape, unprintable_token_ids, vocabulary, write_moe_gguf
 
 
 def test_check_gguf(tmp_path: Path) -> None:
@@ -53,3 +53,13 @@ def test_bad_shapes_are_refused() -> None:
         MoeShape(hidden=100)
     with pytest.raises(ValueError, match="quant must be one of"):
         MoeShape(quant="IQ4_XS")
+
+
+def test_output_head_mutes_tokens_that_are_not_text(tmp_path: Path) -> None:
+    path = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=1))
+    head = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "output.weight")
+    rows = gguf.quants.dequantize(head.data, head.tensor_type)
+    muted = unprintable_token_ids()
+    assert len(muted) == 4 + 128  # <s>, </s>, <|im_start|>, <|im_end|> and bytes 0x80-0xFF
+    assert not rows[muted].any()
+    assert (abs(rows).sum(axis=1) > 0).sum() == len(rows) - len(muted)
