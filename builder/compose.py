@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import stat
 from pathlib import Path
@@ -27,6 +28,12 @@ _MIN_START_PERIOD_S = 60
 # Flags a generated stack would set twice if the user passed them again.
 RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
                             "-np", "--parallel"})
+
+
+def project_name_for(model: Path) -> str:
+    """A compose project name from the model's file name (lower case, [a-z0-9_-])."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model.stem.lower()).strip("-_")
+    return f"moe-stack-{slug}"[:60].rstrip("-_")
 
 
 def start_period_for(model_bytes: int) -> int:

@@ -1,30 +1,21 @@
-"""The demo: base image → CPU image → demo model → stack → a real answer, one verb for a fresh host.
-
-Every step is the same code the separate verbs run; the engine source defaults to the PyPI sdist that
-vendors the pinned engine, so hosts without GitHub access get the real engine too.
-"""
+"""The demo stack and the question it is asked: the last two steps of `moe-stack demo`."""
 
 from __future__ import annotations
 
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.baseimage import ensure_base
-from builder.build import image_tag, plan_build, run_build
 from builder.compose import compose_dict, start_period_for, write_stack
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host import read_cpu
 from builder.models import fetch_demo_model
-from builder.render import render
-from builder.source import cache_dir, resolve_local
-from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
+from builder.source import cache_dir
+from builder.spec import StackSpec
 from builder.stack import up
-from builder.targets import cpu_target
 
 DEMO_PROMPT = "In one sentence: why do mixture-of-experts models run well with experts in CPU RAM?"
 
@@ -36,24 +27,11 @@ class Answer:
     decode_tokens_per_s: float | None
 
 
-def build_image(engine_name: str, source: str | None, show: Callable[[str], None]) -> str:
-    """Build (or reuse from cache) the engine's avx2 CPU image; returns its tag."""
-    engine = get_engine(engine_name)
-    base = ensure_base()
-    tree = resolve_local(engine, source or f"pypi:{engine.sdist}")
-    ref = engine.sdist_ref if source is None else "local"
-    spec = ImageSpec(engine=engine.name, source=LocalSource(path=tree, ref=ref), cpu=cpu_target("avx2"),
-                     base=BaseImages(build=base, runtime=base))
-    name = f"{spec.engine}-{spec.variant}"
-    context = render(spec, cache_dir() / "contexts" / name)
-    return run_build(plan_build(spec, context, tree), cache_dir() / "logs" / f"build-{name}.log", show)
-
-
 def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Path:
-    """Emit the demo stack into the cache and bring it up healthy; returns the compose file."""
+    """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = fetch_demo_model()
     stack = StackSpec(project=f"moe-stack-demo-{get_engine(engine_name).slug}", engine=engine_name, image=image,
-                      model=model, port=port, threads=read_cpu().physical_cores, ctx_size=4096,
+                      model=model, port=port, threads=read_cpu().physical_cores,
                       start_period_s=start_period_for(model.stat().st_size))
     compose_file = write_stack(compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml")
     up(compose_file, timeout_s=300)
@@ -61,7 +39,7 @@ def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Pa
 
 
 def ask(port: int, prompt: str = DEMO_PROMPT, max_tokens: int = 64, host: str = "127.0.0.1") -> Answer:
-    """One OpenAI-style chat completion against a running stack."""
+    """One OpenAI-style chat completion (greedy) against a running stack."""
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                        "temperature": 0}).encode()
     request = urllib.request.Request(f"http://{host}:{port}/v1/chat/completions", data=body,

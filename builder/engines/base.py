@@ -11,6 +11,8 @@ from builder.targets import GGML_X86_FEATURES
 # Port the engine listens on inside the container; the stack maps a host port onto it.
 CONTAINER_PORT = 8080
 MODEL_DIR = "/models"
+# All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
+EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
 
 
 class Engine(ABC):

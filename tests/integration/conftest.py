@@ -17,18 +17,16 @@ import pytest
 from python_on_whales import DockerClient
 
 from builder.baseimage import ensure_base
-from builder.build import image_tag, plan_build, run_build
+from builder.build import build_image, image_spec
 from builder.compose import compose_dict, write_stack
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import DockerUnavailable
 from builder.models import fetch_demo_model
-from builder.render import render
-from builder.source import cache_dir, resolve_local
-from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
+from builder.source import resolve_local
+from builder.spec import BaseImages, StackSpec
 from builder.stack import down, up
 from builder.synth_moe import MoeShape, write_moe_gguf
-from builder.targets import cpu_target
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
 
@@ -75,14 +73,10 @@ def build_engine_image(engine_name: str, base: str) -> BuiltImage:
     if engine_name not in _built:
         engine = get_engine(engine_name)
         tree = resolve_local(engine, f"pypi:{engine.sdist}")
-        spec = ImageSpec(engine=engine.name, source=LocalSource(path=tree, ref=engine.sdist_ref),
-                         cpu=cpu_target("avx2"), base=BaseImages(build=base, runtime=base),
-                         registry="localhost", namespace="moe-stack-test")
-        name = f"test-{engine.slug}-{spec.variant}"
-        context = render(spec, cache_dir() / "contexts" / name)
-        log = cache_dir() / "logs" / f"{name}.log"
-        run_build(plan_build(spec, context, tree), log, show=lambda line: None)
-        _built[engine_name] = BuiltImage(engine=engine.name, tag=image_tag(spec), ref=engine.sdist_ref)
+        spec = image_spec(engine.name, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base),
+                          registry="localhost", namespace="moe-stack-test")
+        tag = build_image(spec, tree, show=lambda line: None)
+        _built[engine_name] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref)
     return _built[engine_name]
 
 

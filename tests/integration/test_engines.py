@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.cli import EXPERTS_ON_CPU_RULE
+from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.demo import ask
 from builder.errors import StackError
 from tests.integration.conftest import BuiltImage, StackFactory

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.compose import check_port_free, compose_dict, start_period_for, to_yaml, write_stack
+from builder.compose import (
+    check_port_free,
+    compose_dict,
+    project_name_for,
+    start_period_for,
+    to_yaml,
+    write_stack,
+)
 from builder.errors import StackError
 from builder.spec import StackSpec
 
@@ -79,3 +86,8 @@ def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
     stack.model.chmod(0o600)
     with pytest.raises(StackError, match=r"chmod o\+r .*m\.gguf"):
         compose_dict(stack, "x")
+
+
+def test_project_name_from_model_file() -> None:
+    assert project_name_for(Path("/m/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf")) == \
+        "moe-stack-deepseek-r1-671b-iq4_xs-00001-of-00009"
