@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.console import Console
+from rich.markup import escape
 
 from builder import __version__
 from builder.baseimage import ensure_base, make_base
@@ -23,7 +23,7 @@ from builder.compose import (
     start_period_for,
     write_stack,
 )
-from builder.demo import ask, start_demo
+from builder.demo import DEMO_PROMPT, complete, start_demo
 from builder.docker_client import describe
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
 from builder.errors import BuildFailed, MoeStackError, SpecError
@@ -58,19 +58,13 @@ RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base
 def main() -> None:
     """Entry point that turns every expected failure into one line and exit status 1."""
     try:
-        app(standalone_mode=False)
+        app()  # usage errors, --help and Ctrl-C are handled (and exit) inside
     except MoeStackError as error:
         _fail(error)
     except ValidationError as error:
         _fail(SpecError(_validation_line(error)))
     except DockerException as error:  # a docker call no module anticipated: still one line
         _fail(MoeStackError(f"docker failed: {describe(error)}"))
-    except click.ClickException as error:  # usage errors: click's own message and exit status
-        error.show()
-        sys.exit(error.exit_code)
-    except (click.Abort, KeyboardInterrupt):
-        sys.stderr.write("moe-stack: interrupted\n")
-        sys.exit(130)
 
 
 def _fail(error: MoeStackError) -> None:
@@ -164,6 +158,7 @@ def compose(
     parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
     override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
     experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
     start_period: Annotated[int | None, typer.Option("--start-period", help="seconds the model may take to load (default: from its size)")] = None,
     engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
 ) -> None:
@@ -181,6 +176,7 @@ def compose(
         threads=threads or read_cpu().physical_cores,
         parallel=parallel,
         override_tensors=tuple(rules),
+        chat_template=chat_template,
         extra_args=tuple(engine_args or ()),
         start_period_s=start_period or start_period_for(model_path.stat().st_size),
     )
@@ -212,7 +208,7 @@ def demo(
     source: Annotated[str | None, typer.Option("--source", help="engine tree/tarball (default: the PyPI sdist vendoring the pinned engine)")] = None,
     port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
 ) -> None:
-    """Build the CPU image, fetch the demo model, bring the stack up and ask it a question."""
+    """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
     check_port_free("127.0.0.1", port)
     adapter = get_engine(engine)
     sys.stderr.write(f"[1/3] building the {adapter.name} avx2 CPU image (first time: 5-20 min; cached after)\n")
@@ -224,13 +220,13 @@ def demo(
     sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
     started = time.monotonic()
     compose_file = start_demo(adapter.name, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
-    sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking it a question\n")
-    answer = ask(port)
+    sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking for a completion\n")
+    answer = complete(port)
     speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
-    out.print(f"\n[bold]answer[/bold] ({answer.completion_tokens} tokens{speed}):\n{answer.text.strip()}\n",
-              highlight=False)
+    out.print(f"\n{escape(DEMO_PROMPT)}[bold]{escape(answer.text.rstrip())}[/bold]\n"
+              f"({answer.completion_tokens} tokens{speed})\n", highlight=False)
     out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
-              f"Stop it with: moe-stack down {compose_file}", highlight=False)
+              f"Stop it with: moe-stack down {compose_file}", highlight=False, soft_wrap=True)
 
 
 @app.command("fetch-model")

@@ -27,7 +27,7 @@ _MIN_START_PERIOD_S = 60
 
 # Flags a generated stack would set twice if the user passed them again.
 RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
-                            "-np", "--parallel"})
+                            "-np", "--parallel", "-ot", "--override-tensor", "--chat-template"})
 
 
 def project_name_for(model: Path) -> str:

@@ -12,12 +12,12 @@ from builder.compose import compose_dict, start_period_for, write_stack
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host import read_cpu
-from builder.models import fetch_demo_model
+from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.source import cache_dir
 from builder.spec import StackSpec
 from builder.stack import up
 
-DEMO_PROMPT = "In one sentence: why do mixture-of-experts models run well with experts in CPU RAM?"
+DEMO_PROMPT = "Paris is the capital of"
 
 
 @dataclass(frozen=True)
@@ -31,27 +31,37 @@ def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Pa
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = fetch_demo_model()
     stack = StackSpec(project=f"moe-stack-demo-{get_engine(engine_name).slug}", engine=engine_name, image=image,
-                      model=model, port=port, threads=read_cpu().physical_cores,
+                      model=model, port=port, threads=read_cpu().physical_cores, chat_template=DEMO_CHAT_TEMPLATE,
                       start_period_s=start_period_for(model.stat().st_size))
     compose_file = write_stack(compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml")
     up(compose_file, timeout_s=300)
     return compose_file
 
 
-def ask(port: int, prompt: str = DEMO_PROMPT, max_tokens: int = 64, host: str = "127.0.0.1") -> Answer:
-    """One OpenAI-style chat completion (greedy) against a running stack."""
-    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://{host}:{port}/v1/chat/completions", data=body,
+def complete(port: int, prompt: str = DEMO_PROMPT, max_tokens: int = 24, host: str = "127.0.0.1") -> Answer:
+    """One OpenAI-style text completion (greedy): the demo model is a base model, not a chat model."""
+    reply = _post(host, port, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    return _answer(reply, reply["choices"][0].get("text") or "")
+
+
+def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1") -> Answer:
+    """One OpenAI-style chat completion (greedy)."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
+    reply = _post(host, port, "/v1/chat/completions", body)
+    return _answer(reply, reply["choices"][0]["message"].get("content") or "")
+
+
+def _post(host: str, port: int, path: str, body: dict[str, object]) -> dict:
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
-            reply = json.load(response)
+            return json.load(response)
     except (urllib.error.URLError, TimeoutError) as err:
         raise StackError(f"the engine on port {port} did not answer ({err}); see `docker compose logs`") from None
+
+
+def _answer(reply: dict, text: str) -> Answer:
     timings = reply.get("timings") or {}
-    return Answer(
-        text=reply["choices"][0]["message"].get("content") or "",
-        completion_tokens=int(reply.get("usage", {}).get("completion_tokens", 0)),
-        decode_tokens_per_s=timings.get("predicted_per_second"),
-    )
+    return Answer(text=text, completion_tokens=int(reply.get("usage", {}).get("completion_tokens", 0)),
+                  decode_tokens_per_s=timings.get("predicted_per_second"))

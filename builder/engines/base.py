@@ -73,6 +73,8 @@ class Engine(ABC):
         ]
         for rule in stack.override_tensors:
             args += ["--override-tensor", rule]
+        if stack.chat_template:
+            args += ["--chat-template", stack.chat_template]
         return args + list(stack.extra_args)
 
 
