@@ -1,39 +1,50 @@
-"""Build a rendered context with buildx. The call is a plain value (BuildPlan) first, so tests and
-`--dry-run` see exactly what runs; python-on-whales then makes it."""
+"""Build a rendered context with buildx. The calls are a plain value (BuildPlan) first, so tests and
+`--dry-run` see exactly what runs; python-on-whales then makes them: first the `contract` stage
+(the server's --help, parsed into the flags label), then the image, from the same cached layers."""
 
 from __future__ import annotations
 
 import shlex
+import tempfile
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TextIO
 
+from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import BuildFailed
+from builder.flags import LABEL as FLAGS_LABEL
+from builder.flags import parse_contract, to_label
 from builder.render import render
 from builder.source import cache_dir
-from builder.spec import BaseImages, GitSource, ImageSpec, LocalSource
+from builder.spec import BaseImages, CudaTarget, GitSource, ImageSpec, LocalSource
 from builder.targets import cpu_target
 
 # The stage the image is; the others only build it.
 RUNTIME_STAGE = "runtime"
+# The stage holding only the server's --help text, exported before the image is built.
+CONTRACT_STAGE = "contract"
+HELP_FILE = "server-help.txt"
+PARSER_FLAGS_FILE = "parser-flags.txt"
 # Name of the stage a local engine tree replaces (see the Dockerfile's source stage).
 SOURCE_CONTEXT = "engine-src"
 
 
 def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
-               base: BaseImages = BaseImages(), registry: str = "ghcr.io", namespace: str = "moe-stack") -> ImageSpec:
+               base: BaseImages = BaseImages(), registry: str = "ghcr.io", namespace: str = "moe-stack",
+               cuda: CudaTarget = CudaTarget()) -> ImageSpec:
     """The spec for an engine's image: from the local `tree` if given, else a clone of `ref` (default pin)."""
     engine = get_engine(engine_name)
     source = (LocalSource(path=tree, ref=ref or "local") if tree is not None
               else GitSource(url=engine.upstream_url, ref=ref or engine.default_ref))
-    return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), base=base, registry=registry,
-                     namespace=namespace)
+    return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
+                     registry=registry, namespace=namespace)
 
 
 def image_tag(spec: ImageSpec) -> str:
@@ -49,10 +60,11 @@ class BuildPlan:
     build_contexts: dict[str, str] = field(default_factory=dict)
     load: bool = True
     target: str = RUNTIME_STAGE
+    output: dict[str, str] = field(default_factory=dict)
 
     def kwargs(self) -> dict[str, object]:
         """Arguments for `docker.buildx.build`."""
-        return {
+        kwargs: dict[str, object] = {
             "context_path": self.context,
             "file": self.context / "Dockerfile",
             "target": self.target,
@@ -61,6 +73,9 @@ class BuildPlan:
             "build_contexts": dict(self.build_contexts),
             "load": self.load,
         }
+        if self.output:
+            kwargs["output"] = dict(self.output)
+        return kwargs
 
     def argv(self) -> list[str]:
         """The same build as a `docker buildx build` command line."""
@@ -71,12 +86,24 @@ class BuildPlan:
             argv += ["--label", f"{key}={value}"]
         for name, path in self.build_contexts.items():
             argv += ["--build-context", f"{name}={path}"]
+        if self.output:
+            argv += ["--output", ",".join(f"{k}={v}" for k, v in self.output.items())]
         if self.load:
             argv.append("--load")
         return argv + [str(self.context)]
 
-    def command_line(self) -> str:
-        return shlex.join(self.argv())
+    def contract_step(self, dest: Path) -> BuildPlan:
+        """The first step: export the server's --help text (the `contract` stage) into `dest`."""
+        return replace(self, target=CONTRACT_STAGE, tags=(), labels={}, load=False,
+                       output={"type": "local", "dest": str(dest)})
+
+    def with_labels(self, labels: dict[str, str]) -> BuildPlan:
+        return replace(self, labels={**self.labels, **labels})
+
+    def command_lines(self, contract_dir: Path) -> list[str]:
+        """Both buildx calls, as shell lines (the second's flags label comes from the first's output)."""
+        final = self.with_labels({FLAGS_LABEL: f"<flags parsed from {contract_dir}/{HELP_FILE}>"})
+        return [shlex.join(self.contract_step(contract_dir).argv()), shlex.join(final.argv())]
 
 
 def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None) -> BuildPlan:
@@ -92,29 +119,42 @@ def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created
 
 
 def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> str:
-    """Run `plan`, showing each log line and keeping all of them in `log_path`; returns the first tag.
+    """Build the flag contract, then the image labelled with it; returns the image's first tag.
 
-    On failure raise BuildFailed with the failing step's tail and where the full log is.
+    Each log line is shown and kept in `log_path`. On failure raise BuildFailed with the failing
+    step's tail and where the full log is. The second step reuses every layer of the first.
     """
-    tail: deque[str] = deque(maxlen=25)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     client = docker()
-    with log_path.open("w") as log:
-        try:
-            for line in client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True):
-                line = line.rstrip("\n")
-                log.write(line + "\n")
-                tail.append(line)
-                show(line)
-        except DockerException as err:
-            extra = (err.stderr or "").strip().splitlines()
-            for line in extra:
-                log.write(line + "\n")
-            tail.extend(extra[-10:])
-            failing = next((l for l in reversed(tail) if "ERROR" in l or "error:" in l), "see the log")
-            raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",
-                              tail="\n".join(tail), log_path=str(log_path)) from None
+    with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp:
+        _stream(client, plan.contract_step(Path(tmp)), log, log_path, show)
+        literals = Path(tmp) / PARSER_FLAGS_FILE
+        flags = parse_contract((Path(tmp) / HELP_FILE).read_text(errors="replace"),
+                               literals.read_text() if literals.exists() else None)
+        if not flags:
+            raise BuildFailed(f"the built server's --help listed no flags; see {Path(tmp) / HELP_FILE} "
+                              f"(full log: {log_path})", log_path=str(log_path))
+        _stream(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
     return plan.tags[0]
+
+
+def _stream(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
+    tail: deque[str] = deque(maxlen=25)
+    try:
+        for line in client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True):
+            line = line.rstrip("\n")
+            log.write(line + "\n")
+            tail.append(line)
+            show(line)
+    except DockerException as err:
+        extra = (err.stderr or "").strip().splitlines()
+        log.write("".join(line + "\n" for line in extra))
+        log.flush()
+        tail.extend(extra[-10:])
+        failing = next((line for line in reversed(tail) if "ERROR" in line or "error:" in line), "see the log")
+        raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",
+                          tail="\n".join(tail), log_path=str(log_path)) from None
+    log.flush()
 
 
 def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -12,11 +13,13 @@ from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from builder import __version__
 from builder.baseimage import ensure_base, make_base
 from builder.build import build_image, image_spec, image_tag, plan_build
 from builder.compose import (
+    check_host_runs,
     check_port_free,
     compose_dict,
     project_name_for,
@@ -28,10 +31,12 @@ from builder.docker_client import describe
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
 from builder.errors import BuildFailed, MoeStackError, SpecError
 from builder.host import read_cpu
+from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
 from builder.render import render as render_context
 from builder.source import cache_dir, resolve_local
-from builder.spec import BaseImages, StackSpec
+from builder.matrix import ci_rows, cuda_target, variants
+from builder.spec import BaseImages, CudaTarget, StackSpec
 from builder.stack import down as stack_down
 from builder.stack import up as stack_up
 
@@ -50,6 +55,8 @@ RefOpt = Annotated[str | None, typer.Option("--ref", help="engine git ref (defau
                                             "with --source, the label for the image tag")]
 SourceOpt = Annotated[str | None, typer.Option(
     "--source", help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)")]
+CudaOpt = Annotated[str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")]
+ArchsOpt = Annotated[str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")]
 BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
 BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
@@ -87,6 +94,16 @@ def _raw_stderr(line: str) -> None:
     sys.stderr.flush()
 
 
+def _cuda(version: str | None, archs: str | None) -> CudaTarget:
+    if archs and version is None:
+        raise SpecError("--cuda-archs needs --cuda VERSION")
+    try:
+        arch_list = tuple(int(a) for a in archs.split(",")) if archs else ()
+    except ValueError:
+        raise SpecError(f"--cuda-archs {archs!r} must be numbers separated by commas, e.g. 89,120") from None
+    return cuda_target(version, arch_list)
+
+
 def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None) -> BaseImages:
     defaults = BaseImages()
     return BaseImages(build=build_base or base_image or defaults.build,
@@ -97,6 +114,8 @@ def _bases(base_image: str | None, build_base: str | None, runtime_base: str | N
 def render(
     engine: EngineOpt = "llama.cpp",
     cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
     ref: RefOpt = None,
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write the build context to")] = Path("build"),
     base_image: BaseOpt = None,
@@ -104,7 +123,8 @@ def render(
     runtime_base: RuntimeBaseOpt = None,
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
-    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base))
+    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base),
+                      cuda=_cuda(cuda, cuda_archs))
     path = render_context(spec, out_dir)
     out.print(f"rendered {spec.engine} {spec.variant} → {path / 'Dockerfile'}")
 
@@ -113,6 +133,8 @@ def render(
 def build(
     engine: EngineOpt = "llama.cpp",
     cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
     ref: RefOpt = None,
     source: SourceOpt = None,
     base_image: BaseOpt = None,
@@ -125,10 +147,12 @@ def build(
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     tree = resolve_local(get_engine(engine), source) if source else None
-    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace)
+    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace,
+                      _cuda(cuda, cuda_archs))
     if dry_run:
         context = render_context(spec, cache_dir() / "contexts" / f"{get_engine(engine).slug}-{spec.variant}")
-        out.print(plan_build(spec, context, tree).command_line(), markup=False, highlight=False, soft_wrap=True)
+        for line in plan_build(spec, context, tree).command_lines(cache_dir() / "contract"):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
     out.print(f"built {build_image(spec, tree, show=_raw_stderr, log_path=log)}")
 
@@ -159,6 +183,11 @@ def compose(
     override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
     experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
+    flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
+    fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
+    mla: Annotated[int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")] = None,
+    skip_image_checks: Annotated[bool, typer.Option("--skip-image-checks", help="don't read the image's flag contract and CPU needs (image not present here)")] = False,
+    for_other_host: Annotated[bool, typer.Option("--for-other-host", help="emit even if this host's CPU can't run the image")] = False,
     start_period: Annotated[int | None, typer.Option("--start-period", help="seconds the model may take to load (default: from its size)")] = None,
     engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
 ) -> None:
@@ -177,11 +206,18 @@ def compose(
         parallel=parallel,
         override_tensors=tuple(rules),
         chat_template=chat_template,
+        flash_attention=flash_attention,
+        fused_moe=fused_moe,
+        mla=mla,
         extra_args=tuple(engine_args or ()),
         start_period_s=start_period or start_period_for(model_path.stat().st_size),
     )
     check_port_free(bind, port)
-    path = write_stack(compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]])), out_file)
+    facts = None if skip_image_checks else read_image_facts(stack.image)
+    if facts is not None and not for_other_host:
+        check_host_runs(facts, read_cpu())
+    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts)
+    path = write_stack(document, out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
 
 
@@ -258,6 +294,24 @@ def synth_moe(
         raise SpecError(f"synth-moe: {error}") from None
     path = write_moe_gguf(out_file, shape, seed)
     out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+@app.command()
+def matrix(
+    as_json: Annotated[bool, typer.Option("--json", help="the CI job matrix: {\"include\": [...]} on one line")] = False,
+) -> None:
+    """Print the published image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI."""
+    if as_json:
+        sys.stdout.write(json.dumps({"include": ci_rows()}, separators=(",", ":")) + "\n")
+        return
+    table = Table("engine", "cuda", "archs", "cpu", "tag, or why not built", box=None)
+    for variant in variants():
+        if variant.spec is None:
+            table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, f"[dim]{escape(variant.reason)}[/dim]")
+        else:
+            archs = ",".join(str(a) for a in variant.spec.cuda.archs)
+            table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant.spec.variant)
+    out.print(table)
 
 
 @app.command()

@@ -15,8 +15,12 @@ from builder.engines import get_engine
 from builder.engines.base import CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
+from builder.flags import check_args
+from builder.host import CpuInfo, missing_flags
+from builder.image_facts import ImageFacts
 from builder.render import IMAGE_UID
 from builder.spec import StackSpec
+from builder.targets import best_cpu_target
 
 SERVICE = "engine"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
@@ -56,8 +60,23 @@ def check_readable_in_container(model: Path, uid: int = IMAGE_UID) -> None:
                              f"run `chmod {fix} {path}` (or chown it to {uid})")
 
 
-def compose_dict(stack: StackSpec, generated_by: str) -> dict[str, object]:
-    """The compose document for `stack`; `generated_by` records the command that made it."""
+def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
+    """Refuse an image whose CPU target needs flags this host lacks (it would die at the first
+    AVX-512 instruction); name the flags and the target that fits."""
+    lacking = missing_flags(facts.required_cpu_flags, cpu)
+    if lacking:
+        fits = best_cpu_target(cpu.flags)
+        hint = f"use the {fits.name} image" if fits else "this CPU fits no target"
+        raise StackError(f"image {facts.image} (CPU target {facts.cpu_target}) needs CPU flags this host lacks: "
+                         f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine")
+
+
+def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None) -> dict[str, object]:
+    """The compose document for `stack`; `generated_by` records the command that made it.
+
+    With the image's `facts`, every engine flag is checked against its flag contract and neutral
+    options are written in that engine version's syntax.
+    """
     clashing = sorted(RESERVED_FLAGS.intersection(stack.extra_args))
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
@@ -65,9 +84,14 @@ def compose_dict(stack: StackSpec, generated_by: str) -> dict[str, object]:
     engine = get_engine(stack.engine)
     model = stack.model.resolve()
     check_readable_in_container(model)
+    if facts is not None and facts.engine != engine.name:
+        raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
+    command = engine.server_args(stack, facts.server_flags if facts else None)
+    if facts is not None:
+        check_args(command, facts.server_flags, facts.who)
     service = {
         "image": stack.image,
-        "command": engine.server_args(stack),
+        "command": command,
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],
         "volumes": [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True}],
@@ -94,6 +118,7 @@ def compose_dict(stack: StackSpec, generated_by: str) -> dict[str, object]:
             "engine": engine.name,
             "image": stack.image,
             "model": str(model),
+            "flags-checked": facts is not None,
         },
         "services": {SERVICE: service},
     }

@@ -12,9 +12,10 @@ import jinja2
 from builder import __version__
 from builder.engines import get_engine
 from builder.files import replace_rendered_dir
-from builder.engines.base import CONTAINER_PORT, build_packages, runtime_packages
+from builder.engines.base import CONTAINER_PORT
 from builder.source import clone_commands
 from builder.spec import GitSource, ImageSpec
+from builder.toolchain import toolchain
 
 # The image's non-root user (a fixed uid, so bind mounts and policies can name it).
 IMAGE_UID = 10001
@@ -93,18 +94,24 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
     """Every file of the build context, by name. Same spec → same bytes."""
     engine = get_engine(spec.engine)
     url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
+    tools = toolchain(spec.cpu, spec.cuda, spec.base)
+    cmake_args = engine.cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
     context = {
         "builder_version": __version__,
         "engine": engine,
         "ref": spec.ref,
         "cpu": spec.cpu,
         "cuda_label": spec.cuda.label,
-        "base": spec.base,
-        "build_packages": build_packages(spec.cuda),
-        "runtime_packages": runtime_packages(spec.cuda),
+        "build_image": tools.build_image,
+        "runtime_image": tools.runtime_image,
+        "build_packages": tools.build_packages,
+        "runtime_packages": tools.runtime_packages,
         "clone_commands": clone_commands(url, spec.ref),
-        "cmake_args": [shlex.quote(arg) for arg in engine.cmake_args(spec.cpu, spec.cuda, spec.ref)],
+        "cmake_args": [shlex.quote(arg) for arg in cmake_args],
         "ccache_id": ccache_id(spec),
+        "help_command": engine.help_command(spec.cuda),
+        "help_setup": engine.help_setup(spec.cuda),
+        "parser_literals_command": engine.parser_literals_command(),
         "uid": IMAGE_UID,
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),

@@ -63,13 +63,19 @@ class CpuTarget(_Spec):
     """A CPU instruction-set target: how to compile for it and what a host must have to run it."""
 
     name: str
-    march: str
+    march: str | None  # None: no -march at all (runtime dispatch picks the code path)
     required_flags: tuple[str, ...]
     ggml_features: tuple[str, ...]
+    min_gcc: tuple[int, int]  # the oldest GCC that knows `march`
+    runtime_dispatch: bool = False
     description: str
 
 
-# CUDA ≥ 12.8 is the first toolkit that knows sm_120 (RTX 50xx, Blackwell consumer).
+# CUDA toolkits the model accepts; the images and compilers for each are in builder.toolchain.
+CUDA_VERSIONS: tuple[str, ...] = ("12.4", "12.6", "12.8", "13.0")
+# GPU archs by compute capability: 86 RTX 3090, 89 RTX 4090, 90 H100/H200, 100 B200, 120 RTX 5090.
+GPU_ARCHS: tuple[int, ...] = (75, 80, 86, 89, 90, 100, 120)
+# CUDA 12.8 is the first toolkit that knows the Blackwell archs.
 _MIN_CUDA_FOR_ARCH: dict[int, tuple[int, int]] = {120: (12, 8), 100: (12, 8)}
 
 
@@ -90,8 +96,6 @@ class CudaTarget(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> CudaTarget:
-        from builder.targets import CUDA_VERSIONS
-
         if self.version is None:
             if self.archs:
                 raise ValueError("cuda.archs given for a CPU-only image: set cuda.version or drop the archs")
@@ -101,6 +105,8 @@ class CudaTarget(_Spec):
         if not self.archs:
             raise ValueError("cuda.archs is empty: name the GPU archs to compile, e.g. 89 for an RTX 4090")
         for arch in self.archs:
+            if arch not in GPU_ARCHS:
+                raise ValueError(f"GPU arch {arch} is unknown: choose from {', '.join(map(str, GPU_ARCHS))}")
             need = _MIN_CUDA_FOR_ARCH.get(arch)
             if need and _version_tuple(self.version) < need:
                 raise ValueError(
@@ -111,10 +117,13 @@ class CudaTarget(_Spec):
 
 
 class BaseImages(_Spec):
-    """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used."""
+    """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used.
 
-    build: str = "debian:bookworm-slim"
-    runtime: str = "debian:bookworm-slim"
+    None means the default for the image's CUDA target (builder.toolchain picks it).
+    """
+
+    build: str | None = None
+    runtime: str | None = None
 
 
 class ImageSpec(_Spec):
@@ -124,9 +133,16 @@ class ImageSpec(_Spec):
     source: EngineSource
     cpu: CpuTarget
     cuda: CudaTarget = CudaTarget()
-    base: BaseImages = BaseImages()
+    base: BaseImages = BaseImages()  # None fields: the toolchain's defaults
     registry: str = "ghcr.io"
     namespace: str = "moe-stack"
+
+    @model_validator(mode="after")
+    def _engine_can_target_cpu(self) -> ImageSpec:
+        if self.cpu.runtime_dispatch and self.engine != "llama.cpp":
+            raise ValueError(f"CPU target {self.cpu.name} needs runtime CPU dispatch, which only llama.cpp "
+                             f"has; build {self.engine} for a named CPU (avx2, zen4, zen5, sapphirerapids)")
+        return self
 
     @property
     def ref(self) -> str:
@@ -153,6 +169,10 @@ class StackSpec(_Spec):
     parallel: int = Field(default=1, ge=1, le=256)
     override_tensors: tuple[str, ...] = ()
     chat_template: str | None = None  # a built-in template name, for GGUFs that carry none
+    # Neutral engine options, translated per engine version by its adapter (None: engine default).
+    flash_attention: Literal["on", "off", "auto"] | None = None
+    fused_moe: bool | None = None
+    mla: int | None = Field(default=None, ge=0, le=3)
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 

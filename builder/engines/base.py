@@ -5,12 +5,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from builder.errors import StackError
+from builder.flags import takes_value
 from builder.spec import CpuTarget, CudaTarget, StackSpec
 from builder.targets import GGML_X86_FEATURES
 
 # Port the engine listens on inside the container; the stack maps a host port onto it.
 CONTAINER_PORT = 8080
 MODEL_DIR = "/models"
+CUDA_STUB_DIR = "/tmp/cuda-stub"
 # All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
 EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
 
@@ -27,6 +30,8 @@ class Engine(ABC):
     sdist_ref: str  # the ref an image built from that sdist is tagged with
     server_target: str = "llama-server"
     needs_build_info_shim: bool = False
+    # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
+    parser_sources: tuple[str, ...] = ()
 
     # -- source -------------------------------------------------------------------------------
     @abstractmethod
@@ -34,35 +39,64 @@ class Engine(ABC):
         """Whether `path` is the root of this engine's source tree."""
 
     # -- build --------------------------------------------------------------------------------
-    def cmake_args(self, cpu: CpuTarget, cuda: CudaTarget, ref: str) -> list[str]:
-        """Configure arguments for a targeted, host-independent build of the server only."""
-        features = set(cpu.ggml_features)
-        args = [
-            "-DCMAKE_BUILD_TYPE=Release",
-            # The build host is not the run host: never -march=native (in ik_llama.cpp it would even
-            # be appended after, and so override, the targeted -march).
-            "-DGGML_NATIVE=OFF",
-            f"-DCMAKE_C_FLAGS=-march={cpu.march}",
-            f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
-            *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
-            # One self-contained binary: the runtime stage copies a single file.
-            "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_CURL=OFF",
-            "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
-            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
-        ]
+    def cmake_args(self, cpu: CpuTarget, cuda: CudaTarget, ref: str, compiler_args: list[str]) -> list[str]:
+        """Configure arguments for a host-independent build of the server (and, with runtime
+        dispatch, of every CPU variant it can load)."""
+        args = ["-DCMAKE_BUILD_TYPE=Release", *compiler_args,
+                # The build host is not the run host: never -march=native (in ik_llama.cpp it would
+                # even be appended after, and so override, the targeted -march).
+                "-DGGML_NATIVE=OFF"]
+        if cpu.runtime_dispatch:
+            # Each CPU variant is a libggml-cpu-*.so next to the binary, found through $ORIGIN.
+            args += ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON",
+                     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
+        else:
+            features = set(cpu.ggml_features)
+            args += [f"-DCMAKE_C_FLAGS=-march={cpu.march}", f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
+                     *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
+                     # One self-contained binary: the runtime stage copies a single file.
+                     "-DBUILD_SHARED_LIBS=OFF"]
         if cuda.version is not None:
             archs = ";".join(str(a) for a in cuda.archs)
-            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}"]
+            # libcuda.so.1 comes from the driver at run time; link against the toolkit's stub.
+            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+                     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"]
+        args += ["-DLLAMA_CURL=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        if cuda.version is not None:
+            args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
         return args + self.extra_cmake_args(ref)
+
+    def help_command(self, cuda: CudaTarget) -> str:
+        """Shell command printing the built server's --help (the flag contract's source)."""
+        prefix = f"LD_LIBRARY_PATH={CUDA_STUB_DIR} " if cuda.version is not None else ""
+        return f"{prefix}/build/bin/{self.server_target} --help"
+
+    def parser_literals_command(self) -> str | None:
+        """Shell command listing the flag literals of the argument parser (None: --help is complete)."""
+        if not self.parser_sources:
+            return None
+        files = " ".join(f"/src/{path}" for path in self.parser_sources)
+        return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
+
+    def help_setup(self, cuda: CudaTarget) -> list[str]:
+        """Commands run before `help_command`: a CUDA build needs libcuda.so.1, which only the
+        driver provides, so point it at the toolkit's stub."""
+        if cuda.version is None:
+            return []
+        return [f"mkdir -p {CUDA_STUB_DIR}",
+                f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
 
     @abstractmethod
     def extra_cmake_args(self, ref: str) -> list[str]:
         """Engine-specific configure arguments."""
 
     # -- run ----------------------------------------------------------------------------------
-    def server_args(self, stack: StackSpec) -> list[str]:
-        """`llama-server` arguments for a stack (the image's entrypoint supplies the binary)."""
+    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """`llama-server` arguments for a stack (the image's entrypoint supplies the binary).
+
+        `flags` is the image's flag contract; None means unknown, and the adapter then writes this
+        engine's current syntax.
+        """
         args = [
             "--model", f"{MODEL_DIR}/{stack.model.name}",
             "--host", "0.0.0.0",
@@ -75,14 +109,26 @@ class Engine(ABC):
             args += ["--override-tensor", rule]
         if stack.chat_template:
             args += ["--chat-template", stack.chat_template]
+        if stack.flash_attention is not None:
+            args += self.flash_attention_args(stack.flash_attention, flags)
+        if stack.fused_moe is not None:
+            args += self.fused_moe_args(stack.fused_moe, flags)
+        if stack.mla is not None:
+            args += self.mla_args(stack.mla, flags)
         return args + list(stack.extra_args)
 
+    def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
+        """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""
+        if flags is None or takes_value(flags, "-fa"):
+            return ["-fa", mode]
+        if "-fa" not in flags:
+            raise StackError(f"this {self.name} build has no flash attention flag (-fa); drop --flash-attention")
+        if mode == "auto":
+            raise StackError(f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off")
+        return ["-fa"] if mode == "on" else []
 
-def build_packages(cuda: CudaTarget) -> list[str]:
-    """Debian packages of the toolchain stage (CUDA images get nvcc from their base image)."""
-    return ["build-essential", "ca-certificates", "ccache", "cmake", "git", "ninja-build"]
+    def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"fused MoE is an ik_llama.cpp switch; {self.name} has none: drop --fused-moe/--no-fused-moe")
 
-
-def runtime_packages(cuda: CudaTarget) -> list[str]:
-    """Debian packages the static server binary still needs at run time (OpenMP)."""
-    return ["libgomp1"]
+    def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines.base import Engine
+from builder.errors import StackError
 
 
 class IkLlamaCpp(Engine):
@@ -20,6 +21,8 @@ class IkLlamaCpp(Engine):
     sdist_ref = "ikpy-0.1.5"  # that sdist doesn't say which commit it vendors: label it by the sdist
     # Its sdists lack common/cmake/build-info-gen-cpp.cmake; the build writes build-info.cpp itself.
     needs_build_info_shim = True
+    # Its --help omits accepted flags (-ot, -thp, -cmoe...): the contract adds the parser's literals.
+    parser_sources = ("common/common.cpp",)
 
     def is_source_tree(self, path: Path) -> bool:
         return (path / "CMakeLists.txt").is_file() and (path / "ggml/src/iqk").is_dir() \
@@ -32,3 +35,20 @@ class IkLlamaCpp(Engine):
             "-DLLAMA_BUILD_EXAMPLES=ON",
             "-DLLAMA_BUILD_SERVER=ON",
         ]
+
+    def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
+        """Before PR #863 fused MoE was off unless `-fmoe`; since, it is on unless `-no-fmoe`."""
+        if flags is None:
+            return [] if on else ["-no-fmoe"]
+        if on:
+            if "-fmoe" in flags:
+                return ["-fmoe"]
+            if "-no-fmoe" in flags:
+                return []  # the default of this version
+            raise StackError("this ik_llama.cpp build has no fused-MoE switch; drop --fused-moe")
+        return ["-no-fmoe"] if "-no-fmoe" in flags else []
+
+    def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
+        if flags is not None and "-mla" not in flags:
+            raise StackError("this ik_llama.cpp build has no -mla option; drop --mla")
+        return ["-mla", str(mode)]

@@ -32,7 +32,10 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
     plan = plan_build(spec, tmp_path / "ctx", tree)
     assert plan.kwargs()["build_contexts"] == {SOURCE_CONTEXT: str(tree)}
     assert plan.tags == ("ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2",)
-    line = plan.command_line()
+    contract, line = plan.command_lines(tmp_path / "out")
+    assert contract.endswith(f"--target contract --build-context engine-src={tree} --output type=local,dest={tmp_path / 'out'} {tmp_path / 'ctx'}")
+    assert "--load" not in contract and "--tag" not in contract
     assert line.startswith("docker buildx build --file ")
+    assert "--label 'io.moe-stack.server-flags=<flags parsed from" in line
     assert f"--build-context engine-src={tree}" in line
     assert "--tag ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2" in line and line.endswith(str(tmp_path / "ctx"))

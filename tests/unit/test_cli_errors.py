@@ -86,7 +86,7 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     model.write_bytes(b"GGUF\x03\x00\x00\x00")
     model.chmod(0o644)
     result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--experts-on-cpu",
-                     "--port", "18080", "--", "--no-warmup")
+                     "--port", "18080", "--skip-image-checks", "--", "--no-warmup")
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "c.yaml").read_text()
     assert "127.0.0.1" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text and "--no-warmup" in text

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from builder.compose import (
+    check_host_runs,
     check_port_free,
     compose_dict,
     project_name_for,
@@ -17,7 +18,10 @@ from builder.compose import (
     write_stack,
 )
 from builder.errors import StackError
+from builder.host import CpuInfo
+from builder.image_facts import ImageFacts
 from builder.spec import StackSpec
+from builder.targets import cpu_target
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:
@@ -91,3 +95,27 @@ def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
 def test_project_name_from_model_file() -> None:
     assert project_name_for(Path("/m/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf")) == \
         "moe-stack-deepseek-r1-671b-iq4_xs-00001-of-00009"
+
+
+def _facts(**update: object) -> ImageFacts:
+    values = {"image": "img:1", "engine": "llama.cpp", "engine_ref": "r", "cpu_target": "zen4",
+              "required_cpu_flags": cpu_target("zen4").required_flags,
+              "server_flags": {f: "" for f in ("--model", "--host", "--port", "--ctx-size", "--threads",
+                                               "--parallel", "--override-tensor")}}
+    return ImageFacts(**(values | update))
+
+
+def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
+    assert compose_dict(_stack(tmp_path), "x", _facts())["x-moe-stack"]["flags-checked"] is True
+    with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --mlock"):
+        compose_dict(_stack(tmp_path, extra_args=("--mlock",)), "x", _facts())
+    with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
+        compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
+
+
+def test_host_without_the_image_flags_is_refused() -> None:
+    avx2_host = CpuInfo(flags=frozenset(cpu_target("avx2").required_flags), logical_cpus=2, physical_cores=2)
+    with pytest.raises(StackError, match=r"needs CPU flags this host lacks: avx512f .*; use the avx2 image, "
+                                         r"or pass --for-other-host"):
+        check_host_runs(_facts(), avx2_host)
+    check_host_runs(_facts(required_cpu_flags=cpu_target("avx2").required_flags), avx2_host)

@@ -1,0 +1,82 @@
+"""The engine's flag contract: which server flags a built binary accepts, read from its `--help`.
+
+The build captures `llama-server --help` (the raw text goes into the image, the parsed flags into
+a label). ik_llama.cpp's --help leaves out accepted flags (-ot, -thp, -cmoe among them), so for it
+the build adds the flag literals of the argument parser the binary was compiled from. Stack emission checks every flag it renders against the image's contract and translates
+neutral options (flash attention, fused MoE, MLA) into what that engine version understands, so a
+flag an engine version removed (ik_llama.cpp dropped `-fmoe` in PR #863) fails at emit time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from builder.errors import StackError
+
+LABEL = "io.moe-stack.server-flags"
+# An option line: some indent (ik_llama.cpp indents long-only options by 9), then a flag ("-x",
+# "--long-name"). Description continuation lines are indented further (col 34 or 40).
+_OPTION_LINE = re.compile(r"^\s{0,12}(-{1,2}[A-Za-z][\w.-]*.*)$")
+_FLAG = re.compile(r"^-{1,2}[A-Za-z][\w.-]*$")
+# A token that is a flag, not a value such as "-1" or "-0.5".
+_LOOKS_LIKE_FLAG = re.compile(r"^-{1,2}[A-Za-z]")
+
+
+def parse_help(text: str) -> dict[str, str]:
+    """Every flag spelling in a `--help` text, mapped to its argument placeholder ('' if none)."""
+    flags: dict[str, str] = {}
+    for line in text.splitlines():
+        match = _OPTION_LINE.match(line)
+        if not match:
+            continue
+        # "-t,    --threads N    description": commas may be padded for alignment; the
+        # description starts after the first run of two or more spaces past the names.
+        option = re.sub(r",\s+", ", ", match.group(1).rstrip())
+        head = re.split(r"\s{2,}", option, maxsplit=1)[0]
+        pieces = [piece.strip() for piece in head.split(", ")]
+        metavar = ""
+        names = []
+        for piece in pieces:
+            name, _, rest = piece.partition(" ")
+            if not _FLAG.match(name):
+                break
+            names.append(name)
+            metavar = rest.strip() or metavar
+        for name in names:
+            flags.setdefault(name, metavar)
+    return flags
+
+
+def parse_parser_literals(text: str) -> dict[str, str]:
+    """Flag-like string literals of an argument parser's source, one per line (no placeholders)."""
+    return {line.strip(): "" for line in text.splitlines() if _FLAG.match(line.strip())}
+
+
+def parse_contract(help_text: str, parser_literals: str | None) -> dict[str, str]:
+    """The flags a server accepts: its --help, plus its parser's literals where --help is incomplete."""
+    flags = parse_help(help_text)
+    if parser_literals is not None:
+        flags = {**parse_parser_literals(parser_literals), **flags}
+    return flags
+
+
+def to_label(flags: dict[str, str]) -> str:
+    return json.dumps(flags, sort_keys=True, separators=(",", ":"))
+
+
+def from_label(value: str) -> dict[str, str]:
+    return json.loads(value)
+
+
+def check_args(args: list[str], flags: dict[str, str], who: str) -> None:
+    """Fail naming the first flag in `args` that the engine (described by `who`) does not accept."""
+    unknown = [arg for arg in args if _LOOKS_LIKE_FLAG.match(arg) and arg.split("=", 1)[0] not in flags]
+    if unknown:
+        raise StackError(f"{who} does not accept {', '.join(unknown)} (its --help lists no such flag); "
+                         "drop it, or use an image of an engine version that has it")
+
+
+def takes_value(flags: dict[str, str], flag: str) -> bool:
+    """Whether `flag` is given a value (e.g. ik's `-fa` became `-fa on|off|auto` in PR #863)."""
+    return bool(flags.get(flag))

@@ -1,0 +1,50 @@
+"""What a built moe-stack image says about itself (its labels): engine, CPU needs, flag contract."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from python_on_whales.exceptions import DockerException
+
+from builder.docker_client import describe, docker
+from builder.errors import StackError
+from builder.flags import LABEL as FLAGS_LABEL
+from builder.flags import from_label
+from builder.render import LABEL_PREFIX
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    image: str
+    engine: str
+    engine_ref: str
+    cpu_target: str
+    required_cpu_flags: tuple[str, ...]
+    server_flags: dict[str, str]
+
+    @property
+    def who(self) -> str:
+        return f"{self.engine} {self.engine_ref} ({self.image})"
+
+
+def read_image_facts(image: str) -> ImageFacts:
+    """The facts of a local image; StackError when it is absent or not built by moe-stack."""
+    client = docker()
+    if not client.image.exists(image):
+        raise StackError(f"image {image} is not present locally; build or pull it first so its flags and CPU "
+                         "needs can be checked, or pass --skip-image-checks")
+    try:
+        labels = client.image.inspect(image).config.labels or {}
+    except DockerException as err:
+        raise StackError(f"can't inspect image {image}: {describe(err)}") from None
+    if FLAGS_LABEL not in labels or f"{LABEL_PREFIX}.engine" not in labels:
+        raise StackError(f"image {image} was not built by moe-stack (no flag contract label); rebuild it with "
+                         "`moe-stack build`, or pass --skip-image-checks")
+    return ImageFacts(
+        image=image,
+        engine=labels[f"{LABEL_PREFIX}.engine"],
+        engine_ref=labels.get(f"{LABEL_PREFIX}.engine-ref", "?"),
+        cpu_target=labels.get(f"{LABEL_PREFIX}.cpu-target", "?"),
+        required_cpu_flags=tuple(labels.get(f"{LABEL_PREFIX}.required-cpu-flags", "").split()),
+        server_flags=from_label(labels[FLAGS_LABEL]),
+    )

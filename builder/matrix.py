@@ -1,0 +1,72 @@
+"""The published image matrix (dockerfiles/matrix.yaml), expanded into ImageSpecs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+from builder.build import image_spec, image_tag
+from builder.errors import SpecError
+from builder.render import templates_root
+from builder.spec import CudaTarget, ImageSpec
+from builder.toolchain import CUDA_RELEASES, toolchain
+
+
+@dataclass(frozen=True)
+class Variant:
+    spec: ImageSpec | None  # None: no toolchain can build it (see `reason`)
+    engine: str
+    cuda: str | None
+    cpu: str
+    reason: str = ""
+
+
+def cuda_target(version: str | None, archs: tuple[int, ...] = ()) -> CudaTarget:
+    """A CUDA target with the release's default archs unless `archs` names others."""
+    if version is None:
+        return CudaTarget()
+    if version not in CUDA_RELEASES:
+        raise SpecError(f"unknown CUDA version {version}: choose one of {', '.join(CUDA_RELEASES)}")
+    return CudaTarget(version=version, archs=archs or CUDA_RELEASES[version].default_archs)
+
+
+def load_matrix() -> dict:
+    return yaml.safe_load((templates_root() / "matrix.yaml").read_text())
+
+
+def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
+    """Every combination of the matrix, buildable or not, in a stable order."""
+    matrix = load_matrix()
+    out: list[Variant] = []
+    for engine, extra in matrix["engines"].items():
+        cpus = [*extra.get("extra_cpu_targets", []), *matrix["cpu_targets"]]
+        for cuda in [None, *matrix["cuda_versions"]]:
+            for cpu in cpus:
+                spec = image_spec(engine, cpu, ref=(ref_overrides or {}).get(engine), cuda=cuda_target(cuda))
+                try:
+                    toolchain(spec.cpu, spec.cuda)
+                except SpecError as why:
+                    out.append(Variant(None, engine, cuda, cpu, str(why)))
+                    continue
+                out.append(Variant(spec, engine, cuda, cpu))
+    return out
+
+
+def published() -> list[ImageSpec]:
+    return [v.spec for v in variants() if v.spec is not None]
+
+
+def ci_rows() -> list[dict[str, object]]:
+    """One row per published image, as CI's job matrix wants them."""
+    rows = []
+    for spec in published():
+        rows.append({
+            "engine": spec.engine,
+            "cuda": spec.cuda.version or "none",
+            "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),
+            "cpu": spec.cpu.name,
+            "variant": spec.variant,
+            "tag": image_tag(spec),
+        })
+    return rows

@@ -1,0 +1,117 @@
+"""Base images and compilers per (CUDA, CPU) target.
+
+CPU images build and run on Debian trixie (GCC 14 knows every CPU target, znver5 included). CUDA
+images build on NVIDIA's `devel` image and run on its `runtime` image; where the CPU target needs a
+newer GCC than that Ubuntu ships, the distribution's gcc-N is installed and named to cmake, within
+the host-compiler range that CUDA release accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.errors import SpecError
+from builder.spec import BaseImages, CpuTarget, CudaTarget
+
+CPU_BASE = "debian:trixie-slim"
+CPU_BASE_SUITE = "trixie"
+
+
+@dataclass(frozen=True)
+class CudaRelease:
+    version: str
+    image_version: str  # nvidia/cuda tag prefix
+    ubuntu: str
+    max_gcc: int  # newest host GCC major this nvcc accepts
+    default_archs: tuple[int, ...]
+
+    def image(self, flavour: str) -> str:
+        return f"nvidia/cuda:{self.image_version}-{flavour}-{self.ubuntu}"
+
+
+# Host compiler limits from each release's installation guide (supported host compilers).
+CUDA_RELEASES: dict[str, CudaRelease] = {r.version: r for r in (
+    CudaRelease("12.4", "12.4.1", "ubuntu22.04", 13, (86, 89, 90)),
+    CudaRelease("12.6", "12.6.3", "ubuntu24.04", 13, (86, 89, 90)),
+    CudaRelease("12.8", "12.8.1", "ubuntu24.04", 14, (86, 89, 90, 120)),
+    CudaRelease("13.0", "13.0.1", "ubuntu24.04", 15, (86, 89, 90, 120)),
+)}
+
+# (default GCC, {major: version of the installable gcc-N package}) per build OS.
+_OS_GCC: dict[str, tuple[tuple[int, int], dict[int, tuple[int, int]]]] = {
+    CPU_BASE_SUITE: ((14, 2), {}),
+    "ubuntu22.04": ((11, 4), {12: (12, 3)}),
+    "ubuntu24.04": ((13, 3), {14: (14, 0)}),
+}
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    build_image: str
+    runtime_image: str
+    gcc_major: int | None  # a gcc-N installed beside the default one; None: the default compiler
+    build_packages: tuple[str, ...]
+    runtime_packages: tuple[str, ...]
+
+    def compiler_args(self, cuda: CudaTarget) -> list[str]:
+        """cmake arguments that select the installed gcc-N (also as nvcc's host compiler)."""
+        if self.gcc_major is None:
+            return []
+        args = [f"-DCMAKE_C_COMPILER=gcc-{self.gcc_major}", f"-DCMAKE_CXX_COMPILER=g++-{self.gcc_major}"]
+        if cuda.version is not None:
+            args.append(f"-DCMAKE_CUDA_HOST_COMPILER=g++-{self.gcc_major}")
+        return args
+
+
+def cuda_release(cuda: CudaTarget) -> CudaRelease:
+    assert cuda.version is not None
+    return CUDA_RELEASES[cuda.version]
+
+
+def toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages = BaseImages()) -> Toolchain:
+    """The toolchain for a (CPU, CUDA) target, or a SpecError saying why none exists."""
+    try:
+        return _toolchain(cpu, cuda, base)
+    except _NoCompiler as problem:
+        works = [v for v in CUDA_RELEASES if _works(cpu, cuda.model_copy(update={"version": v}))]
+        fix = f"use CUDA {works[0]} or newer" if works else "pick another CPU target"
+        raise SpecError(f"CPU target {cpu.name} with CUDA {cuda.version}: {problem}; {fix}") from None
+
+
+class _NoCompiler(Exception):
+    pass
+
+
+def _works(cpu: CpuTarget, cuda: CudaTarget) -> bool:
+    try:
+        _toolchain(cpu, cuda, BaseImages())
+    except _NoCompiler:
+        return False
+    return True
+
+
+def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
+    build_os = CPU_BASE_SUITE if cuda.version is None else cuda_release(cuda).ubuntu
+    default_gcc, installable = _OS_GCC[build_os]
+    gcc_major = None
+    if default_gcc < cpu.min_gcc:
+        gcc_major = next((major for major, version in sorted(installable.items()) if version >= cpu.min_gcc), None)
+        if gcc_major is None:
+            raise _NoCompiler(f"needs GCC >= {cpu.min_gcc[0]}.{cpu.min_gcc[1]}, which {build_os} does not have")
+    if cuda.version is not None:
+        release = cuda_release(cuda)
+        used = gcc_major or default_gcc[0]
+        if used > release.max_gcc:
+            raise _NoCompiler(f"needs GCC {used}, but nvcc {cuda.version} accepts host compilers up to GCC "
+                              f"{release.max_gcc}")
+        build_image, runtime_image = release.image("devel"), release.image("runtime")
+    else:
+        build_image = runtime_image = CPU_BASE
+    gcc_packages = (f"gcc-{gcc_major}", f"g++-{gcc_major}") if gcc_major else ()
+    return Toolchain(
+        build_image=base.build or build_image,
+        runtime_image=base.runtime or runtime_image,
+        gcc_major=gcc_major,
+        build_packages=("build-essential", "ca-certificates", "ccache", "cmake", "git", "ninja-build", *gcc_packages),
+        runtime_packages=("libgomp1",),
+    )

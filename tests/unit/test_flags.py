@@ -1,0 +1,80 @@
+"""The flag contract: parsing --help, checking rendered flags, translating neutral options per version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.engines import get_engine
+from builder.errors import StackError
+from builder.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
+from builder.spec import StackSpec
+
+DATA = Path(__file__).parent / "data"
+MAINLINE = parse_help((DATA / "llama.cpp-0c1e57098-help.txt").read_text())
+IK_HELP = (DATA / "ik_llama.cpp-ikpy-0.1.5-help.txt").read_text()
+IK = parse_contract(IK_HELP, (DATA / "ik_llama.cpp-ikpy-0.1.5-parser-flags.txt").read_text())
+IK_OLD = parse_help((DATA / "ik_llama.cpp-pre-pr863-help-excerpt.txt").read_text())
+
+
+def test_parse_real_help_texts() -> None:
+    assert MAINLINE["-fa"] == MAINLINE["--flash-attn"] == "[on|off|auto]"
+    assert MAINLINE["-ot"].startswith("<tensor name pattern>=")
+    assert MAINLINE["-t"] == "N" and "--cpu-moe" in MAINLINE and "-fmoe" not in MAINLINE
+    assert takes_value(IK, "-fa") and "-no-fmoe" in IK and "-fmoe" not in IK
+    assert {"-mla", "-amb", "-ot", "-thp", "--host", "--port"} <= set(IK)
+    assert len(MAINLINE) > 200 and len(IK) > 150
+
+
+def test_ik_help_alone_misses_accepted_flags() -> None:
+    """Why the ik contract adds its parser's literals: --help omits -ot and -thp, which it accepts."""
+    help_only = parse_help(IK_HELP)
+    assert "-ot" not in help_only and "-thp" not in help_only
+    assert IK["-fa"] == help_only["-fa"], "--help placeholders win over bare literals"
+
+
+def test_parse_alignment_and_continuations() -> None:
+    flags = parse_help("  -x,     --exa N      does x\n"
+                       "                        - a bullet, not a flag\n"
+                       "--solo\n"
+                       "-ab, --alpha-beta <a|b>   picks\n")
+    assert flags == {"-x": "N", "--exa": "N", "--solo": "", "-ab": "<a|b>", "--alpha-beta": "<a|b>"}
+
+
+def test_label_round_trip() -> None:
+    assert from_label(to_label(IK)) == IK
+
+
+def test_check_args_names_the_unknown_flag() -> None:
+    check_args(["--threads", "8", "--seed", "-1", "-fa", "on"], MAINLINE, "llama.cpp x")
+    with pytest.raises(StackError, match=r"ik_llama.cpp ikpy-0.1.5 \(img\) does not accept -fmoe"):
+        check_args(["-fmoe"], IK, "ik_llama.cpp ikpy-0.1.5 (img)")
+
+
+def _stack(engine: str, **options: object) -> StackSpec:
+    return StackSpec(project="p", engine=engine, image="i", model=Path("/m/x.gguf"), threads=8, **options)
+
+
+def _neutral(engine: str, flags: dict[str, str] | None, **options: object) -> list[str]:
+    args = get_engine(engine).server_args(_stack(engine, **options), flags)
+    return args[12:]  # after model, host, port, ctx, threads, parallel
+
+
+def test_seed_options_per_ik_version() -> None:
+    seed = {"flash_attention": "on", "fused_moe": True, "mla": 3}
+    assert _neutral("ik_llama.cpp", IK_OLD, **seed) == ["-fa", "-fmoe", "-mla", "3"]  # the seed's spelling
+    assert _neutral("ik_llama.cpp", IK, **seed) == ["-fa", "on", "-mla", "3"]  # fused MoE is the default now
+    assert _neutral("ik_llama.cpp", IK, fused_moe=False) == ["-no-fmoe"]
+    assert _neutral("ik_llama.cpp", IK_OLD, fused_moe=False) == []
+    assert _neutral("ik_llama.cpp", None, flash_attention="auto") == ["-fa", "auto"]
+
+
+def test_impossible_options_are_refused() -> None:
+    with pytest.raises(StackError, match="on-switch only"):
+        _neutral("ik_llama.cpp", IK_OLD, flash_attention="auto")
+    with pytest.raises(StackError, match="fused MoE is an ik_llama.cpp switch"):
+        _neutral("llama.cpp", MAINLINE, fused_moe=True)
+    with pytest.raises(StackError, match="-mla is an ik_llama.cpp option"):
+        _neutral("llama.cpp", MAINLINE, mla=3)
+    assert _neutral("llama.cpp", MAINLINE, flash_attention="on") == ["-fa", "on"]
