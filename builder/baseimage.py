@@ -18,10 +18,11 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker
 from builder.errors import BaseImageError
+from builder.toolchain import CPU_BASE, CPU_BASE_SUITE
 
-DEFAULT_SUITE = "bookworm"
-DEFAULT_PULL = "debian:bookworm-slim"
-DEFAULT_LOCAL_TAG = "moe-stack/debian:bookworm"
+DEFAULT_SUITE = CPU_BASE_SUITE
+DEFAULT_PULL = CPU_BASE
+DEFAULT_LOCAL_TAG = f"moe-stack/debian:{CPU_BASE_SUITE}"
 FALLBACK_MIRROR = "http://deb.debian.org/debian"
 
 # What a slim image leaves out, also for packages installed later (dpkg honours these).

@@ -32,6 +32,8 @@ RUNTIME_STAGE = "runtime"
 CONTRACT_STAGE = "contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
+# Flags every stack passes: a --help without them is no usage text (a crash, a missing library...).
+REQUIRED_FLAGS = frozenset({"--model", "--host", "--port"})
 # Name of the stage a local engine tree replaces (see the Dockerfile's source stage).
 SOURCE_CONTEXT = "engine-src"
 
@@ -129,10 +131,12 @@ def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> s
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp:
         _stream(client, plan.contract_step(Path(tmp)), log, log_path, show)
         literals = Path(tmp) / PARSER_FLAGS_FILE
-        flags = parse_contract((Path(tmp) / HELP_FILE).read_text(errors="replace"),
-                               literals.read_text() if literals.exists() else None)
-        if not flags:
-            raise BuildFailed(f"the built server's --help listed no flags; see {Path(tmp) / HELP_FILE} "
+        help_text = (Path(tmp) / HELP_FILE).read_text(errors="replace")
+        flags = parse_contract(help_text, literals.read_text() if literals.exists() else None)
+        if not REQUIRED_FLAGS <= flags.keys():
+            first = next((line for line in help_text.splitlines() if line.strip()), "(no output)")
+            raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(REQUIRED_FLAGS))}: it "
+                              f"printed {first.strip()!r}; the binary may not run on this build host "
                               f"(full log: {log_path})", log_path=str(log_path))
         _stream(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
     return plan.tags[0]

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from builder import __version__
-from builder.baseimage import ensure_base, make_base
+from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
 from builder.build import build_image, image_spec, image_tag, plan_build
 from builder.compose import (
     check_host_runs,
@@ -39,6 +39,7 @@ from builder.matrix import ci_rows, cuda_target, variants
 from builder.spec import BaseImages, CudaTarget, StackSpec
 from builder.stack import down as stack_down
 from builder.stack import up as stack_up
+from builder.toolchain import toolchain
 
 app = typer.Typer(
     name="moe-stack",
@@ -157,10 +158,28 @@ def build(
     out.print(f"built {build_image(spec, tree, show=_raw_stderr, log_path=log)}")
 
 
+@app.command("cmake-args")
+def cmake_args(
+    engine: EngineOpt = "llama.cpp",
+    cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
+    ccache: Annotated[bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")] = True,
+) -> None:
+    """Print the cmake configure arguments an image build uses, one per line, for a native build
+    with the same flags (bare-metal comparisons, hosts without Docker)."""
+    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs))
+    tools = toolchain(spec.cpu, spec.cuda)
+    args = get_engine(engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+    for arg in args:
+        if ccache or "_COMPILER_LAUNCHER=" not in arg:
+            sys.stdout.write(arg + "\n")
+
+
 @app.command()
 def base(
-    tag: Annotated[str, typer.Option("--tag", help="name of the image to make")] = "moe-stack/debian:bookworm",
-    suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = "bookworm",
+    tag: Annotated[str, typer.Option("--tag", help="name of the image to make")] = DEFAULT_LOCAL_TAG,
+    suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = DEFAULT_SUITE,
     mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")] = None,
     force: Annotated[bool, typer.Option("--force", help="re-make it even if the image exists")] = False,
 ) -> None:

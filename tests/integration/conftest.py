@@ -22,6 +22,7 @@ from builder.compose import compose_dict, write_stack
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import DockerUnavailable
+from builder.image_facts import read_image_facts
 from builder.models import fetch_demo_model
 from builder.source import resolve_local
 from builder.spec import BaseImages, StackSpec
@@ -36,6 +37,7 @@ class BuiltImage:
     engine: str
     tag: str
     ref: str
+    cpu: str
 
 
 @dataclass(frozen=True)
@@ -61,28 +63,40 @@ def docker_client() -> DockerClient:
 
 @pytest.fixture(scope="session")
 def base_image(docker_client: DockerClient) -> str:
-    """debian:bookworm-slim where it can be pulled, else one made here with `moe-stack base`."""
+    """debian:trixie-slim where it can be pulled, else one made here with `moe-stack base`."""
     return ensure_base()
 
 
-_built: dict[str, BuiltImage] = {}
+_built: dict[tuple[str, str], BuiltImage] = {}
 
 
-def build_engine_image(engine_name: str, base: str) -> BuiltImage:
-    """The engine's avx2 CPU image, built once per session from the PyPI sdist that vendors it."""
-    if engine_name not in _built:
+def build_engine_image(engine_name: str, cpu: str, base: str) -> BuiltImage:
+    """An engine's CPU-only image for `cpu`, built once per session from the PyPI sdist that vendors it."""
+    if (engine_name, cpu) not in _built:
         engine = get_engine(engine_name)
         tree = resolve_local(engine, f"pypi:{engine.sdist}")
-        spec = image_spec(engine.name, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base),
+        spec = image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base),
                           registry="localhost", namespace="moe-stack-test")
         tag = build_image(spec, tree, show=lambda line: None)
-        _built[engine_name] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref)
-    return _built[engine_name]
+        _built[(engine_name, cpu)] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu)
+    return _built[(engine_name, cpu)]
 
 
 @pytest.fixture(scope="session", params=ENGINES)
 def engine_image(request: pytest.FixtureRequest, base_image: str) -> BuiltImage:
-    return build_engine_image(request.param, base_image)
+    """Each engine's avx2 image: the one every x86-64-v3 host runs."""
+    return build_engine_image(request.param, "avx2", base_image)
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def zen4_image(request: pytest.FixtureRequest, base_image: str) -> BuiltImage:
+    return build_engine_image(request.param, "zen4", base_image)
+
+
+@pytest.fixture(scope="session")
+def amx_image(base_image: str) -> BuiltImage:
+    """llama.cpp for Sapphire Rapids: needs AMX, which AMD hosts (this one, CI's) lack."""
+    return build_engine_image("llama.cpp", "sapphirerapids", base_image)
 
 
 @pytest.fixture(scope="session")
@@ -118,7 +132,8 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
         project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
         stack = StackSpec(project=project, engine=image.engine, image=image.tag, model=model, port=port,
                           threads=2, **options)
-        compose_file = write_stack(compose_dict(stack, generated_by="pytest"), tmp_path / project / "compose.yaml")
+        document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
+        compose_file = write_stack(document, tmp_path / project / "compose.yaml")
         started.append(compose_file)
         up(compose_file, timeout_s=wait_s)
         return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
