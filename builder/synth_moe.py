@@ -173,7 +173,7 @@ def write_moe_gguf(path: Path, shape: MoeShape = MoeShape(), seed: int = 0) -> P
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name, ne, kind in specs:  # then the data, one tensor at a time
+    for _name, ne, kind in specs:  # then the data, one tensor at a time
         writer.write_tensor_data(_array(rng, ne, kind, shape.quant))
     writer.close()
     tmp.replace(path)

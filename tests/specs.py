@@ -1,8 +1,8 @@
-"""Specs the tests share: the published defaults of each engine."""
+"""Specs the tests share: each engine's default (pinned git ref) image spec."""
 
 from __future__ import annotations
 
-from builder.engines import engine_names, get_engine
+from builder.engines import get_engine
 from builder.spec import GitSource, ImageSpec
 from builder.targets import cpu_target
 
@@ -12,7 +12,3 @@ def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
     return ImageSpec(engine=adapter.name, source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
                      cpu=cpu_target(cpu))
 
-
-def published_specs() -> list[ImageSpec]:
-    """The variants with golden renders (the CPU images; the CUDA matrix comes later)."""
-    return [default_spec(name) for name in engine_names()]
