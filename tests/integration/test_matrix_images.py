@@ -43,22 +43,18 @@ def test_avx512_vnni_only_in_avx512_images(docker_client: DockerClient, zen4_ima
     assert avx2.count("vpdpbusd") == 0 and "zmm" not in avx2, "avx2 build uses instructions x86-64-v3 lacks"
 
 
-def test_ik_zen4_gets_the_fast_avx512_path(docker_client: DockerClient, zen4_image: BuiltImage, moe_model: Path,
-                                           start_stack: StackFactory) -> None:
-    if zen4_image.engine != "ik_llama.cpp":
-        pytest.skip("HAVE_FANCY_SIMD is ik_llama.cpp's")
+def test_ik_zen4_gets_the_fast_avx512_path(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
     lacking = missing_flags(cpu_target("zen4").required_flags, read_cpu())
     if lacking:
         pytest.skip(f"this host can't run zen4 code (lacks {' '.join(lacking)})")
-    stack = start_stack(zen4_image, moe_model, override_tensors=(EXPERTS_ON_CPU_RULE,))
+    image = build_engine_image("ik_llama.cpp", "zen4", base_image)
+    stack = start_stack(image, moe_model, override_tensors=(EXPERTS_ON_CPU_RULE,))
     logs = str(stack.client.compose.logs())
     assert "HAVE_FANCY_SIMD is defined" in logs
 
 
-def test_ik_avx2_lacks_the_avx512_path(engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory) -> None:
-    if engine_image.engine != "ik_llama.cpp":
-        pytest.skip("HAVE_FANCY_SIMD is ik_llama.cpp's")
-    stack = start_stack(engine_image, moe_model)
+def test_ik_avx2_lacks_the_avx512_path(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
+    stack = start_stack(build_engine_image("ik_llama.cpp", "avx2", base_image), moe_model)
     assert "HAVE_FANCY_SIMD is NOT defined" in str(stack.client.compose.logs())
 
 
