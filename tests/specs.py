@@ -1,6 +1,8 @@
-"""Specs the tests share: each engine's default (pinned git ref) image spec."""
+"""What the tests share: each engine's default image spec, and minimal fake engine source trees."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from builder.engines import get_engine
 from builder.spec import GitSource, ImageSpec
@@ -12,3 +14,19 @@ def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
     return ImageSpec(engine=adapter.name, source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
                      cpu=cpu_target(cpu))
 
+
+
+def mainline_tree(root: Path) -> Path:
+    """The files that make a directory look like a llama.cpp tree (nothing that builds)."""
+    for rel in ("ggml", "tools/server"):
+        (root / rel).mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text("project(llama)\n")
+    return root
+
+
+def ik_tree(root: Path) -> Path:
+    """The same for ik_llama.cpp (its IQK kernels, its server under examples/)."""
+    for rel in ("ggml/src/iqk", "examples/server"):
+        (root / rel).mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text("project(llama)\n")
+    return root

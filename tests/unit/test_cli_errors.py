@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import run_cli
+from tests.specs import mainline_tree
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -62,22 +63,17 @@ def test_port_in_use(tmp_path: Path) -> None:
     assert not (tmp_path / "c.yaml").exists()
 
 
-@pytest.mark.parametrize("verb", [["up"], ["build", "--source", "pypi:none"], ["base"]])
-def test_docker_daemon_unreachable(tmp_path: Path, verb: list[str]) -> None:
+@pytest.mark.parametrize("verb", ["up", "build", "base"])
+def test_docker_daemon_unreachable(tmp_path: Path, verb: str) -> None:
     compose_file = tmp_path / "compose.yaml"
     compose_file.write_text("services: {}\n")
-    args = [*verb, str(compose_file)] if verb == ["up"] else verb
-    if verb[0] == "build":
-        args = ["build", "--engine", "llama.cpp", "--source", str(_mainline_tree(tmp_path / "src"))]
+    args = {
+        "up": ["up", str(compose_file)],
+        "build": ["build", "--source", str(mainline_tree(tmp_path / "src"))],
+        "base": ["base"],
+    }[verb]
     result = run_cli(*args, env={"DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"})
     assert_one_line_error(result, "can't reach the Docker daemon")
-
-
-def _mainline_tree(root: Path) -> Path:
-    for rel in ("ggml", "tools/server"):
-        (root / rel).mkdir(parents=True)
-    (root / "CMakeLists.txt").write_text("project(llama)\n")
-    return root
 
 
 def test_compose_emits_a_valid_file(tmp_path: Path) -> None:

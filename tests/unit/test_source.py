@@ -10,6 +10,7 @@ import pytest
 from builder.engines import get_engine
 from builder.errors import SourceError
 from builder.source import clone_commands, resolve_local
+from tests.specs import ik_tree, mainline_tree
 
 
 def test_clone_commands_per_ref_kind() -> None:
@@ -21,23 +22,9 @@ def test_clone_commands_per_ref_kind() -> None:
     assert f"fetch --quiet --depth 1 {url} {'a' * 40}" in full[1] and full[2].endswith("FETCH_HEAD")
 
 
-def _mainline_tree(root: Path) -> Path:
-    for rel in ("ggml", "tools/server"):
-        (root / rel).mkdir(parents=True)
-    (root / "CMakeLists.txt").write_text("project(llama)\n")
-    return root
-
-
-def _ik_tree(root: Path) -> Path:
-    for rel in ("ggml/src/iqk", "examples/server"):
-        (root / rel).mkdir(parents=True)
-    (root / "CMakeLists.txt").write_text("project(llama)\n")
-    return root
-
-
 def test_engine_trees_are_told_apart(tmp_path: Path) -> None:
-    mainline = _mainline_tree(tmp_path / "m")
-    ik = _ik_tree(tmp_path / "ik")
+    mainline = mainline_tree(tmp_path / "m")
+    ik = ik_tree(tmp_path / "ik")
     assert resolve_local(get_engine("llama.cpp"), str(mainline)) == mainline
     assert resolve_local(get_engine("ik_llama.cpp"), str(ik)) == ik
     with pytest.raises(SourceError, match="is not a llama.cpp source tree"):
@@ -47,7 +34,7 @@ def test_engine_trees_are_told_apart(tmp_path: Path) -> None:
 def test_sdist_layout_and_tarball(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     sdist = tmp_path / "llama_cpp_python-9.9"
-    _mainline_tree(sdist / "vendor/llama.cpp")
+    mainline_tree(sdist / "vendor/llama.cpp")
     assert resolve_local(get_engine("llama.cpp"), str(sdist)) == sdist / "vendor/llama.cpp"
     archive = tmp_path / "sdist.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
