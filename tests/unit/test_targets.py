@@ -1,0 +1,86 @@
+"""CPU/CUDA targets, toolchains and the published matrix: what each combination compiles with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from builder.build import image_spec
+from builder.engines import get_engine
+from builder.errors import SpecError
+from builder.matrix import ci_rows, cuda_target, published, variants
+from builder.targets import CPU_TARGETS, best_cpu_target, cpu_target
+from builder.toolchain import toolchain
+from tests.cli import run_cli
+
+
+def _args(engine: str, cpu: str, cuda: str | None = None) -> list[str]:
+    spec = image_spec(engine, cpu, cuda=cuda_target(cuda))
+    tools = toolchain(spec.cpu, spec.cuda)
+    return get_engine(engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+
+
+def test_named_targets_compile_for_their_cpu_never_native() -> None:
+    for name in ("avx2", "zen4", "zen5", "sapphirerapids"):
+        args = _args("ik_llama.cpp", name)
+        assert "-DGGML_NATIVE=OFF" in args and f"-DCMAKE_C_FLAGS=-march={cpu_target(name).march}" in args
+        assert not any("native" in a.lower() and a != "-DGGML_NATIVE=OFF" for a in args)
+    zen4 = _args("ik_llama.cpp", "zen4")
+    # ik's HAVE_FANCY_SIMD needs AVX512 F+VNNI+VL+BW+DQ: -march=znver4 defines them all
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON"} <= set(zen4)
+    assert "-DGGML_AMX_INT8=ON" in _args("llama.cpp", "sapphirerapids")
+
+
+def test_portable_is_runtime_dispatch_and_mainline_only() -> None:
+    args = _args("llama.cpp", "portable")
+    assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON"} <= set(args)
+    assert not any(a.startswith("-DCMAKE_C_FLAGS=-march") for a in args)
+    with pytest.raises(ValidationError, match="only llama.cpp has"):
+        image_spec("ik_llama.cpp", "portable")
+
+
+def test_toolchains_pick_a_compiler_that_knows_the_cpu() -> None:
+    assert toolchain(cpu_target("zen5"), cuda_target(None)).build_image == "debian:trixie-slim"
+    jammy = toolchain(cpu_target("zen4"), cuda_target("12.4"))
+    assert jammy.build_image == "nvidia/cuda:12.4.1-devel-ubuntu22.04" and jammy.gcc_major == 12
+    assert "-DCMAKE_CUDA_HOST_COMPILER=g++-12" in jammy.compiler_args(cuda_target("12.4"))
+    noble = toolchain(cpu_target("zen5"), cuda_target("12.8"))
+    assert noble.runtime_image == "nvidia/cuda:12.8.1-runtime-ubuntu24.04" and noble.gcc_major == 14
+    with pytest.raises(SpecError, match="nvcc 12.6 accepts host compilers up to GCC 13; use CUDA 12.8 or newer"):
+        toolchain(cpu_target("zen5"), cuda_target("12.6"))
+
+
+def test_cuda_archs_follow_the_release() -> None:
+    assert cuda_target("12.6").archs == (86, 89, 90)
+    assert cuda_target("12.8").archs == (86, 89, 90, 120)
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86;89;90;120" in _args("llama.cpp", "avx2", "13.0")
+    with pytest.raises(SpecError, match="unknown CUDA version 11.8"):
+        cuda_target("11.8")
+
+
+def test_best_target_for_a_host() -> None:
+    assert best_cpu_target(frozenset(cpu_target("zen4").required_flags)).name == "zen4"
+    assert best_cpu_target(frozenset(cpu_target("sapphirerapids").required_flags)).name == "sapphirerapids"
+    assert best_cpu_target(frozenset({"sse2", "avx"})) is None
+    assert all(set(cpu_target("avx2").required_flags) <= set(t.required_flags)
+               for t in CPU_TARGETS.values() if not t.runtime_dispatch)
+
+
+def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
+    everything = variants()
+    assert len(everything) == 2 * 5 * 4 + 5  # engines × (cpu + 4 CUDA) × 4 targets + mainline portable
+    refused = [(v.engine, v.cuda, v.cpu) for v in everything if v.spec is None]
+    assert sorted(refused) == sorted((e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6"))
+    rows = ci_rows()
+    assert len(rows) == len(published()) == 41
+    assert {"engine": "ik_llama.cpp", "cuda": "12.8", "cuda_archs": "86,89,90,120", "cpu": "zen5",
+            "variant": "007d640098cb-cuda12.8-zen5",
+            "tag": "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cuda12.8-zen5"} in rows
+
+
+def test_matrix_json_for_ci() -> None:
+    result = run_cli("matrix", "--json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["include"] == ci_rows()
