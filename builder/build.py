@@ -161,8 +161,13 @@ def _stream(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, 
     log.flush()
 
 
+def context_dir(spec: ImageSpec) -> Path:
+    """Where `build` renders `spec`'s context: kept, so a printed build command can be rerun."""
+    return cache_dir() / "contexts" / f"{get_engine(spec.engine).slug}-{spec.variant}"
+
+
 def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None) -> str:
     """Render `spec` into the cache and build it; returns the tag. The whole path `build` and the demo take."""
-    name = f"{get_engine(spec.engine).slug}-{spec.variant}"
-    context = render(spec, cache_dir() / "contexts" / name)
-    return run_build(plan_build(spec, context, tree), log_path or cache_dir() / "logs" / f"build-{name}.log", show)
+    context = render(spec, context_dir(spec))
+    return run_build(plan_build(spec, context, tree), log_path or cache_dir() / "logs" / f"build-{context.name}.log",
+                     show)

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from builder import __version__
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
-from builder.build import build_image, image_spec, image_tag, plan_build
+from builder.build import build_image, context_dir, image_spec, image_tag, plan_build
 from builder.compose import (
     check_host_runs,
     check_port_free,
@@ -33,13 +33,13 @@ from builder.errors import BuildFailed, MoeStackError, SpecError
 from builder.host import read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
+from builder.render import configure_args
 from builder.render import render as render_context
 from builder.source import cache_dir, resolve_local
 from builder.matrix import ci_rows, cuda_target, variants
 from builder.spec import BaseImages, CudaTarget, StackSpec
 from builder.stack import down as stack_down
 from builder.stack import up as stack_up
-from builder.toolchain import toolchain
 
 app = typer.Typer(
     name="moe-stack",
@@ -106,9 +106,7 @@ def _cuda(version: str | None, archs: str | None) -> CudaTarget:
 
 
 def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None) -> BaseImages:
-    defaults = BaseImages()
-    return BaseImages(build=build_base or base_image or defaults.build,
-                      runtime=runtime_base or base_image or defaults.runtime)
+    return BaseImages(build=build_base or base_image, runtime=runtime_base or base_image)
 
 
 @app.command()
@@ -151,7 +149,7 @@ def build(
     spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace,
                       _cuda(cuda, cuda_archs))
     if dry_run:
-        context = render_context(spec, cache_dir() / "contexts" / f"{get_engine(engine).slug}-{spec.variant}")
+        context = render_context(spec, context_dir(spec))
         for line in plan_build(spec, context, tree).command_lines(cache_dir() / "contract"):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
@@ -168,10 +166,7 @@ def cmake_args(
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs))
-    tools = toolchain(spec.cpu, spec.cuda)
-    args = get_engine(engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
-    for arg in args:
+    for arg in configure_args(image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs))):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")
 

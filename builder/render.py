@@ -90,12 +90,17 @@ def ccache_id(spec: ImageSpec) -> str:
     return f"moe-stack-ccache-{get_engine(spec.engine).slug}-{spec.cuda.label}-{spec.cpu.name}"
 
 
+def configure_args(spec: ImageSpec) -> list[str]:
+    """The engine's cmake configure arguments for `spec`, compiler choice included."""
+    tools = toolchain(spec.cpu, spec.cuda, spec.base)
+    return get_engine(spec.engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+
+
 def render_files(spec: ImageSpec) -> dict[str, str]:
     """Every file of the build context, by name. Same spec → same bytes."""
     engine = get_engine(spec.engine)
     url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
     tools = toolchain(spec.cpu, spec.cuda, spec.base)
-    cmake_args = engine.cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
     context = {
         "builder_version": __version__,
         "engine": engine,
@@ -107,7 +112,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "build_packages": tools.build_packages,
         "runtime_packages": tools.runtime_packages,
         "clone_commands": clone_commands(url, spec.ref),
-        "cmake_args": [shlex.quote(arg) for arg in cmake_args],
+        "cmake_args": [shlex.quote(arg) for arg in configure_args(spec)],
         "ccache_id": ccache_id(spec),
         "help_command": engine.help_command(spec.cuda),
         "help_setup": engine.help_setup(spec.cuda),

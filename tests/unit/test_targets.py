@@ -8,18 +8,16 @@ import pytest
 from pydantic import ValidationError
 
 from builder.build import image_spec
-from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.matrix import ci_rows, cuda_target, published, variants
+from builder.render import configure_args
 from builder.targets import CPU_TARGETS, best_cpu_target, cpu_target
 from builder.toolchain import toolchain
 from tests.cli import run_cli
 
 
 def _args(engine: str, cpu: str, cuda: str | None = None) -> list[str]:
-    spec = image_spec(engine, cpu, cuda=cuda_target(cuda))
-    tools = toolchain(spec.cpu, spec.cuda)
-    return get_engine(engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+    return configure_args(image_spec(engine, cpu, cuda=cuda_target(cuda)))
 
 
 def test_named_targets_compile_for_their_cpu_never_native() -> None:
