@@ -33,6 +33,8 @@ from builder.errors import BuildFailed, MoeStackError, SpecError
 from builder.host import read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
+from builder.planner import GIB, read_facts, size
+from builder.planner import plan as make_plan
 from builder.render import configure_args
 from builder.render import render as render_context
 from builder.source import cache_dir, resolve_local
@@ -308,6 +310,42 @@ def synth_moe(
         raise SpecError(f"synth-moe: {error}") from None
     path = write_moe_gguf(out_file, shape, seed)
     out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
+@app.command("plan")
+def plan_memory(
+    model: Annotated[Path, typer.Argument(help="the GGUF (its header and tensor table are read, not the weights)")],
+    vram_gb: Annotated[float, typer.Option("--vram-gb", help="GPU memory to plan with, GiB")] = 24.0,
+    ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", min=1)] = 32768,
+    cache_type: Annotated[str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")] = "q8_0",
+    mla: Annotated[bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla)")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled)."""
+    facts = read_facts(check_gguf(model))
+    result = make_plan(facts, int(vram_gb * GIB), int(ram_gb * GIB), ctx_size, cache_type, mla)
+    if as_json:
+        sys.stdout.write(json.dumps({
+            "arch": facts.arch, "layers": facts.layers, "expert_bytes": sum(facts.expert_bytes),
+            "other_bytes": facts.other_bytes, "kv_bytes": result.kv_bytes, "gpu_bytes": result.gpu_bytes,
+            "cpu_bytes": result.cpu_bytes, "gpu_expert_layers": result.gpu_expert_layers,
+            "override_tensor": list(result.override_rules)}) + "\n")
+        return
+    table = Table("", "bytes", "where", box=None)
+    on_gpu = result.gpu_expert_layers
+    where = "CPU" if not on_gpu else "GPU (all layers)" if on_gpu == facts.layers else f"CPU, layers 0-{on_gpu - 1} on GPU"
+    table.add_row("routed experts", size(sum(facts.expert_bytes)), where)
+    table.add_row("other weights", size(facts.other_bytes), "GPU")
+    table.add_row(f"KV cache ({ctx_size} × {cache_type}{', MLA' if mla else ''})", size(result.kv_bytes), "GPU")
+    table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {vram_gb:g} GiB")
+    table.add_row("total in RAM", size(result.cpu_bytes), f"of {ram_gb:g} GiB")
+    out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
+    out.print(table)
+    for rule in result.override_rules:
+        out.print(f"-ot '{rule}'", markup=False, highlight=False)
+    if not result.override_rules:
+        out.print("no -ot rules needed: the whole model fits on the GPU")
 
 
 @app.command()

@@ -1,0 +1,140 @@
+"""GGUF memory plan: what a hybrid run puts in VRAM and in RAM, and the `-ot` rules that say so.
+
+Reads only the GGUF header and tensor table (gguf.GGUFReader memory-maps the file; no weights are
+loaded). Routed experts (`blk.N.ffn_{gate,up,down,gate_up}_exps`) go to CPU RAM by default; all other
+weights, the KV cache and a compute reserve go to the GPU; VRAM left over takes the experts of the
+first layers, layer by layer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gguf
+
+from builder.errors import ModelError, SpecError
+
+_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
+# Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
+CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
+               "q4_1": 20 / 32, "q4_0": 18 / 32}
+# VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
+DEFAULT_GPU_RESERVE = 2 * 1024**3
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the plan needs from a GGUF."""
+
+    arch: str
+    layers: int
+    expert_bytes: tuple[int, ...]  # routed-expert bytes per layer
+    other_bytes: int  # everything else (attention, norms, shared experts, embeddings, output)
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    mla_dim: int | None = None  # deepseek2: kv_lora_rank + rope dims per token and layer, cached with MLA
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.expert_bytes) + self.other_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    facts: ModelFacts
+    kv_bytes: int
+    gpu_bytes: int
+    cpu_bytes: int
+    gpu_expert_layers: int  # experts of layers [0, n) on the GPU
+    override_rules: tuple[str, ...] = field(default=())
+
+
+def read_facts(path: Path) -> ModelFacts:
+    """ModelFacts from a GGUF's header; ModelError when it is not a readable GGUF."""
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (ValueError, OSError, IndexError) as err:  # gguf's reader on a cut or corrupt header
+        raise ModelError(f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?") from None
+    arch = _field(reader, "general.architecture", str)
+    layers = int(_field(reader, f"{arch}.block_count", int))
+    expert = [0] * layers
+    other = 0
+    for tensor in reader.tensors:
+        match = _EXPERT.match(tensor.name)
+        if match:
+            expert[int(match.group(1))] += int(tensor.n_bytes)
+        else:
+            other += int(tensor.n_bytes)
+    heads = int(_field(reader, f"{arch}.attention.head_count", int))
+    embd = int(_field(reader, f"{arch}.embedding_length", int))
+    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", int, default=heads))
+    key_dim = int(_field(reader, f"{arch}.attention.key_length", int, default=embd // heads))
+    value_dim = int(_field(reader, f"{arch}.attention.value_length", int, default=embd // heads))
+    mla_dim = None
+    if f"{arch}.attention.kv_lora_rank" in reader.fields:
+        mla_dim = int(_field(reader, f"{arch}.attention.kv_lora_rank", int)) + \
+            int(_field(reader, f"{arch}.rope.dimension_count", int))
+    return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
+                      kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim)
+
+
+def _field(reader: gguf.GGUFReader, key: str, kind: type, default: object = None) -> object:
+    field_ = reader.fields.get(key)
+    if field_ is None:
+        if default is not None:
+            return default
+        raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
+    value = field_.parts[field_.data[0]]
+    return bytes(value).decode() if kind is str else value[0]
+
+
+def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool) -> int:
+    """KV cache bytes for `ctx` tokens: per layer K and V rows, or with MLA the compressed latent."""
+    if cache_type not in CACHE_BYTES:
+        raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
+    per_token = facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
+    return int(per_token * ctx * facts.layers * CACHE_BYTES[cache_type])
+
+
+def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_type: str = "f16", mla: bool = False,
+         gpu_reserve: int = DEFAULT_GPU_RESERVE) -> Plan:
+    """Experts on CPU, the rest on GPU, leftover VRAM filled with the first layers' experts."""
+    kv = kv_cache_bytes(facts, ctx, cache_type, mla)
+    gpu = facts.other_bytes + kv + gpu_reserve
+    cpu = sum(facts.expert_bytes)
+    if gpu > vram_bytes:
+        raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve need "
+                        f"{size(gpu)} of VRAM, {size(gpu - vram_bytes)} more than the {size(vram_bytes)} given; "
+                        f"lower --ctx-size{', use --cache-type q8_0' if CACHE_BYTES[cache_type] >= 2 else ''} "
+                        "or use a larger GPU")
+    if cpu > ram_bytes:
+        raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
+                        f"{size(ram_bytes)} given; use a smaller quant of the model")
+    layers_on_gpu = 0
+    for layer_bytes in facts.expert_bytes:
+        if gpu + layer_bytes > vram_bytes:
+            break
+        gpu += layer_bytes
+        cpu -= layer_bytes
+        layers_on_gpu += 1
+    return Plan(facts=facts, kv_bytes=kv, gpu_bytes=gpu, cpu_bytes=cpu, gpu_expert_layers=layers_on_gpu,
+                override_rules=override_rules(layers_on_gpu, facts.layers))
+
+
+def override_rules(gpu_layers: int, layers: int) -> tuple[str, ...]:
+    """`-ot` rules, first match wins: layers [0, gpu_layers) keep experts on CUDA0, the rest on CPU."""
+    cpu_rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+    if gpu_layers == 0:
+        return (cpu_rule,)
+    if gpu_layers >= layers:
+        return ()
+    listed = "|".join(str(i) for i in range(gpu_layers))
+    return (rf"blk\.({listed})\.ffn_.*_exps\.weight=CUDA0", cpu_rule)
+
+
+def size(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB // 10 else f"{n_bytes / 1024**2:.1f} MiB"
