@@ -53,22 +53,44 @@ class Plan:
     override_rules: tuple[str, ...] = field(default=())
 
 
-def read_facts(path: Path) -> ModelFacts:
-    """ModelFacts from a GGUF's header; ModelError when it is not a readable GGUF."""
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def _open(path: Path) -> gguf.GGUFReader:
     try:
-        reader = gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as err:  # gguf's reader on a cut or corrupt header
         raise ModelError(f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?") from None
+
+
+def split_parts(path: Path) -> list[Path]:
+    """All files of a split GGUF (`NAME-00001-of-00009.gguf`), or just `path`."""
+    match = _SPLIT.match(path.name)
+    if not match:
+        return [path]
+    count = int(match.group("count"))
+    parts = [path.with_name(f"{match.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelError(f"split model {path.name} is missing {', '.join(missing)}; put all parts in one directory")
+    return parts
+
+
+def read_facts(path: Path) -> ModelFacts:
+    """ModelFacts from a GGUF's header (every part of a split one); ModelError when unreadable."""
+    parts = split_parts(path)
+    reader = _open(parts[0])
     arch = _field(reader, "general.architecture", str)
     layers = int(_field(reader, f"{arch}.block_count", int))
     expert = [0] * layers
     other = 0
-    for tensor in reader.tensors:
-        match = _EXPERT.match(tensor.name)
-        if match:
-            expert[int(match.group(1))] += int(tensor.n_bytes)
-        else:
-            other += int(tensor.n_bytes)
+    for part_reader in [reader, *(_open(p) for p in parts[1:])]:
+        for tensor in part_reader.tensors:
+            match = _EXPERT.match(tensor.name)
+            if match:
+                expert[int(match.group(1))] += int(tensor.n_bytes)
+            else:
+                other += int(tensor.n_bytes)
     heads = int(_field(reader, f"{arch}.attention.head_count", int))
     embd = int(_field(reader, f"{arch}.embedding_length", int))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", int, default=heads))

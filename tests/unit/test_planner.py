@@ -79,3 +79,12 @@ def test_plan_cli(moe: Path, tmp_path: Path) -> None:
     broken.write_bytes(moe.read_bytes()[:1000])
     with pytest.raises(ModelError, match="not a readable GGUF"):
         read_facts(broken)
+
+
+def test_split_models_are_read_whole(moe: Path, tmp_path: Path) -> None:
+    first = tmp_path / "m-00001-of-00002.gguf"
+    first.symlink_to(moe)
+    with pytest.raises(ModelError, match="missing m-00002-of-00002.gguf"):
+        read_facts(first)
+    (tmp_path / "m-00002-of-00002.gguf").symlink_to(moe)  # the same tensors twice: sizes double
+    assert read_facts(first).expert_bytes == (2 * EXPERT_LAYER_BYTES,) * 4
