@@ -1,0 +1,28 @@
+"""The README's first command: `moe-stack demo` builds the CPU image, serves the demo model, answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.source import cache_dir
+from builder.stack import down
+from tests.cli import run_cli
+from tests.integration.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_serves_the_small_model(base_image: str) -> None:
+    port = free_port()
+    compose_file = cache_dir() / "demo" / "moe-stack-demo-llama-cpp" / "compose.yaml"
+    try:
+        result = run_cli("demo", "--port", str(port))
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "Paris is the capital of France" in " ".join(result.stdout.split())
+        assert f"http://127.0.0.1:{port}" in result.stdout
+        assert f"published: '{port}'" in compose_file.read_text() and "host_ip: 127.0.0.1" in compose_file.read_text()
+    finally:
+        if Path(compose_file).is_file():
+            down(compose_file)

@@ -1,0 +1,55 @@
+"""The verbs that need no Docker daemon, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+
+from builder.build import image_spec
+from builder.matrix import cuda_target
+from builder.render import configure_args
+from tests.cli import run_cli
+from tests.specs import mainline_tree
+
+
+def test_render_writes_a_build_context(tmp_path: Path) -> None:
+    result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--cuda", "12.8", "--out", str(tmp_path / "ctx"))
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "ctx").iterdir())
+    assert names == ["Dockerfile", "build-info.sh", "image.json", "moe-stack-entrypoint", "moe-stack-health",
+                     "required-cpu-flags"]
+    assert json.loads((tmp_path / "ctx/image.json").read_text())["cuda_archs"] == [86, 89, 90, 120]
+
+
+def test_dry_run_prints_both_build_calls(tmp_path: Path) -> None:
+    tree = mainline_tree(tmp_path / "src")
+    result = run_cli("build", "--source", str(tree), "--ref", "mine", "--dry-run",
+                     env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    contract, image = result.stdout.strip().splitlines()
+    assert contract.startswith("docker buildx build ") and "--target contract" in contract
+    assert f"--build-context engine-src={tree}" in image and "--load" in image
+    assert (tmp_path / "cache/moe-stack/contexts/llama-cpp-mine-cpu-avx2/Dockerfile").is_file()
+
+
+def test_cmake_args_match_the_image(tmp_path: Path) -> None:
+    result = run_cli("cmake-args", "--engine", "ik_llama.cpp", "--cpu", "sapphirerapids", "--cuda", "13.0",
+                     "--cuda-archs", "90", "--no-ccache")
+    assert result.returncode == 0, result.stderr
+    spec = image_spec("ik_llama.cpp", "sapphirerapids", cuda=cuda_target("13.0", (90,)))
+    assert result.stdout.splitlines() == [a for a in configure_args(spec) if "_COMPILER_LAUNCHER=" not in a]
+
+
+def test_synth_moe_and_plan(tmp_path: Path) -> None:
+    model = tmp_path / "tiny.gguf"
+    made = run_cli("synth-moe", str(model), "--layers", "2", "--experts", "4")
+    assert made.returncode == 0 and model.is_file(), made.stderr
+    assert len(gguf.GGUFReader(str(model)).tensors) == 1 + 12 * 2 + 2
+    planned = run_cli("plan", str(model), "--vram-gb", "80", "--ram-gb", "8", "--json")
+    assert planned.returncode == 0, planned.stderr
+    doc = json.loads(planned.stdout)
+    assert doc["layers"] == 2 and doc["gpu_expert_layers"] == 2 and doc["override_tensor"] == []
+    refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--hidden", "100")
+    assert refused.returncode == 1 and "multiple of 32" in refused.stderr
