@@ -92,3 +92,17 @@ def test_hadolint_clean(engine: str, tmp_path: Path) -> None:
     dockerfile.write_text(render_files(default_spec(engine))["Dockerfile"])
     result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
+    """An installed moe-stack (no checkout) finds dockerfiles/ inside the package."""
+    import sys
+    import zipfile
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path),
+                    str(root)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("moe_stack-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {str(p.relative_to(root)) for p in (root / "dockerfiles").rglob("*") if p.is_file()}
+    assert {f"builder/{name}" for name in shipped} <= names
