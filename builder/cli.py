@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,13 +28,14 @@ from builder.compose import (
     write_stack,
 )
 from builder.demo import DEMO_PROMPT, complete, start_demo
-from builder.docker_client import describe
+from builder.docker_client import describe, docker, gpu_passthrough_available
+from builder.doctor import as_dicts, diagnose
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
-from builder.errors import BuildFailed, MoeStackError, SpecError
-from builder.host import read_cpu
+from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecError
+from builder.host import probe, read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
-from builder.planner import GIB, read_facts, size
+from builder.planner import GIB, read_facts, size, split_parts
 from builder.planner import plan as make_plan
 from builder.render import configure_args
 from builder.render import render as render_context
@@ -346,6 +348,35 @@ def plan_memory(
         out.print(f"-ot '{rule}'", markup=False, highlight=False)
     if not result.override_rules:
         out.print("no -ot rules needed: the whole model fits on the GPU")
+
+
+@app.command()
+def doctor(
+    model: Annotated[Path | None, typer.Option("--model", "-m", help="also check this GGUF fits in RAM + VRAM")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="findings as JSON")] = False,
+    root: Annotated[Path, typer.Option("--root", hidden=True, help="read a recorded host tree instead of /")] = Path("/"),
+) -> None:
+    """Check this host for hybrid MoE inference: CPU target, cores, NUMA, hugepages, GPU, Docker. Exit 1 on FAIL."""
+    host = probe(root)
+    try:
+        client = docker()
+    except DockerUnavailable:
+        client = None
+    model_bytes = sum(p.stat().st_size for p in split_parts(check_gguf(model))) if model else None
+    findings = diagnose(host, docker_ok=client is not None,
+                        gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
+                        free_disk_bytes=shutil.disk_usage(Path.home()).free, model_bytes=model_bytes)
+    if as_json:
+        sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
+    else:
+        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+        table = Table("", "topic", "finding / fix", box=None)
+        for finding in findings:
+            text = escape(finding.message) + (f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else "")
+            table.add_row(f"[{colour[finding.level]}]{finding.level}[/]", finding.topic, text)
+        out.print(table)
+    if any(finding.level == "FAIL" for finding in findings):
+        raise typer.Exit(1)
 
 
 @app.command()

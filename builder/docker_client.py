@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
@@ -31,6 +32,18 @@ def docker() -> DockerClient:
                 f"the docker {plugin} plugin is missing; install it (Debian package docker-{plugin})"
             ) from None
     return client
+
+
+def gpu_passthrough_available(client: DockerClient, cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))) -> bool:
+    """Whether containers can get an NVIDIA GPU: Docker knows the nvidia runtime, or a CDI spec names one."""
+    try:
+        runtimes = client.system.info().runtimes or {}
+    except DockerException:
+        runtimes = {}
+    if "nvidia" in runtimes:
+        return True
+    specs = [spec for directory in cdi_dirs if directory.is_dir() for spec in directory.glob("*.*")]
+    return any("nvidia.com/gpu" in spec.read_text(errors="replace") for spec in specs if spec.is_file())
 
 
 def _last_line(err: DockerException) -> str:

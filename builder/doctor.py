@@ -1,0 +1,135 @@
+"""`moe-stack doctor`: what this host means for hybrid MoE inference, each finding with its fix.
+
+Pure over HostFacts (plus a few environment checks passed in), so recorded hosts can be diagnosed
+in tests exactly as a live one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from builder.host import HostFacts
+from builder.planner import size
+from builder.targets import best_cpu_target
+
+Level = Literal["OK", "WARN", "FAIL"]
+
+# Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
+# Driver Versions"): an image built with that toolkit needs at least this driver.
+MIN_DRIVER: dict[str, tuple[int, int]] = {"12.4": (550, 54), "12.6": (560, 28), "12.8": (570, 26), "13.0": (580, 65)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: Level
+    topic: str
+    message: str
+    fix: str = ""
+
+
+def highest_cuda(driver: str) -> str | None:
+    """The newest CUDA release of the matrix this driver runs, or None."""
+    try:
+        have = tuple(int(part) for part in driver.split(".")[:2])
+    except ValueError:
+        return None
+    usable = [version for version, need in MIN_DRIVER.items() if have >= need]
+    return usable[-1] if usable else None
+
+
+def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_bytes: int,
+             model_bytes: int | None = None) -> list[Finding]:
+    findings = [_cpu(host), _cores(host), *_numa(host), _thp(host), _hugepages(host), *_gpus(host, gpu_runtime_ok)]
+    findings.append(Finding("OK", "docker", "the Docker daemon answers") if docker_ok else
+                    Finding("FAIL", "docker", "the Docker daemon does not answer",
+                            "sudo systemctl start docker   # or: sudo bash scripts/install-docker.sh"))
+    findings.append(Finding("OK", "disk", f"{size(free_disk_bytes)} free") if free_disk_bytes >= 50 * 1024**3 else
+                    Finding("WARN", "disk", f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, "
+                            "a large MoE GGUF 150-400 GB", "docker system prune   # or free space elsewhere"))
+    if model_bytes is not None:
+        findings.append(_model_fits(host, model_bytes))
+    return findings
+
+
+def _cpu(host: HostFacts) -> Finding:
+    target = best_cpu_target(host.cpu.flags)
+    if target is None:
+        return Finding("WARN", "cpu", "no named CPU target fits (no AVX2)", "use the llama.cpp `portable` image")
+    return Finding("OK", "cpu", f"best CPU target: {target.name} ({target.description})")
+
+
+def _cores(host: HostFacts) -> Finding:
+    cpu = host.cpu
+    if cpu.logical_cpus > cpu.physical_cores:
+        return Finding("OK", "cores", f"{cpu.physical_cores} physical cores, {cpu.logical_cpus} logical (SMT on): "
+                       f"run with -t {cpu.physical_cores} on physical cores only")
+    return Finding("OK", "cores", f"{cpu.physical_cores} cores, no SMT siblings")
+
+
+def _numa(host: HostFacts) -> list[Finding]:
+    nodes = ", ".join(f"node{n.node}: {len(n.physical_cpus)} cores, {size(n.mem_total_bytes)}" for n in host.nodes)
+    out = [Finding("OK", "numa", f"{len(host.nodes)} NUMA node(s)" + (f" ({nodes})" if nodes else ""))]
+    if host.numa_balancing == 1:
+        out.append(Finding("WARN", "numa_balancing", "automatic NUMA balancing is on: page migration stalls cost "
+                           "50-65% of decode speed on multi-node hosts (seed guide)",
+                           "sudo sysctl -w kernel.numa_balancing=0"))
+    elif host.numa_balancing == 0:
+        out.append(Finding("OK", "numa_balancing", "automatic NUMA balancing is off"))
+    return out
+
+
+def _thp(host: HostFacts) -> Finding:
+    if host.thp_mode is None:
+        return Finding("OK", "thp", "transparent hugepages not exposed here")
+    if host.thp_mode == "never":
+        return Finding("WARN", "thp", "transparent hugepages are off: expert weights stream through 4 KiB pages",
+                       "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled")
+    return Finding("OK", "thp", f"transparent hugepages: {host.thp_mode}")
+
+
+def _hugepages(host: HostFacts) -> Finding:
+    pools = {}
+    for node in host.nodes:
+        for page_kb, count in node.hugepages.items():
+            if count:
+                pools.setdefault(page_kb, []).append(f"node{node.node}: {count}")
+    if not pools:
+        return Finding("OK", "hugepages", "no hugepages reserved (reserve them with `sudo sysctl -w "
+                       "vm.nr_hugepages=N` for stacks that use ik_llama.cpp -thp)")
+    text = "; ".join(f"{kb // 1024} MiB pages: {', '.join(per_node)}" for kb, per_node in sorted(pools.items()))
+    return Finding("OK", "hugepages", f"reserved {text}")
+
+
+def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
+    if not host.gpus:
+        return [Finding("WARN", "gpu", "no NVIDIA GPU (or no driver): only CPU images can run here",
+                        "install the NVIDIA driver, then re-run moe-stack doctor")]
+    out = []
+    for index, gpu in enumerate(host.gpus):
+        cuda = highest_cuda(gpu.driver)
+        if cuda is None:
+            out.append(Finding("FAIL", "gpu", f"GPU {index} {gpu.name}: driver {gpu.driver} is older than any "
+                               f"CUDA image here needs ({MIN_DRIVER['12.4'][0]}+)", "upgrade the NVIDIA driver"))
+            continue
+        out.append(Finding("OK", "gpu", f"GPU {index} {gpu.name}: compute capability {gpu.compute_capability} "
+                           f"(arch {gpu.compute_capability.replace('.', '')}), {gpu.memory_mib // 1024} GiB, "
+                           f"driver {gpu.driver}: CUDA images up to {cuda}"))
+    out.append(Finding("OK", "gpu_runtime", "Docker can pass the GPU through (NVIDIA runtime or CDI)") if runtime_ok
+               else Finding("FAIL", "gpu_runtime", "Docker has no NVIDIA runtime and no CDI spec: containers can't "
+                            "see the GPU", "install nvidia-container-toolkit, then: sudo nvidia-ctk runtime configure "
+                            "--runtime=docker && sudo systemctl restart docker"))
+    return out
+
+
+def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
+    vram = sum(gpu.memory_mib for gpu in host.gpus) * 1024**2
+    room = host.mem_total_bytes + vram
+    if model_bytes > room:
+        return Finding("FAIL", "model", f"the model ({size(model_bytes)}) is {size(model_bytes - room)} larger than "
+                       f"RAM + VRAM ({size(room)})", "use a smaller quant, or a host with more memory")
+    return Finding("OK", "model", f"the model ({size(model_bytes)}) fits in RAM + VRAM ({size(room)})")
+
+
+def as_dicts(findings: list[Finding]) -> list[dict[str, str]]:
+    return [asdict(f) for f in findings]

@@ -1,0 +1,56 @@
+"""Doctor findings for recorded hosts: each problem is named with the command that fixes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builder.doctor import diagnose, highest_cuda
+from builder.host import probe
+from tests.cli import run_cli
+from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
+
+GIB = 1024**3
+
+
+def _by_topic(findings: list) -> dict:
+    return {f.topic: f for f in findings}
+
+
+def test_driver_to_cuda() -> None:
+    assert highest_cuda("570.86.15") == "12.8"
+    assert highest_cuda("580.159.04") == "13.0"
+    assert highest_cuda("550.54.14") == "12.4"
+    assert highest_cuda("535.183.01") is None
+
+
+def test_epyc_4090_with_numa_balancing_on(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, EPYC_9554_FLAGS, sockets=2, cores=64, threads=2, node_gib=288, numa_balancing=1)
+    host = probe(root, nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n")
+    found = _by_topic(diagnose(host, docker_ok=True, gpu_runtime_ok=False, free_disk_bytes=500 * GIB,
+                               model_bytes=355 * 10**9))
+    assert found["cpu"].message.startswith("best CPU target: zen4")
+    assert "-t 128" in found["cores"].message
+    assert found["numa_balancing"].level == "WARN" and found["numa_balancing"].fix == "sudo sysctl -w kernel.numa_balancing=0"
+    assert "arch 89" in found["gpu"].message and "CUDA images up to 12.8" in found["gpu"].message
+    assert found["gpu_runtime"].level == "FAIL" and "nvidia-ctk runtime configure" in found["gpu_runtime"].fix
+    assert found["model"].level == "OK"
+
+
+def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, XEON_EMR_FLAGS, sockets=1, cores=56, threads=2, node_gib=256)
+    host = probe(root, nvidia_smi_text="NVIDIA H200, 9.0, 580.159.04, 143771\n")
+    model = diagnose(host, True, True, 500 * GIB, model_bytes=500 * GIB)[-1]
+    # RAM 256 GiB + VRAM 143771 MiB (140.4 GiB) = 396.4 GiB; 500 - 396.4 = 103.6 GiB short
+    assert model.level == "FAIL" and "is 103.6 GiB larger than RAM + VRAM (396.4 GiB)" in model.message
+    assert _by_topic(diagnose(host, True, True, 500 * GIB))["cpu"].message.startswith("best CPU target: sapphirerapids")
+
+
+def test_doctor_cli_on_a_recorded_tree(tmp_path: Path) -> None:
+    root = fake_host(tmp_path / "host", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288,
+                     numa_balancing=1, thp="never")
+    result = run_cli("doctor", "--root", str(root), "--json")
+    findings = {f["topic"]: f for f in json.loads(result.stdout)}
+    assert findings["thp"]["level"] == "WARN" and "madvise" in findings["thp"]["fix"]
+    assert findings["numa"]["message"].startswith("2 NUMA node(s) (node0: 32 cores")
+    assert result.returncode == (1 if any(f["level"] == "FAIL" for f in findings.values()) else 0)
