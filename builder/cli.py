@@ -35,6 +35,7 @@ from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecEr
 from builder.host import probe, read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
+from builder.placement import Placement, place
 from builder.planner import GIB, read_facts, size, split_parts
 from builder.planner import plan as make_plan
 from builder.render import configure_args
@@ -102,11 +103,14 @@ def _raw_stderr(line: str) -> None:
 def _cuda(version: str | None, archs: str | None) -> CudaTarget:
     if archs and version is None:
         raise SpecError("--cuda-archs needs --cuda VERSION")
+    return cuda_target(version, _int_list(archs, "--cuda-archs"))
+
+
+def _int_list(text: str | None, option: str) -> tuple[int, ...]:
     try:
-        arch_list = tuple(int(a) for a in archs.split(",")) if archs else ()
+        return tuple(int(part) for part in text.split(",")) if text else ()
     except ValueError:
-        raise SpecError(f"--cuda-archs {archs!r} must be numbers separated by commas, e.g. 89,120") from None
-    return cuda_target(version, arch_list)
+        raise SpecError(f"{option} {text!r} must be numbers separated by commas, e.g. 0,1") from None
 
 
 def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None) -> BaseImages:
@@ -204,6 +208,11 @@ def compose(
     flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
     fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
     mla: Annotated[int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")] = None,
+    numa: Annotated[str, typer.Option("--numa", help="auto, none, interleave, membind or cpunodebind (auto: interleave on multi-node hosts)")] = "auto",
+    numa_nodes: Annotated[str | None, typer.Option("--numa-nodes", help="NUMA nodes to use, e.g. 0 or 0,1 (default: all)")] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
+    mlock: Annotated[bool, typer.Option("--mlock", help="lock the model in RAM (adds IPC_LOCK and unlimited memlock)")] = False,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="file with the API key(s), passed as a compose secret")] = None,
     skip_image_checks: Annotated[bool, typer.Option("--skip-image-checks", help="don't read the image's flag contract and CPU needs (image not present here)")] = False,
     for_other_host: Annotated[bool, typer.Option("--for-other-host", help="emit even if this host's CPU can't run the image")] = False,
     start_period: Annotated[int | None, typer.Option("--start-period", help="seconds the model may take to load (default: from its size)")] = None,
@@ -212,6 +221,12 @@ def compose(
     """Emit a compose file that serves MODEL with ENGINE's image."""
     model_path = check_gguf(model)
     rules = [*(override_tensor or []), *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
+    nodes = _int_list(numa_nodes, "--numa-nodes")
+    if for_other_host:  # this host's topology says nothing about the target's
+        where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
+                          threads=threads or read_cpu().physical_cores)
+    else:
+        where = place(probe(), numa, nodes, threads)
     stack = StackSpec(
         project=project or project_name_for(model_path),
         engine=get_engine(engine).name,
@@ -220,13 +235,19 @@ def compose(
         port=port,
         bind=bind,
         ctx_size=ctx_size,
-        threads=threads or read_cpu().physical_cores,
+        threads=where.threads,
         parallel=parallel,
         override_tensors=tuple(rules),
         chat_template=chat_template,
         flash_attention=flash_attention,
         fused_moe=fused_moe,
         mla=mla,
+        numa=where.numa,
+        numa_nodes=where.numa_nodes,
+        cpuset=where.cpuset,
+        gpu=gpu,
+        mlock=mlock,
+        api_key_file=api_key_file,
         extra_args=tuple(engine_args or ()),
         start_period_s=start_period or start_period_for(model_path.stat().st_size),
     )

@@ -12,12 +12,13 @@ import yaml
 
 from builder import __version__
 from builder.engines import get_engine
-from builder.engines.base import CONTAINER_PORT, MODEL_DIR
+from builder.engines.base import API_KEY_SECRET, CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
 from builder.flags import check_args
 from builder.host import CpuInfo, missing_flags
 from builder.image_facts import ImageFacts
+from builder.placement import numa_env
 from builder.render import IMAGE_UID
 from builder.spec import StackSpec
 from builder.targets import best_cpu_target
@@ -31,7 +32,8 @@ _MIN_START_PERIOD_S = 60
 
 # Flags a generated stack would set twice if the user passed them again.
 RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
-                            "-np", "--parallel", "-ot", "--override-tensor", "--chat-template"})
+                            "-np", "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock",
+                            "--api-key", "--api-key-file"})
 
 
 def project_name_for(model: Path) -> str:
@@ -45,13 +47,14 @@ def start_period_for(model_bytes: int) -> int:
     return max(_MIN_START_PERIOD_S, 30 + model_bytes // _LOAD_BYTES_PER_S)
 
 
-def check_readable_in_container(model: Path, uid: int = IMAGE_UID) -> None:
-    """The engine runs as `uid`, not as the model's owner: refuse a model it could not open."""
+def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: bool = True) -> None:
+    """The engine runs as `uid`, not as the file's owner: refuse a file it could not open (and the
+    directory, where the directory is what gets mounted)."""
     model = model.resolve()
-    for path, need_owner, need_other, fix in (
-        (model.parent, stat.S_IRUSR | stat.S_IXUSR, stat.S_IROTH | stat.S_IXOTH, "o+rx"),
-        (model, stat.S_IRUSR, stat.S_IROTH, "o+r"),
-    ):
+    checks = [(model, stat.S_IRUSR, stat.S_IROTH, "o+r")]
+    if parent_too:
+        checks.insert(0, (model.parent, stat.S_IRUSR | stat.S_IXUSR, stat.S_IROTH | stat.S_IXOTH, "o+rx"))
+    for path, need_owner, need_other, fix in checks:
         info = path.stat()
         mode = info.st_mode
         readable = (mode & need_owner) == need_owner if info.st_uid == uid else (mode & need_other) == need_other
@@ -110,7 +113,8 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
         },
         "restart": "unless-stopped",
     }
-    return {
+    service.update(_placement(stack))
+    document: dict[str, object] = {
         "name": stack.project,
         "x-moe-stack": {
             "generator": f"moe-stack {__version__}",
@@ -122,6 +126,35 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
         },
         "services": {SERVICE: service},
     }
+    if stack.api_key_file is not None:
+        key = stack.api_key_file.resolve()
+        check_readable_in_container(key, parent_too=False)
+        document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
+        service["secrets"] = [API_KEY_SECRET]
+    return document
+
+
+def _placement(stack: StackSpec) -> dict[str, object]:
+    """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
+    mbind/set_mempolicy), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock)."""
+    extra: dict[str, object] = {}
+    caps = []
+    policy = numa_env(stack.numa, stack.numa_nodes)
+    if policy:
+        extra["environment"] = {"MOE_STACK_NUMA": policy}
+        caps.append("SYS_NICE")
+    if stack.mlock:
+        caps.append("IPC_LOCK")
+        extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
+    if caps:
+        extra["cap_add"] = caps
+    if stack.cpuset:
+        extra["cpuset"] = stack.cpuset
+    if stack.gpu != "none":
+        device = ({"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} if stack.gpu == "nvidia"
+                  else {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]})
+        extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+    return extra
 
 
 def to_yaml(document: dict[str, object]) -> str:

@@ -173,6 +173,20 @@ class StackSpec(_Spec):
     flash_attention: Literal["on", "off", "auto"] | None = None
     fused_moe: bool | None = None
     mla: int | None = Field(default=None, ge=0, le=3)
+    # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
+    # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
+    numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"
+    numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
+    cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    gpu: Literal["none", "nvidia", "cdi"] = "none"
+    mlock: bool = False
+    api_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _numa_nodes_match_policy(self) -> StackSpec:
+        if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
+            raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        return self
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 

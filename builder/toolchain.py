@@ -113,5 +113,5 @@ def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
         runtime_image=base.runtime or runtime_image,
         gcc_major=gcc_major,
         build_packages=("build-essential", "ca-certificates", "ccache", "cmake", "git", "ninja-build", *gcc_packages),
-        runtime_packages=("libgomp1",),
+        runtime_packages=("libgomp1", "numactl"),
     )

@@ -14,6 +14,8 @@ from builder.targets import GGML_X86_FEATURES
 CONTAINER_PORT = 8080
 MODEL_DIR = "/models"
 CUDA_STUB_DIR = "/tmp/cuda-stub"
+API_KEY_SECRET = "moe-stack-api-key"
+API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
 # All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
 EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
 
@@ -115,6 +117,10 @@ class Engine(ABC):
             args += self.fused_moe_args(stack.fused_moe, flags)
         if stack.mla is not None:
             args += self.mla_args(stack.mla, flags)
+        if stack.mlock:
+            args.append("--mlock")
+        if stack.api_key_file is not None:
+            args += ["--api-key-file", API_KEY_PATH]
         return args + list(stack.extra_args)
 
     def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:

@@ -48,9 +48,9 @@ def test_document_defaults(tmp_path: Path) -> None:
 
 def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
     rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--mlock",)), "x")
+    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--no-mmap",)), "x")
     command = doc["services"]["engine"]["command"]
-    assert command[-3:] == ["--override-tensor", rule, "--mlock"]
+    assert command[-3:] == ["--override-tensor", rule, "--no-mmap"]
     assert yaml.safe_load(to_yaml(doc))["services"]["engine"]["command"] == command, "regex survives YAML"
 
 
@@ -107,8 +107,8 @@ def _facts(**update: object) -> ImageFacts:
 
 def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
     assert compose_dict(_stack(tmp_path), "x", _facts())["x-moe-stack"]["flags-checked"] is True
-    with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --mlock"):
-        compose_dict(_stack(tmp_path, extra_args=("--mlock",)), "x", _facts())
+    with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --no-mmap"):
+        compose_dict(_stack(tmp_path, extra_args=("--no-mmap",)), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
         compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
 

@@ -1,0 +1,62 @@
+"""Where a stack's engine runs on the host: NUMA policy, the physical cores it may use, its threads.
+
+The seed's rules: threads = physical cores only (SMT siblings cost ~18% decode), memory interleaved
+over every node (`numactl --interleave=all`) unless bound to chosen nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.errors import SpecError
+from builder.host import HostFacts
+
+
+@dataclass(frozen=True)
+class Placement:
+    numa: str  # none, interleave, membind, cpunodebind
+    numa_nodes: tuple[int, ...]
+    cpuset: str | None  # None: no restriction needed (every CPU is a physical core of the chosen nodes)
+    threads: int
+
+
+def place(host: HostFacts, numa: str = "auto", nodes: tuple[int, ...] = (), threads: int | None = None) -> Placement:
+    """Pick the NUMA policy, cpuset and thread count for `host`; SpecError on impossible requests."""
+    known = {n.node for n in host.nodes}
+    unknown = sorted(set(nodes) - known)
+    if unknown:
+        raise SpecError(f"NUMA node(s) {', '.join(map(str, unknown))} don't exist on this host (it has "
+                        f"{', '.join(map(str, sorted(known))) or 'none'}); see `moe-stack doctor`")
+    if numa == "auto":
+        numa = "cpunodebind" if nodes else ("interleave" if len(known) > 1 else "none")
+    chosen = [n for n in host.nodes if not nodes or n.node in nodes]
+    physical = sorted(cpu for node in chosen for cpu in node.physical_cpus)
+    if not physical:  # no sysfs topology here: fall back to the CPU count
+        physical = list(range(host.cpu.physical_cores))
+    threads = threads or len(physical)
+    if threads > len(physical):
+        raise SpecError(f"--threads {threads} is more than the {len(physical)} physical cores of the chosen NUMA "
+                        f"nodes; SMT siblings slow MoE decode: use --threads {len(physical)} or fewer")
+    every_cpu = sum(len(n.cpus) for n in chosen) == len(physical) and len(chosen) == len(host.nodes)
+    return Placement(numa=numa, numa_nodes=tuple(nodes), cpuset=None if every_cpu else cpulist(physical),
+                     threads=threads)
+
+
+def cpulist(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8' (cpuset syntax)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{low}-{high}" if low != high else str(low) for low, high in runs)
+
+
+def numa_env(numa: str, nodes: tuple[int, ...]) -> str | None:
+    """MOE_STACK_NUMA for the image's entrypoint, which turns it into numactl options."""
+    if numa == "none":
+        return None
+    if numa == "interleave":
+        return "interleave" + (f":{','.join(map(str, nodes))}" if nodes else "")
+    return f"{numa}:{','.join(map(str, nodes))}"

@@ -1,0 +1,74 @@
+"""Placement: NUMA policy, physical-core cpusets and thread counts for recorded hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.compose import compose_dict
+from builder.errors import SpecError
+from builder.host import probe
+from builder.placement import cpulist, numa_env, place
+from builder.spec import StackSpec
+from tests.hosts import EPYC_9554_FLAGS, fake_host
+
+
+@pytest.fixture
+def epyc(tmp_path: Path):
+    return probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
+                 nvidia_smi_text="")
+
+
+def test_defaults_interleave_on_physical_cores(epyc) -> None:
+    where = place(epyc)
+    assert (where.numa, where.threads, where.cpuset) == ("interleave", 64, "0-63")  # 64-127 are SMT siblings
+
+
+def test_one_node(epyc) -> None:
+    where = place(epyc, nodes=(1,))
+    assert (where.numa, where.numa_nodes, where.cpuset, where.threads) == ("cpunodebind", (1,), "32-63", 32)
+    assert numa_env(where.numa, where.numa_nodes) == "cpunodebind:1"
+
+
+def test_impossible_requests(epyc) -> None:
+    with pytest.raises(SpecError, match=r"NUMA node\(s\) 2 don't exist on this host \(it has 0, 1\)"):
+        place(epyc, nodes=(2,))
+    with pytest.raises(SpecError, match="--threads 128 is more than the 64 physical cores"):
+        place(epyc, threads=128)
+
+
+def test_single_node_host_without_smt_needs_no_cpuset(tmp_path: Path) -> None:
+    host = probe(fake_host(tmp_path, EPYC_9554_FLAGS, sockets=1, cores=8, threads=1, node_gib=64), nvidia_smi_text="")
+    assert place(host) == place(host, "auto", (), 8)
+    assert place(host).cpuset is None and place(host).numa == "none"
+
+
+def test_cpulist() -> None:
+    assert cpulist([3, 0, 1, 2, 8, 10, 11]) == "0-3,8,10-11"
+
+
+def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None:
+    model = tmp_path / "m" / "x.gguf"
+    model.parent.mkdir(mode=0o755)
+    model.write_bytes(b"GGUF")
+    model.chmod(0o644)
+    key = tmp_path / "key"
+    key.write_text("k3y-v4lue-not-in-compose\n")
+    key.chmod(0o644)
+    base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": model, "threads": 4}
+    plain = compose_dict(StackSpec(**base), "x")["services"]["engine"]
+    assert "cap_add" not in plain and "environment" not in plain and "deploy" not in plain
+    full = compose_dict(StackSpec(**base, numa="membind", numa_nodes=(0, 1), cpuset="0-31", gpu="cdi", mlock=True,
+                                  api_key_file=key), "x")
+    service = full["services"]["engine"]
+    assert service["cap_add"] == ["SYS_NICE", "IPC_LOCK"] and service["cap_drop"] == ["ALL"]
+    assert service["environment"] == {"MOE_STACK_NUMA": "membind:0,1"} and service["cpuset"] == "0-31"
+    assert service["ulimits"] == {"memlock": {"soft": -1, "hard": -1}}
+    assert service["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]}]
+    assert full["secrets"] == {"moe-stack-api-key": {"file": str(key)}} and service["secrets"] == ["moe-stack-api-key"]
+    assert service["command"][-3:] == ["--mlock", "--api-key-file", "/run/secrets/moe-stack-api-key"]
+    assert "k3y-v4lue" not in str(full), "the key itself never enters the compose file"
+    with pytest.raises(ValueError, match="needs the nodes to bind to"):
+        StackSpec(**base, numa="membind")
