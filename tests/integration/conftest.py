@@ -131,7 +131,7 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
         port = free_port()
         project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
         stack = StackSpec(project=project, engine=image.engine, image=image.tag, model=model, port=port,
-                          threads=2, **options)
+                          **{"threads": 2, **options})
         document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
         compose_file = write_stack(document, tmp_path / project / "compose.yaml")
         started.append(compose_file)
