@@ -35,7 +35,7 @@ from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecEr
 from builder.host import probe, read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
-from builder.placement import Placement, place
+from builder.placement import Placement, check_hugepages_reserved, place
 from builder.planner import GIB, read_facts, size, split_parts
 from builder.planner import plan as make_plan
 from builder.render import configure_args
@@ -212,6 +212,7 @@ def compose(
     numa_nodes: Annotated[str | None, typer.Option("--numa-nodes", help="NUMA nodes to use, e.g. 0 or 0,1 (default: all)")] = None,
     gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
     mlock: Annotated[bool, typer.Option("--mlock", help="lock the model in RAM (adds IPC_LOCK and unlimited memlock)")] = False,
+    hugepages: Annotated[bool, typer.Option("--hugepages", help="weights from the host's reserved hugepages (ik_llama.cpp -thp)")] = False,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="file with the API key(s), passed as a compose secret")] = None,
     skip_image_checks: Annotated[bool, typer.Option("--skip-image-checks", help="don't read the image's flag contract and CPU needs (image not present here)")] = False,
     for_other_host: Annotated[bool, typer.Option("--for-other-host", help="emit even if this host's CPU can't run the image")] = False,
@@ -226,7 +227,10 @@ def compose(
         where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
                           threads=threads or read_cpu().physical_cores)
     else:
-        where = place(probe(), numa, nodes, threads)
+        host = probe()
+        where = place(host, numa, nodes, threads)
+        if hugepages:
+            check_hugepages_reserved(host)
     stack = StackSpec(
         project=project or project_name_for(model_path),
         engine=get_engine(engine).name,
@@ -247,6 +251,7 @@ def compose(
         cpuset=where.cpuset,
         gpu=gpu,
         mlock=mlock,
+        hugepages=hugepages,
         api_key_file=api_key_file,
         extra_args=tuple(engine_args or ()),
         start_period_s=start_period or start_period_for(model_path.stat().st_size),

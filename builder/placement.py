@@ -60,3 +60,10 @@ def numa_env(numa: str, nodes: tuple[int, ...]) -> str | None:
     if numa == "interleave":
         return "interleave" + (f":{','.join(map(str, nodes))}" if nodes else "")
     return f"{numa}:{','.join(map(str, nodes))}"
+
+
+def check_hugepages_reserved(host: HostFacts) -> None:
+    """A stack that asks for hugepages needs a reserved pool (the kernel's, not the container's)."""
+    if not any(count for node in host.nodes for count in node.hugepages.values()):
+        raise SpecError("--hugepages needs hugepages reserved on the host and none are: run `sudo sysctl -w "
+                        "vm.nr_hugepages=N` with N × 2 MiB about the model's size (see `moe-stack doctor`)")

@@ -180,6 +180,7 @@ class StackSpec(_Spec):
     cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
     gpu: Literal["none", "nvidia", "cdi"] = "none"
     mlock: bool = False
+    hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
     api_key_file: Path | None = None
 
     @model_validator(mode="after")

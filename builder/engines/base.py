@@ -117,6 +117,8 @@ class Engine(ABC):
             args += self.fused_moe_args(stack.fused_moe, flags)
         if stack.mla is not None:
             args += self.mla_args(stack.mla, flags)
+        if stack.hugepages:
+            args += self.hugepages_args(flags)
         if stack.mlock:
             args.append("--mlock")
         if stack.api_key_file is not None:
@@ -138,3 +140,7 @@ class Engine(ABC):
 
     def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
         raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")
+
+    def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "
+                         "drop --hugepages (transparent hugepages in madvise mode still apply)")

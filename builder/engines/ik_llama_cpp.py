@@ -52,3 +52,9 @@ class IkLlamaCpp(Engine):
         if flags is not None and "-mla" not in flags:
             raise StackError("this ik_llama.cpp build has no -mla option; drop --mla")
         return ["-mla", str(mode)]
+
+    def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
+        """-thp maps weights with MAP_HUGETLB from the host's reserved pool (falling back with a message)."""
+        if flags is not None and "-thp" not in flags:
+            raise StackError("this ik_llama.cpp build has no -thp option; drop --hugepages")
+        return ["-thp"]

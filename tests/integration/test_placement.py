@@ -3,9 +3,11 @@ is enforced; without SYS_NICE the entrypoint says why numactl can't work."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,35 @@ def test_numa_policy_without_sys_nice_is_named(base_image: str) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 71
     assert "needs cap_add: [SYS_NICE]" in result.stderr
+
+
+@pytest.fixture
+def reserved_hugepages() -> Iterator[int]:
+    """Reserve 2 MiB pages on the host for one test (root needed), then give them back."""
+    knob = Path("/proc/sys/vm/nr_hugepages")
+    before = int(knob.read_text())
+    try:
+        knob.write_text("256\n")
+    except OSError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root and must be able to reserve hugepages: {err}")
+        pytest.skip(f"can't reserve hugepages here ({err})")
+    try:
+        yield int(knob.read_text())
+    finally:
+        knob.write_text(f"{before}\n")
+
+
+def _free_hugepages() -> int:
+    return int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("HugePages_Free:")))
+
+
+def test_ik_weights_come_from_reserved_hugepages(reserved_hugepages: int, base_image: str, moe_model: Path,
+                                                 start_stack: StackFactory) -> None:
+    assert reserved_hugepages == 256 and _free_hugepages() == 256
+    stack = start_stack(build_engine_image("ik_llama.cpp", "avx2", base_image), moe_model, hugepages=True)
+    engine = stack.client.compose.ps()[0]
+    assert "KernelPageSize:     2048 kB" in engine.execute(["cat", "/proc/1/smaps"])
+    assert _free_hugepages() < 256, "the engine took no pages from the reserved pool"
+    assert "-thp" in engine.config.cmd

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from builder.compose import compose_dict
-from builder.errors import SpecError
+from builder.engines import get_engine
+from builder.errors import SpecError, StackError
 from builder.host import probe
-from builder.placement import cpulist, numa_env, place
+from builder.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.spec import StackSpec
 from tests.hosts import EPYC_9554_FLAGS, fake_host
 
@@ -72,3 +73,15 @@ def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None
     assert "k3y-v4lue" not in str(full), "the key itself never enters the compose file"
     with pytest.raises(ValueError, match="needs the nodes to bind to"):
         StackSpec(**base, numa="membind")
+
+
+def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
+    none = probe(fake_host(tmp_path / "a", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1, node_gib=8), nvidia_smi_text="")
+    with pytest.raises(SpecError, match="--hugepages needs hugepages reserved on the host and none are"):
+        check_hugepages_reserved(none)
+    check_hugepages_reserved(probe(fake_host(tmp_path / "b", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1,
+                                             node_gib=8, hugepages_2m=512), nvidia_smi_text=""))
+    stack = {"project": "p", "image": "i", "model": Path("/m/x.gguf"), "threads": 4, "hugepages": True}
+    assert "-thp" in get_engine("ik_llama.cpp").server_args(StackSpec(engine="ik_llama.cpp", **stack), None)
+    with pytest.raises(StackError, match="llama.cpp has no option to load weights into reserved hugepages"):
+        get_engine("llama.cpp").server_args(StackSpec(engine="llama.cpp", **stack), None)
