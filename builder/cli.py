@@ -36,6 +36,7 @@ from builder.host import probe, read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
 from builder.placement import Placement, check_hugepages_reserved, place
+from builder.presets import get_preset
 from builder.planner import GIB, read_facts, size, split_parts
 from builder.planner import plan as make_plan
 from builder.render import configure_args
@@ -199,7 +200,8 @@ def compose(
     project: Annotated[str | None, typer.Option("--project", help="compose project name")] = None,
     port: Annotated[int, typer.Option("--port", help="host port")] = 8080,
     bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
-    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="context length")] = 4096,
+    preset: Annotated[str | None, typer.Option("--preset", help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b")] = None,
+    ctx_size: Annotated[int | None, typer.Option("--ctx-size", "-c", help="context length (default: the preset's, else 4096)")] = None,
     threads: Annotated[int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")] = None,
     parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
     override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
@@ -208,6 +210,8 @@ def compose(
     flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
     fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
     mla: Annotated[int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")] = None,
+    gpu_layers: Annotated[int | None, typer.Option("--gpu-layers", "-ngl", help="layers on the GPU (99: all)")] = None,
+    cache_type: Annotated[str | None, typer.Option("--cache-type", help="KV cache type for K and V, e.g. q8_0")] = None,
     numa: Annotated[str, typer.Option("--numa", help="auto, none, interleave, membind or cpunodebind (auto: interleave on multi-node hosts)")] = "auto",
     numa_nodes: Annotated[str | None, typer.Option("--numa-nodes", help="NUMA nodes to use, e.g. 0 or 0,1 (default: all)")] = None,
     gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
@@ -221,7 +225,15 @@ def compose(
 ) -> None:
     """Emit a compose file that serves MODEL with ENGINE's image."""
     model_path = check_gguf(model)
-    rules = [*(override_tensor or []), *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
+    adapter = get_engine(engine)
+    given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
+             "gpu_layers": gpu_layers, "cache_type": cache_type}
+    options = get_preset(preset).stack_options(adapter.name) if preset else {}
+    options.update({key: value for key, value in given.items() if value is not None})
+    options.setdefault("ctx_size", 4096)
+    wanted_rules = [*options.pop("override_tensors", ()), *(override_tensor or []),
+                    *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
+    rules = list(dict.fromkeys(wanted_rules))
     nodes = _int_list(numa_nodes, "--numa-nodes")
     if for_other_host:  # this host's topology says nothing about the target's
         where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
@@ -233,19 +245,15 @@ def compose(
             check_hugepages_reserved(host)
     stack = StackSpec(
         project=project or project_name_for(model_path),
-        engine=get_engine(engine).name,
+        engine=adapter.name,
         image=image or image_tag(image_spec(engine)),
         model=model_path,
         port=port,
         bind=bind,
-        ctx_size=ctx_size,
         threads=where.threads,
         parallel=parallel,
         override_tensors=tuple(rules),
         chat_template=chat_template,
-        flash_attention=flash_attention,
-        fused_moe=fused_moe,
-        mla=mla,
         numa=where.numa,
         numa_nodes=where.numa_nodes,
         cpuset=where.cpuset,
@@ -254,7 +262,8 @@ def compose(
         hugepages=hugepages,
         api_key_file=api_key_file,
         extra_args=tuple(engine_args or ()),
-        start_period_s=start_period or start_period_for(model_path.stat().st_size),
+        start_period_s=start_period or start_period_for(sum(p.stat().st_size for p in split_parts(model_path))),
+        **options,
     )
     check_port_free(bind, port)
     facts = None if skip_image_checks else read_image_facts(stack.image)

@@ -33,7 +33,8 @@ _MIN_START_PERIOD_S = 60
 # Flags a generated stack would set twice if the user passed them again.
 RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
                             "-np", "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock",
-                            "--api-key", "--api-key-file"})
+                            "--api-key", "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers",
+                            "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"})
 
 
 def project_name_for(model: Path) -> str:
@@ -74,19 +75,22 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
                          f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine")
 
 
-def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None) -> dict[str, object]:
+def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None,
+                 check_files: bool = True) -> dict[str, object]:
     """The compose document for `stack`; `generated_by` records the command that made it.
 
     With the image's `facts`, every engine flag is checked against its flag contract and neutral
-    options are written in that engine version's syntax.
+    options are written in that engine version's syntax. `check_files=False` is for example stacks
+    whose model lives on another machine.
     """
     clashing = sorted(RESERVED_FLAGS.intersection(stack.extra_args))
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
                          "use the matching moe-stack option instead")
     engine = get_engine(stack.engine)
-    model = stack.model.resolve()
-    check_readable_in_container(model)
+    model = stack.model.resolve() if check_files else stack.model
+    if check_files:
+        check_readable_in_container(model)
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)
@@ -128,7 +132,8 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
     }
     if stack.api_key_file is not None:
         key = stack.api_key_file.resolve()
-        check_readable_in_container(key, parent_too=False)
+        if check_files:
+            check_readable_in_container(key, parent_too=False)
         document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
         service["secrets"] = [API_KEY_SECRET]
     return document

@@ -173,6 +173,8 @@ class StackSpec(_Spec):
     flash_attention: Literal["on", "off", "auto"] | None = None
     fused_moe: bool | None = None
     mla: int | None = Field(default=None, ge=0, le=3)
+    gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
+    cache_type: str | None = Field(default=None, pattern=r"^(f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0)$")
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
     numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"

@@ -111,6 +111,10 @@ class Engine(ABC):
             args += ["--override-tensor", rule]
         if stack.chat_template:
             args += ["--chat-template", stack.chat_template]
+        if stack.gpu_layers is not None:
+            args += ["--n-gpu-layers", str(stack.gpu_layers)]
+        if stack.cache_type is not None:
+            args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
         if stack.fused_moe is not None:

@@ -1,0 +1,85 @@
+"""Model presets (compose/presets.yaml): the seed's models as neutral stack options, and the example
+stacks emitted from them into compose/ (an EPYC 9374F, 32 Zen 4 cores with SMT, + one RTX 4090/5090)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from builder.build import image_spec, image_tag
+from builder.compose import compose_dict, start_period_for, to_yaml
+from builder.engines import EXPERTS_ON_CPU_RULE, engine_names
+from builder.errors import SpecError
+from builder.matrix import cuda_target
+from builder.spec import StackSpec
+
+_NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    example_model: str
+    example_size_gb: int
+    options: dict[str, object]  # neutral StackSpec fields common to all engines
+    engines: dict[str, dict[str, object]]  # per-engine additions (ik_llama.cpp's fused MoE, MLA)
+
+    def stack_options(self, engine: str) -> dict[str, object]:
+        """StackSpec fields for `engine`; SpecError if the preset has no such engine."""
+        if engine not in self.engines:
+            raise SpecError(f"preset {self.name} has no settings for {engine}; it has {', '.join(self.engines)}")
+        options = {key: value for key, value in self.options.items() if key in _NEUTRAL}
+        options.update(self.engines[engine])
+        if self.options.get("experts_on_cpu"):
+            options["override_tensors"] = (EXPERTS_ON_CPU_RULE,)
+        return options
+
+
+def presets_file() -> Path:
+    packaged = Path(str(resources.files("builder"))) / "presets.yaml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "compose" / "presets.yaml"
+
+
+def load_presets() -> dict[str, Preset]:
+    data = yaml.safe_load(presets_file().read_text())
+    return {name: Preset(name=name, description=entry["description"], example_model=entry["example_model"],
+                         example_size_gb=entry["example_size_gb"],
+                         options={k: v for k, v in entry.items() if k not in ("description", "example_model",
+                                                                                  "example_size_gb", "engines")},
+                         engines={engine: dict(extra or {}) for engine, extra in entry["engines"].items()})
+            for name, entry in data.items()}
+
+
+def get_preset(name: str) -> Preset:
+    presets = load_presets()
+    if name not in presets:
+        raise SpecError(f"unknown preset {name!r}: choose one of {', '.join(presets)}")
+    return presets[name]
+
+
+# The example host: the seed's EPYC 9374F (32 Zen 4 cores, SMT siblings 32-63, NPS=1) and one RTX 4090
+# or 5090, CUDA 12.8 images (arch 120 for the 5090).
+EXAMPLE_THREADS = 32
+EXAMPLE_CPUSET = "0-31"
+
+
+def example_stacks() -> dict[str, str]:
+    """compose/<preset>.<engine>.yaml text for every preset and engine (what the test keeps current)."""
+    files = {}
+    for preset in load_presets().values():
+        for engine in engine_names():
+            if engine not in preset.engines:
+                continue
+            image = image_tag(image_spec(engine, "zen4", cuda=cuda_target("12.8")))
+            stack = StackSpec(project=f"{preset.name}-{engine.replace('.', '-').replace('_', '-')}", engine=engine,
+                              image=image, model=Path("/models") / preset.example_model, threads=EXAMPLE_THREADS,
+                              numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
+                              start_period_s=start_period_for(preset.example_size_gb * 10**9),
+                              **preset.stack_options(engine))
+            generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} (example host, see presets.py)"
+            files[f"{preset.name}.{engine}.yaml"] = to_yaml(compose_dict(stack, generated_by, check_files=False))
+    return files
