@@ -206,6 +206,7 @@ def compose(
     parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
     override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
     experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
+    fit_vram_gb: Annotated[float | None, typer.Option("--fit-vram-gb", help="plan expert placement for this much VRAM (moe-stack plan): the first layers' experts go to the GPU")] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
     flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
     fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
@@ -231,8 +232,12 @@ def compose(
     options = get_preset(preset).stack_options(adapter.name) if preset else {}
     options.update({key: value for key, value in given.items() if value is not None})
     options.setdefault("ctx_size", 4096)
-    wanted_rules = [*options.pop("override_tensors", ()), *(override_tensor or []),
-                    *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
+    preset_rules = options.pop("override_tensors", ())
+    if fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
+        fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), probe().mem_total_bytes,
+                           int(options["ctx_size"]), str(options.get("cache_type") or "f16"), mla=bool(options.get("mla")))
+        preset_rules = fitted.override_rules
+    wanted_rules = [*(override_tensor or []), *preset_rules, *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
     rules = list(dict.fromkeys(wanted_rules))
     nodes = _int_list(numa_nodes, "--numa-nodes")
     if for_other_host:  # this host's topology says nothing about the target's

@@ -53,3 +53,18 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
     assert doc["layers"] == 2 and doc["gpu_expert_layers"] == 2 and doc["override_tensor"] == []
     refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--hidden", "100")
     assert refused.returncode == 1 and "multiple of 32" in refused.stderr
+
+
+def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    run_cli("synth-moe", str(model))
+    model.chmod(0o644)
+    # 2 GiB compute reserve + 1.0 MiB other weights + 8 MiB f16 KV cache leave ~0.8 MiB per 10 MiB of
+    # headroom: 0.0105 GiB over the reserve fits two of the 0.8 MiB expert layers, not three
+    out = tmp_path / "c.yaml"
+    result = run_cli("compose", "--model", str(model), "--skip-image-checks", "--out", str(out), "--port", "18558",
+                     "--fit-vram-gb", "2.0105", "-c", "4096", "--cache-type", "f16")
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "blk\\.(0|1)\\.ffn_.*_exps\\.weight=CUDA0" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text

@@ -106,3 +106,4 @@ def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {str(p.relative_to(root)) for p in (root / "dockerfiles").rglob("*") if p.is_file()}
     assert {f"builder/{name}" for name in shipped} <= names
+    assert "builder/presets.yaml" in names

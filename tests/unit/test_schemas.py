@@ -1,0 +1,40 @@
+"""Emitted compose files and the CI workflow validate against their published JSON schemas
+(check-jsonschema's vendored compose-spec and GitHub workflow schemas: no network needed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from builder.compose import compose_dict, to_yaml
+from builder.spec import StackSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check(schema: str, *files: Path) -> None:
+    tool = shutil.which("check-jsonschema")
+    assert tool, "check-jsonschema is a test dependency"
+    result = subprocess.run([tool, "--builtin-schema", schema, *map(str, files)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
+    model = tmp_path / "m" / "x.gguf"
+    model.parent.mkdir(mode=0o755)
+    model.write_bytes(b"GGUF")
+    model.chmod(0o644)
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    everything = StackSpec(project="all-options", engine="ik_llama.cpp", image="i", model=model, threads=8,
+                           numa="membind", numa_nodes=(0,), cpuset="0-7", gpu="cdi", mlock=True, hugepages=True,
+                           api_key_file=key)
+    emitted = tmp_path / "compose.yaml"
+    emitted.write_text(to_yaml(compose_dict(everything, "test")))
+    _check("vendor.compose-spec", emitted, *sorted((ROOT / "compose").glob("*.*.yaml")))
+
+
+def test_workflows_match_the_github_schema() -> None:
+    _check("vendor.github-workflows", *sorted((ROOT / ".github/workflows").glob("*.yml")))
