@@ -60,8 +60,9 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     run_cli("synth-moe", str(model))
     model.chmod(0o644)
-    # 2 GiB compute reserve + 1.0 MiB other weights + 8 MiB f16 KV cache leave ~0.8 MiB per 10 MiB of
-    # headroom: 0.0105 GiB over the reserve fits two of the 0.8 MiB expert layers, not three
+    # 0.0105 GiB over the 2 GiB reserve = 11,274,289 B; minus other weights (1,065,120 B) and the f16 KV
+    # cache (2 heads × 128 × 4096 × 4 layers × 2 B = 8,388,608 B) leaves 1,820,561 B: two expert layers
+    # of 835,584 B fit, three do not
     out = tmp_path / "c.yaml"
     result = run_cli("compose", "--model", str(model), "--skip-image-checks", "--out", str(out), "--port", "18558",
                      "--fit-vram-gb", "2.0105", "-c", "4096", "--cache-type", "f16")
