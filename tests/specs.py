@@ -30,3 +30,12 @@ def ik_tree(root: Path) -> Path:
         (root / rel).mkdir(parents=True)
     (root / "CMakeLists.txt").write_text("project(llama)\n")
     return root
+
+
+def readable_file(path: Path, content: bytes) -> Path:
+    """A file (and its directory) the engine's container user (uid 10001) can read, as stacks need."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o755)
+    path.write_bytes(content)
+    path.chmod(0o644)
+    return path

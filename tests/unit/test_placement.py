@@ -13,6 +13,7 @@ from builder.host import probe
 from builder.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.spec import StackSpec
 from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.specs import readable_file
 
 
 @pytest.fixture
@@ -50,13 +51,8 @@ def test_cpulist() -> None:
 
 
 def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None:
-    model = tmp_path / "m" / "x.gguf"
-    model.parent.mkdir(mode=0o755)
-    model.write_bytes(b"GGUF")
-    model.chmod(0o644)
-    key = tmp_path / "key"
-    key.write_text("k3y-v4lue-not-in-compose\n")
-    key.chmod(0o644)
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+    key = readable_file(tmp_path / "key", b"k3y-v4lue-not-in-compose\n")
     base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": model, "threads": 4}
     plain = compose_dict(StackSpec(**base), "x")["services"]["engine"]
     assert "cap_add" not in plain and "environment" not in plain and "deploy" not in plain

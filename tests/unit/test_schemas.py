@@ -9,6 +9,7 @@ from pathlib import Path
 
 from builder.compose import compose_dict, to_yaml
 from builder.spec import StackSpec
+from tests.specs import readable_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,13 +22,8 @@ def _check(schema: str, *files: Path) -> None:
 
 
 def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
-    model = tmp_path / "m" / "x.gguf"
-    model.parent.mkdir(mode=0o755)
-    model.write_bytes(b"GGUF")
-    model.chmod(0o644)
-    key = tmp_path / "key"
-    key.write_text("k\n")
-    key.chmod(0o644)
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+    key = readable_file(tmp_path / "key", b"k\n")
     everything = StackSpec(project="all-options", engine="ik_llama.cpp", image="i", model=model, threads=8,
                            numa="membind", numa_nodes=(0,), cpuset="0-7", gpu="cdi", mlock=True, hugepages=True,
                            api_key_file=key)
