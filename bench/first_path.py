@@ -17,7 +17,7 @@ from pathlib import Path
 
 from builder.baseimage import ensure_base
 from builder.build import build_image, image_spec
-from builder.compose import compose_dict, start_period_for, write_stack
+from builder.compose import compose_dict, free_local_port, start_period_for, write_stack
 from builder.demo import DEMO_PROMPT, complete
 from builder.docker_client import docker
 from builder.engines import engine_names, get_engine
@@ -26,14 +26,6 @@ from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.source import cache_dir, resolve_local
 from builder.spec import BaseImages, StackSpec
 from builder.stack import down, up
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def compile_seconds(log: Path) -> float | None:
@@ -60,7 +52,7 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
     model = fetch_demo_model()
     healthy, decode = [], []
     for _ in range(runs):
-        port = free_port()
+        port = free_local_port()
         stack = StackSpec(project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}", engine=engine.name, image=tag,
                           model=model, port=port, threads=read_cpu().physical_cores,
                           chat_template=DEMO_CHAT_TEMPLATE, start_period_s=start_period_for(model.stat().st_size))

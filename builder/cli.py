@@ -32,12 +32,12 @@ from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
 from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecError
-from builder.host import probe, read_cpu
+from builder.host import probe
 from builder.image_facts import read_image_facts
 from builder.models import check_gguf, fetch_demo_model
 from builder.placement import Placement, check_hugepages_reserved, place
-from builder.presets import get_preset
-from builder.planner import GIB, read_facts, size, split_parts
+from builder.presets import merge_options
+from builder.planner import GIB, model_bytes, read_facts, size
 from builder.planner import plan as make_plan
 from builder.render import configure_args
 from builder.render import render as render_context
@@ -229,12 +229,10 @@ def compose(
     adapter = get_engine(engine)
     given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
              "gpu_layers": gpu_layers, "cache_type": cache_type}
-    options = get_preset(preset).stack_options(adapter.name) if preset else {}
-    options.update({key: value for key, value in given.items() if value is not None})
-    options.setdefault("ctx_size", 4096)
-    preset_rules = options.pop("override_tensors", ())
+    options, preset_rules = merge_options(preset, adapter.name, given)
+    host = probe()
     if fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
-        fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), probe().mem_total_bytes,
+        fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), host.mem_total_bytes,
                            int(options["ctx_size"]), str(options.get("cache_type") or "f16"), mla=bool(options.get("mla")))
         preset_rules = fitted.override_rules
     wanted_rules = [*(override_tensor or []), *preset_rules, *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
@@ -242,9 +240,8 @@ def compose(
     nodes = _int_list(numa_nodes, "--numa-nodes")
     if for_other_host:  # this host's topology says nothing about the target's
         where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
-                          threads=threads or read_cpu().physical_cores)
+                          threads=threads or host.cpu.physical_cores)
     else:
-        host = probe()
         where = place(host, numa, nodes, threads)
         if hugepages:
             check_hugepages_reserved(host)
@@ -267,13 +264,13 @@ def compose(
         hugepages=hugepages,
         api_key_file=api_key_file,
         extra_args=tuple(engine_args or ()),
-        start_period_s=start_period or start_period_for(sum(p.stat().st_size for p in split_parts(model_path))),
+        start_period_s=start_period or start_period_for(model_bytes(model_path)),
         **options,
     )
     check_port_free(bind, port)
     facts = None if skip_image_checks else read_image_facts(stack.image)
     if facts is not None and not for_other_host:
-        check_host_runs(facts, read_cpu())
+        check_host_runs(facts, host.cpu)
     document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts)
     path = write_stack(document, out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
@@ -402,10 +399,10 @@ def doctor(
         client = docker()
     except DockerUnavailable:
         client = None
-    model_bytes = sum(p.stat().st_size for p in split_parts(check_gguf(model))) if model else None
     findings = diagnose(host, docker_ok=client is not None,
                         gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
-                        free_disk_bytes=shutil.disk_usage(Path.home()).free, model_bytes=model_bytes)
+                        free_disk_bytes=shutil.disk_usage(Path.home()).free,
+                        model_bytes=model_bytes(check_gguf(model)) if model else None)
     if as_json:
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
     else:

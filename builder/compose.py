@@ -172,6 +172,13 @@ def write_stack(document: dict[str, object], path: Path) -> Path:
     return write_file_atomically(path, to_yaml(document))
 
 
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def check_port_free(bind: str, port: int) -> None:
     """Fail with the port's name when something already listens there."""
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET

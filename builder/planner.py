@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gguf
 
+from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import ModelError, SpecError
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
@@ -74,6 +75,11 @@ def split_parts(path: Path) -> list[Path]:
     if missing:
         raise ModelError(f"split model {path.name} is missing {', '.join(missing)}; put all parts in one directory")
     return parts
+
+
+def model_bytes(path: Path) -> int:
+    """Size on disk of a model, all parts of a split one included."""
+    return sum(part.stat().st_size for part in split_parts(path))
 
 
 def read_facts(path: Path) -> ModelFacts:
@@ -149,7 +155,7 @@ def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_typ
 
 def override_rules(gpu_layers: int, layers: int) -> tuple[str, ...]:
     """`-ot` rules, first match wins: layers [0, gpu_layers) keep experts on CUDA0, the rest on CPU."""
-    cpu_rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+    cpu_rule = EXPERTS_ON_CPU_RULE
     if gpu_layers == 0:
         return (cpu_rule,)
     if gpu_layers >= layers:

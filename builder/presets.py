@@ -39,6 +39,16 @@ class Preset:
         return options
 
 
+def merge_options(preset: str | None, engine: str, given: dict[str, object]) -> tuple[dict[str, object], tuple[str, ...]]:
+    """Neutral StackSpec options: the preset's for `engine`, overridden by those `given` (None: not
+    given); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
+    options = get_preset(preset).stack_options(engine) if preset else {}
+    options.update({key: value for key, value in given.items() if value is not None})
+    options.setdefault("ctx_size", 4096)
+    rules = tuple(options.pop("override_tensors", ()))
+    return options, rules
+
+
 def presets_file() -> Path:
     packaged = Path(str(resources.files("builder"))) / "presets.yaml"
     return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "compose" / "presets.yaml"

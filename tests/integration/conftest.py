@@ -7,7 +7,6 @@ Without a Docker daemon the integration tests are skipped, except under CI, wher
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from python_on_whales import DockerClient
 
 from builder.baseimage import ensure_base
 from builder.build import build_image, image_spec
-from builder.compose import compose_dict, write_stack
+from builder.compose import compose_dict, free_local_port, write_stack
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import DockerUnavailable
@@ -113,10 +112,7 @@ def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+free_port = free_local_port
 
 
 StackFactory = Callable[..., RunningStack]
