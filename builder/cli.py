@@ -23,6 +23,7 @@ from builder.compose import (
     check_host_runs,
     check_port_free,
     compose_dict,
+    cpu_only,
     project_name_for,
     start_period_for,
     write_stack,
@@ -32,10 +33,10 @@ from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
 from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecError
-from builder.host import probe
-from builder.image_facts import read_image_facts
+from builder.host import HostFacts, probe
+from builder.image_facts import ImageFacts, read_image_facts
 from builder.models import check_gguf, fetch_demo_model
-from builder.placement import Placement, check_hugepages_reserved, place
+from builder.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.presets import merge_options
 from builder.planner import GIB, model_bytes, read_facts, size
 from builder.planner import plan as make_plan
@@ -218,6 +219,9 @@ def compose(
     gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
     mlock: Annotated[bool, typer.Option("--mlock", help="lock the model in RAM (adds IPC_LOCK and unlimited memlock)")] = False,
     hugepages: Annotated[bool, typer.Option("--hugepages", help="weights from the host's reserved hugepages (ik_llama.cpp -thp)")] = False,
+    hugetlbfs: Annotated[str, typer.Option("--hugetlbfs", help="copy the model onto a hugetlbfs volume of 2M or 1G pages at start (any engine; the pool must hold it)")] = "off",
+    shm_size: Annotated[str, typer.Option("--shm-size", help="size of /dev/shm, e.g. 1g")] = "1g",
+    cpu_image: Annotated[str | None, typer.Option("--cpu-image", help="with --gpu: also a CPU-only service from this image; the file gets compose profiles gpu and cpu")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="file with the API key(s), passed as a compose secret")] = None,
     skip_image_checks: Annotated[bool, typer.Option("--skip-image-checks", help="don't read the image's flag contract and CPU needs (image not present here)")] = False,
     for_other_host: Annotated[bool, typer.Option("--for-other-host", help="emit even if this host's CPU can't run the image")] = False,
@@ -245,6 +249,10 @@ def compose(
         where = place(host, numa, nodes, threads)
         if hugepages:
             check_hugepages_reserved(host)
+        if hugetlbfs != "off":
+            if hugetlbfs not in HUGEPAGE_KB:
+                raise SpecError(f"--hugetlbfs {hugetlbfs}: the page size is 2M or 1G (or off)")
+            check_hugepages_reserved(host, HUGEPAGE_KB[hugetlbfs], model_bytes(model_path))
     stack = StackSpec(
         project=project or project_name_for(model_path),
         engine=adapter.name,
@@ -262,27 +270,45 @@ def compose(
         gpu=gpu,
         mlock=mlock,
         hugepages=hugepages,
+        hugetlbfs=hugetlbfs,
+        shm_size=shm_size,
         api_key_file=api_key_file,
         extra_args=tuple(engine_args or ()),
         start_period_s=start_period or start_period_for(model_bytes(model_path)),
         **options,
     )
+    if cpu_image is not None and stack.gpu == "none":
+        raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
     check_port_free(bind, port)
-    facts = None if skip_image_checks else read_image_facts(stack.image)
-    if facts is not None and not for_other_host:
-        check_host_runs(facts, host.cpu)
-    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts)
+    facts = _checked_facts(stack.image, host, skip_image_checks, for_other_host)
+    cpu_profile = None
+    if cpu_image is not None:
+        cpu_stack = cpu_only(stack, cpu_image)
+        cpu_profile = (cpu_stack, _checked_facts(cpu_image, host, skip_image_checks, for_other_host))
+    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts,
+                            cpu_profile=cpu_profile)
     path = write_stack(document, out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
+
+
+def _checked_facts(image: str, host: HostFacts, skip: bool, for_other_host: bool) -> ImageFacts | None:
+    """The image's flag contract and CPU needs (None when skipped); refuses an image this CPU can't run."""
+    if skip:
+        return None
+    facts = read_image_facts(image)
+    if not for_other_host:
+        check_host_runs(facts, host.cpu)
+    return facts
 
 
 @app.command()
 def up(
     compose_file: Annotated[Path, typer.Argument(help="compose file from `moe-stack compose`")] = Path("compose.yaml"),
     timeout: Annotated[int, typer.Option("--timeout", help="seconds to wait for healthy")] = 600,
+    profile: Annotated[str | None, typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)")] = None,
 ) -> None:
     """Start a stack and wait until the engine is healthy."""
-    stack_up(compose_file, timeout)
+    stack_up(compose_file, timeout, profile)
     out.print(f"healthy: {compose_file}")
 
 

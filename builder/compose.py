@@ -24,6 +24,10 @@ from builder.spec import StackSpec
 from builder.targets import best_cpu_target
 
 SERVICE = "engine"
+CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
+GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
+HUGETLBFS_VOLUME = "hugepages"
+HUGETLBFS_DIR = "/hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
@@ -76,39 +80,79 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
 
 
 def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None,
-                 check_files: bool = True) -> dict[str, object]:
+                 check_files: bool = True, cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None
+                 ) -> dict[str, object]:
     """The compose document for `stack`; `generated_by` records the command that made it.
 
     With the image's `facts`, every engine flag is checked against its flag contract and neutral
     options are written in that engine version's syntax. `check_files=False` is for example stacks
-    whose model lives on another machine.
+    whose model lives on another machine. With `cpu_profile` (a CPU-only stack and its image's
+    facts), the file holds two services behind the compose profiles `gpu` and `cpu`.
     """
+    model = stack.model.resolve() if check_files else stack.model
+    if check_files:
+        check_readable_in_container(model)
+    service = _service(stack, facts, model)
+    services = {SERVICE: service}
+    if cpu_profile is not None:
+        cpu_stack, cpu_facts = cpu_profile
+        service["profiles"] = [GPU_PROFILE]
+        services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, model), "profiles": [CPU_PROFILE]}
+    document: dict[str, object] = {
+        "name": stack.project,
+        "x-moe-stack": {
+            "generator": f"moe-stack {__version__}",
+            "generated-by": generated_by,
+            "engine": stack.engine,
+            "image": stack.image,
+            "model": str(model),
+            "flags-checked": facts is not None,
+            **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
+        },
+        "services": services,
+    }
+    if stack.hugetlbfs != "off":
+        document["volumes"] = {HUGETLBFS_VOLUME: _hugetlbfs_volume(stack.hugetlbfs)}
+    if stack.api_key_file is not None:
+        key = stack.api_key_file.resolve()
+        if check_files:
+            check_readable_in_container(key, parent_too=False)
+        document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
+    return document
+
+
+def cpu_only(stack: StackSpec, image: str) -> StackSpec:
+    """`stack` without its GPU: for the `cpu` profile (no GPU layers, no GPU buffer rules)."""
+    return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": ()})
+
+
+def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[str, object]:
     clashing = sorted(RESERVED_FLAGS.intersection(stack.extra_args))
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
                          "use the matching moe-stack option instead")
     engine = get_engine(stack.engine)
-    model = stack.model.resolve() if check_files else stack.model
-    if check_files:
-        check_readable_in_container(model)
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
-    service = {
+    service: dict[str, object] = {
         "image": stack.image,
         "command": command,
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],
-        "volumes": [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True}],
+        "volumes": [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True},
+                    *([{"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}]
+                      if stack.hugetlbfs != "off" else [])],
         # The engine writes nothing but its logs: a read-only root, no capabilities, no privilege gain.
         "read_only": True,
         "tmpfs": ["/tmp"],
+        "shm_size": stack.shm_size,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         "healthcheck": {
-            "test": HEALTHCHECK,
+            "test": list(HEALTHCHECK),
             "interval": "10s",
             "timeout": "5s",
             "retries": 3,
@@ -118,36 +162,26 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
         "restart": "unless-stopped",
     }
     service.update(_placement(stack))
-    document: dict[str, object] = {
-        "name": stack.project,
-        "x-moe-stack": {
-            "generator": f"moe-stack {__version__}",
-            "generated-by": generated_by,
-            "engine": engine.name,
-            "image": stack.image,
-            "model": str(model),
-            "flags-checked": facts is not None,
-        },
-        "services": {SERVICE: service},
-    }
     if stack.api_key_file is not None:
-        key = stack.api_key_file.resolve()
-        if check_files:
-            check_readable_in_container(key, parent_too=False)
-        document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
         service["secrets"] = [API_KEY_SECRET]
-    return document
+    return service
 
 
 def _placement(stack: StackSpec) -> dict[str, object]:
     """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
-    mbind/set_mempolicy), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock)."""
+    mbind/set_mempolicy), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
+    the model staged on a hugetlbfs volume."""
     extra: dict[str, object] = {}
     caps = []
+    environment = {}
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
-        extra["environment"] = {"MOE_STACK_NUMA": policy}
+        environment["MOE_STACK_NUMA"] = policy
         caps.append("SYS_NICE")
+    if stack.hugetlbfs != "off":
+        environment["MOE_STACK_HUGETLBFS"] = HUGETLBFS_DIR
+    if environment:
+        extra["environment"] = environment
     if stack.mlock:
         caps.append("IPC_LOCK")
         extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
@@ -160,6 +194,14 @@ def _placement(stack: StackSpec) -> dict[str, object]:
                   else {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]})
         extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
     return extra
+
+
+def _hugetlbfs_volume(page_size: str) -> dict[str, object]:
+    """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
+    (its pages back to the pool) when the last container using it stops."""
+    return {"driver": "local",
+            "driver_opts": {"type": "hugetlbfs", "device": "hugetlbfs",
+                            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700"}}
 
 
 def to_yaml(document: dict[str, object]) -> str:

@@ -96,7 +96,7 @@ def _hugepages(host: HostFacts) -> Finding:
                 pools.setdefault(page_kb, []).append(f"node{node.node}: {count}")
     if not pools:
         return Finding("OK", "hugepages", "no hugepages reserved (reserve them with `sudo sysctl -w "
-                       "vm.nr_hugepages=N` for stacks that use ik_llama.cpp -thp)")
+                       "vm.nr_hugepages=N` for stacks with --hugepages (ik_llama.cpp -thp) or --hugetlbfs)")
     text = "; ".join(f"{kb // 1024} MiB pages: {', '.join(per_node)}" for kb, per_node in sorted(pools.items()))
     return Finding("OK", "hugepages", f"reserved {text}")
 

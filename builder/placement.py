@@ -12,6 +12,10 @@ from builder.errors import SpecError
 from builder.host import HostFacts
 
 
+# hugetlbfs page sizes a stack may ask for, in kB (the unit of /sys/kernel/mm/hugepages).
+HUGEPAGE_KB = {"2M": 2048, "1G": 1024 * 1024}
+
+
 @dataclass(frozen=True)
 class Placement:
     numa: str  # none, interleave, membind, cpunodebind
@@ -62,8 +66,23 @@ def numa_env(numa: str, nodes: tuple[int, ...]) -> str | None:
     return f"{numa}:{','.join(map(str, nodes))}"
 
 
-def check_hugepages_reserved(host: HostFacts) -> None:
-    """A stack that asks for hugepages needs a reserved pool (the kernel's, not the container's)."""
-    if not any(count for node in host.nodes for count in node.hugepages.values()):
-        raise SpecError("--hugepages needs hugepages reserved on the host and none are: run `sudo sysctl -w "
-                        "vm.nr_hugepages=N` with N × 2 MiB about the model's size (see `moe-stack doctor`)")
+def check_hugepages_reserved(host: HostFacts, page_kb: int | None = None, need_bytes: int = 0) -> None:
+    """A stack that asks for hugepages needs a reserved pool (the kernel's, not the container's): any
+    pool for ik_llama.cpp -thp (which falls back by itself), one of `page_kb` pages that holds
+    `need_bytes` for a model copied onto hugetlbfs (where a short pool stops the start)."""
+    pools: dict[int, int] = {}
+    for node in host.nodes:
+        for size_kb, count in node.hugepages.items():
+            pools[size_kb] = pools.get(size_kb, 0) + count
+    if page_kb is None:
+        if not any(pools.values()):
+            raise SpecError("--hugepages needs hugepages reserved on the host and none are: run `sudo sysctl -w "
+                            "vm.nr_hugepages=N` with N × 2 MiB about the model's size (see `moe-stack doctor`)")
+        return
+    need = -(-need_bytes // (page_kb * 1024))
+    have = pools.get(page_kb, 0)
+    if have < need:
+        fix = (f"sudo sysctl -w vm.nr_hugepages={need}" if page_kb == 2048
+               else f"echo {need} | sudo tee /sys/kernel/mm/hugepages/hugepages-{page_kb}kB/nr_hugepages")
+        raise SpecError(f"--hugetlbfs needs {need} reserved {page_kb // 1024} MiB hugepages for the model and the "
+                        f"host has {have}: run `{fix}`")

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from builder.build import image_spec, image_tag
-from builder.compose import compose_dict, start_period_for, to_yaml
+from builder.compose import cpu_only, compose_dict, start_period_for, to_yaml
 from builder.engines import EXPERTS_ON_CPU_RULE, engine_names
 from builder.errors import SpecError
 from builder.matrix import cuda_target
@@ -90,6 +90,10 @@ def example_stacks() -> dict[str, str]:
                               numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
                               start_period_s=start_period_for(preset.example_size_gb * 10**9),
                               **preset.stack_options(engine))
-            generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} (example host, see presets.py)"
-            files[f"{preset.name}.{engine}.yaml"] = to_yaml(compose_dict(stack, generated_by, check_files=False))
+            # The same model CPU-only (`--profile cpu`): for when the GPU is busy or being serviced.
+            cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))
+            generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia --cpu-image "
+                            f"{cpu_stack.image} (example host, see presets.py)")
+            document = compose_dict(stack, generated_by, check_files=False, cpu_profile=(cpu_stack, None))
+            files[f"{preset.name}.{engine}.yaml"] = to_yaml(document)
     return files

@@ -126,6 +126,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "Dockerfile": _environment().get_template("llama-cpp-family/Dockerfile.j2").render(context),
         "moe-stack-entrypoint": (root / "common/moe-stack-entrypoint").read_text(),
         "moe-stack-health": (root / "common/moe-stack-health").read_text(),
+        "moe-stack-hugecopy.c": (root / "common/moe-stack-hugecopy.c").read_text(),
         "image.json": json.dumps(image_manifest(spec), indent=2, sort_keys=True) + "\n",
         "required-cpu-flags": " ".join(spec.cpu.required_flags) + "\n",
     }

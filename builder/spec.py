@@ -183,15 +183,30 @@ class StackSpec(_Spec):
     gpu: Literal["none", "nvidia", "cdi"] = "none"
     mlock: bool = False
     hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
+    # Or, for any engine that mmaps its weights: the model copied onto a hugetlbfs volume of this
+    # page size by the entrypoint, so the mapping is backed by the reserved pool.
+    hugetlbfs: Literal["off", "2M", "1G"] = "off"
+    # /dev/shm: Docker's 64 MB default is too small for CUDA IPC and the Python engines' workers.
+    shm_size: str = "1g"
     api_key_file: Path | None = None
-
-    @model_validator(mode="after")
-    def _numa_nodes_match_policy(self) -> StackSpec:
-        if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
-            raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
-        return self
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackSpec:
+        if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
+            raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        if self.hugepages and self.hugetlbfs != "off":
+            raise ValueError("--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
+                             "onto a hugetlbfs volume) are two ways to the same pool: pick one")
+        return self
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, size: str) -> str:
+        if not re.fullmatch(r"[1-9][0-9]*[kmg]?", size):
+            raise ValueError(f"{size!r} is not a size: give one like 1g, 512m or 65536k")
+        return size
 
     @field_validator("override_tensors")
     @classmethod

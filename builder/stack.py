@@ -8,16 +8,30 @@ import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.compose import SERVICE, check_port_free
+from builder.compose import check_port_free
 from builder.docker_client import describe, docker
 from builder.errors import StackError
 
 
-def _client(compose_file: Path) -> DockerClient:
+def _client(compose_file: Path, profile: str | None = None) -> DockerClient:
+    """A compose client for the file; `profile` "*" takes every profile in it."""
     if not compose_file.is_file():
         raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
     docker()  # fail early and clearly when there is no daemon
-    return DockerClient(compose_files=[compose_file])
+    profiles = ["*"] if profile == "*" else _profiles(compose_file, profile)
+    return DockerClient(compose_files=[compose_file], compose_profiles=profiles)
+
+
+def _profiles(compose_file: Path, wanted: str | None) -> list[str]:
+    """The profile to run: `wanted`, else the file's first (gpu); [] for a file without profiles."""
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    offered = list((document.get("x-moe-stack") or {}).get("profiles") or [])
+    if wanted is None:
+        return offered[:1]
+    if wanted not in offered:
+        raise StackError(f"{compose_file} has no profile {wanted!r} (it has: {', '.join(offered) or 'none'}); "
+                         "emit it with `moe-stack compose --gpu nvidia --cpu-image IMAGE` for gpu/cpu profiles")
+    return [wanted]
 
 
 def published_ports(compose_file: Path) -> list[tuple[str, int]]:
@@ -28,12 +42,13 @@ def published_ports(compose_file: Path) -> list[tuple[str, int]]:
         for port in service.get("ports") or []:
             if isinstance(port, dict) and port.get("published"):
                 pairs.append((port.get("host_ip") or "0.0.0.0", int(port["published"])))
-    return pairs
+    return sorted(set(pairs))  # the gpu and cpu profiles publish the same port
 
 
-def up(compose_file: Path, timeout_s: int) -> None:
-    """Start the stack and wait until it is healthy; on failure say why, with the engine's last log."""
-    client = _client(compose_file)
+def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
+    """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
+    is healthy; on failure say why, with the engine's last log."""
+    client = _client(compose_file, profile)
     if not client.compose.ps():
         for bind, port in published_ports(compose_file):
             check_port_free(bind, port)
@@ -45,7 +60,7 @@ def up(compose_file: Path, timeout_s: int) -> None:
 
 
 def down(compose_file: Path) -> None:
-    client = _client(compose_file)
+    client = _client(compose_file, "*")  # whichever profile is running
     try:
         client.compose.down(remove_orphans=True, volumes=True, timeout=10)
     except DockerException as err:
@@ -54,7 +69,7 @@ def down(compose_file: Path) -> None:
 
 def _service_log_tail(client: DockerClient) -> str:
     try:
-        text = client.compose.logs(services=[SERVICE], tail="20", no_log_prefix=True)
+        text = client.compose.logs(tail="20", no_log_prefix=True)
     except DockerException:
         return "unavailable"
     lines = [line for line in str(text).splitlines() if line.strip()]

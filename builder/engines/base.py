@@ -147,4 +147,4 @@ class Engine(ABC):
 
     def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
         raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "
-                         "drop --hugepages (transparent hugepages in madvise mode still apply)")
+                         "use --hugetlbfs 2M instead (the model is copied onto hugepages at start)")

@@ -1,4 +1,5 @@
-"""Every stack in compose/ passes `docker compose config` (the GPU device request included)."""
+"""Every stack in compose/ passes `docker compose config` for each of its profiles: the GPU service
+with its device request, the CPU-only one without."""
 
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "compose").glob("*.*.ya
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_passes_compose_config(docker_client: DockerClient, path: Path) -> None:
-    result = subprocess.run(["docker", "compose", "-f", str(path), "config", "--format", "json"],
+    gpu, cpu = _config(path, "gpu"), _config(path, "cpu")
+    assert list(gpu) == ["engine"] and list(cpu) == ["engine-cpu"]
+    device = gpu["engine"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    assert "deploy" not in cpu["engine-cpu"] and "cpu" in cpu["engine-cpu"]["image"]
+    for service in (gpu["engine"], cpu["engine-cpu"]):
+        assert service["cap_add"] == ["SYS_NICE"] and service["cap_drop"] == ["ALL"]
+        assert service["ports"][0]["host_ip"] == "127.0.0.1"
+        assert service["shm_size"] == "1073741824"
+
+
+def _config(path: Path, profile: str) -> dict[str, dict]:
+    result = subprocess.run(["docker", "compose", "-f", str(path), "--profile", profile, "config", "--format", "json"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    service = json.loads(result.stdout)["services"]["engine"]
-    device = service["deploy"]["resources"]["reservations"]["devices"][0]
-    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
-    assert service["cap_add"] == ["SYS_NICE"] and service["cap_drop"] == ["ALL"]
-    assert service["ports"][0]["host_ip"] == "127.0.0.1"
+    return json.loads(result.stdout)["services"]

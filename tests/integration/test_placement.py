@@ -11,7 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from python_on_whales import DockerClient
 
+from builder.compose import compose_dict, cpu_only, free_local_port, write_stack
+from builder.image_facts import read_image_facts
+from builder.spec import StackSpec
+from builder.stack import down, up
 from tests.integration.conftest import StackFactory, build_engine_image
 
 pytestmark = pytest.mark.integration
@@ -78,3 +83,40 @@ def test_ik_weights_come_from_reserved_hugepages(reserved_hugepages: int, base_i
     assert "KernelPageSize:     2048 kB" in engine.execute(["cat", "/proc/1/smaps"])
     assert _free_hugepages() < 256, "the engine took no pages from the reserved pool"
     assert "-thp" in engine.config.cmd
+
+
+def test_llama_cpp_maps_a_model_staged_on_hugetlbfs(reserved_hugepages: int, base_image: str, moe_model: Path,
+                                                    start_stack: StackFactory) -> None:
+    """Mainline has no -thp: the entrypoint copies the model onto the stack's hugetlbfs volume and the
+    engine's mmap of that copy is backed by the reserved 2 MiB pages."""
+    assert _free_hugepages() == reserved_hugepages
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, hugetlbfs="2M")
+    engine = stack.client.compose.ps()[0]
+    smaps = engine.execute(["cat", "/proc/1/smaps"])
+    mapping = smaps.split(f"/hugepages/{moe_model.name}\n", 1)
+    assert len(mapping) == 2, "the engine did not map the staged copy"
+    assert "KernelPageSize:     2048 kB" in mapping[1].split("VmFlags", 1)[0]
+    pages_for_model = -(-moe_model.stat().st_size // 2**21)
+    assert reserved_hugepages - _free_hugepages() >= pages_for_model
+    assert _status(f"{stack.url}/v1/models") == 200
+    assert f"staging /models/{moe_model.name} on hugepages" in engine.logs()
+
+
+def test_cpu_profile_runs_where_there_is_no_gpu(base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    """A file with gpu/cpu profiles: `--profile cpu` starts only the CPU service, from the CPU image, and
+    never touches the GPU service's image (which doesn't exist here)."""
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    port = free_local_port()
+    gpu_stack = StackSpec(project=f"mst-profiles-{port}", engine="llama.cpp", model=moe_model, port=port,
+                          threads=2, image="localhost/moe-stack-test/llama-cpp:absent-cuda12.8-avx2", gpu="nvidia",
+                          gpu_layers=99)
+    document = compose_dict(gpu_stack, "pytest", cpu_profile=(cpu_only(gpu_stack, image.tag),
+                                                              read_image_facts(image.tag)))
+    compose_file = write_stack(document, tmp_path / "compose.yaml")
+    try:
+        up(compose_file, timeout_s=180, profile="cpu")
+        running = DockerClient(compose_files=[compose_file], compose_profiles=["*"]).compose.ps()
+        assert [c.config.labels["com.docker.compose.service"] for c in running] == ["engine-cpu"]
+        assert _status(f"http://127.0.0.1:{port}/v1/models") == 200
+    finally:
+        down(compose_file)

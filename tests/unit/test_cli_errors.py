@@ -86,3 +86,23 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "c.yaml").read_text()
     assert "127.0.0.1" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text and "--no-warmup" in text
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--cpu-image", "img:cpu"], "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia"),
+    (["--hugetlbfs", "3M"], "--hugetlbfs 3M: the page size is 2M or 1G"),
+    (["--shm-size", "lots"], "shm_size: 'lots' is not a size: give one like 1g"),
+])
+def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--port", "18081",
+                     "--skip-image-checks", *extra)
+    assert_one_line_error(result, needle)
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_up_with_a_profile_the_file_lacks(tmp_path: Path) -> None:
+    compose_file = tmp_path / "compose.yaml"
+    compose_file.write_text("services: {engine: {image: x}}\n")
+    assert_one_line_error(run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)")

@@ -12,6 +12,7 @@ from builder.compose import (
     check_host_runs,
     check_port_free,
     compose_dict,
+    cpu_only,
     project_name_for,
     start_period_for,
     to_yaml,
@@ -119,3 +120,23 @@ def test_host_without_the_image_flags_is_refused() -> None:
                                          r"or pass --for-other-host"):
         check_host_runs(_facts(), avx2_host)
     check_host_runs(_facts(required_cpu_flags=cpu_target("avx2").required_flags), avx2_host)
+
+
+def test_gpu_and_cpu_profiles(tmp_path: Path) -> None:
+    rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+    gpu = _stack(tmp_path, image="img:cuda", gpu="nvidia", gpu_layers=99, override_tensors=(rule,))
+    doc = compose_dict(gpu, "x", cpu_profile=(cpu_only(gpu, "img:cpu"), None))
+    engine, fallback = doc["services"]["engine"], doc["services"]["engine-cpu"]
+    assert engine["profiles"] == ["gpu"] and fallback["profiles"] == ["cpu"]
+    assert doc["x-moe-stack"]["profiles"] == ["gpu", "cpu"], "moe-stack up starts the first by default"
+    assert fallback["image"] == "img:cpu" and "deploy" not in fallback
+    assert "--n-gpu-layers" not in fallback["command"] and rule not in fallback["command"]
+    assert engine["ports"] == fallback["ports"], "one address, whichever profile runs"
+    assert "profiles" not in compose_dict(gpu, "x")["services"]["engine"], "a plain stack starts without --profile"
+
+
+def test_shm_size(tmp_path: Path) -> None:
+    assert compose_dict(_stack(tmp_path), "x")["services"]["engine"]["shm_size"] == "1g"
+    assert compose_dict(_stack(tmp_path, shm_size="16g"), "x")["services"]["engine"]["shm_size"] == "16g"
+    with pytest.raises(ValueError, match="shm_size"):
+        _stack(tmp_path, shm_size="lots")

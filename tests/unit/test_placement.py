@@ -81,3 +81,30 @@ def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
     assert "-thp" in get_engine("ik_llama.cpp").server_args(StackSpec(engine="ik_llama.cpp", **stack), None)
     with pytest.raises(StackError, match="llama.cpp has no option to load weights into reserved hugepages"):
         get_engine("llama.cpp").server_args(StackSpec(engine="llama.cpp", **stack), None)
+
+
+def test_hugetlbfs_pool_must_hold_the_model(tmp_path: Path) -> None:
+    host = probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=4, threads=1, node_gib=8,
+                           hugepages_2m=100), nvidia_smi_text="")
+    check_hugepages_reserved(host, 2048, 400 * 2**20)  # 200 pages on two nodes: a 400 MiB model fits exactly
+    with pytest.raises(SpecError, match=r"needs 201 reserved 2 MiB hugepages for the model and the host has 200: "
+                                        r"run `sudo sysctl -w vm.nr_hugepages=201`"):
+        check_hugepages_reserved(host, 2048, 400 * 2**20 + 1)
+    with pytest.raises(SpecError, match=r"needs 1 reserved 1024 MiB .* has 0: run `echo 1 \| sudo tee "
+                                        r"/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`"):
+        check_hugepages_reserved(host, 1024 * 1024, 2**20)
+
+
+def test_hugetlbfs_volume_is_the_engine_users(tmp_path: Path) -> None:
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+    doc = compose_dict(StackSpec(project="p", engine="llama.cpp", image="i", model=model, threads=4,
+                                 hugetlbfs="1G"), "x")
+    service = doc["services"]["engine"]
+    assert service["environment"] == {"MOE_STACK_HUGETLBFS": "/hugepages"}
+    assert service["volumes"][1] == {"type": "volume", "source": "hugepages", "target": "/hugepages"}
+    assert doc["volumes"]["hugepages"]["driver_opts"] == {
+        "type": "hugetlbfs", "device": "hugetlbfs", "o": "pagesize=1G,uid=10001,gid=10001,mode=0700"}
+    assert "cap_add" not in service, "Docker mounts the volume: the engine needs no capability for it"
+    with pytest.raises(ValueError, match="two ways to the same pool: pick one"):
+        StackSpec(project="p", engine="ik_llama.cpp", image="i", model=model, threads=4, hugetlbfs="2M",
+                  hugepages=True)
