@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from builder import __version__
+from builder import __version__, cli_distribute
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
 from builder.build import build_image, context_dir, image_spec, image_tag, plan_build
 from builder.compose import (
@@ -458,6 +458,10 @@ def matrix(
             archs = ",".join(str(a) for a in variant.spec.cuda.archs)
             table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant.spec.variant)
     out.print(table)
+
+
+for verb in (cli_distribute.publish, cli_distribute.pull, cli_distribute.bundle, cli_distribute.load):
+    app.command()(verb)
 
 
 @app.command()

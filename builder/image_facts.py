@@ -18,6 +18,7 @@ class ImageFacts:
     image: str
     engine: str
     engine_ref: str
+    variant: str  # `<ref>-<cpu|cudaX.Y>-<isa>`, the image's immutable tag
     cpu_target: str
     required_cpu_flags: tuple[str, ...]
     server_flags: dict[str, str]
@@ -44,6 +45,7 @@ def read_image_facts(image: str) -> ImageFacts:
         image=image,
         engine=labels[f"{LABEL_PREFIX}.engine"],
         engine_ref=labels.get(f"{LABEL_PREFIX}.engine-ref", "?"),
+        variant=labels.get("org.opencontainers.image.version", "?"),
         cpu_target=labels.get(f"{LABEL_PREFIX}.cpu-target", "?"),
         required_cpu_flags=tuple(labels.get(f"{LABEL_PREFIX}.required-cpu-flags", "").split()),
         server_flags=from_label(labels[FLAGS_LABEL]),

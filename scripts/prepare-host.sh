@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Get a host ready for moe-stack: a Docker engine with buildx and compose (installed and started from
 # Debian when none answers and we are root), debootstrap (for `moe-stack base` where no registry is
-# reachable), and the project in .venv. Usage: prepare-host.sh [EXTRAS], e.g. `test`.
+# reachable), and the project in .venv. Usage: prepare-host.sh [EXTRAS], e.g. `test`; the tests also
+# get Debian's docker-registry (distribution v2), which they start on 127.0.0.1 themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,8 +10,17 @@ if ! docker info >/dev/null 2>&1 || ! docker buildx version >/dev/null 2>&1 \
     || ! docker compose version >/dev/null 2>&1; then
   bash scripts/install-docker.sh
 fi
-if ! command -v debootstrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+missing=()
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+if [ "${1:-}" = test ] && ! command -v docker-registry >/dev/null; then missing+=(docker-registry); fi
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # A policy-rc.d of our own (where there is none): the package must not start a registry on :5000.
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d && own_policy=1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ "$own_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 python3 -m venv .venv

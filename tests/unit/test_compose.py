@@ -99,7 +99,7 @@ def test_project_name_from_model_file() -> None:
 
 
 def _facts(**update: object) -> ImageFacts:
-    values = {"image": "img:1", "engine": "llama.cpp", "engine_ref": "r", "cpu_target": "zen4",
+    values = {"image": "img:1", "engine": "llama.cpp", "engine_ref": "r", "variant": "r-cpu-zen4", "cpu_target": "zen4",
               "required_cpu_flags": cpu_target("zen4").required_flags,
               "server_flags": {f: "" for f in ("--model", "--host", "--port", "--ctx-size", "--threads",
                                                "--parallel", "--override-tensor")}}

@@ -1,0 +1,175 @@
+"""Air-gapped transfer: one archive with a stack's images (`docker save`), its compose file and a
+manifest of digests and model checksums; `load` restores it and refuses anything that doesn't match.
+
+Archive layout (plain tar): manifest.json, compose.yaml, images.tar, models/<part>... (optional).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+import yaml
+from python_on_whales.exceptions import DockerException
+
+from builder.compose import to_yaml
+from builder.docker_client import describe, docker
+from builder.engines.base import MODEL_DIR
+from builder.errors import MoeStackError
+from builder.files import write_file_atomically
+from builder.planner import split_parts
+
+FORMAT = 1
+MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
+_CHUNK = 16 << 20
+
+
+class BundleError(MoeStackError):
+    """A bundle can't be made, or is truncated, corrupt or doesn't match what it says it holds."""
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> Path:
+    """Write the bundle for `compose_file` (from `moe-stack compose`) to `out`, atomically."""
+    document = _stack_document(compose_file)
+    images = sorted({service["image"] for service in document["services"].values()})
+    client = docker()
+    absent = [image for image in images if not client.image.exists(image)]
+    if absent:
+        raise BundleError(f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)")
+    model = Path(document["x-moe-stack"]["model"])
+    if not model.is_file():
+        raise BundleError(f"model {model} named by {compose_file} does not exist here; the bundle records its checksum")
+    parts = split_parts(model)
+    out = out.resolve()
+    with tempfile.TemporaryDirectory(prefix=".moe-stack-bundle-", dir=out.parent) as tmp:
+        staging = Path(tmp)
+        try:
+            client.image.save(images, output=staging / IMAGES)
+        except DockerException as err:
+            raise BundleError(f"docker save failed: {describe(err)}") from None
+        (staging / COMPOSE).write_bytes(compose_file.read_bytes())
+        manifest = {
+            "format": FORMAT,
+            "files": {name: sha256(staging / name) for name in (COMPOSE, IMAGES)},
+            "images": {image: client.image.inspect(image).id for image in images},
+            "models": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sha256(part),
+                        "included": include_model} for part in parts],
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        partial = staging / "bundle.tar"
+        with tarfile.open(partial, "w") as archive:
+            for name in (MANIFEST, COMPOSE, IMAGES):
+                archive.add(staging / name, arcname=name)
+            if include_model:
+                for part in parts:
+                    archive.add(part, arcname=f"models/{part.name}")
+        os.replace(partial, out)
+    return out
+
+
+def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None) -> Path:
+    """Check every checksum of `bundle`, load its images (checking their IDs) and write its stack into
+    `dest`, pointed at the bundled model or at `model_dir`; returns the compose file's path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".moe-stack-load-", dir=dest) as tmp:
+        staging = Path(tmp)
+        _extract(bundle, staging)
+        manifest = _manifest(bundle, staging)
+        for name, expected in manifest["files"].items():
+            _check(bundle, staging / name, name, expected)
+        models = manifest["models"]
+        for model in models:
+            if model["included"]:
+                _check(bundle, staging / "models" / model["name"], f"models/{model['name']}", model["sha256"])
+        document = yaml.safe_load((staging / COMPOSE).read_text())
+        bundled = bool(models) and models[0]["included"]
+        model_home = (dest / "models").resolve() if bundled else _model_home(bundle, models, document, model_dir)
+        _load_images(bundle, staging / IMAGES, manifest["images"])
+        if bundled:  # only now that everything checked out
+            model_home.mkdir(exist_ok=True)
+            for model in models:
+                os.replace(staging / "models" / model["name"], model_home / model["name"])
+        for service in document["services"].values():
+            for volume in service.get("volumes", []):
+                if volume.get("target") == MODEL_DIR:
+                    volume["source"] = str(model_home)
+        document["x-moe-stack"]["model"] = str(model_home / Path(document["x-moe-stack"]["model"]).name)
+        return write_file_atomically(dest / COMPOSE, to_yaml(document))
+
+
+def _stack_document(compose_file: Path) -> dict:
+    try:
+        document = yaml.safe_load(compose_file.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise BundleError(f"can't read {compose_file}: {err}") from None
+    if not isinstance(document, dict) or "x-moe-stack" not in document or not document.get("services"):
+        raise BundleError(f"{compose_file} was not written by `moe-stack compose`; bundle a stack it emitted")
+    return document
+
+
+def _extract(bundle: Path, into: Path) -> None:
+    try:
+        with tarfile.open(bundle, "r:") as archive:
+            archive.extractall(into, filter="data")
+    except FileNotFoundError:
+        raise BundleError(f"bundle {bundle} does not exist") from None
+    except (tarfile.TarError, EOFError, OSError) as err:
+        raise BundleError(f"bundle {bundle} is truncated or not a tar archive ({err}); copy it again") from None
+
+
+def _manifest(bundle: Path, staging: Path) -> dict:
+    try:
+        manifest = json.loads((staging / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise BundleError(f"bundle {bundle} has no readable {MANIFEST}; it was not made by `moe-stack bundle`") from None
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"bundle {bundle} has format {manifest.get('format')}; this moe-stack reads format {FORMAT}")
+    return manifest
+
+
+def _check(bundle: Path, path: Path, name: str, expected: str) -> None:
+    if not path.is_file():
+        raise BundleError(f"bundle {bundle} lacks {name} (expected {expected}); copy it again")
+    actual = sha256(path)
+    if actual != expected:
+        raise BundleError(f"bundle {bundle}: {name} is {actual}, the manifest says {expected}; the bundle is "
+                          "corrupt, copy it again")
+
+
+def _model_home(bundle: Path, models: list[dict], document: dict, model_dir: Path | None) -> Path:
+    """Where the loaded stack finds a model the bundle doesn't hold: `model_dir`, else where it was;
+    the files there must be the ones the bundle was made with."""
+    home = (model_dir or Path(document["x-moe-stack"]["model"]).parent).resolve()
+    for model in models:
+        path = home / model["name"]
+        if not path.is_file():
+            raise BundleError(f"bundle {bundle} does not hold the model and {path} does not exist; pass "
+                              "--model-dir with the directory that holds it")
+        if path.stat().st_size != model["bytes"] or sha256(path) != model["sha256"]:
+            raise BundleError(f"{path} is not the model the stack was made with (its sha256 is not {model['sha256']})")
+    return home
+
+
+def _load_images(bundle: Path, archive: Path, expected: dict[str, str]) -> None:
+    client = docker()
+    try:
+        client.image.load(archive, quiet=True)
+    except DockerException as err:
+        raise BundleError(f"docker load of {bundle} failed: {describe(err)}") from None
+    for image, image_id in expected.items():
+        loaded = client.image.inspect(image).id if client.image.exists(image) else "absent"
+        if loaded != image_id:
+            raise BundleError(f"after loading {bundle}, {image} is {loaded}, the manifest says {image_id}")
+

@@ -1,0 +1,114 @@
+"""Which published variant fits a host: CPU flags → the richest CPU target it runs, GPU compute
+capability and driver → the newest CUDA release whose images carry that arch and that the driver runs.
+
+Pure over HostFacts and a list of offered tags, so recorded hosts can be tested against the matrix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from builder.doctor import MIN_DRIVER
+from builder.errors import SpecError
+from builder.host import Gpu, HostFacts, missing_flags
+from builder.matrix import cuda_target
+from builder.targets import CPU_TARGETS, best_cpu_target
+
+# `<ref>-<cpu|cudaX.Y>-<isa>`, the immutable tag `moe-stack build` gives every image.
+VARIANT_TAG = re.compile(r"^(?P<ref>[A-Za-z0-9_.-]+)-(?P<accel>cpu|cuda[0-9]+\.[0-9]+)-(?P<cpu>[a-z0-9]+)$")
+
+
+@dataclass(frozen=True)
+class Offered:
+    tag: str
+    ref: str
+    cuda: str | None  # None: a CPU-only image
+    cpu: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    offered: Offered
+    reason: str
+
+
+def parse_tag(tag: str) -> Offered | None:
+    """The variant a tag names, or None for aliases and foreign tags."""
+    match = VARIANT_TAG.match(tag)
+    if match is None or match["cpu"] not in CPU_TARGETS:
+        return None
+    accel = match["accel"]
+    return Offered(tag=tag, ref=match["ref"], cuda=None if accel == "cpu" else accel[4:], cpu=match["cpu"])
+
+
+def choose_variant(host: HostFacts, offered: list[Offered], cpu_only: bool = False) -> Choice:
+    """The best of `offered` for `host`; SpecError naming what is missing when none fits."""
+    runnable = [o for o in offered if not missing_flags(CPU_TARGETS[o.cpu].required_flags, host.cpu)]
+    gpu = host.gpus[0] if host.gpus and not cpu_only else None
+    gpu_note = ""
+    if gpu is not None:
+        fitting = [o for o in runnable if o.cuda is not None and _cuda_fits(o.cuda, gpu)]
+        if fitting:
+            best = max(fitting, key=lambda o: (_version(o.cuda), _cpu_rank(o.cpu)))
+            return Choice(best, f"{gpu.name} (sm_{_arch(gpu)}, driver {gpu.driver}) runs CUDA {best.cuda} images; "
+                                f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}")
+        gpu_note = f"; no CUDA variant fits {gpu.name} (sm_{_arch(gpu)}, driver {gpu.driver}), so CPU-only"
+    cpu_images = [o for o in runnable if o.cuda is None]
+    if cpu_images:
+        best = max(cpu_images, key=lambda o: _cpu_rank(o.cpu))
+        return Choice(best, f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}"
+                            f"{gpu_note}")
+    raise SpecError(_nothing_fits(host, offered, gpu))
+
+
+def _ideal(host: HostFacts, chosen: Offered) -> str:
+    """A note when this CPU could use a richer target than any published one."""
+    ideal = best_cpu_target(host.cpu.flags)
+    return f" (a {ideal.name} build would fit it better)" if ideal and ideal.name != chosen.cpu else ""
+
+
+def _cuda_fits(cuda: str, gpu: Gpu) -> bool:
+    need = MIN_DRIVER.get(cuda)
+    return need is not None and _driver(gpu.driver) >= need and _arch(gpu) in cuda_target(cuda).archs
+
+
+def _nothing_fits(host: HostFacts, offered: list[Offered], gpu: Gpu | None) -> str:
+    if not offered:
+        return "the registry holds no variant of this engine and ref; publish one or pick another --ref"
+
+    def nearness(o: Offered) -> tuple[int, bool, tuple[int, ...], int]:
+        lacking = len(missing_flags(CPU_TARGETS[o.cpu].required_flags, host.cpu))
+        return (-lacking, o.cuda is None or gpu is not None, _version(o.cuda), _cpu_rank(o.cpu))
+    nearest = max(offered, key=nearness)
+    lacking = missing_flags(CPU_TARGETS[nearest.cpu].required_flags, host.cpu)
+    if lacking:
+        why = f"it needs CPU flags this host lacks: {' '.join(lacking)}"
+    elif gpu is None:
+        why = "it is a CUDA image and this host has no NVIDIA GPU"
+    else:
+        need = MIN_DRIVER.get(nearest.cuda or "", (0, 0))
+        archs = cuda_target(nearest.cuda).archs
+        gaps = ([f"needs driver >= {need[0]}.{need[1]} (this GPU has {gpu.driver})"] if _driver(gpu.driver) < need
+                else []) + ([f"its GPU archs ({','.join(map(str, archs))}) lack sm_{_arch(gpu)}"]
+                            if _arch(gpu) not in archs else [])
+        why = f"a CUDA {nearest.cuda} image: " + "; ".join(gaps)
+    return f"no published variant runs on this host; the nearest is {nearest.tag}: {why}"
+
+
+def _cpu_rank(name: str) -> int:
+    """Richer targets require more flags; runtime dispatch (portable) requires none and ranks last."""
+    return len(CPU_TARGETS[name].required_flags)
+
+
+def _version(cuda: str | None) -> tuple[int, ...]:
+    return tuple(int(part) for part in (cuda or "0").split("."))
+
+
+def _driver(text: str) -> tuple[int, int]:
+    parts = (text.split(".") + ["0"])[:2]
+    return (int(parts[0]), int(parts[1])) if all(p.isdigit() for p in parts) else (0, 0)
+
+
+def _arch(gpu: Gpu) -> int:
+    return int(gpu.compute_capability.replace(".", ""))
