@@ -108,6 +108,7 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
             "model": str(model),
             "flags-checked": facts is not None,
             **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
+            "lint-exceptions": lint_exceptions(services),
         },
         "services": services,
     }
@@ -119,6 +120,24 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
             check_readable_in_container(key, parent_too=False)
         document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
     return document
+
+
+def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
+    """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
+    departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
+    caps = {cap for service in services.values() for cap in service.get("cap_add", [])}
+    reasons = {"SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy (mbind/set_mempolicy, which Docker's "
+                           "seccomp profile allows only with it); nothing in the image sets real-time priorities",
+               "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)"}
+    exceptions = {}
+    if caps:
+        exceptions["CL-0029"] = "; ".join(reasons[cap] for cap in sorted(caps))
+    exceptions["CL-0026"] = ("no memory limit: the mmapped weights are page cache charged to the container, and a "
+                             "limit below the model evicts them; CPUs are bounded by cpuset/threads instead")
+    if any("@sha256:" not in str(service["image"]) for service in services.values()):
+        exceptions["CL-0019"] = ("image by tag: it has no registry digest yet (built here, or not checked with "
+                                 "--skip-image-checks); stacks made from a pushed or pulled image pin the digest")
+    return exceptions
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
@@ -138,7 +157,9 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[st
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
     service: dict[str, object] = {
-        "image": stack.image,
+        # Pinned to the registry's digest when the image came from (or went to) one: a moved tag
+        # can't change what this stack runs.
+        "image": f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image,
         "command": command,
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],

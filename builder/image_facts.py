@@ -22,6 +22,7 @@ class ImageFacts:
     cpu_target: str
     required_cpu_flags: tuple[str, ...]
     server_flags: dict[str, str]
+    repo_digest: str | None = None  # sha256:… the registry serves for this image, once pushed or pulled
 
     @property
     def who(self) -> str:
@@ -35,9 +36,12 @@ def read_image_facts(image: str) -> ImageFacts:
         raise StackError(f"image {image} is not present locally; build or pull it first so its flags and CPU "
                          "needs can be checked, or pass --skip-image-checks")
     try:
-        labels = client.image.inspect(image).config.labels or {}
+        inspected = client.image.inspect(image)
     except DockerException as err:
         raise StackError(f"can't inspect image {image}: {describe(err)}") from None
+    labels = inspected.config.labels or {}
+    repository = image.rpartition(":")[0] if ":" in image.rpartition("/")[2] else image
+    digests = [d.partition("@")[2] for d in inspected.repo_digests or [] if d.partition("@")[0] == repository]
     if FLAGS_LABEL not in labels or f"{LABEL_PREFIX}.engine" not in labels:
         raise StackError(f"image {image} was not built by moe-stack (no flag contract label); rebuild it with "
                          "`moe-stack build`, or pass --skip-image-checks")
@@ -49,4 +53,5 @@ def read_image_facts(image: str) -> ImageFacts:
         cpu_target=labels.get(f"{LABEL_PREFIX}.cpu-target", "?"),
         required_cpu_flags=tuple(labels.get(f"{LABEL_PREFIX}.required-cpu-flags", "").split()),
         server_flags=from_label(labels[FLAGS_LABEL]),
+        repo_digest=digests[0] if digests else None,
     )

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from python_on_whales import DockerClient
 
 from builder.choose import choose_variant, parse_tag
@@ -70,7 +71,9 @@ def test_publish_then_pull_the_variant_for_this_host(registry: str, base_image: 
     facts = read_image_facts(pulled)  # labels survived the round trip
     assert facts.engine == "llama.cpp" and "--override-tensor" in facts.server_flags
     stack = start_stack(BuiltImage(engine="llama.cpp", tag=pulled, ref="0c1e57098", cpu=facts.cpu_target), moe_model)
-    assert stack.client.compose.ps()[0].config.image == pulled
+    service = yaml.safe_load(stack.compose_file.read_text())["services"]["engine"]
+    assert service["image"] == f"{pulled}@{pushed[pulled]}", "a stack from a pulled image pins its digest"
+    assert stack.client.compose.ps()[0].image == docker_client.image.inspect(pulled).id
 
 
 def test_registry_unreachable_and_auth_refused(locked_registry: str, base_image: str) -> None:
