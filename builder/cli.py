@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.exceptions import TyperException
 from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.console import Console
@@ -70,23 +71,44 @@ BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base ima
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
 
 
-def main() -> None:
-    """Entry point that turns every expected failure into one line and exit status 1."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point that turns every expected failure into one line: exit status 1 for a problem the
+    user can fix, 2 for a misused command line, 130 for Ctrl-C."""
     try:
-        app()  # usage errors, --help and Ctrl-C are handled (and exit) inside
+        status = app(argv, standalone_mode=False)
     except MoeStackError as error:
         _fail(error)
     except ValidationError as error:
         _fail(SpecError(_validation_line(error)))
     except DockerException as error:  # a docker call no module anticipated: still one line
         _fail(MoeStackError(f"docker failed: {describe(error)}"))
+    except typer.Abort:
+        _fail(MoeStackError("interrupted; rerun the same command: builds resume from their cache"), status=130)
+    except TyperException as error:  # the command line itself: unknown option, bad value...
+        _usage_error(error)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
-def _fail(error: MoeStackError) -> None:
+def _fail(error: MoeStackError, status: int = 1) -> None:
     if isinstance(error, BuildFailed) and error.tail:
         sys.stderr.write(error.tail + "\n")
-    sys.stderr.write(f"moe-stack: error: {error}\n")
-    sys.exit(1)
+    sys.stderr.write(f"moe-stack: error: {_one_line(str(error))}\n")
+    sys.exit(status)
+
+
+def _one_line(text: str) -> str:
+    """`text` with every unprintable character escaped: what the user typed can't break the line."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def _usage_error(error: TyperException) -> None:
+    context = getattr(error, "ctx", None)
+    message = error.format_message() if hasattr(error, "format_message") else str(error)
+    if not message:  # `moe-stack` alone: the help was printed
+        sys.exit(2)
+    where = f"`{context.command_path} --help`" if context is not None else "`moe-stack --help`"
+    sys.stderr.write(f"moe-stack: error: {_one_line(message)}; see {where}\n")
+    sys.exit(getattr(error, "exit_code", 2))
 
 
 def _validation_line(error: ValidationError) -> str:

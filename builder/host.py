@@ -12,6 +12,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.errors import SpecError
+
 
 @dataclass(frozen=True)
 class CpuInfo:
@@ -122,6 +124,8 @@ def query_nvidia_smi() -> str:
 
 def probe(root: Path = Path("/"), nvidia_smi_text: str | None = None) -> HostFacts:
     """Everything the doctor and the stack emitter need to know about a host."""
+    if not (root / "proc/cpuinfo").is_file():
+        raise SpecError(f"{root} holds no proc/cpuinfo: not a host tree (record one with /proc and /sys files)")
     meminfo = _read(root / "proc/meminfo") or ""
     match = re.search(r"MemTotal:\s+(\d+) kB", meminfo)
     balancing = _read(root / "proc/sys/kernel/numa_balancing")

@@ -58,10 +58,18 @@ _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$"
 
 
 def _open(path: Path) -> gguf.GGUFReader:
+    """A reader of a complete GGUF: a cut header, or tensor data that runs past the file's end (an
+    interrupted download), is a ModelError."""
     try:
-        return gguf.GGUFReader(str(path))
+        reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as err:  # gguf's reader on a cut or corrupt header
         raise ModelError(f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?") from None
+    needed = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    have = path.stat().st_size
+    if have < needed:
+        raise ModelError(f"{path} is truncated: its tensors need {needed} bytes and the file has {have}; "
+                         "download it again")
+    return reader
 
 
 def split_parts(path: Path) -> list[Path]:

@@ -6,6 +6,7 @@ field and the fix, so the CLI can show them as one line.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -200,6 +201,16 @@ class StackSpec(_Spec):
             raise ValueError("--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
                              "onto a hugetlbfs volume) are two ways to the same pool: pick one")
         return self
+
+    @field_validator("bind")
+    @classmethod
+    def _address(cls, bind: str) -> str:
+        try:
+            ipaddress.ip_address(bind)
+        except ValueError:
+            raise ValueError(f"{bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 or one of "
+                             "this host's addresses") from None
+        return bind
 
     @field_validator("shm_size")
     @classmethod
