@@ -71,6 +71,9 @@ BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base ima
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
 
 
+_INTERRUPTED = 130  # 128 + SIGINT
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point that turns every expected failure into one line: exit status 1 for a problem the
     user can fix, 2 for a misused command line, 130 for Ctrl-C."""
@@ -83,9 +86,11 @@ def main(argv: list[str] | None = None) -> None:
     except DockerException as error:  # a docker call no module anticipated: still one line
         _fail(MoeStackError(f"docker failed: {describe(error)}"))
     except typer.Abort:
-        _fail(MoeStackError("interrupted; rerun the same command: builds resume from their cache"), status=130)
+        status = _INTERRUPTED
     except TyperException as error:  # the command line itself: unknown option, bad value...
         _usage_error(error)
+    if status == _INTERRUPTED:  # typer turns Ctrl-C into this status
+        _fail(MoeStackError("interrupted; rerun the same command: builds resume from their cache"), _INTERRUPTED)
     sys.exit(status if isinstance(status, int) else 0)
 
 

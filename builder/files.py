@@ -15,15 +15,20 @@ RENDER_MARK = "# Rendered by moe-stack"
 def write_file_atomically(path: Path, text: str) -> Path:
     """Write `text` to `path` through a temp file in the same directory and a rename."""
     path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    except OSError as err:
+        raise _write_error(path, err) from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise _write_error(path, err) from None
         raise
     return path
 
@@ -34,8 +39,11 @@ def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:
     if out_dir.exists() and not _is_rendered(out_dir):
         raise MoeStackError(f"{out_dir} exists and was not rendered by moe-stack; choose an empty or new "
                             "directory with --out")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    except OSError as err:
+        raise _write_error(out_dir, err) from None
     try:
         for name, text in files.items():
             (staging / name).write_text(text)
@@ -49,10 +57,18 @@ def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:
             shutil.rmtree(old)
         else:
             staging.rename(out_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise _write_error(out_dir, err) from None
         raise
     return out_dir
+
+
+def _write_error(path: Path, err: OSError) -> MoeStackError:
+    """An OSError while writing (disk full, read-only, permissions) as one line."""
+    return MoeStackError(f"can't write {path} ({err.strerror or err}); nothing was written: free space there or "
+                         "choose another output path")
 
 
 def _is_rendered(directory: Path) -> bool:

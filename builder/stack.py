@@ -9,7 +9,7 @@ from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.compose import check_port_free
-from builder.docker_client import describe, docker
+from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
 
 
@@ -24,14 +24,17 @@ def _client(compose_file: Path, profile: str | None = None) -> DockerClient:
 
 def _profiles(compose_file: Path, wanted: str | None) -> list[str]:
     """The profile to run: `wanted`, else the file's first (gpu); [] for a file without profiles."""
-    document = yaml.safe_load(compose_file.read_text()) or {}
-    offered = list((document.get("x-moe-stack") or {}).get("profiles") or [])
+    offered = _offered(yaml.safe_load(compose_file.read_text()) or {})
     if wanted is None:
         return offered[:1]
     if wanted not in offered:
         raise StackError(f"{compose_file} has no profile {wanted!r} (it has: {', '.join(offered) or 'none'}); "
                          "emit it with `moe-stack compose --gpu nvidia --cpu-image IMAGE` for gpu/cpu profiles")
     return [wanted]
+
+
+def _offered(document: dict) -> list[str]:
+    return list((document.get("x-moe-stack") or {}).get("profiles") or [])
 
 
 def published_ports(compose_file: Path) -> list[tuple[str, int]]:
@@ -49,6 +52,7 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
     is healthy; on failure say why, with the engine's last log."""
     client = _client(compose_file, profile)
+    _check_gpu_passthrough(compose_file, client)
     if not client.compose.ps():
         for bind, port in published_ports(compose_file):
             check_port_free(bind, port)
@@ -57,6 +61,20 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     except DockerException as err:
         log_tail = _service_log_tail(client)
         raise StackError(f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}") from None
+
+
+def _check_gpu_passthrough(compose_file: Path, client: DockerClient) -> None:
+    """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    profiles = set(client.client_config.compose_profiles or [])
+    for name, service in (document.get("services") or {}).items():
+        active = not service.get("profiles") or profiles & set(service["profiles"])
+        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
+        if active and devices and not gpu_passthrough_available(docker()):
+            other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
+            raise StackError(f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
+                             f"nor a CDI spec for one; install the NVIDIA Container Toolkit (`sudo nvidia-ctk runtime "
+                             f"configure --runtime=docker`){other}")
 
 
 def down(compose_file: Path) -> None:

@@ -1,0 +1,164 @@
+"""Under load, faults and bad input the stacks and the builder keep working: 64 concurrent chats all
+answered, a killed engine brought back by the restart policy, a missing model and a missing GPU named
+clearly, a full disk leaving nothing half-written, an interrupted build resumed from its cache."""
+
+from __future__ import annotations
+
+import re
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from builder.compose import compose_dict, free_local_port, write_stack
+from builder.demo import chat
+from builder.image_facts import read_image_facts
+from builder.models import DEMO_CHAT_TEMPLATE
+from builder.spec import StackSpec
+from tests.cli import run_cli
+from tests.integration.conftest import StackFactory, build_engine_image
+
+pytestmark = pytest.mark.integration
+
+
+def _need_root(what: str) -> None:
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root and must {what}")
+        pytest.skip(f"{what} needs root")
+
+
+def test_64_concurrent_chats_all_answered(base_image: str, gemma_model: Path, start_stack: StackFactory) -> None:
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), gemma_model, parallel=4,
+                        ctx_size=4096, chat_template=DEMO_CHAT_TEMPLATE)
+
+    def one(index: int) -> tuple[float, str]:
+        started = time.monotonic()
+        answer = chat(stack.port, f"Count from {index} to {index + 3}.", max_tokens=12)
+        return time.monotonic() - started, answer.text
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        results = list(pool.map(one, range(64)))
+    wall = time.monotonic() - started
+    latencies = sorted(latency for latency, _ in results)
+    assert len(results) == 64 and all(text.strip() for _, text in results), "a request went unanswered"
+    p50, p90, p99 = (latencies[int(q * (len(latencies) - 1))] for q in (0.50, 0.90, 0.99))
+    print(f"\n64 concurrent chats, 4 slots, 2 threads: wall {wall:.1f} s, latency p50 {p50:.2f} s, p90 {p90:.2f} s, "
+          f"p99 {p99:.2f} s, max {latencies[-1]:.2f} s, mean {statistics.mean(latencies):.2f} s")
+    assert stack.client.compose.ps()[0].restart_count == 0, "the engine restarted under load"
+
+
+def test_killed_engine_comes_back_healthy(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
+    _need_root("signal the engine's process from the host")
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model)
+    container = stack.client.compose.ps()[0]
+    os.kill(container.state.pid, signal.SIGKILL)  # what an OOM kill or a crash looks like
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        container.reload()
+        health = container.state.health.status if container.state.health else None
+        if container.restart_count >= 1 and health == "healthy":
+            break
+        time.sleep(1)
+    assert container.restart_count >= 1, "the restart policy did not restart the engine"
+    assert container.state.health.status == "healthy"
+    with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as response:
+        assert response.status == 200
+
+
+def test_missing_model_is_named_and_up_fails(base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    models = tmp_path / "models"
+    models.mkdir(mode=0o755)
+    model = models / moe_model.name
+    shutil.copy(moe_model, model)
+    model.chmod(0o644)
+    port = free_local_port()
+    stack = StackSpec(project=f"mst-missing-{port}", engine="llama.cpp", image=image.tag, model=model, port=port,
+                      threads=2, start_period_s=20)
+    compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml")
+    model.unlink()  # gone after the stack was made: a moved or unmounted model directory
+    try:
+        result = run_cli("up", str(compose_file), "--timeout", "60", timeout=180)
+        assert result.returncode == 1, result.stdout
+        assert f"the model /models/{model.name} is missing or unreadable in the container" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    finally:
+        run_cli("down", str(compose_file))
+
+
+def test_gpu_stack_without_gpu_passthrough_is_refused(base_image: str, moe_model: Path, tmp_path: Path,
+                                                      docker_client: DockerClient) -> None:
+    if "nvidia" in (docker_client.system.info().runtimes or {}):
+        pytest.skip("this Docker has the nvidia runtime")
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    stack = StackSpec(project="mst-gpu-refused", engine="llama.cpp", image=image.tag, model=moe_model,
+                      port=free_local_port(), threads=2, gpu="nvidia")
+    compose_file = write_stack(compose_dict(stack, "pytest"), tmp_path / "compose.yaml")
+    result = run_cli("up", str(compose_file))
+    assert result.returncode == 1
+    assert "service engine asks for an NVIDIA GPU and this Docker has neither the nvidia runtime" in result.stderr
+    assert not docker_client.container.list(all=True, filters=[("label", "com.docker.compose.project=mst-gpu-refused")])
+
+
+def test_full_disk_during_render_leaves_nothing(tmp_path: Path) -> None:
+    _need_root("mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        filler = disk / "filler"
+        with filler.open("wb") as handle, pytest.raises(OSError):
+            handle.write(b"x" * (64 * 1024 - 6000))  # leaves less than one rendered context
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.write(b"x" * 4096 * 32)
+            handle.flush()
+        result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--out", str(disk / "ctx"))
+        assert result.returncode == 1
+        assert "No space left on device" in result.stderr and "nothing was written" in result.stderr, result.stderr
+        assert sorted(p.name for p in disk.iterdir()) == ["filler"], "a half-written context was left behind"
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_interrupted_build_resumes_from_cache(base_image: str, tmp_path: Path) -> None:
+    """Ctrl-C during the compile of a changed engine tree: one line, then the rerun finishes and its
+    compiler cache holds what the first run compiled."""
+    from builder.engines import get_engine
+    from builder.source import resolve_local
+
+    adapter = get_engine("llama.cpp")
+    tree = tmp_path / "tree"
+    shutil.copytree(resolve_local(adapter, f"pypi:{adapter.sdist}"), tree, symlinks=True)
+    with (tree / "ggml/src/ggml-alloc.c").open("a") as source:  # a small file: one cache miss
+        source.write(f"\n// moe-stack interrupted-build test {time.time_ns()}\n")
+    args = ["build", "--engine", "llama.cpp", "--cpu", "avx2", "--source", str(tree), "--ref", "interrupt-test",
+            "--base-image", base_image, "--registry", "localhost", "--namespace", "moe-stack-test"]
+    log = tmp_path / "first.log"
+    # Its own process group, which Ctrl-C signals as a whole: moe-stack and its docker buildx.
+    first = subprocess.Popen([sys.executable, "-m", "builder", *args, "--log", str(log)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and " Building C" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 130, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == ("moe-stack: error: interrupted; rerun the same command: builds "
+                                               "resume from their cache")
+    second = run_cli(*args, "--log", str(tmp_path / "second.log"))
+    assert second.returncode == 0, second.stderr[-2000:]
+    hits = re.search(r"Hits:\s+(\d+) /", (tmp_path / "second.log").read_text())
+    assert hits and int(hits[1]) > 0, "the rerun compiled everything again"
+    DockerClient().image.remove("localhost/moe-stack-test/llama-cpp:interrupt-test-cpu-avx2", force=True)

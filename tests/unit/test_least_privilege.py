@@ -1,0 +1,44 @@
+"""Least privilege in every published variant's Dockerfile: hadolint clean, a non-root final user,
+no secrets in build arguments, environment or labels."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from builder.engines import get_engine
+from builder.matrix import published
+from builder.render import IMAGE_UID, render_files
+from tests.tools import dependency_command
+
+SECRET_WORDS = re.compile(r"(?i)(token|secret|passw|api[_-]?key|credential|auth)")
+
+
+def _dockerfiles(tmp_path: Path) -> dict[str, Path]:
+    files = {}
+    for spec in published():
+        path = tmp_path / f"{get_engine(spec.engine).slug}-{spec.variant}.Dockerfile"
+        path.write_text(render_files(spec)["Dockerfile"])
+        files[path.name] = path
+    return files
+
+
+def test_every_variant_is_hadolint_clean(tmp_path: Path) -> None:
+    files = _dockerfiles(tmp_path)
+    assert len(files) == 41
+    result = subprocess.run([dependency_command("hadolint"), "--no-color", *map(str, files.values())],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_path: Path) -> None:
+    for name, path in _dockerfiles(tmp_path).items():
+        text = path.read_text()
+        runtime = text.split(" AS runtime", 1)[1]
+        users = re.findall(r"^USER (\S+)", runtime, re.M)
+        assert users == [f"{IMAGE_UID}:{IMAGE_UID}"], f"{name}: final stage users {users}"
+        assert not re.search(r"^ARG ", text.replace("ARG DEBIAN_FRONTEND=noninteractive", ""), re.M), \
+            f"{name}: build arguments could carry secrets into the image history"
+        for line in re.findall(r"^(?:ENV|LABEL)\b.*(?:\n\s+.*)*", text, re.M):
+            assert not SECRET_WORDS.search(line.replace("moe-stack-api-key", "")), f"{name}: {line[:80]}"
