@@ -245,6 +245,7 @@ def compose(
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
     flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
     fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
+    moe_offload_batch: Annotated[int | None, typer.Option("--moe-offload-batch", help="ik_llama.cpp: prefill batches of CPU experts go to the GPU from this size (32 × used / all experts matches mainline)")] = None,
     mla: Annotated[int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")] = None,
     gpu_layers: Annotated[int | None, typer.Option("--gpu-layers", "-ngl", help="layers on the GPU (99: all)")] = None,
     cache_type: Annotated[str | None, typer.Option("--cache-type", help="KV cache type for K and V, e.g. q8_0")] = None,
@@ -266,6 +267,7 @@ def compose(
     model_path = check_gguf(model)
     adapter = get_engine(engine)
     given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
+             "moe_offload_batch": moe_offload_batch,
              "gpu_layers": gpu_layers, "cache_type": cache_type}
     options, preset_rules = merge_options(preset, adapter.name, given)
     host = probe()

@@ -141,8 +141,9 @@ def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
-    """`stack` without its GPU: for the `cpu` profile (no GPU layers, no GPU buffer rules)."""
-    return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": ()})
+    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload)."""
+    return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": (),
+                                    "moe_offload_batch": None})
 
 
 def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[str, object]:

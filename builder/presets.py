@@ -16,7 +16,7 @@ from builder.errors import SpecError
 from builder.matrix import cuda_target
 from builder.spec import StackSpec
 
-_NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla")
+_NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla", "moe_offload_batch")
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,9 @@ class StackSpec(_Spec):
     mla: int | None = Field(default=None, ge=0, le=3)
     gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
     cache_type: str | None = Field(default=None, pattern=r"^(f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0)$")
+    # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
+    # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
+    moe_offload_batch: int | None = Field(default=None, ge=1)
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
     numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"

@@ -121,6 +121,8 @@ class Engine(ABC):
             args += self.fused_moe_args(stack.fused_moe, flags)
         if stack.mla is not None:
             args += self.mla_args(stack.mla, flags)
+        if stack.moe_offload_batch is not None:
+            args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
         if stack.hugepages:
             args += self.hugepages_args(flags)
         if stack.mlock:
@@ -144,6 +146,10 @@ class Engine(ABC):
 
     def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
         raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")
+
+    def moe_offload_batch_args(self, batch: int, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"{self.name} decides itself when a batch's CPU experts run on the GPU (from 32 tokens); "
+                         "drop --moe-offload-batch (an ik_llama.cpp setting)")
 
     def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
         raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "

@@ -78,3 +78,12 @@ def test_impossible_options_are_refused() -> None:
     with pytest.raises(StackError, match="-mla is an ik_llama.cpp option"):
         _neutral("llama.cpp", MAINLINE, mla=3)
     assert _neutral("llama.cpp", MAINLINE, flash_attention="on") == ["-fa", "on"]
+
+
+def test_moe_offload_batch_is_an_ik_cuda_parameter() -> None:
+    assert _neutral("ik_llama.cpp", IK, moe_offload_batch=2) == ["-cuda", "offload-batch-size=2"]
+    with pytest.raises(StackError, match="has no -cuda parameters"):
+        _neutral("ik_llama.cpp", {k: v for k, v in IK.items() if k not in ("-cuda", "--cuda-params")},
+                 moe_offload_batch=2)
+    with pytest.raises(StackError, match="llama.cpp decides itself when a batch's CPU experts run on the GPU"):
+        _neutral("llama.cpp", MAINLINE, moe_offload_batch=2)

@@ -22,8 +22,9 @@ def test_seed_presets() -> None:
     assert set(load_presets()) == {"deepseek-r1-671b", "qwen3-235b-a22b", "qwen3-next-80b-a3b"}
     r1 = get_preset("deepseek-r1-671b").stack_options("ik_llama.cpp")
     assert r1 == {"ctx_size": 32768, "cache_type": "q8_0", "gpu_layers": 99, "flash_attention": "on",
-                  "mla": 3, "fused_moe": True, "override_tensors": (EXPERTS_ON_CPU_RULE,)}
-    assert "mla" not in get_preset("deepseek-r1-671b").stack_options("llama.cpp")
+                  "mla": 3, "fused_moe": True, "moe_offload_batch": 1, "override_tensors": (EXPERTS_ON_CPU_RULE,)}
+    mainline = get_preset("deepseek-r1-671b").stack_options("llama.cpp")
+    assert "mla" not in mainline and "moe_offload_batch" not in mainline
     with pytest.raises(SpecError, match="unknown preset 'r2'"):
         get_preset("r2")
 
@@ -39,3 +40,4 @@ def test_example_stacks_are_current() -> None:
         assert (COMPOSE / name).read_text() == text, f"compose/{name} is stale: re-run with MOE_STACK_UPDATE_GOLDEN=1"
     r1 = files["deepseek-r1-671b.ik_llama.cpp.yaml"]
     assert "- -mla\n    - '3'" in r1 and "-fmoe" not in r1 and "cpuset: 0-31" in r1 and "driver: nvidia" in r1
+    assert r1.count("offload-batch-size=1") == 1, "the GPU service only: the cpu profile has no GPU to offload to"
