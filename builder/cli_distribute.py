@@ -7,15 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from builder.bundle import load_bundle, make_bundle
+from builder.cli_common import out
 from builder.host import probe
 from builder.planner import size
 from builder.publish import publish as publish_images
 from builder.publish import pull as pull_image
 
-out = Console()
 ToOpt = Annotated[str, typer.Option("--to", help="REGISTRY/NAMESPACE to push to, e.g. ghcr.io/OWNER or 127.0.0.1:5000/moe-stack")]
 FromOpt = Annotated[str, typer.Option("--from", help="REGISTRY/NAMESPACE to pull from")]
 

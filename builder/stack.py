@@ -48,6 +48,17 @@ def published_ports(compose_file: Path) -> list[tuple[str, int]]:
     return sorted(set(pairs))  # the gpu and cpu profiles publish the same port
 
 
+def stack_api_key(compose_file: Path) -> str | None:
+    """The API key a stack enforces (first line of its secret file), or None."""
+    secrets = (yaml.safe_load(compose_file.read_text()) or {}).get("secrets") or {}
+    for secret in secrets.values():
+        try:
+            return Path(secret["file"]).read_text().splitlines()[0].strip()
+        except (OSError, KeyError, IndexError):
+            raise StackError(f"can't read the API key file of {compose_file}; the bench needs it") from None
+    return None
+
+
 def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
     is healthy; on failure say why, with the engine's last log."""

@@ -1,0 +1,27 @@
+"""What the command-line modules share: the console, common options, small parsers."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from builder.errors import SpecError
+
+out = Console()
+EngineOpt = Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")]
+
+
+def raw_stderr(line: str) -> None:
+    """Build output as is (no wrapping or markup), so it reads like `docker buildx build`."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def int_list(text: str | None, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",")) if text else ()
+    except ValueError:
+        raise SpecError(f"{option} {text!r} must be numbers separated by commas, e.g. 0,1") from None

