@@ -18,7 +18,7 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import docker
 from builder.engines import get_engine
-from builder.errors import BuildFailed
+from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.flags import LABEL as FLAGS_LABEL
 from builder.flags import parse_contract, to_label
 from builder.render import render
@@ -192,6 +192,8 @@ def _stream(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, 
         extra = (err.stderr or "").strip().splitlines()
         log.write("".join(line + "\n" for line in extra))
         log.flush()
+        if any("context canceled" in line for line in extra):  # buildx saw the Ctrl-C first
+            raise Interrupted(INTERRUPTED_MESSAGE) from None
         tail.extend(extra[-10:])
         failing = next((line for line in reversed(tail) if "ERROR" in line or "error:" in line), "see the log")
         raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",

@@ -22,7 +22,14 @@ from builder.build import Publishing, build_image, build_plan, context_dir, imag
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
 from builder.engines import get_engine
-from builder.errors import BuildFailed, DockerUnavailable, MoeStackError, SpecError
+from builder.errors import (
+    INTERRUPTED_MESSAGE,
+    BuildFailed,
+    DockerUnavailable,
+    Interrupted,
+    MoeStackError,
+    SpecError,
+)
 from builder.host import probe
 from builder.models import check_gguf, fetch_demo_model
 from builder.planner import GIB, model_bytes, read_facts, size
@@ -60,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     user can fix, 2 for a misused command line, 130 for Ctrl-C."""
     try:
         status = app(argv, standalone_mode=False)
+    except Interrupted as error:
+        _fail(error, _INTERRUPTED)
     except MoeStackError as error:
         _fail(error)
     except ValidationError as error:
@@ -71,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     except TyperException as error:  # the command line itself: unknown option, bad value...
         _usage_error(error)
     if status == _INTERRUPTED:  # typer turns Ctrl-C into this status
-        _fail(MoeStackError("interrupted; rerun the same command: builds resume from their cache"), _INTERRUPTED)
+        _fail(Interrupted(INTERRUPTED_MESSAGE), _INTERRUPTED)
     sys.exit(status if isinstance(status, int) else 0)
 
 

@@ -32,6 +32,13 @@ class BuildFailed(MoeStackError):
         self.log_path = log_path
 
 
+INTERRUPTED_MESSAGE = "interrupted; rerun the same command: builds resume from their cache"
+
+
+class Interrupted(MoeStackError):
+    """The user stopped the command (Ctrl-C); what it cached so far is kept."""
+
+
 class StackError(MoeStackError):
     """The compose stack can't be emitted or started (port in use, unhealthy...)."""
 

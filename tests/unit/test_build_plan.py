@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
-from builder.build import SOURCE_CONTEXT, image_spec, image_tag, plan_build
+import pytest
+from python_on_whales.exceptions import DockerException
+
+from builder.build import SOURCE_CONTEXT, _stream, image_spec, image_tag, plan_build
+from builder.errors import Interrupted
 from builder.matrix import cuda_target
 from builder.spec import LocalSource
 from tests.specs import default_spec
@@ -54,3 +59,17 @@ def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tm
     assert kwargs["cache_to"] == "type=gha,mode=max,scope=ik-llama-cpp-cuda12.8-zen4"
     contract = plan.contract_step(tmp_path / "c").kwargs()
     assert "push" not in contract and "cache_to" not in contract and contract["cache_from"] == kwargs["cache_from"]
+
+
+def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
+    """buildx may see the Ctrl-C before Python does: its "context canceled" is the same interruption."""
+
+    class CancelledBuildx:
+        def build(self, **_: object):
+            yield "#10 [build 3/5] RUN cmake ..."
+            raise DockerException(["docker", "buildx", "build"], 1, stderr=b"ERROR: failed to solve: Canceled: context canceled")
+
+    client = SimpleNamespace(buildx=CancelledBuildx())
+    plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
+    with (tmp_path / "log").open("w") as log, pytest.raises(Interrupted, match="interrupted; rerun the same command"):
+        _stream(client, plan, log, tmp_path / "log", show=lambda line: None)
