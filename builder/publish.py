@@ -14,7 +14,15 @@ from builder.docker_client import describe, docker
 from builder.engines import get_engine
 from builder.host import HostFacts, missing_flags
 from builder.image_facts import ImageFacts, read_image_facts
-from builder.registry import RegistryError, Repository, list_tags, manifest_digest, ping, repository
+from builder.registry import (
+    RegistryError,
+    Repository,
+    list_tags,
+    manifest_digest,
+    ping,
+    registry_host,
+    repository,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
     On a failure nothing is reported as done that wasn't: the error names what was pushed so far.
     """
     client = docker()
-    ping(repository(prefix + "/x").host)
+    ping(registry_host(prefix))
     plans = [(image, read_image_facts(image)) for image in images]  # all refused before any push
     pushed: list[Pushed] = []
     for image, facts in plans:

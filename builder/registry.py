@@ -8,7 +8,6 @@ the anonymous bearer flow public registries (GHCR, Docker Hub) use for pulls, wi
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import urllib.error
@@ -48,12 +47,20 @@ class Repository:
         return f"{scheme}://{self.host}/v2/{self.path}"
 
 
-def repository(name: str) -> Repository:
-    """`HOST/PATH` (no tag) → Repository; the host must be explicit, as in every moe-stack tag."""
-    host, sep, path = name.partition("/")
-    if not sep or not path or not ("." in host or ":" in host or host == "localhost"):
+def registry_host(name: str) -> str:
+    """The registry host `name` (`HOST[/PATH]`) starts with; it must be explicit, as in every moe-stack tag."""
+    host = name.partition("/")[0]
+    if not ("." in host or ":" in host or host == "localhost"):
         raise RegistryError(f"{name!r} does not start with a registry host; write it like ghcr.io/OWNER or "
                             "127.0.0.1:5000/moe-stack")
+    return host
+
+
+def repository(name: str) -> Repository:
+    """`HOST/PATH` (no tag) → Repository."""
+    host, path = registry_host(name), name.partition("/")[2]
+    if not path:
+        raise RegistryError(f"{name!r} names a registry but no repository in it; write it like HOST/NAMESPACE/NAME")
     return Repository(host=host, path=path)
 
 
@@ -147,5 +154,4 @@ def _docker_login(host: str) -> str | None:
     except (OSError, ValueError):
         return None
     entry = auths.get(host) or auths.get(f"https://{host}") or {}
-    auth = entry.get("auth")
-    return auth if auth and base64.b64decode(auth, validate=False) else None
+    return entry.get("auth") or None
