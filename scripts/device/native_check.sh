@@ -78,12 +78,10 @@ for engine in "${engines[@]}"; do
     echo "sm_90 kernels: $(cuobjdump --list-elf "$bin/llama-server" 2>/dev/null | grep -c sm_90)"
     "$bin/llama-server" --help >"$out/$engine.help.txt" 2>&1 && echo "--help: $(wc -l <"$out/$engine.help.txt") lines"
   } >>"$out/facts.txt" 2>&1
-  for ngl in 99; do
-    "$bin/llama-bench" -m "$model" -ngl $ngl -ot 'exps=CPU' -t "$(nproc)" -p 512 -n 64 -r 2 -o md \
-      >"$out/$engine.bench-experts-on-cpu.md" 2>"$out/$engine.bench.err" || tail -5 "$out/$engine.bench.err"
-    "$bin/llama-bench" -m "$model" -ngl $ngl -t "$(nproc)" -p 512 -n 64 -r 2 -o md \
-      >"$out/$engine.bench-all-gpu.md" 2>>"$out/$engine.bench.err" || tail -5 "$out/$engine.bench.err"
-  done
+  "$bin/llama-bench" -m "$model" -ngl 99 -ot 'exps=CPU' -t "$(nproc)" -p 512 -n 64 -r 2 -o md \
+    >"$out/$engine.bench-experts-on-cpu.md" 2>"$out/$engine.bench.err" || tail -5 "$out/$engine.bench.err"
+  "$bin/llama-bench" -m "$model" -ngl 99 -t "$(nproc)" -p 512 -n 64 -r 2 -o md \
+    >"$out/$engine.bench-all-gpu.md" 2>>"$out/$engine.bench.err" || tail -5 "$out/$engine.bench.err"
   "$bin/llama-server" -m "$model" -ngl 99 -ot 'exps=CPU' --port 18080 -t "$(nproc)" >"$out/$engine.server.log" 2>&1 &
   pid=$!
   for _ in $(seq 120); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done

@@ -1,5 +1,5 @@
 """Least privilege in every published variant's Dockerfile: hadolint clean, a non-root final user,
-no secrets in build arguments, environment or labels."""
+no secrets in build arguments, environment or labels; every shell script shellcheck-clean."""
 
 from __future__ import annotations
 
@@ -42,3 +42,13 @@ def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_
             f"{name}: build arguments could carry secrets into the image history"
         for line in re.findall(r"^(?:ENV|LABEL)\b.*(?:\n\s+.*)*", text, re.M):
             assert not SECRET_WORDS.search(line.replace("moe-stack-api-key", "")), f"{name}: {line[:80]}"
+
+
+def test_shell_scripts_pass_shellcheck() -> None:
+    root = Path(__file__).resolve().parents[2]
+    scripts = [root / ".ci/run", *sorted(root.glob("scripts/**/*.sh")), *sorted(root.glob("bench/**/*.sh")),
+               root / "dockerfiles/llama-cpp-family/build-info.sh",
+               root / "dockerfiles/common/moe-stack-entrypoint", root / "dockerfiles/common/moe-stack-health"]
+    result = subprocess.run([dependency_command("shellcheck"), "--severity=warning", *map(str, scripts)],
+                            capture_output=True, text=True)
+    assert len(scripts) > 8 and result.returncode == 0, result.stdout + result.stderr
