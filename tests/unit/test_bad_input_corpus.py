@@ -4,6 +4,7 @@ a half-written output."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from builder.spec import StackSpec
 from builder.synth_moe import MoeShape, write_moe_gguf
 from tests.cli import run_cli_in_process
 
-PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# CI explores the same examples every run (a landing must not hinge on a lucky draw); elsewhere each run
+# draws new ones, and hypothesis keeps any failure it finds in .hypothesis/ to replay first.
+PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                   derandomize=bool(os.environ.get("CI")))
 # Text a user might type: printable words, odd characters, numbers, empty strings.
 WORD = st.one_of(st.sampled_from(["", "avx2", "zen4", "zen5", "12.8", "13.0", "llama.cpp", "ik_llama.cpp", "0",
                                   "-1", "99", "a b", "../x", "89,120", "0,1", "interleave", "2M", "1g"]),
