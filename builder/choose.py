@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from builder.doctor import MIN_DRIVER
+from builder.doctor import MIN_DRIVER, driver_runs
 from builder.errors import SpecError
 from builder.host import Gpu, HostFacts, missing_flags
 from builder.matrix import cuda_target
@@ -69,8 +69,7 @@ def _ideal(host: HostFacts, chosen: Offered) -> str:
 
 
 def _cuda_fits(cuda: str, gpu: Gpu) -> bool:
-    need = MIN_DRIVER.get(cuda)
-    return need is not None and _driver(gpu.driver) >= need and _arch(gpu) in cuda_target(cuda).archs
+    return driver_runs(gpu.driver, cuda) and _arch(gpu) in cuda_target(cuda).archs
 
 
 def _nothing_fits(host: HostFacts, offered: list[Offered], gpu: Gpu | None) -> str:
@@ -87,12 +86,15 @@ def _nothing_fits(host: HostFacts, offered: list[Offered], gpu: Gpu | None) -> s
     elif gpu is None:
         why = "it is a CUDA image and this host has no NVIDIA GPU"
     else:
-        need = MIN_DRIVER.get(nearest.cuda or "", (0, 0))
-        archs = cuda_target(nearest.cuda).archs
-        gaps = ([f"needs driver >= {need[0]}.{need[1]} (this GPU has {gpu.driver})"] if _driver(gpu.driver) < need
-                else []) + ([f"its GPU archs ({','.join(map(str, archs))}) lack sm_{_arch(gpu)}"]
-                            if _arch(gpu) not in archs else [])
-        why = f"a CUDA {nearest.cuda} image: " + "; ".join(gaps)
+        cuda = nearest.cuda or ""
+        archs = cuda_target(cuda).archs
+        gaps = []
+        if not driver_runs(gpu.driver, cuda):
+            need = MIN_DRIVER[cuda]
+            gaps.append(f"needs driver >= {need[0]}.{need[1]} (this GPU has {gpu.driver})")
+        if _arch(gpu) not in archs:
+            gaps.append(f"its GPU archs ({','.join(map(str, archs))}) lack sm_{_arch(gpu)}")
+        why = f"a CUDA {cuda} image: " + "; ".join(gaps)
     return f"no published variant runs on this host; the nearest is {nearest.tag}: {why}"
 
 
@@ -103,11 +105,6 @@ def _cpu_rank(name: str) -> int:
 
 def _version(cuda: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in (cuda or "0").split("."))
-
-
-def _driver(text: str) -> tuple[int, int]:
-    parts = (text.split(".") + ["0"])[:2]
-    return (int(parts[0]), int(parts[1])) if all(p.isdigit() for p in parts) else (0, 0)
 
 
 def _arch(gpu: Gpu) -> int:

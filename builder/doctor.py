@@ -28,13 +28,17 @@ class Finding:
     fix: str = ""
 
 
+def driver_runs(driver: str, cuda: str) -> bool:
+    """Whether an NVIDIA driver version (e.g. "570.86.15") runs images of CUDA release `cuda`."""
+    parts = driver.split(".")[:2]
+    if not all(part.isdigit() for part in parts) or cuda not in MIN_DRIVER:
+        return False
+    return tuple(int(part) for part in parts) >= MIN_DRIVER[cuda]
+
+
 def highest_cuda(driver: str) -> str | None:
     """The newest CUDA release of the matrix this driver runs, or None."""
-    try:
-        have = tuple(int(part) for part in driver.split(".")[:2])
-    except ValueError:
-        return None
-    usable = [version for version, need in MIN_DRIVER.items() if have >= need]
+    usable = [version for version in MIN_DRIVER if driver_runs(driver, version)]
     return usable[-1] if usable else None
 
 

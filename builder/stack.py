@@ -13,18 +13,24 @@ from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
 
 
-def _client(compose_file: Path, profile: str | None = None) -> DockerClient:
-    """A compose client for the file; `profile` "*" takes every profile in it."""
+def _require(compose_file: Path) -> Path:
     if not compose_file.is_file():
         raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
+    return compose_file
+
+
+def _read(compose_file: Path) -> dict:
+    return yaml.safe_load(_require(compose_file).read_text()) or {}
+
+
+def _client(compose_file: Path, profiles: list[str]) -> DockerClient:
     docker()  # fail early and clearly when there is no daemon
-    profiles = ["*"] if profile == "*" else _profiles(compose_file, profile)
     return DockerClient(compose_files=[compose_file], compose_profiles=profiles)
 
 
-def _profiles(compose_file: Path, wanted: str | None) -> list[str]:
+def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[str]:
     """The profile to run: `wanted`, else the file's first (gpu); [] for a file without profiles."""
-    offered = _offered(yaml.safe_load(compose_file.read_text()) or {})
+    offered = _offered(document)
     if wanted is None:
         return offered[:1]
     if wanted not in offered:
@@ -37,9 +43,9 @@ def _offered(document: dict) -> list[str]:
     return list((document.get("x-moe-stack") or {}).get("profiles") or [])
 
 
-def published_ports(compose_file: Path) -> list[tuple[str, int]]:
+def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:
     """(host address, port) pairs the stack publishes."""
-    document = yaml.safe_load(compose_file.read_text())
+    document = document if document is not None else _read(compose_file)
     pairs = []
     for service in (document.get("services") or {}).values():
         for port in service.get("ports") or []:
@@ -62,10 +68,12 @@ def stack_api_key(compose_file: Path) -> str | None:
 def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
     is healthy; on failure say why, with the engine's last log."""
-    client = _client(compose_file, profile)
-    _check_gpu_passthrough(compose_file, client)
+    document = _read(compose_file)
+    profiles = _profiles(compose_file, document, profile)
+    client = _client(compose_file, profiles)
+    _check_gpu_passthrough(document, profiles)
     if not client.compose.ps():
-        for bind, port in published_ports(compose_file):
+        for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
     try:
         client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
@@ -74,12 +82,10 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
         raise StackError(f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}") from None
 
 
-def _check_gpu_passthrough(compose_file: Path, client: DockerClient) -> None:
+def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
     """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
-    document = yaml.safe_load(compose_file.read_text()) or {}
-    profiles = set(client.client_config.compose_profiles or [])
     for name, service in (document.get("services") or {}).items():
-        active = not service.get("profiles") or profiles & set(service["profiles"])
+        active = not service.get("profiles") or set(profiles) & set(service["profiles"])
         devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
         if active and devices and not gpu_passthrough_available(docker()):
             other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
@@ -89,7 +95,7 @@ def _check_gpu_passthrough(compose_file: Path, client: DockerClient) -> None:
 
 
 def down(compose_file: Path) -> None:
-    client = _client(compose_file, "*")  # whichever profile is running
+    client = _client(_require(compose_file), ["*"])  # whichever profile is running
     try:
         client.compose.down(remove_orphans=True, volumes=True, timeout=10)
     except DockerException as err:

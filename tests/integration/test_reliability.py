@@ -133,8 +133,8 @@ def test_full_disk_during_render_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_interrupted_build_resumes_from_cache(base_image: str, tmp_path: Path) -> None:
-    """Ctrl-C during the compile of a changed engine tree: one line, then the rerun finishes and its
-    compiler cache holds what the first run compiled."""
+    """Ctrl-C during the compile of a changed engine tree: one line and exit 130, then the rerun
+    finishes, its compiles served from the compiler cache."""
     from builder.engines import get_engine
     from builder.source import resolve_local
 
