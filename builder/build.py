@@ -32,19 +32,16 @@ RUNTIME_STAGE = "runtime"
 CONTRACT_STAGE = "contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
-# Flags every stack passes: a --help without them is no usage text (a crash, a missing library...).
-REQUIRED_FLAGS = frozenset({"--model", "--host", "--port"})
-# Name of the stage a local engine tree replaces (see the Dockerfile's source stage).
-SOURCE_CONTEXT = "engine-src"
 
 
 def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
                base: BaseImages = BaseImages(), registry: str = "ghcr.io", namespace: str = "moe-stack",
                cuda: CudaTarget = CudaTarget()) -> ImageSpec:
-    """The spec for an engine's image: from the local `tree` if given, else a clone of `ref` (default pin)."""
+    """The spec for an engine's image: from the local `tree` (or wheelhouse) if given, else the
+    engine's default source at `ref` (a git clone, or for KTransformers the PyPI wheels)."""
     engine = get_engine(engine_name)
-    source = (LocalSource(path=tree, ref=ref or "local") if tree is not None
-              else GitSource(url=engine.upstream_url, ref=ref or engine.default_ref))
+    source = (LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
+              if tree is not None else engine.default_source(ref))
     return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
                      registry=registry, namespace=namespace)
 
@@ -149,7 +146,8 @@ class BuildPlan:
 def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None) -> BuildPlan:
     """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone."""
     created = created or datetime.now(timezone.utc)
-    contexts = {SOURCE_CONTEXT: str(source_tree)} if source_tree is not None else {}
+    holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
+    contexts = {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
     return BuildPlan(
         context=context,
         tags=(image_tag(spec),),
@@ -158,9 +156,10 @@ def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created
     )
 
 
-def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> str:
+def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, show: Callable[[str], None]) -> str:
     """Build the flag contract, then the image labelled with it; returns the image's first tag.
 
+    `required_flags`: what the server's --help must list (none for an image without a server).
     Each log line is shown and kept in `log_path`. On failure raise BuildFailed with the failing
     step's tail and where the full log is. The second step reuses every layer of the first.
     """
@@ -171,9 +170,9 @@ def run_build(plan: BuildPlan, log_path: Path, show: Callable[[str], None]) -> s
         literals = Path(tmp) / PARSER_FLAGS_FILE
         help_text = (Path(tmp) / HELP_FILE).read_text(errors="replace")
         flags = parse_contract(help_text, literals.read_text() if literals.exists() else None)
-        if not REQUIRED_FLAGS <= flags.keys():
+        if not required_flags <= flags.keys():
             first = next((line for line in help_text.splitlines() if line.strip()), "(no output)")
-            raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(REQUIRED_FLAGS))}: it "
+            raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(required_flags))}: it "
                               f"printed {first.strip()!r}; the binary may not run on this build host "
                               f"(full log: {log_path})", log_path=str(log_path))
         _stream(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
@@ -224,5 +223,5 @@ def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None],
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take."""
     context = render(spec, context_dir(spec))
-    return run_build(build_plan(spec, context, tree, publishing),
+    return run_build(build_plan(spec, context, tree, publishing), get_engine(spec.engine).required_flags(spec.cuda),
                      log_path or cache_dir() / "logs" / f"build-{context.name}.log", show)

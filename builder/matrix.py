@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import yaml
 
 from builder.build import image_spec, image_tag
+from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.render import templates_root
 from builder.spec import CudaTarget, ImageSpec
-from builder.toolchain import CUDA_RELEASES, toolchain
+from builder.toolchain import CUDA_RELEASES
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,13 @@ def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
     matrix = load_matrix()
     out: list[Variant] = []
     for engine, extra in matrix["engines"].items():
-        cpus = [*extra.get("extra_cpu_targets", []), *matrix["cpu_targets"]]
-        for cuda in [None, *matrix["cuda_versions"]]:
+        cpus = [*extra.get("extra_cpu_targets", []), *extra.get("cpu_targets", matrix["cpu_targets"])]
+        cudas = [*([None] if extra.get("cpu_only", True) else []), *extra.get("cuda_versions", matrix["cuda_versions"])]
+        for cuda in cudas:
             for cpu in cpus:
                 spec = image_spec(engine, cpu, ref=(ref_overrides or {}).get(engine), cuda=cuda_target(cuda))
                 try:
-                    toolchain(spec.cpu, spec.cuda)
+                    get_engine(engine).toolchain(spec)
                 except SpecError as why:
                     out.append(Variant(None, engine, cuda, cpu, str(why)))
                     continue

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from importlib import resources
 from pathlib import Path
 
@@ -11,11 +10,11 @@ import jinja2
 
 from builder import __version__
 from builder.engines import get_engine
-from builder.files import replace_rendered_dir
 from builder.engines.base import CONTAINER_PORT
-from builder.source import clone_commands
+from builder.engines.llama_family import LlamaFamilyEngine
+from builder.errors import SpecError
+from builder.files import replace_rendered_dir
 from builder.spec import GitSource, ImageSpec
-from builder.toolchain import toolchain
 
 # The image's non-root user (a fixed uid, so bind mounts and policies can name it).
 IMAGE_UID = 10001
@@ -53,7 +52,7 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
     return {
         "org.opencontainers.image.title": f"{engine.name} server ({spec.variant})",
         "org.opencontainers.image.description": (
-            f"{engine.name} {engine.server_target} for {spec.cuda.label}, CPU target {spec.cpu.name}"
+            f"{engine.name} {engine.server_label} for {spec.cuda.label}, CPU target {spec.cpu.name}"
         ),
         "org.opencontainers.image.source": source_url,
         "org.opencontainers.image.revision": spec.ref,
@@ -76,7 +75,7 @@ def image_manifest(spec: ImageSpec) -> dict[str, object]:
         "builder_version": __version__,
         "engine": engine.name,
         "engine_ref": spec.ref,
-        "server": f"/opt/engine/bin/{engine.server_target}",
+        "server": engine.server_path(spec),
         "port": CONTAINER_PORT,
         "cuda": spec.cuda.version,
         "cuda_archs": list(spec.cuda.archs),
@@ -86,21 +85,19 @@ def image_manifest(spec: ImageSpec) -> dict[str, object]:
     }
 
 
-def ccache_id(spec: ImageSpec) -> str:
-    return f"moe-stack-ccache-{get_engine(spec.engine).slug}-{spec.cuda.label}-{spec.cpu.name}"
-
-
 def configure_args(spec: ImageSpec) -> list[str]:
-    """The engine's cmake configure arguments for `spec`, compiler choice included."""
-    tools = toolchain(spec.cpu, spec.cuda, spec.base)
-    return get_engine(spec.engine).cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+    """The cmake configure arguments of a llama.cpp-family image, compiler choice included."""
+    engine = get_engine(spec.engine)
+    if not isinstance(engine, LlamaFamilyEngine):
+        raise SpecError(f"{engine.name} is installed with pip, not configured with cmake: see its Dockerfile "
+                        "(`moe-stack render`)")
+    return engine.configure_args(spec, engine.toolchain(spec))
 
 
 def render_files(spec: ImageSpec) -> dict[str, str]:
     """Every file of the build context, by name. Same spec → same bytes."""
     engine = get_engine(spec.engine)
-    url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
-    tools = toolchain(spec.cpu, spec.cuda, spec.base)
+    tools = engine.toolchain(spec)
     context = {
         "builder_version": __version__,
         "engine": engine,
@@ -111,28 +108,20 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "runtime_image": tools.runtime_image,
         "build_packages": tools.build_packages,
         "runtime_packages": tools.runtime_packages,
-        "clone_commands": clone_commands(url, spec.ref),
-        "cmake_args": [shlex.quote(arg) for arg in configure_args(spec)],
-        "ccache_id": ccache_id(spec),
-        "help_command": engine.help_command(spec.cuda),
-        "help_setup": engine.help_setup(spec.cuda),
-        "parser_literals_command": engine.parser_literals_command(),
         "uid": IMAGE_UID,
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),
+        **engine.template_values(spec, tools),
     }
     root = templates_root()
-    files = {
-        "Dockerfile": _environment().get_template("llama-cpp-family/Dockerfile.j2").render(context),
+    return {
+        "Dockerfile": _environment().get_template(engine.template).render(context),
         "moe-stack-entrypoint": (root / "common/moe-stack-entrypoint").read_text(),
         "moe-stack-health": (root / "common/moe-stack-health").read_text(),
-        "moe-stack-hugecopy.c": (root / "common/moe-stack-hugecopy.c").read_text(),
         "image.json": json.dumps(image_manifest(spec), indent=2, sort_keys=True) + "\n",
         "required-cpu-flags": " ".join(spec.cpu.required_flags) + "\n",
+        **engine.context_files(root),
     }
-    if engine.needs_build_info_shim:
-        files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
-    return files
 
 
 def render(spec: ImageSpec, out_dir: Path) -> Path:

@@ -16,9 +16,12 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from builder.engines import Engine
 from builder.errors import SourceError
+
+if TYPE_CHECKING:
+    from builder.engines.base import Engine
 
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 _SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
@@ -44,20 +47,23 @@ def cache_dir() -> Path:
 
 
 def resolve_local(engine: Engine, given: str) -> Path:
-    """The engine tree for `given` (dir, tarball, sdist or `pypi:SPEC`), checked to be `engine`'s."""
+    """The engine tree for `given` (dir, tarball, sdist or `pypi:SPEC`), checked to be `engine`'s; or
+    a wheelhouse directory, for an engine installed from wheels."""
     if given.startswith("pypi:"):
         path = fetch_sdist(given.removeprefix("pypi:"))
     else:
         path = Path(given).expanduser().resolve()
         if not path.exists():
             raise SourceError(f"--source {given}: no such file or directory; give an engine tree, a tarball "
-                              f"or pypi:{engine.sdist}")
+                              f"or {engine.source_hint}")
+    if path.is_dir() and engine.holds_wheels(path):
+        return path
     if path.is_file():
         path = _unpack(path)
     tree = _find_tree(engine, path)
     if tree is None:
         raise SourceError(f"--source {given} is not a {engine.name} source tree (nor a tarball or sdist "
-                          f"holding one); for {engine.name} try pypi:{engine.sdist}")
+                          f"holding one); for {engine.name} give {engine.source_hint}")
     return tree
 
 

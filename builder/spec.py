@@ -13,8 +13,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-EngineName = Literal["llama.cpp", "ik_llama.cpp"]
-ENGINE_NAMES: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp")
+EngineName = Literal["llama.cpp", "ik_llama.cpp", "ktransformers", "ktransformers-legacy"]
+ENGINE_NAMES: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp", "ktransformers", "ktransformers-legacy")
+# Engines that choose their CPU code path at run time, so the `portable` target exists for them:
+# llama.cpp loads one of its libggml-cpu-* variants, kt-kernel one of its _kt_kernel_ext_* variants.
+RUNTIME_DISPATCH_ENGINES = frozenset({"llama.cpp", "ktransformers"})
+# Engines whose images exist only with CUDA (the legacy KTransformers build compiles CUDA kernels).
+CUDA_ONLY_ENGINES = frozenset({"ktransformers-legacy"})
 
 # A ref becomes part of an image tag: keep to the characters a tag allows.
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
@@ -45,7 +50,8 @@ class GitSource(_Spec):
 
 
 class LocalSource(_Spec):
-    """An engine tree on this machine (a directory, a tarball, or an sdist that vendors it).
+    """An engine tree on this machine (a directory, a tarball, or an sdist that vendors it), or for
+    KTransformers a wheelhouse (a directory of wheels, installed without an index).
 
     `ref` labels the image, since a local tree carries no trustworthy version of its own.
     """
@@ -53,11 +59,22 @@ class LocalSource(_Spec):
     kind: Literal["local"] = "local"
     path: Path
     ref: str = "local"
+    holds: Literal["tree", "wheels"] = "tree"
 
     _ref = field_validator("ref")(_check_ref)
 
 
-EngineSource = Annotated[GitSource | LocalSource, Field(discriminator="kind")]
+class PypiSource(_Spec):
+    """Released wheels from PyPI (or the index pip is pointed at) at version `ref`: KTransformers'
+    default, since kt-kernel's wheels already carry every CPU variant."""
+
+    kind: Literal["pypi"] = "pypi"
+    ref: str
+
+    _ref = field_validator("ref")(_check_ref)
+
+
+EngineSource = Annotated[GitSource | LocalSource | PypiSource, Field(discriminator="kind")]
 
 
 class CpuTarget(_Spec):
@@ -139,10 +156,20 @@ class ImageSpec(_Spec):
     namespace: str = "moe-stack"
 
     @model_validator(mode="after")
-    def _engine_can_target_cpu(self) -> ImageSpec:
-        if self.cpu.runtime_dispatch and self.engine != "llama.cpp":
-            raise ValueError(f"CPU target {self.cpu.name} needs runtime CPU dispatch, which only llama.cpp "
-                             f"has; build {self.engine} for a named CPU (avx2, zen4, zen5, sapphirerapids)")
+    def _engine_can_build_it(self) -> ImageSpec:
+        if self.cpu.runtime_dispatch and self.engine not in RUNTIME_DISPATCH_ENGINES:
+            raise ValueError(f"CPU target {self.cpu.name} needs runtime CPU dispatch, which only "
+                             f"{' and '.join(sorted(RUNTIME_DISPATCH_ENGINES))} have; build {self.engine} for a "
+                             "named CPU (avx2, zen4, zen5, sapphirerapids)")
+        if self.engine in CUDA_ONLY_ENGINES and self.cuda.version is None:
+            raise ValueError(f"{self.engine} builds CUDA kernels and has no CPU-only image: give a CUDA version "
+                             "(--cuda 12.8)")
+        is_kt = self.engine == "ktransformers"
+        if isinstance(self.source, PypiSource) and not is_kt:
+            raise ValueError(f"{self.engine} is not installed from PyPI wheels: build it from its git ref or a "
+                             "source tree (--source)")
+        if isinstance(self.source, LocalSource) and self.source.holds == "wheels" and not is_kt:
+            raise ValueError(f"{self.engine} is built from source, not from wheels: give --source an engine tree")
         return self
 
     @property
@@ -154,6 +181,12 @@ class ImageSpec(_Spec):
         """`<ref>-<cuda|cpu>-<isa>`: the immutable tag of this image."""
         ref = self.ref[:12] if _FULL_SHA.match(self.ref) else self.ref
         return f"{ref}-{self.cuda.label}-{self.cpu.name}"
+
+
+# kt-kernel's CPU expert backends (sglang-kt --kt-method): LLAMAFILE reads GGUF quantizations on any
+# AVX2+ CPU; the AMX ones read weights converted to INT4/INT8 by kt-kernel and need AMX.
+KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8"]
+AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
 
 
 class StackSpec(_Spec):
@@ -179,10 +212,18 @@ class StackSpec(_Spec):
     # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
     # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
     moe_offload_batch: int | None = Field(default=None, ge=1)
+    # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
+    # read weights converted by kt-kernel), and how many experts per layer stay on the GPU.
+    kt_method: KtMethod | None = None
+    gpu_experts: int | None = Field(default=None, ge=0)
+    # KTransformers reads the model's config and tokenizer from its Hugging Face directory.
+    config_dir: Path | None = None
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
     numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"
     numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
+    # NUMA nodes the stack's CPUs span: KTransformers runs one CPU thread pool per node.
+    numa_node_count: int = Field(default=1, ge=1)
     cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
     gpu: Literal["none", "nvidia", "cdi"] = "none"
     mlock: bool = False

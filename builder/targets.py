@@ -42,7 +42,7 @@ SAPPHIRERAPIDS = CpuTarget(
 # Mainline only: every CPU variant as its own libggml-cpu-*.so, the best one chosen at start.
 PORTABLE = CpuTarget(
     name="portable", march=None, required_flags=(), ggml_features=(), min_gcc=(8, 0), runtime_dispatch=True,
-    description="any x86-64: runtime dispatch between CPU variants (llama.cpp only)",
+    description="any x86-64: the engine picks its CPU variant at start (llama.cpp, KTransformers)",
 )
 
 CPU_TARGETS: dict[str, CpuTarget] = {t.name: t for t in (AVX2, ZEN4, ZEN5, SAPPHIRERAPIDS, PORTABLE)}

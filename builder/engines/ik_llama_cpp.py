@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.engines.base import Engine
+from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 
 
-class IkLlamaCpp(Engine):
+class IkLlamaCpp(LlamaFamilyEngine):
     name = "ik_llama.cpp"
     slug = "ik-llama-cpp"
     upstream_url = "https://github.com/ikawrakow/ik_llama.cpp.git"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.engines.base import Engine
+from builder.engines.llama_family import LlamaFamilyEngine
 
 
-class LlamaCpp(Engine):
+class LlamaCpp(LlamaFamilyEngine):
     name = "llama.cpp"
     slug = "llama-cpp"
     upstream_url = "https://github.com/ggml-org/llama.cpp.git"

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from python_on_whales.exceptions import DockerException
 
-from builder.build import SOURCE_CONTEXT, _stream, image_spec, image_tag, plan_build
+from builder.build import _stream, image_spec, image_tag, plan_build
+from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import Interrupted
 from builder.matrix import cuda_target
 from builder.spec import LocalSource

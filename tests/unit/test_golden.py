@@ -1,4 +1,5 @@
-"""Each published variant renders to the checked-in files under tests/golden/, byte for byte
+"""Each published variant (and the unpublished ones users build) renders to the checked-in files
+under tests/golden/, byte for byte
 (the Dockerfile and image.json; the scripts copied beside them are the dockerfiles/ files verbatim).
 
 After an intended template change: MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py
@@ -11,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.engines import get_engine
 from builder.files import replace_rendered_dir
-from builder.matrix import published
 from builder.render import render_files
+from tests.unit.variants import all_specs
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-SPECS = {f"{get_engine(s.engine).slug}-{s.variant}": s for s in published()}
+SPECS = all_specs()
 CHECKED = ("Dockerfile", "image.json")
 
 

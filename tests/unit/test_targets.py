@@ -31,12 +31,15 @@ def test_named_targets_compile_for_their_cpu_never_native() -> None:
     assert "-DGGML_AMX_INT8=ON" in _args("llama.cpp", "sapphirerapids")
 
 
-def test_portable_is_runtime_dispatch_and_mainline_only() -> None:
+def test_portable_is_runtime_dispatch_of_mainline_and_kt_kernel_only() -> None:
     args = _args("llama.cpp", "portable")
     assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON"} <= set(args)
     assert not any(a.startswith("-DCMAKE_C_FLAGS=-march") for a in args)
-    with pytest.raises(ValidationError, match="only llama.cpp has"):
+    with pytest.raises(ValidationError, match="only ktransformers and llama.cpp have"):
         image_spec("ik_llama.cpp", "portable")
+    with pytest.raises(ValidationError, match="only ktransformers and llama.cpp have"):
+        image_spec("ktransformers-legacy", "portable", cuda=cuda_target("12.8"))
+    assert image_spec("ktransformers", "portable").cpu.runtime_dispatch
 
 
 def test_toolchains_pick_a_compiler_that_knows_the_cpu() -> None:
@@ -68,11 +71,13 @@ def test_best_target_for_a_host() -> None:
 
 def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
     everything = variants()
-    assert len(everything) == 2 * 5 * 4 + 5  # engines × (cpu + 4 CUDA) × 4 targets + mainline portable
+    # llama.cpp family: engines × (cpu + 4 CUDA) × 4 targets + mainline portable; KTransformers: 2 CUDA
+    # × (4 targets + portable); its legacy 0.2.4: CUDA 12.8 × 4 targets
+    assert len(everything) == 2 * 5 * 4 + 5 + 2 * 5 + 4
     refused = [(v.engine, v.cuda, v.cpu) for v in everything if v.spec is None]
     assert sorted(refused) == sorted((e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6"))
     rows = ci_rows()
-    assert len(rows) == len(published()) == 41
+    assert len(rows) == len(published()) == 55
     assert {"engine": "ik_llama.cpp", "cuda": "12.8", "cuda_archs": "86,89,90,120", "cpu": "zen5",
             "variant": "007d640098cb-cuda12.8-zen5",
             "tag": "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cuda12.8-zen5"} in rows

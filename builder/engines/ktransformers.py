@@ -1,0 +1,293 @@
+"""KTransformers: kt-kernel's CPU MoE kernels behind an SGLang server (current), and the 0.2.4
+server the seed pins (legacy). Both are Python engines: a venv is built in one stage and copied
+into the runtime image, and the stack runs `python -m <server module>` through a small wrapper."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
+from builder.errors import StackError
+from builder.source import clone_commands
+from builder.spec import (AMX_KT_METHODS, CpuTarget, CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource,
+                          PypiSource, StackSpec)
+from builder.toolchain import Toolchain, python_toolchain
+
+VENV = "/opt/venv"
+SERVER_WRAPPER = "/opt/engine/bin/moe-stack-server"
+KT_CHECK = "/usr/local/bin/moe-stack-kt-check"
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+
+# kt-kernel's CPU variants, best first, and the /proc/cpuinfo flags each needs: the same rule its
+# loader applies (kt_kernel/_cpu_detect.py in 0.7.2); KT_KERNEL_CPU_VARIANT overrides it.
+KT_VARIANTS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("amx", frozenset({"amx_tile", "amx_int8", "amx_bf16", "avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi",
+                       "avx512_bf16"})),
+    ("avx512_bf16", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"})),
+    ("avx512_vbmi", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"})),
+    ("avx512_vnni", frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
+    ("avx512_base", frozenset({"avx512f", "avx512bw"})),
+    ("avx2", frozenset({"avx2"})),
+)
+# What kt-kernel's loader (and so a CPU-only kernel image) imports beside the kernel itself.
+KT_KERNEL_IMPORTS = ("torch", "numpy", "gguf", "safetensors")
+
+
+def kt_variant(flags: frozenset[str] | set[str]) -> str:
+    """The kt-kernel variant its loader picks on a CPU with `flags` (spelled with or without '_')."""
+    spelled = set(flags) | {flag.replace("_", "") for flag in flags}
+    for name, needs in KT_VARIANTS:
+        if all(flag in spelled or flag.replace("_", "") in spelled for flag in needs):
+            return name
+    return "avx2"
+
+
+def torch_index(cuda: CudaTarget) -> str:
+    """PyTorch's wheel index for this CUDA release (or its CPU builds): PyPI's x86-64 torch is a
+    CUDA 12.8 build, so a CPU or other-CUDA image takes torch from PyTorch's own index."""
+    tag = "cpu" if cuda.version is None else "cu" + cuda.version.replace(".", "")
+    return f"{PYTORCH_INDEX}/{tag}"
+
+
+def torch_arch_list(cuda: CudaTarget) -> str:
+    """TORCH_CUDA_ARCH_LIST for the GPU archs: 86 → 8.6, 120 → 12.0."""
+    return ";".join(f"{arch // 10}.{arch % 10}" for arch in cuda.archs)
+
+
+def _cpu_instruct(cpu: CpuTarget) -> str:
+    """The CPU_INSTRUCT/CPUINFER_CPU_INSTRUCT value for a target, never NATIVE (it means the build
+    host's CPU: the "Illegal instruction" of the official 0.2.x images). AVX512 is the baseline
+    AVX-512 set every AVX-512 target has; FANCY's exact set is not checked against Zen 4 here."""
+    return "AVX512" if "avx512f" in cpu.required_flags else "AVX2"
+
+
+class _PythonEngine(Engine):
+    """What both KTransformers adapters share: the Python template, venv, wrapper and checks."""
+
+    template = "ktransformers/Dockerfile.j2"
+    takes_override_rules = False
+    server_module: str
+    package_dir: str  # the directory of the source tree that pip builds
+
+    def _mode(self, spec: ImageSpec) -> str:
+        """pypi (released wheels), wheels (a local wheelhouse) or source (built from a tree)."""
+        if isinstance(spec.source, PypiSource):
+            return "pypi"
+        if isinstance(spec.source, LocalSource) and spec.source.holds == "wheels":
+            return "wheels"
+        return "source"
+
+    def toolchain(self, spec: ImageSpec) -> Toolchain:
+        return python_toolchain(spec.cpu, spec.cuda, spec.base, compiles=self._mode(spec) == "source")
+
+    def source_context(self, holds: str) -> str:
+        return "wheelhouse" if holds == "wheels" else super().source_context(holds)
+
+    def server_path(self, spec: ImageSpec) -> str | None:
+        return SERVER_WRAPPER if spec.cuda.version is not None else None
+
+    def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
+        mode = self._mode(spec)
+        url = spec.source.url if isinstance(spec.source, GitSource) else self.upstream_url
+        has_server = spec.cuda.version is not None
+        return {
+            "mode": mode,
+            "venv": VENV,
+            "clone_commands": [*clone_commands(url, spec.ref),
+                               "git -C /src submodule update --quiet --init --recursive --depth 1"],
+            "fetch_requirements": self.fetch_requirements(spec),
+            "build_env": [f"{key}={shlex.quote(value)}" for key, value in self.build_env(spec, tools).items()],
+            "package_dir": self.package_dir,
+            "prebuild_install": self.prebuild_install(spec),
+            "install_commands": self.install_commands(spec, mode),
+            "server_module": self.server_module if has_server else None,
+            "server_wrapper": SERVER_WRAPPER,
+            "server_dir": str(Path(SERVER_WRAPPER).parent),
+            "help_setup": [f"mkdir -p {CUDA_STUB_DIR}",
+                           f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
+            if has_server and mode == "source" else [],
+            "cuda_stub": CUDA_STUB_DIR if has_server and mode == "source" else None,
+            "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
+            "engine_env": self.engine_env(spec),
+            "health_path": self.health_path,
+        }
+
+    def context_files(self, root: Path) -> dict[str, str]:
+        return {"moe-stack-kt-check": (root / "ktransformers/moe-stack-kt-check").read_text()}
+
+    health_path = "/health"
+
+    def fetch_requirements(self, spec: ImageSpec) -> list[str]:
+        return []
+
+    def prebuild_install(self, spec: ImageSpec) -> list[str]:
+        return []
+
+    def engine_env(self, spec: ImageSpec) -> dict[str, str]:
+        return {}
+
+    def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
+        env = {}
+        if tools.gcc_major:
+            env.update(CC=f"gcc-{tools.gcc_major}", CXX=f"g++-{tools.gcc_major}")
+        return env
+
+    def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
+        raise NotImplementedError
+
+    # -- run ----------------------------------------------------------------------------------
+    def _refuse_unsupported(self, stack: StackSpec) -> None:
+        """One line for each stack option this engine has no counterpart for."""
+        if stack.gpu == "none":
+            raise StackError(f"{self.name} serves through a GPU (attention and KV cache on it, experts on the CPU) "
+                             "and has no CPU-only server: give --gpu nvidia (or cdi) and a CUDA image, or use "
+                             "llama.cpp/ik_llama.cpp for a CPU-only stack")
+        if stack.config_dir is None:
+            raise StackError(f"{self.name} reads the model's config and tokenizer from its Hugging Face directory "
+                             "(config.json, tokenizer files): give --config-dir DIR")
+        refused = {
+            "--override-tensor rules": bool(stack.override_tensors),
+            "--gpu-layers": stack.gpu_layers is not None,
+            "--cache-type": stack.cache_type is not None,
+            "--flash-attention": stack.flash_attention is not None,
+            "--fused-moe": stack.fused_moe is not None,
+            "--mla": stack.mla is not None,
+            "--moe-offload-batch": stack.moe_offload_batch is not None,
+            "--hugepages": stack.hugepages,
+            "--hugetlbfs": stack.hugetlbfs != "off",
+            "--mlock": stack.mlock,
+            "--api-key-file": stack.api_key_file is not None,
+            "--chat-template": stack.chat_template is not None,
+        }
+        given = [option for option, used in refused.items() if used]
+        if given:
+            raise StackError(f"{self.name} has no counterpart for {', '.join(given)}: drop it (it places experts "
+                             "itself: attention and KV cache on the GPU, routed experts on the CPU)")
+
+
+class KTransformers(_PythonEngine):
+    name = "ktransformers"
+    slug = "ktransformers"
+    upstream_url = "https://github.com/kvcache-ai/ktransformers.git"
+    # kt-kernel and sglang-kt are released together under one version (PyPI, 2026-11).
+    default_ref = "0.7.2"
+    server_label = "SGLang server with kt-kernel CPU experts"
+    source_hint = "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
+    server_module = "sglang.launch_server"
+    package_dir = "kt-kernel"
+
+    def default_source(self, ref: str | None) -> EngineSource:
+        return PypiSource(ref=ref or self.default_ref)
+
+    def is_source_tree(self, path: Path) -> bool:
+        return (path / "kt-kernel/CMakeLists.txt").is_file()
+
+    def holds_wheels(self, path: Path) -> bool:
+        return any(path.glob("kt_kernel-*.whl"))
+
+    def required_flags(self, cuda: CudaTarget) -> frozenset[str]:
+        if cuda.version is None:  # the CPU-only image is kt-kernel and its check, no server
+            return frozenset()
+        return frozenset({"--model-path", "--host", "--port", "--kt-weight-path", "--kt-cpuinfer"})
+
+    def _packages(self, spec: ImageSpec, pinned: bool) -> list[str]:
+        names = ["kt-kernel"] + (["sglang-kt"] if spec.cuda.version is not None else [])
+        return [f"{name}=={spec.ref}" for name in names] if pinned else names
+
+    def fetch_requirements(self, spec: ImageSpec) -> list[str]:
+        return self._packages(spec, pinned=True)
+
+    def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
+        env = super().build_env(spec, tools)
+        if spec.cpu.runtime_dispatch:  # every variant, chosen at load like the released wheels
+            env["CPUINFER_BUILD_ALL_VARIANTS"] = "1"
+        else:
+            env["CPUINFER_CPU_INSTRUCT"] = _cpu_instruct(spec.cpu)
+            env["CPUINFER_ENABLE_AMX"] = "ON" if "amx_tile" in spec.cpu.required_flags else "OFF"
+        return env
+
+    def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
+        pip = f"{VENV}/bin/pip install --no-cache-dir"
+        if mode == "wheels" and spec.cuda.version is None:
+            # A CPU kernel image from a local wheelhouse: PyPI's torch is a CUDA build and a CPU torch
+            # of kt-kernel's pinned version may not be at hand offline, so the wheelhouse's CPU torch
+            # serves (kt-kernel installed without its pins, then the modules its loader imports).
+            return [f"{pip} --no-index --find-links /wheelhouse --no-deps kt-kernel",
+                    f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}"]
+        if mode == "wheels":
+            return [f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"]
+        # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
+        return [f"{pip} --find-links /wheelhouse --extra-index-url {torch_index(spec.cuda)} "
+                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}"]
+
+    def engine_env(self, spec: ImageSpec) -> dict[str, str]:
+        """A named CPU target pins its kt-kernel variant (the image's ISA guard already refuses a CPU
+        without it); `portable` leaves the choice to kt-kernel's loader."""
+        if spec.cpu.runtime_dispatch:
+            return {}
+        return {"KT_KERNEL_CPU_VARIANT": kt_variant(frozenset(spec.cpu.required_flags))}
+
+    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """sglang-kt: the GGUF directory as kt-kernel's weights (LLAMAFILE), one CPU thread pool per
+        NUMA node with the stack's physical cores, attention and KV cache on the GPU."""
+        self._refuse_unsupported(stack)
+        method = stack.kt_method or "LLAMAFILE"
+        if method in AMX_KT_METHODS and stack.model.suffix == ".gguf":
+            raise StackError(f"--kt-method {method} reads weights converted by kt-kernel (safetensors), not a GGUF "
+                             f"file like {stack.model.name}: use --kt-method LLAMAFILE, or convert the model and "
+                             "point --model at the converted weights")
+        args = ["--model-path", CONFIG_DIR, "--kt-weight-path", MODEL_DIR, "--kt-method", method,
+                "--kt-cpuinfer", str(stack.threads), "--kt-threadpool-count", str(stack.numa_node_count),
+                "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+                "--context-length", str(stack.ctx_size), "--max-running-requests", str(stack.parallel)]
+        if stack.gpu_experts is not None:
+            args += ["--kt-num-gpu-experts", str(stack.gpu_experts)]
+        return args + ["--trust-remote-code", *stack.extra_args]
+
+
+class KTransformersLegacy(_PythonEngine):
+    name = "ktransformers-legacy"
+    slug = "ktransformers-legacy"
+    upstream_url = "https://github.com/kvcache-ai/ktransformers.git"
+    default_ref = "v0.2.4"  # the seed's pinned release
+    server_label = "0.2.x server (ktransformers.server.main)"
+    source_hint = "a ktransformers v0.2.x checkout with submodules (0.2.4 is on neither PyPI nor this host)"
+    server_module = "ktransformers.server.main"
+    package_dir = "."
+    # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090).
+    torch_version = "2.7.1"
+
+    def is_source_tree(self, path: Path) -> bool:
+        return (path / "ktransformers/server/main.py").is_file() and (path / "setup.py").is_file()
+
+    def required_flags(self, cuda: CudaTarget) -> frozenset[str]:
+        return frozenset({"--gguf_path", "--model_path", "--port", "--cpu_infer"})
+
+    def prebuild_install(self, spec: ImageSpec) -> list[str]:
+        """Its setup.py imports torch and builds against it, so torch (for this CUDA) comes first."""
+        return [f"{VENV}/bin/pip install --no-cache-dir --index-url {torch_index(spec.cuda)} "
+                f"torch=={self.torch_version}",
+                f"{VENV}/bin/pip install --no-cache-dir setuptools wheel packaging ninja cpufeature numpy"]
+
+    def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
+        env = super().build_env(spec, tools)
+        env.update(USE_NUMA="1", CPU_INSTRUCT=_cpu_instruct(spec.cpu), TORCH_CUDA_ARCH_LIST=torch_arch_list(spec.cuda),
+                   KTRANSFORMERS_FORCE_BUILD="TRUE")
+        return env
+
+    def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
+        return [f"{VENV}/bin/pip install --no-cache-dir --extra-index-url {torch_index(spec.cuda)} "
+                f"--find-links /wheelhouse ktransformers torch=={self.torch_version}"]
+
+    health_path = "/v1/models"
+
+    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""
+        self._refuse_unsupported(stack)
+        if stack.kt_method is not None or stack.gpu_experts is not None:
+            raise StackError("--kt-method and --gpu-experts are options of the current KTransformers (sglang-kt); "
+                             "0.2.x places experts by its optimize rules: drop them")
+        return ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
+                "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
+                *stack.extra_args]

@@ -1,0 +1,174 @@
+"""The llama.cpp family (mainline and ik_llama.cpp): one cmake-built `llama-server` binary."""
+
+from __future__ import annotations
+
+import shlex
+from abc import abstractmethod
+from pathlib import Path
+
+from builder.engines.base import API_KEY_PATH, CUDA_STUB_DIR, MODEL_DIR, CONTAINER_PORT, Engine
+from builder.errors import StackError
+from builder.flags import takes_value
+from builder.source import clone_commands
+from builder.spec import CpuTarget, CudaTarget, GitSource, ImageSpec, StackSpec
+from builder.targets import GGML_X86_FEATURES
+from builder.toolchain import Toolchain
+
+
+class LlamaFamilyEngine(Engine):
+    """An inference engine built with cmake into a single `llama-server`-style binary."""
+
+    template = "llama-cpp-family/Dockerfile.j2"
+    server_label = "llama-server"
+    sdist: str  # a PyPI sdist that vendors this engine (for hosts without GitHub access)
+    sdist_ref: str  # the ref an image built from that sdist is tagged with
+    server_target: str = "llama-server"
+    needs_build_info_shim: bool = False
+    # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
+    parser_sources: tuple[str, ...] = ()
+
+    @property
+    def source_hint(self) -> str:  # type: ignore[override]
+        return f"pypi:{self.sdist}"
+
+    # -- build --------------------------------------------------------------------------------
+    def cmake_args(self, cpu: CpuTarget, cuda: CudaTarget, ref: str, compiler_args: list[str]) -> list[str]:
+        """Configure arguments for a host-independent build of the server (and, with runtime
+        dispatch, of every CPU variant it can load)."""
+        args = ["-DCMAKE_BUILD_TYPE=Release", *compiler_args,
+                # The build host is not the run host: never -march=native (in ik_llama.cpp it would
+                # even be appended after, and so override, the targeted -march).
+                "-DGGML_NATIVE=OFF"]
+        if cpu.runtime_dispatch:
+            # Each CPU variant is a libggml-cpu-*.so next to the binary, found through $ORIGIN.
+            args += ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON",
+                     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
+        else:
+            features = set(cpu.ggml_features)
+            args += [f"-DCMAKE_C_FLAGS=-march={cpu.march}", f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
+                     *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
+                     # One self-contained binary: the runtime stage copies a single file.
+                     "-DBUILD_SHARED_LIBS=OFF"]
+        if cuda.version is not None:
+            archs = ";".join(str(a) for a in cuda.archs)
+            # libcuda.so.1 comes from the driver at run time; link against the toolkit's stub.
+            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+                     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"]
+        args += ["-DLLAMA_CURL=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        if cuda.version is not None:
+            args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+        return args + self.extra_cmake_args(ref)
+
+    def help_command(self, cuda: CudaTarget) -> str:
+        """Shell command printing the built server's --help (the flag contract's source)."""
+        prefix = f"LD_LIBRARY_PATH={CUDA_STUB_DIR} " if cuda.version is not None else ""
+        return f"{prefix}/build/bin/{self.server_target} --help"
+
+    def parser_literals_command(self) -> str | None:
+        """Shell command listing the flag literals of the argument parser (None: --help is complete)."""
+        if not self.parser_sources:
+            return None
+        files = " ".join(f"/src/{path}" for path in self.parser_sources)
+        return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
+
+    def help_setup(self, cuda: CudaTarget) -> list[str]:
+        """Commands run before `help_command`: a CUDA build needs libcuda.so.1, which only the
+        driver provides, so point it at the toolkit's stub."""
+        if cuda.version is None:
+            return []
+        return [f"mkdir -p {CUDA_STUB_DIR}",
+                f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
+
+    @abstractmethod
+    def extra_cmake_args(self, ref: str) -> list[str]:
+        """Engine-specific configure arguments."""
+
+    def configure_args(self, spec: ImageSpec, tools: Toolchain) -> list[str]:
+        """The cmake configure arguments for `spec`, compiler choice included."""
+        return self.cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
+
+    def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
+        url = spec.source.url if isinstance(spec.source, GitSource) else self.upstream_url
+        return {
+            "clone_commands": clone_commands(url, spec.ref),
+            "cmake_args": [shlex.quote(arg) for arg in self.configure_args(spec, tools)],
+            "ccache_id": f"moe-stack-ccache-{self.slug}-{spec.cuda.label}-{spec.cpu.name}",
+            "help_command": self.help_command(spec.cuda),
+            "help_setup": self.help_setup(spec.cuda),
+            "parser_literals_command": self.parser_literals_command(),
+        }
+
+    def context_files(self, root: Path) -> dict[str, str]:
+        files = {"moe-stack-hugecopy.c": (root / "common/moe-stack-hugecopy.c").read_text()}
+        if self.needs_build_info_shim:
+            files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
+        return files
+
+    def server_path(self, spec: ImageSpec) -> str:
+        return f"/opt/engine/bin/{self.server_target}"
+
+    def required_flags(self, cuda: CudaTarget) -> frozenset[str]:
+        return frozenset({"--model", "--host", "--port"})
+
+    # -- run ----------------------------------------------------------------------------------
+    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """`llama-server` arguments for a stack (the image's entrypoint supplies the binary).
+
+        `flags` is the image's flag contract; None means unknown, and the adapter then writes this
+        engine's current syntax.
+        """
+        args = [
+            "--model", f"{MODEL_DIR}/{stack.model.name}",
+            "--host", "0.0.0.0",
+            "--port", str(CONTAINER_PORT),
+            "--ctx-size", str(stack.ctx_size),
+            "--threads", str(stack.threads),
+            "--parallel", str(stack.parallel),
+        ]
+        for rule in stack.override_tensors:
+            args += ["--override-tensor", rule]
+        if stack.chat_template:
+            args += ["--chat-template", stack.chat_template]
+        if stack.gpu_layers is not None:
+            args += ["--n-gpu-layers", str(stack.gpu_layers)]
+        if stack.cache_type is not None:
+            args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
+        if stack.flash_attention is not None:
+            args += self.flash_attention_args(stack.flash_attention, flags)
+        if stack.fused_moe is not None:
+            args += self.fused_moe_args(stack.fused_moe, flags)
+        if stack.mla is not None:
+            args += self.mla_args(stack.mla, flags)
+        if stack.moe_offload_batch is not None:
+            args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
+        if stack.hugepages:
+            args += self.hugepages_args(flags)
+        if stack.mlock:
+            args.append("--mlock")
+        if stack.api_key_file is not None:
+            args += ["--api-key-file", API_KEY_PATH]
+        return args + list(stack.extra_args)
+
+    def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
+        """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""
+        if flags is None or takes_value(flags, "-fa"):
+            return ["-fa", mode]
+        if "-fa" not in flags:
+            raise StackError(f"this {self.name} build has no flash attention flag (-fa); drop --flash-attention")
+        if mode == "auto":
+            raise StackError(f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off")
+        return ["-fa"] if mode == "on" else []
+
+    def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"fused MoE is an ik_llama.cpp switch; {self.name} has none: drop --fused-moe/--no-fused-moe")
+
+    def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")
+
+    def moe_offload_batch_args(self, batch: int, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"{self.name} decides itself when a batch's CPU experts run on the GPU (from 32 tokens); "
+                         "drop --moe-offload-batch (an ik_llama.cpp setting)")
+
+    def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
+        raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "
+                         "use --hugetlbfs 2M instead (the model is copied onto hugepages at start)")
