@@ -119,12 +119,12 @@ def _slim(rootfs: Path) -> None:
     (rootfs / "etc/apt/apt.conf.d/docker-clean").write_text(_APT_NO_CACHE)
 
 
-def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG) -> str:
-    """A usable base image name: `preferred` if present or pullable, else one made locally."""
+def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE) -> str:
+    """A usable base image name: `preferred` if present or pullable, else one made locally from `suite`."""
     if image_exists(preferred):
         return preferred
     try:
         docker().image.pull(preferred, quiet=True)
         return preferred
     except DockerException:
-        return make_base(tag=local_tag)
+        return make_base(tag=local_tag, suite=suite)

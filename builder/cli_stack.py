@@ -18,7 +18,9 @@ from builder.benchmark import measure
 from builder.build import build_image, image_spec, image_tag
 from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.compose import (
+    check_config_dir,
     check_host_runs,
+    check_kt_method_runs,
     check_port_free,
     compose_dict,
     cpu_only,
@@ -68,6 +70,9 @@ def compose(
     numa: Annotated[str, typer.Option("--numa", help="auto, none, interleave, membind or cpunodebind (auto: interleave on multi-node hosts)")] = "auto",
     numa_nodes: Annotated[str | None, typer.Option("--numa-nodes", help="NUMA nodes to use, e.g. 0 or 0,1 (default: all)")] = None,
     gpu: Annotated[str, typer.Option("--gpu", help="none, nvidia (device reservation) or cdi")] = "none",
+    config_dir: Annotated[Path | None, typer.Option("--config-dir", help="KTransformers: the model's Hugging Face directory (config.json, tokenizer), mounted read-only")] = None,
+    kt_method: Annotated[str | None, typer.Option("--kt-method", help="KTransformers CPU expert backend: LLAMAFILE (GGUF, any AVX2+ CPU; default), AMXINT4 or AMXINT8 (converted weights, AMX)")] = None,
+    gpu_experts: Annotated[int | None, typer.Option("--gpu-experts", help="KTransformers: experts per layer kept on the GPU (default: from --fit-vram-gb, else none)")] = None,
     mlock: Annotated[bool, typer.Option("--mlock", help="lock the model in RAM (adds IPC_LOCK and unlimited memlock)")] = False,
     hugepages: Annotated[bool, typer.Option("--hugepages", help="weights from the host's reserved hugepages (ik_llama.cpp -thp)")] = False,
     hugetlbfs: Annotated[str, typer.Option("--hugetlbfs", help="copy the model onto a hugetlbfs volume of 2M or 1G pages at start (any engine; the pool must hold it)")] = "off",
@@ -91,6 +96,10 @@ def compose(
         fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), host.mem_total_bytes,
                            int(options["ctx_size"]), str(options.get("cache_type") or "f16"), mla=bool(options.get("mla")))
         preset_rules = fitted.override_rules
+        if gpu_experts is None and not adapter.takes_override_rules:
+            gpu_experts = fitted.gpu_experts_per_layer
+    if not adapter.takes_override_rules:  # it keeps routed experts on the CPU itself
+        preset_rules, experts_on_cpu = (), False
     wanted_rules = [*(override_tensor or []), *preset_rules, *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
     rules = list(dict.fromkeys(wanted_rules))
     nodes = int_list(numa_nodes, "--numa-nodes")
@@ -118,7 +127,11 @@ def compose(
         chat_template=chat_template,
         numa=where.numa,
         numa_nodes=where.numa_nodes,
+        numa_node_count=len(where.numa_nodes) or (1 if for_other_host else max(1, len(host.nodes))),
         cpuset=where.cpuset,
+        config_dir=check_config_dir(config_dir) if config_dir is not None else None,
+        kt_method=kt_method,
+        gpu_experts=gpu_experts,
         gpu=gpu,
         mlock=mlock,
         hugepages=hugepages,
@@ -129,6 +142,8 @@ def compose(
         start_period_s=start_period or start_period_for(model_bytes(model_path)),
         **options,
     )
+    if not for_other_host:
+        check_kt_method_runs(stack, host.cpu)
     if cpu_image is not None and stack.gpu == "none":
         raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
     check_port_free(bind, port)

@@ -12,7 +12,7 @@ import yaml
 
 from builder import __version__
 from builder.engines import get_engine
-from builder.engines.base import API_KEY_SECRET, CONTAINER_PORT, MODEL_DIR
+from builder.engines.base import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
 from builder.flags import check_args
@@ -20,7 +20,7 @@ from builder.host import CpuInfo, missing_flags
 from builder.image_facts import ImageFacts
 from builder.placement import numa_env
 from builder.render import IMAGE_UID
-from builder.spec import StackSpec
+from builder.spec import AMX_KT_METHODS, StackSpec
 from builder.targets import best_cpu_target
 
 SERVICE = "engine"
@@ -29,6 +29,7 @@ GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
 HUGETLBFS_DIR = "/hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
+AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
@@ -38,7 +39,11 @@ _MIN_START_PERIOD_S = 60
 RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
                             "-np", "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock",
                             "--api-key", "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers",
-                            "-ctk", "--cache-type-k", "-ctv", "--cache-type-v"})
+                            "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
+                            # KTransformers (sglang-kt, and 0.2.x)
+                            "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
+                            "--kt-num-gpu-experts", "--context-length", "--max-running-requests", "--model_path",
+                            "--gguf_path", "--cpu_infer", "--cache_lens"})
 
 
 def project_name_for(model: Path) -> str:
@@ -77,6 +82,26 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
         hint = f"use the {fits.name} image" if fits else "this CPU fits no target"
         raise StackError(f"image {facts.image} (CPU target {facts.cpu_target}) needs CPU flags this host lacks: "
                          f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine")
+
+
+def check_config_dir(path: Path) -> Path:
+    """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory."""
+    path = path.expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise StackError(f"--config-dir {path} has no config.json: give the model's Hugging Face directory "
+                         "(config.json and tokenizer files, no weights needed)")
+    check_readable_in_container(path / "config.json")
+    return path
+
+
+def check_kt_method_runs(stack: StackSpec, cpu: CpuInfo) -> None:
+    """An AMX expert backend on a CPU without AMX would fail only when the model loads: say it now."""
+    if stack.kt_method in AMX_KT_METHODS:
+        lacking = missing_flags(AMX_FLAGS, cpu)
+        if lacking:
+            raise StackError(f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: use "
+                             "--kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit it for "
+                             "an AMX Xeon")
 
 
 def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None,
@@ -126,8 +151,9 @@ def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
     """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
     departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
     caps = {cap for service in services.values() for cap in service.get("cap_add", [])}
-    reasons = {"SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy (mbind/set_mempolicy, which Docker's "
-                           "seccomp profile allows only with it); nothing in the image sets real-time priorities",
+    reasons = {"SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU thread "
+                           "pools' memory to their NUMA nodes (mbind/set_mempolicy, which Docker's seccomp profile "
+                           "allows only with it); nothing in the image sets real-time priorities",
                "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)"}
     exceptions = {}
     if caps:
@@ -155,6 +181,9 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[st
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)
+    if facts is not None and not facts.server_flags:
+        raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
+                         f"image); use a CUDA image of {engine.name}")
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
     service: dict[str, object] = {
@@ -165,6 +194,8 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[st
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],
         "volumes": [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True},
+                    *([{"type": "bind", "source": str(stack.config_dir), "target": CONFIG_DIR, "read_only": True}]
+                      if stack.config_dir is not None else []),
                     *([{"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}]
                       if stack.hugetlbfs != "off" else [])],
         # The engine writes nothing but its logs: a read-only root, no capabilities, no privilege gain.
@@ -191,7 +222,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[st
 
 def _placement(stack: StackSpec) -> dict[str, object]:
     """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
-    mbind/set_mempolicy), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
+    mbind/set_mempolicy, also for an engine that binds its own memory), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
     the model staged on a hugetlbfs volume."""
     extra: dict[str, object] = {}
     caps = []
@@ -199,6 +230,7 @@ def _placement(stack: StackSpec) -> dict[str, object]:
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
         environment["MOE_STACK_NUMA"] = policy
+    if policy or get_engine(stack.engine).binds_numa_memory:
         caps.append("SYS_NICE")
     if stack.hugetlbfs != "off":
         environment["MOE_STACK_HUGETLBFS"] = HUGETLBFS_DIR

@@ -38,6 +38,7 @@ class ModelFacts:
     key_dim: int
     value_dim: int
     mla_dim: int | None = None  # deepseek2: kv_lora_rank + rope dims per token and layer, cached with MLA
+    expert_count: int = 0  # routed experts per layer (0: not an MoE model)
 
     @property
     def total_bytes(self) -> int:
@@ -51,6 +52,8 @@ class Plan:
     gpu_bytes: int
     cpu_bytes: int
     gpu_expert_layers: int  # experts of layers [0, n) on the GPU
+    # The same VRAM given to N experts of every layer instead (KTransformers' --kt-num-gpu-experts).
+    gpu_experts_per_layer: int = 0
     override_rules: tuple[str, ...] = field(default=())
 
 
@@ -115,7 +118,8 @@ def read_facts(path: Path) -> ModelFacts:
         mla_dim = int(_field(reader, f"{arch}.attention.kv_lora_rank", int)) + \
             int(_field(reader, f"{arch}.rope.dimension_count", int))
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
-                      kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim)
+                      kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
+                      expert_count=int(_field(reader, f"{arch}.expert_count", int, default=0)))
 
 
 def _field(reader: gguf.GGUFReader, key: str, kind: type, default: object = None) -> object:
@@ -150,6 +154,8 @@ def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_typ
     if cpu > ram_bytes:
         raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
                         f"{size(ram_bytes)} given; use a smaller quant of the model")
+    one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
+    per_layer = min(facts.expert_count, (vram_bytes - gpu) // one_expert_everywhere) if one_expert_everywhere else 0
     layers_on_gpu = 0
     for layer_bytes in facts.expert_bytes:
         if gpu + layer_bytes > vram_bytes:
@@ -158,7 +164,7 @@ def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_typ
         cpu -= layer_bytes
         layers_on_gpu += 1
     return Plan(facts=facts, kv_bytes=kv, gpu_bytes=gpu, cpu_bytes=cpu, gpu_expert_layers=layers_on_gpu,
-                override_rules=override_rules(layers_on_gpu, facts.layers))
+                gpu_experts_per_layer=per_layer, override_rules=override_rules(layers_on_gpu, facts.layers))
 
 
 def override_rules(gpu_layers: int, layers: int) -> tuple[str, ...]:

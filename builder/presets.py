@@ -11,7 +11,7 @@ import yaml
 
 from builder.build import image_spec, image_tag
 from builder.compose import cpu_only, compose_dict, start_period_for, to_yaml
-from builder.engines import EXPERTS_ON_CPU_RULE, engine_names
+from builder.engines import EXPERTS_ON_CPU_RULE, engine_names, get_engine
 from builder.errors import SpecError
 from builder.matrix import cuda_target
 from builder.spec import StackSpec
@@ -34,7 +34,7 @@ class Preset:
             raise SpecError(f"preset {self.name} has no settings for {engine}; it has {', '.join(self.engines)}")
         options = {key: value for key, value in self.options.items() if key in _NEUTRAL}
         options.update(self.engines[engine])
-        if self.options.get("experts_on_cpu"):
+        if self.options.get("experts_on_cpu") and get_engine(engine).takes_override_rules:
             options["override_tensors"] = (EXPERTS_ON_CPU_RULE,)
         return options
 
@@ -84,16 +84,22 @@ def example_stacks() -> dict[str, str]:
         for engine in engine_names():
             if engine not in preset.engines:
                 continue
+            adapter = get_engine(engine)
             image = image_tag(image_spec(engine, "zen4", cuda=cuda_target("12.8")))
             stack = StackSpec(project=f"{preset.name}-{engine.replace('.', '-').replace('_', '-')}", engine=engine,
                               image=image, model=Path("/models") / preset.example_model, threads=EXAMPLE_THREADS,
                               numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
                               start_period_s=start_period_for(preset.example_size_gb * 10**9),
+                              config_dir=None if adapter.serves_on_cpu else Path("/models") / f"{preset.name}-hf",
                               **preset.stack_options(engine))
-            # The same model CPU-only (`--profile cpu`): for when the GPU is busy or being serviced.
-            cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))
-            generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia --cpu-image "
-                            f"{cpu_stack.image} (example host, see presets.py)")
-            document = compose_dict(stack, generated_by, check_files=False, cpu_profile=(cpu_stack, None))
+            generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia"
+                            + ("" if adapter.serves_on_cpu else f" --config-dir {stack.config_dir}"))
+            cpu_profile = None
+            if adapter.serves_on_cpu:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
+                cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))
+                generated_by += f" --cpu-image {cpu_stack.image}"
+                cpu_profile = (cpu_stack, None)
+            document = compose_dict(stack, generated_by + " (example host, see presets.py)", check_files=False,
+                                    cpu_profile=cpu_profile)
             files[f"{preset.name}.{engine}.yaml"] = to_yaml(document)
     return files

@@ -36,6 +36,10 @@ class Engine(ABC):
     sdist_subdir: str = ""  # the engine tree inside an sdist that vendors it
     # Whether llama.cpp-style -ot rules place its tensors (KTransformers places experts itself).
     takes_override_rules: bool = True
+    # Whether it binds its own threads' memory to NUMA nodes (kt-kernel's thread pools, through hwloc):
+    # that needs SYS_NICE in a container, whatever the stack's numactl policy.
+    binds_numa_memory: bool = False
+    serves_on_cpu: bool = True  # a CPU-only stack exists (KTransformers' server needs the GPU)
 
     # -- source -------------------------------------------------------------------------------
     def default_source(self, ref: str | None) -> EngineSource:

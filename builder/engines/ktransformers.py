@@ -67,6 +67,10 @@ class _PythonEngine(Engine):
 
     template = "ktransformers/Dockerfile.j2"
     takes_override_rules = False
+    # Without SYS_NICE its hwloc membind prints "Operation not permitted" and runs unbound (seen in
+    # this repo's kernel image: tests/integration/test_ktransformers.py).
+    binds_numa_memory = True
+    serves_on_cpu = False
     server_module: str
     package_dir: str  # the directory of the source tree that pip builds
 

@@ -27,6 +27,8 @@ from builder.source import resolve_local
 from builder.spec import BaseImages, StackSpec
 from builder.stack import down, up
 from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.toolchain import PYTHON_CPU_BASE
+from tests.integration.wheelhouse import make_kt_wheelhouse
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
 
@@ -96,6 +98,20 @@ def zen4_image(request: pytest.FixtureRequest, base_image: str) -> BuiltImage:
 def amx_image(base_image: str) -> BuiltImage:
     """llama.cpp for Sapphire Rapids: needs AMX, which AMD hosts (this one, CI's) lack."""
     return build_engine_image("llama.cpp", "sapphirerapids", base_image)
+
+
+@pytest.fixture(scope="session")
+def bookworm_base(docker_client: DockerClient) -> str:
+    """KTransformers' CPU base (CPython 3.11, which kt-kernel has wheels for)."""
+    return ensure_base(PYTHON_CPU_BASE, "moe-stack/debian:bookworm", "bookworm")
+
+
+@pytest.fixture(scope="session")
+def kt_wheelhouse() -> Path:
+    """An offline wheelhouse for KTransformers' CPU kernel image: kt-kernel from PyPI, torch's CPU build
+    (PyPI's x86-64 torch is a CUDA build; the CPU wheel lies on this kind of host) and the rest of
+    what kt-kernel's loader imports, all for CPython 3.11 on manylinux."""
+    return make_kt_wheelhouse()
 
 
 @pytest.fixture(scope="session")
