@@ -23,7 +23,7 @@ from builder.flags import LABEL as FLAGS_LABEL
 from builder.flags import parse_contract, to_label
 from builder.render import render
 from builder.source import cache_dir
-from builder.spec import BaseImages, CudaTarget, GitSource, ImageSpec, LocalSource
+from builder.spec import BaseImages, CudaTarget, ImageSpec, LocalSource
 from builder.targets import cpu_target
 
 # The stage the image is; the others only build it.

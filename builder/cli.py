@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.exceptions import TyperException
 from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.markup import escape
 from rich.table import Table
+from typer.exceptions import TyperException
 
 from builder import __version__, cli_distribute, cli_stack
-from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.build import Publishing, build_image, build_plan, context_dir, image_spec
+from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
 from builder.engines import get_engine
@@ -31,13 +31,13 @@ from builder.errors import (
     SpecError,
 )
 from builder.host import probe
+from builder.matrix import ci_rows, cuda_target, variants
 from builder.models import check_gguf, fetch_demo_model
 from builder.planner import GIB, model_bytes, read_facts, size
 from builder.planner import plan as make_plan
 from builder.render import configure_args
 from builder.render import render as render_context
 from builder.source import cache_dir, resolve_local
-from builder.matrix import ci_rows, cuda_target, variants
 from builder.spec import BaseImages, CudaTarget
 
 app = typer.Typer(

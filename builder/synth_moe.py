@@ -17,7 +17,6 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-
 ARCH = "qwen3moe"
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

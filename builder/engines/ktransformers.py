@@ -10,8 +10,17 @@ from pathlib import Path
 from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
 from builder.errors import StackError
 from builder.source import clone_commands
-from builder.spec import (AMX_KT_METHODS, CpuTarget, CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource,
-                          PypiSource, StackSpec)
+from builder.spec import (
+    AMX_KT_METHODS,
+    CpuTarget,
+    CudaTarget,
+    EngineSource,
+    GitSource,
+    ImageSpec,
+    LocalSource,
+    PypiSource,
+    StackSpec,
+)
 from builder.toolchain import Toolchain, python_toolchain
 
 VENV = "/opt/venv"

@@ -6,7 +6,7 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import API_KEY_PATH, CUDA_STUB_DIR, MODEL_DIR, CONTAINER_PORT, Engine
+from builder.engines.base import API_KEY_PATH, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
 from builder.errors import StackError
 from builder.flags import takes_value
 from builder.source import clone_commands

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.demo import DEMO_PROMPT, chat, complete
+from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import StackError
 from builder.models import DEMO_CHAT_TEMPLATE
 from tests.integration.conftest import BuiltImage, StackFactory

@@ -4,8 +4,8 @@ clearly, a full disk leaving nothing half-written, an interrupted build resumed 
 
 from __future__ import annotations
 
-import re
 import os
+import re
 import shutil
 import signal
 import statistics

@@ -1,0 +1,154 @@
+"""KTransformers adapters: computed build values (never NATIVE), the variant kt-kernel picks per CPU,
+server arguments from a stack, and every emit-time refusal as one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from builder.build import image_spec, plan_build
+from builder.compose import check_kt_method_runs, compose_dict
+from builder.engines import get_engine
+from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
+from builder.errors import SpecError, StackError
+from builder.host import CpuInfo
+from builder.matrix import cuda_target
+from builder.planner import GIB, ModelFacts, kv_cache_bytes
+from builder.planner import plan as make_plan
+from builder.presets import get_preset
+from builder.source import resolve_local
+from builder.spec import ImageSpec, LocalSource, StackSpec
+from builder.targets import cpu_target
+from tests.unit.variants import UNPUBLISHED
+
+KT = get_engine("ktransformers")
+LEGACY = get_engine("ktransformers-legacy")
+
+
+def flags_of(target: str) -> frozenset[str]:
+    return frozenset(cpu_target(target).required_flags)
+
+
+def test_kt_kernel_variant_per_cpu() -> None:
+    assert kt_variant(flags_of("sapphirerapids")) == "amx"
+    assert kt_variant(flags_of("zen4")) == "avx512_bf16"
+    assert kt_variant(flags_of("zen5")) == "avx512_bf16"
+    assert kt_variant(flags_of("avx2")) == "avx2"
+    # Skylake-SP: AVX-512 F/BW without VNNI; kernels spell flags with or without the underscore.
+    assert kt_variant(frozenset({"avx2", "avx512f", "avx512bw"})) == "avx512_base"
+    assert kt_variant(frozenset({"avx2", "avx512f", "avx512bw", "avx512vnni"})) == "avx512_vnni"
+
+
+def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -> None:
+    def env(cpu: str) -> dict[str, str]:
+        return KT.template_values(image_spec("ktransformers", cpu, cuda=cuda_target("12.8")),
+                                  KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))))["engine_env"]
+    assert env("sapphirerapids") == {"KT_KERNEL_CPU_VARIANT": "amx"}
+    assert env("zen4") == {"KT_KERNEL_CPU_VARIANT": "avx512_bf16"}
+    assert env("portable") == {}
+
+
+def test_source_builds_name_the_cpu_target_never_native() -> None:
+    def build_env(spec_name: str) -> dict[str, str]:
+        spec = UNPUBLISHED[spec_name]
+        return dict(item.split("=", 1) for item in
+                    get_engine(spec.engine).template_values(spec, get_engine(spec.engine).toolchain(spec))["build_env"])
+    assert build_env("ktransformers-source-cuda12.8-sapphirerapids") == {
+        "CPUINFER_CPU_INSTRUCT": "AVX512", "CPUINFER_ENABLE_AMX": "ON"}
+    assert build_env("ktransformers-source-cuda12.8-portable") == {"CPUINFER_BUILD_ALL_VARIANTS": "1"}
+    legacy = image_spec("ktransformers-legacy", "zen5", cuda=cuda_target("12.8"))
+    env = dict(item.split("=", 1) for item in LEGACY.template_values(legacy, LEGACY.toolchain(legacy))["build_env"])
+    assert env == {"CC": "gcc-14", "CXX": "g++-14", "USE_NUMA": "1", "CPU_INSTRUCT": "AVX512",
+                   "TORCH_CUDA_ARCH_LIST": "'8.6;8.9;9.0;12.0'", "KTRANSFORMERS_FORCE_BUILD": "TRUE"}
+    avx2 = image_spec("ktransformers-legacy", "avx2", cuda=cuda_target("12.8"))
+    assert "CPU_INSTRUCT=AVX2" in LEGACY.template_values(avx2, LEGACY.toolchain(avx2))["build_env"]
+
+
+def test_torch_comes_from_the_index_for_its_cuda() -> None:
+    assert torch_index(cuda_target(None)) == "https://download.pytorch.org/whl/cpu"
+    assert torch_index(cuda_target("13.0")) == "https://download.pytorch.org/whl/cu130"
+    assert torch_arch_list(cuda_target("12.6")) == "8.6;8.9;9.0"
+
+
+def test_what_a_kt_image_can_be_built_from() -> None:
+    assert image_spec("ktransformers", "zen4").source.kind == "pypi"
+    with pytest.raises(ValidationError, match="has no CPU-only image"):
+        image_spec("ktransformers-legacy", "zen4")
+    with pytest.raises(ValidationError, match="not installed from PyPI wheels"):
+        ImageSpec.model_validate(image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi", "ref": "1"}})
+    with pytest.raises(SpecError, match="no kt-kernel wheels"):
+        KT.toolchain(image_spec("ktransformers", "zen4", cuda=cuda_target("12.4")))
+
+
+def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Path) -> None:
+    (tmp_path / "kt_kernel-0.7.2-cp311-cp311-manylinux_2_35_x86_64.whl").write_bytes(b"")
+    assert resolve_local(KT, str(tmp_path)) == tmp_path
+    spec = image_spec("ktransformers", "avx2", tree=tmp_path, ref="0.7.2")
+    assert isinstance(spec.source, LocalSource) and spec.source.holds == "wheels"
+    assert plan_build(spec, tmp_path / "ctx", tmp_path).build_contexts == {"wheelhouse": str(tmp_path)}
+
+
+def _stack(tmp_path: Path, engine: str = "ktransformers", **update: object) -> StackSpec:
+    model = tmp_path / "DeepSeek-R1-IQ4_XS-00001-of-00009.gguf"
+    values: dict[str, object] = dict(project="kt", engine=engine, image="kt:test", model=model, threads=32,
+                                     numa_node_count=2, gpu="nvidia", config_dir=tmp_path / "hf", ctx_size=8192)
+    return StackSpec(**(values | update))
+
+
+def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
+    args = KT.server_args(_stack(tmp_path, gpu_experts=6), None)
+    assert args == ["--model-path", "/model-config", "--kt-weight-path", "/models", "--kt-method", "LLAMAFILE",
+                    "--kt-cpuinfer", "32", "--kt-threadpool-count", "2", "--host", "0.0.0.0", "--port", "8080",
+                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6",
+                    "--trust-remote-code"]
+    assert LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy"), None) == [
+        "--model_path", "/model-config", "--gguf_path", "/models", "--cpu_infer", "32", "--cache_lens", "8192",
+        "--host", "0.0.0.0", "--port", "8080"]
+
+
+@pytest.mark.parametrize(("update", "message"), [
+    ({"gpu": "none"}, "has no CPU-only server: give --gpu nvidia"),
+    ({"config_dir": None}, "give --config-dir DIR"),
+    ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights converted by kt-kernel (safetensors), not a GGUF file"),
+    ({"cache_type": "q8_0", "mlock": True}, "no counterpart for --cache-type, --mlock"),
+    ({"override_tensors": ("exps=CPU",)}, "no counterpart for --override-tensor rules"),
+])
+def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], message: str) -> None:
+    with pytest.raises(StackError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        KT.server_args(_stack(tmp_path, **update), None)
+
+
+def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
+    zen4 = CpuInfo(flags=flags_of("zen4"), logical_cpus=64, physical_cores=32)
+    with pytest.raises(StackError, match="AMXINT8 runs on AMX, and this CPU lacks amx_tile amx_int8 amx_bf16"):
+        check_kt_method_runs(_stack(tmp_path, kt_method="AMXINT8"), zen4)
+    check_kt_method_runs(_stack(tmp_path, kt_method="AMXINT8"),
+                         CpuInfo(flags=flags_of("sapphirerapids"), logical_cpus=64, physical_cores=32))
+    check_kt_method_runs(_stack(tmp_path), zen4)  # LLAMAFILE runs anywhere
+
+
+def test_the_stack_binds_numa_memory_and_mounts_the_config(tmp_path: Path) -> None:
+    service = compose_dict(_stack(tmp_path), "test", check_files=False)["services"]["engine"]
+    assert service["cap_add"] == ["SYS_NICE"] and "environment" not in service  # no numactl policy asked for
+    assert {"type": "bind", "source": str(tmp_path / "hf"), "target": "/model-config", "read_only": True} \
+        in service["volumes"]
+
+
+def test_gpu_experts_from_the_vram_plan() -> None:
+    r1 = ModelFacts(arch="deepseek2", layers=58, expert_bytes=(6 * GIB,) * 58, other_bytes=14 * GIB, kv_heads=128,
+                    key_dim=192, value_dim=128, mla_dim=576, expert_count=256)
+    fitted = make_plan(r1, 24 * GIB, 512 * GIB, 16384, "q8_0", mla=True)
+    spare = 24 * GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", True) - 2 * GIB
+    one_expert_all_layers = 58 * 6 * GIB // 256
+    assert fitted.gpu_experts_per_layer == spare // one_expert_all_layers > 0
+    assert fitted.gpu_expert_layers == spare // (6 * GIB)
+
+
+def test_presets_carry_ktransformers_without_llama_cpp_options() -> None:
+    options = get_preset("qwen3-235b-a22b").stack_options("ktransformers")
+    assert options["kt_method"] == "LLAMAFILE" and "override_tensors" not in options
+    assert options["cache_type"] is None and options["gpu_layers"] is None and options["ctx_size"] == 16384
+    assert "ktransformers-legacy" in get_preset("deepseek-r1-671b").engines
+    assert "ktransformers-legacy" not in get_preset("qwen3-next-80b-a3b").engines
