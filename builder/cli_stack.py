@@ -30,6 +30,7 @@ from builder.compose import (
 )
 from builder.demo import DEMO_PROMPT, complete, start_demo
 from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
+from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import SpecError
 from builder.host import HostFacts, probe
 from builder.image_facts import ImageFacts, read_image_facts
@@ -207,8 +208,11 @@ def demo(
     port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
 ) -> None:
     """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
-    check_port_free("127.0.0.1", port)
     adapter = get_engine(engine)
+    if not isinstance(adapter, LlamaFamilyEngine):
+        raise SpecError(f"the demo serves on the CPU with a llama.cpp-family engine; {adapter.name} needs a GPU: "
+                        "use --engine llama.cpp or ik_llama.cpp")
+    check_port_free("127.0.0.1", port)
     sys.stderr.write(f"[1/3] building the {adapter.name} avx2 CPU image (first time: 5-20 min; cached after)\n")
     base_image = ensure_base()
     tree = resolve_local(adapter, source or f"pypi:{adapter.sdist}")

@@ -42,7 +42,7 @@ RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-si
                             "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
                             # KTransformers (sglang-kt, and 0.2.x)
                             "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
-                            "--kt-num-gpu-experts", "--context-length", "--max-running-requests", "--model_path",
+                            "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests", "--model_path",
                             "--gguf_path", "--cpu_infer", "--cache_lens"})
 
 

@@ -183,9 +183,12 @@ class ImageSpec(_Spec):
         return f"{ref}-{self.cuda.label}-{self.cpu.name}"
 
 
-# kt-kernel's CPU expert backends (sglang-kt --kt-method): LLAMAFILE reads GGUF quantizations on any
-# AVX2+ CPU; the AMX ones read weights converted to INT4/INT8 by kt-kernel and need AMX.
-KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8"]
+# kt-kernel 0.7.2's inference backends (sglang-kt --kt-method; kt_kernel/experts.py): only LLAMAFILE
+# reads GGUF; AMXINT4/AMXINT8 read weights converted by kt-kernel and need AMX; the others read
+# safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
+KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "RAWINT4", "FP8", "FP8_PERCHANNEL",
+                   "BF16", "GPTQ_INT4", "MXFP4", "NVFP4", "MXFP8"]
+GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
 AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
 
 

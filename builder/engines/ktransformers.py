@@ -12,6 +12,7 @@ from builder.errors import StackError
 from builder.source import clone_commands
 from builder.spec import (
     AMX_KT_METHODS,
+    GGUF_KT_METHODS,
     CpuTarget,
     CudaTarget,
     EngineSource,
@@ -246,14 +247,17 @@ class KTransformers(_PythonEngine):
         NUMA node with the stack's physical cores, attention and KV cache on the GPU."""
         self._refuse_unsupported(stack)
         method = stack.kt_method or "LLAMAFILE"
-        if method in AMX_KT_METHODS and stack.model.suffix == ".gguf":
-            raise StackError(f"--kt-method {method} reads weights converted by kt-kernel (safetensors), not a GGUF "
-                             f"file like {stack.model.name}: use --kt-method LLAMAFILE, or convert the model and "
-                             "point --model at the converted weights")
+        if method not in GGUF_KT_METHODS and stack.model.suffix == ".gguf":
+            made_by = "kt-kernel's converter" if method in AMX_KT_METHODS else "a safetensors checkpoint"
+            raise StackError(f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
+                             f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
+                             "GGUF)")
         args = ["--model-path", CONFIG_DIR, "--kt-weight-path", MODEL_DIR, "--kt-method", method,
                 "--kt-cpuinfer", str(stack.threads), "--kt-threadpool-count", str(stack.numa_node_count),
                 "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
                 "--context-length", str(stack.ctx_size), "--max-running-requests", str(stack.parallel)]
+        if stack.numa_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
+            args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
         if stack.gpu_experts is not None:
             args += ["--kt-num-gpu-experts", str(stack.gpu_experts)]
         return args + ["--trust-remote-code", *stack.extra_args]

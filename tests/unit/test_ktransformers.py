@@ -103,6 +103,9 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
                     "--kt-cpuinfer", "32", "--kt-threadpool-count", "2", "--host", "0.0.0.0", "--port", "8080",
                     "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6",
                     "--trust-remote-code"]
+    bound = KT.server_args(_stack(tmp_path, numa="membind", numa_nodes=(1, 3), numa_node_count=2), None)
+    assert bound[bound.index("--kt-threadpool-count"):][:2] == ["--kt-threadpool-count", "2"]
+    assert bound[bound.index("--kt-numa-nodes"):][:3] == ["--kt-numa-nodes", "1", "3"]
     assert LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy"), None) == [
         "--model_path", "/model-config", "--gguf_path", "/models", "--cpu_infer", "32", "--cache_lens", "8192",
         "--host", "0.0.0.0", "--port", "8080"]
@@ -111,7 +114,8 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("update", "message"), [
     ({"gpu": "none"}, "has no CPU-only server: give --gpu nvidia"),
     ({"config_dir": None}, "give --config-dir DIR"),
-    ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights converted by kt-kernel (safetensors), not a GGUF file"),
+    ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights from kt-kernel's converter, not a GGUF file"),
+    ({"kt_method": "FP8"}, "FP8 reads weights from a safetensors checkpoint, not a GGUF file"),
     ({"cache_type": "q8_0", "mlock": True}, "no counterpart for --cache-type, --mlock"),
     ({"override_tensors": ("exps=CPU",)}, "no counterpart for --override-tensor rules"),
 ])
