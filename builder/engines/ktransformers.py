@@ -53,9 +53,11 @@ def kt_variant(flags: frozenset[str] | set[str]) -> str:
     return "avx2"
 
 
-def torch_index(cuda: CudaTarget) -> str:
-    """PyTorch's wheel index for this CUDA release (or its CPU builds): PyPI's x86-64 torch is a
-    CUDA 12.8 build, so a CPU or other-CUDA image takes torch from PyTorch's own index."""
+def torch_index(cuda: CudaTarget, pypi_cuda: str) -> str | None:
+    """PyTorch's wheel index for this CUDA release or its CPU builds; None where PyPI's own x86-64
+    torch (a build for `pypi_cuda`) is already the right one."""
+    if cuda.version == pypi_cuda:
+        return None
     tag = "cpu" if cuda.version is None else "cu" + cuda.version.replace(".", "")
     return f"{PYTORCH_INDEX}/{tag}"
 
@@ -83,6 +85,12 @@ class _PythonEngine(Engine):
     serves_on_cpu = False
     server_module: str
     package_dir: str  # the directory of the source tree that pip builds
+    pypi_torch_cuda: str  # the CUDA release PyPI's x86-64 build of the torch it pins is for
+
+    def extra_index(self, cuda: CudaTarget) -> str:
+        """pip's option for PyTorch's index, where this CUDA target needs it."""
+        index = torch_index(cuda, self.pypi_torch_cuda)
+        return f" --extra-index-url {index}" if index else ""
 
     def _mode(self, spec: ImageSpec) -> str:
         """pypi (released wheels), wheels (a local wheelhouse) or source (built from a tree)."""
@@ -190,6 +198,7 @@ class KTransformers(_PythonEngine):
     source_hint = "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
     server_module = "sglang.launch_server"
     package_dir = "kt-kernel"
+    pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
     def default_source(self, ref: str | None) -> EngineSource:
         return PypiSource(ref=ref or self.default_ref)
@@ -232,7 +241,7 @@ class KTransformers(_PythonEngine):
         if mode == "wheels":
             return [f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"]
         # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
-        return [f"{pip} --find-links /wheelhouse --extra-index-url {torch_index(spec.cuda)} "
+        return [f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
                 f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}"]
 
     def engine_env(self, spec: ImageSpec) -> dict[str, str]:
@@ -272,8 +281,10 @@ class KTransformersLegacy(_PythonEngine):
     source_hint = "a ktransformers v0.2.x checkout with submodules (0.2.4 is on neither PyPI nor this host)"
     server_module = "ktransformers.server.main"
     package_dir = "."
-    # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090).
+    # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
+    # PyPI's 2.7 wheels are CUDA 12.6 builds, so 12.8 comes from PyTorch's index.
     torch_version = "2.7.1"
+    pypi_torch_cuda = "12.6"
 
     def is_source_tree(self, path: Path) -> bool:
         return (path / "ktransformers/server/main.py").is_file() and (path / "setup.py").is_file()
@@ -283,8 +294,7 @@ class KTransformersLegacy(_PythonEngine):
 
     def prebuild_install(self, spec: ImageSpec) -> list[str]:
         """Its setup.py imports torch and builds against it, so torch (for this CUDA) comes first."""
-        return [f"{VENV}/bin/pip install --no-cache-dir --index-url {torch_index(spec.cuda)} "
-                f"torch=={self.torch_version}",
+        return [f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} torch=={self.torch_version}",
                 f"{VENV}/bin/pip install --no-cache-dir setuptools wheel packaging ninja cpufeature numpy"]
 
     def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
@@ -294,7 +304,7 @@ class KTransformersLegacy(_PythonEngine):
         return env
 
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
-        return [f"{VENV}/bin/pip install --no-cache-dir --extra-index-url {torch_index(spec.cuda)} "
+        return [f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
                 f"--find-links /wheelhouse ktransformers torch=={self.torch_version}"]
 
     health_path = "/v1/models"

@@ -67,8 +67,11 @@ def test_source_builds_name_the_cpu_target_never_native() -> None:
 
 
 def test_torch_comes_from_the_index_for_its_cuda() -> None:
-    assert torch_index(cuda_target(None)) == "https://download.pytorch.org/whl/cpu"
-    assert torch_index(cuda_target("13.0")) == "https://download.pytorch.org/whl/cu130"
+    assert torch_index(cuda_target(None), "12.8") == "https://download.pytorch.org/whl/cpu"
+    assert torch_index(cuda_target("13.0"), "12.8") == "https://download.pytorch.org/whl/cu130"
+    assert torch_index(cuda_target("12.8"), "12.8") is None  # PyPI's own torch is that build
+    assert KT.extra_index(cuda_target("12.8")) == ""
+    assert LEGACY.extra_index(cuda_target("12.8")) == " --extra-index-url https://download.pytorch.org/whl/cu128"
     assert torch_arch_list(cuda_target("12.6")) == "8.6;8.9;9.0"
 
 
