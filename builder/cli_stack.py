@@ -89,7 +89,7 @@ def compose(
     model_path = check_gguf(model)
     adapter = get_engine(engine)
     given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
-             "moe_offload_batch": moe_offload_batch,
+             "moe_offload_batch": moe_offload_batch, "kt_method": kt_method,
              "gpu_layers": gpu_layers, "cache_type": cache_type}
     options, preset_rules = merge_options(preset, adapter.name, given)
     host = probe()
@@ -131,7 +131,6 @@ def compose(
         numa_node_count=len(where.numa_nodes) or (1 if for_other_host else max(1, len(host.nodes))),
         cpuset=where.cpuset,
         config_dir=check_config_dir(config_dir) if config_dir is not None else None,
-        kt_method=kt_method,
         gpu_experts=gpu_experts,
         gpu=gpu,
         mlock=mlock,

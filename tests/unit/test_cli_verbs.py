@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import gguf
+import yaml
 
 from builder.build import image_spec
 from builder.matrix import cuda_target
@@ -70,3 +71,26 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert "blk\\.(0|1)\\.ffn_.*_exps\\.weight=CUDA0" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text
+
+
+def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    run_cli("synth-moe", str(model))
+    model.chmod(0o644)
+    config = tmp_path / "hf"
+    config.mkdir(mode=0o755)
+    (config / "config.json").write_text("{}")
+    (config / "config.json").chmod(0o644)
+    out = tmp_path / "c.yaml"
+    result = run_cli("compose", "--engine", "ktransformers", "--model", str(model), "--skip-image-checks",
+                     "--out", str(out), "--port", "18559", "--preset", "qwen3-235b-a22b", "--kt-method", "LLAMAFILE",
+                     "--config-dir", str(config), "--gpu", "nvidia", "--fit-vram-gb", "2.0105", "-c", "4096",
+                     "--numa", "none")
+    assert result.returncode == 0, result.stderr
+    command = yaml.safe_load(out.read_text())["services"]["engine"]["command"]
+    # The same 1,820,561 B the llama.cpp plan above fits two expert layers into, as experts of every
+    # layer: one expert in all 4 layers is 4 × 835,584 / 8 B, so 4 per layer.
+    assert command[command.index("--kt-num-gpu-experts") + 1] == str(1_820_561 // (4 * 835_584 // 8)) == "4"
+    assert command[command.index("--context-length") + 1] == "4096"
+    assert "--override-tensor" not in command and "--cache-type-k" not in command
