@@ -5,6 +5,7 @@ into the runtime image, and the stack runs `python -m <server module>` through a
 from __future__ import annotations
 
 import shlex
+from abc import abstractmethod
 from pathlib import Path
 
 from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
@@ -86,6 +87,7 @@ class _PythonEngine(Engine):
     server_module: str
     package_dir: str  # the directory of the source tree that pip builds
     pypi_torch_cuda: str  # the CUDA release PyPI's x86-64 build of the torch it pins is for
+    health_path = "/health"  # what answers 200 once the model is loaded
 
     def extra_index(self, cuda: CudaTarget) -> str:
         """pip's option for PyTorch's index, where this CUDA target needs it."""
@@ -138,8 +140,6 @@ class _PythonEngine(Engine):
     def context_files(self, root: Path) -> dict[str, str]:
         return {"moe-stack-kt-check": (root / "ktransformers/moe-stack-kt-check").read_text()}
 
-    health_path = "/health"
-
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
         return []
 
@@ -155,8 +155,9 @@ class _PythonEngine(Engine):
             env.update(CC=f"gcc-{tools.gcc_major}", CXX=f"g++-{tools.gcc_major}")
         return env
 
+    @abstractmethod
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
-        raise NotImplementedError
+        """The pip commands that fill the venv, with the wheelhouse mounted at /wheelhouse."""
 
     # -- run ----------------------------------------------------------------------------------
     def _refuse_unsupported(self, stack: StackSpec) -> None:
@@ -281,6 +282,7 @@ class KTransformersLegacy(_PythonEngine):
     source_hint = "a ktransformers v0.2.x checkout with submodules (0.2.4 is on neither PyPI nor this host)"
     server_module = "ktransformers.server.main"
     package_dir = "."
+    health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
     # PyPI's 2.7 wheels are CUDA 12.6 builds, so 12.8 comes from PyTorch's index.
     torch_version = "2.7.1"
@@ -306,8 +308,6 @@ class KTransformersLegacy(_PythonEngine):
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
         return [f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
                 f"--find-links /wheelhouse ktransformers torch=={self.torch_version}"]
-
-    health_path = "/v1/models"
 
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""
