@@ -14,7 +14,7 @@ from builder.engines.base import CONTAINER_PORT
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import SpecError
 from builder.files import replace_rendered_dir
-from builder.spec import GitSource, ImageSpec
+from builder.spec import ImageSpec
 
 # The image's non-root user (a fixed uid, so bind mounts and policies can name it).
 IMAGE_UID = 10001
@@ -48,13 +48,12 @@ def _environment() -> jinja2.Environment:
 def image_labels(spec: ImageSpec) -> dict[str, str]:
     """Labels fixed at render time (the build adds `created`)."""
     engine = get_engine(spec.engine)
-    source_url = spec.source.url if isinstance(spec.source, GitSource) else engine.upstream_url
     return {
         "org.opencontainers.image.title": f"{engine.name} server ({spec.variant})",
         "org.opencontainers.image.description": (
             f"{engine.name} {engine.server_label} for {spec.cuda.label}, CPU target {spec.cpu.name}"
         ),
-        "org.opencontainers.image.source": source_url,
+        "org.opencontainers.image.source": engine.source_url(spec),
         "org.opencontainers.image.revision": spec.ref,
         "org.opencontainers.image.version": spec.variant,
         f"{LABEL_PREFIX}.builder-version": __version__,

@@ -15,6 +15,10 @@ MODEL_DIR = "/models"
 # KTransformers: the model's Hugging Face directory (config, tokenizer), mounted beside the weights.
 CONFIG_DIR = "/model-config"
 CUDA_STUB_DIR = "/tmp/cuda-stub"
+# A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
+# time, point the loader at the toolkit's stub.
+CUDA_STUB_SETUP = (f"mkdir -p {CUDA_STUB_DIR}",
+                   f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1")
 API_KEY_SECRET = "moe-stack-api-key"
 API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
 # All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
@@ -48,6 +52,10 @@ class Engine(ABC):
     @abstractmethod
     def is_source_tree(self, path: Path) -> bool:
         """Whether `path` is the root of this engine's source tree."""
+
+    def source_url(self, spec: ImageSpec) -> str:
+        """Where the image's engine comes from: the git URL it clones, else the upstream project."""
+        return spec.source.url if isinstance(spec.source, GitSource) else self.upstream_url
 
     def holds_wheels(self, path: Path) -> bool:
         """Whether `path` is a wheelhouse this engine installs from (only KTransformers has one)."""

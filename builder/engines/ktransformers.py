@@ -8,7 +8,7 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
+from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
 from builder.errors import StackError
 from builder.source import clone_commands
 from builder.spec import (
@@ -17,7 +17,6 @@ from builder.spec import (
     CpuTarget,
     CudaTarget,
     EngineSource,
-    GitSource,
     ImageSpec,
     LocalSource,
     PypiSource,
@@ -113,12 +112,13 @@ class _PythonEngine(Engine):
 
     def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
         mode = self._mode(spec)
-        url = spec.source.url if isinstance(spec.source, GitSource) else self.upstream_url
         has_server = spec.cuda.version is not None
+        # A source build's server runs on the devel image, whose CUDA stub stands in for the driver.
+        needs_stub = has_server and mode == "source"
         return {
             "mode": mode,
             "venv": VENV,
-            "clone_commands": [*clone_commands(url, spec.ref),
+            "clone_commands": [*clone_commands(self.source_url(spec), spec.ref),
                                "git -C /src submodule update --quiet --init --recursive --depth 1"],
             "fetch_requirements": self.fetch_requirements(spec),
             "build_env": [f"{key}={shlex.quote(value)}" for key, value in self.build_env(spec, tools).items()],
@@ -128,10 +128,8 @@ class _PythonEngine(Engine):
             "server_module": self.server_module if has_server else None,
             "server_wrapper": SERVER_WRAPPER,
             "server_dir": str(Path(SERVER_WRAPPER).parent),
-            "help_setup": [f"mkdir -p {CUDA_STUB_DIR}",
-                           f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
-            if has_server and mode == "source" else [],
-            "cuda_stub": CUDA_STUB_DIR if has_server and mode == "source" else None,
+            "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
+            "cuda_stub": CUDA_STUB_DIR if needs_stub else None,
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,

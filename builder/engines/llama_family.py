@@ -6,11 +6,11 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import API_KEY_PATH, CONTAINER_PORT, CUDA_STUB_DIR, MODEL_DIR, Engine
+from builder.engines.base import API_KEY_PATH, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
 from builder.errors import StackError
 from builder.flags import takes_value
 from builder.source import clone_commands
-from builder.spec import CpuTarget, CudaTarget, GitSource, ImageSpec, StackSpec
+from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
 from builder.targets import GGML_X86_FEATURES
 from builder.toolchain import Toolchain
 
@@ -72,12 +72,8 @@ class LlamaFamilyEngine(Engine):
         return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
 
     def help_setup(self, cuda: CudaTarget) -> list[str]:
-        """Commands run before `help_command`: a CUDA build needs libcuda.so.1, which only the
-        driver provides, so point it at the toolkit's stub."""
-        if cuda.version is None:
-            return []
-        return [f"mkdir -p {CUDA_STUB_DIR}",
-                f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1"]
+        """Commands run before `help_command` (a CUDA build's libcuda stub)."""
+        return list(CUDA_STUB_SETUP) if cuda.version is not None else []
 
     @abstractmethod
     def extra_cmake_args(self, ref: str) -> list[str]:
@@ -88,9 +84,8 @@ class LlamaFamilyEngine(Engine):
         return self.cmake_args(spec.cpu, spec.cuda, spec.ref, tools.compiler_args(spec.cuda))
 
     def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
-        url = spec.source.url if isinstance(spec.source, GitSource) else self.upstream_url
         return {
-            "clone_commands": clone_commands(url, spec.ref),
+            "clone_commands": clone_commands(self.source_url(spec), spec.ref),
             "cmake_args": [shlex.quote(arg) for arg in self.configure_args(spec, tools)],
             "ccache_id": f"moe-stack-ccache-{self.slug}-{spec.cuda.label}-{spec.cpu.name}",
             "help_command": self.help_command(spec.cuda),
