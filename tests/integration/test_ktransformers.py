@@ -23,6 +23,8 @@ from builder.image_facts import read_image_facts
 from builder.spec import BaseImages
 from tests.cli import run_cli
 
+pytestmark = pytest.mark.integration
+
 # The stack's container settings (compose._service): no capabilities but the one kt-kernel needs.
 LOCKED_DOWN = ["--cap-drop", "ALL", "--security-opt", "no-new-privileges:true", "--read-only", "--tmpfs", "/tmp"]
 NUMA_DENIED = "Operation not permitted"
