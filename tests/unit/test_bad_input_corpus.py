@@ -23,7 +23,9 @@ PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[Health
                    derandomize=bool(os.environ.get("CI")))
 # Text a user might type: printable words, odd characters, numbers, empty strings.
 WORD = st.one_of(st.sampled_from(["", "avx2", "zen4", "zen5", "12.8", "13.0", "llama.cpp", "ik_llama.cpp", "0",
-                                  "-1", "99", "a b", "../x", "89,120", "0,1", "interleave", "2M", "1g"]),
+                                  "-1", "99", "a b", "../x", "89,120", "0,1", "interleave", "2M", "1g",
+                                  "ktransformers", "ktransformers-legacy", "portable", "sapphirerapids", "LLAMAFILE",
+                                  "AMXINT4", "nvidia", "/tmp"]),
                  st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
                          max_size=20))
 
@@ -58,7 +60,8 @@ def test_render(engine: str, cpu: str, cuda: str | None, archs: str | None, ref:
 @given(options=st.lists(st.tuples(st.sampled_from(["--ctx-size", "--threads", "--parallel", "--port", "--numa",
                                                   "--numa-nodes", "--gpu", "--hugetlbfs", "--shm-size", "--mla",
                                                   "--cache-type", "--flash-attention", "--override-tensor",
-                                                  "--preset", "--bind", "--project", "--start-period"]), WORD),
+                                                  "--preset", "--bind", "--project", "--start-period",
+                                                  "--engine", "--kt-method", "--gpu-experts", "--config-dir"]), WORD),
                         max_size=4))
 def test_compose(options: list[tuple[str, str]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
