@@ -145,5 +145,8 @@ def python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compile
         runtime_image=base.runtime or runtime_image,
         gcc_major=native.gcc_major if native else None,
         build_packages=build_packages,
-        runtime_packages=("python3", "libgomp1", "numactl", "libnuma1", "libhwloc15"),
+        runtime_packages=("python3", "libgomp1", "numactl", "libnuma1", "libhwloc15",
+                          # Triton (under SGLang) compiles its CUDA launcher stub with the system C
+                          # compiler and Python's headers at first use.
+                          *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ())),
     )
