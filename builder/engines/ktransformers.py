@@ -129,7 +129,7 @@ class _PythonEngine(Engine):
             "server_wrapper": SERVER_WRAPPER,
             "server_dir": str(Path(SERVER_WRAPPER).parent),
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
-            "cuda_stub": CUDA_STUB_DIR if needs_stub else None,
+            "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}{SERVER_WRAPPER} --help",
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,
