@@ -117,10 +117,10 @@ class BuildPlan:
             argv += ["--metadata-file", str(self.metadata_file)]
         return argv + [str(self.context)]
 
-    def contract_step(self, dest: Path) -> BuildPlan:
-        """The first step: export the server's --help text (the `contract` stage) into `dest` (reading
-        the shared cache; the second step writes it)."""
-        return replace(self, target=CONTRACT_STAGE, tags=(), labels={}, load=False,
+    def contract_step(self, dest: Path, stage: str = CONTRACT_STAGE) -> BuildPlan:
+        """The first step: export the server's --help text (the `contract` stage, or another files-only
+        `stage`) into `dest` (reading the shared cache; the second step writes it)."""
+        return replace(self, target=stage, tags=(), labels={}, load=False,
                        output={"type": "local", "dest": str(dest)}, push=False, cache_to=None, metadata_file=None)
 
     def for_publishing(self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None) -> BuildPlan:
@@ -166,7 +166,7 @@ def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, s
     log_path.parent.mkdir(parents=True, exist_ok=True)
     client = docker()
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp:
-        _stream(client, plan.contract_step(Path(tmp)), log, log_path, show)
+        stream_build(client, plan.contract_step(Path(tmp)), log, log_path, show)
         literals = Path(tmp) / PARSER_FLAGS_FILE
         help_text = (Path(tmp) / HELP_FILE).read_text(errors="replace")
         flags = parse_contract(help_text, literals.read_text() if literals.exists() else None)
@@ -175,11 +175,12 @@ def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, s
             raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(required_flags))}: it "
                               f"printed {first.strip()!r}; the binary may not run on this build host "
                               f"(full log: {log_path})", log_path=str(log_path))
-        _stream(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
+        stream_build(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
     return plan.tags[0]
 
 
-def _stream(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
+def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
+    """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail."""
     tail: deque[str] = deque(maxlen=25)
     try:
         for line in client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True):

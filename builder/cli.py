@@ -16,8 +16,10 @@ from rich.table import Table
 from typer.exceptions import TyperException
 
 from builder import __version__, cli_distribute, cli_stack
-from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
+from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
 from builder.build import Publishing, build_image, build_plan, context_dir, image_spec
+from builder.cuda_base import CHECK_ARCH, make_cuda_base
+from builder.cuda_wheels import pypi_cuda
 from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
@@ -57,6 +59,9 @@ ArchsOpt = Annotated[str | None, typer.Option("--cuda-archs", help="GPU archs, e
 BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
 BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
+CudaBaseOpt = Annotated[str, typer.Option(
+    "--cuda-base", help="CUDA images' toolkit: nvidia (pull nvidia/cuda) or pypi (moe-stack/cuda:13.0-*, made "
+    "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`)")]
 
 
 _INTERRUPTED = 130  # 128 + SIGINT
@@ -119,8 +124,12 @@ def _cuda(version: str | None, archs: str | None) -> CudaTarget:
     return cuda_target(version, int_list(archs, "--cuda-archs"))
 
 
-def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None) -> BaseImages:
-    return BaseImages(build=build_base or base_image, runtime=runtime_base or base_image)
+def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None,
+           cuda_base: str = "nvidia") -> BaseImages:
+    if cuda_base not in ("nvidia", "pypi"):
+        raise SpecError(f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images) or pypi (moe-stack base --cuda)")
+    return BaseImages(build=build_base or base_image, runtime=runtime_base or base_image,
+                      cuda="pypi" if cuda_base == "pypi" else "nvidia")
 
 
 @app.command()
@@ -134,9 +143,10 @@ def render(
     base_image: BaseOpt = None,
     build_base: BuildBaseOpt = None,
     runtime_base: RuntimeBaseOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
-    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base),
+    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base, cuda_base),
                       cuda=_cuda(cuda, cuda_archs))
     path = render_context(spec, out_dir)
     out.print(f"rendered {spec.engine} {spec.variant} → {path / 'Dockerfile'}")
@@ -153,6 +163,7 @@ def build(
     base_image: BaseOpt = None,
     build_base: BuildBaseOpt = None,
     runtime_base: RuntimeBaseOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
     registry: Annotated[str, typer.Option("--registry", help="registry part of the image tag")] = "ghcr.io",
     namespace: Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")] = "moe-stack",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
@@ -165,7 +176,8 @@ def build(
     if (gha_cache or metadata_file) and not push:
         raise SpecError("--gha-cache and --metadata-file go with --push (CI's image workflow)")
     tree = resolve_local(get_engine(engine), source) if source else None
-    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base), registry, namespace,
+    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base, cuda_base), registry,
+                      namespace,
                       _cuda(cuda, cuda_archs))
     publishing = Publishing(gha_cache, metadata_file) if push else None
     if dry_run:
@@ -183,24 +195,41 @@ def cmake_args(
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
     ccache: Annotated[bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")] = True,
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    for arg in configure_args(image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs))):
+    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")
 
 
 @app.command()
 def base(
-    tag: Annotated[str, typer.Option("--tag", help="name of the image to make")] = DEFAULT_LOCAL_TAG,
+    tag: Annotated[str, typer.Option("--tag", help="name of the Debian image to make")] = DEFAULT_LOCAL_TAG,
     suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = DEFAULT_SUITE,
     mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="re-make it even if the image exists")] = False,
+    force: Annotated[bool, typer.Option("--force", help="re-make the Debian image even if it exists")] = False,
+    cuda: Annotated[str | None, typer.Option(
+        "--cuda", help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)")] = None,
 ) -> None:
-    """Make a minimal Debian base image locally (debootstrap + docker import), for hosts that can't pull."""
-    out.print(f"base image ready: {make_base(tag=tag, suite=suite, mirror=mirror, force=force)}")
+    """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
+    with --cuda, CUDA devel/runtime images from NVIDIA's PyPI wheels on it (checked before tagging)."""
+    release = pypi_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
+    debian = ensure_base(local_tag=tag, suite=suite, mirror=mirror) if release and not force else \
+        make_base(tag=tag, suite=suite, mirror=mirror, force=force)
+    out.print(f"base image ready: {debian}")
+    if release is None:
+        return
+    made = make_cuda_base(release, debian, cache_dir() / "cuda-wheels" / release.version,
+                          cache_dir() / "contexts" / f"cuda-{release.version}-base", show=raw_stderr,
+                          log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log")
+    out.print(f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
+              f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
+              f"{made.stub_symbols} entry points", highlight=False)
+    out.print(f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base pypi)", highlight=False)
 
 
 @app.command("fetch-model")

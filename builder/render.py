@@ -32,7 +32,7 @@ def templates_root() -> Path:
     raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")
 
 
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_root())),
         undefined=jinja2.StrictUndefined,
@@ -61,6 +61,8 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
         f"{LABEL_PREFIX}.engine-ref": spec.ref,
         f"{LABEL_PREFIX}.cuda": spec.cuda.version or "none",
         f"{LABEL_PREFIX}.cuda-archs": ",".join(str(a) for a in spec.cuda.archs),
+        # Whose CUDA toolkit the image was built on: NVIDIA's images, or moe-stack's from PyPI wheels.
+        f"{LABEL_PREFIX}.cuda-base": spec.base.cuda if spec.cuda.version else "none",
         f"{LABEL_PREFIX}.cpu-target": spec.cpu.name,
         f"{LABEL_PREFIX}.march": spec.cpu.march,
         f"{LABEL_PREFIX}.required-cpu-flags": " ".join(spec.cpu.required_flags),
@@ -114,7 +116,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
     }
     root = templates_root()
     return {
-        "Dockerfile": _environment().get_template(engine.template).render(context),
+        "Dockerfile": template_environment().get_template(engine.template).render(context),
         "moe-stack-entrypoint": (root / "common/moe-stack-entrypoint").read_text(),
         "moe-stack-health": (root / "common/moe-stack-health").read_text(),
         "image.json": json.dumps(image_manifest(spec), indent=2, sort_keys=True) + "\n",

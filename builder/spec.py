@@ -142,6 +142,9 @@ class BaseImages(_Spec):
 
     build: str | None = None
     runtime: str | None = None
+    # Where a CUDA image's toolkit comes from: NVIDIA's `nvidia/cuda` images (pulled), or the
+    # `moe-stack/cuda` images `moe-stack base --cuda` assembles from NVIDIA's PyPI wheels.
+    cuda: Literal["nvidia", "pypi"] = "nvidia"
 
 
 class ImageSpec(_Spec):
@@ -164,6 +167,8 @@ class ImageSpec(_Spec):
         if self.engine in CUDA_ONLY_ENGINES and self.cuda.version is None:
             raise ValueError(f"{self.engine} builds CUDA kernels and has no CPU-only image: give a CUDA version "
                              "(--cuda 12.8)")
+        if self.base.cuda == "pypi" and self.cuda.version is None:
+            raise ValueError("--cuda-base pypi is the CUDA toolkit's base: it goes with --cuda 13.0")
         is_kt = self.engine == "ktransformers"
         if isinstance(self.source, PypiSource) and not is_kt:
             raise ValueError(f"{self.engine} is not installed from PyPI wheels: build it from its git ref or a "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from builder.cuda_wheels import pypi_cuda
 from builder.errors import SpecError
 from builder.spec import BaseImages, CpuTarget, CudaTarget
 
@@ -90,8 +91,24 @@ def _works(cpu: CpuTarget, cuda: CudaTarget) -> bool:
     return True
 
 
+def _build_os(cuda: CudaTarget, base: BaseImages) -> str:
+    """The distribution release the build stage runs: the one its base image is made of."""
+    if cuda.version is None or base.cuda == "pypi":
+        return CPU_BASE_SUITE
+    return cuda_release(cuda).ubuntu
+
+
+def _cuda_images(cuda: CudaTarget, base: BaseImages) -> tuple[str, str]:
+    """(devel, runtime) base images of a CUDA build."""
+    if base.cuda == "pypi":
+        wheels = pypi_cuda(cuda.version or "")
+        return wheels.image("devel"), wheels.image("runtime")
+    release = cuda_release(cuda)
+    return release.image("devel"), release.image("runtime")
+
+
 def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
-    build_os = CPU_BASE_SUITE if cuda.version is None else cuda_release(cuda).ubuntu
+    build_os = _build_os(cuda, base)
     default_gcc, installable = _OS_GCC[build_os]
     gcc_major = None
     if default_gcc < cpu.min_gcc:
@@ -104,7 +121,7 @@ def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
         if used > release.max_gcc:
             raise _NoCompiler(f"needs GCC {used}, but nvcc {cuda.version} accepts host compilers up to GCC "
                               f"{release.max_gcc}")
-        build_image, runtime_image = release.image("devel"), release.image("runtime")
+        build_image, runtime_image = _cuda_images(cuda, base)
     else:
         build_image = runtime_image = CPU_BASE
     gcc_packages = (f"gcc-{gcc_major}", f"g++-{gcc_major}") if gcc_major else ()
@@ -126,6 +143,9 @@ _PYTHON_OS = ("ubuntu24.04",)
 def python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compiles: bool) -> Toolchain:
     """The toolchain of a Python engine (KTransformers): a venv built on the OS it runs on, with
     compilers only when it `compiles` from source (then the CPU target's GCC rules apply too)."""
+    if base.cuda == "pypi":
+        raise SpecError("KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
+                        "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi")
     if cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
         raise SpecError(f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
                         "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer")

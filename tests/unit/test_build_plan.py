@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from python_on_whales.exceptions import DockerException
 
-from builder.build import _stream, image_spec, image_tag, plan_build
+from builder.build import stream_build, image_spec, image_tag, plan_build
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import Interrupted
 from builder.matrix import cuda_target
@@ -73,4 +73,4 @@ def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
     client = SimpleNamespace(buildx=CancelledBuildx())
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
     with (tmp_path / "log").open("w") as log, pytest.raises(Interrupted, match="interrupted; rerun the same command"):
-        _stream(client, plan, log, tmp_path / "log", show=lambda line: None)
+        stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)

@@ -46,7 +46,7 @@ def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_
 def test_shell_scripts_pass_shellcheck() -> None:
     root = Path(__file__).resolve().parents[2]
     scripts = [root / ".ci/run", *sorted(root.glob("scripts/**/*.sh")), *sorted(root.glob("bench/**/*.sh")),
-               root / "dockerfiles/llama-cpp-family/build-info.sh",
+               root / "dockerfiles/llama-cpp-family/build-info.sh", *sorted(root.glob("dockerfiles/cuda-base/*.sh")),
                root / "dockerfiles/common/moe-stack-entrypoint", root / "dockerfiles/common/moe-stack-health"]
     result = subprocess.run([dependency_command("shellcheck"), "--severity=warning", *map(str, scripts)],
                             capture_output=True, text=True)

@@ -1,0 +1,150 @@
+"""`moe-stack base --cuda 13.0`: CUDA devel and runtime base images from NVIDIA's PyPI wheels, for
+hosts that reach a PyPI mirror and a Debian mirror but no container registry.
+
+The wheels are downloaded on the host (pinned by sha256; containers here can't reach PyPI over TLS)
+and handed to the build as the named context `cuda-wheels`. Before either image is tagged, the
+Dockerfile's `check` stage compiles a kernel + cuBLAS program against the devel image and resolves
+it with `ldd` in the runtime image; `check_report` turns that into a pass or one clear error.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from builder import __version__
+from builder.build import BuildPlan, stream_build
+from builder.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
+from builder.docker_client import docker
+from builder.errors import BaseImageError
+from builder.files import replace_rendered_dir
+from builder.render import LABEL_PREFIX, template_environment, templates_root
+
+WHEELS_CONTEXT = "cuda-wheels"
+CHECK_STAGE = "check"
+# The one GPU arch the check compiles (the device's H200); any arch proves the toolchain links.
+CHECK_ARCH = 90
+_TEMPLATE_DIR = "cuda-base"
+_HELPERS = ("cuda-layout.sh", "make-cuda-stub.sh", "cuda-check.cu")
+
+
+@dataclass(frozen=True)
+class CudaBase:
+    devel: str
+    runtime: str
+    stub_symbols: int  # entry points in the generated libcuda stub
+    report: str  # the check's ldd and cuobjdump output
+
+
+def wheel_file_name(name: str, version: str, directory: Path) -> Path:
+    """The downloaded wheel of `name==version` in `directory` (pip normalises '-' to '_')."""
+    stem = f"{name.replace('-', '_')}-{version}-"
+    found = sorted(p for p in directory.glob("*.whl") if p.name.startswith(stem))
+    if not found:
+        raise BaseImageError(f"{name}=={version} is missing from {directory} after the download; rerun, or check "
+                             "the PyPI mirror")
+    return found[0]
+
+
+def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
+    """pip-download the release's wheels into `dest` with their pinned hashes (files already there
+    are checked, not fetched again); returns each wheel's file by package name."""
+    dest.mkdir(parents=True, exist_ok=True)
+    requirements = dest / "requirements.txt"
+    requirements.write_text("".join(wheel.requirement + "\n" for wheel in cuda.wheels))
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--require-hashes", "--dest", str(dest), "-r", str(requirements),
+           *(arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform))]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BaseImageError(f"can't download CUDA {cuda.version}'s wheels from PyPI ({last}); check pip's index "
+                             "(PIP_INDEX_URL) and that it mirrors NVIDIA's nvidia-* packages")
+    return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.wheels}
+
+
+def base_labels(cuda: PypiCuda, debian_base: str, runtime: bool, created: datetime) -> dict[str, str]:
+    """Labels of one base image: the CUDA version and every wheel in it, by version and sha256."""
+    flavour = "runtime" if runtime else "devel"
+    labels = {
+        "org.opencontainers.image.title": f"CUDA {cuda.version} {flavour} from PyPI wheels (moe-stack base)",
+        "org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        f"{LABEL_PREFIX}.builder-version": __version__,
+        f"{LABEL_PREFIX}.cuda": cuda.version,
+        f"{LABEL_PREFIX}.cuda-full-version": cuda.full_version,
+        f"{LABEL_PREFIX}.cuda-flavour": flavour,
+        f"{LABEL_PREFIX}.os-base": debian_base,
+    }
+    for wheel in cuda.wheels:
+        if wheel.runtime or not runtime:
+            labels[f"{LABEL_PREFIX}.wheel.{wheel.name}"] = f"{wheel.version} sha256:{wheel.sha256}"
+    return labels
+
+
+def render_files(cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime) -> dict[str, str]:
+    """Every file of the base images' build context, by name."""
+    env = {
+        "CUDA_HOME": "/usr/local/cuda",
+        "CUDA_VERSION": cuda.full_version,
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "NVIDIA_REQUIRE_CUDA": f"cuda>={cuda.version}",
+    }
+    text = template_environment().get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2").render(
+        builder_version=__version__,
+        cuda_version=cuda.version,
+        debian_base=debian_base,
+        prefix=cuda.prefix,
+        prefix_name=Path(cuda.prefix).name,
+        wheel_root=cuda.wheel_root,
+        wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
+        runtime_libs=cuda.runtime_libs,
+        env=env,
+        devel_labels=base_labels(cuda, debian_base, False, created),
+        runtime_labels=base_labels(cuda, debian_base, True, created),
+        check_arch=CHECK_ARCH,
+    )
+    root = templates_root() / _TEMPLATE_DIR
+    sums = "".join(f"{wheel.sha256}  /wheels/{wheel_files[wheel.name].name}\n" for wheel in cuda.wheels)
+    return {"Dockerfile": text, "cuda-wheels.sha256": sums, **{name: (root / name).read_text() for name in _HELPERS}}
+
+
+def check_report(ldd: str, elf: str, arch: int) -> list[str]:
+    """What is wrong with the check's output (empty: nothing). Every library but the driver's
+    libcuda.so.1 (mounted by the NVIDIA container toolkit) must resolve in the runtime image, and the
+    program must hold exactly the arch it was compiled for."""
+    problems = [f"the runtime image can't resolve {line.split()[0]}" for line in ldd.splitlines()
+                if "not found" in line and not line.strip().startswith("libcuda.so.1")]
+    archs = sorted(set(re.findall(r"sm_(\d+)", elf)))
+    if archs != [str(arch)]:
+        problems.append(f"the check program holds {', '.join('sm_' + a for a in archs) or 'no'} code, not sm_{arch}")
+    return problems
+
+
+def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_dir: Path,
+                   show: Callable[[str], None], log_path: Path) -> CudaBase:
+    """Download the wheels, render, run the check, then build and tag the devel and runtime images."""
+    wheel_files = download_wheels(cuda, wheel_dir)
+    created = datetime.now(timezone.utc)
+    context = replace_rendered_dir(render_files(cuda, debian_base, wheel_files, created), context_dir)
+    plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    client = docker()
+    with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:
+        stream_build(client, plan.contract_step(Path(tmp), CHECK_STAGE), log, log_path, show)
+        ldd = (Path(tmp) / "ldd.txt").read_text()
+        problems = check_report(ldd, (Path(tmp) / "elf.txt").read_text(), CHECK_ARCH)
+        if problems:
+            raise BaseImageError(f"CUDA {cuda.version} base failed its check: {'; '.join(problems)} (full log: "
+                                 f"{log_path})")
+        for flavour in ("devel", "runtime"):
+            stream_build(client, BuildPlan(context=context, tags=(cuda.image(flavour),), target=flavour,
+                                           build_contexts=plan.build_contexts), log, log_path, show)
+        stub_symbols = int((Path(tmp) / "stub-symbols.txt").read_text())
+    return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=stub_symbols, report=ldd)
