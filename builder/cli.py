@@ -19,7 +19,7 @@ from builder import __version__, cli_distribute, cli_stack
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
 from builder.build import Publishing, build_image, build_plan, context_dir, image_spec
 from builder.cuda_base import CHECK_ARCH, make_cuda_base
-from builder.cuda_wheels import pypi_cuda
+from builder.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
@@ -314,7 +314,8 @@ def doctor(
     findings = diagnose(host, docker_ok=client is not None,
                         gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
                         free_disk_bytes=shutil.disk_usage(Path.home()).free,
-                        model_bytes=model_bytes(check_gguf(model)) if model else None)
+                        model_bytes=model_bytes(check_gguf(model)) if model else None,
+                        cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None)
     if as_json:
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
     else:

@@ -76,6 +76,11 @@ PYPI_CUDA: dict[str, PypiCuda] = {c.version: c for c in (
 )}
 
 
+def local_cuda_images() -> list[str]:
+    """Every image `moe-stack base --cuda` can make, devel and runtime of each release."""
+    return [cuda.image(flavour) for cuda in PYPI_CUDA.values() for flavour in ("devel", "runtime")]
+
+
 def pypi_cuda(version: str) -> PypiCuda:
     """The wheel set for `version`, or a SpecError saying which releases have one and why."""
     try:

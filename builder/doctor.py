@@ -43,7 +43,9 @@ def highest_cuda(driver: str) -> str | None:
 
 
 def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_bytes: int,
-             model_bytes: int | None = None) -> list[Finding]:
+             model_bytes: int | None = None, cuda_bases: dict[str, bool] | None = None) -> list[Finding]:
+    """Every finding for `host`. `cuda_bases`: each registry-free CUDA base image (`moe-stack base
+    --cuda`) and whether the Docker store has it (None: Docker wasn't asked)."""
     findings = [_cpu(host), _cores(host), *_numa(host), _thp(host), _hugepages(host), *_gpus(host, gpu_runtime_ok)]
     findings.append(Finding("OK", "docker", "the Docker daemon answers") if docker_ok else
                     Finding("FAIL", "docker", "the Docker daemon does not answer",
@@ -51,9 +53,23 @@ def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_b
     findings.append(Finding("OK", "disk", f"{size(free_disk_bytes)} free") if free_disk_bytes >= 50 * 1024**3 else
                     Finding("WARN", "disk", f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, "
                             "a large MoE GGUF 150-400 GB", "docker system prune   # or free space elsewhere"))
+    if cuda_bases is not None:
+        findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
         findings.append(_model_fits(host, model_bytes))
     return findings
+
+
+def _cuda_bases(present: dict[str, bool]) -> Finding:
+    have = [name for name, here in present.items() if here]
+    if not have:
+        return Finding("OK", "cuda_base", "no registry-free CUDA base here: CUDA images build on NVIDIA's images "
+                       "(nvidia/cuda)", "where nvidia/cuda can't be pulled: sudo moe-stack base --cuda 13.0")
+    missing = [name for name, here in present.items() if not here]
+    if missing:
+        return Finding("WARN", "cuda_base", f"CUDA base {', '.join(have)} is here but {', '.join(missing)} is not",
+                       "sudo moe-stack base --cuda 13.0   # makes both again")
+    return Finding("OK", "cuda_base", f"CUDA bases from PyPI wheels: {', '.join(have)} (moe-stack build --cuda-base pypi)")
 
 
 def _cpu(host: HostFacts) -> Finding:

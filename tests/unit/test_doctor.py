@@ -54,3 +54,19 @@ def test_doctor_cli_on_a_recorded_tree(tmp_path: Path) -> None:
     assert findings["thp"]["level"] == "WARN" and "madvise" in findings["thp"]["fix"]
     assert findings["numa"]["message"].startswith("2 NUMA node(s) (node0: 32 cores")
     assert result.returncode == (1 if any(f["level"] == "FAIL" for f in findings.values()) else 0)
+
+
+def test_cuda_bases_present_partial_or_absent(tmp_path: Path) -> None:
+    host = probe(fake_host(tmp_path, EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=384))
+    devel, runtime = "moe-stack/cuda:13.0-devel", "moe-stack/cuda:13.0-runtime"
+
+    def finding(present: dict[str, bool] | None) -> object:
+        return _by_topic(diagnose(host, True, True, 500 * GIB, cuda_bases=present)).get("cuda_base")
+
+    both = finding({devel: True, runtime: True})
+    assert both.level == "OK" and devel in both.message and "--cuda-base pypi" in both.message
+    half = finding({devel: True, runtime: False})
+    assert half.level == "WARN" and f"{runtime} is not" in half.message and "base --cuda 13.0" in half.fix
+    none = finding({devel: False, runtime: False})
+    assert none.level == "OK" and "nvidia/cuda" in none.message and none.fix.endswith("moe-stack base --cuda 13.0")
+    assert finding(None) is None, "without Docker there is nothing to say"
