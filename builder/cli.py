@@ -248,15 +248,20 @@ def synth_moe(
     experts: Annotated[int, typer.Option(min=1)] = 8,
     experts_used: Annotated[int, typer.Option(min=1)] = 2,
     expert_ffn: Annotated[int, typer.Option(min=32)] = 128,
+    heads: Annotated[int, typer.Option(min=1, help="attention heads")] = 4,
+    kv_heads: Annotated[int, typer.Option(min=1, help="KV heads (grouped-query attention)")] = 2,
+    head_dim: Annotated[int, typer.Option(min=32)] = 64,
     quant: Annotated[str, typer.Option(help="Q8_0 or Q4_0")] = "Q8_0",
     seed: int = 0,
 ) -> None:
-    """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks."""
+    """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks.
+    Qwen3-235B-A22B's layer shapes: --hidden 4096 --heads 64 --kv-heads 4 --head-dim 128
+    --experts 128 --experts-used 8 --expert-ffn 1536 --quant Q4_0 (1.4 GB a layer)."""
     from builder.synth_moe import MoeShape, write_moe_gguf  # numpy + gguf: only this verb needs them
 
     try:
         shape = MoeShape(layers=layers, hidden=hidden, experts=experts, experts_used=experts_used,
-                         expert_ffn=expert_ffn, quant=quant)
+                         expert_ffn=expert_ffn, heads=heads, kv_heads=kv_heads, head_dim=head_dim, quant=quant)
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
     path = write_moe_gguf(out_file, shape, seed)

@@ -49,6 +49,8 @@ class MoeShape:
                 raise ValueError(f"{name} must be a multiple of 32 (the quant block size)")
         if self.heads * self.head_dim % 32 or self.experts_used > self.experts:
             raise ValueError("heads*head_dim must be a multiple of 32 and experts_used <= experts")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:

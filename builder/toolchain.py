@@ -71,6 +71,8 @@ def cuda_release(cuda: CudaTarget) -> CudaRelease:
 
 def toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages = BaseImages()) -> Toolchain:
     """The toolchain for a (CPU, CUDA) target, or a SpecError saying why none exists."""
+    if base.cuda == "pypi" and cuda.version is not None:
+        pypi_cuda(cuda.version)  # a release without wheels is refused first, for what it is
     try:
         return _toolchain(cpu, cuda, base)
     except _NoCompiler as problem:

@@ -135,3 +135,18 @@ def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None
 ])
 def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
     assert_one_line_error(run_cli("pull", "--from", source), needle)
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["base", "--cuda", "12.8"], ["CUDA 12.8 has no compiler on PyPI", "--cuda-base nvidia"]),
+    (["render", "--cuda", "12.6", "--cuda-base", "pypi"], ["CUDA 12.6 has no compiler on PyPI"]),
+    (["render", "--cuda-base", "pypi"], ["goes with --cuda 13.0"]),
+    (["render", "--cuda", "13.0", "--cuda-base", "conda"], ["--cuda-base 'conda'", "nvidia", "pypi"]),
+    (["render", "--engine", "ktransformers", "--cuda", "13.0", "--cuda-base", "pypi"], ["drop --cuda-base pypi"]),
+])
+def test_cuda_base_refusals(args: list[str], needles: list[str], tmp_path: Path) -> None:
+    """Refused before any download, build or write."""
+    if args[0] == "render":
+        args = [*args, "--out", str(tmp_path / "out")]
+    assert_one_line_error(run_cli(*args), *needles)
+    assert not (tmp_path / "out").exists()

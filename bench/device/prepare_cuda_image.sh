@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Pack a built CUDA image for bench/device/cuda_image.sh, which runs it on a GPU machine without
+# Docker (as a container runtime would: its own root filesystem, new namespaces, the host driver's
+# libraries bound in) and against a native build of the same tree and configure arguments.
+#
+#   prepare_cuda_image.sh IMAGE ENGINE_TREE MODEL [PRESET]
+#
+# Writes .device/ (git-ignored; the device tool carries at most 64 MiB):
+#   image-rootfs.tar.xz   the image's root filesystem (docker export), cuBLAS and cuBLASLt left out:
+#                         with them it is ~600 MB; the device binds its own copy of the same release
+#   image-removed.txt     what was left out, with the sha256 each file has in the image
+#   image-env.txt         the image's Config.Env, one per line (what a runtime starts the entrypoint with)
+#   stack.yaml            `moe-stack compose --gpu nvidia --preset PRESET` for MODEL, emitted here for
+#                         the device (16 physical cores), the image's flag contract checked
+#   engine.tar.xz         the engine tree the image was built from (docs, models, media left out)
+#   engine.cmake-args     the configure arguments the image used, ccache launchers dropped
+#   whl/                  the gguf wheel (synth_moe.py writes the model on the device)
+set -euo pipefail
+image=${1:?IMAGE}
+tree=${2:?ENGINE_TREE}
+model=${3:?MODEL (written by: python3 bench/device/stack_parts.py --write-model DIR/qwen3-235b-a22b-shapes-4l-q4_0.gguf)}
+preset=${4:-qwen3-235b-a22b}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+out=$repo/.device
+ms=$repo/.venv/bin/moe-stack
+mkdir -p "$out/whl"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+label() { docker image inspect -f "{{index .Config.Labels \"$1\"}}" "$image"; }
+engine=$(label io.moe-stack.engine)
+archs=$(label io.moe-stack.cuda-archs)
+cpu=$(label io.moe-stack.cpu-target)
+cuda=$(label io.moe-stack.cuda)
+cuda_base=$(label io.moe-stack.cuda-base)
+
+container=$(docker create "$image")
+docker export "$container" >"$work/rootfs.tar"
+docker rm "$container" >/dev/null
+mkdir "$work/rootfs"
+tar -C "$work/rootfs" -xf "$work/rootfs.tar"
+: >"$out/image-removed.txt"
+for lib in libcublas.so.13 libcublasLt.so.13; do
+  path=$(cd "$work/rootfs" && find usr/local -name "$lib" -type f)
+  echo "$(sha256sum "$work/rootfs/$path" | cut -d' ' -f1) $(stat -c %s "$work/rootfs/$path") /$path" >>"$out/image-removed.txt"
+  rm "$work/rootfs/$path"
+done
+tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -6 >"$out/image-rootfs.tar.xz"
+docker image inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$image" | sed '/^$/d' >"$out/image-env.txt"
+docker image inspect -f '{{.Id}} {{index .RepoTags 0}}' "$image" >"$out/image-id.txt"
+
+"$ms" compose --engine "$engine" --image "$image" --model "$model" --preset "$preset" --gpu nvidia \
+  --for-other-host --threads 16 -o "$out/stack.yaml" >/dev/null
+grep -q 'flags-checked: true' "$out/stack.yaml" || { echo "the stack's flags were not checked" >&2; exit 1; }
+
+tar -C "$(dirname "$tree")" --exclude=docs --exclude=models --exclude=media --exclude=.github \
+  -cf - "$(basename "$tree")" | xz -T0 -6 >"$out/engine.tar.xz"
+"$ms" cmake-args --engine "$engine" --cuda "$cuda" --cuda-archs "$archs" --cpu "$cpu" --cuda-base "$cuda_base" \
+  --no-ccache >"$out/engine.cmake-args"
+"$repo/.venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: -d "$out/whl" "gguf==$(
+  "$repo/.venv/bin/python" -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+du -sh "$out"/* | sort -h

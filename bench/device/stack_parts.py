@@ -1,0 +1,45 @@
+"""The parts of an emitted stack a runtime needs, for bench/device/cuda_image.sh (no Docker there):
+
+    stack_parts.py STACK.yaml WORKDIR    write WORKDIR/stack-command.txt (the engine service's command,
+                                         one argument a line), stack-env.txt (its environment) and
+                                         model-name (the file under /models it serves)
+    stack_parts.py --write-model PATH    write the synthetic model those stacks are emitted for
+
+The model: Qwen3-235B-A22B's layer shapes (hidden 4096, 64 query and 4 KV heads of 128, 128 experts of
+which 8 are used, expert FFN 1536), 4 layers, Q4_0, random weights (seed 0, so every host writes the
+same bytes): what a token reads per layer is the real model's, the layer count is not.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+from builder.synth_moe import MoeShape, write_moe_gguf
+
+SHAPE = MoeShape(layers=4, hidden=4096, heads=64, kv_heads=4, head_dim=128, expert_ffn=1536, experts=128,
+                 experts_used=8, quant="Q4_0")
+MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"
+
+
+def split_stack(stack_file: Path, work: Path) -> None:
+    service = yaml.safe_load(stack_file.read_text())["services"]["engine"]
+    command = [str(arg) for arg in service["command"]]
+    if any("\n" in arg for arg in command):
+        raise SystemExit("an argument holds a newline; this runner passes one argument a line")
+    (work / "stack-command.txt").write_text("".join(arg + "\n" for arg in command))
+    env = service.get("environment") or {}
+    (work / "stack-env.txt").write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    model = command[command.index("--model") + 1]
+    (work / "model-name").write_text(Path(model).name)
+    print(f"stack: {len(command)} arguments, {len(env)} environment variables, model {model}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--write-model":
+        path = write_moe_gguf(Path(sys.argv[2]), SHAPE)
+        print(f"wrote {path}: {path.stat().st_size} bytes")
+    else:
+        split_stack(Path(sys.argv[1]), Path(sys.argv[2]))
