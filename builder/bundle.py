@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tarfile
 import tempfile
 from pathlib import Path
@@ -22,10 +23,14 @@ from builder.engines.base import MODEL_DIR
 from builder.errors import MoeStackError
 from builder.files import write_file_atomically
 from builder.planner import split_parts
+from builder.safe_tar import UnsafeArchive, extract_files
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
 _CHUNK = 16 << 20
+_SMALL_MEMBER = 1 << 20  # manifest.json and compose.yaml
+# A model part's file name: no directories, no leading dot, nothing a path could be made of.
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.gguf")
 
 
 class BundleError(MoeStackError):
@@ -119,10 +124,21 @@ def _stack_document(compose_file: Path) -> dict:
     return document
 
 
+def _member_limit(name: str) -> int | None:
+    """The size cap of a member a bundle may hold (None: no cap); UnsafeArchive for any other name."""
+    if name in (MANIFEST, COMPOSE):
+        return _SMALL_MEMBER
+    if name == IMAGES or (name.startswith("models/") and _MODEL_NAME.fullmatch(name.removeprefix("models/"))):
+        return None
+    raise UnsafeArchive(f"member {name!r} is not one a moe-stack bundle holds")
+
+
 def _extract(bundle: Path, into: Path) -> None:
+    """Only the regular-file members a bundle holds, each written by moe-stack itself (safe_tar)."""
     try:
-        with tarfile.open(bundle, "r:") as archive:
-            archive.extractall(into, filter="data")
+        extract_files(bundle, into, _member_limit)
+    except UnsafeArchive as err:
+        raise BundleError(f"bundle {bundle} refused: {err}; it was not made by `moe-stack bundle`") from None
     except FileNotFoundError:
         raise BundleError(f"bundle {bundle} does not exist") from None
     except (tarfile.TarError, EOFError, OSError) as err:
@@ -134,8 +150,15 @@ def _manifest(bundle: Path, staging: Path) -> dict:
         manifest = json.loads((staging / MANIFEST).read_text())
     except (OSError, ValueError):
         raise BundleError(f"bundle {bundle} has no readable {MANIFEST}; it was not made by `moe-stack bundle`") from None
-    if manifest.get("format") != FORMAT:
-        raise BundleError(f"bundle {bundle} has format {manifest.get('format')}; this moe-stack reads format {FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BundleError(f"bundle {bundle} has format {found}; this moe-stack reads format {FORMAT}")
+    files, models = manifest.get("files"), manifest.get("models")
+    if not isinstance(files, dict) or set(files) != {COMPOSE, IMAGES}:
+        raise BundleError(f"bundle {bundle}: its manifest must list exactly {COMPOSE} and {IMAGES} under files")
+    if not isinstance(models, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"]) for m in models):
+        raise BundleError(f"bundle {bundle}: its manifest names a model that is not a plain *.gguf file name")
     return manifest
 
 

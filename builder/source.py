@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.errors import SourceError
+from builder.safe_tar import UnsafeArchive, extract_tree
 
 if TYPE_CHECKING:
     from builder.engines.base import Engine
@@ -85,9 +86,11 @@ def _unpack(archive: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
     try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
+        extract_tree(archive, staging)
         staging.rename(target)
+    except UnsafeArchive as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise SourceError(f"--source {archive}: refused, {err}; unpack and check it by hand") from None
     except (tarfile.TarError, OSError) as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise SourceError(f"--source {archive}: can't unpack ({err}); is the archive complete?") from None
