@@ -26,6 +26,7 @@ MANIFEST_TYPES = ", ".join((
 ))
 _LOOPBACK = re.compile(r"^(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?$")
 _TIMEOUT_S = 30
+_MAX_TAG_PAGES = 100
 
 
 class RegistryError(MoeStackError):
@@ -78,7 +79,11 @@ def list_tags(repo: Repository) -> list[str]:
     """Every tag of `repo` ([] when the repository does not exist yet)."""
     url = f"{repo.base_url}/tags/list?n=10000"
     tags: list[str] = []
+    seen: set[str] = set()
     while url:
+        if url in seen or len(seen) >= _MAX_TAG_PAGES:
+            break  # a loop, or more pages than any moe-stack repository has: what was read is enough
+        seen.add(url)
         try:
             with _open(repo, urllib.request.Request(url)) as response:
                 body = json.load(response)
@@ -90,7 +95,15 @@ def list_tags(repo: Repository) -> list[str]:
         tags += body.get("tags") or []
         match = re.search(r"<([^>]+)>;\s*rel=\"next\"", next_link)
         url = urllib.parse.urljoin(url, match[1]) if match else ""
+        if url and _origin(url) != _origin(repo.base_url):
+            raise RegistryError(f"registry {repo.host} sent the next page of tags to another host ({_origin(url)}); "
+                                "not followed")
     return tags
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.netloc.lower()
 
 
 def manifest_digest(repo: Repository, tag: str) -> str:
@@ -108,8 +121,10 @@ def _open(repo: Repository, request: urllib.request.Request, authenticate: bool 
     try:
         return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
     except urllib.error.HTTPError as err:
-        if err.code == 401 and authenticate and "Authorization" not in request.headers:
-            request.add_header("Authorization", _credentials(repo, err.headers.get("WWW-Authenticate", "")))
+        if err.code == 401 and authenticate and not request.has_header("Authorization"):
+            # Unredirected: urllib copies ordinary headers onto a redirect (to another host, or https to
+            # http); credentials must stay with the request they were made for.
+            request.add_unredirected_header("Authorization", _credentials(repo, err.headers.get("WWW-Authenticate", "")))
             return _open(repo, request, authenticate=False)
         raise _http_error(repo, err) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
@@ -138,9 +153,12 @@ def _credentials(repo: Repository, challenge: str) -> str:
     if scheme.lower() != "bearer" or "realm" not in fields:
         raise RegistryError(f"registry {repo.host} asks for unsupported auth {challenge!r}")
     query = {"service": fields.get("service", ""), "scope": fields.get("scope") or f"repository:{repo.path}:pull"}
-    token_request = urllib.request.Request(f"{fields['realm']}?{urllib.parse.urlencode(query)}")
-    if login is not None:
-        token_request.add_header("Authorization", f"Basic {login}")
+    realm = fields["realm"]
+    token_request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
+    # The login goes to the realm only over TLS or to the registry's own origin; anywhere else the
+    # token is asked for anonymously (enough for public pulls, refused otherwise).
+    if login is not None and (_origin(realm)[0] == "https" or _origin(realm) == _origin(repo.base_url)):
+        token_request.add_unredirected_header("Authorization", f"Basic {login}")
     with _open(repo, token_request, authenticate=False) as response:
         body = json.load(response)
     return f"Bearer {body.get('token') or body.get('access_token')}"
