@@ -16,6 +16,7 @@ import gguf
 
 from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import ModelError, SpecError
+from builder.gguf_bounds import check_header
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
@@ -24,6 +25,9 @@ CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
+# Far beyond any real model (DeepSeek-R1: 61 layers, 256 experts); past these a header is hostile.
+MAX_LAYERS = 4096
+MAX_EXPERTS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,11 @@ _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$"
 
 def _open(path: Path) -> gguf.GGUFReader:
     """A reader of a complete GGUF: a cut header, or tensor data that runs past the file's end (an
-    interrupted download), is a ModelError."""
+    interrupted download), is a ModelError; so is a header whose counts don't fit the file."""
+    check_header(path)
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError, IndexError) as err:  # gguf's reader on a cut or corrupt header
+    except (ValueError, OSError, IndexError, KeyError) as err:  # KeyError: a key given twice  # gguf's reader on a cut or corrupt header
         raise ModelError(f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?") from None
     needed = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     have = path.stat().st_size
@@ -97,19 +102,30 @@ def read_facts(path: Path) -> ModelFacts:
     """ModelFacts from a GGUF's header (every part of a split one); ModelError when unreadable."""
     parts = split_parts(path)
     reader = _open(parts[0])
-    arch = _field(reader, "general.architecture", str)
+    arch = str(_field(reader, "general.architecture", str))
     layers = int(_field(reader, f"{arch}.block_count", int))
+    if not 1 <= layers <= MAX_LAYERS:
+        raise ModelError(f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}")
     expert = [0] * layers
     other = 0
     for part_reader in [reader, *(_open(p) for p in parts[1:])]:
         for tensor in part_reader.tensors:
             match = _EXPERT.match(tensor.name)
             if match:
-                expert[int(match.group(1))] += int(tensor.n_bytes)
+                layer = int(match.group(1))
+                if layer >= layers:
+                    raise ModelError(f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
+                                     "layers; the file is corrupt")
+                expert[layer] += int(tensor.n_bytes)
             else:
                 other += int(tensor.n_bytes)
     heads = int(_field(reader, f"{arch}.attention.head_count", int))
     embd = int(_field(reader, f"{arch}.embedding_length", int))
+    if heads < 1 or embd < 1:
+        raise ModelError(f"{path} says it has {heads} attention heads and embedding length {embd}; the file is corrupt")
+    experts = int(_field(reader, f"{arch}.expert_count", int, default=0))
+    if not 0 <= experts <= MAX_EXPERTS:
+        raise ModelError(f"{path} says it has {experts} experts per layer; a model has at most {MAX_EXPERTS}")
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", int, default=heads))
     key_dim = int(_field(reader, f"{arch}.attention.key_length", int, default=embd // heads))
     value_dim = int(_field(reader, f"{arch}.attention.value_length", int, default=embd // heads))
@@ -119,7 +135,7 @@ def read_facts(path: Path) -> ModelFacts:
             int(_field(reader, f"{arch}.rope.dimension_count", int))
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
                       kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
-                      expert_count=int(_field(reader, f"{arch}.expert_count", int, default=0)))
+                      expert_count=experts)
 
 
 def _field(reader: gguf.GGUFReader, key: str, kind: type, default: object = None) -> object:
@@ -128,8 +144,15 @@ def _field(reader: gguf.GGUFReader, key: str, kind: type, default: object = None
         if default is not None:
             return default
         raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
-    value = field_.parts[field_.data[0]]
-    return bytes(value).decode() if kind is str else value[0]
+    value = field_.parts[field_.data[0]] if field_.data else None
+    if value is None or len(value) == 0:
+        raise ModelError(f"the GGUF's {key} is empty; the file is corrupt")
+    if kind is str:
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            raise ModelError(f"the GGUF's {key} is not UTF-8 text; the file is corrupt") from None
+    return value[0]
 
 
 def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool) -> int:
