@@ -224,8 +224,10 @@ class StackSpec(_Spec):
     # read weights converted by kt-kernel), and how many experts per layer stay on the GPU.
     kt_method: KtMethod | None = None
     gpu_experts: int | None = Field(default=None, ge=0)
-    # KTransformers reads the model's config and tokenizer from its Hugging Face directory.
+    # KTransformers reads the model's config and tokenizer from its Hugging Face directory; Python in
+    # that directory (a config's auto_map) runs only when the user asks for it.
     config_dir: Path | None = None
+    trust_remote_code: bool = False
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
     numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"

@@ -268,7 +268,9 @@ class KTransformers(_PythonEngine):
             args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
         if stack.gpu_experts is not None:
             args += ["--kt-num-gpu-experts", str(stack.gpu_experts)]
-        return args + ["--trust-remote-code", *stack.extra_args]
+        if stack.trust_remote_code:
+            args.append("--trust-remote-code")
+        return args + list(stack.extra_args)
 
 
 class KTransformersLegacy(_PythonEngine):
@@ -313,6 +315,9 @@ class KTransformersLegacy(_PythonEngine):
         if stack.kt_method is not None or stack.gpu_experts is not None:
             raise StackError("--kt-method and --gpu-experts are options of the current KTransformers (sglang-kt); "
                              "0.2.x places experts by its optimize rules: drop them")
+        if stack.trust_remote_code:
+            raise StackError("ktransformers-legacy (0.2.x) has no --trust-remote-code switch (its server decides "
+                             "itself): drop it")
         return ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
                 "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
                 *stack.extra_args]

@@ -140,6 +140,8 @@ class LlamaFamilyEngine(Engine):
             args += self.hugepages_args(flags)
         if stack.mlock:
             args.append("--mlock")
+        if stack.trust_remote_code:
+            raise StackError(f"{self.name} runs no Python from the model's directory: drop --trust-remote-code")
         if stack.api_key_file is not None:
             args += ["--api-key-file", API_KEY_PATH]
         return args + list(stack.extra_args)

@@ -12,6 +12,7 @@ from builder.build import image_spec, plan_build
 from builder.compose import check_kt_method_runs, compose_dict
 from builder.engines import get_engine
 from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
+from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError, StackError
 from builder.host import CpuInfo
 from builder.matrix import cuda_target
@@ -104,8 +105,12 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
     args = KT.server_args(_stack(tmp_path, gpu_experts=6), None)
     assert args == ["--model-path", "/model-config", "--kt-weight-path", "/models", "--kt-method", "LLAMAFILE",
                     "--kt-cpuinfer", "32", "--kt-threadpool-count", "2", "--host", "0.0.0.0", "--port", "8080",
-                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6",
-                    "--trust-remote-code"]
+                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6"]
+    # Python from the model's directory runs only when asked for (security review: it was always on).
+    trusting = KT.server_args(_stack(tmp_path, trust_remote_code=True), None)
+    assert trusting[-1] == "--trust-remote-code" and "--trust-remote-code" not in args
+    with pytest.raises(StackError, match="drop --trust-remote-code"):
+        LlamaCpp().server_args(_stack(tmp_path, engine="llama.cpp", gpu="none", trust_remote_code=True), None)
     bound = KT.server_args(_stack(tmp_path, numa="membind", numa_nodes=(1, 3), numa_node_count=2), None)
     assert bound[bound.index("--kt-threadpool-count"):][:2] == ["--kt-threadpool-count", "2"]
     assert bound[bound.index("--kt-numa-nodes"):][:3] == ["--kt-numa-nodes", "1", "3"]
