@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from python_on_whales.exceptions import DockerException
 
+from builder.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
 from builder.compose import to_yaml
 from builder.docker_client import describe, docker
 from builder.engines.base import MODEL_DIR
@@ -84,9 +85,15 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
     return out
 
 
-def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None) -> Path:
-    """Check every checksum of `bundle`, load its images (checking their IDs) and write its stack into
-    `dest`, pointed at the bundled model or at `model_dir`; returns the compose file's path."""
+def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None, expect_sha256: str | None = None) -> Path:
+    """Check `bundle` (against `expect_sha256`, the one `bundle` printed, if given), every checksum in
+    it, its stack's shape and its images' tags; then load its images (checking their IDs) and write its
+    stack into `dest`, pointed at the bundled model or at `model_dir`; returns the compose file's path."""
+    if expect_sha256 is not None:
+        expected = expect_sha256 if expect_sha256.startswith("sha256:") else f"sha256:{expect_sha256}"
+        actual = sha256(bundle) if bundle.is_file() else "missing"
+        if actual != expected.lower():
+            raise BundleError(f"bundle {bundle} is {actual}, not the {expected} you expect; don't load it")
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".moe-stack-load-", dir=dest) as tmp:
         staging = Path(tmp)
@@ -98,7 +105,7 @@ def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None) -> Path
         for model in models:
             if model["included"]:
                 _check(bundle, staging / "models" / model["name"], f"models/{model['name']}", model["sha256"])
-        document = yaml.safe_load((staging / COMPOSE).read_text())
+        document = _trusted_stack(bundle, staging, manifest)
         bundled = bool(models) and models[0]["included"]
         model_home = (dest / "models").resolve() if bundled else _model_home(bundle, models, document, model_dir)
         _load_images(bundle, staging / IMAGES, manifest["images"])
@@ -112,6 +119,19 @@ def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None) -> Path
                     volume["source"] = str(model_home)
         document["x-moe-stack"]["model"] = str(model_home / Path(document["x-moe-stack"]["model"]).name)
         return write_file_atomically(dest / COMPOSE, to_yaml(document))
+
+
+def _trusted_stack(bundle: Path, staging: Path, manifest: dict) -> dict:
+    """The bundle's compose document, once its shape and images.tar's tags are what moe-stack makes."""
+    try:
+        document = yaml.safe_load((staging / COMPOSE).read_text())
+        check_stack_shape(document, manifest["images"])
+        check_tags(saved_image_tags(staging / IMAGES), manifest["images"])
+    except yaml.YAMLError as err:
+        raise BundleError(f"bundle {bundle}: its compose.yaml is not YAML ({err})") from None
+    except UntrustedBundle as err:
+        raise BundleError(f"bundle {bundle} refused: {err}") from None
+    return document
 
 
 def _stack_document(compose_file: Path) -> dict:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from builder.bundle import load_bundle, make_bundle
+from builder.bundle import load_bundle, make_bundle, sha256
 from builder.cli_common import out
 from builder.host import probe
 from builder.planner import size
@@ -47,15 +47,17 @@ def bundle(
 ) -> None:
     """Write one archive with the stack's images, its compose file and a manifest of digests and model checksums."""
     path = make_bundle(compose_file, output, include_model)
-    out.print(f"wrote {path} ({size(path.stat().st_size)}); on the other machine: moe-stack load {path.name}",
-              highlight=False, soft_wrap=True)
+    digest = sha256(path)
+    out.print(f"wrote {path} ({size(path.stat().st_size)}), {digest}; on the other machine: moe-stack load "
+              f"{path.name} --expect-sha256 {digest.removeprefix('sha256:')}", highlight=False, soft_wrap=True)
 
 
 def load(
     archive: Annotated[Path, typer.Argument(help="bundle from `moe-stack bundle`")],
     dest: Annotated[Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")] = Path("."),
     model_dir: Annotated[Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")] = None,
+    expect_sha256: Annotated[str | None, typer.Option("--expect-sha256", help="the archive's sha256 that `bundle` printed (got out of band): refuse any other")] = None,
 ) -> None:
     """Check a bundle's digests, load its images and write its stack; needs no network."""
-    compose_file = load_bundle(archive, dest, model_dir)
+    compose_file = load_bundle(archive, dest, model_dir, expect_sha256)
     out.print(f"loaded; start it with: moe-stack up {compose_file}", highlight=False, soft_wrap=True)
