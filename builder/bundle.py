@@ -18,7 +18,7 @@ import yaml
 from python_on_whales.exceptions import DockerException
 
 from builder.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
-from builder.compose import to_yaml
+from builder.compose import literal, to_yaml
 from builder.docker_client import describe, docker
 from builder.engines.base import MODEL_DIR
 from builder.errors import MoeStackError
@@ -116,7 +116,7 @@ def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None, expect_
         for service in document["services"].values():
             for volume in service.get("volumes", []):
                 if volume.get("target") == MODEL_DIR:
-                    volume["source"] = str(model_home)
+                    volume["source"] = literal(str(model_home))
         document["x-moe-stack"]["model"] = str(model_home / Path(document["x-moe-stack"]["model"]).name)
         return write_file_atomically(dest / COMPOSE, to_yaml(document))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import re
 import socket
 import stat
@@ -43,13 +44,16 @@ RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-si
                             # KTransformers (sglang-kt, and 0.2.x)
                             "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
                             "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests", "--model_path",
-                            "--gguf_path", "--cpu_infer", "--cache_lens"})
+                            "--gguf_path", "--cpu_infer", "--cache_lens", "--trust-remote-code"})
 
 
 def project_name_for(model: Path) -> str:
-    """A compose project name from the model's file name (lower case, [a-z0-9_-])."""
+    """A compose project name from the model's file name (lower case, [a-z0-9_-]) and a short hash of
+    its directory: same-named models in two directories are two projects (`up` of one must not
+    replace the other, nor `down -v` remove both)."""
     slug = re.sub(r"[^a-z0-9_-]+", "-", model.stem.lower()).strip("-_")
-    return f"moe-stack-{slug}"[:60].rstrip("-_")
+    where = hashlib.sha256(str(model.parent).encode()).hexdigest()[:6]
+    return f"{f'moe-stack-{slug}'[:53].rstrip('-_')}-{where}"
 
 
 def start_period_for(model_bytes: int) -> int:
@@ -144,7 +148,22 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
         if check_files:
             check_readable_in_container(key, parent_too=False)
         document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
+    for section in ("services", "volumes", "secrets"):
+        if section in document:
+            document[section] = literal(document[section])
     return document
+
+
+def literal(value: object) -> object:
+    """`value` with every `$` doubled: docker compose reads `$NAME` in a path or argument as a variable,
+    and would mount another directory than the one checked (x-moe-stack, moe-stack's own, stays raw)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, list):
+        return [literal(item) for item in value]
+    if isinstance(value, dict):
+        return {key: literal(item) for key, item in value.items()}
+    return value
 
 
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
@@ -173,7 +192,9 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
 
 
 def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[str, object]:
-    clashing = sorted(RESERVED_FLAGS.intersection(stack.extra_args))
+    # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
+    given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
+    clashing = sorted(RESERVED_FLAGS.intersection(given))
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
                          "use the matching moe-stack option instead")

@@ -134,6 +134,20 @@ class CudaTarget(_Spec):
         return self
 
 
+# An image reference ([registry[:port]/]path[:tag][@sha256:digest]), as Docker's reference grammar has it:
+# it is written into FROM lines, so nothing else (a newline would start a Dockerfile instruction).
+_IMAGE_REF = re.compile(
+    r"(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?")
+
+
+def _check_image_ref(ref: str | None) -> str | None:
+    if ref is not None and not _IMAGE_REF.fullmatch(ref):
+        raise ValueError(f"{ref!r} is not an image reference (like debian:trixie-slim or "
+                         "mirror.local:5000/nvidia/cuda:13.0.1-devel-ubuntu24.04)")
+    return ref
+
+
 class BaseImages(_Spec):
     """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used.
 
@@ -145,6 +159,8 @@ class BaseImages(_Spec):
     # Where a CUDA image's toolkit comes from: NVIDIA's `nvidia/cuda` images (pulled), or the
     # `moe-stack/cuda` images `moe-stack base --cuda` assembles from NVIDIA's PyPI wheels.
     cuda: Literal["nvidia", "pypi"] = "nvidia"
+
+    _refs = field_validator("build", "runtime")(_check_image_ref)
 
 
 class ImageSpec(_Spec):

@@ -59,7 +59,8 @@ def stack_api_key(compose_file: Path) -> str | None:
     secrets = (yaml.safe_load(compose_file.read_text()) or {}).get("secrets") or {}
     for secret in secrets.values():
         try:
-            return Path(secret["file"]).read_text().splitlines()[0].strip()
+            # The file written `$$` where the path has `$` (compose's escape: compose.literal).
+            return Path(secret["file"].replace("$$", "$")).read_text().splitlines()[0].strip()
         except (OSError, KeyError, IndexError):
             raise StackError(f"can't read the API key file of {compose_file}; the bench needs it") from None
     return None

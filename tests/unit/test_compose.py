@@ -58,6 +58,23 @@ def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
 def test_extra_args_may_not_repeat_stack_flags(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"repeat flags the stack sets itself \(--port\)"):
         compose_dict(_stack(tmp_path, extra_args=("--port", "9000")), "x")
+    # The `--flag=value` spelling too (it slipped through: --host=0.0.0.0, a key in the file twice).
+    for arg in ("--host=0.0.0.0", "--port=9000", "--api-key=s3cret", "-ngl=0"):
+        with pytest.raises(StackError, match=rf"\({arg.split('=')[0]}\)"):
+            compose_dict(_stack(tmp_path, extra_args=(arg,)), "x")
+
+
+def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
+    """docker compose reads `$NAME` as a variable: a model directory named `$HOME` must be mounted as
+    such, and an -ot regex ending in `$` must reach the engine whole."""
+    odd = tmp_path / "$HOME"
+    odd.mkdir()
+    rule = r"blk\.1\.ffn_up_exps\.weight$=CPU"
+    doc = compose_dict(_stack(odd, override_tensors=(rule,)), "x")
+    service = doc["services"]["engine"]
+    assert service["volumes"][0]["source"] == str(odd / "models").replace("$", "$$")
+    assert rule.replace("$", "$$") in service["command"]
+    assert doc["x-moe-stack"]["model"] == str(odd / "models/m.gguf"), "moe-stack's own record stays raw"
 
 
 def test_start_period_grows_with_model_size() -> None:
@@ -93,9 +110,12 @@ def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
         compose_dict(stack, "x")
 
 
-def test_project_name_from_model_file() -> None:
-    assert project_name_for(Path("/m/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf")) == \
-        "moe-stack-deepseek-r1-671b-iq4_xs-00001-of-00009"
+def test_project_name_from_model_file_and_directory() -> None:
+    name = project_name_for(Path("/m/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf"))
+    assert name.startswith("moe-stack-deepseek-r1-671b-iq4_xs-00001-of-000") and len(name) <= 60
+    # Same file name, another directory: another project (up/down of one leaves the other alone).
+    assert project_name_for(Path("/n/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf")) != name
+    assert project_name_for(Path("/m/DeepSeek-R1-671B.IQ4_XS-00001-of-00009.gguf")) == name
 
 
 def _facts(**update: object) -> ImageFacts:
