@@ -95,20 +95,21 @@ cat >"$work/enter.sh" <<'EOF'
 # Inside new mount + PID namespaces: build the container's view, then exec the entrypoint as 10001.
 set -e
 r=$1 models=$2 binds=$3 envfile=$4 argfile=$5
+ro() { mount -o remount,bind,ro "$1" || echo "enter.sh: $1 stays writable (no read-only remount here)" >&2; }
 mount --bind "$r" "$r"
-mount -o remount,bind,ro "$r"
+ro "$r"
 mount -t proc proc "$r/proc"
 mount -t tmpfs -o size=64m,mode=1777 tmpfs "$r/tmp"
 mount -t tmpfs -o mode=755 tmpfs "$r/dev"
 for node in null zero full random urandom tty /dev/nvidia*; do
   node=/dev/${node#/dev/}
-  [ -e "$node" ] || continue
+  [ -c "$node" ] || continue  # character devices only (nvidia-caps/ is MIG's, not needed here)
   : >"$r$node" && mount --bind "$node" "$r$node"
 done
 mkdir -p "$r/dev/shm" && mount -t tmpfs -o size=1g,mode=1777 shm "$r/dev/shm"
-mount --bind "$models" "$r/models" && mount -o remount,bind,ro "$r/models"
+mount --bind "$models" "$r/models" && ro "$r/models"
 while IFS= read -r bind; do
-  mount --bind "${bind%%=*}" "$r${bind#*=}" && mount -o remount,bind,ro "$r${bind#*=}"
+  mount --bind "${bind%%=*}" "$r${bind#*=}" && ro "$r${bind#*=}"
 done <"$binds"
 mapfile -t env_vars <"$envfile"
 mapfile -t args <"$argfile"
@@ -136,7 +137,8 @@ fi
 # ---- 5. native server, then both alternately ----------------------------------------------------
 while [ ! -f "$work/native/build.done" ] && [ "$(left)" -gt 90 ]; do sleep 2; done
 say "native build: $(cat "$work/native/build.done" 2>/dev/null || echo unfinished)"
-tail -n 5 "$work/native/build.log" >"$out/native-build-tail.txt" 2>/dev/null
+{ grep -m 3 -A 12 -E 'FAILED|error:|CMake Error' "$work/native/build.log"; tail -n 5 "$work/native/build.log"; } \
+  >"$out/native-build-tail.txt" 2>/dev/null
 native=$work/native/build/bin/llama-server
 if [ "$healthy" = yes ] && [ -x "$native" ]; then
   mapfile -t args <"$work/stack-command.txt"
@@ -151,16 +153,17 @@ if [ "$healthy" = yes ] && [ -x "$native" ]; then
     python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8081/health", timeout=2)' 2>/dev/null && break
     sleep 1
   done
-  python3 "$repo/bench/device/alternate.py" --ports 8080 8081 --names image native --rounds "${ROUNDS:-5}" \
-    >"$out/p1.json" 2>>"$out/run.log"
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv >>"$out/facts.txt" 2>&1
+  python3 "$repo/bench/device/alternate.py" --ports 8080 8081 --names image native --rounds "${ROUNDS:-12}" \
+    -n "${GENERATE:-128}" >"$out/p1.json" 2>>"$out/run.log"
   say "P1: $(tail -n 1 "$out/p1.json")"
 fi
 for binary in "$rootfs/opt/engine/bin/llama-server" "$native"; do
   [ -x "$binary" ] && echo "$binary: $(cuobjdump --list-elf "$binary" 2>&1 | grep -oE 'sm_[0-9]+' | sort | uniq -c | tr '\n' ' ')"
 done >>"$out/facts.txt"
-grep -E 'CUDA|ggml_cuda|offload|buffer size|HAVE_|AMX|system_info' "$work/image-server.log" | head -40 >"$out/image-server-log.txt"
-grep -E 'CUDA|ggml_cuda|offload|buffer size|HAVE_|AMX|system_info' "$work/native-server.log" 2>/dev/null | head -40 \
-  >"$out/native-server-log.txt"
+pattern='CUDA|ggml_cuda|offload|buffer size|HAVE_|AMX|system_info|override|build:'
+grep -a -E "$pattern" "$work/image-server.log" | head -60 >"$out/image-server-log.txt"
+grep -a -E "$pattern" "$work/native-server.log" 2>/dev/null | head -60 >"$out/native-server-log.txt"
 tail -n 20 "$work/image-server.log" >>"$out/image-server-log.txt"
 pkill -f "$work/native/build/bin/llama-server" 2>/dev/null
 kill "$image_pid" 2>/dev/null

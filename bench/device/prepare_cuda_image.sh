@@ -12,7 +12,7 @@
 #   image-env.txt         the image's Config.Env, one per line (what a runtime starts the entrypoint with)
 #   stack.yaml            `moe-stack compose --gpu nvidia --preset PRESET` for MODEL, emitted here for
 #                         the device (16 physical cores), the image's flag contract checked
-#   engine.tar.xz         the engine tree the image was built from (docs, models, media left out)
+#   engine.tar.xz         the engine tree the image was built from (what its build never reads left out)
 #   engine.cmake-args     the configure arguments the image used, ccache launchers dropped
 #   whl/                  the gguf wheel (synth_moe.py writes the model on the device)
 set -euo pipefail
@@ -45,7 +45,7 @@ for lib in libcublas.so.13 libcublasLt.so.13; do
   echo "$(sha256sum "$work/rootfs/$path" | cut -d' ' -f1) $(stat -c %s "$work/rootfs/$path") /$path" >>"$out/image-removed.txt"
   rm "$work/rootfs/$path"
 done
-tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -6 >"$out/image-rootfs.tar.xz"
+tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$out/image-rootfs.tar.xz"
 docker image inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$image" | sed '/^$/d' >"$out/image-env.txt"
 docker image inspect -f '{{.Id}} {{index .RepoTags 0}}' "$image" >"$out/image-id.txt"
 
@@ -53,8 +53,15 @@ docker image inspect -f '{{.Id}} {{index .RepoTags 0}}' "$image" >"$out/image-id
   --for-other-host --threads 16 -o "$out/stack.yaml" >/dev/null
 grep -q 'flags-checked: true' "$out/stack.yaml" || { echo "the stack's flags were not checked" >&2; exit 1; }
 
-tar -C "$(dirname "$tree")" --exclude=docs --exclude=models --exclude=media --exclude=.github \
-  -cf - "$(basename "$tree")" | xz -T0 -6 >"$out/engine.tar.xz"
+# What the build never reads stays behind (docs, test models and media, tests and examples, which are
+# off, Python converters, the ggml backends other than CPU and CUDA): it must fit beside the rootfs.
+name=$(basename "$tree")
+excludes=()
+for path in docs models media .github tests examples benches gguf-py conversion tools/ui/tests 'tools/mtmd/test-*' \
+    ggml/src/ggml-{sycl,vulkan,opencl,cann,musa,hip,metal,webgpu,zdnn,rpc,blas,et,hexagon,openvino,virtgpu,zendnn}; do
+  excludes+=(--exclude="$name/$path")
+done
+tar -C "$(dirname "$tree")" "${excludes[@]}" -cf - "$name" | xz -T0 -9e >"$out/engine.tar.xz"
 "$ms" cmake-args --engine "$engine" --cuda "$cuda" --cuda-archs "$archs" --cpu "$cpu" --cuda-base "$cuda_base" \
   --no-ccache >"$out/engine.cmake-args"
 "$repo/.venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: -d "$out/whl" "gguf==$(
