@@ -211,7 +211,7 @@ def base(
     tag: Annotated[str, typer.Option("--tag", help="name of the Debian image to make")] = DEFAULT_LOCAL_TAG,
     suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = DEFAULT_SUITE,
     mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="re-make the Debian image even if it exists")] = False,
+    force: Annotated[bool, typer.Option("--force", help="re-make the images even if they exist (new IDs: builds on them start over)")] = False,
     cuda: Annotated[str | None, typer.Option(
         "--cuda", help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)")] = None,
 ) -> None:
@@ -225,10 +225,14 @@ def base(
         return
     made = make_cuda_base(release, debian, cache_dir() / "cuda-wheels" / release.version,
                           cache_dir() / "contexts" / f"cuda-{release.version}-base", show=raw_stderr,
-                          log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log")
-    out.print(f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
-              f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
-              f"{made.stub_symbols} entry points", highlight=False)
+                          log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log", force=force)
+    if made.stub_symbols is None:
+        out.print(f"kept: {made.devel} and {made.runtime} hold these wheels already (checked when made; --force "
+                  "makes them again)", highlight=False)
+    else:
+        out.print(f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
+                  f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
+                  f"{made.stub_symbols} entry points", highlight=False)
     out.print(f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base pypi)", highlight=False)
 
 

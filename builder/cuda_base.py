@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from python_on_whales import DockerClient
+
 from builder import __version__
 from builder.build import BuildPlan, stream_build
 from builder.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
@@ -38,8 +40,25 @@ _HELPERS = ("cuda-layout.sh", "make-cuda-stub.sh", "cuda-check.cu")
 class CudaBase:
     devel: str
     runtime: str
-    stub_symbols: int  # entry points in the generated libcuda stub
-    report: str  # the check's ldd and cuobjdump output
+    stub_symbols: int | None  # entry points in the generated libcuda stub (None: kept from an earlier run)
+    report: str  # the check's ldd output ("" when kept)
+
+
+def current_images(client: DockerClient, cuda: PypiCuda) -> bool:
+    """Whether both base images exist and carry exactly this release's pinned wheels (their labels)."""
+    for flavour in ("devel", "runtime"):
+        if not client.image.exists(cuda.image(flavour)):
+            return False
+        labels = client.image.inspect(cuda.image(flavour)).config.labels or {}
+        if any(labels.get(key) != value for key, value in wheel_labels(cuda, flavour == "runtime").items()):
+            return False
+    return True
+
+
+def wheel_labels(cuda: PypiCuda, runtime: bool) -> dict[str, str]:
+    """`io.moe-stack.wheel.<name>`: version and sha256 of every wheel in the (devel or runtime) image."""
+    return {f"{LABEL_PREFIX}.wheel.{wheel.name}": f"{wheel.version} sha256:{wheel.sha256}"
+            for wheel in cuda.wheels if wheel.runtime or not runtime}
 
 
 def wheel_file_name(name: str, version: str, directory: Path) -> Path:
@@ -81,10 +100,7 @@ def base_labels(cuda: PypiCuda, debian_base: str, runtime: bool, created: dateti
         f"{LABEL_PREFIX}.cuda-flavour": flavour,
         f"{LABEL_PREFIX}.os-base": debian_base,
     }
-    for wheel in cuda.wheels:
-        if wheel.runtime or not runtime:
-            labels[f"{LABEL_PREFIX}.wheel.{wheel.name}"] = f"{wheel.version} sha256:{wheel.sha256}"
-    return labels
+    return {**labels, **wheel_labels(cuda, runtime)}
 
 
 def render_files(cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime) -> dict[str, str]:
@@ -128,14 +144,19 @@ def check_report(ldd: str, elf: str, arch: int) -> list[str]:
 
 
 def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_dir: Path,
-                   show: Callable[[str], None], log_path: Path) -> CudaBase:
-    """Download the wheels, render, run the check, then build and tag the devel and runtime images."""
+                   show: Callable[[str], None], log_path: Path, force: bool = False) -> CudaBase:
+    """Download the wheels, render, run the check, then build and tag the devel and runtime images.
+
+    Images already made from the same wheels are kept unless `force`: re-made ones get new IDs (their
+    `created` label), and every engine build on them would start again from its first layer."""
+    client = docker()
+    if not force and current_images(client, cuda):
+        return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None, report="")
     wheel_files = download_wheels(cuda, wheel_dir)
     created = datetime.now(timezone.utc)
     context = replace_rendered_dir(render_files(cuda, debian_base, wheel_files, created), context_dir)
     plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    client = docker()
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:
         stream_build(client, plan.contract_step(Path(tmp), CHECK_STAGE), log, log_path, show)
         ldd = (Path(tmp) / "ldd.txt").read_text()

@@ -28,14 +28,22 @@ CUDA = PYPI_CUDA["13.0"]
 
 @pytest.fixture(scope="module")
 def cuda_base(docker_client: DockerClient, base_image: str) -> str:
-    """`moe-stack base --cuda 13.0`, as a user runs it; its output."""
+    """`moe-stack base --cuda 13.0`, as a user runs it; its output. Made here (CI's cold run), its
+    check must have run; made before with the same wheels, it is kept (its image IDs, and so every
+    engine build cache on it, survive)."""
+    present = all(docker_client.image.exists(CUDA.image(flavour)) for flavour in ("devel", "runtime"))
+    before = docker_client.image.inspect(CUDA.image("devel")).id if present else None
     result = run_cli("base", "--cuda", "13.0")
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    said = " ".join(result.stdout.split())
+    assert ("kept: moe-stack/cuda:13.0-devel" in said) if present else \
+        ("checked: a kernel + cuBLAS program built for sm_90" in said), said
+    if present:
+        assert docker_client.image.inspect(CUDA.image("devel")).id == before, "a kept base keeps its ID"
+    return said
 
 
 def test_base_is_checked_laid_out_and_labelled(docker_client: DockerClient, cuda_base: str, base_image: str) -> None:
-    assert "checked: a kernel + cuBLAS program built for sm_90" in " ".join(cuda_base.split())
     devel, runtime = docker_client.image.inspect(CUDA.image("devel")), docker_client.image.inspect(CUDA.image("runtime"))
     for wheel in CUDA.wheels:
         label = f"{wheel.version} sha256:{wheel.sha256}"
