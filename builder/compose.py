@@ -61,20 +61,23 @@ def start_period_for(model_bytes: int) -> int:
     return max(_MIN_START_PERIOD_S, 30 + model_bytes // _LOAD_BYTES_PER_S)
 
 
-def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: bool = True) -> None:
-    """The engine runs as `uid`, not as the file's owner: refuse a file it could not open (and the
-    directory, where the directory is what gets mounted)."""
+def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: bool = True,
+                                private_fix: bool = False) -> None:
+    """The engine runs as `uid` (and group `uid`), not as the file's owner: refuse a file it could not
+    open (and the directory, where the directory is what gets mounted). `private_fix`: suggest the
+    group-readable fix (for a secret, which must not be world-readable)."""
     model = model.resolve()
-    checks = [(model, stat.S_IRUSR, stat.S_IROTH, "o+r")]
+    read, search = (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH), (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+    checks = [(model, read, "o+r")]
     if parent_too:
-        checks.insert(0, (model.parent, stat.S_IRUSR | stat.S_IXUSR, stat.S_IROTH | stat.S_IXOTH, "o+rx"))
-    for path, need_owner, need_other, fix in checks:
+        checks.insert(0, (model.parent, tuple(r | x for r, x in zip(read, search, strict=True)), "o+rx"))
+    for path, (owner, group, other), fix in checks:
         info = path.stat()
-        mode = info.st_mode
-        readable = (mode & need_owner) == need_owner if info.st_uid == uid else (mode & need_other) == need_other
-        if not readable:
-            raise StackError(f"{path} is not readable by the engine's user (uid {uid}) in the container; "
-                             f"run `chmod {fix} {path}` (or chown it to {uid})")
+        need = owner if info.st_uid == uid else group if info.st_gid == uid else other
+        if (info.st_mode & need) != need:
+            how = (f"`chgrp {uid} {path} && chmod 0640 {path}` (readable by the engine's group, not by everyone)"
+                   if private_fix else f"`chmod {fix} {path}` (or chown it to {uid})")
+            raise StackError(f"{path} is not readable by the engine's user (uid {uid}) in the container; run {how}")
 
 
 def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
@@ -146,7 +149,7 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
     if stack.api_key_file is not None:
         key = stack.api_key_file.resolve()
         if check_files:
-            check_readable_in_container(key, parent_too=False)
+            check_readable_in_container(key, parent_too=False, private_fix=True)
         document["secrets"] = {API_KEY_SECRET: {"file": str(key)}}
     for section in ("services", "volumes", "secrets"):
         if section in document:

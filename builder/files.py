@@ -23,7 +23,7 @@ def write_file_atomically(path: Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~_umask())  # what open() would give: the user's umask decides
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
@@ -31,6 +31,12 @@ def write_file_atomically(path: Path, text: str) -> Path:
             raise _write_error(path, err) from None
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:

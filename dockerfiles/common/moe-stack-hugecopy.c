@@ -36,13 +36,28 @@ int main(int argc, char **argv)
     struct stat info;
     if (src < 0 || fstat(src, &info) != 0)
         return fail("cannot read", src_path);
-    int dst = open(dst_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    /* The mount is checked before anything is created there, and the destination is opened without
+     * following a link: a link planted in its place can't send the copy elsewhere. */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", dst_path);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        snprintf(dir, sizeof dir, ".");
+    else
+        slash[slash == dir] = '\0';
     struct statfs fs;
-    if (dst < 0 || fstatfs(dst, &fs) != 0)
-        return fail("cannot create", dst_path);
+    if (statfs(dir, &fs) != 0)
+        return fail("cannot reach", dir);
     if ((unsigned long)fs.f_type != HUGETLBFS_MAGIC) {
         fprintf(stderr, "moe-stack-hugecopy: %s is not on a hugetlbfs mount\n", dst_path);
-        unlink(dst_path);
+        return 1;
+    }
+    int dst = open(dst_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    struct stat held;
+    if (dst < 0 || fstat(dst, &held) != 0)
+        return fail("cannot create", dst_path);
+    if (!S_ISREG(held.st_mode) || held.st_uid != geteuid()) {
+        fprintf(stderr, "moe-stack-hugecopy: %s exists and is not a file of this user's; remove it\n", dst_path);
         return 1;
     }
     size_t page = (size_t)fs.f_bsize, size = (size_t)info.st_size;
