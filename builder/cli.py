@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from typer.exceptions import TyperException
 
 from builder import __version__, cli_distribute, cli_stack
@@ -183,7 +184,7 @@ def build(
     if dry_run:
         context = render_context(spec, context_dir(spec))
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
-            out.print(line, markup=False, highlight=False, soft_wrap=True)
+            out.print(line, highlight=False, soft_wrap=True)
         return
     tag = build_image(spec, tree, show=raw_stderr, log_path=log, publishing=publishing)
     out.print(f"{'pushed' if push else 'built'} {tag}", highlight=False)
@@ -303,7 +304,7 @@ def plan_memory(
     out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
     out.print(table)
     for rule in result.override_rules:
-        out.print(f"-ot '{rule}'", markup=False, highlight=False)
+        out.print(f"-ot '{rule}'", highlight=False)
     if not result.override_rules:
         out.print("no -ot rules needed: the whole model fits on the GPU")
 
@@ -332,7 +333,8 @@ def doctor(
         table = Table("", "topic", "finding / fix", box=None)
         for finding in findings:
             text = escape(finding.message) + (f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else "")
-            table.add_row(f"[{colour[finding.level]}]{finding.level}[/]", finding.topic, text)
+            table.add_row(Text.from_markup(f"[{colour[finding.level]}]{finding.level}[/]"), finding.topic,
+                          Text.from_markup(text))
         out.print(table)
     if any(finding.level == "FAIL" for finding in findings):
         raise typer.Exit(1)
@@ -349,7 +351,7 @@ def matrix(
     table = Table("engine", "cuda", "archs", "cpu", "tag, or why not built", box=None)
     for variant in variants():
         if variant.spec is None:
-            table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, f"[dim]{escape(variant.reason)}[/dim]")
+            table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim"))
         else:
             archs = ",".join(str(a) for a in variant.spec.cuda.archs)
             table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant.spec.variant)

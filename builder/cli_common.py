@@ -10,7 +10,9 @@ from rich.console import Console
 
 from builder.errors import SpecError
 
-out = Console()
+# Markup off: paths, model names and engine output printed here may hold `[...]` (rich would read `x[/]`
+# as a tag and fail); the few styled cells build their Text explicitly (Text.from_markup + escape).
+out = Console(markup=False)
 EngineOpt = Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")]
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from builder.baseimage import ensure_base
 from builder.benchmark import measure
@@ -226,7 +227,7 @@ def demo(
     sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking for a completion\n")
     answer = complete(port)
     speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""
-    out.print(f"\n{escape(DEMO_PROMPT)}[bold]{escape(answer.text.rstrip())}[/bold]\n"
-              f"({answer.completion_tokens} tokens{speed})\n", highlight=False)
+    out.print(Text.from_markup(f"\n{escape(DEMO_PROMPT)}[bold]{escape(answer.text.rstrip())}[/bold]\n"
+                               f"({answer.completion_tokens} tokens{speed})\n"), highlight=False)
     out.print(f"The stack keeps running on http://127.0.0.1:{port} (OpenAI API under /v1).\n"
               f"Stop it with: moe-stack down {compose_file}", highlight=False, soft_wrap=True)

@@ -150,3 +150,11 @@ def test_cuda_base_refusals(args: list[str], needles: list[str], tmp_path: Path)
         args = [*args, "--out", str(tmp_path / "out")]
     assert_one_line_error(run_cli(*args), *needles)
     assert not (tmp_path / "out").exists()
+
+
+def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
+    """A path holding `[/]` once crashed rich's markup parser (MarkupError, a traceback)."""
+    out = tmp_path / "x[/]y[bold]"
+    result = run_cli("render", "--out", str(out))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert f"{out}/Dockerfile" in " ".join(result.stdout.split()).replace(" ", "") or "x[/]y[bold]" in result.stdout
