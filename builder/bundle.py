@@ -79,8 +79,8 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             for name in (MANIFEST, COMPOSE, IMAGES):
                 archive.add(staging / name, arcname=name)
             if include_model:
-                for part in parts:
-                    archive.add(part, arcname=f"models/{part.name}")
+                for part in parts:  # the file, not a link to it (Hugging Face's cache links into blobs/)
+                    archive.add(part.resolve(), arcname=f"models/{part.name}")
         os.replace(partial, out)
     return out
 
@@ -117,6 +117,8 @@ def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None, expect_
             for volume in service.get("volumes", []):
                 if volume.get("target") == MODEL_DIR:
                     volume["source"] = literal(str(model_home))
+                elif str(volume.get("target", "")).startswith(f"{MODEL_DIR}/"):  # one file of the model
+                    volume["source"] = literal(str(model_home / Path(volume["target"]).name))
         document["x-moe-stack"]["model"] = str(model_home / Path(document["x-moe-stack"]["model"]).name)
         return write_file_atomically(dest / COMPOSE, to_yaml(document))
 

@@ -108,7 +108,10 @@ def _check_service(name: str, service: object, listed_images: dict[str, str]) ->
     for volume in service.get("volumes") or []:
         if not isinstance(volume, dict):
             raise UntrustedBundle(f"service {name} has a short-syntax volume {volume!r}; moe-stack writes long syntax")
-        bind_ok = volume.get("type") == "bind" and volume.get("target") in _BIND_TARGETS and volume.get("read_only") is True
+        target = str(volume.get("target", ""))
+        model_file = target.startswith(f"{MODEL_DIR}/") and "/" not in target.removeprefix(f"{MODEL_DIR}/")
+        bind_ok = volume.get("type") == "bind" and (target in _BIND_TARGETS or model_file) and \
+            volume.get("read_only") is True
         named_ok = volume.get("type") == "volume" and volume.get("target") == HUGETLBFS_DIR
         if not (bind_ok or named_ok):
             raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {volume.get('target')}; a moe-stack "

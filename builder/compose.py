@@ -20,6 +20,7 @@ from builder.flags import check_args
 from builder.host import CpuInfo, missing_flags
 from builder.image_facts import ImageFacts
 from builder.placement import numa_env
+from builder.planner import split_parts
 from builder.render import IMAGE_UID
 from builder.spec import AMX_KT_METHODS, StackSpec
 from builder.targets import best_cpu_target
@@ -121,15 +122,18 @@ def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None =
     whose model lives on another machine. With `cpu_profile` (a CPU-only stack and its image's
     facts), the file holds two services behind the compose profiles `gpu` and `cpu`.
     """
-    model = stack.model.resolve() if check_files else stack.model
+    # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
+    # hash, and the engine needs the file's own (split) name.
+    model = stack.model.parent.resolve() / stack.model.name if check_files else stack.model
+    mounts = model_mounts(model, check_files)
     if check_files:
-        check_readable_in_container(model)
-    service = _service(stack, facts, model)
+        check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
+    service = _service(stack, facts, model, mounts)
     services = {SERVICE: service}
     if cpu_profile is not None:
         cpu_stack, cpu_facts = cpu_profile
         service["profiles"] = [GPU_PROFILE]
-        services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, model), "profiles": [CPU_PROFILE]}
+        services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, model, mounts), "profiles": [CPU_PROFILE]}
     document: dict[str, object] = {
         "name": stack.project,
         "x-moe-stack": {
@@ -194,7 +198,19 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
                                     "moe_offload_batch": None})
 
 
-def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[str, object]:
+def model_mounts(model: Path, check_files: bool = True) -> list[dict[str, object]]:
+    """The model's mounts: its directory at /models, read-only; or, where its (split) files are links
+    out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each file's
+    target mounted under its own name, so the engine sees the names and nothing else of the cache."""
+    parts = split_parts(model) if check_files else [model]
+    if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
+        return [{"type": "bind", "source": str(part.resolve()), "target": f"{MODEL_DIR}/{part.name}", "read_only": True}
+                for part in parts]
+    return [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True}]
+
+
+def _service(stack: StackSpec, facts: ImageFacts | None, model: Path,
+             mounts: list[dict[str, object]]) -> dict[str, object]:
     # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
     given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
     clashing = sorted(RESERVED_FLAGS.intersection(given))
@@ -217,7 +233,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path) -> dict[st
         "command": command,
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],
-        "volumes": [{"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True},
+        "volumes": [*mounts,
                     *([{"type": "bind", "source": str(stack.config_dir), "target": CONFIG_DIR, "read_only": True}]
                       if stack.config_dir is not None else []),
                     *([{"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}]

@@ -37,7 +37,8 @@ def check_gguf(path: Path) -> Path:
     if magic != GGUF_MAGIC:
         raise ModelError(f"model {path} is not a GGUF file (starts with {magic!r}); convert it with llama.cpp's "
                          "convert_hf_to_gguf.py")
-    return path.resolve()
+    # The directory resolved, the file's own name kept (a link's target may be a content hash).
+    return path.parent.resolve() / path.name
 
 
 def fetch_demo_model(dest_dir: Path | None = None) -> Path:

@@ -19,6 +19,7 @@ from builder.compose import (
     write_stack,
 )
 from builder.errors import StackError
+from builder.models import check_gguf
 from builder.host import CpuInfo
 from builder.image_facts import ImageFacts
 from builder.spec import StackSpec
@@ -160,3 +161,22 @@ def test_shm_size(tmp_path: Path) -> None:
     assert compose_dict(_stack(tmp_path, shm_size="16g"), "x")["services"]["engine"]["shm_size"] == "16g"
     with pytest.raises(ValueError, match="shm_size"):
         _stack(tmp_path, shm_size="lots")
+
+
+def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Path) -> None:
+    """snapshots/<rev>/NAME are links into blobs/<hash>: the split names must reach the engine, and
+    only the model's files (not the whole cache) are mounted."""
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "abc123"
+    blobs.mkdir()
+    snapshot.mkdir(parents=True)
+    for index, digest in ((1, "e3b0c4"), (2, "5f70bf")):
+        (blobs / digest).write_bytes(b"GGUF")
+        (blobs / digest).chmod(0o644)
+        (snapshot / f"M-0000{index}-of-00002.gguf").symlink_to(f"../../blobs/{digest}")
+    first = snapshot / "M-00001-of-00002.gguf"
+    stack = _stack(tmp_path).model_copy(update={"model": check_gguf(first)})
+    service = compose_dict(stack, "x")["services"]["engine"]
+    assert service["volumes"] == [
+        {"type": "bind", "source": str(blobs / "e3b0c4"), "target": "/models/M-00001-of-00002.gguf", "read_only": True},
+        {"type": "bind", "source": str(blobs / "5f70bf"), "target": "/models/M-00002-of-00002.gguf", "read_only": True}]
+    assert service["command"][:2] == ["--model", "/models/M-00001-of-00002.gguf"]
