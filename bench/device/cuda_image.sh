@@ -2,7 +2,13 @@
 # A CUDA image's own bytes on a GPU machine that has no Docker, run as a container runtime with the
 # NVIDIA container toolkit would run it, then measured against a native build of the same engine tree
 # and configure arguments (P1 on the GPU path). Needs root, unshare and chroot; inputs in .device/
-# from bench/device/prepare_cuda_image.sh. One call of at most ~9 minutes:
+# from bench/device/prepare_cuda_image.sh.
+#
+#   cuda_image.sh           all of it, in one device call of at most ~9 minutes
+#   cuda_image.sh start     steps 1-2, keeping what .device/ carried; then, in the next call (within
+#   cuda_image.sh run       the machine's warm window), steps 3-5 with the rest of the carried files:
+#                           for images whose root filesystem doesn't fit in one call's carry (the
+#                           prepare script splits it into .device/rootfs/part-*)
 #
 #   1. the native build starts in the background (all cores, the image's configure arguments)
 #   2. the model the stack was emitted for is written (same name, same shapes: synth_moe.py)
@@ -18,9 +24,10 @@
 #
 # Results go to $OUT (the device tool's output folder) or /tmp/moe-image-out.
 set -uo pipefail
+phase=${1:-all}
 repo=$(pwd)
-dev=$repo/.device
 work=/tmp/moe-image
+dev=$work/carried  # what this call and earlier calls of the same machine carried in .device/
 out=${OUT:-/tmp/moe-image-out}
 start=$(date +%s)
 deadline=$((start + ${BUDGET_S:-540}))
@@ -29,10 +36,15 @@ mkdir -p "$work/models" "$out"
 export PYTHONPATH="$work/site:$repo" PYTHONUNBUFFERED=1
 say() { echo "[$(($(date +%s) - start))s] $*" | tee -a "$out/run.log"; }
 left() { echo $((deadline - $(date +%s))); }
+[ "$phase" = run ] || rm -rf "$dev"  # a new run: nothing from an earlier image may be mixed in
+mkdir -p "$dev/rootfs" && cp -r "$repo"/.device/. "$dev"/
 
+if [ "$phase" != run ]; then
 # ---- 1. native build ----------------------------------------------------------------------------
 rm -rf "$work/native" && mkdir -p "$work/native"
 tar -C "$work/native" --strip-components=1 -xJf "$dev/engine.tar.xz"
+# The image's build step for trees without a build-info generator (ik_llama.cpp's sdist); else a no-op.
+sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$work/native" "$(cut -d' ' -f2 "$dev/image-id.txt" | sed 's/.*://; s/-cuda.*//')"
 mapfile -t cmake_args <"$dev/engine.cmake-args"
 setsid bash -c 'cd "$1" && shift && { cmake -S . -B build -G Ninja "$@" && cmake --build build --target llama-server \
   --parallel "$(nproc)" && echo ok >build.done; } >build.log 2>&1 || echo failed >build.done' _ "$work/native" \
@@ -54,10 +66,18 @@ model_name=$(cat "$work/model-name")
 [ -s "$work/models/$model_name" ] || python3 "$repo/bench/device/stack_parts.py" --write-model "$work/models/$model_name" \
   >>"$out/run.log" 2>&1 || { say "the model could not be written"; exit 1; }
 say "model $model_name: $(stat -c %s "$work/models/$model_name") bytes"
+fi
+[ "$phase" = start ] && { say "started; the run phase follows in the next call"; exit 0; }
 
 # ---- 3. the image as a container ---------------------------------------------------------------
+model_name=$(cat "$work/model-name")
 rm -rf "$rootfs" && mkdir -p "$rootfs"
-tar -C "$rootfs" --numeric-owner -xJf "$dev/image-rootfs.tar.xz"
+if [ -f "$dev/image-rootfs.tar.xz" ]; then
+  tar -C "$rootfs" --numeric-owner -xJf "$dev/image-rootfs.tar.xz"
+else
+  say "rootfs from $(find "$dev/rootfs" -name 'part-*' | wc -l) parts"
+  cat "$dev"/rootfs/part-* | tar -C "$rootfs" --numeric-owner -xJf - || { say "rootfs parts incomplete"; exit 1; }
+fi
 lib_dir=/usr/lib/x86_64-linux-gnu
 # What the toolkit mounts for NVIDIA_DRIVER_CAPABILITIES=compute,utility (the driver's own files).
 driver_libs=()

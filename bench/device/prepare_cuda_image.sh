@@ -7,7 +7,9 @@
 #
 # Writes .device/ (git-ignored; the device tool carries at most 64 MiB):
 #   image-rootfs.tar.xz   the image's root filesystem (docker export), cuBLAS and cuBLASLt left out:
-#                         with them it is ~600 MB; the device binds its own copy of the same release
+#                         with them it is ~600 MB; the device binds its own copy of the same release.
+#                         Over 40 MiB it is split into rootfs/part-aa, part-ab... instead, to carry
+#                         in two calls (cuda_image.sh start, then run)
 #   image-removed.txt     what was left out, with the sha256 each file has in the image
 #   image-env.txt         the image's Config.Env, one per line (what a runtime starts the entrypoint with)
 #   stack.yaml            `moe-stack compose --gpu nvidia --preset PRESET` for MODEL, emitted here for
@@ -45,7 +47,13 @@ for lib in libcublas.so.13 libcublasLt.so.13; do
   echo "$(sha256sum "$work/rootfs/$path" | cut -d' ' -f1) $(stat -c %s "$work/rootfs/$path") /$path" >>"$out/image-removed.txt"
   rm "$work/rootfs/$path"
 done
-tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$out/image-rootfs.tar.xz"
+rm -rf "$out/rootfs" "$out/image-rootfs.tar.xz"
+tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$work/rootfs.tar.xz"
+if [ "$(stat -c %s "$work/rootfs.tar.xz")" -gt $((40 << 20)) ]; then
+  mkdir -p "$out/rootfs" && split -b 40M "$work/rootfs.tar.xz" "$out/rootfs/part-"
+else
+  mv "$work/rootfs.tar.xz" "$out/image-rootfs.tar.xz"
+fi
 docker image inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$image" | sed '/^$/d' >"$out/image-env.txt"
 docker image inspect -f '{{.Id}} {{index .RepoTags 0}}' "$image" >"$out/image-id.txt"
 
