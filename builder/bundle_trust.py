@@ -72,9 +72,11 @@ def check_tags(saved: set[str], listed: dict[str, str]) -> None:
 
 def check_stack_shape(document: object, listed_images: dict[str, str]) -> None:
     """The compose file must be what `moe-stack compose` emits, services and all."""
+    record = document.get("x-moe-stack") if isinstance(document, dict) else None
     if not isinstance(document, dict) or not isinstance(document.get("services"), dict) or \
-            not isinstance(document.get("x-moe-stack"), dict) or not isinstance(document["x-moe-stack"].get("model"), str):
-        raise UntrustedBundle("its compose.yaml was not written by `moe-stack compose` (no services or x-moe-stack.model)")
+            not isinstance(record, dict) or not isinstance(record.get("model"), str):
+        raise UntrustedBundle("its compose.yaml was not written by `moe-stack compose` (no services or "
+                              "x-moe-stack.model)")
     extra_top = sorted(set(document) - TOP_KEYS)
     if extra_top:
         raise UntrustedBundle(f"its compose.yaml has top-level {', '.join(extra_top)}, which moe-stack never writes")
@@ -114,5 +116,5 @@ def _check_service(name: str, service: object, listed_images: dict[str, str]) ->
             volume.get("read_only") is True
         named_ok = volume.get("type") == "volume" and volume.get("target") == HUGETLBFS_DIR
         if not (bind_ok or named_ok):
-            raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {volume.get('target')}; a moe-stack "
-                                  "stack mounts only the model (and config) directory read-only")
+            raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {target}; a moe-stack stack "
+                                  "mounts only the model (and config) directory read-only")

@@ -106,7 +106,8 @@ def extract_tree(archive: Path, dest: Path) -> None:
                 except FileNotFoundError:
                     origin_mode = 0
                 if not stat.S_ISREG(origin_mode):
-                    raise UnsafeArchive(f"hard link {member.name!r} -> {member.linkname!r} is not to a file of the tree")
+                    raise UnsafeArchive(f"hard link {member.name!r} -> {member.linkname!r} is not to a file of "
+                                        "the tree")
                 with origin.open("rb") as stream:
                     write_stream(stream, target, None, member.name)
             else:

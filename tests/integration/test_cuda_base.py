@@ -44,15 +44,16 @@ def cuda_base(docker_client: DockerClient, base_image: str) -> str:
 
 
 def test_base_is_checked_laid_out_and_labelled(docker_client: DockerClient, cuda_base: str, base_image: str) -> None:
-    devel, runtime = docker_client.image.inspect(CUDA.image("devel")), docker_client.image.inspect(CUDA.image("runtime"))
+    devel = docker_client.image.inspect(CUDA.image("devel"))
+    runtime = docker_client.image.inspect(CUDA.image("runtime"))
     for wheel in CUDA.wheels:
         label = f"{wheel.version} sha256:{wheel.sha256}"
         assert devel.config.labels[f"io.moe-stack.wheel.{wheel.name}"] == label
         assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (label if wheel.runtime else None)
     nvcc = docker_client.run(CUDA.image("devel"), ["nvcc", "--version"], remove=True)
     assert "release 13.0, V13.0.88" in str(nvcc)
-    layout = docker_client.run(CUDA.image("devel"), ["sh", "-c", "readlink /usr/local/cuda /usr/local/cuda/lib64; "
-                                                     "ls /usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm"], remove=True)
+    layout = docker_client.run(CUDA.image("devel"), ["sh", "-c", "readlink /usr/local/cuda /usr/local/cuda/lib64; ls "
+                                                     "/usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm"], remove=True)
     assert str(layout).split() == ["cuda-13.0", "lib", "libcuda.so", "bin", "libdevice"]
     # The runtime base holds the libraries a server loads and no compiler: at most cuBLAS's 596.5 MB
     # (CUDA-FROM-PYPI.md) over the Debian base.
