@@ -61,17 +61,20 @@ docker image inspect -f '{{.Id}} {{index .RepoTags 0}}' "$image" >"$out/image-id
   --for-other-host --threads 16 -o "$out/stack.yaml" >/dev/null
 grep -q 'flags-checked: true' "$out/stack.yaml" || { echo "the stack's flags were not checked" >&2; exit 1; }
 
+"$ms" cmake-args --engine "$engine" --cuda "$cuda" --cuda-archs "$archs" --cpu "$cpu" --cuda-base "$cuda_base" \
+  --no-ccache >"$out/engine.cmake-args"
 # What the build never reads stays behind (docs, test models and media, tests and examples, which are
 # off, Python converters, the ggml backends other than CPU and CUDA): it must fit beside the rootfs.
 name=$(basename "$tree")
 excludes=()
-for path in docs models media .github tests examples benches gguf-py conversion tools/ui/tests 'tools/mtmd/test-*' \
+skipped=(docs models media .github github-data tests benches gguf-py conversion tools/ui/tests 'tools/mtmd/test-*')
+# ik_llama.cpp's server is one of its examples.
+grep -qx -- -DLLAMA_BUILD_EXAMPLES=ON "$out/engine.cmake-args" || skipped+=(examples)
+for path in "${skipped[@]}" \
     ggml/src/ggml-{sycl,vulkan,opencl,cann,musa,hip,metal,webgpu,zdnn,rpc,blas,et,hexagon,openvino,virtgpu,zendnn}; do
   excludes+=(--exclude="$name/$path")
 done
 tar -C "$(dirname "$tree")" "${excludes[@]}" -cf - "$name" | xz -T0 -9e >"$out/engine.tar.xz"
-"$ms" cmake-args --engine "$engine" --cuda "$cuda" --cuda-archs "$archs" --cpu "$cpu" --cuda-base "$cuda_base" \
-  --no-ccache >"$out/engine.cmake-args"
 "$repo/.venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: -d "$out/whl" "gguf==$(
   "$repo/.venv/bin/python" -c 'import importlib.metadata as m; print(m.version("gguf"))')"
 du -sh "$out"/* | sort -h
