@@ -8,7 +8,8 @@
 #   cuda_image.sh start     steps 1-2, keeping what .device/ carried; then, in the next call (within
 #   cuda_image.sh run       the machine's warm window), steps 3-5 with the rest of the carried files:
 #                           for images whose root filesystem doesn't fit in one call's carry (the
-#                           prepare script splits it into .device/rootfs/part-*)
+#                           prepare script splits it into .device/rootfs/part-*); calls between them
+#   cuda_image.sh carry     only keep what they carry (more parts)
 #
 #   1. the native build starts in the background (all cores, the image's configure arguments)
 #   2. the model the stack was emitted for is written (same name, same shapes: synth_moe.py)
@@ -38,6 +39,10 @@ say() { echo "[$(($(date +%s) - start))s] $*" | tee -a "$out/run.log"; }
 left() { echo $((deadline - $(date +%s))); }
 [ "$phase" = run ] || rm -rf "$dev"  # a new run: nothing from an earlier image may be mixed in
 mkdir -p "$dev/rootfs" && cp -r "$repo"/.device/. "$dev"/
+if [ "$phase" = carry ]; then
+  say "carried so far: $(find "$dev/rootfs" -name 'part-*' | sort | xargs -r -n1 basename | tr '\n' ' ')"
+  exit 0
+fi
 
 if [ "$phase" != run ]; then
 # ---- 1. native build ----------------------------------------------------------------------------

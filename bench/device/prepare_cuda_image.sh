@@ -8,8 +8,9 @@
 # Writes .device/ (git-ignored; the device tool carries at most 64 MiB):
 #   image-rootfs.tar.xz   the image's root filesystem (docker export), cuBLAS and cuBLASLt left out:
 #                         with them it is ~600 MB; the device binds its own copy of the same release.
-#                         Over 40 MiB it is split into rootfs/part-aa, part-ab... instead, to carry
-#                         in two calls (cuda_image.sh start, then run)
+#                         Over 40 MiB it is split into rootfs/part-aa (40 MiB, carried beside the
+#                         rest by `cuda_image.sh start`), then parts of 56 MiB (one a call:
+#                         `cuda_image.sh carry`, the last with `cuda_image.sh run`)
 #   image-removed.txt     what was left out, with the sha256 each file has in the image
 #   image-env.txt         the image's Config.Env, one per line (what a runtime starts the entrypoint with)
 #   stack.yaml            `moe-stack compose --gpu nvidia --preset PRESET` for MODEL, emitted here for
@@ -50,7 +51,9 @@ done
 rm -rf "$out/rootfs" "$out/image-rootfs.tar.xz"
 tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$work/rootfs.tar.xz"
 if [ "$(stat -c %s "$work/rootfs.tar.xz")" -gt $((40 << 20)) ]; then
-  mkdir -p "$out/rootfs" && split -b 40M "$work/rootfs.tar.xz" "$out/rootfs/part-"
+  mkdir -p "$out/rootfs"
+  head -c 40M "$work/rootfs.tar.xz" >"$out/rootfs/part-aa"
+  tail -c +$((40 * 1048576 + 1)) "$work/rootfs.tar.xz" | split -b 56M - "$out/rootfs/part-b"
 else
   mv "$work/rootfs.tar.xz" "$out/image-rootfs.tar.xz"
 fi
