@@ -181,6 +181,12 @@ def _manifest(bundle: Path, staging: Path) -> dict:
     if not isinstance(models, list) or not all(
             isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"]) for m in models):
         raise BundleError(f"bundle {bundle}: its manifest names a model that is not a plain *.gguf file name")
+    if not all(isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str) and
+               isinstance(m.get("included"), bool) for m in models):
+        raise BundleError(f"bundle {bundle}: a model entry of its manifest lacks bytes, sha256 or included")
+    images = manifest.get("images")
+    if not isinstance(images, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in images.items()):
+        raise BundleError(f"bundle {bundle}: its manifest's images must map each image to its ID")
     return manifest
 
 

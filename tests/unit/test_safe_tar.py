@@ -111,6 +111,9 @@ def _bundle(path: Path, manifest: dict | None, extra: list | None = None) -> Pat
     (None, [("file", "models/big.gguf", b"")], None),  # fine so far: fails later, on its checksum
     ({"format": 1, "files": {"/etc/shadow": "s", COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": []}, [],
      "must list exactly compose.yaml and images.tar"),
+    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": ["x"], "models": []}, [], "map each image"),
+    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {},
+      "models": [{"name": "m.gguf", "included": True}]}, [], "lacks bytes, sha256 or included"),
 ])
 def test_bundle_refusals(tmp_path: Path, manifest: dict | None, extra: list, why: str | None) -> None:
     bundle = _bundle(tmp_path / "b.tar", manifest, extra)
