@@ -3,8 +3,10 @@ and pull, and an air-gapped bundle loaded back and served."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import tarfile
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ import pytest
 import yaml
 from python_on_whales import DockerClient
 
+from builder.bundle import sha256
 from builder.choose import choose_variant, parse_tag
 from builder.compose import compose_dict, free_local_port, write_stack
 from builder.host import probe
@@ -143,4 +146,45 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
         assert [m.source for m in mounts if m.destination == "/models"] == [str((dest / "models").resolve())]
     finally:
         down(loaded)
+        docker_client.image.remove(image, force=True)
+
+
+def test_a_bundle_that_would_retag_local_images_is_refused(base_image: str, docker_client: DockerClient,
+                                                           moe_model: Path, tmp_path: Path) -> None:
+    """images.tar holding a second tag (here: the local base image every build starts from) would
+    replace that image on `docker load`; load refuses before loading anything, and --expect-sha256
+    holds the archive to the hash `bundle` printed."""
+    built = build_engine_image("llama.cpp", "avx2", base_image)
+    image = f"localhost/moe-stack-bundle/llama-cpp:{uuid.uuid4().hex[:8]}"
+    docker_client.image.tag(built.tag, image)
+    try:
+        stack = StackSpec(project="mst-retag", engine="llama.cpp", image=image, model=moe_model, threads=2)
+        compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml")
+        archive = tmp_path / "stack.tar"
+        result = run_cli("bundle", str(compose_file), "--out", str(archive))
+        assert result.returncode == 0, result.stderr
+        printed = re.search(r"--expect-sha256 ([0-9a-f]{64})", " ".join(result.stdout.split()))
+        assert printed and f"sha256:{printed[1]}" == sha256(archive)
+        # The hostile copy: the same bundle, its images.tar re-saved with the base image's tag too and
+        # the manifest's checksum of it updated (the manifest vouches only for itself).
+        work = tmp_path / "hostile"
+        work.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(work, filter="data")
+        docker_client.image.save([image, base_image], output=work / "images.tar")
+        manifest = json.loads((work / "manifest.json").read_text())
+        manifest["files"]["images.tar"] = sha256(work / "images.tar")
+        (work / "manifest.json").write_text(json.dumps(manifest))
+        hostile = tmp_path / "hostile.tar"
+        with tarfile.open(hostile, "w") as tar:
+            for name in ("manifest.json", "compose.yaml", "images.tar"):
+                tar.add(work / name, arcname=name)
+        base_id = docker_client.image.inspect(base_image).id
+        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"))
+        assert result.returncode == 1 and f"would also tag {base_image}" in result.stderr, result.stderr
+        assert docker_client.image.inspect(base_image).id == base_id
+        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1])
+        assert result.returncode == 1 and "you expect; don't load it" in result.stderr, result.stderr
+        assert not (tmp_path / "dest" / "compose.yaml").exists()
+    finally:
         docker_client.image.remove(image, force=True)
