@@ -41,7 +41,6 @@ class CudaBase:
     devel: str
     runtime: str
     stub_symbols: int | None  # entry points in the generated libcuda stub (None: kept from an earlier run)
-    report: str  # the check's ldd output ("" when kept)
 
 
 def current_images(client: DockerClient, cuda: PypiCuda) -> bool:
@@ -151,7 +150,7 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_di
     `created` label), and every engine build on them would start again from its first layer."""
     client = docker()
     if not force and current_images(client, cuda):
-        return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None, report="")
+        return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None)
     wheel_files = download_wheels(cuda, wheel_dir)
     created = datetime.now(timezone.utc)
     context = replace_rendered_dir(render_files(cuda, debian_base, wheel_files, created), context_dir)
@@ -168,4 +167,4 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_di
             stream_build(client, BuildPlan(context=context, tags=(cuda.image(flavour),), target=flavour,
                                            build_contexts=plan.build_contexts), log, log_path, show)
         stub_symbols = int((Path(tmp) / "stub-symbols.txt").read_text())
-    return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=stub_symbols, report=ldd)
+    return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=stub_symbols)
