@@ -119,8 +119,7 @@ def _slim(rootfs: Path) -> None:
     (rootfs / "etc/apt/apt.conf.d/docker-clean").write_text(_APT_NO_CACHE)
 
 
-def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE,
-                mirror: str | None = None) -> str:
+def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE) -> str:
     """A usable base image name: `preferred` if present or pullable, else one made locally from `suite`."""
     if image_exists(preferred):
         return preferred
@@ -128,4 +127,4 @@ def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TA
         docker().image.pull(preferred, quiet=True)
         return preferred
     except DockerException:
-        return make_base(tag=local_tag, suite=suite, mirror=mirror)
+        return make_base(tag=local_tag, suite=suite)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from builder.compose import HUGETLBFS_DIR
 from builder.engines.base import API_KEY_SECRET, CONFIG_DIR, MODEL_DIR
@@ -51,7 +52,7 @@ def saved_image_tags(images_tar: Path) -> set[str]:
     return tags
 
 
-def _json_member(archive: tarfile.TarFile, name: str):  # type: ignore[no-untyped-def]
+def _json_member(archive: tarfile.TarFile, name: str) -> Any:
     member = archive.getmember(name)
     if not member.isreg() or member.size > 1 << 20:
         raise UntrustedBundle(f"images.tar's {name} is not a small regular file")

@@ -6,7 +6,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, cast
 
 import typer
 from pydantic import ValidationError
@@ -17,11 +17,11 @@ from rich.text import Text
 from typer.exceptions import TyperException
 
 from builder import __version__, cli_distribute, cli_stack
-from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, ensure_base, make_base
+from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.build import Publishing, build_image, build_plan, context_dir, image_spec
+from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.cuda_wheels import local_cuda_images, pypi_cuda
-from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.doctor import as_dicts, diagnose
 from builder.engines import get_engine
@@ -130,7 +130,7 @@ def _bases(base_image: str | None, build_base: str | None, runtime_base: str | N
     if cuda_base not in ("nvidia", "pypi"):
         raise SpecError(f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images) or pypi (moe-stack base --cuda)")
     return BaseImages(build=build_base or base_image, runtime=runtime_base or base_image,
-                      cuda="pypi" if cuda_base == "pypi" else "nvidia")
+                      cuda=cast(Literal["nvidia", "pypi"], cuda_base))
 
 
 @app.command()
@@ -219,8 +219,7 @@ def base(
     """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
     with --cuda, CUDA devel/runtime images from NVIDIA's PyPI wheels on it (checked before tagging)."""
     release = pypi_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
-    debian = ensure_base(local_tag=tag, suite=suite, mirror=mirror) if release and not force else \
-        make_base(tag=tag, suite=suite, mirror=mirror, force=force)
+    debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
     out.print(f"base image ready: {debian}")
     if release is None:
         return

@@ -173,6 +173,11 @@ def literal(value: object) -> object:
     return value
 
 
+def unliteral(text: str) -> str:
+    """A string of an emitted compose file as moe-stack meant it (`literal` undone)."""
+    return text.replace("$$", "$")
+
+
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
     """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
     departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""

@@ -33,16 +33,18 @@ def member_path(name: str) -> str:
     return clean
 
 
-def _real_parent(root: Path, relative: str) -> Path:
+def _real_parent(root: Path, relative: str, create: bool = True) -> Path:
     """The member's parent directory: every component below `root` a real directory (made here if
-    missing), never a link, so nothing is ever written through a link. No realpath is involved, so no
-    PATH_MAX-long link chain can mislead the check."""
+    missing and `create`), never a link, so nothing is ever written through a link. No realpath is
+    involved, so no PATH_MAX-long link chain can mislead the check."""
     current = root
     for part in PurePosixPath(relative).parts[:-1]:
         current = current / part
         try:
             mode = os.lstat(current).st_mode
         except FileNotFoundError:
+            if not create:
+                raise UnsafeArchive(f"link target {relative!r} is not in the tree") from None
             os.mkdir(current)
             continue
         if not stat.S_ISDIR(mode):
@@ -100,7 +102,7 @@ def extract_tree(archive: Path, dest: Path) -> None:
                 os.symlink(member.linkname, target)
             elif member.islnk():
                 origin_name = member_path(member.linkname)
-                origin = _real_parent(root, origin_name) / posixpath.basename(origin_name)
+                origin = _real_parent(root, origin_name, create=False) / posixpath.basename(origin_name)
                 try:
                     origin_mode = os.lstat(origin).st_mode
                 except FileNotFoundError:

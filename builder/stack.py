@@ -8,7 +8,7 @@ import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.compose import check_port_free
+from builder.compose import check_port_free, unliteral
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
 
@@ -59,8 +59,7 @@ def stack_api_key(compose_file: Path) -> str | None:
     secrets = (yaml.safe_load(compose_file.read_text()) or {}).get("secrets") or {}
     for secret in secrets.values():
         try:
-            # The file written `$$` where the path has `$` (compose's escape: compose.literal).
-            return Path(secret["file"].replace("$$", "$")).read_text().splitlines()[0].strip()
+            return Path(unliteral(secret["file"])).read_text().splitlines()[0].strip()
         except (OSError, KeyError, IndexError):
             raise StackError(f"can't read the API key file of {compose_file}; the bench needs it") from None
     return None

@@ -157,4 +157,4 @@ def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
     out = tmp_path / "x[/]y[bold]"
     result = run_cli("render", "--out", str(out))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    assert f"{out}/Dockerfile" in " ".join(result.stdout.split()).replace(" ", "") or "x[/]y[bold]" in result.stdout
+    assert "x[/]y[bold]/Dockerfile" in "".join(result.stdout.split())

@@ -3,6 +3,7 @@ check that gates tagging, the driver stub script, and engine images built on it 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -39,8 +40,6 @@ def _render() -> dict[str, str]:
 
 
 def test_base_dockerfile_matches_golden() -> None:
-    import os
-
     text = _render()["Dockerfile"]
     if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ def _tar(path: Path, members: list[tuple[str, str, bytes | str]]) -> Path:
     ([("dir", "d", ""), ("sym", "d/up", ".."), ("file", "d/up/x", b"x")], "through the link"),
     ([("hard", "h", "/etc/passwd")], "not a plain relative path"),
     ([("hard", "h", "missing")], "not to a file of the tree"),
+    ([("hard", "h", "nodir/x")], "link target 'nodir/x' is not in the tree"),
     ([("fifo", "f", "")], "special file"),
     ([("file", "x", b"1"), ("file", "x", b"2")], "appears twice"),
 ])
