@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from builder.baseimage import ensure_base
-from builder.build import build_image, image_spec
+from builder.build import build_image
 from builder.engines import get_engine
+from builder.naming import image_spec
 from builder.source import cache_dir, resolve_local
 from builder.spec import BaseImages
 
@@ -56,7 +57,7 @@ def main() -> None:
         cold = timed_build(spec, tree, "cold")
         touch_source(tree, "ccache")
         warm = timed_build(spec, tree, "ccache")
-    print(f"{engine.name} {options.cpu} image, this host ({subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores)")
+    print(f"{engine.name} {options.cpu} image, this host ({subprocess.run(['nproc'], capture_output=True, text=True, check=False).stdout.strip()} cores)")
     print("| rebuild after | seconds | target |")
     print("|---|---|---|")
     print(f"| a label-only change | {label_only:.1f} | ≤ 10 |")

@@ -19,13 +19,13 @@ import urllib.request
 from pathlib import Path
 
 from builder.benchmark import measure
-from builder.build import image_spec
 from builder.compose import compose_dict, free_local_port, write_stack
 from builder.engines import get_engine
 from builder.engines.base import MODEL_DIR
 from builder.host import read_cpu
 from builder.image_facts import read_image_facts
 from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
+from builder.naming import image_spec
 from builder.render import configure_args
 from builder.source import cache_dir, resolve_local
 from builder.spec import StackSpec

@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def runs(bench_md: str) -> dict[str, dict[str, float]]:
@@ -49,9 +49,9 @@ def report(directory: Path) -> str:
     for round_ in (1, 2):
         avx2 = results.get(f"P2 round {round_}: llama.cpp cpu-avx2, CPU only, A3B 48 layers", {})
         spr = results.get(f"P2 round {round_}: llama.cpp cpu-sapphirerapids, CPU only, A3B 48 layers", {})
-        for test in ratios:
+        for test, values in ratios.items():
             if test in avx2 and test in spr:
-                ratios[test].append(spr[test] / avx2[test])
+                values.append(spr[test] / avx2[test])
                 lines.append(f"| {round_} | {test} | {avx2[test]:.1f} | {spr[test]:.1f} | {spr[test] / avx2[test]:.2f} |")
     for test, values in ratios.items():
         if values:

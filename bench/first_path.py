@@ -16,13 +16,14 @@ import uuid
 from pathlib import Path
 
 from builder.baseimage import ensure_base
-from builder.build import build_image, image_spec
+from builder.build import build_image
 from builder.compose import compose_dict, free_local_port, start_period_for, write_stack
 from builder.demo import DEMO_PROMPT, complete
 from builder.docker_client import docker
 from builder.engines import engine_names, get_engine
 from builder.host import read_cpu
 from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
+from builder.naming import image_spec
 from builder.source import cache_dir, resolve_local
 from builder.spec import BaseImages, StackSpec
 from builder.stack import down, up
@@ -30,7 +31,7 @@ from builder.stack import down, up
 
 def compile_seconds(log: Path) -> float | None:
     """The longest `#N DONE Xs` step of a BuildKit log: the engine compile, when it ran."""
-    steps = [float(m) for m in re.findall(r"^#\d+ DONE ([0-9.]+)s$", log.read_text(), re.M)] if log.exists() else []
+    steps = [float(m) for m in re.findall(r"^#\d+ DONE ([0-9.]+)s$", log.read_text(), re.MULTILINE)] if log.exists() else []
     return max(steps) if steps and max(steps) > 30 else None
 
 

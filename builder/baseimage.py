@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from python_on_whales.exceptions import DockerException
@@ -46,8 +46,8 @@ def host_mirror(sources_root: Path = Path("/etc/apt")) -> str:
         if not path.is_file():
             continue
         text = path.read_text(errors="replace")
-        match = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.M) or \
-            re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s", text, re.M)
+        match = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.MULTILINE) or \
+            re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s", text, re.MULTILINE)
         if match:
             return match.group(1)
     return FALLBACK_MIRROR
@@ -79,11 +79,11 @@ def make_base(tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE, mirror: 
         _slim(rootfs)
         tarball = Path(work) / "rootfs.tar"
         subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], check=True)
-        created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         changes = [
             'CMD ["bash"]',
-            f'LABEL org.opencontainers.image.title="Debian {suite} minbase (moe-stack base)" '
-            f'org.opencontainers.image.created="{created}" io.moe-stack.base-mirror="{mirror}"',
+            (f'LABEL org.opencontainers.image.title="Debian {suite} minbase (moe-stack base)" '
+            f'org.opencontainers.image.created="{created}" io.moe-stack.base-mirror="{mirror}"'),
         ]
         try:
             docker().image.import_(tarball, tag=tag, changes=changes)

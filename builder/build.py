@@ -9,7 +9,7 @@ import tempfile
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -21,10 +21,10 @@ from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.flags import LABEL as FLAGS_LABEL
 from builder.flags import parse_contract, to_label
+from builder.naming import alias_image_tag, cache_key, context_name, image_tag
 from builder.render import render
 from builder.source import cache_dir
-from builder.spec import BaseImages, CudaTarget, ImageSpec, LocalSource
-from builder.targets import cpu_target
+from builder.spec import ImageSpec, LocalSource
 
 # The stage the image is; the others only build it.
 RUNTIME_STAGE = "runtime"
@@ -32,28 +32,6 @@ RUNTIME_STAGE = "runtime"
 CONTRACT_STAGE = "contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
-
-
-def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
-               base: BaseImages = BaseImages(), registry: str = "ghcr.io", namespace: str = "moe-stack",
-               cuda: CudaTarget = CudaTarget()) -> ImageSpec:
-    """The spec for an engine's image: from the local `tree` (or wheelhouse) if given, else the
-    engine's default source at `ref` (a git clone, or for KTransformers the PyPI wheels)."""
-    engine = get_engine(engine_name)
-    source = (LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
-              if tree is not None else engine.default_source(ref))
-    return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
-                     registry=registry, namespace=namespace)
-
-
-def image_tag(spec: ImageSpec) -> str:
-    """`<registry>/<namespace>/<engine>:<ref>-<cuda|cpu>-<isa>`."""
-    return f"{spec.registry}/{spec.namespace}/{get_engine(spec.engine).slug}:{spec.variant}"
-
-
-def alias_image_tag(spec: ImageSpec) -> str:
-    """The moving alias pushed beside the immutable tag: `<engine>:<cuda|cpu>-<isa>`."""
-    return f"{spec.registry}/{spec.namespace}/{get_engine(spec.engine).slug}:{spec.cuda.label}-{spec.cpu.name}"
 
 
 @dataclass(frozen=True)
@@ -128,7 +106,7 @@ class BuildPlan:
         alias, SBOM and max-mode provenance (a registry push can carry attestations, the docker image
         store can't), and for GitHub Actions a cache scope per variant (the default one is shared by
         all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
-        scope = f"{get_engine(spec.engine).slug}-{spec.cuda.label}-{spec.cpu.name}"
+        scope = cache_key(spec)
         return replace(self, tags=(image_tag(spec), alias_image_tag(spec)), load=False, push=True,
                        cache_from=(f"type=gha,scope={scope}",) if gha_cache else (),
                        cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
@@ -145,7 +123,7 @@ class BuildPlan:
 
 def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None) -> BuildPlan:
     """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone."""
-    created = created or datetime.now(timezone.utc)
+    created = created or datetime.now(UTC)
     holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
     contexts = {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
     return BuildPlan(
@@ -203,7 +181,7 @@ def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: P
 
 def context_dir(spec: ImageSpec) -> Path:
     """Where `build` renders `spec`'s context: kept, so a printed build command can be rerun."""
-    return cache_dir() / "contexts" / f"{get_engine(spec.engine).slug}-{spec.variant}"
+    return cache_dir() / "contexts" / context_name(spec)
 
 
 @dataclass(frozen=True)

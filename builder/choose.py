@@ -1,48 +1,29 @@
 """Which published variant fits a host: CPU flags → the richest CPU target it runs, GPU compute
 capability and driver → the newest CUDA release whose images carry that arch and that the driver runs.
 
-Pure over HostFacts and a list of offered tags, so recorded hosts can be tested against the matrix.
+Pure over HostFacts and a list of offered variants (naming.parse_variant reads them from tags), so
+recorded hosts can be tested against the matrix.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from builder.doctor import MIN_DRIVER, driver_runs
 from builder.errors import SpecError
 from builder.host import Gpu, HostFacts, missing_flags
 from builder.matrix import cuda_target
+from builder.naming import Variant
 from builder.targets import CPU_TARGETS, best_cpu_target
-
-# `<ref>-<cpu|cudaX.Y>-<isa>`, the immutable tag `moe-stack build` gives every image.
-VARIANT_TAG = re.compile(r"^(?P<ref>[A-Za-z0-9_.-]+)-(?P<accel>cpu|cuda[0-9]+\.[0-9]+)-(?P<cpu>[a-z0-9]+)$")
-
-
-@dataclass(frozen=True)
-class Offered:
-    tag: str
-    ref: str
-    cuda: str | None  # None: a CPU-only image
-    cpu: str
 
 
 @dataclass(frozen=True)
 class Choice:
-    offered: Offered
+    offered: Variant
     reason: str
 
 
-def parse_tag(tag: str) -> Offered | None:
-    """The variant a tag names, or None for aliases and foreign tags."""
-    match = VARIANT_TAG.match(tag)
-    if match is None or match["cpu"] not in CPU_TARGETS:
-        return None
-    accel = match["accel"]
-    return Offered(tag=tag, ref=match["ref"], cuda=None if accel == "cpu" else accel[4:], cpu=match["cpu"])
-
-
-def choose_variant(host: HostFacts, offered: list[Offered], cpu_only: bool = False) -> Choice:
+def choose_variant(host: HostFacts, offered: list[Variant], cpu_only: bool = False) -> Choice:
     """The best of `offered` for `host`; SpecError naming what is missing when none fits."""
     runnable = [o for o in offered if not missing_flags(CPU_TARGETS[o.cpu].required_flags, host.cpu)]
     gpu = host.gpus[0] if host.gpus and not cpu_only else None
@@ -62,7 +43,7 @@ def choose_variant(host: HostFacts, offered: list[Offered], cpu_only: bool = Fal
     raise SpecError(_nothing_fits(host, offered, gpu))
 
 
-def _ideal(host: HostFacts, chosen: Offered) -> str:
+def _ideal(host: HostFacts, chosen: Variant) -> str:
     """A note when this CPU could use a richer target than any published one."""
     ideal = best_cpu_target(host.cpu.flags)
     return f" (a {ideal.name} build would fit it better)" if ideal and ideal.name != chosen.cpu else ""
@@ -72,11 +53,11 @@ def _cuda_fits(cuda: str, gpu: Gpu) -> bool:
     return driver_runs(gpu.driver, cuda) and _arch(gpu) in cuda_target(cuda).archs
 
 
-def _nothing_fits(host: HostFacts, offered: list[Offered], gpu: Gpu | None) -> str:
+def _nothing_fits(host: HostFacts, offered: list[Variant], gpu: Gpu | None) -> str:
     if not offered:
         return "the registry holds no variant of this engine and ref; publish one or pick another --ref"
 
-    def nearness(o: Offered) -> tuple[int, bool, tuple[int, ...], int]:
+    def nearness(o: Variant) -> tuple[int, bool, tuple[int, ...], int]:
         lacking = len(missing_flags(CPU_TARGETS[o.cpu].required_flags, host.cpu))
         return (-lacking, o.cuda is None or gpu is not None, _version(o.cuda), _cpu_rank(o.cpu))
     nearest = max(offered, key=nearness)

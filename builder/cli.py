@@ -18,7 +18,7 @@ from typer.exceptions import TyperException
 
 from builder import __version__, cli_distribute, cli_stack
 from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
-from builder.build import Publishing, build_image, build_plan, context_dir, image_spec
+from builder.build import Publishing, build_image, build_plan, context_dir
 from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.cuda_wheels import local_cuda_images, pypi_cuda
@@ -36,6 +36,7 @@ from builder.errors import (
 from builder.host import probe
 from builder.matrix import ci_rows, cuda_target, variants
 from builder.models import check_gguf, fetch_demo_model
+from builder.naming import image_spec, variant_tag
 from builder.planner import GIB, model_bytes, read_facts, size
 from builder.planner import plan as make_plan
 from builder.render import configure_args
@@ -150,7 +151,7 @@ def render(
     spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base, cuda_base),
                       cuda=_cuda(cuda, cuda_archs))
     path = render_context(spec, out_dir)
-    out.print(f"rendered {spec.engine} {spec.variant} → {path / 'Dockerfile'}")
+    out.print(f"rendered {spec.engine} {variant_tag(spec)} → {path / 'Dockerfile'}")
 
 
 @app.command()
@@ -353,7 +354,7 @@ def matrix(
             table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim"))
         else:
             archs = ",".join(str(a) for a in variant.spec.cuda.archs)
-            table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant.spec.variant)
+            table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant_tag(variant.spec))
     out.print(table)
 
 

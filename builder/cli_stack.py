@@ -16,7 +16,7 @@ from rich.text import Text
 
 from builder.baseimage import ensure_base
 from builder.benchmark import measure
-from builder.build import build_image, image_spec, image_tag
+from builder.build import build_image
 from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.compose import (
     check_config_dir,
@@ -36,6 +36,7 @@ from builder.errors import SpecError
 from builder.host import HostFacts, probe
 from builder.image_facts import ImageFacts, read_image_facts
 from builder.models import check_gguf
+from builder.naming import image_spec, image_tag
 from builder.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.planner import GIB, model_bytes, read_facts
 from builder.planner import plan as make_plan

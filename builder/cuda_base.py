@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from python_on_whales import DockerClient
@@ -152,7 +152,7 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_di
     if not force and current_images(client, cuda):
         return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None)
     wheel_files = download_wheels(cuda, wheel_dir)
-    created = datetime.now(timezone.utc)
+    created = datetime.now(UTC)
     context = replace_rendered_dir(render_files(cuda, debian_base, wheel_files, created), context_dir)
     plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from builder.build import image_spec, image_tag
 from builder.engines import get_engine
 from builder.errors import SpecError
+from builder.naming import image_spec, image_tag, variant_tag
 from builder.render import templates_root
 from builder.spec import CudaTarget, ImageSpec
 from builder.toolchain import CUDA_RELEASES
@@ -68,7 +68,7 @@ def ci_rows() -> list[dict[str, object]]:
             "cuda": spec.cuda.version or "none",
             "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),
             "cpu": spec.cpu.name,
-            "variant": spec.variant,
+            "variant": variant_tag(spec),
             "tag": image_tag(spec),
         })
     return rows

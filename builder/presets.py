@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from builder.build import image_spec, image_tag
 from builder.compose import compose_dict, cpu_only, start_period_for, to_yaml
 from builder.engines import EXPERTS_ON_CPU_RULE, engine_names, get_engine
 from builder.errors import SpecError
 from builder.matrix import cuda_target
+from builder.naming import image_spec, image_tag
 from builder.spec import StackSpec
 
 _NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla", "moe_offload_batch")

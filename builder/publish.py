@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.build import image_spec
-from builder.choose import Choice, Offered, choose_variant, parse_tag
+from builder import naming
+from builder.choose import Choice, choose_variant
 from builder.docker_client import describe, docker
 from builder.engines import get_engine
 from builder.host import HostFacts, missing_flags
 from builder.image_facts import ImageFacts, read_image_facts
+from builder.naming import Variant, image_spec, parse_variant, publish_tags, short_ref
 from builder.registry import (
     RegistryError,
     Repository,
@@ -38,23 +39,13 @@ class Pulled:
     choice: Choice
 
 
-def alias_tag(variant: str) -> str:
-    """The moving alias of a variant: `<cpu|cudaX.Y>-<isa>` (the newest published build of that kind)."""
-    return variant[len(variant_ref(variant)) + 1:]
-
-
-def variant_ref(variant: str) -> str:
-    """The ref part of a variant tag."""
-    offered = parse_tag(variant)
-    if offered is None:
-        raise RegistryError(f"image version {variant!r} is not a moe-stack variant tag; rebuild it with `moe-stack build`")
-    return offered.ref
-
-
-def publish_tags(facts: ImageFacts, prefix: str) -> list[str]:
+def publish_targets(facts: ImageFacts, prefix: str) -> list[str]:
     """Where `facts`' image goes under `prefix` (REGISTRY/NAMESPACE): its immutable tag, then its alias."""
-    repo = f"{prefix}/{get_engine(facts.engine).slug}"
-    return [f"{repo}:{facts.variant}", f"{repo}:{alias_tag(facts.variant)}"]
+    variant = parse_variant(facts.variant)
+    if variant is None:
+        raise RegistryError(f"image version {facts.variant!r} is not a moe-stack variant tag; rebuild it with "
+                            "`moe-stack build`")
+    return publish_tags(facts.engine, variant, prefix)
 
 
 def publish(images: list[str], prefix: str) -> list[Pushed]:
@@ -67,7 +58,7 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
     plans = [(image, read_image_facts(image)) for image in images]  # all refused before any push
     pushed: list[Pushed] = []
     for image, facts in plans:
-        for target in publish_tags(facts, prefix):
+        for target in publish_targets(facts, prefix):
             try:
                 client.image.tag(image, target)
                 client.image.push(target, quiet=True)
@@ -85,9 +76,9 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
 def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_only: bool = False) -> Pulled:
     """Pull the variant of `engine` at `ref` (default: the pinned one) that fits `host` best."""
     adapter = get_engine(engine)
-    repo = repository(f"{prefix}/{adapter.slug}")
+    repo = repository(naming.repository(prefix, adapter.name))
     offered = offered_variants(repo)
-    wanted = ref or variant_ref(image_spec(adapter.name).variant)
+    wanted = ref or short_ref(image_spec(adapter.name).ref)
     at_ref = [o for o in offered if o.ref == wanted]
     if not offered:
         raise RegistryError(f"{repo.name} holds no moe-stack variants; publish some (`moe-stack publish`) or check --from")
@@ -109,9 +100,9 @@ def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_
     return Pulled(image=image, digest=digest, choice=choice)
 
 
-def offered_variants(repo: Repository) -> list[Offered]:
+def offered_variants(repo: Repository) -> list[Variant]:
     """The variant tags `repo` holds (aliases left out)."""
-    return [o for o in (parse_tag(tag) for tag in list_tags(repo)) if o is not None]
+    return [o for o in (parse_variant(tag) for tag in list_tags(repo)) if o is not None]
 
 
 def _verified_digest(client: DockerClient, image: str) -> str:

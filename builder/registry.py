@@ -18,12 +18,9 @@ from pathlib import Path
 
 from builder.errors import MoeStackError
 
-MANIFEST_TYPES = ", ".join((
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-))
+MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, "
+                  "application/vnd.docker.distribution.manifest.list.v2+json, "
+                  "application/vnd.docker.distribution.manifest.v2+json")
 _LOOPBACK = re.compile(r"^(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?$")
 _TIMEOUT_S = 30
 _MAX_TAG_PAGES = 100

@@ -14,6 +14,7 @@ from builder.engines.base import CONTAINER_PORT
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import SpecError
 from builder.files import replace_rendered_dir
+from builder.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
 
 # The image's non-root user (a fixed uid, so bind mounts and policies can name it).
@@ -49,13 +50,13 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
     """Labels fixed at render time (the build adds `created`)."""
     engine = get_engine(spec.engine)
     return {
-        "org.opencontainers.image.title": f"{engine.name} server ({spec.variant})",
+        "org.opencontainers.image.title": f"{engine.name} server ({variant_tag(spec)})",
         "org.opencontainers.image.description": (
             f"{engine.name} {engine.server_label} for {spec.cuda.label}, CPU target {spec.cpu.name}"
         ),
         "org.opencontainers.image.source": engine.source_url(spec),
         "org.opencontainers.image.revision": spec.ref,
-        "org.opencontainers.image.version": spec.variant,
+        "org.opencontainers.image.version": variant_tag(spec),
         f"{LABEL_PREFIX}.builder-version": __version__,
         f"{LABEL_PREFIX}.engine": engine.name,
         f"{LABEL_PREFIX}.engine-ref": spec.ref,
@@ -64,7 +65,7 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
         # Whose CUDA toolkit the image was built on: NVIDIA's images, or moe-stack's from PyPI wheels.
         f"{LABEL_PREFIX}.cuda-base": spec.base.cuda if spec.cuda.version else "none",
         f"{LABEL_PREFIX}.cpu-target": spec.cpu.name,
-        f"{LABEL_PREFIX}.march": spec.cpu.march,
+        f"{LABEL_PREFIX}.march": spec.cpu.march or "none",
         f"{LABEL_PREFIX}.required-cpu-flags": " ".join(spec.cpu.required_flags),
     }
 
@@ -112,6 +113,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "uid": IMAGE_UID,
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),
+        "ccache_id": f"moe-stack-ccache-{cache_key(spec)}",
         **engine.template_values(spec, tools),
     }
     root = templates_root()

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from builder.errors import SourceError
 from builder.safe_tar import UnsafeArchive, extract_tree
+from builder.spec import FULL_SHA
 
 if TYPE_CHECKING:
     from builder.engines.base import Engine
 
-_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 _SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
 
 
@@ -33,7 +33,7 @@ def clone_commands(url: str, ref: str) -> list[str]:
     if _SHORT_SHA.match(ref):
         # An abbreviated commit can't be fetched by name: clone, then resolve it locally.
         return [f"git clone --quiet {url} /src", f"git -C /src checkout --quiet --detach {ref}"]
-    if _FULL_SHA.match(ref):
+    if FULL_SHA.match(ref):
         return [
             "git init --quiet /src",
             f"git -C /src fetch --quiet --depth 1 {url} {ref}",

@@ -23,7 +23,8 @@ CUDA_ONLY_ENGINES = frozenset({"ktransformers-legacy"})
 
 # A ref becomes part of an image tag: keep to the characters a tag allows.
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
-_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# A full commit id (tags shorten it, clones fetch it by id).
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
 class _Spec(BaseModel):
@@ -163,14 +164,18 @@ class BaseImages(_Spec):
     _refs = field_validator("build", "runtime")(_check_image_ref)
 
 
+NO_CUDA = CudaTarget()  # a CPU-only image
+DEFAULT_BASES = BaseImages()  # every stage on its toolchain's default image
+
+
 class ImageSpec(_Spec):
     """One image: engine × source × CUDA target × CPU target, on given base images."""
 
     engine: EngineName
     source: EngineSource
     cpu: CpuTarget
-    cuda: CudaTarget = CudaTarget()
-    base: BaseImages = BaseImages()  # None fields: the toolchain's defaults
+    cuda: CudaTarget = NO_CUDA
+    base: BaseImages = DEFAULT_BASES  # None fields: the toolchain's defaults
     registry: str = "ghcr.io"
     namespace: str = "moe-stack"
 
@@ -196,12 +201,6 @@ class ImageSpec(_Spec):
     @property
     def ref(self) -> str:
         return self.source.ref
-
-    @property
-    def variant(self) -> str:
-        """`<ref>-<cuda|cpu>-<isa>`: the immutable tag of this image."""
-        ref = self.ref[:12] if _FULL_SHA.match(self.ref) else self.ref
-        return f"{ref}-{self.cuda.label}-{self.cpu.name}"
 
 
 # kt-kernel 0.7.2's inference backends (sglang-kt --kt-method; kt_kernel/experts.py): only LLAMAFILE

@@ -22,9 +22,7 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_WORDS = ("the a an and of to in is it that for on with as was be by this are or from at not have "
-          "but what all were when we there can more if no out so said up one about into than them "
-          "expert model token layer memory cache server hello world").split()
+_WORDS = ["the", "a", "an", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be", "by", "this", "are", "or", "from", "at", "not", "have", "but", "what", "all", "were", "when", "we", "there", "can", "more", "if", "no", "out", "so", "said", "up", "one", "about", "into", "than", "them", "expert", "model", "token", "layer", "memory", "cache", "server", "hello", "world"]
 _QUANTS = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
 
 

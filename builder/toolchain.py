@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from builder.cuda_wheels import pypi_cuda
 from builder.errors import SpecError
-from builder.spec import BaseImages, CpuTarget, CudaTarget
+from builder.spec import DEFAULT_BASES, BaseImages, CpuTarget, CudaTarget
 
 CPU_BASE = "debian:trixie-slim"
 CPU_BASE_SUITE = "trixie"
@@ -69,7 +69,7 @@ def cuda_release(cuda: CudaTarget) -> CudaRelease:
     return CUDA_RELEASES[cuda.version]
 
 
-def toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages = BaseImages()) -> Toolchain:
+def toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages = DEFAULT_BASES) -> Toolchain:
     """The toolchain for a (CPU, CUDA) target, or a SpecError saying why none exists."""
     if base.cuda == "pypi" and cuda.version is not None:
         pypi_cuda(cuda.version)  # a release without wheels is refused first, for what it is
@@ -87,7 +87,7 @@ class _NoCompiler(Exception):
 
 def _works(cpu: CpuTarget, cuda: CudaTarget) -> bool:
     try:
-        _toolchain(cpu, cuda, BaseImages())
+        _toolchain(cpu, cuda, DEFAULT_BASES)
     except _NoCompiler:
         return False
     return True

@@ -240,8 +240,8 @@ class KTransformers(_PythonEngine):
         if mode == "wheels":
             return [f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"]
         # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
-        return [f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
-                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}"]
+        return [(f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
+                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}")]
 
     def engine_env(self, spec: ImageSpec) -> dict[str, str]:
         """A named CPU target pins its kt-kernel variant (the image's ISA guard already refuses a CPU
@@ -306,8 +306,8 @@ class KTransformersLegacy(_PythonEngine):
         return env
 
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
-        return [f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
-                f"--find-links /wheelhouse ktransformers torch=={self.torch_version}"]
+        return [(f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
+                f"--find-links /wheelhouse ktransformers torch=={self.torch_version}")]
 
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""

@@ -6,7 +6,14 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import API_KEY_PATH, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
+from builder.engines.base import (
+    API_KEY_PATH,
+    CONTAINER_PORT,
+    CUDA_STUB_DIR,
+    CUDA_STUB_SETUP,
+    MODEL_DIR,
+    Engine,
+)
 from builder.errors import StackError
 from builder.flags import takes_value
 from builder.source import clone_commands
@@ -87,7 +94,6 @@ class LlamaFamilyEngine(Engine):
         return {
             "clone_commands": clone_commands(self.source_url(spec), spec.ref),
             "cmake_args": [shlex.quote(arg) for arg in self.configure_args(spec, tools)],
-            "ccache_id": f"moe-stack-ccache-{self.slug}-{spec.cuda.label}-{spec.cpu.name}",
             "help_command": self.help_command(spec.cuda),
             "help_setup": self.help_setup(spec.cuda),
             "parser_literals_command": self.parser_literals_command(),

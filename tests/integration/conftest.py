@@ -16,13 +16,14 @@ import pytest
 from python_on_whales import DockerClient
 
 from builder.baseimage import ensure_base
-from builder.build import build_image, image_spec
+from builder.build import build_image
 from builder.compose import compose_dict, free_local_port, write_stack
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import DockerUnavailable
 from builder.image_facts import read_image_facts
 from builder.models import fetch_demo_model
+from builder.naming import image_spec
 from builder.source import resolve_local
 from builder.spec import BaseImages, StackSpec
 from builder.stack import down, up

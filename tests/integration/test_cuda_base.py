@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.build import BuildPlan, image_spec, stream_build
+from builder.build import BuildPlan, stream_build
 from builder.cuda_wheels import PYPI_CUDA
 from builder.engines import get_engine
 from builder.matrix import cuda_target
+from builder.naming import image_spec
 from builder.render import render
 from builder.source import resolve_local
 from builder.spec import BaseImages
@@ -52,8 +53,8 @@ def test_base_is_checked_laid_out_and_labelled(docker_client: DockerClient, cuda
         assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (label if wheel.runtime else None)
     nvcc = docker_client.run(CUDA.image("devel"), ["nvcc", "--version"], remove=True)
     assert "release 13.0, V13.0.88" in str(nvcc)
-    layout = docker_client.run(CUDA.image("devel"), ["sh", "-c", "readlink /usr/local/cuda /usr/local/cuda/lib64; ls "
-                                                     "/usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm"], remove=True)
+    layout = docker_client.run(CUDA.image("devel"), ["sh", "-c", ("readlink /usr/local/cuda /usr/local/cuda/lib64; ls "
+                                                     "/usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm")], remove=True)
     assert str(layout).split() == ["cuda-13.0", "lib", "libcuda.so", "bin", "libdevice"]
     # The runtime base holds the libraries a server loads and no compiler: at most cuBLAS's 596.5 MB
     # (CUDA-FROM-PYPI.md) over the Debian base.
@@ -61,8 +62,8 @@ def test_base_is_checked_laid_out_and_labelled(docker_client: DockerClient, cuda
     assert 590e6 < added < 600e6, f"the runtime base adds {added / 1e6:.1f} MB"
     env = dict(item.split("=", 1) for item in runtime.config.env)
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
-    absent = docker_client.run(CUDA.image("runtime"), ["sh", "-c", "ls /usr/local/cuda/bin 2>&1; ldconfig -p | "
-                                                       "grep -c libcublasLt.so.13"], remove=True)
+    absent = docker_client.run(CUDA.image("runtime"), ["sh", "-c", ("ls /usr/local/cuda/bin 2>&1; ldconfig -p | "
+                                                       "grep -c libcublasLt.so.13")], remove=True)
     assert "No such file" in str(absent) and str(absent).strip().endswith("1")
 
 
@@ -84,11 +85,11 @@ def configure_image(docker_client: DockerClient, cuda_base: str, tmp_path: Path)
 
 
 def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, configure_image: str) -> None:
-    cache = str(docker_client.run(configure_image, ["grep", "-E", "^(CMAKE_CUDA_COMPILER|CMAKE_CUDA_ARCHITECTURES|"
-                                                    "GGML_CUDA):", "/build/CMakeCache.txt"],
+    cache = str(docker_client.run(configure_image, ["grep", "-E", ("^(CMAKE_CUDA_COMPILER|CMAKE_CUDA_ARCHITECTURES|"
+                                                    "GGML_CUDA):"), "/build/CMakeCache.txt"],
                                   remove=True))
     assert "CMAKE_CUDA_COMPILER:FILEPATH=/usr/local/cuda/bin/nvcc" in cache
-    assert re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90$", cache, re.M) and "GGML_CUDA:BOOL=ON" in cache
+    assert re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90$", cache, re.MULTILINE) and "GGML_CUDA:BOOL=ON" in cache
     ninja = str(docker_client.run(configure_image, ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"],
                                   remove=True))
     assert int(ninja) > 50, "ggml's CUDA backend is in the build graph"

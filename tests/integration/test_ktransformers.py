@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.build import build_image, image_spec
+from builder.build import build_image
 from builder.engines.ktransformers import kt_variant
 from builder.host import probe
 from builder.image_facts import read_image_facts
+from builder.naming import image_spec
 from builder.spec import BaseImages
 from tests.cli import run_cli
 
@@ -49,7 +50,7 @@ def kt_image(bookworm_base: str, kt_wheelhouse: Path) -> Callable[[str], str]:
 def run_check(image: str, *docker_args: str) -> tuple[int, dict | None, str]:
     """Run the image (its entrypoint runs moe-stack-kt-check): exit status, the JSON report, all output."""
     result = subprocess.run(["docker", "run", "--rm", *docker_args, image], capture_output=True, text=True,
-                            timeout=300)
+                            timeout=300, check=False)
     output = result.stdout + result.stderr
     report = next((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), None)
     return result.returncode, report, output

@@ -27,7 +27,7 @@ def test_image_user_history_and_environment(engine: str, cpu: str, base_image: s
     assert image.config.user == "10001:10001"
     for variable in image.config.env or []:
         assert not SECRET_WORDS.search(variable.split("=", 1)[0]), variable
-    for label, value in (image.config.labels or {}).items():
+    for label in (image.config.labels or {}):
         assert not SECRET_WORDS.search(label), label
     history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image.id],
                              capture_output=True, text=True, check=True, timeout=60).stdout

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from python_on_whales.exceptions import DockerException
 
-from builder.build import stream_build, image_spec, image_tag, plan_build
+from builder.build import plan_build, stream_build
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import Interrupted
 from builder.matrix import cuda_target
+from builder.naming import image_spec, image_tag
 from builder.spec import LocalSource
 from tests.specs import default_spec
 
@@ -24,7 +25,7 @@ def test_tag_format() -> None:
 
 
 def test_git_build_has_no_source_context(tmp_path: Path) -> None:
-    created = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    created = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None, created)
     kwargs = plan.kwargs()
     assert kwargs["build_contexts"] == {}

@@ -6,20 +6,20 @@ from pathlib import Path
 
 import pytest
 
-from builder.choose import Offered, choose_variant, parse_tag
+from builder.choose import choose_variant
 from builder.errors import SpecError
 from builder.host import probe
 from builder.matrix import published
-from builder.publish import alias_tag
+from builder.naming import Variant, parse_variant, variant_tag
 from builder.registry import RegistryError, repository
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 AVX2_ONLY_FLAGS = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave fpu sse4_2 ht"
 
 
-def _matrix(engine: str) -> list[Offered]:
+def _matrix(engine: str) -> list[Variant]:
     """What CI publishes for `engine` (moe-stack matrix), as a registry would list it."""
-    return [parse_tag(spec.variant) for spec in published() if spec.engine == engine]
+    return [parse_variant(variant_tag(spec)) for spec in published() if spec.engine == engine]
 
 
 def _host(tmp_path: Path, flags: str, smi: str = ""):
@@ -78,10 +78,10 @@ def test_nothing_fits_names_the_missing_flags(tmp_path: Path) -> None:
 
 
 def test_tags() -> None:
-    assert parse_tag("0c1e57098-cuda12.8-zen4") == Offered("0c1e57098-cuda12.8-zen4", "0c1e57098", "12.8", "zen4")
-    assert parse_tag("ikpy-0.1.5-cpu-avx2").ref == "ikpy-0.1.5"
-    assert parse_tag("cpu-avx2") is None and parse_tag("latest") is None and parse_tag("r-cpu-avx9") is None
-    assert alias_tag("ikpy-0.1.5-cpu-avx2") == "cpu-avx2"
+    assert parse_variant("0c1e57098-cuda12.8-zen4") == Variant("0c1e57098-cuda12.8-zen4", "0c1e57098", "12.8", "zen4")
+    assert parse_variant("ikpy-0.1.5-cpu-avx2").ref == "ikpy-0.1.5"
+    assert parse_variant("cpu-avx2") is None and parse_variant("latest") is None and parse_variant("r-cpu-avx9") is None
+    assert parse_variant("ikpy-0.1.5-cpu-avx2").alias == "cpu-avx2"
     assert repository("127.0.0.1:5000/moe-stack/llama-cpp").base_url == "http://127.0.0.1:5000/v2/moe-stack/llama-cpp"
     assert repository("ghcr.io/acme/llama-cpp").base_url == "https://ghcr.io/v2/acme/llama-cpp"
     with pytest.raises(RegistryError, match="does not start with a registry host"):

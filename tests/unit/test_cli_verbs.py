@@ -8,8 +8,8 @@ from pathlib import Path
 import gguf
 import yaml
 
-from builder.build import image_spec
 from builder.matrix import cuda_target
+from builder.naming import image_spec
 from builder.render import configure_args
 from tests.cli import run_cli
 from tests.specs import mainline_tree

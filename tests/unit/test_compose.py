@@ -19,9 +19,9 @@ from builder.compose import (
     write_stack,
 )
 from builder.errors import StackError
-from builder.models import check_gguf
 from builder.host import CpuInfo
 from builder.image_facts import ImageFacts
+from builder.models import check_gguf
 from builder.spec import StackSpec
 from builder.targets import cpu_target
 

@@ -7,16 +7,16 @@ import os
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from builder.build import image_spec
 from builder.cuda_base import CHECK_ARCH, check_report, render_files
 from builder.cuda_wheels import PYPI_CUDA, pypi_cuda
 from builder.errors import SpecError
 from builder.matrix import cuda_target
+from builder.naming import image_spec
 from builder.render import image_labels
 from builder.render import render_files as render_engine
 from builder.spec import BaseImages
@@ -25,7 +25,7 @@ from tests.tools import dependency_command
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests/golden/cuda-base-13.0.Dockerfile"
-CREATED = datetime(2026, 11, 30, tzinfo=timezone.utc)
+CREATED = datetime(2026, 11, 30, tzinfo=UTC)
 CUDA13 = PYPI_CUDA["13.0"]
 PYPI = BaseImages(cuda="pypi")
 
@@ -51,7 +51,7 @@ def test_base_dockerfile_is_hadolint_clean(tmp_path: Path) -> None:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(_render()["Dockerfile"])
     result = subprocess.run([dependency_command("hadolint"), "--no-color", str(dockerfile)], capture_output=True,
-                            text=True)
+                            text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -129,13 +129,13 @@ def test_stub_script_defines_every_entry_point_and_refuses_other_headers(tmp_pat
               "    #define cuMemcpy __CUDA_API_PTDS(cuMemcpy)", "    #define cuMemsetD8 __CUDA_API_PTSZ(cuMemsetD8_v2)"]
     header.write_text("\n".join(lines) + "\n")
     stub = tmp_path / "libcuda.so"
-    result = subprocess.run(["sh", str(script), str(header), str(stub)], capture_output=True, text=True)
+    result = subprocess.run(["sh", str(script), str(header), str(stub)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(stub)], capture_output=True, text=True).stdout
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(stub)], capture_output=True, text=True, check=False).stdout
     for name in ("cuFunc0", "cuFunc399", "cuCtxCreate", "cuCtxCreate_v2", "cuMemcpy_ptds", "cuMemsetD8_v2_ptsz"):
-        assert re.search(rf" T {name}$", symbols, re.M), name
-    soname = subprocess.run(["objdump", "-p", str(stub)], capture_output=True, text=True).stdout
+        assert re.search(rf" T {name}$", symbols, re.MULTILINE), name
+    soname = subprocess.run(["objdump", "-p", str(stub)], capture_output=True, text=True, check=False).stdout
     assert re.search(r"SONAME\s+libcuda\.so\.1", soname)
     header.write_text("int main(void);\n")
-    result = subprocess.run(["sh", str(script), str(header), str(tmp_path / "x.so")], capture_output=True, text=True)
+    result = subprocess.run(["sh", str(script), str(header), str(tmp_path / "x.so")], capture_output=True, text=True, check=False)
     assert result.returncode == 1 and "is it cuda.h?" in result.stderr

@@ -62,7 +62,7 @@ def test_hostile_headers_are_one_error_fast_and_flat(tmp_path: Path, data: bytes
              "except ModelError as error:\n    said = str(error)\n"
              "print(json.dumps({'said': said, 'seconds': time.monotonic() - started}))\n")
     result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=20,
-                            cwd=ROOT)
+                            cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)
     assert re.search(why, answer["said"]) and answer["seconds"] < 0.5, answer

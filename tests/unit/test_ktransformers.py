@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from builder.build import image_spec, plan_build
+from builder.build import plan_build
 from builder.compose import check_kt_method_runs, compose_dict
 from builder.engines import get_engine
 from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
@@ -16,6 +16,7 @@ from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError, StackError
 from builder.host import CpuInfo
 from builder.matrix import cuda_target
+from builder.naming import image_spec
 from builder.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.planner import plan as make_plan
 from builder.presets import get_preset
@@ -96,8 +97,8 @@ def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Pa
 
 def _stack(tmp_path: Path, engine: str = "ktransformers", **update: object) -> StackSpec:
     model = tmp_path / "DeepSeek-R1-IQ4_XS-00001-of-00009.gguf"
-    values: dict[str, object] = dict(project="kt", engine=engine, image="kt:test", model=model, threads=32,
-                                     numa_node_count=2, gpu="nvidia", config_dir=tmp_path / "hf", ctx_size=8192)
+    values: dict[str, object] = {"project": "kt", "engine": engine, "image": "kt:test", "model": model, "threads": 32,
+                                     "numa_node_count": 2, "gpu": "nvidia", "config_dir": tmp_path / "hf", "ctx_size": 8192}
     return StackSpec(**(values | update))
 
 

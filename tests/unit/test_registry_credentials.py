@@ -28,7 +28,7 @@ class Server:
         outer = self
 
         class _Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 outer.seen.append((self.path, dict(self.headers)))
                 status, headers, body = handle(self)
                 self.send_response(status)

@@ -9,14 +9,15 @@ from pydantic import ValidationError
 
 from builder.engines import get_engine
 from builder.errors import SpecError
+from builder.naming import variant_tag
 from builder.spec import CudaTarget, GitSource, ImageSpec, LocalSource, StackSpec
 from builder.targets import cpu_target
 from tests.specs import default_spec
 
 
 def test_variant_tag_shortens_full_commits() -> None:
-    assert default_spec("ik_llama.cpp").variant == "007d640098cb-cpu-avx2"
-    assert default_spec("llama.cpp").variant == "0c1e57098-cpu-avx2"
+    assert variant_tag(default_spec("ik_llama.cpp")) == "007d640098cb-cpu-avx2"
+    assert variant_tag(default_spec("llama.cpp")) == "0c1e57098-cpu-avx2"
 
 
 def test_cuda_target_rules() -> None:

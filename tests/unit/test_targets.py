@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from builder.build import image_spec
 from builder.errors import SpecError
 from builder.matrix import ci_rows, cuda_target, published, variants
+from builder.naming import image_spec
 from builder.render import configure_args
 from builder.targets import CPU_TARGETS, best_cpu_target, cpu_target
 from builder.toolchain import toolchain

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.build import image_spec
-from builder.engines import get_engine
 from builder.matrix import cuda_target, published
+from builder.naming import context_name, image_spec
 from builder.spec import ImageSpec, LocalSource
 
 # A checkout path never reaches the render (the named build context replaces the clone stage).
@@ -26,5 +25,5 @@ UNPUBLISHED: dict[str, ImageSpec] = {
 
 def all_specs() -> dict[str, ImageSpec]:
     """Name → spec for every variant the unit tests render."""
-    specs = {f"{get_engine(s.engine).slug}-{s.variant}": s for s in published()}
+    specs = {context_name(s): s for s in published()}
     return {**specs, **UNPUBLISHED}
