@@ -8,12 +8,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from builder.engines import engine_names
 from builder.errors import SpecError
 
 # Markup off: paths, model names and engine output printed here may hold `[...]` (rich would read `x[/]`
 # as a tag and fail); the few styled cells build their Text explicitly (Text.from_markup + escape).
 out = Console(markup=False)
-EngineOpt = Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")]
+EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=f"one of {', '.join(engine_names())}")]
 
 
 def raw_stderr(line: str) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from builder.bundle import load_bundle, make_bundle, sha256
-from builder.cli_common import out
+from builder.cli_common import EngineOpt, out
 from builder.host import probe
 from builder.planner import size
 from builder.publish import publish as publish_images
@@ -30,7 +30,7 @@ def publish(
 
 def pull(
     source: FromOpt = "ghcr.io/moe-stack",
-    engine: Annotated[str, typer.Option("--engine", "-e", help="llama.cpp or ik_llama.cpp")] = "llama.cpp",
+    engine: EngineOpt = "llama.cpp",
     ref: Annotated[str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")] = None,
     cpu_only: Annotated[bool, typer.Option("--cpu-only", help="ignore the GPU: pull a CPU-only image")] = False,
 ) -> None:

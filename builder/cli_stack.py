@@ -21,7 +21,6 @@ from builder.cli_common import EngineOpt, int_list, out, raw_stderr
 from builder.compose import (
     check_config_dir,
     check_host_runs,
-    check_kt_method_runs,
     check_port_free,
     compose_dict,
     cpu_only,
@@ -30,8 +29,7 @@ from builder.compose import (
     write_stack,
 )
 from builder.demo import DEMO_PROMPT, complete, start_demo
-from builder.engines import EXPERTS_ON_CPU_RULE, get_engine
-from builder.engines.llama_family import LlamaFamilyEngine
+from builder.engines import EXPERTS_ON_CPU_RULE, engine_names, get_engine
 from builder.errors import SpecError
 from builder.host import HostFacts, probe
 from builder.image_facts import ImageFacts, read_image_facts
@@ -147,7 +145,7 @@ def compose(
         **options,
     )
     if not for_other_host:
-        check_kt_method_runs(stack, host.cpu)
+        adapter.check_host(stack, host.cpu)
     if cpu_image is not None and stack.gpu == "none":
         raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
     check_port_free(bind, port)
@@ -212,9 +210,10 @@ def demo(
 ) -> None:
     """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
     adapter = get_engine(engine)
-    if not isinstance(adapter, LlamaFamilyEngine):
-        raise SpecError(f"the demo serves on the CPU with a llama.cpp-family engine; {adapter.name} needs a GPU: "
-                        "use --engine llama.cpp or ik_llama.cpp")
+    if not adapter.serves_on_cpu or adapter.sdist is None or adapter.sdist_ref is None:
+        able = [e.name for e in map(get_engine, engine_names()) if e.serves_on_cpu and e.sdist]
+        raise SpecError(f"the demo builds its engine from a PyPI sdist and serves on the CPU, which {adapter.name} "
+                        f"can't: use --engine {' or '.join(able)}")
     check_port_free("127.0.0.1", port)
     sys.stderr.write(f"[1/3] building the {adapter.name} avx2 CPU image (first time: 5-20 min; cached after)\n")
     base_image = ensure_base()

@@ -22,7 +22,7 @@ from builder.image_facts import ImageFacts
 from builder.placement import numa_env
 from builder.planner import split_parts
 from builder.render import IMAGE_UID
-from builder.spec import AMX_KT_METHODS, StackSpec
+from builder.spec import StackSpec
 from builder.targets import best_cpu_target
 
 SERVICE = "engine"
@@ -31,22 +31,10 @@ GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
 HUGETLBFS_DIR = "/hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
-AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
 _MIN_START_PERIOD_S = 60
-
-# Flags a generated stack would set twice if the user passed them again.
-RESERVED_FLAGS = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads",
-                            "-np", "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock",
-                            "--api-key", "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers",
-                            "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-                            # KTransformers (sglang-kt, and 0.2.x)
-                            "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
-                            "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests", "--model_path",
-                            "--gguf_path", "--cpu_infer", "--cache_lens", "--trust-remote-code"})
-
 
 def project_name_for(model: Path) -> str:
     """A compose project name from the model's file name (lower case, [a-z0-9_-]) and a short hash of
@@ -100,16 +88,6 @@ def check_config_dir(path: Path) -> Path:
                          "(config.json and tokenizer files, no weights needed)")
     check_readable_in_container(path / "config.json")
     return path
-
-
-def check_kt_method_runs(stack: StackSpec, cpu: CpuInfo) -> None:
-    """An AMX expert backend on a CPU without AMX would fail only when the model loads: say it now."""
-    if stack.kt_method in AMX_KT_METHODS:
-        lacking = missing_flags(AMX_FLAGS, cpu)
-        if lacking:
-            raise StackError(f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: use "
-                             "--kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit it for "
-                             "an AMX Xeon")
 
 
 def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None,
@@ -218,11 +196,11 @@ def _service(stack: StackSpec, facts: ImageFacts | None, model: Path,
              mounts: list[dict[str, object]]) -> dict[str, object]:
     # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
     given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
-    clashing = sorted(RESERVED_FLAGS.intersection(given))
+    engine = get_engine(stack.engine)
+    clashing = sorted(engine.stack_flags.intersection(given))
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
                          "use the matching moe-stack option instead")
-    engine = get_engine(stack.engine)
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)

@@ -45,8 +45,10 @@ def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, re
     engine = get_engine(engine_name)
     source = (LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
               if tree is not None else engine.default_source(ref))
-    return ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
+    spec = ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
                      registry=registry, namespace=namespace)
+    engine.check_image(spec)
+    return spec
 
 
 def short_ref(ref: str) -> str:

@@ -90,10 +90,10 @@ def example_stacks() -> dict[str, str]:
                               image=image, model=Path("/models") / preset.example_model, threads=EXAMPLE_THREADS,
                               numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
                               start_period_s=start_period_for(preset.example_size_gb * 10**9),
-                              config_dir=None if adapter.serves_on_cpu else Path("/models") / f"{preset.name}-hf",
+                              config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
                               **preset.stack_options(engine))
             generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia"
-                            + ("" if adapter.serves_on_cpu else f" --config-dir {stack.config_dir}"))
+                            + (f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""))
             cpu_profile = None
             if adapter.serves_on_cpu:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
                 cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))

@@ -11,8 +11,6 @@ import jinja2
 from builder import __version__
 from builder.engines import get_engine
 from builder.engines.base import CONTAINER_PORT
-from builder.engines.llama_family import LlamaFamilyEngine
-from builder.errors import SpecError
 from builder.files import replace_rendered_dir
 from builder.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
@@ -88,21 +86,20 @@ def image_manifest(spec: ImageSpec) -> dict[str, object]:
 
 
 def configure_args(spec: ImageSpec) -> list[str]:
-    """The cmake configure arguments of a llama.cpp-family image, compiler choice included."""
+    """The cmake configure arguments of an image built with cmake, compiler choice included."""
     engine = get_engine(spec.engine)
-    if not isinstance(engine, LlamaFamilyEngine):
-        raise SpecError(f"{engine.name} is installed with pip, not configured with cmake: see its Dockerfile "
-                        "(`moe-stack render`)")
+    engine.check_image(spec)
     return engine.configure_args(spec, engine.toolchain(spec))
 
 
 def render_files(spec: ImageSpec) -> dict[str, str]:
     """Every file of the build context, by name. Same spec → same bytes."""
     engine = get_engine(spec.engine)
+    engine.check_image(spec)
     tools = engine.toolchain(spec)
     context = {
         "builder_version": __version__,
-        "engine": engine,
+        "engine_name": engine.name,
         "ref": spec.ref,
         "cpu": spec.cpu,
         "cuda_label": spec.cuda.label,
@@ -111,6 +108,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "build_packages": tools.build_packages,
         "runtime_packages": tools.runtime_packages,
         "uid": IMAGE_UID,
+        "model_flags": " ".join(engine.model_flags),
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),
         "ccache_id": f"moe-stack-ccache-{cache_key(spec)}",

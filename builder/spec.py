@@ -13,13 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-EngineName = Literal["llama.cpp", "ik_llama.cpp", "ktransformers", "ktransformers-legacy"]
-ENGINE_NAMES: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp", "ktransformers", "ktransformers-legacy")
-# Engines that choose their CPU code path at run time, so the `portable` target exists for them:
-# llama.cpp loads one of its libggml-cpu-* variants, kt-kernel one of its _kt_kernel_ext_* variants.
-RUNTIME_DISPATCH_ENGINES = frozenset({"llama.cpp", "ktransformers"})
-# Engines whose images exist only with CUDA (the legacy KTransformers build compiles CUDA kernels).
-CUDA_ONLY_ENGINES = frozenset({"ktransformers-legacy"})
+# An engine's name (its adapter, builder.engines, says which exist and what each can build).
+EngineName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
 
 # A ref becomes part of an image tag: keep to the characters a tag allows.
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
@@ -180,22 +175,10 @@ class ImageSpec(_Spec):
     namespace: str = "moe-stack"
 
     @model_validator(mode="after")
-    def _engine_can_build_it(self) -> ImageSpec:
-        if self.cpu.runtime_dispatch and self.engine not in RUNTIME_DISPATCH_ENGINES:
-            raise ValueError(f"CPU target {self.cpu.name} needs runtime CPU dispatch, which only "
-                             f"{' and '.join(sorted(RUNTIME_DISPATCH_ENGINES))} have; build {self.engine} for a "
-                             "named CPU (avx2, zen4, zen5, sapphirerapids)")
-        if self.engine in CUDA_ONLY_ENGINES and self.cuda.version is None:
-            raise ValueError(f"{self.engine} builds CUDA kernels and has no CPU-only image: give a CUDA version "
-                             "(--cuda 12.8)")
+    def _consistent(self) -> ImageSpec:
+        # What each engine can build is its adapter's check (Engine.check_image).
         if self.base.cuda == "pypi" and self.cuda.version is None:
             raise ValueError("--cuda-base pypi is the CUDA toolkit's base: it goes with --cuda 13.0")
-        is_kt = self.engine == "ktransformers"
-        if isinstance(self.source, PypiSource) and not is_kt:
-            raise ValueError(f"{self.engine} is not installed from PyPI wheels: build it from its git ref or a "
-                             "source tree (--source)")
-        if isinstance(self.source, LocalSource) and self.source.holds == "wheels" and not is_kt:
-            raise ValueError(f"{self.engine} is built from source, not from wheels: give --source an engine tree")
         return self
 
     @property
@@ -208,8 +191,6 @@ class ImageSpec(_Spec):
 # safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
 KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "RAWINT4", "FP8", "FP8_PERCHANNEL",
                    "BF16", "GPTQ_INT4", "MXFP4", "NVFP4", "MXFP8"]
-GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
-AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
 
 
 class StackSpec(_Spec):

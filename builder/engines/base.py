@@ -1,12 +1,16 @@
-"""What every engine adapter provides: where its source comes from, the values its Dockerfile
-template places, the flags its server's --help must show, and the server arguments for a stack."""
+"""What every engine adapter provides: where its source comes from, which images of it exist, the
+values its Dockerfile template places, the flags its server's --help must show, and the server
+arguments for a stack. The adapter is the one place that knows an engine: a new engine is an
+adapter module, its template folder and a matrix row."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, StackSpec
+from builder.errors import SpecError
+from builder.host import CpuInfo
+from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
 from builder.toolchain import Toolchain, toolchain
 
 # Port the engine listens on inside the container; the stack maps a host port onto it.
@@ -44,6 +48,20 @@ class Engine(ABC):
     # that needs SYS_NICE in a container, whatever the stack's numactl policy.
     binds_numa_memory: bool = False
     serves_on_cpu: bool = True  # a CPU-only stack exists (KTransformers' server needs the GPU)
+    # Whether it reads the model's config and tokenizer from a Hugging Face directory (--config-dir).
+    needs_config_dir: bool = False
+    # Whether it picks its CPU code path at run time, so the `portable` target exists for it.
+    runtime_dispatch: bool = False
+    cuda_only: bool = False  # no CPU-only image (it compiles CUDA kernels)
+    installs_wheels: bool = False  # installed from PyPI wheels or a wheelhouse, not built from a tree
+    # A PyPI sdist vendoring the engine (hosts without GitHub build from it), and the ref its image gets.
+    sdist: str | None = None
+    sdist_ref: str | None = None
+    # Server flags a stack sets itself: given again as extra arguments they would clash.
+    stack_flags: frozenset[str] = frozenset()
+    # Flags whose next argument is a model file or directory: the entrypoint checks it is readable
+    # (and stages a file on hugetlbfs), so a missing mount is one clear line, not a slow failure.
+    model_flags: tuple[str, ...] = ()
 
     # -- source -------------------------------------------------------------------------------
     def default_source(self, ref: str | None) -> EngineSource:
@@ -65,6 +83,21 @@ class Engine(ABC):
         """The build stage a local source replaces: the engine tree, or the wheelhouse."""
         return SOURCE_CONTEXT
 
+    # -- which images exist ---------------------------------------------------------------------
+    def check_image(self, spec: ImageSpec) -> None:
+        """SpecError when this engine has no such image (a CPU target, CUDA choice or source it lacks)."""
+        if spec.cpu.runtime_dispatch and not self.runtime_dispatch:
+            raise SpecError(f"CPU target {spec.cpu.name} needs runtime CPU dispatch, which {self.name} lacks; build it "
+                            "for a named CPU (avx2, zen4, zen5, sapphirerapids)")
+        if self.cuda_only and spec.cuda.version is None:
+            raise SpecError(f"{self.name} builds CUDA kernels and has no CPU-only image: give a CUDA version "
+                            "(--cuda 12.8)")
+        if isinstance(spec.source, PypiSource) and not self.installs_wheels:
+            raise SpecError(f"{self.name} is not installed from PyPI wheels: build it from its git ref or a source "
+                            "tree (--source)")
+        if isinstance(spec.source, LocalSource) and spec.source.holds == "wheels" and not self.installs_wheels:
+            raise SpecError(f"{self.name} is built from source, not from wheels: give --source an engine tree")
+
     # -- build --------------------------------------------------------------------------------
     def toolchain(self, spec: ImageSpec) -> Toolchain:
         return toolchain(spec.cpu, spec.cuda, spec.base)
@@ -72,6 +105,11 @@ class Engine(ABC):
     @abstractmethod
     def template_values(self, spec: ImageSpec, tools: Toolchain) -> dict[str, object]:
         """The values its Dockerfile template places, beyond those every template gets."""
+
+    def configure_args(self, spec: ImageSpec, tools: Toolchain) -> list[str]:
+        """The cmake configure arguments, for engines built with cmake."""
+        raise SpecError(f"{self.name} is installed with pip, not configured with cmake: see its Dockerfile "
+                        "(`moe-stack render`)")
 
     def context_files(self, root: Path) -> dict[str, str]:
         """Files of the build context beyond the common entrypoint and healthcheck, by name."""
@@ -87,6 +125,9 @@ class Engine(ABC):
         exit status doesn't show (a crash, a missing library)."""
 
     # -- run ----------------------------------------------------------------------------------
+    def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
+        """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
+
     @abstractmethod
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The server's arguments for a stack (the image's entrypoint supplies the program).

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
 from builder.errors import StackError
+from builder.host import CpuInfo, missing_flags
 from builder.source import clone_commands
 from builder.spec import (
-    AMX_KT_METHODS,
-    GGUF_KT_METHODS,
     CpuTarget,
     CudaTarget,
     EngineSource,
@@ -24,6 +23,10 @@ from builder.spec import (
 )
 from builder.toolchain import Toolchain, python_toolchain
 
+# kt-kernel 0.7.2's backends that read GGUF, and those that run on AMX (see StackSpec.kt_method).
+GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
+AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
+AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 VENV = "/opt/venv"
 SERVER_WRAPPER = "/opt/engine/bin/moe-stack-server"
 KT_CHECK = "/usr/local/bin/moe-stack-kt-check"
@@ -83,6 +86,7 @@ class _PythonEngine(Engine):
     # this repo's kernel image: tests/integration/test_ktransformers.py).
     binds_numa_memory = True
     serves_on_cpu = False
+    needs_config_dir = True
     server_module: str
     package_dir: str  # the directory of the source tree that pip builds
     pypi_torch_cuda: str  # the CUDA release PyPI's x86-64 build of the torch it pins is for
@@ -129,14 +133,16 @@ class _PythonEngine(Engine):
             "server_wrapper": SERVER_WRAPPER,
             "server_dir": str(Path(SERVER_WRAPPER).parent),
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
-            "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}{SERVER_WRAPPER} --help",
+            # The wrapper as the runtime runs it: the venv's Python first on PATH, the module named.
+            "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}PATH={VENV}/bin:$PATH "
+                            f"MOE_STACK_SERVER_MODULE={self.server_module} {SERVER_WRAPPER} --help",
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,
         }
 
     def context_files(self, root: Path) -> dict[str, str]:
-        return {"moe-stack-kt-check": (root / "ktransformers/moe-stack-kt-check").read_text()}
+        return {name: (root / "ktransformers" / name).read_text() for name in ("moe-stack-kt-check", "moe-stack-server")}
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
         return []
@@ -197,6 +203,12 @@ class KTransformers(_PythonEngine):
     source_hint = "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
     server_module = "sglang.launch_server"
     package_dir = "kt-kernel"
+    installs_wheels = True
+    runtime_dispatch = True  # kt-kernel loads one of its _kt_kernel_ext_* variants at run time
+    stack_flags = frozenset({"--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
+                             "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests",
+                             "--trust-remote-code", "--host", "--port"})
+    model_flags = ("--model-path", "--kt-weight-path")
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
     def default_source(self, ref: str | None) -> EngineSource:
@@ -250,6 +262,15 @@ class KTransformers(_PythonEngine):
             return {}
         return {"KT_KERNEL_CPU_VARIANT": kt_variant(frozenset(spec.cpu.required_flags))}
 
+    def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
+        """An AMX expert backend on a CPU without AMX would fail only when the model loads: say it now."""
+        if stack.kt_method in AMX_KT_METHODS:
+            lacking = missing_flags(AMX_FLAGS, cpu)
+            if lacking:
+                raise StackError(f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: "
+                                 "use --kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit "
+                                 "it for an AMX Xeon")
+
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """sglang-kt: the GGUF directory as kt-kernel's weights (LLAMAFILE), one CPU thread pool per
         NUMA node with the stack's physical cores, attention and KV cache on the GPU."""
@@ -282,6 +303,9 @@ class KTransformersLegacy(_PythonEngine):
     source_hint = "a ktransformers v0.2.x checkout with submodules (0.2.4 is on neither PyPI nor this host)"
     server_module = "ktransformers.server.main"
     package_dir = "."
+    cuda_only = True  # its build compiles CUDA kernels
+    stack_flags = frozenset({"--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port"})
+    model_flags = ("--model_path", "--gguf_path")
     health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
     # PyPI's 2.7 wheels are CUDA 12.6 builds, so 12.8 comes from PyTorch's index.

@@ -18,6 +18,8 @@ class LlamaCpp(LlamaFamilyEngine):
     sdist = "llama-cpp-python==0.3.36"
     sdist_subdir = "vendor/llama.cpp"
     sdist_ref = "0c1e57098"  # what that sdist vendors: its image is the default ref's image
+    # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
+    runtime_dispatch = True
 
     def is_source_tree(self, path: Path) -> bool:
         has_server = (path / "tools/server").is_dir() or (path / "examples/server").is_dir()

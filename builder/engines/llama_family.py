@@ -27,10 +27,13 @@ class LlamaFamilyEngine(Engine):
 
     template = "llama-cpp-family/Dockerfile.j2"
     server_label = "llama-server"
-    sdist: str  # a PyPI sdist that vendors this engine (for hosts without GitHub access)
-    sdist_ref: str  # the ref an image built from that sdist is tagged with
     server_target: str = "llama-server"
     needs_build_info_shim: bool = False
+    stack_flags = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "-np",
+                             "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock", "--api-key",
+                             "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers", "-ctk", "--cache-type-k",
+                             "-ctv", "--cache-type-v"})
+    model_flags = ("-m", "--model")
     # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
     parser_sources: tuple[str, ...] = ()
 
@@ -97,6 +100,9 @@ class LlamaFamilyEngine(Engine):
             "help_command": self.help_command(spec.cuda),
             "help_setup": self.help_setup(spec.cuda),
             "parser_literals_command": self.parser_literals_command(),
+            "server_target": self.server_target,
+            "engine_bin": self.server_path(spec),
+            "build_info_shim": self.needs_build_info_shim,
         }
 
     def context_files(self, root: Path) -> dict[str, str]:

@@ -3,13 +3,13 @@ server arguments from a stack, and every emit-time refusal as one line."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from builder.build import plan_build
-from builder.compose import check_kt_method_runs, compose_dict
+from builder.compose import compose_dict
 from builder.engines import get_engine
 from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
 from builder.engines.llama_cpp import LlamaCpp
@@ -20,6 +20,7 @@ from builder.naming import image_spec
 from builder.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.planner import plan as make_plan
 from builder.presets import get_preset
+from builder.render import render_files
 from builder.source import resolve_local
 from builder.spec import ImageSpec, LocalSource, StackSpec
 from builder.targets import cpu_target
@@ -79,10 +80,14 @@ def test_torch_comes_from_the_index_for_its_cuda() -> None:
 
 def test_what_a_kt_image_can_be_built_from() -> None:
     assert image_spec("ktransformers", "zen4").source.kind == "pypi"
-    with pytest.raises(ValidationError, match="has no CPU-only image"):
+    with pytest.raises(SpecError, match="has no CPU-only image"):
         image_spec("ktransformers-legacy", "zen4")
-    with pytest.raises(ValidationError, match="not installed from PyPI wheels"):
-        ImageSpec.model_validate(image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi", "ref": "1"}})
+    from_pypi = ImageSpec.model_validate(image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi",
+                                                                                                   "ref": "1"}})
+    with pytest.raises(SpecError, match="not installed from PyPI wheels"):
+        get_engine("llama.cpp").check_image(from_pypi)
+    with pytest.raises(SpecError, match="not installed from PyPI wheels"):
+        render_files(from_pypi)  # what every build renders first
     with pytest.raises(SpecError, match="no kt-kernel wheels"):
         KT.toolchain(image_spec("ktransformers", "zen4", cuda=cuda_target("12.4")))
 
@@ -136,10 +141,10 @@ def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], m
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
     zen4 = CpuInfo(flags=flags_of("zen4"), logical_cpus=64, physical_cores=32)
     with pytest.raises(StackError, match="AMXINT8 runs on AMX, and this CPU lacks amx_tile amx_int8 amx_bf16"):
-        check_kt_method_runs(_stack(tmp_path, kt_method="AMXINT8"), zen4)
-    check_kt_method_runs(_stack(tmp_path, kt_method="AMXINT8"),
+        get_engine("ktransformers").check_host(_stack(tmp_path, kt_method="AMXINT8"), zen4)
+    get_engine("ktransformers").check_host(_stack(tmp_path, kt_method="AMXINT8"),
                          CpuInfo(flags=flags_of("sapphirerapids"), logical_cpus=64, physical_cores=32))
-    check_kt_method_runs(_stack(tmp_path), zen4)  # LLAMAFILE runs anywhere
+    get_engine("ktransformers").check_host(_stack(tmp_path), zen4)  # LLAMAFILE runs anywhere
 
 
 def test_the_stack_binds_numa_memory_and_mounts_the_config(tmp_path: Path) -> None:
@@ -165,3 +170,15 @@ def test_presets_carry_ktransformers_without_llama_cpp_options() -> None:
     assert options["cache_type"] is None and options["gpu_layers"] is None and options["ctx_size"] == 16384
     assert "ktransformers-legacy" in get_preset("deepseek-r1-671b").engines
     assert "ktransformers-legacy" not in get_preset("qwen3-next-80b-a3b").engines
+
+
+def test_server_wrapper_runs_the_named_module_with_the_python_on_path(tmp_path: Path) -> None:
+    """The wrapper the entrypoint execs: `python3 -m MODULE ARGS`, python3 from PATH (the venv's)."""
+    (tmp_path / "python3").write_text('#!/bin/sh\necho "$@"\n')
+    (tmp_path / "python3").chmod(0o755)
+    wrapper = Path(__file__).resolve().parents[2] / "dockerfiles/ktransformers/moe-stack-server"
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MOE_STACK_SERVER_MODULE": "sglang.launch_server"}
+    ran = subprocess.run(["sh", str(wrapper), "--port", "8080"], env=env, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0 and ran.stdout == "-m sglang.launch_server --port 8080\n", ran.stderr
+    unset = subprocess.run(["sh", str(wrapper)], env={"PATH": env["PATH"]}, capture_output=True, text=True, check=False)
+    assert unset.returncode != 0 and "MOE_STACK_SERVER_MODULE is not set" in unset.stderr

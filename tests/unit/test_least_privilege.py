@@ -47,7 +47,8 @@ def test_shell_scripts_pass_shellcheck() -> None:
     root = Path(__file__).resolve().parents[2]
     scripts = [root / ".ci/run", *sorted(root.glob("scripts/**/*.sh")), *sorted(root.glob("bench/**/*.sh")),
                root / "dockerfiles/llama-cpp-family/build-info.sh", *sorted(root.glob("dockerfiles/cuda-base/*.sh")),
-               root / "dockerfiles/common/moe-stack-entrypoint", root / "dockerfiles/common/moe-stack-health"]
+               root / "dockerfiles/common/moe-stack-entrypoint", root / "dockerfiles/common/moe-stack-health",
+               root / "dockerfiles/ktransformers/moe-stack-server"]
     result = subprocess.run([dependency_command("shellcheck"), "--severity=warning", *map(str, scripts)],
                             capture_output=True, text=True, check=False)
     assert len(scripts) > 8 and result.returncode == 0, result.stdout + result.stderr

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from builder.engines import get_engine
 from builder.errors import SpecError
-from builder.naming import variant_tag
+from builder.naming import image_spec, variant_tag
 from builder.spec import CudaTarget, GitSource, ImageSpec, LocalSource, StackSpec
 from builder.targets import cpu_target
 from tests.specs import default_spec
@@ -49,8 +49,10 @@ def test_unknown_engine_and_cpu_target() -> None:
         get_engine("vllm")
     with pytest.raises(SpecError, match="unknown CPU target 'avx9'"):
         cpu_target("avx9")
-    with pytest.raises(ValidationError):
-        ImageSpec(engine="vllm", source=GitSource(url="u", ref="r"), cpu=cpu_target("avx2"))
+    with pytest.raises(SpecError, match="unknown engine 'vllm'"):
+        image_spec("vllm")
+    with pytest.raises(ValidationError):  # not even an engine name
+        ImageSpec(engine="vllm; rm -rf", source=GitSource(url="u", ref="r"), cpu=cpu_target("avx2"))
 
 
 def _stack(**update: object) -> StackSpec:
