@@ -17,11 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from builder.baseimage import ensure_base
-from builder.build import build_image
 from builder.engines import get_engine
-from builder.naming import image_spec
-from builder.source import cache_dir, resolve_local
+from builder.files import cache_dir
+from builder.images.baseimage import ensure_base
+from builder.images.build import build_image
+from builder.images.naming import image_spec
+from builder.images.source import resolve_local
 from builder.spec import BaseImages
 
 CHANGED_FILE = "ggml/src/ggml-alloc.c"

@@ -18,18 +18,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from builder.benchmark import measure
-from builder.compose import compose_dict, free_local_port, write_stack
 from builder.engines import get_engine
 from builder.engines.base import MODEL_DIR
-from builder.host import read_cpu
-from builder.image_facts import read_image_facts
-from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.naming import image_spec
-from builder.render import configure_args
-from builder.source import cache_dir, resolve_local
+from builder.files import cache_dir
+from builder.host.probe import read_cpu
+from builder.images.image_facts import read_image_facts
+from builder.images.naming import image_spec
+from builder.images.render import configure_args
+from builder.images.source import resolve_local
+from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
-from builder.stack import down, up
+from builder.stacks.benchmark import measure
+from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.run import down, up
 
 DEFAULT_IMAGE = "localhost/moe-stack-test/llama-cpp:0c1e57098-cpu-avx2"
 

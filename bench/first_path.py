@@ -15,18 +15,19 @@ import time
 import uuid
 from pathlib import Path
 
-from builder.baseimage import ensure_base
-from builder.build import build_image
-from builder.compose import compose_dict, free_local_port, start_period_for, write_stack
-from builder.demo import DEMO_PROMPT, complete
 from builder.docker_client import docker
 from builder.engines import engine_names, get_engine
-from builder.host import read_cpu
-from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.naming import image_spec
-from builder.source import cache_dir, resolve_local
+from builder.files import cache_dir
+from builder.host.probe import read_cpu
+from builder.images.baseimage import ensure_base
+from builder.images.build import build_image
+from builder.images.naming import image_spec
+from builder.images.source import resolve_local
+from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import BaseImages, StackSpec
-from builder.stack import down, up
+from builder.stacks.compose import compose_dict, free_local_port, start_period_for, write_stack
+from builder.stacks.demo import DEMO_PROMPT, complete
+from builder.stacks.run import down, up
 
 
 def compile_seconds(log: Path) -> float | None:

@@ -10,7 +10,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/var/tmp/moe-stack-kt-bench}
 ms="$repo/.venv/bin/moe-stack"
 py="$repo/.venv/bin/python"
-base=$("$py" -c 'from builder.baseimage import ensure_base; print(ensure_base("debian:bookworm-slim", "moe-stack/debian:bookworm", "bookworm"))')
+base=$("$py" -c 'from builder.images.baseimage import ensure_base; print(ensure_base("debian:bookworm-slim", "moe-stack/debian:bookworm", "bookworm"))')
 mkdir -p "$work/wheels-cuda" "$work/stack/hf"
 platforms=()
 for tag in 2_35 2_34 2_31 2_28 2_27 2_24 2_17 2_5; do platforms+=(--platform "manylinux_${tag}_x86_64"); done
@@ -36,7 +36,7 @@ flags=$(docker image inspect $cuda_image --format '{{index .Config.Labels "io.mo
 echo "CUDA 12.8 image (bookworm base in place of nvidia/cuda): built in ${cuda_s} s, $(size $cuda_image), sglang --help lists $flags flags"
 
 echo '{}' >"$work/stack/hf/config.json"
-"$py" -c "from pathlib import Path; from builder.synth_moe import MoeShape, write_moe_gguf; write_moe_gguf(Path('$work/stack/tiny-moe.gguf'), MoeShape())"
+"$py" -c "from pathlib import Path; from builder.models.synth_moe import MoeShape, write_moe_gguf; write_moe_gguf(Path('$work/stack/tiny-moe.gguf'), MoeShape())"
 chmod -R o+rX "$work/stack" && chmod o+rx "$work"
 "$ms" compose --engine ktransformers --image $cuda_image --model "$work/stack/tiny-moe.gguf" \
   --config-dir "$work/stack/hf" --gpu nvidia --preset qwen3-235b-a22b --fit-vram-gb 2.05 -o "$work/stack/compose.yaml" >/dev/null

@@ -1,5 +1,5 @@
 """`python -m builder` is `moe-stack`."""
 
-from builder.cli import main
+from builder.cli.main import main
 
 main()

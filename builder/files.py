@@ -84,3 +84,9 @@ def _is_rendered(directory: Path) -> bool:
         return True
     dockerfile = directory / "Dockerfile"
     return dockerfile.is_file() and dockerfile.read_text(errors="replace").startswith(RENDER_MARK)
+
+
+def cache_dir() -> Path:
+    """moe-stack's cache: sources, build contexts, logs, wheels, models ($XDG_CACHE_HOME/moe-stack)."""
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "moe-stack"

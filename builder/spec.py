@@ -21,6 +21,9 @@ _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,100}$")
 # A full commit id (tags shorten it, clones fetch it by id).
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
+# All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
+EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -85,7 +88,7 @@ class CpuTarget(_Spec):
     description: str
 
 
-# CUDA toolkits the model accepts; the images and compilers for each are in builder.toolchain.
+# CUDA toolkits the model accepts; the images and compilers for each are in builder.images.toolchain.
 CUDA_VERSIONS: tuple[str, ...] = ("12.4", "12.6", "12.8", "13.0")
 # GPU archs by compute capability: 86 RTX 3090, 89 RTX 4090, 90 H100/H200, 100 B200, 120 RTX 5090.
 GPU_ARCHS: tuple[int, ...] = (75, 80, 86, 89, 90, 100, 120)
@@ -147,7 +150,7 @@ def _check_image_ref(ref: str | None) -> str | None:
 class BaseImages(_Spec):
     """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used.
 
-    None means the default for the image's CUDA target (builder.toolchain picks it).
+    None means the default for the image's CUDA target (builder.images.toolchain picks it).
     """
 
     build: str | None = None

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from builder.cli import main
+from builder.cli.main import main
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.images.targets import cpu_target
 from builder.spec import GitSource, ImageSpec
-from builder.targets import cpu_target
 
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:

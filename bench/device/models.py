@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 
 SHAPES = {
     "a3b": MoeShape(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, expert_ffn=768, experts=128,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builder.engines.base import EXPERTS_ON_CPU_RULE, Engine
+from builder.engines.base import Engine
 from builder.engines.ik_llama_cpp import IkLlamaCpp
 from builder.engines.ktransformers import KTransformers, KTransformersLegacy
 from builder.engines.llama_cpp import LlamaCpp
@@ -23,4 +23,4 @@ def engine_names() -> list[str]:
     return list(_ENGINES)
 
 
-__all__ = ["EXPERTS_ON_CPU_RULE", "Engine", "engine_names", "get_engine"]
+__all__ = ["Engine", "engine_names", "get_engine"]

@@ -9,9 +9,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from builder.errors import SpecError
-from builder.host import CpuInfo
+from builder.host.probe import CpuInfo
+from builder.images.toolchain import Toolchain, toolchain
 from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
-from builder.toolchain import Toolchain, toolchain
 
 # Port the engine listens on inside the container; the stack maps a host port onto it.
 CONTAINER_PORT = 8080
@@ -25,8 +25,6 @@ CUDA_STUB_SETUP = (f"mkdir -p {CUDA_STUB_DIR}",
                    f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1")
 API_KEY_SECRET = "moe-stack-api-key"
 API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
-# All routed experts in CPU RAM (the seed's rule): the gate/up/down expert tensors of every layer.
-EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
 from builder.errors import StackError
-from builder.host import CpuInfo, missing_flags
-from builder.source import clone_commands
+from builder.host.probe import CpuInfo, missing_flags
+from builder.images.source import clone_commands
+from builder.images.toolchain import Toolchain, python_toolchain
 from builder.spec import (
     CpuTarget,
     CudaTarget,
@@ -21,7 +22,6 @@ from builder.spec import (
     PypiSource,
     StackSpec,
 )
-from builder.toolchain import Toolchain, python_toolchain
 
 # kt-kernel 0.7.2's backends that read GGUF, and those that run on AMX (see StackSpec.kt_method).
 GGUF_KT_METHODS = frozenset({"LLAMAFILE"})

@@ -15,11 +15,11 @@ from builder.engines.base import (
     Engine,
 )
 from builder.errors import StackError
-from builder.flags import takes_value
-from builder.source import clone_commands
+from builder.images.flags import takes_value
+from builder.images.source import clone_commands
+from builder.images.targets import GGML_X86_FEATURES
+from builder.images.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
-from builder.targets import GGML_X86_FEATURES
-from builder.toolchain import Toolchain
 
 
 class LlamaFamilyEngine(Engine):

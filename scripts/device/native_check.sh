@@ -58,7 +58,7 @@ done
 python3 -m pip install -q --no-index --no-deps --target "$work/site" "$repo"/.device/whl/*.whl >>"$out/facts.txt" 2>&1
 PYTHONPATH="$work/site:$repo" python3 - <<'PY' >>"$out/facts.txt" 2>&1
 import pathlib
-from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 # Qwen3-30B-A3B expert shapes (hidden 2048, expert FFN 768, 8 of 128 experts used), 8 layers, Q4_0.
 shape = MoeShape(layers=8, hidden=2048, heads=32, kv_heads=4, head_dim=128, expert_ffn=768, experts=128,
                  experts_used=8, quant="Q4_0")

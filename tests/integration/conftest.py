@@ -15,20 +15,20 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.baseimage import ensure_base
-from builder.build import build_image
-from builder.compose import compose_dict, free_local_port, write_stack
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import DockerUnavailable
-from builder.image_facts import read_image_facts
-from builder.models import fetch_demo_model
-from builder.naming import image_spec
-from builder.source import resolve_local
+from builder.images.baseimage import ensure_base
+from builder.images.build import build_image
+from builder.images.image_facts import read_image_facts
+from builder.images.naming import image_spec
+from builder.images.source import resolve_local
+from builder.images.toolchain import PYTHON_CPU_BASE
+from builder.models.model_files import fetch_demo_model
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages, StackSpec
-from builder.stack import down, up
-from builder.synth_moe import MoeShape, write_moe_gguf
-from builder.toolchain import PYTHON_CPU_BASE
+from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.run import down, up
 from tests.integration.wheelhouse import make_kt_wheelhouse
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.models import DEMO_CHAT_TEMPLATE
+from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, build_engine_image
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.build import BuildPlan, stream_build
-from builder.cuda_wheels import PYPI_CUDA
 from builder.engines import get_engine
-from builder.matrix import cuda_target
-from builder.naming import image_spec
-from builder.render import render
-from builder.source import resolve_local
+from builder.images.build import BuildPlan, stream_build
+from builder.images.cuda_wheels import PYPI_CUDA
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec
+from builder.images.render import render
+from builder.images.source import resolve_local
 from builder.spec import BaseImages
 from tests.cli import run_cli
 

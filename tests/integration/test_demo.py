@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.source import cache_dir
-from builder.stack import down
+from builder.files import cache_dir
+from builder.stacks.run import down
 from tests.cli import run_cli
 from tests.integration.conftest import free_port
 

@@ -16,15 +16,15 @@ import pytest
 import yaml
 from python_on_whales import DockerClient
 
-from builder.bundle import sha256
-from builder.choose import choose_variant
-from builder.compose import compose_dict, free_local_port, write_stack
-from builder.host import probe
-from builder.image_facts import read_image_facts
-from builder.naming import parse_variant
-from builder.registry import manifest_digest, repository
+from builder.distribute.bundle import sha256
+from builder.distribute.choose import choose_variant
+from builder.distribute.registry import manifest_digest, repository
+from builder.host.probe import probe
+from builder.images.image_facts import read_image_facts
+from builder.images.naming import parse_variant
 from builder.spec import StackSpec
-from builder.stack import down, up
+from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.run import down, up
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
 from tests.integration.registry import running_registry

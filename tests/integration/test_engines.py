@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.demo import DEMO_PROMPT, chat, complete
-from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import StackError
-from builder.models import DEMO_CHAT_TEMPLATE
+from builder.models.model_files import DEMO_CHAT_TEMPLATE
+from builder.spec import EXPERTS_ON_CPU_RULE
+from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from tests.integration.conftest import BuiltImage, StackFactory
 
 pytestmark = pytest.mark.integration

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.build import build_image
 from builder.engines.ktransformers import kt_variant
-from builder.host import probe
-from builder.image_facts import read_image_facts
-from builder.naming import image_spec
+from builder.host.probe import probe
+from builder.images.build import build_image
+from builder.images.image_facts import read_image_facts
+from builder.images.naming import image_spec
 from builder.spec import BaseImages
 from tests.cli import run_cli
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.compose import compose_dict, cpu_only, free_local_port, write_stack
-from builder.image_facts import read_image_facts
+from builder.images.image_facts import read_image_facts
 from builder.spec import StackSpec
-from builder.stack import down, up
+from builder.stacks.compose import compose_dict, cpu_only, free_local_port, write_stack
+from builder.stacks.run import down, up
 from tests.integration.conftest import StackFactory, build_engine_image
 
 pytestmark = pytest.mark.integration

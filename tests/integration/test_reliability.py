@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.compose import compose_dict, free_local_port, write_stack
-from builder.demo import chat
-from builder.image_facts import read_image_facts
-from builder.models import DEMO_CHAT_TEMPLATE
+from builder.images.image_facts import read_image_facts
+from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from builder.spec import StackSpec
+from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.demo import chat
 from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, build_engine_image
 
@@ -136,7 +136,7 @@ def test_interrupted_build_resumes_from_cache(base_image: str, tmp_path: Path) -
     """Ctrl-C during the compile of a changed engine tree: one line and exit 130, then the rerun
     finishes, its compiles served from the compiler cache."""
     from builder.engines import get_engine
-    from builder.source import resolve_local
+    from builder.images.source import resolve_local
 
     adapter = get_engine("llama.cpp")
     tree = tmp_path / "tree"

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from builder.engines import get_engine
-from builder.source import cache_dir
+from builder.files import cache_dir
 
 # torch 2.13.0's CPU build is the one on this kind of host (the pip find-links); kt-kernel pins
 # torch 2.9.1, whose CPU build only PyTorch's own index has.

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from python_on_whales.exceptions import DockerException
 
-from builder.build import plan_build, stream_build
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import Interrupted
-from builder.matrix import cuda_target
-from builder.naming import image_spec, image_tag
+from builder.images.build import plan_build, stream_build
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec, image_tag
 from builder.spec import LocalSource
 from tests.specs import default_spec
 

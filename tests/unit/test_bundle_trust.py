@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.bundle import BundleError, load_bundle
-from builder.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
+from builder.distribute.bundle import BundleError, load_bundle
+from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.choose import choose_variant
+from builder.distribute.choose import choose_variant
+from builder.distribute.registry import RegistryError, repository
 from builder.errors import SpecError
-from builder.host import probe
-from builder.matrix import published
-from builder.naming import Variant, parse_variant, variant_tag
-from builder.registry import RegistryError, repository
+from builder.host.probe import probe
+from builder.images.matrix import published
+from builder.images.naming import Variant, parse_variant, variant_tag
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 AVX2_ONLY_FLAGS = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave fpu sse4_2 ht"

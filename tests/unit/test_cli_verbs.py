@@ -8,9 +8,9 @@ from pathlib import Path
 import gguf
 import yaml
 
-from builder.matrix import cuda_target
-from builder.naming import image_spec
-from builder.render import configure_args
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec
+from builder.images.render import configure_args
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 

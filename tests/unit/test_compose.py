@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.compose import (
+from builder.errors import StackError
+from builder.host.probe import CpuInfo
+from builder.images.image_facts import ImageFacts
+from builder.images.targets import cpu_target
+from builder.models.model_files import check_gguf
+from builder.spec import StackSpec
+from builder.stacks.compose import (
     check_host_runs,
     check_port_free,
     compose_dict,
@@ -18,12 +24,6 @@ from builder.compose import (
     to_yaml,
     write_stack,
 )
-from builder.errors import StackError
-from builder.host import CpuInfo
-from builder.image_facts import ImageFacts
-from builder.models import check_gguf
-from builder.spec import StackSpec
-from builder.targets import cpu_target
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.compose import compose_dict, cpu_only, to_yaml
 from builder.spec import StackSpec
+from builder.stacks.compose import compose_dict, cpu_only, to_yaml
 from tests.specs import readable_file
 from tests.tools import dependency_command
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from builder.cuda_base import CHECK_ARCH, check_report, render_files
-from builder.cuda_wheels import PYPI_CUDA, pypi_cuda
 from builder.errors import SpecError
-from builder.matrix import cuda_target
-from builder.naming import image_spec
-from builder.render import image_labels
-from builder.render import render_files as render_engine
+from builder.images.cuda_base import CHECK_ARCH, check_report, render_files
+from builder.images.cuda_wheels import PYPI_CUDA, pypi_cuda
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec
+from builder.images.render import image_labels
+from builder.images.render import render_files as render_engine
+from builder.images.toolchain import toolchain
 from builder.spec import BaseImages
-from builder.toolchain import toolchain
 from tests.tools import dependency_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from builder.doctor import diagnose, highest_cuda
-from builder.host import probe
+from builder.host.probe import probe
+from builder.stacks.doctor import diagnose, highest_cuda
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 

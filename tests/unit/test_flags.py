@@ -8,7 +8,7 @@ import pytest
 
 from builder.engines import get_engine
 from builder.errors import StackError
-from builder.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
+from builder.images.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
 from builder.spec import StackSpec
 
 DATA = Path(__file__).parent / "data"

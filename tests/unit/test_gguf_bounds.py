@@ -14,9 +14,9 @@ import gguf
 import pytest
 
 from builder.errors import ModelError
-from builder.gguf_bounds import check_header
-from builder.planner import read_facts
-from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.models.gguf_bounds import check_header
+from builder.models.planner import read_facts
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_hostile_headers_are_one_error_fast_and_flat(tmp_path: Path, data: bytes
     path = tmp_path / "hostile.gguf"
     path.write_bytes(data)
     probe = ("import json, resource, sys, time\n"
-             "from builder.errors import ModelError\nfrom builder.planner import read_facts\n"
+             "from builder.errors import ModelError\nfrom builder.models.planner import read_facts\n"
              "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
              "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
              "resource.setrlimit(resource.RLIMIT_AS, (size * 4 + (1 << 30), hard))\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.files import replace_rendered_dir
-from builder.render import render_files
+from builder.images.render import render_files
 from tests.unit.variants import all_specs
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"

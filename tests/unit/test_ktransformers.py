@@ -8,22 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import plan_build
-from builder.compose import compose_dict
 from builder.engines import get_engine
 from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
 from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError, StackError
-from builder.host import CpuInfo
-from builder.matrix import cuda_target
-from builder.naming import image_spec
-from builder.planner import GIB, ModelFacts, kv_cache_bytes
-from builder.planner import plan as make_plan
-from builder.presets import get_preset
-from builder.render import render_files
-from builder.source import resolve_local
+from builder.host.probe import CpuInfo
+from builder.images.build import plan_build
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec
+from builder.images.render import render_files
+from builder.images.source import resolve_local
+from builder.images.targets import cpu_target
+from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
+from builder.models.planner import plan as make_plan
 from builder.spec import ImageSpec, LocalSource, StackSpec
-from builder.targets import cpu_target
+from builder.stacks.compose import compose_dict
+from builder.stacks.presets import get_preset
 from tests.unit.variants import UNPUBLISHED
 
 KT = get_engine("ktransformers")

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from builder.render import IMAGE_UID, render_files
+from builder.images.render import IMAGE_UID, render_files
 from tests.tools import dependency_command
 from tests.unit.variants import UNPUBLISHED, all_specs
 

@@ -8,8 +8,8 @@ import gguf
 import pytest
 
 from builder.errors import ModelError
-from builder.models import check_gguf
-from builder.synth_moe import MoeShape, unprintable_token_ids, vocabulary, write_moe_gguf
+from builder.models.model_files import check_gguf
+from builder.models.synth_moe import MoeShape, unprintable_token_ids, vocabulary, write_moe_gguf
 
 
 def test_check_gguf(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from builder.matrix import published
-from builder.naming import (
+from builder.images.matrix import published
+from builder.images.naming import (
     alias_image_tag,
     cache_key,
     image_spec,

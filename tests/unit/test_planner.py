@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import ModelError, SpecError
-from builder.planner import GIB, ModelFacts, kv_cache_bytes, override_rules, plan, read_facts
-from builder.synth_moe import MoeShape, write_moe_gguf
+from builder.models.planner import GIB, ModelFacts, kv_cache_bytes, override_rules, plan, read_facts
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 from tests.cli import run_cli
 
 # The default synthetic model: 4 layers, hidden 256, 8 experts of FFN 128, Q8_0 (34 bytes per 32 weights).

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import SpecError
 from builder.files import write_file_atomically
-from builder.presets import example_stacks, get_preset, load_presets
+from builder.spec import EXPERTS_ON_CPU_RULE
+from builder.stacks.presets import example_stacks, get_preset, load_presets
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import registry
-from builder.registry import RegistryError, list_tags, repository
+from builder.distribute import registry
+from builder.distribute.registry import RegistryError, list_tags, repository
 
 LOGIN = base64.b64encode(b"alice:s3cret").decode()
 Handler = Callable[[BaseHTTPRequestHandler], tuple[int, dict[str, str], bytes]]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.bundle import COMPOSE, IMAGES, MANIFEST, BundleError, load_bundle
+from builder.distribute.bundle import COMPOSE, IMAGES, MANIFEST, BundleError, load_bundle
 from builder.engines import get_engine
 from builder.errors import SourceError
+from builder.images.source import resolve_local
 from builder.safe_tar import UnsafeArchive, extract_tree
-from builder.source import resolve_local
 
 
 def _tar(path: Path, members: list[tuple[str, str, bytes | str]]) -> Path:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from builder.compose import compose_dict, cpu_only, to_yaml
 from builder.spec import StackSpec
+from builder.stacks.compose import compose_dict, cpu_only, to_yaml
 from tests.specs import readable_file
 from tests.tools import dependency_command
 

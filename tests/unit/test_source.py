@@ -9,7 +9,7 @@ import pytest
 
 from builder.engines import get_engine
 from builder.errors import SourceError
-from builder.source import clone_commands, resolve_local
+from builder.images.source import clone_commands, resolve_local
 from tests.specs import ik_tree, mainline_tree
 
 

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from builder.errors import SpecError
-from builder.matrix import ci_rows, cuda_target, published, variants
-from builder.naming import image_spec
-from builder.render import configure_args
-from builder.targets import CPU_TARGETS, best_cpu_target, cpu_target
-from builder.toolchain import toolchain
+from builder.images.matrix import ci_rows, cuda_target, published, variants
+from builder.images.naming import image_spec
+from builder.images.render import configure_args
+from builder.images.targets import CPU_TARGETS, best_cpu_target, cpu_target
+from builder.images.toolchain import toolchain
 from tests.cli import run_cli
 
 

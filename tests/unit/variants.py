@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.matrix import cuda_target, published
-from builder.naming import context_name, image_spec
+from builder.images.matrix import cuda_target, published
+from builder.images.naming import context_name, image_spec
 from builder.spec import ImageSpec, LocalSource
 
 # A checkout path never reaches the render (the named build context replaces the clone stage).

@@ -8,10 +8,10 @@ import yaml
 
 from builder.engines import get_engine
 from builder.errors import SpecError
-from builder.naming import image_spec, image_tag, variant_tag
-from builder.render import templates_root
+from builder.images.naming import image_spec, image_tag, variant_tag
+from builder.images.render import templates_root
+from builder.images.toolchain import CUDA_RELEASES
 from builder.spec import CudaTarget, ImageSpec
-from builder.toolchain import CUDA_RELEASES
 
 
 @dataclass(frozen=True)

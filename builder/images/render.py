@@ -12,7 +12,7 @@ from builder import __version__
 from builder.engines import get_engine
 from builder.engines.base import CONTAINER_PORT
 from builder.files import replace_rendered_dir
-from builder.naming import cache_key, variant_tag
+from builder.images.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
 
 # The image's non-root user (a fixed uid, so bind mounts and policies can name it).
@@ -25,7 +25,7 @@ def templates_root() -> Path:
     packaged = Path(str(resources.files("builder"))) / "dockerfiles"
     if packaged.is_dir():
         return packaged
-    checkout = Path(__file__).resolve().parent.parent / "dockerfiles"
+    checkout = Path(__file__).resolve().parents[2] / "dockerfiles"
     if checkout.is_dir():
         return checkout
     raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")

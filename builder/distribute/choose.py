@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.doctor import MIN_DRIVER, driver_runs
 from builder.errors import SpecError
-from builder.host import Gpu, HostFacts, missing_flags
-from builder.matrix import cuda_target
-from builder.naming import Variant
-from builder.targets import CPU_TARGETS, best_cpu_target
+from builder.host.probe import Gpu, HostFacts, missing_flags
+from builder.images.matrix import cuda_target
+from builder.images.naming import Variant
+from builder.images.targets import CPU_TARGETS, best_cpu_target
+from builder.stacks.doctor import MIN_DRIVER, driver_runs
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from builder.host import HostFacts
-from builder.planner import size
-from builder.targets import best_cpu_target
+from builder.host.probe import HostFacts
+from builder.images.targets import best_cpu_target
+from builder.models.planner import size
 
 Level = Literal["OK", "WARN", "FAIL"]
 

@@ -18,7 +18,7 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker
 from builder.errors import BaseImageError
-from builder.toolchain import CPU_BASE, CPU_BASE_SUITE
+from builder.images.toolchain import CPU_BASE, CPU_BASE_SUITE
 
 DEFAULT_SUITE = CPU_BASE_SUITE
 DEFAULT_PULL = CPU_BASE

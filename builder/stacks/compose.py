@@ -16,14 +16,14 @@ from builder.engines import get_engine
 from builder.engines.base import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
-from builder.flags import check_args
-from builder.host import CpuInfo, missing_flags
-from builder.image_facts import ImageFacts
-from builder.placement import numa_env
-from builder.planner import split_parts
-from builder.render import IMAGE_UID
+from builder.host.placement import numa_env
+from builder.host.probe import CpuInfo, missing_flags
+from builder.images.flags import check_args
+from builder.images.image_facts import ImageFacts
+from builder.images.render import IMAGE_UID
+from builder.images.targets import best_cpu_target
+from builder.models.planner import split_parts
 from builder.spec import StackSpec
-from builder.targets import best_cpu_target
 
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.errors import SpecError
-from builder.host import HostFacts
+from builder.host.probe import HostFacts
 
 # hugetlbfs page sizes a stack may ask for, in kB (the unit of /sys/kernel/mm/hugepages).
 HUGEPAGE_KB = {"2M": 2048, "1G": 1024 * 1024}

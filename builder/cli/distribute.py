@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from builder.bundle import load_bundle, make_bundle, sha256
-from builder.cli_common import EngineOpt, out
-from builder.host import probe
-from builder.planner import size
-from builder.publish import publish as publish_images
-from builder.publish import pull as pull_image
+from builder.cli.common import EngineOpt, out
+from builder.distribute.bundle import load_bundle, make_bundle, sha256
+from builder.distribute.publish import publish as publish_images
+from builder.distribute.publish import pull as pull_image
+from builder.host.probe import probe
+from builder.models.planner import size
 
 ToOpt = Annotated[str, typer.Option("--to", help="REGISTRY/NAMESPACE to push to, e.g. ghcr.io/OWNER or 127.0.0.1:5000/moe-stack")]
 FromOpt = Annotated[str, typer.Option("--from", help="REGISTRY/NAMESPACE to pull from")]

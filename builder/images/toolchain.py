@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.cuda_wheels import pypi_cuda
 from builder.errors import SpecError
+from builder.images.cuda_wheels import pypi_cuda
 from builder.spec import DEFAULT_BASES, BaseImages, CpuTarget, CudaTarget
 
 CPU_BASE = "debian:trixie-slim"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from builder.compose import compose_dict, cpu_only, start_period_for, to_yaml
-from builder.engines import EXPERTS_ON_CPU_RULE, engine_names, get_engine
+from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
-from builder.matrix import cuda_target
-from builder.naming import image_spec, image_tag
-from builder.spec import StackSpec
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec, image_tag
+from builder.spec import EXPERTS_ON_CPU_RULE, StackSpec
+from builder.stacks.compose import compose_dict, cpu_only, start_period_for, to_yaml
 
 _NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla", "moe_offload_batch")
 
@@ -51,7 +51,7 @@ def merge_options(preset: str | None, engine: str, given: dict[str, object]) -> 
 
 def presets_file() -> Path:
     packaged = Path(str(resources.files("builder"))) / "presets.yaml"
-    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "compose" / "presets.yaml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "compose" / "presets.yaml"
 
 
 def load_presets() -> dict[str, Preset]:

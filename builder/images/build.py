@@ -19,11 +19,11 @@ from python_on_whales.exceptions import DockerException
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
-from builder.flags import LABEL as FLAGS_LABEL
-from builder.flags import parse_contract, to_label
-from builder.naming import alias_image_tag, cache_key, context_name, image_tag
-from builder.render import render
-from builder.source import cache_dir
+from builder.files import cache_dir
+from builder.images.flags import LABEL as FLAGS_LABEL
+from builder.images.flags import parse_contract, to_label
+from builder.images.naming import alias_image_tag, cache_key, context_name, image_tag
+from builder.images.render import render
 from builder.spec import ImageSpec, LocalSource
 
 # The stage the image is; the others only build it.

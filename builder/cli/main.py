@@ -16,14 +16,11 @@ from rich.table import Table
 from rich.text import Text
 from typer.exceptions import TyperException
 
-from builder import __version__, cli_distribute, cli_stack
-from builder.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
-from builder.build import Publishing, build_image, build_plan, context_dir
-from builder.cli_common import EngineOpt, int_list, out, raw_stderr
-from builder.cuda_base import CHECK_ARCH, make_cuda_base
-from builder.cuda_wheels import local_cuda_images, pypi_cuda
+from builder import __version__
+from builder.cli import distribute as cli_distribute
+from builder.cli import stack as cli_stack
+from builder.cli.common import EngineOpt, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
-from builder.doctor import as_dicts, diagnose
 from builder.engines import get_engine
 from builder.errors import (
     INTERRUPTED_MESSAGE,
@@ -33,16 +30,22 @@ from builder.errors import (
     MoeStackError,
     SpecError,
 )
-from builder.host import probe
-from builder.matrix import ci_rows, cuda_target, variants
-from builder.models import check_gguf, fetch_demo_model
-from builder.naming import image_spec, variant_tag
-from builder.planner import GIB, model_bytes, read_facts, size
-from builder.planner import plan as make_plan
-from builder.render import configure_args
-from builder.render import render as render_context
-from builder.source import cache_dir, resolve_local
+from builder.files import cache_dir
+from builder.host.probe import probe
+from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
+from builder.images.build import Publishing, build_image, build_plan, context_dir
+from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
+from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
+from builder.images.matrix import ci_rows, cuda_target, variants
+from builder.images.naming import image_spec, variant_tag
+from builder.images.render import configure_args
+from builder.images.render import render as render_context
+from builder.images.source import resolve_local
+from builder.models.model_files import check_gguf, fetch_demo_model
+from builder.models.planner import GIB, model_bytes, read_facts, size
+from builder.models.planner import plan as make_plan
 from builder.spec import BaseImages, CudaTarget
+from builder.stacks.doctor import as_dicts, diagnose
 
 app = typer.Typer(
     name="moe-stack",
@@ -262,7 +265,7 @@ def synth_moe(
     """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks.
     Qwen3-235B-A22B's layer shapes: --hidden 4096 --heads 64 --kv-heads 4 --head-dim 128
     --experts 128 --experts-used 8 --expert-ffn 1536 --quant Q4_0 (1.4 GB a layer)."""
-    from builder.synth_moe import MoeShape, write_moe_gguf  # numpy + gguf: only this verb needs them
+    from builder.models.synth_moe import MoeShape, write_moe_gguf  # numpy + gguf: only this verb needs them
 
     try:
         shape = MoeShape(layers=layers, hidden=hidden, experts=experts, experts_used=experts_used,

@@ -8,7 +8,6 @@ reach PyPI but not GitHub can still build real engines.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.errors import SourceError
+from builder.files import cache_dir
 from builder.safe_tar import UnsafeArchive, extract_tree
 from builder.spec import FULL_SHA
 
@@ -40,11 +40,6 @@ def clone_commands(url: str, ref: str) -> list[str]:
             "git -C /src checkout --quiet --detach FETCH_HEAD",
         ]
     return [f"git clone --quiet --depth 1 --branch {ref} {url} /src"]
-
-
-def cache_dir() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "moe-stack"
 
 
 def resolve_local(engine: Engine, given: str) -> Path:

@@ -8,9 +8,9 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker
 from builder.errors import StackError
-from builder.flags import LABEL as FLAGS_LABEL
-from builder.flags import from_label
-from builder.render import LABEL_PREFIX
+from builder.images.flags import LABEL as FLAGS_LABEL
+from builder.images.flags import from_label
+from builder.images.render import LABEL_PREFIX
 
 
 @dataclass(frozen=True)

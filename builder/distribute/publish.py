@@ -8,14 +8,8 @@ from dataclasses import dataclass
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder import naming
-from builder.choose import Choice, choose_variant
-from builder.docker_client import describe, docker
-from builder.engines import get_engine
-from builder.host import HostFacts, missing_flags
-from builder.image_facts import ImageFacts, read_image_facts
-from builder.naming import Variant, image_spec, parse_variant, publish_tags, short_ref
-from builder.registry import (
+from builder.distribute.choose import Choice, choose_variant
+from builder.distribute.registry import (
     RegistryError,
     Repository,
     list_tags,
@@ -24,6 +18,12 @@ from builder.registry import (
     registry_host,
     repository,
 )
+from builder.docker_client import describe, docker
+from builder.engines import get_engine
+from builder.host.probe import HostFacts, missing_flags
+from builder.images import naming
+from builder.images.image_facts import ImageFacts, read_image_facts
+from builder.images.naming import Variant, image_spec, parse_variant, publish_tags, short_ref
 
 
 @dataclass(frozen=True)

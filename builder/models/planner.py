@@ -14,9 +14,9 @@ from pathlib import Path
 
 import gguf
 
-from builder.engines import EXPERTS_ON_CPU_RULE
 from builder.errors import ModelError, SpecError
-from builder.gguf_bounds import check_header
+from builder.models.gguf_bounds import check_header
+from builder.spec import EXPERTS_ON_CPU_RULE
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).

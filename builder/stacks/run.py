@@ -8,9 +8,9 @@ import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.compose import check_port_free, unliteral
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
+from builder.stacks.compose import check_port_free, unliteral
 
 
 def _require(compose_file: Path) -> Path:

@@ -17,14 +17,14 @@ from pathlib import Path
 import yaml
 from python_on_whales.exceptions import DockerException
 
-from builder.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
-from builder.compose import literal, to_yaml
+from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
 from builder.docker_client import describe, docker
 from builder.engines.base import MODEL_DIR
 from builder.errors import MoeStackError
 from builder.files import write_file_atomically
-from builder.planner import split_parts
+from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
+from builder.stacks.compose import literal, to_yaml
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"

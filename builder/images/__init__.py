@@ -1,0 +1,1 @@
+"""Images: what an image is called, what it needs, its Dockerfile, building it."""

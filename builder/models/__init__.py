@@ -1,0 +1,1 @@
+"""Models: GGUF files, their facts and bounds, the VRAM plan, synthetic models."""

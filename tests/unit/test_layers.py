@@ -1,0 +1,108 @@
+"""The package layout's import rules, read from the source (every `import` statement, function-level
+and TYPE_CHECKING ones included):
+
+    cli                     may import anything below it
+    stacks, distribute      distribute may use stacks (a bundle holds a stack), never the reverse
+    images, engines         naming, rendering, building; the engine adapters
+    host, models            leaves: they import only the core
+    core                    builder, errors, files, spec, contract, safe_tar, docker_client
+
+and only the modules that build, run or publish talk to Docker.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "builder"
+CORE = {"builder", "builder.errors", "builder.files", "builder.spec", "builder.contract", "builder.safe_tar",
+        "builder.docker_client"}
+LAYER = {"core": 0, "host": 1, "models": 1, "images": 2, "engines": 2, "stacks": 3, "distribute": 3, "cli": 4}
+DOCKER = {"builder.docker_client", "python_on_whales"}
+# Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
+TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
+                  "builder.images.image_facts", "builder.stacks.run", "builder.distribute.publish",
+                  "builder.distribute.bundle", "builder.cli.main"}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from builder.x import y`
+    return {name for name in found if name.split(".")[0] in ("builder", "python_on_whales")}
+
+
+GRAPH = {_module(path): _imports(path) for path in ROOT.rglob("*.py")}
+MODULES = set(GRAPH)
+
+
+def _targets(module: str) -> set[str]:
+    """The builder modules `module` imports (a name imported from a module counts as that module)."""
+    return {name for name in GRAPH[module] if name in MODULES and name != module}
+
+
+def _group(module: str) -> str:
+    if module in CORE or module == "builder.__main__":
+        return "core"
+    return module.split(".")[1]
+
+
+def _closure(module: str) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for name in GRAPH.get(todo.pop(), set()):
+            if name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+def test_every_module_is_in_a_layer() -> None:
+    assert len(MODULES) > 50
+    assert {_group(m) for m in MODULES} <= set(LAYER), sorted(m for m in MODULES if _group(m) not in LAYER)
+
+
+def test_imports_point_down_or_across_their_own_layer() -> None:
+    wrong = []
+    for module in MODULES - {"builder.__main__"}:
+        for target in _targets(module):
+            mine, theirs = _group(module), _group(target)
+            if LAYER[theirs] > LAYER[mine]:
+                wrong.append(f"{module} -> {target}")
+            elif LAYER[mine] == 1 and theirs not in ("core", mine):  # leaves
+                wrong.append(f"{module} -> {target} (host and models import only the core)")
+            elif mine == "stacks" and theirs == "distribute":
+                wrong.append(f"{module} -> {target} (distribute uses stacks, not the reverse)")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_only_building_running_and_publishing_talk_to_docker() -> None:
+    talking = {m for m in MODULES if GRAPH[m] & DOCKER} - {"builder.docker_client"}
+    assert talking == TALK_TO_DOCKER
+    for module in ("builder.spec", "builder.images.naming", "builder.images.render", "builder.engines",
+                   *(m for m in MODULES if m.startswith("builder.engines."))):
+        assert not _closure(module) & DOCKER, f"{module} reaches the Docker client"
+
+
+def test_the_rule_catches_a_wrong_import() -> None:
+    """The check itself can fail: a leaf importing upwards is reported."""
+    GRAPH["builder.host.probe"].add("builder.images.render")
+    try:
+        try:
+            test_imports_point_down_or_across_their_own_layer()
+        except AssertionError as error:
+            assert "builder.host.probe -> builder.images.render" in str(error)
+        else:
+            raise AssertionError("a leaf importing builder.images.render was not reported")
+    finally:
+        GRAPH["builder.host.probe"].discard("builder.images.render")
