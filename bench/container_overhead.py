@@ -18,8 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from builder.contract import MODEL_DIR
 from builder.engines import get_engine
-from builder.engines.base import MODEL_DIR
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.image_facts import read_image_facts

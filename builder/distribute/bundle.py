@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import MODEL_DIR
 from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
 from builder.docker_client import describe, docker
-from builder.engines.base import MODEL_DIR
 from builder.errors import MoeStackError
 from builder.files import write_file_atomically
 from builder.models.planner import split_parts

@@ -14,9 +14,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from builder.engines.base import API_KEY_SECRET, CONFIG_DIR, MODEL_DIR
+from builder.contract import API_KEY_SECRET, CONFIG_DIR, HUGETLBFS_DIR, MODEL_DIR
 from builder.errors import MoeStackError
-from builder.stacks.compose import HUGETLBFS_DIR
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).
 ALLOWED_CAPS = frozenset({"SYS_NICE", "IPC_LOCK"})

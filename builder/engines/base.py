@@ -13,18 +13,11 @@ from builder.host.probe import CpuInfo
 from builder.images.toolchain import Toolchain, toolchain
 from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
 
-# Port the engine listens on inside the container; the stack maps a host port onto it.
-CONTAINER_PORT = 8080
-MODEL_DIR = "/models"
-# KTransformers: the model's Hugging Face directory (config, tokenizer), mounted beside the weights.
-CONFIG_DIR = "/model-config"
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
 # time, point the loader at the toolkit's stub.
 CUDA_STUB_SETUP = (f"mkdir -p {CUDA_STUB_DIR}",
                    f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1")
-API_KEY_SECRET = "moe-stack-api-key"
-API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
 

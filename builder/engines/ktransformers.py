@@ -8,7 +8,8 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import CONFIG_DIR, CONTAINER_PORT, CUDA_STUB_DIR, CUDA_STUB_SETUP, MODEL_DIR, Engine
+from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.source import clone_commands
@@ -28,7 +29,7 @@ GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
 AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 VENV = "/opt/venv"
-SERVER_WRAPPER = "/opt/engine/bin/moe-stack-server"
+SERVER_WRAPPER = f"{ENGINE_BIN_DIR}/moe-stack-server"
 KT_CHECK = "/usr/local/bin/moe-stack-kt-check"
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 

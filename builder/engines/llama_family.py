@@ -6,14 +6,8 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.engines.base import (
-    API_KEY_PATH,
-    CONTAINER_PORT,
-    CUDA_STUB_DIR,
-    CUDA_STUB_SETUP,
-    MODEL_DIR,
-    Engine,
-)
+from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import StackError
 from builder.images.flags import takes_value
 from builder.images.source import clone_commands
@@ -112,7 +106,7 @@ class LlamaFamilyEngine(Engine):
         return files
 
     def server_path(self, spec: ImageSpec) -> str:
-        return f"/opt/engine/bin/{self.server_target}"
+        return f"{ENGINE_BIN_DIR}/{self.server_target}"
 
     def required_flags(self, cuda: CudaTarget) -> frozenset[str]:
         return frozenset({"--model", "--host", "--port"})

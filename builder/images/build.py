@@ -16,6 +16,7 @@ from typing import TextIO
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import HELP_FILE, PARSER_FLAGS_FILE
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
@@ -30,8 +31,6 @@ from builder.spec import ImageSpec, LocalSource
 RUNTIME_STAGE = "runtime"
 # The stage holding only the server's --help text, exported before the image is built.
 CONTRACT_STAGE = "contract"
-HELP_FILE = "server-help.txt"
-PARSER_FLAGS_FILE = "parser-flags.txt"
 
 
 @dataclass(frozen=True)

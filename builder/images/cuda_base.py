@@ -21,12 +21,13 @@ from pathlib import Path
 from python_on_whales import DockerClient
 
 from builder import __version__
+from builder.contract import LABEL_PREFIX
 from builder.docker_client import docker
 from builder.errors import BaseImageError
 from builder.files import replace_rendered_dir
 from builder.images.build import BuildPlan, stream_build
 from builder.images.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
-from builder.images.render import LABEL_PREFIX, template_environment, templates_root
+from builder.images.render import template_environment, templates_root
 
 WHEELS_CONTEXT = "cuda-wheels"
 CHECK_STAGE = "check"

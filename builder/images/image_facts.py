@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import LABEL_PREFIX
 from builder.docker_client import describe, docker
 from builder.errors import StackError
 from builder.images.flags import LABEL as FLAGS_LABEL
 from builder.images.flags import from_label
-from builder.images.render import LABEL_PREFIX
 
 
 @dataclass(frozen=True)

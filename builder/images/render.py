@@ -9,15 +9,19 @@ from pathlib import Path
 import jinja2
 
 from builder import __version__
+from builder.contract import (
+    CONTAINER_PORT,
+    CONTRACT_DIR,
+    ENGINE_DIR,
+    HELP_FILE,
+    IMAGE_UID,
+    LABEL_PREFIX,
+    PARSER_FLAGS_FILE,
+)
 from builder.engines import get_engine
-from builder.engines.base import CONTAINER_PORT
 from builder.files import replace_rendered_dir
 from builder.images.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
-
-# The image's non-root user (a fixed uid, so bind mounts and policies can name it).
-IMAGE_UID = 10001
-LABEL_PREFIX = "io.moe-stack"
 
 
 def templates_root() -> Path:
@@ -108,6 +112,10 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "build_packages": tools.build_packages,
         "runtime_packages": tools.runtime_packages,
         "uid": IMAGE_UID,
+        "engine_dir": ENGINE_DIR,
+        "contract_dir": CONTRACT_DIR,
+        "help_file": HELP_FILE,
+        "parser_flags_file": PARSER_FLAGS_FILE,
         "model_flags": " ".join(engine.model_flags),
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),

@@ -12,15 +12,14 @@ from pathlib import Path
 import yaml
 
 from builder import __version__
+from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
 from builder.engines import get_engine
-from builder.engines.base import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, MODEL_DIR
 from builder.errors import StackError
 from builder.files import write_file_atomically
 from builder.host.placement import numa_env
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.flags import check_args
 from builder.images.image_facts import ImageFacts
-from builder.images.render import IMAGE_UID
 from builder.images.targets import best_cpu_target
 from builder.models.planner import split_parts
 from builder.spec import StackSpec
@@ -29,7 +28,6 @@ SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
-HUGETLBFS_DIR = "/hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.

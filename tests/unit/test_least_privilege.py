@@ -7,7 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from builder.images.render import IMAGE_UID, render_files
+from builder.contract import IMAGE_UID
+from builder.images.render import render_files
 from tests.tools import dependency_command
 from tests.unit.variants import UNPUBLISHED, all_specs
 

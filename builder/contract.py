@@ -1,0 +1,20 @@
+"""The contract between an image and the stacks that run it: the paths, port, user and label names
+both sides use. The templates get these as values; nothing else spells them."""
+
+from __future__ import annotations
+
+IMAGE_UID = 10001  # the image's non-root user and group (a fixed id, so mounts and policies can name it)
+CONTAINER_PORT = 8080  # the engine listens here inside the container; a stack maps a host port onto it
+MODEL_DIR = "/models"  # the model's directory (or its files), read-only
+CONFIG_DIR = "/model-config"  # KTransformers: the model's Hugging Face directory, beside the weights
+HUGETLBFS_DIR = "/hugepages"  # where the entrypoint stages a model onto a hugetlbfs volume
+API_KEY_SECRET = "moe-stack-api-key"
+API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
+ENGINE_DIR = "/opt/engine"  # the engine's programs (bin/) and libraries
+ENGINE_BIN_DIR = f"{ENGINE_DIR}/bin"
+# The server's --help (and parser literals), written in the build's contract stage, exported before
+# the image is built, and kept in the image under /etc/moe-stack.
+CONTRACT_DIR = "/contract"
+HELP_FILE = "server-help.txt"
+PARSER_FLAGS_FILE = "parser-flags.txt"
+LABEL_PREFIX = "io.moe-stack"
