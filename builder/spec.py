@@ -189,6 +189,8 @@ class ImageSpec(_Spec):
         return self.source.ref
 
 
+# KV cache element types llama.cpp's engines take (-ctk/-ctv); their sizes are in models.planner.
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
 # kt-kernel 0.7.2's inference backends (sglang-kt --kt-method; kt_kernel/experts.py): only LLAMAFILE
 # reads GGUF; AMXINT4/AMXINT8 read weights converted by kt-kernel and need AMX; the others read
 # safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
@@ -215,7 +217,7 @@ class StackSpec(_Spec):
     fused_moe: bool | None = None
     mla: int | None = Field(default=None, ge=0, le=3)
     gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
-    cache_type: str | None = Field(default=None, pattern=r"^(f32|f16|bf16|q8_0|q5_1|q5_0|q4_1|q4_0)$")
+    cache_type: CacheType | None = None
     # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
     # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
     moe_offload_batch: int | None = Field(default=None, ge=1)

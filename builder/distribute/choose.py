@@ -14,7 +14,7 @@ from builder.host.probe import Gpu, HostFacts, missing_flags
 from builder.images.matrix import cuda_target
 from builder.images.naming import Variant
 from builder.images.targets import CPU_TARGETS, best_cpu_target
-from builder.stacks.doctor import MIN_DRIVER, driver_runs
+from builder.images.toolchain import MIN_DRIVER, driver_runs
 
 
 @dataclass(frozen=True)

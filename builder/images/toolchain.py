@@ -14,6 +14,9 @@ from builder.errors import SpecError
 from builder.images.cuda_wheels import pypi_cuda
 from builder.spec import DEFAULT_BASES, BaseImages, CpuTarget, CudaTarget
 
+# Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
+# Driver Versions"): an image built with that toolkit needs at least this driver.
+MIN_DRIVER: dict[str, tuple[int, int]] = {"12.4": (550, 54), "12.6": (560, 28), "12.8": (570, 26), "13.0": (580, 65)}
 CPU_BASE = "debian:trixie-slim"
 CPU_BASE_SUITE = "trixie"
 
@@ -172,3 +175,17 @@ def python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compile
                           # compiler and Python's headers at first use.
                           *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ())),
     )
+
+
+def driver_runs(driver: str, cuda: str) -> bool:
+    """Whether an NVIDIA driver version (e.g. "570.86.15") runs images of CUDA release `cuda`."""
+    parts = driver.split(".")[:2]
+    if not all(part.isdigit() for part in parts) or cuda not in MIN_DRIVER:
+        return False
+    return tuple(int(part) for part in parts) >= MIN_DRIVER[cuda]
+
+
+def highest_cuda(driver: str) -> str | None:
+    """The newest CUDA release of the matrix this driver runs, or None."""
+    usable = [version for version in MIN_DRIVER if driver_runs(driver, version)]
+    return usable[-1] if usable else None

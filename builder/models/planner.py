@@ -16,12 +16,12 @@ import gguf
 
 from builder.errors import ModelError, SpecError
 from builder.models.gguf_bounds import check_header
-from builder.spec import EXPERTS_ON_CPU_RULE
+from builder.spec import EXPERTS_ON_CPU_RULE, CacheType
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
-CACHE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-               "q4_1": 20 / 32, "q4_0": 18 / 32}
+CACHE_BYTES: dict[CacheType, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
+                                       "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3

@@ -11,14 +11,10 @@ from typing import Literal
 
 from builder.host.probe import HostFacts
 from builder.images.targets import best_cpu_target
+from builder.images.toolchain import MIN_DRIVER, highest_cuda
 from builder.models.planner import size
 
 Level = Literal["OK", "WARN", "FAIL"]
-
-# Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
-# Driver Versions"): an image built with that toolkit needs at least this driver.
-MIN_DRIVER: dict[str, tuple[int, int]] = {"12.4": (550, 54), "12.6": (560, 28), "12.8": (570, 26), "13.0": (580, 65)}
-
 
 @dataclass(frozen=True)
 class Finding:
@@ -26,20 +22,6 @@ class Finding:
     topic: str
     message: str
     fix: str = ""
-
-
-def driver_runs(driver: str, cuda: str) -> bool:
-    """Whether an NVIDIA driver version (e.g. "570.86.15") runs images of CUDA release `cuda`."""
-    parts = driver.split(".")[:2]
-    if not all(part.isdigit() for part in parts) or cuda not in MIN_DRIVER:
-        return False
-    return tuple(int(part) for part in parts) >= MIN_DRIVER[cuda]
-
-
-def highest_cuda(driver: str) -> str | None:
-    """The newest CUDA release of the matrix this driver runs, or None."""
-    usable = [version for version in MIN_DRIVER if driver_runs(driver, version)]
-    return usable[-1] if usable else None
 
 
 def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_bytes: int,

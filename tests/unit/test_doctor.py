@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from builder.host.probe import probe
-from builder.stacks.doctor import diagnose, highest_cuda
+from builder.images.toolchain import highest_cuda
+from builder.stacks.doctor import diagnose
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 

@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from builder.errors import ModelError, SpecError
-from builder.models.planner import GIB, ModelFacts, kv_cache_bytes, override_rules, plan, read_facts
+from builder.models.planner import (
+    CACHE_BYTES,
+    GIB,
+    ModelFacts,
+    kv_cache_bytes,
+    override_rules,
+    plan,
+    read_facts,
+)
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.spec import CacheType
 from tests.cli import run_cli
 
 # The default synthetic model: 4 layers, hidden 256, 8 experts of FFN 128, Q8_0 (34 bytes per 32 weights).
@@ -88,3 +98,8 @@ def test_split_models_are_read_whole(moe: Path, tmp_path: Path) -> None:
         read_facts(first)
     (tmp_path / "m-00002-of-00002.gguf").symlink_to(moe)  # the same tensors twice: sizes double
     assert read_facts(first).expert_bytes == (2 * EXPERT_LAYER_BYTES,) * 4
+
+
+def test_every_cache_type_a_stack_takes_has_a_size() -> None:
+    """The cache types have one home (spec.CacheType); the planner's sizes cover exactly those."""
+    assert set(CACHE_BYTES) == set(get_args(CacheType))
