@@ -29,7 +29,8 @@ from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
 from builder.stacks.benchmark import measure
-from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 
 DEFAULT_IMAGE = "localhost/moe-stack-test/llama-cpp:0c1e57098-cpu-avx2"

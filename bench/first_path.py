@@ -25,8 +25,10 @@ from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import BaseImages, StackSpec
-from builder.stacks.compose import compose_dict, free_local_port, start_period_for, write_stack
+from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete
+from builder.stacks.document import start_period_for
+from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 
 

@@ -198,6 +198,27 @@ KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "R
                    "BF16", "GPTQ_INT4", "MXFP4", "NVFP4", "MXFP8"]
 
 
+FlashAttention = Literal["on", "off", "auto"]
+
+
+class EngineOptions(_Spec):
+    """A stack's neutral engine options, as a preset and the command line give them (None: the
+    engine's default); each engine's adapter writes them in its own version's syntax."""
+
+    ctx_size: int = 4096
+    cache_type: CacheType | None = None
+    gpu_layers: int | None = None
+    flash_attention: FlashAttention | None = None
+    fused_moe: bool | None = None
+    mla: int | None = None
+    moe_offload_batch: int | None = None
+    kt_method: KtMethod | None = None
+
+    def over(self, base: EngineOptions) -> EngineOptions:
+        """`base` with the options set here (given explicitly, even as None) replacing its own."""
+        return base.model_copy(update=self.model_dump(exclude_unset=True))
+
+
 class StackSpec(_Spec):
     """A compose stack serving one GGUF model from one image."""
 
@@ -213,7 +234,7 @@ class StackSpec(_Spec):
     override_tensors: tuple[str, ...] = ()
     chat_template: str | None = None  # a built-in template name, for GGUFs that carry none
     # Neutral engine options, translated per engine version by its adapter (None: engine default).
-    flash_attention: Literal["on", "off", "auto"] | None = None
+    flash_attention: FlashAttention | None = None
     fused_moe: bool | None = None
     mla: int | None = Field(default=None, ge=0, le=3)
     gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
@@ -247,6 +268,10 @@ class StackSpec(_Spec):
     api_key_file: Path | None = None
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
+
+    def with_options(self, options: EngineOptions) -> StackSpec:
+        """This stack with `options` as its engine options (validated again as a whole)."""
+        return StackSpec.model_validate(self.model_dump() | options.model_dump())
 
     @model_validator(mode="after")
     def _consistent(self) -> StackSpec:

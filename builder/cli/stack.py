@@ -17,30 +17,17 @@ from rich.text import Text
 from builder.cli.common import EngineOpt, int_list, out, raw_stderr
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
-from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
-from builder.host.probe import HostFacts, probe
+from builder.host.probe import probe
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
-from builder.images.image_facts import ImageFacts, read_image_facts
-from builder.images.naming import image_spec, image_tag
+from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.models.model_files import check_gguf
-from builder.models.planner import GIB, model_bytes, read_facts
-from builder.models.planner import plan as make_plan
-from builder.spec import EXPERTS_ON_CPU_RULE, BaseImages, StackSpec
+from builder.spec import BaseImages, EngineOptions
+from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.benchmark import measure
-from builder.stacks.compose import (
-    check_config_dir,
-    check_host_runs,
-    check_port_free,
-    compose_dict,
-    cpu_only,
-    project_name_for,
-    start_period_for,
-    write_stack,
-)
+from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
-from builder.stacks.presets import merge_options
+from builder.stacks.host_checks import check_port_free
 from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
@@ -87,87 +74,26 @@ def compose(
     engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
 ) -> None:
     """Emit a compose file that serves MODEL with ENGINE's image."""
-    model_path = check_gguf(model)
-    adapter = get_engine(engine)
     given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
-             "moe_offload_batch": moe_offload_batch, "kt_method": kt_method,
-             "gpu_layers": gpu_layers, "cache_type": cache_type}
-    options, preset_rules = merge_options(preset, adapter.name, given)
-    host = probe()
-    if fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
-        fitted = make_plan(read_facts(model_path), int(fit_vram_gb * GIB), host.mem_total_bytes,
-                           int(options["ctx_size"]), str(options.get("cache_type") or "f16"), mla=bool(options.get("mla")))
-        preset_rules = fitted.override_rules
-        if gpu_experts is None and not adapter.takes_override_rules:
-            gpu_experts = fitted.gpu_experts_per_layer
-    if not adapter.takes_override_rules:  # it keeps routed experts on the CPU itself
-        preset_rules, experts_on_cpu = (), False
-    wanted_rules = [*(override_tensor or []), *preset_rules, *([EXPERTS_ON_CPU_RULE] if experts_on_cpu else [])]
-    rules = list(dict.fromkeys(wanted_rules))
-    nodes = int_list(numa_nodes, "--numa-nodes")
-    if for_other_host:  # this host's topology says nothing about the target's
-        where = Placement(numa="none" if numa == "auto" else numa, numa_nodes=nodes, cpuset=None,
-                          threads=threads or host.cpu.physical_cores)
-    else:
-        where = place(host, numa, nodes, threads)
-        if hugepages:
-            check_hugepages_reserved(host)
-        if hugetlbfs != "off":
-            if hugetlbfs not in HUGEPAGE_KB:
-                raise SpecError(f"--hugetlbfs {hugetlbfs}: the page size is 2M or 1G (or off)")
-            check_hugepages_reserved(host, HUGEPAGE_KB[hugetlbfs], model_bytes(model_path))
-    stack = StackSpec(
-        project=project or project_name_for(model_path),
-        engine=adapter.name,
-        image=image or image_tag(image_spec(engine)),
-        model=model_path,
-        port=port,
-        bind=bind,
-        threads=where.threads,
-        parallel=parallel,
-        override_tensors=tuple(rules),
-        chat_template=chat_template,
-        numa=where.numa,
-        numa_nodes=where.numa_nodes,
-        numa_node_count=len(where.numa_nodes) or (1 if for_other_host else max(1, len(host.nodes))),
-        cpuset=where.cpuset,
-        config_dir=check_config_dir(config_dir) if config_dir is not None else None,
-        gpu_experts=gpu_experts,
-        gpu=gpu,
-        mlock=mlock,
-        hugepages=hugepages,
-        hugetlbfs=hugetlbfs,
-        shm_size=shm_size,
-        api_key_file=api_key_file,
-        trust_remote_code=trust_remote_code,
-        extra_args=tuple(engine_args or ()),
-        start_period_s=start_period or start_period_for(model_bytes(model_path)),
-        **options,
-    )
-    if not for_other_host:
-        adapter.check_host(stack, host.cpu)
-    if cpu_image is not None and stack.gpu == "none":
-        raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
-    check_port_free(bind, port)
-    facts = _checked_facts(stack.image, host, skip_image_checks, for_other_host)
-    cpu_profile = None
-    if cpu_image is not None:
-        cpu_stack = cpu_only(stack, cpu_image)
-        cpu_profile = (cpu_stack, _checked_facts(cpu_image, host, skip_image_checks, for_other_host))
-    document = compose_dict(stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=facts,
-                            cpu_profile=cpu_profile)
+             "moe_offload_batch": moe_offload_batch, "kt_method": kt_method, "gpu_layers": gpu_layers,
+             "cache_type": cache_type}
+    options = StackOptions.model_validate({
+        "model": model, "engine": engine, "image": image, "cpu_image": cpu_image, "project": project, "port": port,
+        "bind": bind, "preset": preset,
+        "engine_options": EngineOptions.model_validate({k: v for k, v in given.items() if v is not None}),
+        "threads": threads, "parallel": parallel, "override_tensors": tuple(override_tensor or ()),
+        "experts_on_cpu": experts_on_cpu, "fit_vram_gb": fit_vram_gb, "chat_template": chat_template, "numa": numa,
+        "numa_nodes": int_list(numa_nodes, "--numa-nodes"), "gpu": gpu, "config_dir": config_dir,
+        "trust_remote_code": trust_remote_code, "gpu_experts": gpu_experts, "mlock": mlock, "hugepages": hugepages,
+        "hugetlbfs": hugetlbfs, "shm_size": shm_size, "api_key_file": api_key_file,
+        "skip_image_checks": skip_image_checks, "for_other_host": for_other_host, "start_period_s": start_period,
+        "engine_args": tuple(engine_args or ()),
+    })
+    plan = plan_stack(options, probe())
+    document = compose_dict(plan.stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=plan.facts,
+                            cpu_profile=plan.cpu_profile)
     path = write_stack(document, out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
-
-
-def _checked_facts(image: str, host: HostFacts, skip: bool, for_other_host: bool) -> ImageFacts | None:
-    """The image's flag contract and CPU needs (None when skipped); refuses an image this CPU can't run."""
-    if skip:
-        return None
-    facts = read_image_facts(image)
-    if not for_other_host:
-        check_host_runs(facts, host.cpu)
-    return facts
 
 
 def up(

@@ -24,7 +24,7 @@ from builder.errors import MoeStackError
 from builder.files import write_file_atomically
 from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.compose import literal, to_yaml
+from builder.stacks.document import literal, to_yaml
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"

@@ -14,7 +14,8 @@ from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
-from builder.stacks.compose import compose_dict, start_period_for, write_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.document import start_period_for
 from builder.stacks.run import up
 
 DEMO_PROMPT = "Paris is the capital of"

@@ -8,15 +8,15 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
 
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
-from builder.spec import EXPERTS_ON_CPU_RULE, StackSpec
-from builder.stacks.compose import compose_dict, cpu_only, start_period_for, to_yaml
-
-_NEUTRAL = ("ctx_size", "cache_type", "gpu_layers", "flash_attention", "fused_moe", "mla", "moe_offload_batch")
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.stacks.compose import compose_dict
+from builder.stacks.document import cpu_only, start_period_for, to_yaml
 
 
 @dataclass(frozen=True)
@@ -25,28 +25,39 @@ class Preset:
     description: str
     example_model: str
     example_size_gb: int
-    options: dict[str, object]  # neutral StackSpec fields common to all engines
+    options: dict[str, object]  # neutral engine options common to all engines, and experts_on_cpu
     engines: dict[str, dict[str, object]]  # per-engine additions (ik_llama.cpp's fused MoE, MLA)
 
-    def stack_options(self, engine: str) -> dict[str, object]:
-        """StackSpec fields for `engine`; SpecError if the preset has no such engine."""
+    def _check_engine(self, engine: str) -> None:
         if engine not in self.engines:
             raise SpecError(f"preset {self.name} has no settings for {engine}; it has {', '.join(self.engines)}")
-        options = {key: value for key, value in self.options.items() if key in _NEUTRAL}
-        options.update(self.engines[engine])
-        if self.options.get("experts_on_cpu") and get_engine(engine).takes_override_rules:
-            options["override_tensors"] = (EXPERTS_ON_CPU_RULE,)
-        return options
+
+    def engine_options(self, engine: str) -> EngineOptions:
+        """The engine options for `engine` (its entry may null a common one); SpecError if the preset
+        has no such engine or its file holds a wrong value."""
+        self._check_engine(engine)
+        values = {key: value for key, value in self.options.items() if key in EngineOptions.model_fields}
+        values.update(self.engines[engine])
+        try:
+            return EngineOptions.model_validate(values)
+        except ValidationError as error:
+            raise SpecError(f"preset {self.name} ({presets_file()}): {error.errors()[0]['loc'][0]}: "
+                            f"{error.errors()[0]['msg']}") from None
+
+    def override_rules(self, engine: str) -> tuple[str, ...]:
+        """The preset's -ot rules for `engine`: all routed experts on the CPU, where it takes rules."""
+        self._check_engine(engine)
+        wanted = bool(self.options.get("experts_on_cpu")) and get_engine(engine).takes_override_rules
+        return (EXPERTS_ON_CPU_RULE,) if wanted else ()
 
 
-def merge_options(preset: str | None, engine: str, given: dict[str, object]) -> tuple[dict[str, object], tuple[str, ...]]:
-    """Neutral StackSpec options: the preset's for `engine`, overridden by those `given` (None: not
-    given); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
-    options = get_preset(preset).stack_options(engine) if preset else {}
-    options.update({key: value for key, value in given.items() if value is not None})
-    options.setdefault("ctx_size", 4096)
-    rules = tuple(options.pop("override_tensors", ()))
-    return options, rules
+def merge_options(preset: str | None, engine: str, given: EngineOptions) -> tuple[EngineOptions, tuple[str, ...]]:
+    """The engine options: the preset's for `engine`, overridden by those `given` (the fields set in
+    it); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
+    if preset is None:
+        return given, ()
+    chosen = get_preset(preset)
+    return given.over(chosen.engine_options(engine)), chosen.override_rules(engine)
 
 
 def presets_file() -> Path:
@@ -91,7 +102,8 @@ def example_stacks() -> dict[str, str]:
                               numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
                               start_period_s=start_period_for(preset.example_size_gb * 10**9),
                               config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
-                              **preset.stack_options(engine))
+                              override_tensors=preset.override_rules(engine),
+                              ).with_options(preset.engine_options(engine))
             generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia"
                             + (f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""))
             cpu_profile = None

@@ -10,7 +10,8 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.compose import check_port_free, unliteral
+from builder.stacks.document import unliteral
+from builder.stacks.host_checks import check_port_free
 
 
 def _require(compose_file: Path) -> Path:

@@ -27,7 +27,8 @@ from builder.images.toolchain import PYTHON_CPU_BASE
 from builder.models.model_files import fetch_demo_model
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages, StackSpec
-from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 from tests.integration.wheelhouse import make_kt_wheelhouse
 

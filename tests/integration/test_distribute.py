@@ -23,7 +23,8 @@ from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import parse_variant
 from builder.spec import StackSpec
-from builder.stacks.compose import compose_dict, free_local_port, write_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image

@@ -15,7 +15,9 @@ from python_on_whales import DockerClient
 
 from builder.images.image_facts import read_image_facts
 from builder.spec import StackSpec
-from builder.stacks.compose import compose_dict, cpu_only, free_local_port, write_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.document import cpu_only
+from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 from tests.integration.conftest import StackFactory, build_engine_image
 

@@ -90,7 +90,7 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--cpu-image", "img:cpu"], "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia"),
-    (["--hugetlbfs", "3M"], "--hugetlbfs 3M: the page size is 2M or 1G"),
+    (["--hugetlbfs", "3M"], "hugetlbfs: Input should be 'off', '2M' or '1G'"),
     (["--shm-size", "lots"], "shm_size: 'lots' is not a size: give one like 1g"),
 ])
 def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) -> None:

@@ -14,16 +14,9 @@ from builder.images.image_facts import ImageFacts
 from builder.images.targets import cpu_target
 from builder.models.model_files import check_gguf
 from builder.spec import StackSpec
-from builder.stacks.compose import (
-    check_host_runs,
-    check_port_free,
-    compose_dict,
-    cpu_only,
-    project_name_for,
-    start_period_for,
-    to_yaml,
-    write_stack,
-)
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.document import cpu_only, project_name_for, start_period_for, to_yaml
+from builder.stacks.host_checks import check_host_runs, check_port_free
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from builder.spec import StackSpec
-from builder.stacks.compose import compose_dict, cpu_only, to_yaml
+from builder.stacks.compose import compose_dict
+from builder.stacks.document import cpu_only, to_yaml
 from tests.specs import readable_file
 from tests.tools import dependency_command
 

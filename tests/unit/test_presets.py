@@ -12,7 +12,7 @@ import pytest
 
 from builder.errors import SpecError
 from builder.files import write_file_atomically
-from builder.spec import EXPERTS_ON_CPU_RULE
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.presets import example_stacks, get_preset, load_presets
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
@@ -20,11 +20,13 @@ COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 
 def test_seed_presets() -> None:
     assert set(load_presets()) == {"deepseek-r1-671b", "qwen3-235b-a22b", "qwen3-next-80b-a3b"}
-    r1 = get_preset("deepseek-r1-671b").stack_options("ik_llama.cpp")
-    assert r1 == {"ctx_size": 32768, "cache_type": "q8_0", "gpu_layers": 99, "flash_attention": "on",
-                  "mla": 3, "fused_moe": True, "moe_offload_batch": 1, "override_tensors": (EXPERTS_ON_CPU_RULE,)}
-    mainline = get_preset("deepseek-r1-671b").stack_options("llama.cpp")
-    assert "mla" not in mainline and "moe_offload_batch" not in mainline
+    r1 = get_preset("deepseek-r1-671b")
+    assert r1.engine_options("ik_llama.cpp") == EngineOptions(ctx_size=32768, cache_type="q8_0", gpu_layers=99,
+                                                              flash_attention="on", mla=3, fused_moe=True,
+                                                              moe_offload_batch=1)
+    assert r1.override_rules("ik_llama.cpp") == (EXPERTS_ON_CPU_RULE,)
+    mainline = r1.engine_options("llama.cpp")
+    assert mainline.mla is None and mainline.moe_offload_batch is None and mainline.ctx_size == 32768
     with pytest.raises(SpecError, match="unknown preset 'r2'"):
         get_preset("r2")
 

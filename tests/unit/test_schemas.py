@@ -8,7 +8,8 @@ import subprocess
 from pathlib import Path
 
 from builder.spec import StackSpec
-from builder.stacks.compose import compose_dict, cpu_only, to_yaml
+from builder.stacks.compose import compose_dict
+from builder.stacks.document import cpu_only, to_yaml
 from tests.specs import readable_file
 from tests.tools import dependency_command
 

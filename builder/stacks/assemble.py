@@ -1,0 +1,159 @@
+"""What goes into a stack: the user's options merged with the model's preset, the VRAM plan, the
+experts-on-CPU rule and this host's placement, into a StackSpec; then the image's facts read and
+checked, into a StackPlan that an output format (the compose file) writes.
+
+The command line builds a StackOptions and calls `plan_stack`; tests call it with recorded hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from builder.engines import get_engine
+from builder.errors import SpecError
+from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
+from builder.host.probe import HostFacts
+from builder.images.image_facts import ImageFacts, read_image_facts
+from builder.images.naming import image_spec, image_tag
+from builder.models.model_files import check_gguf
+from builder.models.planner import GIB, model_bytes, read_facts
+from builder.models.planner import plan as make_plan
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.stacks.document import cpu_only, project_name_for, start_period_for
+from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
+from builder.stacks.presets import merge_options
+
+
+class StackOptions(BaseModel):
+    """What the user asked for, validated; None (or empty) where they left the choice to moe-stack."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Path
+    engine: str = "llama.cpp"
+    image: str | None = None  # default: the pinned avx2 CPU image of the engine
+    cpu_image: str | None = None  # with a GPU: also a CPU-only service from this image (profiles gpu, cpu)
+    project: str | None = None
+    port: int = 8080
+    bind: str = "127.0.0.1"
+    preset: str | None = None
+    engine_options: EngineOptions = EngineOptions()  # the fields set here override the preset's
+    threads: int | None = None
+    parallel: int = 1
+    override_tensors: tuple[str, ...] = ()
+    experts_on_cpu: bool = False
+    fit_vram_gb: float | None = Field(default=None, gt=0)
+    chat_template: str | None = None
+    numa: Literal["auto", "none", "interleave", "membind", "cpunodebind"] = "auto"
+    numa_nodes: tuple[int, ...] = ()
+    gpu: Literal["none", "nvidia", "cdi"] = "none"
+    config_dir: Path | None = None
+    trust_remote_code: bool = False
+    gpu_experts: int | None = None
+    mlock: bool = False
+    hugepages: bool = False
+    hugetlbfs: Literal["off", "2M", "1G"] = "off"
+    shm_size: str = "1g"
+    api_key_file: Path | None = None
+    skip_image_checks: bool = False  # the image is not here: its flag contract and CPU needs go unread
+    for_other_host: bool = False  # emit for another machine: this host's CPU and topology say nothing
+    start_period_s: int | None = None
+    engine_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    """A stack ready to write: the spec, its image's facts (None: unchecked) and an optional CPU-only
+    profile beside it."""
+
+    stack: StackSpec
+    facts: ImageFacts | None
+    cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None
+
+
+def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
+    """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
+    model = check_gguf(options.model)
+    adapter = get_engine(options.engine)
+    engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
+    gpu_experts = options.gpu_experts
+    if options.fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
+        fitted = make_plan(read_facts(model), int(options.fit_vram_gb * GIB), host.mem_total_bytes,
+                           engine_options.ctx_size, engine_options.cache_type or "f16", mla=bool(engine_options.mla))
+        preset_rules = fitted.override_rules
+        if gpu_experts is None and not adapter.takes_override_rules:
+            gpu_experts = fitted.gpu_experts_per_layer
+    rules = list(options.override_tensors)
+    if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
+        rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
+    where = _placement(options, host, model)
+    stack = StackSpec(
+        project=options.project or project_name_for(model),
+        engine=adapter.name,
+        image=options.image or image_tag(image_spec(adapter.name)),
+        model=model,
+        port=options.port,
+        bind=options.bind,
+        threads=where.threads,
+        parallel=options.parallel,
+        override_tensors=tuple(dict.fromkeys(rules)),
+        chat_template=options.chat_template,
+        numa=where.numa,
+        numa_nodes=where.numa_nodes,
+        numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
+        cpuset=where.cpuset,
+        config_dir=check_config_dir(options.config_dir) if options.config_dir is not None else None,
+        gpu_experts=gpu_experts,
+        gpu=options.gpu,
+        mlock=options.mlock,
+        hugepages=options.hugepages,
+        hugetlbfs=options.hugetlbfs,
+        shm_size=options.shm_size,
+        api_key_file=options.api_key_file,
+        trust_remote_code=options.trust_remote_code,
+        extra_args=options.engine_args,
+        start_period_s=options.start_period_s or start_period_for(model_bytes(model)),
+    ).with_options(engine_options)
+    if not options.for_other_host:
+        adapter.check_host(stack, host.cpu)
+    return stack
+
+
+def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
+    """The stack for `options` with its image's facts checked (and the CPU-only profile's, if asked
+    for): what `moe-stack compose` writes."""
+    stack = assemble_stack(options, host)
+    if options.cpu_image is not None and stack.gpu == "none":
+        raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
+    check_port_free(stack.bind, stack.port)
+    facts = _checked_facts(stack.image, options, host)
+    cpu_profile = None
+    if options.cpu_image is not None:
+        cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
+    return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile)
+
+
+def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:
+    if options.for_other_host:  # this host's topology says nothing about the target's
+        return Placement(numa="none" if options.numa == "auto" else options.numa, numa_nodes=options.numa_nodes,
+                         cpuset=None, threads=options.threads or host.cpu.physical_cores)
+    where = place(host, options.numa, options.numa_nodes, options.threads)
+    if options.hugepages:
+        check_hugepages_reserved(host)
+    if options.hugetlbfs != "off":
+        check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], model_bytes(model))
+    return where
+
+
+def _checked_facts(image: str, options: StackOptions, host: HostFacts) -> ImageFacts | None:
+    """The image's flag contract and CPU needs (None when skipped); refuses an image this CPU can't run."""
+    if options.skip_image_checks:
+        return None
+    facts = read_image_facts(image)
+    if not options.for_other_host:
+        check_host_runs(facts, host.cpu)
+    return facts

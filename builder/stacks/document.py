@@ -1,0 +1,232 @@
+"""StackSpec → compose document: a plain dict (tests assert it), built without touching the host
+(host_checks.py checks and resolves the files first), and its YAML text."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from builder import __version__
+from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
+from builder.engines import get_engine
+from builder.errors import StackError
+from builder.host.placement import numa_env
+from builder.images.flags import check_args
+from builder.images.image_facts import ImageFacts
+from builder.spec import StackSpec
+
+SERVICE = "engine"
+CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
+GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
+HUGETLBFS_VOLUME = "hugepages"
+HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
+# Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
+# streams a few hundred MB/s through mmap; slower disks should raise --start-period.
+_LOAD_BYTES_PER_S = 250 * 1024**2
+_MIN_START_PERIOD_S = 60
+
+
+@dataclass(frozen=True)
+class StackFiles:
+    """The host files a stack mounts, as the document names them."""
+
+    model: Path  # the model's first (or only) file
+    mounts: list[dict[str, object]]  # the model's bind mounts
+    api_key: Path | None = None
+
+
+def directory_mount(model: Path) -> dict[str, object]:
+    """The model's directory at /models, read-only."""
+    return {"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True}
+
+
+def project_name_for(model: Path) -> str:
+    """A compose project name from the model's file name (lower case, [a-z0-9_-]) and a short hash of
+    its directory: same-named models in two directories are two projects (`up` of one must not
+    replace the other, nor `down -v` remove both)."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model.stem.lower()).strip("-_")
+    where = hashlib.sha256(str(model.parent).encode()).hexdigest()[:6]
+    return f"{f'moe-stack-{slug}'[:53].rstrip('-_')}-{where}"
+
+
+def start_period_for(model_bytes: int) -> int:
+    """Seconds the engine gets to load before failed healthchecks count."""
+    return max(_MIN_START_PERIOD_S, 30 + model_bytes // _LOAD_BYTES_PER_S)
+
+
+def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, facts: ImageFacts | None = None,
+                     cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None) -> dict[str, object]:
+    """The compose document for `stack` with its `files` as mounted; `generated_by` records the command
+    that made it.
+
+    With the image's `facts`, every engine flag is checked against its flag contract and neutral
+    options are written in that engine version's syntax. With `cpu_profile` (a CPU-only stack and its
+    image's facts), the file holds two services behind the compose profiles `gpu` and `cpu`.
+    """
+    service = _service(stack, facts, files.mounts)
+    services = {SERVICE: service}
+    if cpu_profile is not None:
+        cpu_stack, cpu_facts = cpu_profile
+        service["profiles"] = [GPU_PROFILE]
+        services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, files.mounts), "profiles": [CPU_PROFILE]}
+    document: dict[str, object] = {
+        "name": stack.project,
+        "x-moe-stack": {
+            "generator": f"moe-stack {__version__}",
+            "generated-by": generated_by,
+            "engine": stack.engine,
+            "image": stack.image,
+            "model": str(files.model),
+            "flags-checked": facts is not None,
+            **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
+            "lint-exceptions": lint_exceptions(services),
+        },
+        "services": services,
+    }
+    if stack.hugetlbfs != "off":
+        document["volumes"] = {HUGETLBFS_VOLUME: _hugetlbfs_volume(stack.hugetlbfs)}
+    if files.api_key is not None:
+        document["secrets"] = {API_KEY_SECRET: {"file": str(files.api_key)}}
+    for section in ("services", "volumes", "secrets"):
+        if section in document:
+            document[section] = literal(document[section])
+    return document
+
+
+def literal(value: object) -> object:
+    """`value` with every `$` doubled: docker compose reads `$NAME` in a path or argument as a variable,
+    and would mount another directory than the one checked (x-moe-stack, moe-stack's own, stays raw)."""
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, list):
+        return [literal(item) for item in value]
+    if isinstance(value, dict):
+        return {key: literal(item) for key, item in value.items()}
+    return value
+
+
+def unliteral(text: str) -> str:
+    """A string of an emitted compose file as moe-stack meant it (`literal` undone)."""
+    return text.replace("$$", "$")
+
+
+def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
+    """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
+    departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
+    caps = {cap for service in services.values() for cap in service.get("cap_add", [])}
+    reasons = {"SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU thread "
+                           "pools' memory to their NUMA nodes (mbind/set_mempolicy, which Docker's seccomp profile "
+                           "allows only with it); nothing in the image sets real-time priorities",
+               "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)"}
+    exceptions = {}
+    if caps:
+        exceptions["CL-0029"] = "; ".join(reasons[cap] for cap in sorted(caps))
+    exceptions["CL-0026"] = ("no memory limit: the mmapped weights are page cache charged to the container, and a "
+                             "limit below the model evicts them; CPUs are bounded by cpuset/threads instead")
+    if any("@sha256:" not in str(service["image"]) for service in services.values()):
+        exceptions["CL-0019"] = ("image by tag: it has no registry digest yet (built here, or not checked with "
+                                 "--skip-image-checks); stacks made from a pushed or pulled image pin the digest")
+    return exceptions
+
+
+def cpu_only(stack: StackSpec, image: str) -> StackSpec:
+    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload)."""
+    return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": (),
+                                    "moe_offload_batch": None})
+
+
+def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]) -> dict[str, object]:
+    # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
+    given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
+    engine = get_engine(stack.engine)
+    clashing = sorted(engine.stack_flags.intersection(given))
+    if clashing:
+        raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
+                         "use the matching moe-stack option instead")
+    if facts is not None and facts.engine != engine.name:
+        raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
+    command = engine.server_args(stack, facts.server_flags if facts else None)
+    if facts is not None and not facts.server_flags:
+        raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
+                         f"image); use a CUDA image of {engine.name}")
+    if facts is not None:
+        check_args(command, facts.server_flags, facts.who)
+    service: dict[str, object] = {
+        # Pinned to the registry's digest when the image came from (or went to) one: a moved tag
+        # can't change what this stack runs.
+        "image": f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image,
+        "command": command,
+        "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
+                   "protocol": "tcp"}],
+        "volumes": [*mounts,
+                    *([{"type": "bind", "source": str(stack.config_dir), "target": CONFIG_DIR, "read_only": True}]
+                      if stack.config_dir is not None else []),
+                    *([{"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}]
+                      if stack.hugetlbfs != "off" else [])],
+        # The engine writes nothing but its logs: a read-only root, no capabilities, no privilege gain.
+        "read_only": True,
+        "tmpfs": ["/tmp"],
+        "shm_size": stack.shm_size,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "healthcheck": {
+            "test": list(HEALTHCHECK),
+            "interval": "10s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": f"{stack.start_period_s}s",
+            "start_interval": "2s",
+        },
+        "restart": "unless-stopped",
+    }
+    service.update(_placement(stack))
+    if stack.api_key_file is not None:
+        service["secrets"] = [API_KEY_SECRET]
+    return service
+
+
+def _placement(stack: StackSpec) -> dict[str, object]:
+    """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
+    mbind/set_mempolicy, also for an engine that binds its own memory), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
+    the model staged on a hugetlbfs volume."""
+    extra: dict[str, object] = {}
+    caps = []
+    environment = {}
+    policy = numa_env(stack.numa, stack.numa_nodes)
+    if policy:
+        environment["MOE_STACK_NUMA"] = policy
+    if policy or get_engine(stack.engine).binds_numa_memory:
+        caps.append("SYS_NICE")
+    if stack.hugetlbfs != "off":
+        environment["MOE_STACK_HUGETLBFS"] = HUGETLBFS_DIR
+    if environment:
+        extra["environment"] = environment
+    if stack.mlock:
+        caps.append("IPC_LOCK")
+        extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
+    if caps:
+        extra["cap_add"] = caps
+    if stack.cpuset:
+        extra["cpuset"] = stack.cpuset
+    if stack.gpu != "none":
+        device = ({"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} if stack.gpu == "nvidia"
+                  else {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]})
+        extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+    return extra
+
+
+def _hugetlbfs_volume(page_size: str) -> dict[str, object]:
+    """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
+    (its pages back to the pool) when the last container using it stops."""
+    return {"driver": "local",
+            "driver_opts": {"type": "hugetlbfs", "device": "hugetlbfs",
+                            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700"}}
+
+
+def to_yaml(document: dict[str, object]) -> str:
+    header = "# Generated by moe-stack: re-run the command in x-moe-stack.generated-by to change it.\n"
+    return header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=120)

@@ -1,0 +1,109 @@
+"""The checks of a stack that touch this host: files the engine's user must read, the model's mounts
+(a Hugging Face cache's links), whether this CPU runs the image, whether the port is free."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import stat
+from pathlib import Path
+
+from builder.contract import IMAGE_UID, MODEL_DIR
+from builder.errors import StackError
+from builder.host.probe import CpuInfo, missing_flags
+from builder.images.image_facts import ImageFacts
+from builder.images.targets import best_cpu_target
+from builder.models.planner import split_parts
+from builder.spec import StackSpec
+from builder.stacks.document import StackFiles, directory_mount
+
+
+def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
+    """The model's mounts and the API key file as the stack mounts them, each checked readable by the
+    engine's user; `check=False` (example stacks for another machine) takes the paths as given."""
+    if not check:
+        return StackFiles(model=stack.model, mounts=[directory_mount(stack.model)], api_key=stack.api_key_file)
+    # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
+    # hash, and the engine needs the file's own (split) name.
+    model = stack.model.parent.resolve() / stack.model.name
+    mounts = model_mounts(model)
+    check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
+    key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
+    if key is not None:
+        check_readable_in_container(key, parent_too=False, private_fix=True)
+    return StackFiles(model=model, mounts=mounts, api_key=key)
+
+
+def model_mounts(model: Path) -> list[dict[str, object]]:
+    """The model's mounts: its directory at /models, read-only; or, where its (split) files are links
+    out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each file's
+    target mounted under its own name, so the engine sees the names and nothing else of the cache."""
+    parts = split_parts(model)
+    if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
+        return [{"type": "bind", "source": str(part.resolve()), "target": f"{MODEL_DIR}/{part.name}", "read_only": True}
+                for part in parts]
+    return [directory_mount(model)]
+
+
+def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: bool = True,
+                                private_fix: bool = False) -> None:
+    """The engine runs as `uid` (and group `uid`), not as the file's owner: refuse a file it could not
+    open (and the directory, where the directory is what gets mounted). `private_fix`: suggest the
+    group-readable fix (for a secret, which must not be world-readable)."""
+    model = model.resolve()
+    read, search = (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH), (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+    checks = [(model, read, "o+r")]
+    if parent_too:
+        checks.insert(0, (model.parent, tuple(r | x for r, x in zip(read, search, strict=True)), "o+rx"))
+    for path, (owner, group, other), fix in checks:
+        info = path.stat()
+        need = owner if info.st_uid == uid else group if info.st_gid == uid else other
+        if (info.st_mode & need) != need:
+            how = (f"`chgrp {uid} {path} && chmod 0640 {path}` (readable by the engine's group, not by everyone)"
+                   if private_fix else f"`chmod {fix} {path}` (or chown it to {uid})")
+            raise StackError(f"{path} is not readable by the engine's user (uid {uid}) in the container; run {how}")
+
+
+def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
+    """Refuse an image whose CPU target needs flags this host lacks (it would die at the first
+    AVX-512 instruction); name the flags and the target that fits."""
+    lacking = missing_flags(facts.required_cpu_flags, cpu)
+    if lacking:
+        fits = best_cpu_target(cpu.flags)
+        hint = f"use the {fits.name} image" if fits else "this CPU fits no target"
+        raise StackError(f"image {facts.image} (CPU target {facts.cpu_target}) needs CPU flags this host lacks: "
+                         f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine")
+
+
+def check_config_dir(path: Path) -> Path:
+    """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory."""
+    path = path.expanduser().resolve()
+    if not (path / "config.json").is_file():
+        raise StackError(f"--config-dir {path} has no config.json: give the model's Hugging Face directory "
+                         "(config.json and tokenizer files, no weights needed)")
+    check_readable_in_container(path / "config.json")
+    return path
+
+
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def check_port_free(bind: str, port: int) -> None:
+    """Fail with the port's name when something already listens there."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((bind, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise StackError(f"port {port} on {bind} is already in use; stop what holds it or pick "
+                                 "another with --port") from None
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise StackError(f"--bind {bind} is not an address of this host; use 127.0.0.1 or an "
+                                 "address of one of its interfaces") from None
+            raise

@@ -1,0 +1,82 @@
+"""What goes into a stack, assembled directly from typed options on recorded hosts (no CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from builder.errors import SpecError, StackError
+from builder.host.probe import HostFacts, probe
+from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack
+from tests.hosts import EPYC_9554_FLAGS, fake_host
+
+
+@pytest.fixture
+def epyc(tmp_path: Path) -> HostFacts:
+    """Two sockets of 32 Zen 4 cores with SMT, 288 GiB each."""
+    return probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
+                 nvidia_smi_text="")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_moe_gguf(tmp_path / "models" / "moe.gguf", MoeShape(layers=4))
+
+
+def test_preset_given_options_and_host_placement(epyc: HostFacts, model: Path) -> None:
+    options = StackOptions(model=model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
+                           engine_options=EngineOptions(ctx_size=8192, mla=None))
+    stack = assemble_stack(options, epyc)
+    assert stack.ctx_size == 8192 and stack.mla is None  # given, even as None, wins over the preset's 3
+    assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
+    assert stack.override_tensors == (EXPERTS_ON_CPU_RULE,)
+    assert stack.threads == 64 and stack.numa == "interleave" and stack.numa_node_count == 2  # physical cores
+    assert stack.image == "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cpu-avx2"
+    assert stack.start_period_s >= 60 and stack.project.startswith("moe-stack-moe-")
+
+
+def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> None:
+    options = StackOptions(model=model, override_tensors=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
+                           experts_on_cpu=True, numa_nodes=(1,), threads=8)
+    stack = assemble_stack(options, epyc)
+    assert stack.override_tensors == ("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE)
+    assert (stack.numa, stack.numa_nodes, stack.threads, stack.numa_node_count) == ("cpunodebind", (1,), 8, 1)
+
+
+def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> None:
+    # 2.02 GiB: the 2 GiB compute reserve, attention and a 16k q8_0 cache, and 3 of the 4 layers' experts
+    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=2.02, gpu="nvidia")
+    stack = assemble_stack(options, epyc)
+    assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
+    # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.
+    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": 2.035}), epyc)
+    assert kt.override_tensors == () and kt.gpu_experts == 7
+
+
+def test_for_other_host_ignores_this_topology(epyc: HostFacts, model: Path) -> None:
+    stack = assemble_stack(StackOptions(model=model, for_other_host=True, threads=16), epyc)
+    assert (stack.numa, stack.cpuset, stack.threads, stack.numa_node_count) == ("none", None, 16, 1)
+
+
+def test_refusals(epyc: HostFacts, model: Path) -> None:
+    with pytest.raises(SpecError, match="more than the 64 physical cores"):
+        assemble_stack(StackOptions(model=model, threads=65), epyc)
+    with pytest.raises(SpecError, match="--cpu-image adds a CPU-only profile"):
+        plan_stack(StackOptions(model=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
+    with pytest.raises(StackError, match="runs on AMX, and this CPU lacks"):
+        assemble_stack(StackOptions(model=model, engine="ktransformers", gpu="nvidia",
+                                    engine_options=EngineOptions(kt_method="AMXINT8")), epyc)
+    with pytest.raises(ValidationError, match="hugetlbfs"):
+        StackOptions(model=model, hugetlbfs="3M")  # type: ignore[arg-type]
+
+
+def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:
+    plan = plan_stack(StackOptions(model=model, gpu="nvidia", cpu_image="img:cpu", skip_image_checks=True,
+                                   port=18123), epyc)
+    assert plan.facts is None and plan.cpu_profile is not None
+    cpu_stack, cpu_facts = plan.cpu_profile
+    assert cpu_stack.image == "img:cpu" and cpu_stack.gpu == "none" and cpu_facts is None
