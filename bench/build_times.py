@@ -23,12 +23,12 @@ from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.spec import BaseImages
+from builder.spec import BaseImages, ImageSpec
 
 CHANGED_FILE = "ggml/src/ggml-alloc.c"
 
 
-def timed_build(spec, tree: Path, name: str) -> float:
+def timed_build(spec: ImageSpec, tree: Path, name: str) -> float:
     started = time.monotonic()
     build_image(spec, tree, show=lambda line: None, log_path=cache_dir() / "logs" / f"bench-p5-{name}.log")
     return time.monotonic() - started

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from builder.contract import MODEL_DIR
 from builder.engines import get_engine
+from builder.engines.llama_family import LlamaFamilyEngine
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.image_facts import read_image_facts
@@ -39,6 +40,8 @@ DEFAULT_IMAGE = "localhost/moe-stack-test/llama-cpp:0c1e57098-cpu-avx2"
 def native_server(engine_name: str, cpu: str) -> Path:
     """llama-server built on this host with the image's configure arguments (ccache launchers dropped)."""
     engine = get_engine(engine_name)
+    if not isinstance(engine, LlamaFamilyEngine):
+        raise SystemExit(f"{engine_name} is not built with cmake: the native comparison is for llama.cpp's family")
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
     build = cache_dir() / "native" / f"{engine.slug}-{cpu}"
     binary = build / "bin" / engine.server_target
@@ -77,7 +80,7 @@ def main() -> None:
     compose_file = write_stack(document, cache_dir() / "bench" / "overhead" / "compose.yaml")
     command = [str(native_server(facts.engine, facts.cpu_target))]
     native_port = free_local_port()
-    for arg in document["services"]["engine"]["command"]:  # the stack's flags, host paths and port
+    for arg in get_engine(stack.engine).server_args(stack, facts.server_flags):  # the stack's flags: host paths, port
         command.append(arg.replace(f"{MODEL_DIR}/", f"{model.parent}/").replace("8080", str(native_port)))
     native = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

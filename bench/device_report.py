@@ -37,7 +37,10 @@ def geomean(values: list[float]) -> float:
 
 def report(directory: Path) -> str:
     results = runs((directory / "bench.md").read_text())
-    bandwidth = float(re.search(r"read GB/s ([\d.]+)", (directory / "bandwidth.txt").read_text())[1])
+    found = re.search(r"read GB/s ([\d.]+)", (directory / "bandwidth.txt").read_text())
+    if found is None:
+        raise SystemExit(f"{directory / 'bandwidth.txt'} holds no 'read GB/s' figure")
+    bandwidth = float(found[1])
     models = {m["model"]: m for m in map(json.loads, (directory / "models.txt").read_text().splitlines())}
     lines = [f"# Device benchmarks ({directory.name})", "",
              f"Memory read bandwidth (bench/device/bandwidth.c, 16 threads, best of 5): **{bandwidth:.1f} GB/s**.", ""]
@@ -49,13 +52,13 @@ def report(directory: Path) -> str:
     for round_ in (1, 2):
         avx2 = results.get(f"P2 round {round_}: llama.cpp cpu-avx2, CPU only, A3B 48 layers", {})
         spr = results.get(f"P2 round {round_}: llama.cpp cpu-sapphirerapids, CPU only, A3B 48 layers", {})
-        for test, values in ratios.items():
+        for test, measured in ratios.items():
             if test in avx2 and test in spr:
-                values.append(spr[test] / avx2[test])
+                measured.append(spr[test] / avx2[test])
                 lines.append(f"| {round_} | {test} | {avx2[test]:.1f} | {spr[test]:.1f} | {spr[test] / avx2[test]:.2f} |")
-    for test, values in ratios.items():
-        if values:
-            lines.append(f"| all | {test} | | | **{geomean(values):.2f}** (geometric mean; target ≥ 1.15) |")
+    for test, measured in ratios.items():
+        if measured:
+            lines.append(f"| all | {test} | | | **{geomean(measured):.2f}** (geometric mean; target ≥ 1.15) |")
 
     # P3: hybrid decode against the bandwidth bound.
     lines += ["", "## P3: hybrid decode vs the memory-bandwidth bound (experts on CPU, rest on the H200)", "",

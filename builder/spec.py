@@ -199,6 +199,8 @@ KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "R
 
 
 FlashAttention = Literal["on", "off", "auto"]
+# How the image's entrypoint places the engine's memory and threads with numactl.
+NumaPolicy = Literal["none", "interleave", "membind", "cpunodebind"]
 
 
 class EngineOptions(_Spec):
@@ -252,7 +254,7 @@ class StackSpec(_Spec):
     trust_remote_code: bool = False
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
-    numa: Literal["none", "interleave", "membind", "cpunodebind"] = "none"
+    numa: NumaPolicy = "none"
     numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
     # NUMA nodes the stack's CPUs span: KTransformers runs one CPU thread pool per node.
     numa_node_count: int = Field(default=1, ge=1)

@@ -56,7 +56,8 @@ def main() -> None:
             print(json.dumps({"round": round_, "server": name, "prompt_tokens": speed.prompt_tokens,
                               "prefill_tps": round(speed.prefill, 2), "decode_tps": round(speed.decode, 2)}))
     first, second = args.names
-    summary = {name: {kind: spread(values) for kind, values in kinds.items()} for name, kinds in runs.items()}
+    summary: dict[str, object] = {name: {kind: spread(values) for kind, values in kinds.items()}
+                                  for name, kinds in runs.items()}
     for kind in ("prefill", "decode"):
         ratios = [a / b for a, b in zip(runs[first][kind], runs[second][kind], strict=True)]
         summary[f"{kind}_ratio_{first}_over_{second}"] = spread(ratios)

@@ -8,6 +8,7 @@ the anonymous bearer flow public registries (GHCR, Docker Hub) use for pulls, wi
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.error
@@ -114,7 +115,7 @@ def manifest_digest(repo: Repository, tag: str) -> str:
     return digest
 
 
-def _open(repo: Repository, request: urllib.request.Request, authenticate: bool = True):
+def _open(repo: Repository, request: urllib.request.Request, authenticate: bool = True) -> http.client.HTTPResponse:
     try:
         return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
     except urllib.error.HTTPError as err:

@@ -155,7 +155,7 @@ class _PythonEngine(Engine):
         return {}
 
     def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
-        env = {}
+        env: dict[str, str] = {}
         if tools.gcc_major:
             env.update(CC=f"gcc-{tools.gcc_major}", CXX=f"g++-{tools.gcc_major}")
         return env

@@ -7,9 +7,11 @@ over every node (`numactl --interleave=all`) unless bound to chosen nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from builder.errors import SpecError
 from builder.host.probe import HostFacts
+from builder.spec import NumaPolicy
 
 # hugetlbfs page sizes a stack may ask for, in kB (the unit of /sys/kernel/mm/hugepages).
 HUGEPAGE_KB = {"2M": 2048, "1G": 1024 * 1024}
@@ -17,21 +19,25 @@ HUGEPAGE_KB = {"2M": 2048, "1G": 1024 * 1024}
 
 @dataclass(frozen=True)
 class Placement:
-    numa: str  # none, interleave, membind, cpunodebind
+    numa: NumaPolicy
     numa_nodes: tuple[int, ...]
     cpuset: str | None  # None: no restriction needed (every CPU is a physical core of the chosen nodes)
     threads: int
 
 
-def place(host: HostFacts, numa: str = "auto", nodes: tuple[int, ...] = (), threads: int | None = None) -> Placement:
+def place(host: HostFacts, numa: NumaPolicy | Literal["auto"] = "auto", nodes: tuple[int, ...] = (),
+          threads: int | None = None) -> Placement:
     """Pick the NUMA policy, cpuset and thread count for `host`; SpecError on impossible requests."""
     known = {n.node for n in host.nodes}
     unknown = sorted(set(nodes) - known)
     if unknown:
         raise SpecError(f"NUMA node(s) {', '.join(map(str, unknown))} don't exist on this host (it has "
                         f"{', '.join(map(str, sorted(known))) or 'none'}); see `moe-stack doctor`")
+    policy: NumaPolicy
     if numa == "auto":
-        numa = "cpunodebind" if nodes else ("interleave" if len(known) > 1 else "none")
+        policy = "cpunodebind" if nodes else ("interleave" if len(known) > 1 else "none")
+    else:
+        policy = numa
     chosen = [n for n in host.nodes if not nodes or n.node in nodes]
     physical = sorted(cpu for node in chosen for cpu in node.physical_cpus)
     if not physical:  # no sysfs topology here: fall back to the CPU count
@@ -41,7 +47,7 @@ def place(host: HostFacts, numa: str = "auto", nodes: tuple[int, ...] = (), thre
         raise SpecError(f"--threads {threads} is more than the {len(physical)} physical cores of the chosen NUMA "
                         f"nodes; SMT siblings slow MoE decode: use --threads {len(physical)} or fewer")
     every_cpu = sum(len(n.cpus) for n in chosen) == len(physical) and len(chosen) == len(host.nodes)
-    return Placement(numa=numa, numa_nodes=tuple(nodes), cpuset=None if every_cpu else cpulist(physical),
+    return Placement(numa=policy, numa_nodes=tuple(nodes), cpuset=None if every_cpu else cpulist(physical),
                      threads=threads)
 
 

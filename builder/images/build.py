@@ -7,11 +7,11 @@ from __future__ import annotations
 import shlex
 import tempfile
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypedDict
 
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
@@ -33,6 +33,28 @@ RUNTIME_STAGE = "runtime"
 CONTRACT_STAGE = "contract"
 
 
+class _BuildxRequired(TypedDict):
+    context_path: Path
+    file: Path
+    target: str
+    tags: list[str]
+    labels: dict[str, str]
+    build_contexts: dict[str, str | Path]
+    load: bool
+
+
+class BuildxArgs(_BuildxRequired, total=False):
+    """`docker.buildx.build`'s arguments, typed as python-on-whales takes them."""
+
+    output: dict[str, str]
+    push: bool
+    sbom: bool
+    provenance: dict[str, str]
+    cache_from: str
+    cache_to: str
+    metadata_file: Path
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     context: Path
@@ -44,27 +66,21 @@ class BuildPlan:
     output: dict[str, str] = field(default_factory=dict)
     # Publishing (CI): push instead of load, with SBOM and provenance attestations, a cache to share.
     push: bool = False
-    cache_from: tuple[str, ...] = ()
+    cache_from: str | None = None
     cache_to: str | None = None
     metadata_file: Path | None = None
 
-    def kwargs(self) -> dict[str, object]:
+    def kwargs(self) -> BuildxArgs:
         """Arguments for `docker.buildx.build`."""
-        kwargs: dict[str, object] = {
-            "context_path": self.context,
-            "file": self.context / "Dockerfile",
-            "target": self.target,
-            "tags": list(self.tags),
-            "labels": dict(self.labels),
-            "build_contexts": dict(self.build_contexts),
-            "load": self.load,
-        }
+        kwargs = BuildxArgs(context_path=self.context, file=self.context / "Dockerfile", target=self.target,
+                            tags=list(self.tags), labels=dict(self.labels),
+                            build_contexts=dict[str, str | Path](self.build_contexts), load=self.load)
         if self.output:
             kwargs["output"] = dict(self.output)
         if self.push:
-            kwargs.update(push=True, sbom=True, provenance={"mode": "max"})
+            kwargs["push"], kwargs["sbom"], kwargs["provenance"] = True, True, {"mode": "max"}
         if self.cache_from:
-            kwargs["cache_from"] = list(self.cache_from)
+            kwargs["cache_from"] = self.cache_from
         if self.cache_to:
             kwargs["cache_to"] = self.cache_to
         if self.metadata_file:
@@ -86,8 +102,8 @@ class BuildPlan:
             argv.append("--load")
         if self.push:
             argv += ["--push", "--sbom=true", "--provenance=mode=max"]
-        for cache in self.cache_from:
-            argv += ["--cache-from", cache]
+        if self.cache_from:
+            argv += ["--cache-from", self.cache_from]
         if self.cache_to:
             argv += ["--cache-to", self.cache_to]
         if self.metadata_file:
@@ -107,7 +123,7 @@ class BuildPlan:
         all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
         scope = cache_key(spec)
         return replace(self, tags=(image_tag(spec), alias_image_tag(spec)), load=False, push=True,
-                       cache_from=(f"type=gha,scope={scope}",) if gha_cache else (),
+                       cache_from=f"type=gha,scope={scope}" if gha_cache else None,
                        cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
                        metadata_file=metadata_file)
 
@@ -160,7 +176,11 @@ def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: P
     """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail."""
     tail: deque[str] = deque(maxlen=25)
     try:
-        for line in client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True):
+        lines = client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True)
+        if not isinstance(lines, Iterator):  # stream_logs=True returns the log's lines
+            raise BuildFailed(f"buildx returned {type(lines).__name__}, not its log (full log: {log_path})",
+                              log_path=str(log_path))
+        for line in lines:
             line = line.rstrip("\n")
             log.write(line + "\n")
             tail.append(line)

@@ -59,7 +59,7 @@ def published() -> list[ImageSpec]:
     return [v.spec for v in variants() if v.spec is not None]
 
 
-def ci_rows() -> list[dict[str, object]]:
+def ci_rows() -> list[dict[str, str]]:
     """One row per published image, as CI's job matrix wants them."""
     rows = []
     for spec in published():

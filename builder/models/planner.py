@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 
@@ -102,8 +103,8 @@ def read_facts(path: Path) -> ModelFacts:
     """ModelFacts from a GGUF's header (every part of a split one); ModelError when unreadable."""
     parts = split_parts(path)
     reader = _open(parts[0])
-    arch = str(_field(reader, "general.architecture", str))
-    layers = int(_field(reader, f"{arch}.block_count", int))
+    arch = _text(reader, "general.architecture")
+    layers = _number(reader, f"{arch}.block_count")
     if not 1 <= layers <= MAX_LAYERS:
         raise ModelError(f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}")
     expert = [0] * layers
@@ -119,48 +120,67 @@ def read_facts(path: Path) -> ModelFacts:
                 expert[layer] += int(tensor.n_bytes)
             else:
                 other += int(tensor.n_bytes)
-    heads = int(_field(reader, f"{arch}.attention.head_count", int))
-    embd = int(_field(reader, f"{arch}.embedding_length", int))
+    heads = _number(reader, f"{arch}.attention.head_count")
+    embd = _number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
         raise ModelError(f"{path} says it has {heads} attention heads and embedding length {embd}; the file is corrupt")
-    experts = int(_field(reader, f"{arch}.expert_count", int, default=0))
+    experts = _number(reader, f"{arch}.expert_count", default=0)
     if not 0 <= experts <= MAX_EXPERTS:
         raise ModelError(f"{path} says it has {experts} experts per layer; a model has at most {MAX_EXPERTS}")
-    kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", int, default=heads))
-    key_dim = int(_field(reader, f"{arch}.attention.key_length", int, default=embd // heads))
-    value_dim = int(_field(reader, f"{arch}.attention.value_length", int, default=embd // heads))
+    kv_heads = _number(reader, f"{arch}.attention.head_count_kv", default=heads)
+    key_dim = _number(reader, f"{arch}.attention.key_length", default=embd // heads)
+    value_dim = _number(reader, f"{arch}.attention.value_length", default=embd // heads)
     mla_dim = None
     if f"{arch}.attention.kv_lora_rank" in reader.fields:
-        mla_dim = int(_field(reader, f"{arch}.attention.kv_lora_rank", int)) + \
-            int(_field(reader, f"{arch}.rope.dimension_count", int))
+        mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + \
+            _number(reader, f"{arch}.rope.dimension_count")
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
                       kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
                       expert_count=experts)
 
 
-def _field(reader: gguf.GGUFReader, key: str, kind: type, default: object = None) -> object:
+def _value(reader: gguf.GGUFReader, key: str) -> Any:
+    """The raw value array of metadata `key`, None when the GGUF lacks it."""
     field_ = reader.fields.get(key)
     if field_ is None:
-        if default is not None:
-            return default
-        raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
+        return None
     value = field_.parts[field_.data[0]] if field_.data else None
     if value is None or len(value) == 0:
         raise ModelError(f"the GGUF's {key} is empty; the file is corrupt")
-    if kind is str:
-        try:
-            return bytes(value).decode()
-        except UnicodeDecodeError:
-            raise ModelError(f"the GGUF's {key} is not UTF-8 text; the file is corrupt") from None
-    return value[0]
+    return value
+
+
+def _text(reader: gguf.GGUFReader, key: str) -> str:
+    value = _value(reader, key)
+    if value is None:
+        raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
+    try:
+        return bytes(value).decode()
+    except UnicodeDecodeError:
+        raise ModelError(f"the GGUF's {key} is not UTF-8 text; the file is corrupt") from None
+
+
+def _number(reader: gguf.GGUFReader, key: str, default: int | None = None) -> int:
+    value = _value(reader, key)
+    if value is None:
+        if default is not None:
+            return default
+        raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
+    return int(value[0])
 
 
 def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool) -> int:
     """KV cache bytes for `ctx` tokens: per layer K and V rows, or with MLA the compressed latent."""
-    if cache_type not in CACHE_BYTES:
-        raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
     per_token = facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
-    return int(per_token * ctx * facts.layers * CACHE_BYTES[cache_type])
+    return int(per_token * ctx * facts.layers * cache_element_bytes(cache_type))
+
+
+def cache_element_bytes(cache_type: str) -> float:
+    """Bytes per cached element of a KV cache type; SpecError naming the types for an unknown one."""
+    for known, size in CACHE_BYTES.items():
+        if known == cache_type:
+            return size
+    raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
 
 
 def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_type: str = "f16", mla: bool = False,
@@ -172,7 +192,7 @@ def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_typ
     if gpu > vram_bytes:
         raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve need "
                         f"{size(gpu)} of VRAM, {size(gpu - vram_bytes)} more than the {size(vram_bytes)} given; "
-                        f"lower --ctx-size{', use --cache-type q8_0' if CACHE_BYTES[cache_type] >= 2 else ''} "
+                        f"lower --ctx-size{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
                         "or use a larger GPU")
     if cpu > ram_bytes:
         raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "

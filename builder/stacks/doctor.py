@@ -91,7 +91,7 @@ def _thp(host: HostFacts) -> Finding:
 
 
 def _hugepages(host: HostFacts) -> Finding:
-    pools = {}
+    pools: dict[int, list[str]] = {}
     for node in host.nodes:
         for page_kb, count in node.hugepages.items():
             if count:

@@ -51,10 +51,11 @@ def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: b
     open (and the directory, where the directory is what gets mounted). `private_fix`: suggest the
     group-readable fix (for a secret, which must not be world-readable)."""
     model = model.resolve()
-    read, search = (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH), (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH)
+    read = (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH)
+    read_search = (stat.S_IRUSR | stat.S_IXUSR, stat.S_IRGRP | stat.S_IXGRP, stat.S_IROTH | stat.S_IXOTH)
     checks = [(model, read, "o+r")]
     if parent_too:
-        checks.insert(0, (model.parent, tuple(r | x for r, x in zip(read, search, strict=True)), "o+rx"))
+        checks.insert(0, (model.parent, read_search, "o+rx"))
     for path, (owner, group, other), fix in checks:
         info = path.stat()
         need = owner if info.st_uid == uid else group if info.st_gid == uid else other

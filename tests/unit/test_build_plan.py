@@ -57,7 +57,8 @@ def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tm
                               "ghcr.io/acme/ik-llama-cpp:cuda12.8-zen4"]
     assert kwargs["push"] is True and kwargs["load"] is False
     assert kwargs["sbom"] is True and kwargs["provenance"] == {"mode": "max"}
-    assert kwargs["cache_from"] == ["type=gha,scope=ik-llama-cpp-cuda12.8-zen4"]
+    # One string: python-on-whales reads a list as dicts (a list of strings was an AttributeError)
+    assert kwargs["cache_from"] == "type=gha,scope=ik-llama-cpp-cuda12.8-zen4"
     assert kwargs["cache_to"] == "type=gha,mode=max,scope=ik-llama-cpp-cuda12.8-zen4"
     contract = plan.contract_step(tmp_path / "c").kwargs()
     assert "push" not in contract and "cache_to" not in contract and contract["cache_from"] == kwargs["cache_from"]

@@ -21,36 +21,43 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
         assert needle in lines[0], lines[0]
 
 
+@pytest.mark.cli
 def test_unknown_engine(tmp_path: Path) -> None:
     result = run_cli("render", "--engine", "vllm", "--out", str(tmp_path / "out"))
     assert_one_line_error(result, "unknown engine 'vllm'", "llama.cpp, ik_llama.cpp")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.cli
 def test_unknown_isa(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("render", "--cpu", "avx9", "--out", str(tmp_path / "o")), "unknown CPU target 'avx9'")
 
 
+@pytest.mark.cli
 def test_bad_ref() -> None:
     assert_one_line_error(run_cli("render", "--ref", "a b"), "ref: 'a b' must be", "image tag")
 
 
+@pytest.mark.cli
 def test_source_missing(tmp_path: Path) -> None:
     result = run_cli("build", "--source", str(tmp_path / "missing"), "--dry-run")
     assert_one_line_error(result, "no such file or directory", "pypi:llama-cpp-python")
 
 
+@pytest.mark.cli
 def test_source_not_an_engine_tree(tmp_path: Path) -> None:
     result = run_cli("build", "--engine", "ik_llama.cpp", "--source", str(tmp_path), "--dry-run")
     assert_one_line_error(result, "is not a ik_llama.cpp source tree")
 
 
+@pytest.mark.cli
 def test_model_missing(tmp_path: Path) -> None:
     result = run_cli("compose", "--model", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "c.yaml"))
     assert_one_line_error(result, "does not exist")
     assert not (tmp_path / "c.yaml").exists()
 
 
+@pytest.mark.cli
 def test_port_in_use(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF\x03\x00\x00\x00")
@@ -63,6 +70,7 @@ def test_port_in_use(tmp_path: Path) -> None:
     assert not (tmp_path / "c.yaml").exists()
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("verb", ["up", "build", "base"])
 def test_docker_daemon_unreachable(tmp_path: Path, verb: str) -> None:
     compose_file = tmp_path / "compose.yaml"
@@ -76,6 +84,7 @@ def test_docker_daemon_unreachable(tmp_path: Path, verb: str) -> None:
     assert_one_line_error(result, "can't reach the Docker daemon")
 
 
+@pytest.mark.cli
 def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"
@@ -88,6 +97,7 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     assert "127.0.0.1" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text and "--no-warmup" in text
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--cpu-image", "img:cpu"], "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia"),
     (["--hugetlbfs", "3M"], "hugetlbfs: Input should be 'off', '2M' or '1G'"),
@@ -102,12 +112,14 @@ def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) ->
     assert not (tmp_path / "c.yaml").exists()
 
 
+@pytest.mark.cli
 def test_up_with_a_profile_the_file_lacks(tmp_path: Path) -> None:
     compose_file = tmp_path / "compose.yaml"
     compose_file.write_text("services: {engine: {image: x}}\n")
     assert_one_line_error(run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)")
 
 
+@pytest.mark.cli
 def test_bundle_of_a_foreign_compose_file(tmp_path: Path) -> None:
     compose_file = tmp_path / "compose.yaml"
     compose_file.write_text("services: {web: {image: nginx}}\n")
@@ -116,6 +128,7 @@ def test_bundle_of_a_foreign_compose_file(tmp_path: Path) -> None:
     assert not (tmp_path / "b.tar").exists()
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize(("content", "needle"), [
     (None, "does not exist"),
     (b"\x00" * 100, "is truncated or not a tar archive"),
@@ -129,6 +142,7 @@ def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None
     assert not (tmp_path / "dest" / "compose.yaml").exists()
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize(("source", "needle"), [
     ("acme", "does not start with a registry host"),
     ("127.0.0.1:9/x", "registry 127.0.0.1:9 is unreachable"),  # port 9 (discard): nothing listens
@@ -137,6 +151,7 @@ def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
     assert_one_line_error(run_cli("pull", "--from", source), needle)
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize(("args", "needles"), [
     (["base", "--cuda", "12.8"], ["CUDA 12.8 has no compiler on PyPI", "--cuda-base nvidia"]),
     (["render", "--cuda", "12.6", "--cuda-base", "pypi"], ["CUDA 12.6 has no compiler on PyPI"]),
@@ -152,6 +167,7 @@ def test_cuda_base_refusals(args: list[str], needles: list[str], tmp_path: Path)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.cli
 def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
     """A path holding `[/]` once crashed rich's markup parser (MarkupError, a traceback)."""
     out = tmp_path / "x[/]y[bold]"

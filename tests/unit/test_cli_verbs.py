@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import gguf
+import pytest
 import yaml
 
 from builder.images.matrix import cuda_target
@@ -15,6 +16,7 @@ from tests.cli import run_cli
 from tests.specs import mainline_tree
 
 
+@pytest.mark.cli
 def test_render_writes_a_build_context(tmp_path: Path) -> None:
     result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--cuda", "12.8", "--out", str(tmp_path / "ctx"))
     assert result.returncode == 0, result.stderr
@@ -25,6 +27,7 @@ def test_render_writes_a_build_context(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "ctx/image.json").read_text())["cuda_archs"] == [86, 89, 90, 120]
 
 
+@pytest.mark.cli
 def test_dry_run_prints_both_build_calls(tmp_path: Path) -> None:
     tree = mainline_tree(tmp_path / "src")
     result = run_cli("build", "--source", str(tree), "--ref", "mine", "--dry-run",
@@ -36,6 +39,7 @@ def test_dry_run_prints_both_build_calls(tmp_path: Path) -> None:
     assert (tmp_path / "cache/moe-stack/contexts/llama-cpp-mine-cpu-avx2/Dockerfile").is_file()
 
 
+@pytest.mark.cli
 def test_cmake_args_match_the_image(tmp_path: Path) -> None:
     result = run_cli("cmake-args", "--engine", "ik_llama.cpp", "--cpu", "sapphirerapids", "--cuda", "13.0",
                      "--cuda-archs", "90", "--no-ccache")
@@ -44,6 +48,7 @@ def test_cmake_args_match_the_image(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == [a for a in configure_args(spec) if "_COMPILER_LAUNCHER=" not in a]
 
 
+@pytest.mark.cli
 def test_synth_moe_and_plan(tmp_path: Path) -> None:
     model = tmp_path / "tiny.gguf"
     made = run_cli("synth-moe", str(model), "--layers", "2", "--experts", "4")
@@ -57,6 +62,7 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "multiple of 32" in refused.stderr
 
 
+@pytest.mark.cli
 def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"
@@ -73,6 +79,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     assert "blk\\.(0|1)\\.ffn_.*_exps\\.weight=CUDA0" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text
 
 
+@pytest.mark.cli
 def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"

@@ -44,6 +44,7 @@ def _emitted(tmp_path: Path) -> list[Path]:
     return files
 
 
+@pytest.mark.lint
 @pytest.mark.parametrize("which", ["examples", "emitted"])
 def test_every_finding_is_justified_by_the_stack(which: str, tmp_path: Path) -> None:
     for compose_file in EXAMPLES if which == "examples" else _emitted(tmp_path):

@@ -47,6 +47,7 @@ def test_base_dockerfile_matches_golden() -> None:
     assert GOLDEN.read_text() == text, "re-render with MOE_STACK_UPDATE_GOLDEN=1"
 
 
+@pytest.mark.lint
 def test_base_dockerfile_is_hadolint_clean(tmp_path: Path) -> None:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(_render()["Dockerfile"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from builder.host.probe import probe
 from builder.images.toolchain import highest_cuda
 from builder.stacks.doctor import diagnose
@@ -47,6 +49,7 @@ def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
     assert _by_topic(diagnose(host, True, True, 500 * GIB))["cpu"].message.startswith("best CPU target: sapphirerapids")
 
 
+@pytest.mark.cli
 def test_doctor_cli_on_a_recorded_tree(tmp_path: Path) -> None:
     root = fake_host(tmp_path / "host", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288,
                      numa_balancing=1, thp="never")

@@ -102,6 +102,7 @@ def test_invalid_utf8_architecture_and_duplicate_keys(tmp_path: Path) -> None:
         read_facts(path)
 
 
+@pytest.mark.cli
 def test_the_plan_verb_says_one_line(tmp_path: Path) -> None:
     path = tmp_path / "hostile.gguf"
     path.write_bytes(_header(0, [_kv(b"a", 9, struct.pack("<IQ", 0, 1 << 63))]))

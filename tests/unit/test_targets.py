@@ -82,6 +82,7 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
             "tag": "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cuda12.8-zen5"} in rows
 
 
+@pytest.mark.cli
 def test_matrix_json_for_ci() -> None:
     result = run_cli("matrix", "--json")
     assert result.returncode == 0
