@@ -215,6 +215,13 @@ class EngineOptions(_Spec):
     mla: int | None = None
     moe_offload_batch: int | None = None
     kt_method: KtMethod | None = None
+    # The server's default sampling (a request's own values still win) and its batch sizes.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    batch_size: int | None = None
+    ubatch_size: int | None = None
 
     def over(self, base: EngineOptions) -> EngineOptions:
         """`base` with the options set here (given explicitly, even as None) replacing its own."""
@@ -235,6 +242,10 @@ class StackSpec(_Spec):
     parallel: int = Field(default=1, ge=1, le=256)
     override_tensors: tuple[str, ...] = ()
     chat_template: str | None = None  # a built-in template name, for GGUFs that carry none
+    # The model's name in the API (/v1/models, a request's "model"): the same whatever the engine.
+    served_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")
+    jinja: bool = True  # the model's own (Jinja) chat template: tool calls and the thinking switch need it
+    metrics: bool = True  # the engine's Prometheus endpoint (/metrics), behind the same loopback port
     # Neutral engine options, translated per engine version by its adapter (None: engine default).
     flash_attention: FlashAttention | None = None
     fused_moe: bool | None = None
@@ -244,6 +255,14 @@ class StackSpec(_Spec):
     # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
     # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
     moe_offload_batch: int | None = Field(default=None, ge=1)
+    # Server-side sampling defaults (model cards: R1 0.6 / top-p 0.95; Qwen3 0.6 / 0.95 / top-k 20 /
+    # min-p 0) and batch sizes (larger -ub speeds hybrid prefill, ik PR #728).
+    temperature: float | None = Field(default=None, ge=0, le=5)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    ubatch_size: int | None = Field(default=None, ge=1)
     # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
     # read weights converted by kt-kernel), and how many experts per layer stay on the GPU.
     kt_method: KtMethod | None = None
@@ -279,6 +298,9 @@ class StackSpec(_Spec):
     def _consistent(self) -> StackSpec:
         if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
             raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        if self.batch_size is not None and self.ubatch_size is not None and self.ubatch_size > self.batch_size:
+            raise ValueError(f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
+                             "batch is part of a logical one; raise --batch-size or lower --ubatch-size")
         if self.hugepages and self.hugetlbfs != "off":
             raise ValueError("--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
                              "onto a hugetlbfs volume) are two ways to the same pool: pick one")

@@ -49,6 +49,15 @@ def compose(
     experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
     fit_vram_gb: Annotated[float | None, typer.Option("--fit-vram-gb", help="plan expert placement for this much VRAM (moe-stack plan): the first layers' experts go to the GPU")] = None,
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
+    served_name: Annotated[str | None, typer.Option("--served-name", help="the model's name in the API (default: the preset's name, else the model's file name without its split suffix)")] = None,
+    jinja: Annotated[bool, typer.Option("--jinja/--no-jinja", help="the model's Jinja chat template (tool calls, thinking); on where the image has it")] = True,
+    metrics: Annotated[bool, typer.Option("--metrics/--no-metrics", help="the engine's Prometheus endpoint /metrics; on where the image has it")] = True,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="server-side default temperature (default: the preset's, else the engine's)")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="server-side default top-p")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="server-side default top-k")] = None,
+    min_p: Annotated[float | None, typer.Option("--min-p", help="server-side default min-p")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", "-b", help="logical batch size (default: the preset's, else the engine's)")] = None,
+    ubatch_size: Annotated[int | None, typer.Option("--ubatch-size", "-ub", help="physical batch size; larger speeds hybrid prefill and takes more VRAM")] = None,
     flash_attention: Annotated[str | None, typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)")] = None,
     fused_moe: Annotated[bool | None, typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)")] = None,
     moe_offload_batch: Annotated[int | None, typer.Option("--moe-offload-batch", help="ik_llama.cpp: prefill batches of CPU experts go to the GPU from this size (32 × used / all experts matches mainline)")] = None,
@@ -76,13 +85,15 @@ def compose(
     """Emit a compose file that serves MODEL with ENGINE's image."""
     given = {"ctx_size": ctx_size, "flash_attention": flash_attention, "fused_moe": fused_moe, "mla": mla,
              "moe_offload_batch": moe_offload_batch, "kt_method": kt_method, "gpu_layers": gpu_layers,
-             "cache_type": cache_type}
+             "cache_type": cache_type, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+             "batch_size": batch_size, "ubatch_size": ubatch_size}
     options = StackOptions.model_validate({
         "model": model, "engine": engine, "image": image, "cpu_image": cpu_image, "project": project, "port": port,
         "bind": bind, "preset": preset,
         "engine_options": EngineOptions.model_validate({k: v for k, v in given.items() if v is not None}),
         "threads": threads, "parallel": parallel, "override_tensors": tuple(override_tensor or ()),
-        "experts_on_cpu": experts_on_cpu, "fit_vram_gb": fit_vram_gb, "chat_template": chat_template, "numa": numa,
+        "experts_on_cpu": experts_on_cpu, "fit_vram_gb": fit_vram_gb, "chat_template": chat_template,
+        "served_name": served_name, "jinja": jinja, "metrics": metrics, "numa": numa,
         "numa_nodes": int_list(numa_nodes, "--numa-nodes"), "gpu": gpu, "config_dir": config_dir,
         "trust_remote_code": trust_remote_code, "gpu_experts": gpu_experts, "mlock": mlock, "hugepages": hugepages,
         "hugetlbfs": hugetlbfs, "shm_size": shm_size, "api_key_file": api_key_file,

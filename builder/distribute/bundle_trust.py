@@ -23,7 +23,7 @@ ALLOWED_CAPS = frozenset({"SYS_NICE", "IPC_LOCK"})
 # volumes_from, user...) was added by someone else.
 SERVICE_KEYS = frozenset({"image", "command", "ports", "volumes", "read_only", "tmpfs", "shm_size", "cap_drop",
                           "security_opt", "healthcheck", "restart", "environment", "cap_add", "ulimits", "cpuset",
-                          "deploy", "secrets", "profiles"})
+                          "deploy", "secrets", "profiles", "logging"})
 TOP_KEYS = frozenset({"name", "x-moe-stack", "services", "volumes", "secrets"})
 _BIND_TARGETS = frozenset({MODEL_DIR, CONFIG_DIR})
 
@@ -107,6 +107,11 @@ def _check_service(name: str, service: object, listed_images: dict[str, str]) ->
             service.get("read_only") is not True:
         raise UntrustedBundle(f"service {name} loosens moe-stack's defaults (cap_drop ALL, no-new-privileges, "
                               "read-only root)")
+    logging = service.get("logging", {"driver": "json-file"})
+    if not isinstance(logging, dict) or logging.get("driver") != "json-file" or \
+            not set(logging.get("options") or {}) <= {"max-size", "max-file"}:
+        raise UntrustedBundle(f"service {name} sends its logs elsewhere ({logging!r}); a moe-stack stack keeps them "
+                              "in Docker's rotated json-file logs")
     for volume in service.get("volumes") or []:
         if not isinstance(volume, dict):
             raise UntrustedBundle(f"service {name} has a short-syntax volume {volume!r}; moe-stack writes long syntax")

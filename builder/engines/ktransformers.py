@@ -12,6 +12,7 @@ from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_D
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import StackError
 from builder.host.probe import CpuInfo, missing_flags
+from builder.images.flags import has_flag
 from builder.images.source import clone_commands
 from builder.images.toolchain import Toolchain, python_toolchain
 from builder.spec import (
@@ -160,6 +161,11 @@ class _PythonEngine(Engine):
             env.update(CC=f"gcc-{tools.gcc_major}", CXX=f"g++-{tools.gcc_major}")
         return env
 
+    def refused_sampling(self, stack: StackSpec) -> dict[str, bool]:
+        """Server-side sampling defaults this engine has no flag for (SGLang takes the model's
+        generation_config.json, which holds the model card's values, and each request's own)."""
+        return {"--temperature": stack.temperature is not None, "--top-p": stack.top_p is not None}
+
     @abstractmethod
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
         """The pip commands that fill the venv, with the wheelhouse mounted at /wheelhouse."""
@@ -187,6 +193,11 @@ class _PythonEngine(Engine):
             "--mlock": stack.mlock,
             "--api-key-file": stack.api_key_file is not None,
             "--chat-template": stack.chat_template is not None,
+            "--top-k": stack.top_k is not None,
+            "--min-p": stack.min_p is not None,
+            "--batch-size": stack.batch_size is not None,
+            "--ubatch-size": stack.ubatch_size is not None,
+            **self.refused_sampling(stack),
         }
         given = [option for option, used in refused.items() if used]
         if given:
@@ -208,7 +219,7 @@ class KTransformers(_PythonEngine):
     runtime_dispatch = True  # kt-kernel loads one of its _kt_kernel_ext_* variants at run time
     stack_flags = frozenset({"--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
                              "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests",
-                             "--trust-remote-code", "--host", "--port"})
+                             "--trust-remote-code", "--host", "--port", "--served-model-name", "--enable-metrics"})
     model_flags = ("--model-path", "--kt-weight-path")
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
@@ -290,6 +301,10 @@ class KTransformers(_PythonEngine):
             args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
         if stack.gpu_experts is not None:
             args += ["--kt-num-gpu-experts", str(stack.gpu_experts)]
+        if stack.served_name is not None and has_flag(flags, "--served-model-name"):
+            args += ["--served-model-name", stack.served_name]
+        if stack.metrics and has_flag(flags, "--enable-metrics"):
+            args.append("--enable-metrics")
         if stack.trust_remote_code:
             args.append("--trust-remote-code")
         return args + list(stack.extra_args)
@@ -305,7 +320,8 @@ class KTransformersLegacy(_PythonEngine):
     server_module = "ktransformers.server.main"
     package_dir = "."
     cuda_only = True  # its build compiles CUDA kernels
-    stack_flags = frozenset({"--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port"})
+    stack_flags = frozenset({"--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port",
+                             "--model_name", "--temperature", "--top_p"})
     model_flags = ("--model_path", "--gguf_path")
     health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
@@ -343,6 +359,16 @@ class KTransformersLegacy(_PythonEngine):
         if stack.trust_remote_code:
             raise StackError("ktransformers-legacy (0.2.x) has no --trust-remote-code switch (its server decides "
                              "itself): drop it")
-        return ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
-                "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
-                *stack.extra_args]
+        args = ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
+                "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+        if stack.served_name is not None and has_flag(flags, "--model_name"):
+            args += ["--model_name", stack.served_name]
+        # 0.2.x's server-side sampling defaults (its metrics: none).
+        if stack.temperature is not None:
+            args += ["--temperature", f"{stack.temperature:g}"]
+        if stack.top_p is not None:
+            args += ["--top_p", f"{stack.top_p:g}"]
+        return args + list(stack.extra_args)
+
+    def refused_sampling(self, stack: StackSpec) -> dict[str, bool]:
+        return {}

@@ -20,6 +20,7 @@ class LlamaCpp(LlamaFamilyEngine):
     sdist_ref = "0c1e57098"  # what that sdist vendors: its image is the default ref's image
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
+    jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
 
     def is_source_tree(self, path: Path) -> bool:
         has_server = (path / "tools/server").is_dir() or (path / "examples/server").is_dir()

@@ -9,7 +9,7 @@ from pathlib import Path
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import StackError
-from builder.images.flags import takes_value
+from builder.images.flags import has_flag, takes_value
 from builder.images.source import clone_commands
 from builder.images.targets import GGML_X86_FEATURES
 from builder.images.toolchain import Toolchain
@@ -22,11 +22,16 @@ class LlamaFamilyEngine(Engine):
     template = "llama-cpp-family/Dockerfile.j2"
     server_label = "llama-server"
     server_target: str = "llama-server"
+    jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
     needs_build_info_shim: bool = False
     stack_flags = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "-np",
                              "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock", "--api-key",
                              "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers", "-ctk", "--cache-type-k",
-                             "-ctv", "--cache-type-v"})
+                             "-ctv", "--cache-type-v", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
+                             "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size"})
+    # The neutral sampling and batch options, and the flag each is written as.
+    option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
+                    ("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size"))
     model_flags = ("-m", "--model")
     # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
     parser_sources: tuple[str, ...] = ()
@@ -128,8 +133,19 @@ class LlamaFamilyEngine(Engine):
         ]
         for rule in stack.override_tensors:
             args += ["--override-tensor", rule]
+        # On by default, so written where this build has them (an older build just goes without).
+        if stack.served_name is not None and has_flag(flags, "--alias"):
+            args += ["--alias", stack.served_name]
+        if stack.metrics and has_flag(flags, "--metrics"):
+            args.append("--metrics")
         if stack.chat_template:
+            # A built-in template's name is read by the non-Jinja path only: with Jinja on, the name
+            # itself would be the template (every prompt rendered as the word "gemma").
             args += ["--chat-template", stack.chat_template]
+            if (flags is None and self.jinja_by_default) or (flags is not None and "--no-jinja" in flags):
+                args.append("--no-jinja")
+        elif stack.jinja and has_flag(flags, "--jinja"):
+            args.append("--jinja")
         if stack.gpu_layers is not None:
             args += ["--n-gpu-layers", str(stack.gpu_layers)]
         if stack.cache_type is not None:
@@ -142,6 +158,12 @@ class LlamaFamilyEngine(Engine):
             args += self.mla_args(stack.mla, flags)
         if stack.moe_offload_batch is not None:
             args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
+        for field, flag in self.option_flags:
+            value = getattr(stack, field)
+            if value is not None:
+                if not has_flag(flags, flag):
+                    raise StackError(f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}")
+                args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         if stack.hugepages:
             args += self.hugepages_args(flags)
         if stack.mlock:

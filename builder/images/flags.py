@@ -80,3 +80,9 @@ def check_args(args: list[str], flags: dict[str, str], who: str) -> None:
 def takes_value(flags: dict[str, str], flag: str) -> bool:
     """Whether `flag` is given a value (e.g. ik's `-fa` became `-fa on|off|auto` in PR #863)."""
     return bool(flags.get(flag))
+
+
+def has_flag(flags: dict[str, str] | None, flag: str) -> bool:
+    """Whether the image's contract lists `flag`; an unknown contract (None) is taken to have it, and
+    the adapter writes its engine's current syntax."""
+    return flags is None or flag in flags

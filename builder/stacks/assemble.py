@@ -7,6 +7,7 @@ The command line builds a StackOptions and calls `plan_stack`; tests call it wit
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -48,6 +49,9 @@ class StackOptions(BaseModel):
     experts_on_cpu: bool = False
     fit_vram_gb: float | None = Field(default=None, gt=0)
     chat_template: str | None = None
+    served_name: str | None = None  # default: the preset's name, else the model's name without its split suffix
+    jinja: bool = True
+    metrics: bool = True
     numa: Literal["auto", "none", "interleave", "membind", "cpunodebind"] = "auto"
     numa_nodes: tuple[int, ...] = ()
     gpu: Literal["none", "nvidia", "cdi"] = "none"
@@ -102,6 +106,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         parallel=options.parallel,
         override_tensors=tuple(dict.fromkeys(rules)),
         chat_template=options.chat_template,
+        served_name=options.served_name or options.preset or served_name_for(model),
+        jinja=options.jinja,
+        metrics=options.metrics,
         numa=where.numa,
         numa_nodes=where.numa_nodes,
         numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
@@ -121,6 +128,13 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
+
+
+def served_name_for(model: Path) -> str:
+    """The model's name in the API when none is given: its file name without `.gguf` and the split
+    suffix (`DeepSeek-R1-IQ4_XS-00001-of-00009.gguf` → `DeepSeek-R1-IQ4_XS`)."""
+    stem = re.sub(r"-\d{5}-of-\d{5}$", "", model.name.removesuffix(".gguf"))
+    return re.sub(r"[^A-Za-z0-9._:/+-]", "-", stem).lstrip("._:/+-")[:128] or "model"
 
 
 def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:

@@ -17,13 +17,14 @@ from builder.errors import StackError
 from builder.host.placement import numa_env
 from builder.images.flags import check_args
 from builder.images.image_facts import ImageFacts
-from builder.spec import StackSpec
+from builder.spec import EngineOptions, StackSpec
 
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
+LOG_SIZE, LOG_FILES = "50m", 3
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
@@ -81,6 +82,8 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
             "engine": stack.engine,
             "image": stack.image,
             "model": str(files.model),
+            "served-name": stack.served_name,
+            "engine-options": engine_options(stack),
             "flags-checked": facts is not None,
             **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
             "lint-exceptions": lint_exceptions(services),
@@ -95,6 +98,11 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
         if section in document:
             document[section] = literal(document[section])
     return document
+
+
+def engine_options(stack: StackSpec) -> dict[str, object]:
+    """The stack's neutral engine options that are set (preset or command line), as recorded."""
+    return {name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None}
 
 
 def literal(value: object) -> object:
@@ -182,6 +190,8 @@ def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, 
             "start_interval": "2s",
         },
         "restart": "unless-stopped",
+        # A server that logs every request must not fill the disk: at most LOG_FILES × LOG_SIZE.
+        "logging": {"driver": "json-file", "options": {"max-size": LOG_SIZE, "max-file": str(LOG_FILES)}},
     }
     service.update(_placement(stack))
     if stack.api_key_file is not None:

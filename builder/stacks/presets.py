@@ -102,7 +102,7 @@ def example_stacks() -> dict[str, str]:
                               numa="interleave", cpuset=EXAMPLE_CPUSET, gpu="nvidia",
                               start_period_s=start_period_for(preset.example_size_gb * 10**9),
                               config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
-                              override_tensors=preset.override_rules(engine),
+                              override_tensors=preset.override_rules(engine), served_name=preset.name,
                               ).with_options(preset.engine_options(engine))
             generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia"
                             + (f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""))

@@ -68,6 +68,9 @@ def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start
     assert answer.text.strip(), "empty answer"
     assert "<start_of_turn>" not in answer.text and "<|im_" not in answer.text, answer.text
     assert answer.completion_tokens > 0
+    # The built-in template renders Gemma's turns (with Jinja on, the name itself was the template)
+    rendered = _post(f"{stack.url}/apply-template", {"messages": [{"role": "user", "content": "hi"}]})
+    assert "<start_of_turn>user\nhi<end_of_turn>" in str(rendered["prompt"]), rendered
     # Gemma 3 270M is a base model: a plain completion shows it really reads the prompt
     assert "France" in complete(stack.port, DEMO_PROMPT, max_tokens=8).text
     container = stack.client.compose.ps()[0]
@@ -82,6 +85,31 @@ def test_moe_serves_with_experts_on_cpu(engine_image: BuiltImage, moe_model: Pat
     assert reply["tokens_predicted"] == 8 and reply["content"], reply
     command = stack.client.compose.ps()[0].config.cmd
     assert ["--override-tensor", EXPERTS_ON_CPU_RULE] == command[command.index("--override-tensor"):][:2]
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_served_name_tool_calls_and_metrics(engine_image: BuiltImage, moe_model: Path,
+                                            start_stack: StackFactory) -> None:
+    """What clients rely on: one model name whatever the engine, a `tools` request accepted (ik_llama.cpp
+    needs --jinja for it; the synthetic model has no template, so the engines' ChatML one serves),
+    and the Prometheus endpoint."""
+    stack = start_stack(engine_image, moe_model, served_name="tiny-moe")
+    with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as response:
+        assert [model["id"] for model in json.load(response)["data"]] == ["tiny-moe"]
+    reply = _post(f"{stack.url}/v1/chat/completions", {
+        "model": "tiny-moe", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER_TOOL], "max_tokens": 8, "temperature": 0})
+    choices = reply["choices"]
+    assert isinstance(choices, list) and choices[0]["message"]["role"] == "assistant", reply
+    with urllib.request.urlopen(f"{stack.url}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    assert "llamacpp:prompt_tokens_total" in metrics and "llamacpp:tokens_predicted_total" in metrics, metrics[:500]
+    command = stack.client.compose.ps()[0].config.cmd
+    assert "--jinja" in command and "--metrics" in command and command[command.index("--alias") + 1] == "tiny-moe"
 
 
 def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_model: Path,

@@ -11,7 +11,7 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack
+from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack, served_name_for
 from tests.hosts import EPYC_9554_FLAGS, fake_host
 
 
@@ -80,3 +80,11 @@ def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:
     assert plan.facts is None and plan.cpu_profile is not None
     cpu_stack, cpu_facts = plan.cpu_profile
     assert cpu_stack.image == "img:cpu" and cpu_stack.gpu == "none" and cpu_facts is None
+
+
+def test_served_name_defaults_to_the_preset_else_the_models_name(epyc: HostFacts, model: Path, tmp_path: Path) -> None:
+    assert assemble_stack(StackOptions(model=model), epyc).served_name == "moe"
+    assert assemble_stack(StackOptions(model=model, preset="qwen3-235b-a22b"), epyc).served_name == "qwen3-235b-a22b"
+    assert assemble_stack(StackOptions(model=model, served_name="mine"), epyc).served_name == "mine"
+    assert served_name_for(Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")) == "DeepSeek-R1-IQ4_XS"
+    assert served_name_for(Path("/m/_odd name!.gguf")) == "odd-name-"

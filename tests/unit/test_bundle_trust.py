@@ -44,6 +44,8 @@ def _with(change: dict[str, object]) -> dict:
     (_with({"volumes": [{"type": "bind", "source": "/etc", "target": "/host-etc", "read_only": True}]}), "mounts /etc"),
     (_with({"volumes": ["/:/host"]}), "short-syntax volume"),
     (_with({"image": "evil/miner:latest"}), "doesn't list"),
+    (_with({"logging": {"driver": "syslog", "options": {"syslog-address": "udp://203.0.113.9:514"}}}),
+     "sends its logs elsewhere"),
     ({**EMITTED, "x-moe-stack": {}}, "no services or x-moe-stack.model"),
     ({**EMITTED, "networks": {"default": {"external": True}}}, "top-level networks"),
     ({**EMITTED, "secrets": {"other": {"file": "/etc/shadow"}}}, "secret 'other'"),

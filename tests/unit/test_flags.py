@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from builder.engines import get_engine
 from builder.errors import StackError
@@ -53,7 +54,9 @@ def test_check_args_names_the_unknown_flag() -> None:
 
 
 def _stack(engine: str, **options: object) -> StackSpec:
-    return StackSpec(project="p", engine=engine, image="i", model=Path("/m/x.gguf"), threads=8, **options)
+    """A stack without the on-by-default switches (tested on their own below), plus `options`."""
+    return StackSpec.model_validate({"project": "p", "engine": engine, "image": "i", "model": Path("/m/x.gguf"),
+                                     "threads": 8, "jinja": False, "metrics": False, **options})
 
 
 def _neutral(engine: str, flags: dict[str, str] | None, **options: object) -> list[str]:
@@ -87,3 +90,31 @@ def test_moe_offload_batch_is_an_ik_cuda_parameter() -> None:
                  moe_offload_batch=2)
     with pytest.raises(StackError, match="llama.cpp decides itself when a batch's CPU experts run on the GPU"):
         _neutral("llama.cpp", MAINLINE, moe_offload_batch=2)
+
+
+def test_served_name_jinja_and_metrics_where_the_image_has_them() -> None:
+    on = {"served_name": "qwen3-235b-a22b", "jinja": True, "metrics": True}
+    assert _neutral("llama.cpp", MAINLINE, **on) == ["--alias", "qwen3-235b-a22b", "--metrics", "--jinja"]
+    assert _neutral("ik_llama.cpp", IK, **on) == ["--alias", "qwen3-235b-a22b", "--metrics", "--jinja"]
+    assert _neutral("ik_llama.cpp", IK_OLD, **on) == []  # an old build without them: they are left out
+    assert _neutral("ik_llama.cpp", None, **on) == ["--alias", "qwen3-235b-a22b", "--metrics", "--jinja"]
+
+
+def test_sampling_and_batches_in_each_engines_syntax() -> None:
+    options = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "batch_size": 4096, "ubatch_size": 2048}
+    written = ["--temp", "0.6", "--top-p", "0.95", "--top-k", "20", "--min-p", "0", "--batch-size", "4096",
+               "--ubatch-size", "2048"]
+    assert _neutral("llama.cpp", MAINLINE, **options) == written
+    assert _neutral("ik_llama.cpp", IK, **options) == written
+    with pytest.raises(StackError, match="has no --min-p; drop --min-p"):
+        _neutral("ik_llama.cpp", {k: v for k, v in IK.items() if k != "--min-p"}, min_p=0.05)
+    with pytest.raises(ValidationError, match="ubatch_size 4096 is larger than batch_size 2048"):
+        _stack("llama.cpp", batch_size=2048, ubatch_size=4096)
+
+
+def test_a_built_in_template_name_turns_jinja_off() -> None:
+    """With Jinja on, `--chat-template gemma` would make the word "gemma" the template."""
+    assert _neutral("llama.cpp", MAINLINE, jinja=True, chat_template="gemma") == ["--chat-template", "gemma",
+                                                                                "--no-jinja"]
+    assert _neutral("llama.cpp", None, jinja=True, chat_template="gemma")[-1] == "--no-jinja"
+    assert _neutral("ik_llama.cpp", IK, jinja=True, chat_template="gemma") == ["--chat-template", "gemma"]  # off already

@@ -111,7 +111,8 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
     args = KT.server_args(_stack(tmp_path, gpu_experts=6), None)
     assert args == ["--model-path", "/model-config", "--kt-weight-path", "/models", "--kt-method", "LLAMAFILE",
                     "--kt-cpuinfer", "32", "--kt-threadpool-count", "2", "--host", "0.0.0.0", "--port", "8080",
-                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6"]
+                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6",
+                    "--enable-metrics"]
     # Python from the model's directory runs only when asked for (security review: it was always on).
     trusting = KT.server_args(_stack(tmp_path, trust_remote_code=True), None)
     assert trusting[-1] == "--trust-remote-code" and "--trust-remote-code" not in args
@@ -183,3 +184,13 @@ def test_server_wrapper_runs_the_named_module_with_the_python_on_path(tmp_path: 
     assert ran.returncode == 0 and ran.stdout == "-m sglang.launch_server --port 8080\n", ran.stderr
     unset = subprocess.run(["sh", str(wrapper)], env={"PATH": env["PATH"]}, capture_output=True, text=True, check=False)
     assert unset.returncode != 0 and "MOE_STACK_SERVER_MODULE is not set" in unset.stderr
+
+
+def test_served_name_metrics_and_sampling_in_ktransformers(tmp_path: Path) -> None:
+    args = KT.server_args(_stack(tmp_path, served_name="deepseek-r1-671b"), None)
+    assert args[args.index("--served-model-name"):][:3] == ["--served-model-name", "deepseek-r1-671b", "--enable-metrics"]
+    legacy = LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy", served_name="r1", temperature=0.6,
+                                       top_p=0.95), None)
+    assert legacy[-6:] == ["--model_name", "r1", "--temperature", "0.6", "--top_p", "0.95"]
+    with pytest.raises(StackError, match="no counterpart for --top-k, --temperature"):
+        KT.server_args(_stack(tmp_path, temperature=0.6, top_k=20), None)  # SGLang: the model's generation config

@@ -23,7 +23,8 @@ def test_seed_presets() -> None:
     r1 = get_preset("deepseek-r1-671b")
     assert r1.engine_options("ik_llama.cpp") == EngineOptions(ctx_size=32768, cache_type="q8_0", gpu_layers=99,
                                                               flash_attention="on", mla=3, fused_moe=True,
-                                                              moe_offload_batch=1)
+                                                              moe_offload_batch=1, temperature=0.6, top_p=0.95,
+                                                              batch_size=2048, ubatch_size=2048)
     assert r1.override_rules("ik_llama.cpp") == (EXPERTS_ON_CPU_RULE,)
     mainline = r1.engine_options("llama.cpp")
     assert mainline.mla is None and mainline.moe_offload_batch is None and mainline.ctx_size == 32768
