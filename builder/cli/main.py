@@ -361,7 +361,7 @@ def matrix(
     out.print(table)
 
 
-for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.down, cli_stack.demo,
+for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.smoke, cli_stack.down, cli_stack.demo,
              cli_distribute.publish, cli_distribute.pull, cli_distribute.bundle, cli_distribute.load):
     app.command()(verb)
 

@@ -4,8 +4,10 @@ benchmark.py or demo.py."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +33,7 @@ from builder.stacks.host_checks import check_port_free
 from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
+from builder.stacks.smoke import smoke as run_smoke
 
 
 def compose(
@@ -132,6 +135,27 @@ def bench(
     table.add_row("prefill", str(speed.prompt_tokens), f"{speed.prefill:.1f}", " ".join(f"{v:.1f}" for v in speed.prefill_tps))
     table.add_row("decode", str(speed.generated_tokens), f"{speed.decode:.1f}", " ".join(f"{v:.1f}" for v in speed.decode_tps))
     out.print(table)
+
+
+def smoke(
+    compose_file: Annotated[Path, typer.Argument(help="compose file of the stack (started if it isn't running)")] = Path("compose.yaml"),
+    profile: Annotated[str | None, typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)")] = None,
+    timeout: Annotated[int, typer.Option("--timeout", help="seconds the stack may take to become healthy")] = 1800,
+    as_json: Annotated[bool, typer.Option("--json", help="the checks as JSON")] = False,
+) -> None:
+    """Check a stack does what its file says: healthy, its served name, a completion, a chat, a tool call,
+    the command it runs, its threads/cpuset/NUMA policy and GPU from inside, metrics. Exit 1 on a failure."""
+    checks = run_smoke(compose_file, profile, timeout)
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(check) for check in checks], indent=2) + "\n")
+    else:
+        table = Table("check", "", "seen", box=None)
+        for check in checks:
+            table.add_row(check.name, Text("ok", style="green") if check.passed else Text("FAIL", style="red"),
+                          check.seen)
+        out.print(table)
+    if not all(check.passed for check in checks):
+        raise typer.Exit(1)
 
 
 def down(compose_file: Annotated[Path, typer.Argument(help="compose file of the stack")] = Path("compose.yaml")) -> None:

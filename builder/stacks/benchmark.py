@@ -7,13 +7,11 @@ repetition processes the whole prompt.
 
 from __future__ import annotations
 
-import json
 import statistics
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
 from builder.errors import StackError
+from builder.stacks.api import EngineApi
 
 # A sentence of ordinary words: about one token per word in every tokenizer moe-stack serves.
 _FILLER = "the quick brown fox jumps over the lazy dog while the river runs past the old mill "
@@ -44,23 +42,10 @@ def measure(port: int, prompt_words: int = 256, generate: int = 64, repetitions:
     for _ in range(repetitions):
         body = {"prompt": prompt, "n_predict": generate, "temperature": 0, "cache_prompt": False,
                 "ignore_eos": True}
-        timings = _post(host, port, body, api_key).get("timings") or {}
+        timings = EngineApi(port, host, api_key, timeout_s=600).post("/completion", body).get("timings") or {}
         if not timings.get("prompt_per_second") or not timings.get("predicted_per_second"):
             raise StackError(f"the engine on port {port} reported no timings; is it a llama.cpp-family server?")
         prefill.append(float(timings["prompt_per_second"]))
         decode.append(float(timings["predicted_per_second"]))
         n_prompt, n_gen = int(timings.get("prompt_n", 0)), int(timings.get("predicted_n", 0))
     return Speed(prompt_tokens=n_prompt, generated_tokens=n_gen, prefill_tps=prefill, decode_tps=decode)
-
-
-def _post(host: str, port: int, body: dict[str, object], api_key: str | None) -> dict:
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    request = urllib.request.Request(f"http://{host}:{port}/completion", data=json.dumps(body).encode(), headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=600) as response:
-            return json.load(response)
-    except urllib.error.HTTPError as err:
-        raise StackError(f"the engine on port {port} answered HTTP {err.code}; "
-                         f"{'pass --api-key-file' if err.code == 401 else 'see docker compose logs'}") from None
-    except (urllib.error.URLError, TimeoutError) as err:
-        raise StackError(f"nothing answered on port {port} ({err}); start the stack with `moe-stack up` first") from None

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engines import get_engine
-from builder.errors import StackError
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
+from builder.stacks.api import EngineApi
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.document import start_period_for
 from builder.stacks.run import up
@@ -41,25 +38,15 @@ def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Pa
 
 def complete(port: int, prompt: str = DEMO_PROMPT, max_tokens: int = 24, host: str = "127.0.0.1") -> Answer:
     """One OpenAI-style text completion (greedy): the demo model is a base model, not a chat model."""
-    reply = _post(host, port, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    reply = EngineApi(port, host).post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     return _answer(reply, reply["choices"][0].get("text") or "")
 
 
 def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1") -> Answer:
     """One OpenAI-style chat completion (greedy)."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0}
-    reply = _post(host, port, "/v1/chat/completions", body)
+    reply = EngineApi(port, host).post("/v1/chat/completions", body)
     return _answer(reply, reply["choices"][0]["message"].get("content") or "")
-
-
-def _post(host: str, port: int, path: str, body: dict[str, object]) -> dict:
-    request = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            return json.load(response)
-    except (urllib.error.URLError, TimeoutError) as err:
-        raise StackError(f"the engine on port {port} did not answer ({err}); see `docker compose logs`") from None
 
 
 def _answer(reply: dict, text: str) -> Answer:

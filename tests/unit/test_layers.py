@@ -22,7 +22,7 @@ LAYER = {"core": 0, "host": 1, "models": 1, "images": 2, "engines": 2, "stacks":
 DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
 TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
-                  "builder.images.image_facts", "builder.stacks.run", "builder.distribute.publish",
+                  "builder.images.image_facts", "builder.stacks.run", "builder.stacks.smoke", "builder.distribute.publish",
                   "builder.distribute.bundle", "builder.cli.main"}
 
 

@@ -1,0 +1,188 @@
+"""`moe-stack smoke FILE`: does the user's own stack do what its file says? Each check is a value
+(name, passed, what was seen), so the CLI prints a table or JSON and exits non-zero on any failure."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from python_on_whales import Container, DockerClient
+from python_on_whales.exceptions import DockerException
+
+from builder.errors import MoeStackError
+from builder.stacks.api import EngineApi
+from builder.stacks.document import CPU_SERVICE, SERVICE, unliteral
+from builder.stacks.run import published_ports, stack_api_key, up
+
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    seen: str
+
+
+@dataclass(frozen=True)
+class StackUnderTest:
+    """What the file says, and how to reach what runs."""
+
+    document: dict
+    service: dict
+    api: EngineApi
+    container: Container | None
+
+    @property
+    def command(self) -> list[str]:
+        return [unliteral(str(arg)) for arg in self.service.get("command") or []]
+
+    def flag_value(self, flag: str) -> str | None:
+        command = self.command
+        return command[command.index(flag) + 1] if flag in command[:-1] else None
+
+
+def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:
+    """Bring the stack up (a running one is checked as it is), then check it from outside and inside."""
+    try:
+        up(compose_file, start_timeout_s, profile)
+    except MoeStackError as err:
+        return [Check("healthy", False, str(err))]
+    stack = _under_test(compose_file, profile)
+    checks = [Check("healthy", True, "the engine's healthcheck passed")]
+    for name, check in _CHECKS:
+        try:
+            checks.append(Check(name, *check(stack)))
+        except (MoeStackError, DockerException, KeyError, IndexError, TypeError, ValueError) as err:
+            checks.append(Check(name, False, f"{type(err).__name__}: {err}"))
+    return checks
+
+
+def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    name = CPU_SERVICE if profile == "cpu" else SERVICE
+    service = (document.get("services") or {})[name]
+    (bind, port), *_ = published_ports(compose_file, document)
+    api = EngineApi(port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300)
+    running = DockerClient(compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]).compose.ps()
+    container = next((c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None)
+    return StackUnderTest(document=document, service=service, api=api, container=container)
+
+
+def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
+    wanted = (stack.document.get("x-moe-stack") or {}).get("served-name")
+    listed = [str(model.get("id")) for model in _json(stack.api.get("/v1/models")).get("data", [])]
+    return (wanted in listed if wanted else bool(listed)), f"/v1/models lists {listed}; the file says {wanted}"
+
+
+def _completion(stack: StackUnderTest) -> tuple[bool, str]:
+    reply = stack.api.post("/v1/completions", {"model": _model(stack), "prompt": "Paris is the capital of",
+                                               "max_tokens": 8, "temperature": 0})
+    text = str(reply["choices"][0].get("text") or "")
+    return bool(reply["usage"]["completion_tokens"]), f"{reply['usage']['completion_tokens']} tokens: {text!r}"
+
+
+def _chat(stack: StackUnderTest) -> tuple[bool, str]:
+    reply = stack.api.post("/v1/chat/completions", {"model": _model(stack), "max_tokens": 8, "temperature": 0,
+                                                    "messages": [{"role": "user", "content": "Say hello."}]})
+    message = reply["choices"][0]["message"]
+    return message.get("role") == "assistant", f"{reply['usage']['completion_tokens']} tokens: {message.get('content')!r}"
+
+
+def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
+    if "--jinja" not in stack.command:
+        return True, "not asked: the stack renders chat without a Jinja template (no tool calls)"
+    reply = stack.api.post("/v1/chat/completions", {
+        "model": _model(stack), "max_tokens": 16, "temperature": 0, "tools": [TOOL],
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}]})
+    message = reply["choices"][0]["message"]
+    calls = message.get("tool_calls") or []
+    return message.get("role") == "assistant", f"answered a tools request ({len(calls)} tool calls)"
+
+
+def _flags(stack: StackUnderTest) -> tuple[bool, str]:
+    if stack.container is None:
+        return False, "no running container of the service"
+    running = list(stack.container.config.cmd or [])
+    same = running == stack.command
+    return same, "the container runs the file's command" if same else f"it runs {running}"
+
+
+def _placement(stack: StackUnderTest) -> tuple[bool, str]:
+    """Threads, cpuset and NUMA policy as the engine's process sees them."""
+    if stack.container is None:
+        return False, "no running container of the service"
+    status = _run(stack.container, ["cat", "/proc/1/status"])
+    allowed = _cpus(re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.MULTILINE))
+    seen = [f"{len(allowed)} CPUs allowed"]
+    ok = True
+    if stack.service.get("cpuset"):
+        wanted = _cpus_of(str(stack.service["cpuset"]))
+        ok &= allowed == wanted
+        seen.append(f"cpuset {stack.service['cpuset']} {'holds' if allowed == wanted else 'differs'}")
+    threads = stack.flag_value("--threads") or stack.flag_value("--kt-cpuinfer") or stack.flag_value("--cpu_infer")
+    if threads is not None:
+        ok &= int(threads) <= len(allowed)
+        seen.append(f"{threads} threads")
+    policy = str((stack.service.get("environment") or {}).get("MOE_STACK_NUMA", "none"))
+    if policy != "none":
+        maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
+        kind = "interleave" if policy.startswith("interleave") else "bind" if policy.startswith("membind") else ""
+        ok &= not kind or kind in maps
+        seen.append(f"NUMA {policy}: {'seen in' if not kind or kind in maps else 'missing from'} /proc/1/numa_maps")
+    return ok, ", ".join(seen)
+
+
+def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
+    if not (stack.service.get("deploy") or {}).get("resources"):
+        return True, "not asked: a CPU-only stack"
+    if stack.container is None:
+        return False, "no running container of the service"
+    nodes = _run(stack.container, ["sh", "-c", "ls /dev/nvidia[0-9]* 2>/dev/null || true"]).split()
+    return bool(nodes), f"GPU device nodes in the container: {nodes or 'none'}"
+
+
+def _metrics(stack: StackUnderTest) -> tuple[bool, str]:
+    if "--metrics" not in stack.command and "--enable-metrics" not in stack.command:
+        return True, "not asked: the stack has no metrics endpoint"
+    lines = [line for line in stack.api.get("/metrics").splitlines() if line and not line.startswith("#")]
+    return bool(lines), f"/metrics holds {len(lines)} samples"
+
+
+def _run(container: Container, command: list[str]) -> str:
+    """What `command` prints inside the container (as the image's user)."""
+    output = container.execute(command)
+    return output if isinstance(output, str) else ""
+
+
+def _model(stack: StackUnderTest) -> str:
+    return str((stack.document.get("x-moe-stack") or {}).get("served-name") or "model")
+
+
+def _json(text: str) -> dict:
+    loaded = json.loads(text)
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _cpus(match: re.Match[str] | None) -> set[int]:
+    return _cpus_of(match[1]) if match else set()
+
+
+def _cpus_of(cpulist: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in cpulist.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
+    ("served-name", _served_name), ("completion", _completion), ("chat", _chat), ("tool-call", _tool_call),
+    ("flags", _flags), ("placement", _placement), ("gpu", _gpu), ("metrics", _metrics),
+]

@@ -1,0 +1,71 @@
+"""`moe-stack smoke` on a stack `moe-stack compose` emitted, brought up by pytest-docker (the container
+test harness: `docker_compose_file`, `docker_services`, `wait_until_responsive`)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from pytest_docker.plugin import Services
+
+from builder.contract import CONTAINER_PORT
+from builder.stacks.document import SERVICE
+from builder.stacks.host_checks import free_local_port
+from tests.cli import run_cli
+from tests.integration.conftest import build_engine_image
+
+pytestmark = pytest.mark.integration
+CHECKS = {"healthy", "served-name", "completion", "chat", "tool-call", "flags", "placement", "gpu", "metrics"}
+
+
+@pytest.fixture(scope="session")
+def docker_compose_file(tmp_path_factory: pytest.TempPathFactory, base_image: str, moe_model: Path) -> str:
+    """A stack emitted the way a user emits one: the CLI, mainline's CPU image, the synthetic MoE (no
+    chat template, so the Jinja path and a tools request are exercised), two threads."""
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    compose_file = tmp_path_factory.mktemp("smoke") / "compose.yaml"
+    result = run_cli("compose", "--model", str(moe_model), "--image", image.tag, "--served-name", "tiny-moe",
+                     "--threads", "2", "--port", str(free_local_port()), "--out", str(compose_file))
+    assert result.returncode == 0, result.stderr
+    return str(compose_file)
+
+
+@pytest.fixture(scope="session")
+def docker_compose_project_name(docker_compose_file: str) -> str:
+    """The file's own project name, so `moe-stack smoke` finds the stack pytest-docker started."""
+    return str(yaml.safe_load(Path(docker_compose_file).read_text())["name"])
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def test_smoke_passes_on_an_emitted_stack(docker_services: Services, docker_compose_file: str) -> None:
+    port = docker_services.port_for(SERVICE, CONTAINER_PORT)
+    docker_services.wait_until_responsive(check=lambda: _healthy(port), timeout=120, pause=1)
+    result = run_cli("smoke", docker_compose_file, "--json")
+    checks = {check["name"]: check for check in json.loads(result.stdout)}
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert set(checks) == CHECKS and all(check["passed"] for check in checks.values())
+    assert "['tiny-moe']" in checks["served-name"]["seen"]
+    assert checks["placement"]["seen"].endswith("2 threads")
+    assert checks["gpu"]["seen"].startswith("not asked")
+
+
+def test_smoke_names_what_differs(docker_services: Services, docker_compose_file: str, tmp_path: Path) -> None:
+    """The same running stack, checked against a file that names the model otherwise: that check fails."""
+    document = yaml.safe_load(Path(docker_compose_file).read_text())
+    document["x-moe-stack"]["served-name"] = "another-name"
+    edited = tmp_path / "compose.yaml"
+    edited.write_text(yaml.safe_dump(document, sort_keys=False))
+    result = run_cli("smoke", str(edited))
+    assert result.returncode == 1
+    failed = [line for line in result.stdout.splitlines() if "FAIL" in line]
+    assert len(failed) == 1 and failed[0].split()[0] == "served-name", result.stdout
