@@ -279,6 +279,11 @@ class StackSpec(_Spec):
     numa_node_count: int = Field(default=1, ge=1)
     cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
     gpu: Literal["none", "nvidia", "cdi"] = "none"
+    gpu_ids: tuple[int, ...] = ()  # the GPUs the container gets, by device index (empty: all)
+    # Several GPUs: each one's share of the layers (llama.cpp's -ts), as the plan sized them.
+    tensor_split: tuple[int, ...] = ()
+    # Mainline llama.cpp places layers and experts itself (--fit): no -ngl or -ot rules are written.
+    engine_fit: bool = False
     mlock: bool = False
     hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
     # Or, for any engine that mmaps its weights: the model copied onto a hugetlbfs volume of this
@@ -298,6 +303,14 @@ class StackSpec(_Spec):
     def _consistent(self) -> StackSpec:
         if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
             raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        if (self.gpu_ids or self.tensor_split or self.engine_fit) and self.gpu == "none":
+            raise ValueError("--gpus, a multi-GPU plan and --placement fit need a GPU: give --gpu nvidia or cdi")
+        if self.tensor_split and self.gpu_ids and len(self.tensor_split) != len(self.gpu_ids):
+            raise ValueError(f"the plan is for {len(self.tensor_split)} GPUs and --gpus names {len(self.gpu_ids)}: "
+                             "give one --fit-vram-gb size per GPU")
+        if self.engine_fit and (self.override_tensors or self.gpu_layers is not None):
+            raise ValueError("--placement fit leaves -ngl and -ot to the engine: drop --override-tensor, "
+                             "--experts-on-cpu, --fit-vram-gb and --gpu-layers")
         if self.batch_size is not None and self.ubatch_size is not None and self.ubatch_size > self.batch_size:
             raise ValueError(f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
                              "batch is part of a logical one; raise --batch-size or lower --ubatch-size")

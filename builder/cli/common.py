@@ -28,3 +28,13 @@ def int_list(text: str | None, option: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",")) if text else ()
     except ValueError:
         raise SpecError(f"{option} {text!r} must be numbers separated by commas, e.g. 0,1") from None
+
+
+def float_list(text: str | None, option: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",")) if text else ()
+    except ValueError:
+        raise SpecError(f"{option} {text!r} must be numbers separated by commas, e.g. 24 or 24,24") from None
+    if any(not 0 < value < 1e6 for value in values):
+        raise SpecError(f"{option} {text!r}: each value must be a positive size in GiB")
+    return values

@@ -19,7 +19,7 @@ from typer.exceptions import TyperException
 from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
-from builder.cli.common import EngineOpt, int_list, out, raw_stderr
+from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
 from builder.errors import (
@@ -279,7 +279,7 @@ def synth_moe(
 @app.command("plan")
 def plan_memory(
     model: Annotated[Path, typer.Argument(help="the GGUF (its header and tensor table are read, not the weights)")],
-    vram_gb: Annotated[float, typer.Option("--vram-gb", help="GPU memory to plan with, GiB")] = 24.0,
+    vram_gb: Annotated[str, typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24")] = "24",
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", min=1)] = 32768,
     cache_type: Annotated[str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")] = "q8_0",
@@ -287,14 +287,17 @@ def plan_memory(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled)."""
+    vrams = float_list(vram_gb, "--vram-gb")
     facts = read_facts(check_gguf(model))
-    result = make_plan(facts, int(vram_gb * GIB), int(ram_gb * GIB), ctx_size, cache_type, mla)
+    result = make_plan(facts, [int(v * GIB) for v in vrams], int(ram_gb * GIB), ctx_size, cache_type, mla)
     if as_json:
         sys.stdout.write(json.dumps({
             "arch": facts.arch, "layers": facts.layers, "expert_bytes": sum(facts.expert_bytes),
             "other_bytes": facts.other_bytes, "kv_bytes": result.kv_bytes, "gpu_bytes": result.gpu_bytes,
             "cpu_bytes": result.cpu_bytes, "gpu_expert_layers": result.gpu_expert_layers,
-            "override_tensor": list(result.override_rules)}) + "\n")
+            "devices": [{"gpu": d.index, "layers": [d.layers.start, d.layers.stop], "bytes": d.used_bytes,
+                         "expert_layers": list(d.expert_layers)} for d in result.devices],
+            "tensor_split": list(result.tensor_split), "override_tensor": list(result.override_rules)}) + "\n")
         return
     table = Table("", "bytes", "where", box=None)
     on_gpu = result.gpu_expert_layers
@@ -302,14 +305,21 @@ def plan_memory(
     table.add_row("routed experts", size(sum(facts.expert_bytes)), where)
     table.add_row("other weights", size(facts.other_bytes), "GPU")
     table.add_row(f"KV cache ({ctx_size} × {cache_type}{', MLA' if mla else ''})", size(result.kv_bytes), "GPU")
-    table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {vram_gb:g} GiB")
+    table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {sum(vrams):g} GiB")
+    if len(result.devices) > 1:
+        for device in result.devices:
+            experts = f", experts of {len(device.expert_layers)}" if device.expert_layers else ""
+            table.add_row(f"  GPU {device.index}: layers {device.layers.start}-{device.layers.stop - 1}{experts}",
+                          size(device.used_bytes), f"of {device.vram_bytes / GIB:g} GiB")
     table.add_row("total in RAM", size(result.cpu_bytes), f"of {ram_gb:g} GiB")
     out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
     out.print(table)
+    if result.tensor_split:
+        out.print(f"-ts {','.join(map(str, result.tensor_split))}", highlight=False)
     for rule in result.override_rules:
         out.print(f"-ot '{rule}'", highlight=False)
     if not result.override_rules:
-        out.print("no -ot rules needed: the whole model fits on the GPU")
+        out.print(f"no -ot rules needed: the whole model fits on the {'GPUs' if len(vrams) > 1 else 'GPU'}")
 
 
 @app.command()

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from builder.cli.common import EngineOpt, int_list, out, raw_stderr
+from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
 from builder.host.probe import probe
@@ -50,7 +50,9 @@ def compose(
     parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
     override_tensor: Annotated[list[str] | None, typer.Option("--override-tensor", "-ot", help="REGEX=BUFTYPE, repeatable")] = None,
     experts_on_cpu: Annotated[bool, typer.Option("--experts-on-cpu", help="keep routed experts (ffn_*_exps) in CPU RAM")] = False,
-    fit_vram_gb: Annotated[float | None, typer.Option("--fit-vram-gb", help="plan expert placement for this much VRAM (moe-stack plan): the first layers' experts go to the GPU")] = None,
+    fit_vram_gb: Annotated[str | None, typer.Option("--fit-vram-gb", help="plan expert placement for this much VRAM (moe-stack plan): each GPU's first layers' experts go to it; several GPUs: one size each, e.g. 24,24 (adds -ts)")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="the GPUs the stack gets, by index, e.g. 0,1 (default: all)")] = None,
+    placement: Annotated[str, typer.Option("--placement", help="rules (moe-stack's plan: -ngl and -ot rules) or fit (mainline llama.cpp's own --fit placement)")] = "rules",
     chat_template: Annotated[str | None, typer.Option("--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)")] = None,
     served_name: Annotated[str | None, typer.Option("--served-name", help="the model's name in the API (default: the preset's name, else the model's file name without its split suffix)")] = None,
     jinja: Annotated[bool, typer.Option("--jinja/--no-jinja", help="the model's Jinja chat template (tool calls, thinking); on where the image has it")] = True,
@@ -95,7 +97,8 @@ def compose(
         "bind": bind, "preset": preset,
         "engine_options": EngineOptions.model_validate({k: v for k, v in given.items() if v is not None}),
         "threads": threads, "parallel": parallel, "override_tensors": tuple(override_tensor or ()),
-        "experts_on_cpu": experts_on_cpu, "fit_vram_gb": fit_vram_gb, "chat_template": chat_template,
+        "experts_on_cpu": experts_on_cpu, "fit_vram_gb": float_list(fit_vram_gb, "--fit-vram-gb"),
+        "gpus": int_list(gpus, "--gpus"), "placement": placement, "chat_template": chat_template,
         "served_name": served_name, "jinja": jinja, "metrics": metrics, "numa": numa,
         "numa_nodes": int_list(numa_nodes, "--numa-nodes"), "gpu": gpu, "config_dir": config_dir,
         "trust_remote_code": trust_remote_code, "gpu_experts": gpu_experts, "mlock": mlock, "hugepages": hugepages,

@@ -194,6 +194,8 @@ class _PythonEngine(Engine):
             "--api-key-file": stack.api_key_file is not None,
             "--chat-template": stack.chat_template is not None,
             "--top-k": stack.top_k is not None,
+            "a multi-GPU plan (--tensor-split)": bool(stack.tensor_split),
+            "--placement fit": stack.engine_fit,
             "--min-p": stack.min_p is not None,
             "--batch-size": stack.batch_size is not None,
             "--ubatch-size": stack.ubatch_size is not None,

@@ -20,6 +20,7 @@ class LlamaCpp(LlamaFamilyEngine):
     sdist_ref = "0c1e57098"  # what that sdist vendors: its image is the default ref's image
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
+    fits_itself = True  # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
 
     def is_source_tree(self, path: Path) -> bool:

@@ -23,11 +23,13 @@ class LlamaFamilyEngine(Engine):
     server_label = "llama-server"
     server_target: str = "llama-server"
     jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
+    fits_itself: bool = False  # whether it places layers and MoE experts in device memory itself (--fit)
     needs_build_info_shim: bool = False
     stack_flags = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "-np",
                              "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock", "--api-key",
                              "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers", "-ctk", "--cache-type-k",
                              "-ctv", "--cache-type-v", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
+                             "-ts", "--tensor-split", "-fit", "--fit",
                              "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size"})
     # The neutral sampling and batch options, and the flag each is written as.
     option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
@@ -146,8 +148,14 @@ class LlamaFamilyEngine(Engine):
                 args.append("--no-jinja")
         elif stack.jinja and has_flag(flags, "--jinja"):
             args.append("--jinja")
+        if stack.engine_fit:
+            args += self.fit_args(flags)
         if stack.gpu_layers is not None:
             args += ["--n-gpu-layers", str(stack.gpu_layers)]
+        if stack.tensor_split:
+            if not has_flag(flags, "--tensor-split"):
+                raise StackError(f"this {self.name} build has no --tensor-split; plan for one GPU")
+            args += ["--tensor-split", ",".join(map(str, stack.tensor_split))]
         if stack.cache_type is not None:
             args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
         if stack.flash_attention is not None:
@@ -183,6 +191,13 @@ class LlamaFamilyEngine(Engine):
         if mode == "auto":
             raise StackError(f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off")
         return ["-fa"] if mode == "on" else []
+
+    def fit_args(self, flags: dict[str, str] | None) -> list[str]:
+        """`--fit on`: the engine sizes -ngl and the expert placement to the devices' memory itself."""
+        if not self.fits_itself or (flags is not None and "--fit" not in flags):
+            raise StackError(f"this {self.name} build has no --fit placement of its own; use --placement rules "
+                             "(moe-stack's plan: -ngl and -ot rules)")
+        return ["--fit", "on"]
 
     def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
         raise StackError(f"fused MoE is an ik_llama.cpp switch; {self.name} has none: drop --fused-moe/--no-fused-moe")

@@ -9,7 +9,10 @@ first layers, layer by layer.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +54,28 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class DevicePlan:
+    """One GPU's part: the layers llama.cpp's layer split gives it, and what it holds."""
+
+    index: int  # CUDA<index>, as the engine numbers the GPUs it is given
+    vram_bytes: int
+    layers: range  # layers whose attention and KV cache it holds
+    used_bytes: int
+    expert_layers: tuple[int, ...]  # of those, the layers whose routed experts it holds too
+
+
+@dataclass(frozen=True)
 class Plan:
     facts: ModelFacts
     kv_bytes: int
     gpu_bytes: int
     cpu_bytes: int
-    gpu_expert_layers: int  # experts of layers [0, n) on the GPU
+    gpu_expert_layers: int  # layers whose routed experts are on a GPU
     # The same VRAM given to N experts of every layer instead (KTransformers' --kt-num-gpu-experts).
     gpu_experts_per_layer: int = 0
     override_rules: tuple[str, ...] = field(default=())
+    devices: tuple[DevicePlan, ...] = ()
+    tensor_split: tuple[int, ...] = ()  # -ts for several GPUs: each one's VRAM in GiB (llama.cpp's layer split)
 
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -183,42 +199,71 @@ def cache_element_bytes(cache_type: str) -> float:
     raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
 
 
-def plan(facts: ModelFacts, vram_bytes: int, ram_bytes: int, ctx: int, cache_type: str = "f16", mla: bool = False,
-         gpu_reserve: int = DEFAULT_GPU_RESERVE) -> Plan:
-    """Experts on CPU, the rest on GPU, leftover VRAM filled with the first layers' experts."""
+def plan(facts: ModelFacts, vram_bytes: int | Sequence[int], ram_bytes: int, ctx: int, cache_type: str = "f16",
+         mla: bool = False, gpu_reserve: int = DEFAULT_GPU_RESERVE) -> Plan:
+    """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM filled with the experts of its
+    own first layers (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
+    vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
+    if not vrams:
+        raise SpecError("no GPU memory given: name each GPU's VRAM, e.g. --vram-gb 24 or 24,24")
     kv = kv_cache_bytes(facts, ctx, cache_type, mla)
-    gpu = facts.other_bytes + kv + gpu_reserve
     cpu = sum(facts.expert_bytes)
-    if gpu > vram_bytes:
-        raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve need "
-                        f"{size(gpu)} of VRAM, {size(gpu - vram_bytes)} more than the {size(vram_bytes)} given; "
-                        f"lower --ctx-size{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
-                        "or use a larger GPU")
+    devices = []
+    for index, (vram, layers) in enumerate(zip(vrams, layer_split(facts.layers, vrams), strict=True)):
+        # Its layers' share of attention, shared weights and KV cache (embeddings and output counted as
+        # spread too, a small error for these models), and its compute reserve.
+        used = int((facts.other_bytes + kv) * len(layers) / facts.layers) + gpu_reserve
+        if used > vram:
+            where = f" on GPU {index} ({len(layers)} of {facts.layers} layers)" if len(vrams) > 1 else ""
+            raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
+                            f"need {size(used)} of VRAM{where}, {size(used - vram)} more than the {size(vram)} given; "
+                            f"lower --ctx-size{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
+                            "or use a larger GPU")
+        experts = []
+        for layer in layers:
+            if used + facts.expert_bytes[layer] > vram:
+                break
+            used += facts.expert_bytes[layer]
+            experts.append(layer)
+        devices.append(DevicePlan(index=index, vram_bytes=vram, layers=layers, used_bytes=used,
+                                  expert_layers=tuple(experts)))
     if cpu > ram_bytes:
         raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
                         f"{size(ram_bytes)} given; use a smaller quant of the model")
+    cpu -= sum(facts.expert_bytes[layer] for device in devices for layer in device.expert_layers)
+    fixed = facts.other_bytes + kv + gpu_reserve
     one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
-    per_layer = min(facts.expert_count, (vram_bytes - gpu) // one_expert_everywhere) if one_expert_everywhere else 0
-    layers_on_gpu = 0
-    for layer_bytes in facts.expert_bytes:
-        if gpu + layer_bytes > vram_bytes:
-            break
-        gpu += layer_bytes
-        cpu -= layer_bytes
-        layers_on_gpu += 1
-    return Plan(facts=facts, kv_bytes=kv, gpu_bytes=gpu, cpu_bytes=cpu, gpu_expert_layers=layers_on_gpu,
-                gpu_experts_per_layer=per_layer, override_rules=override_rules(layers_on_gpu, facts.layers))
+    per_layer = min(facts.expert_count, (vrams[0] - fixed) // one_expert_everywhere) \
+        if one_expert_everywhere and len(vrams) == 1 else 0
+    return Plan(facts=facts, kv_bytes=kv, gpu_bytes=sum(d.used_bytes for d in devices), cpu_bytes=cpu,
+                gpu_expert_layers=sum(len(d.expert_layers) for d in devices), gpu_experts_per_layer=per_layer,
+                override_rules=device_rules(devices, facts.layers), devices=tuple(devices),
+                tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else ())
+
+
+def layer_split(layers: int, vrams: Sequence[int]) -> list[range]:
+    """llama.cpp's layer split with every layer offloaded (-ngl ≥ layers, -ts the VRAM sizes): layer il
+    goes to the first GPU whose cumulative share exceeds il / (layers + 1), the output counting as one
+    more layer (llama-model.cpp, `upper_bound(splits, ...)`)."""
+    total = sum(vrams)
+    bounds = list(accumulate(v / total for v in vrams))
+    owner = [min(bisect_right(bounds, il / (layers + 1)), len(vrams) - 1) for il in range(layers)]
+    return [range(owner.index(d), len(owner) - owner[::-1].index(d)) if d in owner else range(0)
+            for d in range(len(vrams))]
+
+
+def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
+    """`-ot` rules, first match wins: each GPU's expert layers on it (CUDA<n>), the rest on the CPU."""
+    placed = [d for d in devices if d.expert_layers]
+    if sum(len(d.expert_layers) for d in placed) >= layers:
+        return ()
+    return (*(rf"blk\.({'|'.join(map(str, d.expert_layers))})\.ffn_.*_exps\.weight=CUDA{d.index}" for d in placed),
+            EXPERTS_ON_CPU_RULE)
 
 
 def override_rules(gpu_layers: int, layers: int) -> tuple[str, ...]:
-    """`-ot` rules, first match wins: layers [0, gpu_layers) keep experts on CUDA0, the rest on CPU."""
-    cpu_rule = EXPERTS_ON_CPU_RULE
-    if gpu_layers == 0:
-        return (cpu_rule,)
-    if gpu_layers >= layers:
-        return ()
-    listed = "|".join(str(i) for i in range(gpu_layers))
-    return (rf"blk\.({listed})\.ffn_.*_exps\.weight=CUDA0", cpu_rule)
+    """One GPU's rules: layers [0, gpu_layers) keep experts on CUDA0, the rest on the CPU."""
+    return device_rules([DevicePlan(0, 0, range(layers), 0, tuple(range(gpu_layers)))], layers)
 
 
 def size(n_bytes: int) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from builder.engines import get_engine
 from builder.errors import SpecError
@@ -47,7 +47,9 @@ class StackOptions(BaseModel):
     parallel: int = 1
     override_tensors: tuple[str, ...] = ()
     experts_on_cpu: bool = False
-    fit_vram_gb: float | None = Field(default=None, gt=0)
+    fit_vram_gb: tuple[float, ...] = ()  # plan expert placement for each GPU's VRAM (one size per GPU)
+    gpus: tuple[int, ...] = ()  # the GPUs the container gets (empty: all)
+    placement: Literal["rules", "fit"] = "rules"  # fit: mainline llama.cpp places layers and experts itself
     chat_template: str | None = None
     served_name: str | None = None  # default: the preset's name, else the model's name without its split suffix
     jinja: bool = True
@@ -85,12 +87,28 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     adapter = get_engine(options.engine)
     engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
     gpu_experts = options.gpu_experts
-    if options.fit_vram_gb is not None:  # the plan's rules replace the preset's all-experts-on-CPU rule
-        fitted = make_plan(read_facts(model), int(options.fit_vram_gb * GIB), host.mem_total_bytes,
+    tensor_split: tuple[int, ...] = ()
+    if options.placement == "fit":
+        if options.fit_vram_gb or options.override_tensors or options.experts_on_cpu:
+            raise SpecError("--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
+                            "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)")
+        engine_options, preset_rules = engine_options.model_copy(update={"gpu_layers": None}), ()
+    if options.fit_vram_gb:  # the plan's rules replace the preset's all-experts-on-CPU rule
+        if options.gpus and len(options.gpus) != len(options.fit_vram_gb):
+            raise SpecError(f"--gpus names {len(options.gpus)} GPUs and --fit-vram-gb sizes {len(options.fit_vram_gb)}: "
+                            "give one size per GPU, in the same order")
+        if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
+            raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
+        fitted = make_plan(read_facts(model), [int(gb * GIB) for gb in options.fit_vram_gb], host.mem_total_bytes,
                            engine_options.ctx_size, engine_options.cache_type or "f16", mla=bool(engine_options.mla))
-        preset_rules = fitted.override_rules
+        preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
             gpu_experts = fitted.gpu_experts_per_layer
+    if options.gpus and host.gpus and not options.for_other_host:
+        missing = sorted(set(options.gpus) - set(range(len(host.gpus))))
+        if missing:
+            raise SpecError(f"--gpus names GPU {', '.join(map(str, missing))}, and this host has "
+                            f"{len(host.gpus)} (0-{len(host.gpus) - 1}); see `moe-stack doctor`")
     rules = list(options.override_tensors)
     if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
         rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
@@ -116,6 +134,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         config_dir=check_config_dir(options.config_dir) if options.config_dir is not None else None,
         gpu_experts=gpu_experts,
         gpu=options.gpu,
+        gpu_ids=options.gpus,
+        tensor_split=tensor_split,
+        engine_fit=options.placement == "fit",
         mlock=options.mlock,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,

@@ -223,8 +223,13 @@ def _placement(stack: StackSpec) -> dict[str, object]:
     if stack.cpuset:
         extra["cpuset"] = stack.cpuset
     if stack.gpu != "none":
-        device = ({"driver": "nvidia", "count": "all", "capabilities": ["gpu"]} if stack.gpu == "nvidia"
-                  else {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]})
+        ids = [str(i) for i in stack.gpu_ids]
+        if stack.gpu == "nvidia":
+            device: dict[str, object] = {"driver": "nvidia", **({"device_ids": ids} if ids else {"count": "all"}),
+                                         "capabilities": ["gpu"]}
+        else:
+            device = {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]],
+                      "capabilities": ["gpu"]}
         extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
     return extra
 

@@ -11,6 +11,9 @@ import pytest
 import yaml
 from python_on_whales import DockerClient
 
+from builder.spec import EXPERTS_ON_CPU_RULE, StackSpec
+from builder.stacks.compose import compose_dict, write_stack
+
 pytestmark = pytest.mark.integration
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "compose").glob("*.*.yaml"))
@@ -42,3 +45,19 @@ def _config(path: Path, profile: str | None) -> dict[str, dict]:
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["services"]
+
+
+@pytest.mark.parametrize("gpu", ["nvidia", "cdi"])
+def test_a_multi_gpu_stack_passes_compose_config(docker_client: DockerClient, tmp_path: Path, gpu: str) -> None:
+    """`--gpus 0,1` with a two-GPU plan: device ids instead of `count: all`, and -ts in the command."""
+    model = tmp_path / "m" / "R1-00001-of-00009.gguf"
+    stack = StackSpec(project="multi-gpu", engine="ik_llama.cpp", image="ik:test", model=model, threads=32,
+                      gpu=gpu, gpu_ids=(0, 1), tensor_split=(24, 24), gpu_layers=99,
+                      override_tensors=(r"blk\.(3|4)\.ffn_.*_exps\.weight=CUDA0", r"blk\.(31)\.ffn_.*_exps\.weight=CUDA1",
+                                        EXPERTS_ON_CPU_RULE))
+    path = write_stack(compose_dict(stack, "pytest", check_files=False), tmp_path / "compose.yaml")
+    engine = _config(path, None)["engine"]
+    device = engine["deploy"]["resources"]["reservations"]["devices"][0]
+    ids = ["0", "1"] if gpu == "nvidia" else ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
+    assert device["device_ids"] == ids and "count" not in device
+    assert engine["command"][engine["command"].index("--tensor-split") + 1] == "24,24"

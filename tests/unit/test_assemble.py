@@ -49,11 +49,11 @@ def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> 
 
 def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> None:
     # 2.02 GiB: the 2 GiB compute reserve, attention and a 16k q8_0 cache, and 3 of the 4 layers' experts
-    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=2.02, gpu="nvidia")
+    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(2.02,), gpu="nvidia")
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
     # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.
-    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": 2.035}), epyc)
+    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": (2.035,)}), epyc)
     assert kt.override_tensors == () and kt.gpu_experts == 7
 
 
