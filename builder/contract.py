@@ -18,3 +18,7 @@ CONTRACT_DIR = "/contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
 LABEL_PREFIX = "io.moe-stack"
+# Several models behind one server: the preset (each model's flags) arrives in ROUTER_PRESET_ENV, and
+# the entrypoint writes it here (the root file system is read-only; /tmp is the stack's tmpfs).
+ROUTER_PRESET_ENV = "MOE_STACK_ROUTER_PRESET"
+ROUTER_PRESET = "/tmp/moe-stack-models.ini"

@@ -25,7 +25,7 @@ from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.spec import BaseImages, EngineOptions
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import StackOptions, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
@@ -37,14 +37,14 @@ from builder.stacks.smoke import smoke as run_smoke
 
 
 def compose(
-    model: Annotated[Path, typer.Option("--model", "-m", help="the GGUF file to serve (its directory is mounted read-only)")],
+    model: Annotated[list[Path], typer.Option("--model", "-m", help="the GGUF file to serve (its directory is mounted read-only); repeat it for several models behind one server (llama.cpp's router: one loaded at a time)")],
     engine: EngineOpt = "llama.cpp",
     image: Annotated[str | None, typer.Option("--image", help="image to run (default: the pinned avx2 CPU image)")] = None,
     out_file: Annotated[Path, typer.Option("--out", "-o", help="compose file to write")] = Path("compose.yaml"),
     project: Annotated[str | None, typer.Option("--project", help="compose project name")] = None,
     port: Annotated[int, typer.Option("--port", help="host port")] = 8080,
     bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
-    preset: Annotated[str | None, typer.Option("--preset", help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b")] = None,
+    preset: Annotated[list[str] | None, typer.Option("--preset", help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b; with several --model, one per model in the same order")] = None,
     ctx_size: Annotated[int | None, typer.Option("--ctx-size", "-c", help="context length (default: the preset's, else 4096)")] = None,
     threads: Annotated[int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")] = None,
     parallel: Annotated[int, typer.Option("--parallel", help="server slots (concurrent requests)")] = 1,
@@ -92,9 +92,16 @@ def compose(
              "moe_offload_batch": moe_offload_batch, "kt_method": kt_method, "gpu_layers": gpu_layers,
              "cache_type": cache_type, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
              "batch_size": batch_size, "ubatch_size": ubatch_size}
-    options = StackOptions.model_validate({
-        "model": model, "engine": engine, "image": image, "cpu_image": cpu_image, "project": project, "port": port,
-        "bind": bind, "preset": preset,
+    presets = list(preset or [])
+    if presets and len(presets) != len(model):
+        raise SpecError(f"{len(model)} --model and {len(presets)} --preset: give one preset per model, in the same "
+                        "order (or none)")
+    if served_name is not None and len(model) > 1:
+        raise SpecError("--served-name names one model; several models are served under their presets' names "
+                        "(else their file names)")
+    options = [StackOptions.model_validate({
+        "model": path, "engine": engine, "image": image, "cpu_image": cpu_image, "project": project, "port": port,
+        "bind": bind, "preset": presets[index] if presets else None,
         "engine_options": EngineOptions.model_validate({k: v for k, v in given.items() if v is not None}),
         "threads": threads, "parallel": parallel, "override_tensors": tuple(override_tensor or ()),
         "experts_on_cpu": experts_on_cpu, "fit_vram_gb": float_list(fit_vram_gb, "--fit-vram-gb"),
@@ -105,10 +112,10 @@ def compose(
         "hugetlbfs": hugetlbfs, "shm_size": shm_size, "api_key_file": api_key_file,
         "skip_image_checks": skip_image_checks, "for_other_host": for_other_host, "start_period_s": start_period,
         "engine_args": tuple(engine_args or ()),
-    })
-    plan = plan_stack(options, probe())
+    }) for index, path in enumerate(model)]
+    plan = plan_models(options, probe())
     document = compose_dict(plan.stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=plan.facts,
-                            cpu_profile=plan.cpu_profile)
+                            cpu_profile=plan.cpu_profile, routed=plan.routed)
     path = write_stack(document, out_file)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
 

@@ -90,6 +90,7 @@ def check_stack_shape(document: object, listed_images: dict[str, str]) -> None:
             raise UntrustedBundle(f"its compose.yaml declares the secret {secret_name!r}, which moe-stack never writes")
 
 
+
 def _check_service(name: str, service: object, listed_images: dict[str, str]) -> None:
     if not isinstance(service, dict):
         raise UntrustedBundle(f"service {name} of its compose.yaml is not a mapping")

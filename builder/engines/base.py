@@ -8,7 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from builder.errors import SpecError
+from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.toolchain import Toolchain, toolchain
 from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
@@ -53,6 +53,8 @@ class Engine(ABC):
     # Flags whose next argument is a model file or directory: the entrypoint checks it is readable
     # (and stages a file on hugetlbfs), so a missing mount is one clear line, not a slow failure.
     model_flags: tuple[str, ...] = ()
+    # Whether one server of it can switch between several models (llama.cpp's router mode).
+    routes_models: bool = False
 
     # -- source -------------------------------------------------------------------------------
     def default_source(self, ref: str | None) -> EngineSource:
@@ -116,6 +118,12 @@ class Engine(ABC):
         exit status doesn't show (a crash, a missing library)."""
 
     # -- run ----------------------------------------------------------------------------------
+    def router_command(self, stack: StackSpec, models: tuple[StackSpec, ...],
+                       flags: dict[str, str] | None) -> tuple[list[str], str]:
+        """The server's arguments and the preset file's text for several models behind one port."""
+        raise StackError(f"{self.name} serves one model per server: emit one stack per model (each on its own port), "
+                         "or use an engine whose server routes between models (mainline llama.cpp's router)")
+
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.llama_family import LlamaFamilyEngine
+from builder.errors import StackError
+from builder.images.flags import takes_value
+from builder.spec import StackSpec
 
 
 class LlamaCpp(LlamaFamilyEngine):
@@ -20,6 +24,7 @@ class LlamaCpp(LlamaFamilyEngine):
     sdist_ref = "0c1e57098"  # what that sdist vendors: its image is the default ref's image
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
+    routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     fits_itself = True  # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
 
@@ -39,3 +44,41 @@ class LlamaCpp(LlamaFamilyEngine):
             # Build info from the pinned ref when the tree has no .git (sdists, tarballs).
             f"-DLLAMA_BUILD_COMMIT={ref}",
         ]
+
+    def router_command(self, stack: StackSpec, models: tuple[StackSpec, ...],
+                       flags: dict[str, str] | None) -> tuple[list[str], str]:
+        """The router: one port, one model loaded at a time (each is most of the RAM), unloaded after
+        `--sleep-idle-seconds` when asked; each model's own arguments as a section of its preset file,
+        named by the model's served name (the router's model id)."""
+        for flag in ("--models-preset", "--models-max"):
+            if flags is not None and flag not in flags:
+                raise StackError(f"this {self.name} build has no router mode ({flag}); use one stack per model")
+        command = ["--models-preset", ROUTER_PRESET, "--models-max", "1", "--host", "0.0.0.0",
+                   "--port", str(CONTAINER_PORT)]
+        if stack.api_key_file is not None:
+            command += ["--api-key-file", API_KEY_PATH]
+        sections = ["version = 1", ""]
+        for model in models:
+            if model.served_name is None:
+                raise StackError(f"the model {model.model.name} needs a served name to be routed to")
+            sections += [f"[{model.served_name}]", *_ini_lines(self.server_args(model, flags), flags), ""]
+        return command, "\n".join(sections)
+
+
+# The router decides these for every model it starts (its own address, port, key and the model's id).
+_ROUTER_OWNS = frozenset({"--host", "--port", "--api-key-file", "--alias"})
+
+
+def _ini_lines(args: list[str], flags: dict[str, str] | None) -> list[str]:
+    """`--flag value` pairs as `flag = value` lines (a switch: `flag = true`; repeated -ot rules joined
+    by commas, as -ot itself takes them)."""
+    values: dict[str, list[str]] = {}
+    at = 0
+    while at < len(args):
+        flag = args[at]
+        takes = takes_value(flags, flag) if flags is not None else at + 1 < len(args) and not args[at + 1].startswith("-")
+        value = args[at + 1] if takes else "true"
+        at += 2 if takes else 1
+        if flag not in _ROUTER_OWNS:
+            values.setdefault(flag.lstrip("-"), []).append(value)
+    return [f"{key} = {','.join(items)}" for key, items in values.items()]

@@ -17,6 +17,7 @@ from builder.contract import (
     IMAGE_UID,
     LABEL_PREFIX,
     PARSER_FLAGS_FILE,
+    ROUTER_PRESET,
 )
 from builder.engines import get_engine
 from builder.files import replace_rendered_dir
@@ -116,6 +117,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "contract_dir": CONTRACT_DIR,
         "help_file": HELP_FILE,
         "parser_flags_file": PARSER_FLAGS_FILE,
+        "router_preset": ROUTER_PRESET,
         "model_flags": " ".join(engine.model_flags),
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),

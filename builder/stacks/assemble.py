@@ -8,6 +8,7 @@ The command line builds a StackOptions and calls `plan_stack`; tests call it wit
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -79,6 +80,7 @@ class StackPlan:
     stack: StackSpec
     facts: ImageFacts | None
     cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None
+    routed: tuple[StackSpec, ...] = ()  # several models behind the one server: each one's stack
 
 
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
@@ -170,6 +172,23 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
     return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile)
+
+
+def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
+    """One model: `plan_stack`. Several: one server that switches between them (the engine's router),
+    each model with its own preset and flags, one port, each served under its own name."""
+    if len(models) == 1:
+        return plan_stack(models[0], host)
+    first = models[0]
+    if first.cpu_image is not None:
+        raise SpecError("a stack of several models has one service: drop --cpu-image")
+    if not get_engine(first.engine).routes_models:
+        raise SpecError(f"{first.engine} serves one model per server: emit one stack per model, or use an engine "
+                        "whose server routes between models (mainline llama.cpp)")
+    routed = tuple(assemble_stack(options, host) for options in models)
+    base = routed[0]
+    check_port_free(base.bind, base.port)
+    return StackPlan(stack=base, facts=_checked_facts(base.image, first, host), routed=routed)
 
 
 def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:

@@ -34,6 +34,22 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     return StackFiles(model=model, mounts=mounts, api_key=key)
 
 
+def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
+    """Every routed model's files, each mounted under its own name in /models (a clash of two names is
+    refused), checked readable by the engine's user; the API key as for one model."""
+    mounts: dict[str, dict[str, object]] = {}
+    for model in models:
+        for part in split_parts(model.model.parent.resolve() / model.model.name):
+            source = part.resolve()
+            check_readable_in_container(source, parent_too=False)
+            target = f"{MODEL_DIR}/{part.name}"
+            if target in mounts and mounts[target]["source"] != str(source):
+                raise StackError(f"two models are named {part.name}; rename one (each is mounted as /models/NAME)")
+            mounts[target] = {"type": "bind", "source": str(source), "target": target, "read_only": True}
+    single = stack_files(stack)
+    return StackFiles(model=single.model, mounts=list(mounts.values()), api_key=single.api_key)
+
+
 def model_mounts(model: Path) -> list[dict[str, object]]:
     """The model's mounts: its directory at /models, read-only; or, where its (split) files are links
     out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each file's

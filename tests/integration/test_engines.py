@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -14,7 +15,10 @@ from builder.errors import StackError
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
-from tests.integration.conftest import BuiltImage, StackFactory
+from builder.stacks.host_checks import free_local_port
+from builder.stacks.run import down, up
+from tests.cli import run_cli
+from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
 
 pytestmark = pytest.mark.integration
 
@@ -117,3 +121,31 @@ def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_mod
     """The -ot rule reaches the engine's parser: a bad buffer type stops the stack with a clear error."""
     with pytest.raises(StackError, match="did not become healthy"):
         start_stack(engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",), wait_s=60)
+
+
+def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_model: Path, tmp_path: Path) -> None:
+    """`compose --model A --model B`: mainline's router on one port serves both under their names,
+    one loaded at a time (--models-max 1), each with its own flags from the preset the stack passes."""
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    models = tmp_path / "models"
+    models.mkdir(mode=0o755)
+    second = models / "tiny-moe.gguf"
+    shutil.copy(moe_model, second)
+    second.chmod(0o644)
+    port = free_local_port()
+    compose_file = tmp_path / "compose.yaml"
+    emitted = run_cli("compose", "--model", str(gemma_model), "--model", str(second), "--image", image.tag,
+                      "--threads", "2", "--port", str(port), "--out", str(compose_file))
+    assert emitted.returncode == 0, emitted.stderr
+    try:
+        up(compose_file, timeout_s=180)
+        url = f"http://127.0.0.1:{port}"
+        for name, prompt in (("gemma-3-270m-q4_k_m", DEMO_PROMPT), ("tiny-moe", "hello"), ("gemma-3-270m-q4_k_m", "x")):
+            reply = _post(f"{url}/v1/completions", {"model": name, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+            assert reply["usage"]["completion_tokens"] > 0, reply
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as response:
+            listed = {model["id"]: model.get("status", {}).get("value") for model in json.load(response)["data"]}
+        assert set(listed) == {"gemma-3-270m-q4_k_m", "tiny-moe"}
+        assert sorted(listed.values()).count("loaded") == 1, listed  # the last one asked for, alone
+    finally:
+        down(compose_file)
