@@ -22,3 +22,11 @@ LABEL_PREFIX = "io.moe-stack"
 # the entrypoint writes it here (the root file system is read-only; /tmp is the stack's tmpfs).
 ROUTER_PRESET_ENV = "MOE_STACK_ROUTER_PRESET"
 ROUTER_PRESET = "/tmp/moe-stack-models.ini"
+# The monitoring service (`compose --monitoring`): Prometheus from Debian's package, made locally.
+PROMETHEUS_PORT = 9090
+PROMETHEUS_DATA = "/var/lib/moe-stack-prometheus"  # the stack's named volume (Docker copies its owner in)
+PROMETHEUS_CONFIG_ENV = "MOE_STACK_PROMETHEUS_CONFIG"  # the scrape configuration, written to /tmp at start
+
+
+def prometheus_image(suite: str) -> str:
+    return f"moe-stack/prometheus:{suite}"

@@ -246,6 +246,8 @@ class StackSpec(_Spec):
     served_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")
     jinja: bool = True  # the model's own (Jinja) chat template: tool calls and the thinking switch need it
     metrics: bool = True  # the engine's Prometheus endpoint (/metrics), behind the same loopback port
+    # A Prometheus service beside the engine, scraping it, its UI on this port (0: no monitoring).
+    monitoring_port: int = Field(default=0, ge=0, le=65535)
     # Neutral engine options, translated per engine version by its adapter (None: engine default).
     flash_attention: FlashAttention | None = None
     fused_moe: bool | None = None

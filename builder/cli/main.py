@@ -38,6 +38,7 @@ from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.images.matrix import ci_rows, cuda_target, variants
 from builder.images.naming import image_spec, variant_tag
+from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
@@ -219,12 +220,19 @@ def base(
     force: Annotated[bool, typer.Option("--force", help="re-make the images even if they exist (new IDs: builds on them start over)")] = False,
     cuda: Annotated[str | None, typer.Option(
         "--cuda", help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)")] = None,
+    prometheus: Annotated[bool, typer.Option(
+        "--prometheus", help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)")] = False,
 ) -> None:
     """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
     with --cuda, CUDA devel/runtime images from NVIDIA's PyPI wheels on it (checked before tagging)."""
     release = pypi_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
     debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
     out.print(f"base image ready: {debian}")
+    if prometheus:
+        made_prometheus = make_prometheus(debian, suite, cache_dir() / "contexts" / f"prometheus-{suite}",
+                                          show=raw_stderr, log_path=cache_dir() / "logs" / f"prometheus-{suite}.log",
+                                          force=force)
+        out.print(f"monitoring image ready: {made_prometheus} (compose --monitoring)", highlight=False)
     if release is None:
         return
     made = make_cuda_base(release, debian, cache_dir() / "cuda-wheels" / release.version,

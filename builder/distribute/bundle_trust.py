@@ -14,8 +14,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from builder.contract import API_KEY_SECRET, CONFIG_DIR, HUGETLBFS_DIR, MODEL_DIR
+from builder.contract import API_KEY_SECRET, CONFIG_DIR, HUGETLBFS_DIR, MODEL_DIR, PROMETHEUS_DATA
 from builder.errors import MoeStackError
+from builder.stacks.document import MONITORING_VOLUME
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).
 ALLOWED_CAPS = frozenset({"SYS_NICE", "IPC_LOCK"})
@@ -82,8 +83,9 @@ def check_stack_shape(document: object, listed_images: dict[str, str]) -> None:
         raise UntrustedBundle(f"its compose.yaml has top-level {', '.join(extra_top)}, which moe-stack never writes")
     for name, service in document["services"].items():
         _check_service(str(name), service, listed_images)
-    for volume in (document.get("volumes") or {}).values():
-        if not isinstance(volume, dict) or (volume.get("driver_opts") or {}).get("type") != "hugetlbfs":
+    for volume_name, volume in (document.get("volumes") or {}).items():
+        plain = volume_name == MONITORING_VOLUME and volume in ({}, None)  # Prometheus' data, a local volume
+        if not plain and (not isinstance(volume, dict) or (volume.get("driver_opts") or {}).get("type") != "hugetlbfs"):
             raise UntrustedBundle("its compose.yaml declares a volume that is not moe-stack's hugetlbfs volume")
     for secret_name, secret in (document.get("secrets") or {}).items():
         if secret_name != API_KEY_SECRET or not isinstance(secret, dict) or set(secret) != {"file"}:
@@ -120,7 +122,7 @@ def _check_service(name: str, service: object, listed_images: dict[str, str]) ->
         model_file = target.startswith(f"{MODEL_DIR}/") and "/" not in target.removeprefix(f"{MODEL_DIR}/")
         bind_ok = volume.get("type") == "bind" and (target in _BIND_TARGETS or model_file) and \
             volume.get("read_only") is True
-        named_ok = volume.get("type") == "volume" and volume.get("target") == HUGETLBFS_DIR
+        named_ok = volume.get("type") == "volume" and volume.get("target") in (HUGETLBFS_DIR, PROMETHEUS_DATA)
         if not (bind_ok or named_ok):
             raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {target}; a moe-stack stack "
                                   "mounts only the model (and config) directory read-only")

@@ -55,6 +55,7 @@ class StackOptions(BaseModel):
     served_name: str | None = None  # default: the preset's name, else the model's name without its split suffix
     jinja: bool = True
     metrics: bool = True
+    monitoring_port: int = 0  # a Prometheus service scraping the engine, its UI on this port (0: none)
     numa: Literal["auto", "none", "interleave", "membind", "cpunodebind"] = "auto"
     numa_nodes: tuple[int, ...] = ()
     gpu: Literal["none", "nvidia", "cdi"] = "none"
@@ -129,6 +130,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         served_name=options.served_name or options.preset or served_name_for(model),
         jinja=options.jinja,
         metrics=options.metrics,
+        monitoring_port=options.monitoring_port,
         numa=where.numa,
         numa_nodes=where.numa_nodes,
         numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
@@ -167,6 +169,8 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if options.cpu_image is not None and stack.gpu == "none":
         raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
     check_port_free(stack.bind, stack.port)
+    if stack.monitoring_port:
+        check_port_free(stack.bind, stack.monitoring_port)
     facts = _checked_facts(stack.image, options, host)
     cpu_profile = None
     if options.cpu_image is not None:

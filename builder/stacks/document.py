@@ -12,19 +12,25 @@ import yaml
 
 from builder import __version__
 from builder.contract import (
+    API_KEY_PATH,
     API_KEY_SECRET,
     CONFIG_DIR,
     CONTAINER_PORT,
     HUGETLBFS_DIR,
     IMAGE_UID,
     MODEL_DIR,
+    PROMETHEUS_CONFIG_ENV,
+    PROMETHEUS_DATA,
+    PROMETHEUS_PORT,
     ROUTER_PRESET_ENV,
+    prometheus_image,
 )
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.placement import numa_env
 from builder.images.flags import check_args
 from builder.images.image_facts import ImageFacts
+from builder.images.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions, StackSpec
 
 SERVICE = "engine"
@@ -33,6 +39,7 @@ GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
 LOG_SIZE, LOG_FILES = "50m", 3
+MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
@@ -109,14 +116,50 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
         },
         "services": services,
     }
+    volumes: dict[str, object] = {}
     if stack.hugetlbfs != "off":
-        document["volumes"] = {HUGETLBFS_VOLUME: _hugetlbfs_volume(stack.hugetlbfs)}
+        volumes[HUGETLBFS_VOLUME] = _hugetlbfs_volume(stack.hugetlbfs)
+    if stack.monitoring_port:
+        if routed or not stack.metrics:
+            raise StackError("--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack")
+        services[MONITORING_SERVICE] = _monitoring(stack, list(services), files.api_key is not None)
+        volumes[MONITORING_VOLUME] = {}
+    if volumes:
+        document["volumes"] = volumes
     if files.api_key is not None:
         document["secrets"] = {API_KEY_SECRET: {"file": str(files.api_key)}}
     for section in ("services", "volumes", "secrets"):
         if section in document:
             document[section] = literal(document[section])
     return document
+
+
+def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str, object]:
+    """Prometheus scraping each engine service's /metrics every 10 s (the one of the profile that runs
+    answers), its data on a named volume, its UI on the stack's address."""
+    job: dict[str, object] = {"job_name": "moe-stack", "metrics_path": "/metrics",
+                              "static_configs": [{"targets": [f"{name}:{CONTAINER_PORT}" for name in engines]}]}
+    if api_key:
+        job["authorization"] = {"credentials_file": API_KEY_PATH}
+    config = yaml.safe_dump({"global": {"scrape_interval": "10s"}, "scrape_configs": [job]}, sort_keys=False)
+    service: dict[str, object] = {
+        "image": prometheus_image(CPU_BASE_SUITE),
+        "environment": {PROMETHEUS_CONFIG_ENV: config},
+        "ports": [{"target": PROMETHEUS_PORT, "published": str(stack.monitoring_port), "host_ip": stack.bind,
+                   "protocol": "tcp"}],
+        "volumes": [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}],
+        "read_only": True,
+        "tmpfs": ["/tmp"],
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "healthcheck": {"test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
+                        "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"},
+        "restart": "unless-stopped",
+        "logging": {"driver": "json-file", "options": {"max-size": LOG_SIZE, "max-file": str(LOG_FILES)}},
+    }
+    if api_key:
+        service["secrets"] = [API_KEY_SECRET]
+    return service
 
 
 def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],

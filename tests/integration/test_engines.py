@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import pytest
 from python_on_whales import DockerClient
 
 from builder.errors import StackError
+from builder.files import cache_dir
+from builder.images.prometheus import make_prometheus
+from builder.images.toolchain import CPU_BASE_SUITE
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
@@ -149,3 +153,24 @@ def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_mo
         assert sorted(listed.values()).count("loaded") == 1, listed  # the last one asked for, alone
     finally:
         down(compose_file)
+
+
+def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
+    """`compose --monitoring`: Prometheus (Debian's package, `moe-stack base --prometheus`) beside the
+    engine has its token counters a scrape after a completion."""
+    make_prometheus(base_image, CPU_BASE_SUITE, cache_dir() / "contexts" / "prometheus-test", show=lambda line: None,
+                    log_path=cache_dir() / "logs" / "prometheus-test.log")
+    monitoring_port = free_local_port()
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, monitoring_port=monitoring_port)
+    _post(f"{stack.url}/completion", {"prompt": "hello", "n_predict": 4, "ignore_eos": True})
+    query = f"http://127.0.0.1:{monitoring_port}/api/v1/query?query=llamacpp:tokens_predicted_total"
+    deadline, found = time.monotonic() + 60, []
+    while time.monotonic() < deadline and not (found and float(found[0]["value"][1]) >= 4):
+        time.sleep(2)  # a scrape every 10 s; the first may have been before the completion
+        try:
+            with urllib.request.urlopen(query, timeout=10) as response:
+                found = json.load(response)["data"]["result"]
+        except OSError:  # Prometheus answers 503 until its storage is open
+            pass
+    assert found and float(found[0]["value"][1]) >= 4, found
+    assert found[0]["metric"]["instance"] == "engine:8080"

@@ -14,6 +14,8 @@ import yaml
 
 from builder.distribute.bundle import BundleError, load_bundle
 from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
+from builder.spec import StackSpec
+from builder.stacks.compose import compose_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())
@@ -88,3 +90,24 @@ def test_load_holds_the_archive_to_the_expected_sha256(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="not the sha256:0000 you expect; don't load it"):
         load_bundle(bundle, tmp_path / "dest", expect_sha256="0000")
     assert not (tmp_path / "dest").exists()
+
+
+def test_a_monitored_and_a_routed_stack_have_the_emitted_shape(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    model.chmod(0o644)
+    base = {"project": "p", "engine": "llama.cpp", "image": "img:1", "threads": 4}
+    monitored = compose_dict(StackSpec(**base, model=model, monitoring_port=9090), "x")
+    check_stack_shape(monitored, {s["image"]: "sha256:x" for s in monitored["services"].values()})
+    other = tmp_path / "n.gguf"
+    other.write_bytes(b"GGUF")
+    other.chmod(0o644)
+    routed = (StackSpec(**base, model=model, served_name="m"), StackSpec(**base, model=other, served_name="n"))
+    router = compose_dict(routed[0], "x", routed=routed)
+    check_stack_shape(router, {"img:1": "sha256:x"})
+    hostile = copy.deepcopy(monitored)
+    hostile["volumes"]["prometheus-data"] = {"driver": "local", "driver_opts": {"type": "none", "o": "bind",
+                                                                                "device": "/etc"}}
+    with pytest.raises(UntrustedBundle, match="not moe-stack's hugetlbfs volume"):
+        check_stack_shape(hostile, {s["image"]: "sha256:x" for s in monitored["services"].values()})

@@ -174,3 +174,22 @@ def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Pat
         {"type": "bind", "source": str(blobs / "e3b0c4"), "target": "/models/M-00001-of-00002.gguf", "read_only": True},
         {"type": "bind", "source": str(blobs / "5f70bf"), "target": "/models/M-00002-of-00002.gguf", "read_only": True}]
     assert service["command"][:2] == ["--model", "/models/M-00001-of-00002.gguf"]
+
+
+def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("k\n")
+    key.chmod(0o644)
+    stack = _stack(tmp_path, monitoring_port=19090, gpu="nvidia", api_key_file=key)
+    document = compose_dict(stack, "x", cpu_profile=(cpu_only(stack, "img:cpu"), None))
+    prometheus = document["services"]["prometheus"]
+    assert prometheus["image"] == "moe-stack/prometheus:trixie" and "profiles" not in prometheus  # with either profile
+    assert prometheus["ports"][0] == {"target": 9090, "published": "19090", "host_ip": "127.0.0.1", "protocol": "tcp"}
+    assert prometheus["read_only"] is True and prometheus["cap_drop"] == ["ALL"] and prometheus["secrets"]
+    config = yaml.safe_load(prometheus["environment"]["MOE_STACK_PROMETHEUS_CONFIG"])
+    job = config["scrape_configs"][0]
+    assert job["static_configs"][0]["targets"] == ["engine:8080", "engine-cpu:8080"]
+    assert job["authorization"] == {"credentials_file": "/run/secrets/moe-stack-api-key"}
+    assert document["volumes"] == {"prometheus-data": {}}
+    with pytest.raises(StackError, match="--monitoring scrapes one engine's /metrics"):
+        compose_dict(_stack(tmp_path, monitoring_port=19090, metrics=False), "x")

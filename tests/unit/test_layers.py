@@ -23,6 +23,7 @@ DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
 TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
                   "builder.images.image_facts", "builder.stacks.run", "builder.stacks.smoke", "builder.distribute.publish",
+                  "builder.images.prometheus",
                   "builder.distribute.bundle", "builder.cli.main"}
 
 
