@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -105,9 +106,11 @@ def down(compose_file: Path) -> None:
 
 def _service_log_tail(client: DockerClient) -> str:
     try:
-        text = client.compose.logs(tail="20", no_log_prefix=True)
+        text = client.compose.logs(tail="500", no_log_prefix=True)  # a usage text can follow the error
     except DockerException:
         return "unavailable"
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower()]
+    # Terminal control sequences (the engine's progress lines) would end up inside the one-line error.
+    lines = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", str(text)).splitlines() if line.strip()]
+    said = [line for line in lines if re.match(r"\W*(error|fatal)\b", line, re.IGNORECASE)]
+    errors = said or [line for line in lines if "error" in line.lower()]
     return (errors or lines or ["(empty)"])[-1].strip()

@@ -6,13 +6,17 @@ Without a Docker daemon the integration tests are skipped, except under CI, wher
 
 from __future__ import annotations
 
+import contextlib
 import os
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+from pytest_docker.plugin import get_docker_services
 from python_on_whales import DockerClient
 
 from builder.docker_client import docker
@@ -29,7 +33,7 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages, StackSpec
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
+from builder.stacks.run import down
 from tests.integration.wheelhouse import make_kt_wheelhouse
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
@@ -136,22 +140,42 @@ free_port = free_local_port
 StackFactory = Callable[..., RunningStack]
 
 
+def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: object) -> tuple[Path, int]:
+    """A stack as `moe-stack compose` writes it (checked against the image's flag contract), on a free
+    port and under a unique project name; (its compose file, its port)."""
+    port = free_local_port()
+    project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
+    stack = StackSpec.model_validate({"project": project, "engine": image.engine, "image": image.tag, "model": model,
+                                      "port": port, "threads": 2, **options})
+    document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
+    return write_stack(document, directory / project / "compose.yaml"), port
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
-    """Emit a stack for (image, model, options), bring it up healthy; every stack is removed after."""
-    started: list[Path] = []
+    """Emit a stack for (image, model, options) and bring it up with pytest-docker (`docker compose up
+    --wait`, then `wait_until_responsive` on its health endpoint); every stack is removed after."""
+    with contextlib.ExitStack() as running:
 
-    def _start(image: BuiltImage, model: Path, wait_s: int = 180, **options: object) -> RunningStack:
-        port = free_port()
-        project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
-        stack = StackSpec(project=project, engine=image.engine, image=image.tag, model=model, port=port,
-                          **{"threads": 2, **options})
-        document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
-        compose_file = write_stack(document, tmp_path / project / "compose.yaml")
-        started.append(compose_file)
-        up(compose_file, timeout_s=wait_s)
-        return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
+        def _start(image: BuiltImage, model: Path, wait_s: int = 180, **options: object) -> RunningStack:
+            compose_file, port = emit_stack(tmp_path, image, model, **options)
+            project = str(yaml.safe_load(compose_file.read_text())["name"])
+            try:
+                services = running.enter_context(get_docker_services(
+                    "docker compose", str(compose_file), project, [f"up --wait --wait-timeout {wait_s}"],
+                    ["down --volumes --remove-orphans --timeout 10"]))
+            except Exception:  # a failed `up` leaves its containers: remove them before reporting
+                down(compose_file)
+                raise
+            services.wait_until_responsive(check=lambda: _answers(port), timeout=wait_s, pause=1)
+            return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
 
-    yield _start
-    for compose_file in started:
-        down(compose_file)
+        yield _start

@@ -22,7 +22,7 @@ from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 from tests.cli import run_cli
-from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
+from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, emit_stack
 
 pytestmark = pytest.mark.integration
 
@@ -120,11 +120,15 @@ def test_served_name_tool_calls_and_metrics(engine_image: BuiltImage, moe_model:
     assert "--jinja" in command and "--metrics" in command and command[command.index("--alias") + 1] == "tiny-moe"
 
 
-def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_model: Path,
-                                               start_stack: StackFactory) -> None:
-    """The -ot rule reaches the engine's parser: a bad buffer type stops the stack with a clear error."""
-    with pytest.raises(StackError, match="did not become healthy"):
-        start_stack(engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",), wait_s=60)
+def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_model: Path, tmp_path: Path) -> None:
+    """The -ot rule reaches the engine's parser: a bad buffer type stops the stack, and `moe-stack up`
+    says so with the engine's log."""
+    compose_file, _ = emit_stack(tmp_path, engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",))
+    try:
+        with pytest.raises(StackError, match="did not become healthy.*--override-tensor"):
+            up(compose_file, timeout_s=60)
+    finally:
+        down(compose_file)
 
 
 def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_model: Path, tmp_path: Path) -> None:
