@@ -19,17 +19,19 @@ from rich.text import Text
 from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
+from builder.files import write_file_atomically
 from builder.host.probe import probe
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.spec import BaseImages, EngineOptions
-from builder.stacks.assemble import StackOptions, plan_models
+from builder.stacks.assemble import StackOptions, memory_for, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
 from builder.stacks.host_checks import check_port_free
+from builder.stacks.kubernetes import KubeOptions, manifests, resource_name, to_kubernetes_yaml
 from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
@@ -40,7 +42,11 @@ def compose(
     model: Annotated[list[Path], typer.Option("--model", "-m", help="the GGUF file to serve (its directory is mounted read-only); repeat it for several models behind one server (llama.cpp's router: one loaded at a time)")],
     engine: EngineOpt = "llama.cpp",
     image: Annotated[str | None, typer.Option("--image", help="image to run (default: the pinned avx2 CPU image)")] = None,
-    out_file: Annotated[Path, typer.Option("--out", "-o", help="compose file to write")] = Path("compose.yaml"),
+    out_file: Annotated[Path | None, typer.Option("--out", "-o", help="file to write (default: compose.yaml, or moe-stack.k8s.yaml with --format kubernetes)")] = None,
+    output_format: Annotated[str, typer.Option("--format", help="compose, or kubernetes (a Deployment and a Service from the same stack)")] = "compose",
+    replicas: Annotated[int, typer.Option("--replicas", help="kubernetes: pods behind the Service (each holds the whole model)")] = 1,
+    model_pvc: Annotated[str | None, typer.Option("--model-pvc", help="kubernetes: a PersistentVolumeClaim holding the model (default: the node's directory, hostPath)")] = None,
+    gpu_product: Annotated[str | None, typer.Option("--gpu-product", help="kubernetes: nodes with this nvidia.com/gpu.product, e.g. NVIDIA-H200")] = None,
     project: Annotated[str | None, typer.Option("--project", help="compose project name")] = None,
     port: Annotated[int, typer.Option("--port", help="host port")] = 8080,
     bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
@@ -116,10 +122,24 @@ def compose(
         "skip_image_checks": skip_image_checks, "for_other_host": for_other_host, "start_period_s": start_period,
         "engine_args": tuple(engine_args or ()),
     }) for index, path in enumerate(model)]
+    if output_format not in ("compose", "kubernetes"):
+        raise SpecError(f"--format {output_format!r}: choose compose or kubernetes")
     plan = plan_models(options, probe())
-    document = compose_dict(plan.stack, generated_by=" ".join(["moe-stack", *sys.argv[1:]]), facts=plan.facts,
-                            cpu_profile=plan.cpu_profile, routed=plan.routed)
-    path = write_stack(document, out_file)
+    generated_by = " ".join(["moe-stack", *sys.argv[1:]])
+    if output_format == "kubernetes":
+        if plan.routed or plan.cpu_profile is not None:
+            raise SpecError("--format kubernetes emits one model's Deployment: drop --cpu-image and extra --model")
+        stack = plan.stack
+        kube = KubeOptions(replicas=replicas, memory_bytes=memory_for(stack), model_pvc=model_pvc,
+                           gpu_product=gpu_product, gpus=len(stack.gpu_ids) or 1)
+        secret = f"{resource_name(stack.project)}-api-key" if stack.api_key_file is not None else None
+        path = write_file_atomically(out_file or Path("moe-stack.k8s.yaml"),
+                                     to_kubernetes_yaml(manifests(stack, plan.facts, kube), generated_by, secret))
+        out.print(f"wrote {path}: `kubectl apply -f {path}` runs it (a Deployment and a Service)")
+        return
+    document = compose_dict(plan.stack, generated_by=generated_by, facts=plan.facts, cpu_profile=plan.cpu_profile,
+                            routed=plan.routed)
+    path = write_stack(document, out_file or Path("compose.yaml"))
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
 
 

@@ -22,7 +22,7 @@ from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.naming import image_spec, image_tag
 from builder.models.model_files import check_gguf
-from builder.models.planner import GIB, model_bytes, read_facts
+from builder.models.planner import GIB, kv_cache_bytes, model_bytes, read_facts
 from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
@@ -153,6 +153,15 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
+
+
+def memory_for(stack: StackSpec) -> int:
+    """RAM the stack's model takes on its host: every file of it, and the KV cache where no GPU holds it."""
+    needed = model_bytes(stack.model)
+    if stack.gpu == "none":
+        needed += kv_cache_bytes(read_facts(stack.model), stack.ctx_size, stack.cache_type or "f16",
+                                 bool(stack.mla))
+    return needed
 
 
 def served_name_for(model: Path) -> str:

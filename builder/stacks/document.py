@@ -278,13 +278,12 @@ def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, 
     return service
 
 
-def _placement(stack: StackSpec) -> dict[str, object]:
-    """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
-    mbind/set_mempolicy, also for an engine that binds its own memory), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
-    the model staged on a hugetlbfs volume."""
-    extra: dict[str, object] = {}
+def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]:
+    """What the image's entrypoint reads (NUMA policy, hugetlbfs staging) and the capabilities the
+    stack needs: SYS_NICE for a NUMA policy (Docker's seccomp profile wants it for mbind and
+    set_mempolicy), also for an engine that binds its own memory; IPC_LOCK for --mlock."""
+    environment: dict[str, str] = {}
     caps = []
-    environment = {}
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
         environment["MOE_STACK_NUMA"] = policy
@@ -292,10 +291,20 @@ def _placement(stack: StackSpec) -> dict[str, object]:
         caps.append("SYS_NICE")
     if stack.hugetlbfs != "off":
         environment["MOE_STACK_HUGETLBFS"] = HUGETLBFS_DIR
+    if stack.mlock:
+        caps.append("IPC_LOCK")
+    return environment, caps
+
+
+def _placement(stack: StackSpec) -> dict[str, object]:
+    """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
+    mbind/set_mempolicy, also for an engine that binds its own memory), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
+    the model staged on a hugetlbfs volume."""
+    extra: dict[str, object] = {}
+    environment, caps = entrypoint_environment(stack)
     if environment:
         extra["environment"] = environment
     if stack.mlock:
-        caps.append("IPC_LOCK")
         extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
     if caps:
         extra["cap_add"] = caps
