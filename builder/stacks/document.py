@@ -38,7 +38,8 @@ CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profi
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
 HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
-LOG_SIZE, LOG_FILES = "50m", 3
+# A server that logs every request must not fill the disk: at most 3 × 50 MB per service.
+LOGGING = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
 MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
@@ -155,7 +156,7 @@ def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str
         "healthcheck": {"test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
                         "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"},
         "restart": "unless-stopped",
-        "logging": {"driver": "json-file", "options": {"max-size": LOG_SIZE, "max-file": str(LOG_FILES)}},
+        "logging": dict(LOGGING),
     }
     if api_key:
         service["secrets"] = [API_KEY_SECRET]
@@ -269,8 +270,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, 
             "start_interval": "2s",
         },
         "restart": "unless-stopped",
-        # A server that logs every request must not fill the disk: at most LOG_FILES × LOG_SIZE.
-        "logging": {"driver": "json-file", "options": {"max-size": LOG_SIZE, "max-file": str(LOG_FILES)}},
+        "logging": dict(LOGGING),
     }
     service.update(_placement(stack))
     if stack.api_key_file is not None:
@@ -331,7 +331,10 @@ def _hugetlbfs_volume(page_size: str) -> dict[str, object]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (a router's preset) as literal blocks, the rest as safe_dump writes them."""
+    """Multi-line strings (a router's preset) as literal blocks, no anchors, the rest as safe_dump."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

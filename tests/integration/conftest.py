@@ -151,7 +151,8 @@ def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: objec
     return write_stack(document, directory / project / "compose.yaml"), port
 
 
-def _answers(port: int) -> bool:
+def answers_health(port: int) -> bool:
+    """Whether the engine on `port` answers /health with 200."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
             return response.status == 200
@@ -175,7 +176,7 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
             except Exception:  # a failed `up` leaves its containers: remove them before reporting
                 down(compose_file)
                 raise
-            services.wait_until_responsive(check=lambda: _answers(port), timeout=wait_s, pause=1)
+            services.wait_until_responsive(check=lambda: answers_health(port), timeout=wait_s, pause=1)
             return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
 
         yield _start

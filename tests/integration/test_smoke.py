@@ -4,7 +4,6 @@ test harness: `docker_compose_file`, `docker_services`, `wait_until_responsive`)
 from __future__ import annotations
 
 import json
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from builder.contract import CONTAINER_PORT
 from builder.stacks.document import SERVICE
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
-from tests.integration.conftest import build_engine_image
+from tests.integration.conftest import answers_health, build_engine_image
 
 pytestmark = pytest.mark.integration
 CHECKS = {"healthy", "served-name", "completion", "chat", "tool-call", "flags", "placement", "gpu", "metrics"}
@@ -39,17 +38,9 @@ def docker_compose_project_name(docker_compose_file: str) -> str:
     return str(yaml.safe_load(Path(docker_compose_file).read_text())["name"])
 
 
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
 def test_smoke_passes_on_an_emitted_stack(docker_services: Services, docker_compose_file: str) -> None:
     port = docker_services.port_for(SERVICE, CONTAINER_PORT)
-    docker_services.wait_until_responsive(check=lambda: _healthy(port), timeout=120, pause=1)
+    docker_services.wait_until_responsive(check=lambda: answers_health(port), timeout=120, pause=1)
     result = run_cli("smoke", docker_compose_file, "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
     assert result.returncode == 0, result.stdout + result.stderr
