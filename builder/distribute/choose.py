@@ -13,7 +13,7 @@ from builder.errors import SpecError
 from builder.host.probe import Gpu, HostFacts, missing_flags
 from builder.images.matrix import cuda_target
 from builder.images.naming import Variant
-from builder.images.targets import CPU_TARGETS, best_cpu_target
+from builder.images.targets import CPU_TARGETS, best_cpu_target, fallback_cost
 from builder.images.toolchain import MIN_DRIVER, driver_runs
 
 
@@ -46,7 +46,10 @@ def choose_variant(host: HostFacts, offered: list[Variant], cpu_only: bool = Fal
 def _ideal(host: HostFacts, chosen: Variant) -> str:
     """A note when this CPU could use a richer target than any published one."""
     ideal = best_cpu_target(host.cpu.flags)
-    return f" (a {ideal.name} build would fit it better)" if ideal and ideal.name != chosen.cpu else ""
+    if ideal is None or ideal.name == chosen.cpu:
+        return ""
+    cost = fallback_cost(ideal, CPU_TARGETS[chosen.cpu])
+    return f" (a {ideal.name} build would fit it better{': ' + cost if cost else ''})"
 
 
 def _cuda_fits(cuda: str, gpu: Gpu) -> bool:

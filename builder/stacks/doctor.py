@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from builder.host.probe import HostFacts
-from builder.images.targets import best_cpu_target
+from builder.images.targets import AVX2, best_cpu_target, fallback_cost
 from builder.images.toolchain import MIN_DRIVER, highest_cuda
 from builder.models.planner import size
 
@@ -58,7 +58,9 @@ def _cpu(host: HostFacts) -> Finding:
     target = best_cpu_target(host.cpu.flags)
     if target is None:
         return Finding("WARN", "cpu", "no named CPU target fits (no AVX2)", "use the llama.cpp `portable` image")
-    return Finding("OK", "cpu", f"best CPU target: {target.name} ({target.description})")
+    cost = fallback_cost(target, AVX2)
+    return Finding("OK", "cpu", f"best CPU target: {target.name} ({target.description})"
+                                f"{'; an avx2 image here leaves ' + cost if cost else ''}")
 
 
 def _cores(host: HostFacts) -> Finding:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
 from builder.images.matrix import ci_rows, cuda_target, published, variants
 from builder.images.naming import image_spec
 from builder.images.render import configure_args
-from builder.images.targets import CPU_TARGETS, best_cpu_target, cpu_target
+from builder.images.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
 from builder.images.toolchain import toolchain
 from tests.cli import run_cli
 
@@ -70,13 +72,13 @@ def test_best_target_for_a_host() -> None:
 
 def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
     everything = variants()
-    # llama.cpp family: engines × (cpu + 4 CUDA) × 4 targets + mainline portable; KTransformers: 2 CUDA
-    # × (4 targets + portable); its legacy 0.2.4: CUDA 12.8 × 4 targets
-    assert len(everything) == 2 * 5 * 4 + 5 + 2 * 5 + 4
+    # llama.cpp family: engines × (cpu + 4 CUDA) × 7 targets + mainline portable; KTransformers: 2 CUDA
+    # × (7 targets + portable); its legacy 0.2.4: CUDA 12.8 × 7 targets
+    assert len(everything) == 2 * 5 * 7 + 5 + 2 * 8 + 7
     refused = [(v.engine, v.cuda, v.cpu) for v in everything if v.spec is None]
     assert sorted(refused) == sorted((e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6"))
     rows = ci_rows()
-    assert len(rows) == len(published()) == 55
+    assert len(rows) == len(published()) == 94
     assert {"engine": "ik_llama.cpp", "cuda": "12.8", "cuda_archs": "86,89,90,120", "cpu": "zen5",
             "variant": "007d640098cb-cuda12.8-zen5",
             "tag": "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cuda12.8-zen5"} in rows
@@ -87,3 +89,39 @@ def test_matrix_json_for_ci() -> None:
     result = run_cli("matrix", "--json")
     assert result.returncode == 0
     assert json.loads(result.stdout)["include"] == ci_rows()
+
+
+RECORDED = {name.strip(): frozenset(flags.split()) for name, _, flags in
+            (line.partition(":") for line in (Path(__file__).parent / "data/cpuinfo-flags.txt").read_text().splitlines()
+             if line and not line.startswith("#"))}
+
+
+@pytest.mark.parametrize(("family", "target", "kt_kernel"), [
+    ("skylake-sp", "skylakesp", "avx512_base"), ("cascade-lake", "cascadelake", "avx512_vnni"),
+    ("ice-lake-sp", "icelake", "avx512_vbmi"), ("sapphire-rapids", "sapphirerapids", "amx"),
+    ("emerald-rapids", "sapphirerapids", "amx"), ("zen4", "zen4", "avx512_bf16"), ("zen5", "zen5", "avx512_bf16"),
+    ("zen3-desktop", "avx2", "avx2"),
+])
+def test_recorded_hosts_get_their_target(family: str, target: str, kt_kernel: str) -> None:
+    """Real flag lines of each family: the richest target each runs, and kt-kernel's variant there."""
+    flags = RECORDED[family]
+    chosen = best_cpu_target(flags)
+    assert chosen is not None and chosen.name == target
+    assert kt_variant(flags) == kt_kernel
+    # ik_llama.cpp's HAVE_FANCY_SIMD needs AVX-512 F, VNNI, VL, BW, DQ: every AVX-512 target but Skylake-SP
+    fancy = {"avx512f", "avx512_vnni", "avx512vl", "avx512bw", "avx512dq"} <= set(chosen.required_flags)
+    assert fancy == (target not in ("avx2", "skylakesp"))
+
+
+def test_xeon_targets_compile_for_their_generation() -> None:
+    assert "-DCMAKE_C_FLAGS=-march=cascadelake" in _args("ik_llama.cpp", "cascadelake")
+    icelake = _args("llama.cpp", "icelake")
+    assert "-DCMAKE_C_FLAGS=-march=icelake-server" in icelake and "-DGGML_AVX512_BF16=OFF" in icelake
+    assert "-DGGML_AVX512_VNNI=ON" in icelake and "-DGGML_AVX512_VNNI=OFF" in _args("llama.cpp", "skylakesp")
+
+
+def test_what_a_lesser_target_costs() -> None:
+    cost = fallback_cost(cpu_target("cascadelake"), cpu_target("avx2"))
+    assert cost.startswith("AVX-512 VNNI (ik_llama.cpp's HAVE_FANCY_SIMD path), AVX-512 left unused") and "1.28x" in cost
+    assert fallback_cost(cpu_target("zen4"), cpu_target("icelake")).startswith("AVX-512 BF16 left unused")
+    assert fallback_cost(cpu_target("icelake"), cpu_target("icelake")) == ""
