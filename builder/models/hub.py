@@ -1,0 +1,112 @@
+"""A model from a Hugging Face repository onto this host (`moe-stack fetch-model --hf REPO --include
+PATTERN`): the matching files into a plain directory (no symlinked cache: split GGUFs and mounts need
+real files), a broken connection resumed where it left off (huggingface_hub's retries), files already
+complete kept on a rerun, each file's sha256 checked against the repository's LFS metadata and
+recorded beside them (moe-stack-model.json).
+
+huggingface_hub does the talking: HF_ENDPOINT (a mirror), HF_TOKEN or its token file, its resume.
+The stacks stay offline: nothing here runs in an image.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import disable_progress_bars
+from huggingface_hub.utils import logging as hub_logging
+
+from builder.errors import ModelError
+from builder.files import write_file_atomically
+
+MANIFEST = "moe-stack-model.json"  # what was fetched: repository, commit, each file's size and sha256
+_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class HubFile:
+    name: str
+    size: int
+    sha256: str | None  # None for a file the repository keeps outside LFS (small text files)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    directory: Path
+    commit: str
+    files: tuple[HubFile, ...]
+
+    @property
+    def first_model(self) -> Path:
+        """The file `compose --model` takes: the first GGUF (the first shard of a split one)."""
+        ggufs = sorted(f.name for f in self.files if f.name.endswith(".gguf"))
+        return self.directory / (ggufs[0] if ggufs else self.files[0].name)
+
+
+def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tuple[str, tuple[HubFile, ...]]:
+    """The repository's commit and the files the patterns select (sizes and sha256 from LFS metadata)."""
+    try:
+        info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+    except RepositoryNotFoundError:
+        raise ModelError(f"no repository {repo} on the hub (or it needs a token: `hf auth login`, or HF_TOKEN)") \
+            from None
+    except RevisionNotFoundError:
+        raise ModelError(f"{repo} has no revision {revision}") from None
+    except (HfHubHTTPError, OSError) as err:
+        raise ModelError(f"the hub did not answer for {repo} ({err}); check the network or HF_ENDPOINT") from None
+    siblings = info.siblings or []
+    chosen = tuple(HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)), s.lfs.sha256 if s.lfs else None)
+                   for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in include))
+    if not chosen:
+        names = ", ".join(sorted(s.rfilename for s in siblings)[:12])
+        raise ModelError(f"no file of {repo} matches {' '.join(include)}; it has: {names}")
+    return str(info.sha), chosen
+
+
+def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None) -> Fetched:
+    """Download the selected files into `dest` (resuming a partial download), check and record them."""
+    commit, files = plan_fetch(repo, include, revision)
+    dest.mkdir(parents=True, exist_ok=True)
+    missing = sum(f.size for f in files if not _complete(dest / f.name, f))
+    free = shutil.disk_usage(dest).free
+    if missing > free:
+        raise ModelError(f"{repo}'s files need {missing / 1e9:.1f} GB more and {dest} has {free / 1e9:.1f} GB free; "
+                         "free some space or pick another --dest")
+    if not sys.stderr.isatty():  # its progress bars and retry notes are for a terminal; logs get the result
+        disable_progress_bars()
+        hub_logging.set_verbosity_error()
+    try:
+        snapshot_download(repo, revision=commit, local_dir=dest, allow_patterns=[f.name for f in files])
+    except Exception as err:  # noqa: BLE001 - whatever HTTP stack it uses: one line, and how to go on
+        reason = str(err).splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ModelError(f"the download from {repo} broke off ({reason}); run the same command again: the files "
+                         "already complete are kept") from None
+    for file in files:
+        if file.sha256 is not None and _sha256(dest / file.name) != file.sha256:
+            (dest / file.name).unlink()
+            raise ModelError(f"{file.name} from {repo} does not have the sha256 the repository lists "
+                             f"({file.sha256[:12]}…); it was removed: run the command again to fetch it anew")
+    fetched = Fetched(directory=dest, commit=commit, files=files)
+    write_file_atomically(dest / MANIFEST, json.dumps(
+        {"repository": repo, "commit": commit,
+         "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files]}, indent=2) + "\n")
+    return fetched
+
+
+def _complete(path: Path, file: HubFile) -> bool:
+    return path.is_file() and path.stat().st_size == file.size
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

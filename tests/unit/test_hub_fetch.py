@@ -1,0 +1,77 @@
+"""`moe-stack fetch-model --hf`: huggingface_hub against a local stand-in for the hub (HF_ENDPOINT):
+split shards by pattern into a plain directory, a cut download resumed, a corrupted file refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.cli import run_cli
+from tests.hub_server import COMMIT, Hub, serve
+
+REPO = "unsloth/Tiny-MoE-GGUF"
+SHARDS = {f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": os.urandom(300_000 + i) for i in (1, 2)}
+FILES = {**SHARDS, "Q8_0/Tiny-MoE-Q8_0.gguf": os.urandom(1000), "README.md": b"# tiny\n"}
+
+
+def _fetch(hub: Hub, dest: Path, *extra: str) -> tuple[int, str, str]:
+    result = run_cli("fetch-model", "--hf", REPO, "--include", "Q4_K_M/*", "--dest", str(dest), *extra,
+                     env={"HF_ENDPOINT": hub.url, "HF_HOME": str(dest.parent / "hf-home"),
+                          "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"})
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.cli
+def test_shards_by_pattern_into_a_plain_directory(tmp_path: Path) -> None:
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        status, stdout, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 0, stderr
+    first = tmp_path / "models/Q4_K_M/Tiny-MoE-Q4_K_M-00001-of-00002.gguf"
+    assert stdout.strip() == str(first)
+    for name, data in SHARDS.items():
+        path = tmp_path / "models" / name
+        assert not path.is_symlink() and path.read_bytes() == data
+    assert not (tmp_path / "models/Q8_0").exists() and not (tmp_path / "models/README.md").exists()
+    manifest = json.loads((tmp_path / "models/moe-stack-model.json").read_text())
+    assert manifest["commit"] == COMMIT and len(manifest["files"]) == 2 and all(f["sha256"] for f in manifest["files"])
+
+
+@pytest.mark.cli
+def test_a_cut_download_resumes(tmp_path: Path) -> None:
+    """A connection cut after 12 MB (past huggingface_hub's 10 MB chunk): the rest is asked for with a
+    ranged GET, and the file is whole."""
+    files = {**FILES, "Q4_K_M/Big-00001-of-00001.gguf": os.urandom(24 << 20)}
+    with serve(Hub(REPO, files, cut_after=12 << 20, cuts=1)) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 0, stderr
+    assert max(hub.ranges) >= 10 << 20, hub.ranges  # resumed, not started over
+    assert (tmp_path / "models/Q4_K_M/Big-00001-of-00001.gguf").read_bytes() == files["Q4_K_M/Big-00001-of-00001.gguf"]
+
+
+@pytest.mark.cli
+def test_a_download_that_keeps_breaking_says_what_to_do(tmp_path: Path) -> None:
+    with serve(Hub(REPO, dict(FILES), cut_after=100_000, cuts=50)) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 1 and "broke off" in stderr and "run the same command again" in stderr, stderr
+    assert len([line for line in stderr.splitlines() if line.strip()]) == 1, stderr
+
+
+@pytest.mark.cli
+def test_a_corrupted_file_is_refused(tmp_path: Path) -> None:
+    name = next(iter(SHARDS))
+    with serve(Hub(REPO, dict(FILES), corrupt={name})) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 1 and "does not have the sha256 the repository lists" in stderr, stderr
+    assert len([line for line in stderr.splitlines() if line.strip()]) == 1
+    assert not (tmp_path / "models" / name).exists() and not (tmp_path / "models/moe-stack-model.json").exists()
+
+
+@pytest.mark.cli
+def test_nothing_matches(tmp_path: Path) -> None:
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        result = run_cli("fetch-model", "--hf", REPO, "--include", "Q2_K/*", "--dest", str(tmp_path / "m"),
+                         env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")})
+    assert result.returncode == 1 and f"no file of {REPO} matches Q2_K/*" in result.stderr
