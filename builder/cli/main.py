@@ -43,8 +43,9 @@ from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.models.hub import fetch as fetch_from_hub
+from builder.models.hub import size_problems
 from builder.models.model_files import check_gguf, fetch_demo_model
-from builder.models.planner import GIB, model_bytes, read_facts, size
+from builder.models.planner import GIB, model_bytes, read_facts, size, split_parts
 from builder.models.planner import plan as make_plan
 from builder.spec import BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
@@ -362,6 +363,7 @@ def doctor(
                         gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
                         free_disk_bytes=shutil.disk_usage(Path.home()).free,
                         model_bytes=model_bytes(check_gguf(model)) if model else None,
+                        model_problems=size_problems(split_parts(check_gguf(model))) if model else None,
                         cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None)
     if as_json:
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")

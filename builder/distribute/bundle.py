@@ -22,6 +22,7 @@ from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, 
 from builder.docker_client import describe, docker
 from builder.errors import MoeStackError
 from builder.files import write_file_atomically
+from builder.models.hub import recorded
 from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
 from builder.stacks.document import literal, to_yaml
@@ -66,11 +67,17 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         except DockerException as err:
             raise BundleError(f"docker save failed: {describe(err)}") from None
         (staging / COMPOSE).write_bytes(compose_file.read_bytes())
+        sums = {part: sha256(part) for part in parts}
+        for part, digest in sums.items():
+            fetched = recorded(part)
+            if fetched is not None and fetched.sha256 is not None and digest != f"sha256:{fetched.sha256}":
+                raise BundleError(f"{part} is not the file fetched from the hub (its sha256 differs from "
+                                  "moe-stack-model.json's); fetch it again before bundling")
         manifest = {
             "format": FORMAT,
             "files": {name: sha256(staging / name) for name in (COMPOSE, IMAGES)},
             "images": {image: client.image.inspect(image).id for image in images},
-            "models": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sha256(part),
+            "models": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sums[part],
                         "included": include_model} for part in parts],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

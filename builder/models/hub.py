@@ -110,3 +110,29 @@ def _sha256(path: Path) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def recorded(part: Path) -> HubFile | None:
+    """What `fetch` recorded for `part` (its size and sha256), from the moe-stack-model.json of the
+    directory it was fetched into (the part's own or one up to two levels above); None if none."""
+    for directory in list(part.resolve().parents)[:3]:
+        manifest = directory / MANIFEST
+        if manifest.is_file():
+            name = str(part.resolve().relative_to(directory))
+            try:
+                entries = json.loads(manifest.read_text())["files"]
+                return next((HubFile(e["name"], int(e["size"]), e["sha256"]) for e in entries if e["name"] == name),
+                            None)
+            except (ValueError, KeyError, TypeError):
+                raise ModelError(f"{manifest} is not a moe-stack model record; fetch the model again") from None
+    return None
+
+
+def size_problems(parts: list[Path]) -> list[str] | None:
+    """For a fetched model: each part whose size differs from the record (a quick check; the sha256
+    is checked at fetch and by `bundle`); None when the model has no record."""
+    found = [(part, recorded(part)) for part in parts]
+    if all(record is None for _, record in found):
+        return None
+    return [f"{part.name} is {part.stat().st_size} bytes, {record.size} when fetched"
+            for part, record in found if record is not None and part.stat().st_size != record.size]

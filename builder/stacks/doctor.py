@@ -25,9 +25,11 @@ class Finding:
 
 
 def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_bytes: int,
-             model_bytes: int | None = None, cuda_bases: dict[str, bool] | None = None) -> list[Finding]:
+             model_bytes: int | None = None, cuda_bases: dict[str, bool] | None = None,
+             model_problems: list[str] | None = None) -> list[Finding]:
     """Every finding for `host`. `cuda_bases`: each registry-free CUDA base image (`moe-stack base
-    --cuda`) and whether the Docker store has it (None: Docker wasn't asked)."""
+    --cuda`) and whether the Docker store has it (None: Docker wasn't asked). `model_problems`: how a
+    fetched model's files differ from their record (None: no record)."""
     findings = [_cpu(host), _cores(host), *_numa(host), _thp(host), _hugepages(host), *_gpus(host, gpu_runtime_ok)]
     findings.append(Finding("OK", "docker", "the Docker daemon answers") if docker_ok else
                     Finding("FAIL", "docker", "the Docker daemon does not answer",
@@ -39,6 +41,10 @@ def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_b
         findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
         findings.append(_model_fits(host, model_bytes))
+    if model_problems is not None:
+        findings.append(Finding("FAIL", "model-files", "; ".join(model_problems), "fetch it again (moe-stack fetch-model "
+                                "--hf ...: complete files are kept)") if model_problems else
+                        Finding("OK", "model-files", "every file as fetched (sizes match moe-stack-model.json)"))
     return findings
 
 

@@ -3,17 +3,19 @@ split shards by pattern into a plain directory, a cut download resumed, a corrup
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
 
+from builder.models.hub import HubFile, recorded
 from tests.cli import run_cli
 from tests.hub_server import COMMIT, Hub, serve
 
 REPO = "unsloth/Tiny-MoE-GGUF"
-SHARDS = {f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": os.urandom(300_000 + i) for i in (1, 2)}
+SHARDS = {f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": b"GGUF\x03\0\0\0" + os.urandom(300_000 + i) for i in (1, 2)}
 FILES = {**SHARDS, "Q8_0/Tiny-MoE-Q8_0.gguf": os.urandom(1000), "README.md": b"# tiny\n"}
 
 
@@ -75,3 +77,23 @@ def test_nothing_matches(tmp_path: Path) -> None:
         result = run_cli("fetch-model", "--hf", REPO, "--include", "Q2_K/*", "--dest", str(tmp_path / "m"),
                          env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")})
     assert result.returncode == 1 and f"no file of {REPO} matches Q2_K/*" in result.stderr
+
+
+@pytest.mark.cli
+def test_doctor_checks_a_fetched_model_against_its_record(tmp_path: Path) -> None:
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        status, stdout, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 0, stderr
+    first = Path(stdout.strip())
+    assert recorded(first) == HubFile(str(first.relative_to(tmp_path / "models")), len(SHARDS[next(iter(SHARDS))]),
+                                      hashlib.sha256(SHARDS[next(iter(SHARDS))]).hexdigest())
+
+    def model_finding() -> dict[str, str]:
+        doctor = run_cli("doctor", "--model", str(first), "--json")
+        return next(f for f in json.loads(doctor.stdout) if f["topic"] == "model-files")
+
+    assert model_finding()["level"] == "OK"
+    second = tmp_path / "models" / list(SHARDS)[1]
+    second.write_bytes(second.read_bytes()[:-10])  # a part cut short after the fetch
+    finding = model_finding()
+    assert finding["level"] == "FAIL" and second.name in finding["message"], finding
