@@ -20,6 +20,7 @@ from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
 from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
+from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
 from builder.errors import (
@@ -37,7 +38,7 @@ from builder.images.build import Publishing, build_image, build_plan, context_di
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.images.matrix import ci_rows, cuda_target, variants
-from builder.images.naming import image_spec, variant_tag
+from builder.images.naming import context_name, image_spec, variant_tag
 from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
@@ -62,6 +63,7 @@ RefOpt = Annotated[str | None, typer.Option("--ref", help="engine git ref (defau
                                             "with --source, the label for the image tag")]
 SourceOpt = Annotated[str | None, typer.Option(
     "--source", help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)")]
+ProgressOpt = Annotated[str, typer.Option("--progress", help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty")]
 CudaOpt = Annotated[str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")]
 ArchsOpt = Annotated[str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")]
 BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
@@ -126,6 +128,12 @@ def _validation_line(error: ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
+def _progress(mode: str) -> ProgressMode:
+    if mode not in ("auto", "plain", "tty"):
+        raise SpecError(f"--progress {mode!r}: choose auto (live in a terminal), plain or tty")
+    return cast(ProgressMode, mode)
+
+
 def _cuda(version: str | None, archs: str | None) -> CudaTarget:
     if archs and version is None:
         raise SpecError("--cuda-archs needs --cuda VERSION")
@@ -179,10 +187,12 @@ def build(
     push: Annotated[bool, typer.Option("--push", help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a buildx builder that can export attestations (docker-container)")] = False,
     gha_cache: Annotated[bool, typer.Option("--gha-cache", help="with --push in GitHub Actions: read and write the build cache under this variant's own scope")] = False,
     metadata_file: Annotated[Path | None, typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here")] = None,
+    progress: ProgressOpt = "auto",
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     if (gha_cache or metadata_file) and not push:
         raise SpecError("--gha-cache and --metadata-file go with --push (CI's image workflow)")
+    display = _progress(progress)
     tree = resolve_local(get_engine(engine), source) if source else None
     spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base, cuda_base), registry,
                       namespace,
@@ -193,8 +203,10 @@ def build(
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
             out.print(line, highlight=False, soft_wrap=True)
         return
-    tag = build_image(spec, tree, show=raw_stderr, log_path=log, publishing=publishing)
-    out.print(f"{'pushed' if push else 'built'} {tag}", highlight=False)
+    log_path = log or cache_dir() / "logs" / f"build-{context_name(spec)}.log"
+    with build_display(display) as show:
+        tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
+    out.print(f"{'pushed' if push else 'built'} {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
 
 
 @app.command("cmake-args")

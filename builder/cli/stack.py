@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
+from builder.cli.common import EngineOpt, float_list, int_list, out
+from builder.cli.progress import build_display
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
 from builder.files import write_file_atomically
@@ -214,7 +215,8 @@ def demo(
     tree = resolve_local(adapter, source or f"pypi:{adapter.sdist}")
     spec = image_spec(adapter.name, tree=tree, ref=adapter.sdist_ref if source is None else "local",
                       base=BaseImages(build=base_image, runtime=base_image))
-    image = build_image(spec, tree, show=raw_stderr)
+    with build_display("auto") as show:
+        image = build_image(spec, tree, show=show)
     sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
     started = time.monotonic()
     compose_file = start_demo(adapter.name, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
