@@ -261,10 +261,5 @@ def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
             EXPERTS_ON_CPU_RULE)
 
 
-def override_rules(gpu_layers: int, layers: int) -> tuple[str, ...]:
-    """One GPU's rules: layers [0, gpu_layers) keep experts on CUDA0, the rest on the CPU."""
-    return device_rules([DevicePlan(0, 0, range(layers), 0, tuple(range(gpu_layers)))], layers)
-
-
 def size(n_bytes: int) -> str:
     return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB // 10 else f"{n_bytes / 1024**2:.1f} MiB"

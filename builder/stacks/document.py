@@ -175,8 +175,8 @@ def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],
     command, preset = engine.router_command(stack, routed, flags)
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
-        for model in routed:
-            check_args(engine.server_args(model, flags), facts.server_flags, facts.who)
+    for model in routed:
+        engine_command(model, facts)  # each model's own flags: no clash with the stack's, all in the contract
     return command, preset
 
 
@@ -227,7 +227,9 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
                                     "moe_offload_batch": None})
 
 
-def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]) -> dict[str, object]:
+def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
+    """The engine's arguments for `stack`, in the syntax of the image's engine version and checked
+    against its flag contract when `facts` are known; the same for every output format."""
     # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
     given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
     engine = get_engine(stack.engine)
@@ -243,11 +245,19 @@ def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, 
                          f"image); use a CUDA image of {engine.name}")
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
+    return command
+
+
+def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
+    """The image, pinned to the registry's digest when it came from (or went to) one: a moved tag
+    can't change what the stack runs."""
+    return f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image
+
+
+def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]) -> dict[str, object]:
     service: dict[str, object] = {
-        # Pinned to the registry's digest when the image came from (or went to) one: a moved tag
-        # can't change what this stack runs.
-        "image": f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image,
-        "command": command,
+        "image": pinned_image(stack, facts),
+        "command": engine_command(stack, facts),
         "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
                    "protocol": "tcp"}],
         "volumes": [*mounts,

@@ -14,16 +14,14 @@ import yaml
 
 from builder import __version__
 from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
-from builder.engines import get_engine
 from builder.errors import StackError
-from builder.images.flags import check_args
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
 from builder.images.targets import CPU_TARGETS
+from builder.models.planner import GIB
 from builder.spec import StackSpec
-from builder.stacks.document import HEALTHCHECK, entrypoint_environment
+from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_environment, pinned_image
 
-GIB = 1024**3
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
 # NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).
 NFD_PREFIX = "feature.node.kubernetes.io/cpu-cpuid."
@@ -67,10 +65,7 @@ def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) 
                          "Kubernetes (or raise the limit in the container runtime's defaults)")
     if options.replicas < 1:
         raise StackError(f"--replicas {options.replicas}: a Deployment runs at least 1")
-    engine = get_engine(stack.engine)
-    command = engine.server_args(stack, facts.server_flags if facts else None)
-    if facts is not None:
-        check_args(command, facts.server_flags, facts.who)
+    command = engine_command(stack, facts)
     name = resource_name(stack.project)
     labels = {"app.kubernetes.io/name": "moe-stack", "app.kubernetes.io/instance": name,
               "app.kubernetes.io/component": "engine", "app.kubernetes.io/managed-by": "moe-stack"}
@@ -137,7 +132,7 @@ def _pod(stack: StackSpec, facts: ImageFacts | None, command: list[str], options
     health = {"exec": {"command": HEALTHCHECK[1:]}, "timeoutSeconds": 5}
     container: dict[str, object] = {
         "name": "engine",
-        "image": f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image,
+        "image": pinned_image(stack, facts),
         "args": command,
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         # Guaranteed QoS: requests equal limits, whole CPUs (the static CPU manager pins them).

@@ -21,6 +21,7 @@ from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
+from builder.stacks.smoke import TOOL
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, emit_stack
 
@@ -95,11 +96,6 @@ def test_moe_serves_with_experts_on_cpu(engine_image: BuiltImage, moe_model: Pat
     assert ["--override-tensor", EXPERTS_ON_CPU_RULE] == command[command.index("--override-tensor"):][:2]
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
 def test_served_name_tool_calls_and_metrics(engine_image: BuiltImage, moe_model: Path,
                                             start_stack: StackFactory) -> None:
     """What clients rely on: one model name whatever the engine, a `tools` request accepted (ik_llama.cpp
@@ -110,7 +106,7 @@ def test_served_name_tool_calls_and_metrics(engine_image: BuiltImage, moe_model:
         assert [model["id"] for model in json.load(response)["data"]] == ["tiny-moe"]
     reply = _post(f"{stack.url}/v1/chat/completions", {
         "model": "tiny-moe", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": [WEATHER_TOOL], "max_tokens": 8, "temperature": 0})
+        "tools": [TOOL], "max_tokens": 8, "temperature": 0})
     choices = reply["choices"]
     assert isinstance(choices, list) and choices[0]["message"]["role"] == "assistant", reply
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=30) as response:

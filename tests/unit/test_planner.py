@@ -4,6 +4,7 @@ Expected numbers are derived by hand in the comments."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import get_args
@@ -14,9 +15,10 @@ from builder.errors import ModelError, SpecError
 from builder.models.planner import (
     CACHE_BYTES,
     GIB,
+    DevicePlan,
     ModelFacts,
+    device_rules,
     kv_cache_bytes,
-    override_rules,
     plan,
     read_facts,
 )
@@ -67,7 +69,7 @@ def test_leftover_vram_takes_the_first_layers_experts(moe: Path) -> None:
 
 
 def test_rules_route_tensors_as_planned() -> None:
-    rules = override_rules(3, 61)
+    rules = device_rules([DevicePlan(0, 24 * GIB, range(61), 0, (0, 1, 2))], 61)
     def where(name: str) -> str:
         return next(rule.rsplit("=", 1)[1] for rule in rules if re.search(rule.rsplit("=", 1)[0], name))
     assert where("blk.2.ffn_up_exps.weight") == "CUDA0"
@@ -86,6 +88,11 @@ def test_too_large_says_by_how_much() -> None:
 def test_plan_cli(moe: Path, tmp_path: Path) -> None:
     result = run_cli("plan", str(moe), "--vram-gb", "1", "--ram-gb", "8")
     assert result.returncode == 1 and "more than the 1.0 GiB given" in result.stderr
+    two = run_cli("plan", str(moe), "--vram-gb", "2.003,2.003", "--ram-gb", "8", "-c", "512", "--json")
+    assert two.returncode == 0, two.stderr
+    planned = json.loads(two.stdout)
+    assert planned["tensor_split"] == [2, 2] and [d["gpu"] for d in planned["devices"]] == [0, 1]
+    assert planned["devices"][0]["layers"][0] == 0 and planned["devices"][1]["layers"][1] == planned["layers"]
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(moe.read_bytes()[:1000])
     with pytest.raises(ModelError, match="header does not hold together: tensor count 51 does not fit"):
