@@ -18,6 +18,7 @@ CONTRACT_DIR = "/contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
 LABEL_PREFIX = "io.moe-stack"
+TOOLS_LABEL = f"{LABEL_PREFIX}.tools"  # a tools image's programs beside the server, space-separated
 # Several models behind one server: the preset (each model's flags) arrives in ROUTER_PRESET_ENV, and
 # the entrypoint writes it here (the root file system is read-only; /tmp is the stack's tmpfs).
 ROUTER_PRESET_ENV = "MOE_STACK_ROUTER_PRESET"

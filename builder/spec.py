@@ -176,6 +176,9 @@ class ImageSpec(_Spec):
     base: BaseImages = DEFAULT_BASES  # None fields: the toolchain's defaults
     registry: str = "ghcr.io"
     namespace: str = "moe-stack"
+    # The tools image: the server image plus the engine's benchmark, quantize and GGUF tools, built
+    # from the same build stage (same -march, same ISA guard) and published as `<slug>-tools`.
+    tools: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> ImageSpec:

@@ -38,7 +38,7 @@ from builder.images.build import Publishing, build_image, build_plan, context_di
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.images.matrix import ci_rows, cuda_target, variants
-from builder.images.naming import context_name, image_spec, variant_tag
+from builder.images.naming import build_name, image_spec, variant_tag
 from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
@@ -188,6 +188,7 @@ def build(
     gha_cache: Annotated[bool, typer.Option("--gha-cache", help="with --push in GitHub Actions: read and write the build cache under this variant's own scope")] = False,
     metadata_file: Annotated[Path | None, typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here")] = None,
     progress: ProgressOpt = "auto",
+    tools: Annotated[bool, typer.Option("--tools", help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, gguf-split, perplexity, imatrix and gguf-py, from the same build")] = False,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     if (gha_cache or metadata_file) and not push:
@@ -195,15 +196,14 @@ def build(
     display = _progress(progress)
     tree = resolve_local(get_engine(engine), source) if source else None
     spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base, cuda_base), registry,
-                      namespace,
-                      _cuda(cuda, cuda_archs))
+                      namespace, _cuda(cuda, cuda_archs), tools)
     publishing = Publishing(gha_cache, metadata_file) if push else None
     if dry_run:
         context = render_context(spec, context_dir(spec))
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
             out.print(line, highlight=False, soft_wrap=True)
         return
-    log_path = log or cache_dir() / "logs" / f"build-{context_name(spec)}.log"
+    log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
     with build_display(display) as show:
         tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
     out.print(f"{'pushed' if push else 'built'} {tag} (full log: {log_path})", highlight=False, soft_wrap=True)

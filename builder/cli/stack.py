@@ -37,6 +37,7 @@ from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
+from builder.stacks.tool_run import bench_with_tool
 
 
 def compose(
@@ -156,18 +157,40 @@ def up(
 
 def bench(
     compose_file: Annotated[Path, typer.Argument(help="compose file of the stack (started if it isn't running)")] = Path("compose.yaml"),
-    prompt_words: Annotated[int, typer.Option("--prompt-words", help="prompt length (about one token per word)")] = 256,
+    prompt_words: Annotated[int, typer.Option("--prompt-words", "-p", help="prompt length (about one token per word; with --tool, tokens)")] = 256,
     generate: Annotated[int, typer.Option("--generate", "-n", help="tokens to generate")] = 64,
     repetitions: Annotated[int, typer.Option("--repetitions", "-r", help="runs; the median is shown")] = 3,
+    tool: Annotated[str | None, typer.Option("--tool", help="llama-bench, or sweep-bench (ik_llama.cpp): the engine's own benchmark from the tools image, with the stack's flags, the stack stopped")] = None,
+    tools_image: Annotated[str | None, typer.Option("--tools-image", help="with --tool: the tools image (default: the stack's image's repository with -tools, same tag)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)")] = None,
 ) -> None:
     """Prefill and decode tokens/s of a stack, as its engine reports them, with exactly the stack's flags."""
-    stack_up(compose_file, 1800)
+    if tool is not None:
+        _bench_with_tool(compose_file, tool, tools_image, prompt_words, generate, repetitions, profile)
+        return
+    if tools_image is not None:
+        raise SpecError("--tools-image goes with --tool llama-bench or --tool sweep-bench")
+    stack_up(compose_file, 1800, profile)
     (bind, port), *_ = published_ports(compose_file)
     speed = measure(port, prompt_words, generate, repetitions, host="127.0.0.1" if bind == "0.0.0.0" else bind,
                     api_key=stack_api_key(compose_file))
     table = Table("", "tokens", "median t/s", "runs t/s", box=None)
     table.add_row("prefill", str(speed.prompt_tokens), f"{speed.prefill:.1f}", " ".join(f"{v:.1f}" for v in speed.prefill_tps))
     table.add_row("decode", str(speed.generated_tokens), f"{speed.decode:.1f}", " ".join(f"{v:.1f}" for v in speed.decode_tps))
+    out.print(table)
+
+
+def _bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prompt_tokens: int, generate: int,
+                     repetitions: int, profile: str | None) -> None:
+    sys.stderr.write(f"running {tool} from the tools image with the stack's flags (the model loads first)\n")
+    result = bench_with_tool(compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile)
+    out.print(Text(f"{result.image}: {result.program} {' '.join(result.args)}", style="dim"), soft_wrap=True)
+    for note in result.left_out:
+        out.print(Text(f"not given to {result.program}: {note}", style="yellow"), soft_wrap=True)
+    table = Table("test", "depth", "mean t/s", "± sd", "runs t/s", box=None)
+    for row in result.rows:
+        table.add_row(row.test, str(row.depth), f"{row.tps:.1f}", f"{row.spread:.1f}",
+                      " ".join(f"{v:.1f}" for v in row.samples_tps))
     out.print(table)
 
 

@@ -55,6 +55,8 @@ class Engine(ABC):
     model_flags: tuple[str, ...] = ()
     # Whether one server of it can switch between several models (llama.cpp's router mode).
     routes_models: bool = False
+    # The build targets its tools image adds beside the server (none: it has no tools image).
+    tool_targets: tuple[str, ...] = ()
 
     # -- source -------------------------------------------------------------------------------
     def default_source(self, ref: str | None) -> EngineSource:
@@ -90,6 +92,8 @@ class Engine(ABC):
                             "tree (--source)")
         if isinstance(spec.source, LocalSource) and spec.source.holds == "wheels" and not self.installs_wheels:
             raise SpecError(f"{self.name} is built from source, not from wheels: give --source an engine tree")
+        if spec.tools and not self.tool_targets:
+            raise SpecError(f"{self.name} has no tools image (no llama-bench or quantize tools to add): drop --tools")
 
     # -- build --------------------------------------------------------------------------------
     def toolchain(self, spec: ImageSpec) -> Toolchain:

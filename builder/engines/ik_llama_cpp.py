@@ -23,6 +23,12 @@ class IkLlamaCpp(LlamaFamilyEngine):
     needs_build_info_shim = True
     # Its --help omits accepted flags (-ot, -thp, -cmoe...): the contract adds the parser's literals.
     parser_sources = ("common/common.cpp",)
+    # Its own llama-sweep-bench (PP and TG speed over the whole context) beside mainline's tools.
+    tool_targets = ("llama-bench", "llama-sweep-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split",
+                    "llama-perplexity", "llama-imatrix")
+    sweep_tool = "llama-sweep-bench"
+    # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
+    bench_rule_separator = ","
 
     def is_source_tree(self, path: Path) -> bool:
         return (path / "CMakeLists.txt").is_file() and (path / "ggml/src/iqk").is_dir() \

@@ -6,7 +6,7 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
+from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, TOOLS_LABEL
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import StackError
 from builder.images.flags import has_flag, takes_value
@@ -14,6 +14,9 @@ from builder.images.source import clone_commands
 from builder.images.targets import GGML_X86_FEATURES
 from builder.images.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
+
+# What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
+GGUF_PY_PACKAGES = ("python3", "python3-numpy", "python3-yaml", "python3-tqdm", "python3-requests")
 
 
 class LlamaFamilyEngine(Engine):
@@ -37,6 +40,10 @@ class LlamaFamilyEngine(Engine):
     model_flags = ("-m", "--model")
     # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
     parser_sources: tuple[str, ...] = ()
+    # How its llama-bench joins several -ot rules of one run into one argument.
+    bench_rule_separator: str = ";"
+    # Its benchmark over the context's depth (PP and TG per window), if it has one.
+    sweep_tool: str | None = None
 
     @property
     def source_hint(self) -> str:  # type: ignore[override]
@@ -104,6 +111,9 @@ class LlamaFamilyEngine(Engine):
             "server_target": self.server_target,
             "engine_bin": self.server_path(spec),
             "build_info_shim": self.needs_build_info_shim,
+            "tool_targets": list(self.tool_targets),
+            "gguf_py_packages": list(GGUF_PY_PACKAGES),
+            "tools_label": TOOLS_LABEL,
         }
 
     def context_files(self, root: Path) -> dict[str, str]:

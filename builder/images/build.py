@@ -23,12 +23,13 @@ from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.files import cache_dir
 from builder.images.flags import LABEL as FLAGS_LABEL
 from builder.images.flags import parse_contract, to_label
-from builder.images.naming import alias_image_tag, cache_key, context_name, image_tag
+from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render
 from builder.spec import ImageSpec, LocalSource
 
-# The stage the image is; the others only build it.
+# The stage the image is; the others only build it. A tools image is the stage after it.
 RUNTIME_STAGE = "runtime"
+TOOLS_STAGE = "tools"
 # The stage holding only the server's --help text, exported before the image is built.
 CONTRACT_STAGE = "contract"
 
@@ -146,6 +147,7 @@ def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created
         tags=(image_tag(spec),),
         labels={"org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ")},
         build_contexts=contexts,
+        target=TOOLS_STAGE if spec.tools else RUNTIME_STAGE,
     )
 
 
@@ -222,4 +224,4 @@ def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None],
     The whole path `build`, CI and the demo take."""
     context = render(spec, context_dir(spec))
     return run_build(build_plan(spec, context, tree, publishing), get_engine(spec.engine).required_flags(spec.cuda),
-                     log_path or cache_dir() / "logs" / f"build-{context.name}.log", show)
+                     log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log", show)

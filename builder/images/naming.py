@@ -2,6 +2,7 @@
 
     <registry>/<namespace>/<slug>:<ref>-<cpu|cudaX.Y>-<isa>   the immutable tag of one build
     <registry>/<namespace>/<slug>:<cpu|cudaX.Y>-<isa>         the moving alias beside it
+    <registry>/<namespace>/<slug>-tools:...                   the tools image of the same variant
 
 A full 40-character commit ref is shortened to 12 in tags. `parse_variant` reads a tag back into
 its parts; `variant_tag` and `parse_variant` round-trip over the whole matrix (tests).
@@ -19,6 +20,7 @@ from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarge
 
 DEFAULT_REGISTRY = "ghcr.io"
 DEFAULT_NAMESPACE = "moe-stack"
+TOOLS_SUFFIX = "-tools"
 _VARIANT_TAG = re.compile(r"^(?P<ref>[A-Za-z0-9_.-]+)-(?P<accel>cpu|cuda[0-9]+\.[0-9]+)-(?P<cpu>[a-z0-9]+)$")
 
 
@@ -39,14 +41,14 @@ class Variant:
 
 def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
                base: BaseImages = DEFAULT_BASES, registry: str = DEFAULT_REGISTRY,
-               namespace: str = DEFAULT_NAMESPACE, cuda: CudaTarget = NO_CUDA) -> ImageSpec:
+               namespace: str = DEFAULT_NAMESPACE, cuda: CudaTarget = NO_CUDA, tools: bool = False) -> ImageSpec:
     """The spec for an engine's image: from the local `tree` (or wheelhouse) if given, else the
     engine's default source at `ref` (a git clone, or for KTransformers the PyPI wheels)."""
     engine = get_engine(engine_name)
     source = (LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
               if tree is not None else engine.default_source(ref))
     spec = ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
-                     registry=registry, namespace=namespace)
+                     registry=registry, namespace=namespace, tools=tools)
     engine.check_image(spec)
     return spec
 
@@ -66,19 +68,31 @@ def variant_tag(spec: ImageSpec) -> str:
     return f"{short_ref(spec.ref)}-{target_key(spec)}"
 
 
-def repository(prefix: str, engine: str) -> str:
-    """`<registry>/<namespace>/<slug>` for `prefix` = `<registry>/<namespace>`."""
-    return f"{prefix}/{get_engine(engine).slug}"
+def repository(prefix: str, engine: str, tools: bool = False) -> str:
+    """`<registry>/<namespace>/<slug>[-tools]` for `prefix` = `<registry>/<namespace>`."""
+    return f"{prefix}/{get_engine(engine).slug}{TOOLS_SUFFIX if tools else ''}"
 
 
 def image_tag(spec: ImageSpec) -> str:
     """The image's full immutable reference."""
-    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine)}:{variant_tag(spec)}"
+    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine, spec.tools)}:{variant_tag(spec)}"
 
 
 def alias_image_tag(spec: ImageSpec) -> str:
     """The moving alias pushed beside the immutable tag."""
-    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine)}:{target_key(spec)}"
+    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine, spec.tools)}:{target_key(spec)}"
+
+
+def tools_image_of(image: str) -> str:
+    """The tools image beside a server image: its repository with `-tools`, same tag (a digest,
+    which names the server's bytes only, is dropped)."""
+    name = image.split("@", 1)[0]
+    repo, colon, tag = name.rpartition(":")
+    if not colon or "/" in tag:  # no tag: `repo` alone (a registry port is not a tag)
+        repo, tag = name, "latest"
+    if repo.endswith(TOOLS_SUFFIX):
+        return f"{repo}:{tag}"
+    return f"{repo}{TOOLS_SUFFIX}:{tag}"
 
 
 def publish_tags(engine: str, variant: Variant, prefix: str) -> list[str]:
@@ -95,6 +109,12 @@ def cache_key(spec: ImageSpec) -> str:
 def context_name(spec: ImageSpec) -> str:
     """The directory name `build` renders `spec`'s context under."""
     return f"{get_engine(spec.engine).slug}-{variant_tag(spec)}"
+
+
+def build_name(spec: ImageSpec) -> str:
+    """What a build of `spec` is called (its log's name): the context's name, `-tools` for a tools image,
+    which builds from the same context."""
+    return context_name(spec) + (TOOLS_SUFFIX if spec.tools else "")
 
 
 def parse_variant(tag: str) -> Variant | None:

@@ -74,19 +74,20 @@ def base_image(docker_client: DockerClient) -> str:
     return ensure_base()
 
 
-_built: dict[tuple[str, str], BuiltImage] = {}
+_built: dict[tuple[str, str, bool], BuiltImage] = {}
 
 
-def build_engine_image(engine_name: str, cpu: str, base: str) -> BuiltImage:
-    """An engine's CPU-only image for `cpu`, built once per session from the PyPI sdist that vendors it."""
-    if (engine_name, cpu) not in _built:
+def build_engine_image(engine_name: str, cpu: str, base: str, tools: bool = False) -> BuiltImage:
+    """An engine's CPU-only image for `cpu` (or its tools image), built once per session from the PyPI
+    sdist that vendors it."""
+    if (engine_name, cpu, tools) not in _built:
         engine = get_engine(engine_name)
         tree = resolve_local(engine, f"pypi:{engine.sdist}")
         spec = image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base),
-                          registry="localhost", namespace="moe-stack-test")
+                          registry="localhost", namespace="moe-stack-test", tools=tools)
         tag = build_image(spec, tree, show=lambda line: None)
-        _built[(engine_name, cpu)] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu)
-    return _built[(engine_name, cpu)]
+        _built[(engine_name, cpu, tools)] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu)
+    return _built[(engine_name, cpu, tools)]
 
 
 @pytest.fixture(scope="session", params=ENGINES)

@@ -23,7 +23,7 @@ DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
 TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
                   "builder.images.image_facts", "builder.stacks.run", "builder.stacks.smoke", "builder.distribute.publish",
-                  "builder.images.prometheus",
+                  "builder.images.prometheus", "builder.stacks.tool_run",
                   "builder.distribute.bundle", "builder.cli.main"}
 
 
@@ -91,6 +91,7 @@ def test_only_building_running_and_publishing_talk_to_docker() -> None:
     talking = {m for m in MODULES if GRAPH[m] & DOCKER} - {"builder.docker_client"}
     assert talking == TALK_TO_DOCKER
     for module in ("builder.spec", "builder.images.naming", "builder.images.render", "builder.engines",
+                   "builder.stacks.tool_bench",
                    *(m for m in MODULES if m.startswith("builder.engines."))):
         assert not _closure(module) & DOCKER, f"{module} reaches the Docker client"
 

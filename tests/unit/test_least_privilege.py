@@ -38,9 +38,12 @@ def test_every_variant_is_hadolint_clean(tmp_path: Path) -> None:
 def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_path: Path) -> None:
     for name, path in _dockerfiles(tmp_path).items():
         text = path.read_text()
-        runtime = text.split(" AS runtime", 1)[1]
-        users = re.findall(r"^USER (\S+)", runtime, re.MULTILINE)
-        assert users == [f"{IMAGE_UID}:{IMAGE_UID}"], f"{name}: final stage users {users}"
+        # The image stages (runtime; tools after it) each end as the unprivileged user.
+        for stage in re.split(r"^FROM ", text.split(" AS runtime", 1)[1], flags=re.MULTILINE):
+            if stage.startswith("build "):  # the tools' compile stage, not an image
+                continue
+            users = re.findall(r"^USER (\S+)", stage, re.MULTILINE)
+            assert users and users[-1] == f"{IMAGE_UID}:{IMAGE_UID}", f"{name}: stage users {users}"
         assert not re.search(r"^ARG ", text.replace("ARG DEBIAN_FRONTEND=noninteractive", ""), re.MULTILINE), \
             f"{name}: build arguments could carry secrets into the image history"
         for line in re.findall(r"^(?:ENV|LABEL)\b.*(?:\n\s+.*)*", text, re.MULTILINE):

@@ -28,7 +28,8 @@ def test_stages_in_cache_order_and_labels_last(engine: str) -> None:
     dockerfile = render_files(default_spec(engine))["Dockerfile"]
     assert not re.search(r"^#\s*syntax=", dockerfile, re.MULTILINE), "a syntax line needs the frontend image pulled"
     stages = re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.MULTILINE)
-    assert stages == ["toolchain", "engine-src-git", "engine-src", "configure", "build", "contract", "helpers", "runtime"]
+    assert stages == ["toolchain", "engine-src-git", "engine-src", "configure", "build", "contract", "helpers", "runtime",
+                      "tools-build", "tools"]
     instructions = [line.split()[0] for line in dockerfile.splitlines() if re.match(r"^[A-Z]+\s", line)]
     assert instructions[-1] == "LABEL"
     assert "USER 10001:10001" in dockerfile

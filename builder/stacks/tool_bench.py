@@ -1,0 +1,164 @@
+"""`moe-stack bench --tool`: the engine's own benchmark (llama-bench, or ik_llama.cpp's
+llama-sweep-bench) run from the tools image with the stack's flags. Pure: what to run and how to read
+its output; `tool_run` runs it (in a container shaped like the stack's, or a native binary).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from builder.contract import MODEL_DIR
+from builder.engines import get_engine
+from builder.engines.llama_bench import ToolArgs, llama_bench_args, sweep_bench_args
+from builder.engines.llama_family import LlamaFamilyEngine
+from builder.errors import StackError
+
+TOOLS = ("llama-bench", "sweep-bench")
+
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    stdout: str
+    stderr: str  # its log; llama-sweep-bench prints its results here too
+
+
+class Runner(Protocol):
+    """Runs a tool and returns what it printed: in a container shaped like the stack's
+    (tool_run.ContainerRunner) or a native build (NativeRunner), so what calls it never depends on
+    where it runs."""
+
+    def run(self, program: str, args: list[str]) -> ToolOutput:
+        """What the tool printed; StackError naming its last error line when it fails."""
+
+    def help(self, program: str) -> str:
+        """The tool's --help text, whatever its exit status."""
+
+
+@dataclass(frozen=True)
+class NativeRunner:
+    """Tools of a native build (`moe-stack cmake-args`): `bin_dir` holds them, and the stack's model
+    directory is `model_dir` here (container paths under /models are rewritten to it)."""
+
+    bin_dir: Path
+    model_dir: Path
+
+    def _local(self, args: list[str]) -> list[str]:
+        prefix = MODEL_DIR + "/"
+        return [str(self.model_dir / arg[len(prefix):]) if arg.startswith(prefix) else arg for arg in args]
+
+    def run(self, program: str, args: list[str]) -> ToolOutput:
+        done = subprocess.run([str(self.bin_dir / program), *self._local(args)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise StackError(f"{program} failed (exit {done.returncode}): {last_error(done.stderr)}")
+        return ToolOutput(done.stdout, done.stderr)
+
+    def help(self, program: str) -> str:
+        done = subprocess.run([str(self.bin_dir / program), "--help"], capture_output=True, text=True, check=False)
+        return done.stdout + done.stderr
+
+
+def last_error(text: str) -> str:
+    """The line of a tool's output that says what went wrong (else its last line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return (said or lines or ["(no output)"])[-1]
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One test of a tool run: prefill (`pp512`) or decode (`tg128`), at a KV depth."""
+
+    test: str
+    tokens: int
+    depth: int
+    samples_tps: tuple[float, ...]
+
+    @property
+    def tps(self) -> float:
+        return statistics.mean(self.samples_tps)
+
+    @property
+    def spread(self) -> float:
+        """Standard deviation of the samples (0 for one)."""
+        return statistics.stdev(self.samples_tps) if len(self.samples_tps) > 1 else 0.0
+
+
+def family_engine(engine_name: str) -> LlamaFamilyEngine:
+    engine = get_engine(engine_name)
+    if not isinstance(engine, LlamaFamilyEngine) or not engine.tool_targets:
+        raise StackError(f"{engine_name} has no tools image with llama-bench; measure its server with "
+                         "`moe-stack bench FILE` (no --tool)")
+    return engine
+
+
+def program(engine_name: str, tool: str) -> str:
+    """The program of `tool` in `engine_name`'s tools image."""
+    engine = family_engine(engine_name)
+    if tool == "llama-bench":
+        return "llama-bench"
+    if tool == "sweep-bench":
+        if engine.sweep_tool is None:
+            raise StackError(f"{engine.name} has no sweep-bench (ik_llama.cpp's llama-sweep-bench); use --tool llama-bench")
+        return engine.sweep_tool
+    raise StackError(f"--tool {tool!r}: choose {' or '.join(TOOLS)}")
+
+
+def tool_args(engine_name: str, tool: str, server_args: list[str], tool_flags: dict[str, str],
+              prompt_tokens: int, generate: int, repetitions: int) -> ToolArgs:
+    """The tool's full argument list for a stack running `server_args`; `tool_flags` is the tool's
+    own flag contract (llama-bench's --help; for sweep-bench, the server's, whose parser it shares)."""
+    engine = family_engine(engine_name)
+    if tool == "sweep-bench":
+        translated = sweep_bench_args(server_args, tool_flags)
+        # It measures each ubatch-sized window up to the context size, generating -n tokens in each.
+        return ToolArgs(args=[*translated.args, "-n", str(generate), "--output-format", "jsonl"],
+                        left_out=translated.left_out)
+    translated = llama_bench_args(server_args, tool_flags, engine.bench_rule_separator)
+    tests = ["-p", str(prompt_tokens), "-n", str(generate), "-r", str(repetitions), "-o", "json"]
+    return ToolArgs(args=[*translated.args, *tests], left_out=translated.left_out)
+
+
+def parse_llama_bench(text: str) -> list[BenchRow]:
+    """llama-bench's `-o json` output: one row per test."""
+    try:
+        tests = json.loads(text[text.index("["):])
+    except ValueError:
+        raise StackError(f"llama-bench printed no JSON result: {text.strip()[-200:] or '(nothing)'}") from None
+    rows = []
+    for test in tests:
+        prompt, gen = int(test.get("n_prompt", 0)), int(test.get("n_gen", 0))
+        name = f"pp{prompt}" if gen == 0 else f"tg{gen}" if prompt == 0 else f"pp{prompt}+tg{gen}"
+        samples = tuple(float(v) for v in test.get("samples_ts") or [test["avg_ts"]])
+        rows.append(BenchRow(test=name, tokens=prompt or gen, depth=int(test.get("n_depth", 0)), samples_tps=samples))
+    return rows
+
+
+def parse_sweep_bench(text: str) -> list[BenchRow]:
+    """llama-sweep-bench's `--output-format jsonl` (in its log): a prefill and a decode row per window."""
+    rows = []
+    for line in text.splitlines():
+        start = line.find('{"n_kv_max"')  # its log prefixes a timestamp ("[1796072781] {...}")
+        if start < 0:
+            continue
+        window = json.loads(line[start:])
+        depth = int(window["n_kv"])
+        rows.append(BenchRow(test=f"pp{window['pp']}", tokens=int(window["pp"]), depth=depth,
+                             samples_tps=(float(window["speed_pp"]),)))
+        rows.append(BenchRow(test=f"tg{window['tg']}", tokens=int(window["tg"]), depth=depth,
+                             samples_tps=(float(window["speed_tg"]),)))
+    if not rows:
+        raise StackError(f"llama-sweep-bench printed no result: {text.strip()[-200:] or '(nothing)'}")
+    return rows
+
+
+def parse(tool: str, output: ToolOutput) -> list[BenchRow]:
+    if tool == "sweep-bench":
+        return parse_sweep_bench(output.stdout + "\n" + output.stderr)
+    return parse_llama_bench(output.stdout)

@@ -1,0 +1,154 @@
+"""Run a tools-image program in a container shaped like a stack's engine: the stack's own service
+(mounts, cpuset, NUMA policy, GPU, capabilities, memlock, hugepages, read-only root, non-root user)
+with the tools image and the tool's command, and without ports, healthcheck or restarts. It runs as
+`docker compose run` of a derived file written beside the stack's (its relative paths stay valid),
+under a project of its own, removed afterwards."""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from python_on_whales import Container, DockerClient
+from python_on_whales.exceptions import DockerException
+
+from builder.docker_client import describe, docker
+from builder.errors import StackError
+from builder.images.flags import parse_help
+from builder.images.image_facts import read_image_facts
+from builder.images.naming import tools_image_of
+from builder.stacks.document import CPU_SERVICE, SERVICE, literal, to_yaml, unliteral
+from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
+
+
+def engine_service(document: dict, compose_file: Path, profile: str | None) -> tuple[str, dict]:
+    """The engine service of a stack file (its CPU-only one for `profile` cpu)."""
+    name = CPU_SERVICE if profile == "cpu" else SERVICE
+    service = (document.get("services") or {}).get(name)
+    if service is None:
+        raise StackError(f"{compose_file} has no {name} service; emit it with `moe-stack compose`")
+    return name, service
+
+
+def tool_document(document: dict, service_name: str, image: str, command: list[str]) -> dict:
+    """The stack's file reduced to its engine service running `command` from `image`."""
+    service = copy.deepcopy(document["services"][service_name])
+    for key in ("ports", "depends_on", "profiles", "restart"):
+        service.pop(key, None)
+    service.update(image=image, command=[literal(arg) for arg in command], healthcheck={"disable": True})
+    derived: dict = {"name": f"{document.get('name', 'moe-stack')}-tool", "services": {service_name: service}}
+    for key in ("volumes", "secrets"):  # the hugetlbfs volume, the API key (the service names them)
+        if document.get(key):
+            derived[key] = document[key]
+    return derived
+
+
+@dataclass(frozen=True)
+class ContainerRunner:
+    """Runs programs of `image` (a tools image) as the stack in `compose_file` runs its engine."""
+
+    compose_file: Path
+    image: str
+    profile: str | None = None
+
+    def _document(self) -> dict:
+        if not self.compose_file.is_file():
+            raise StackError(f"compose file {self.compose_file} does not exist; emit one with `moe-stack compose`")
+        return yaml.safe_load(self.compose_file.read_text()) or {}
+
+    def check_stopped(self) -> None:
+        """A running stack holds the model's memory and the cores the tool would measure."""
+        docker()
+        if DockerClient(compose_files=[self.compose_file], compose_profiles=["*"]).compose.ps():
+            raise StackError(f"the stack of {self.compose_file} is running: it holds the memory and cores the tool "
+                             f"would measure; stop it first (`moe-stack down {self.compose_file}`)")
+
+    def check_image(self) -> None:
+        client = docker()
+        if not client.image.exists(self.image):
+            raise StackError(f"no tools image {self.image} here: build it with `moe-stack build --tools` (same "
+                             "engine, --cpu and --cuda as the stack's image), or pass --tools-image")
+
+    def _run(self, command: list[str]) -> ToolOutput:
+        document = self._document()
+        name, _ = engine_service(document, self.compose_file, self.profile)
+        derived = to_yaml(tool_document(document, name, self.image, command))
+        fd, path = tempfile.mkstemp(prefix=".moe-stack-tool-", suffix=".yaml", dir=self.compose_file.parent)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(derived)
+        client = DockerClient(compose_files=[Path(path)])
+        printed: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        try:
+            lines = client.compose.run(name, remove=True, tty=False, dependencies=False, stream=True)
+            if isinstance(lines, (str, Container)):  # stream=True yields (source, line) pairs
+                raise StackError(f"docker compose run returned {type(lines).__name__}, not the tool's output")
+            for source, line in lines:
+                printed[source].append(line)
+            stdout, stderr = (b"".join(printed[source]).decode(errors="replace") for source in ("stdout", "stderr"))
+            return ToolOutput(stdout, stderr)
+        finally:
+            try:
+                client.compose.down(volumes=True, timeout=5, quiet=True)
+            except DockerException:
+                pass
+            Path(path).unlink(missing_ok=True)
+
+    def run(self, program: str, args: list[str]) -> ToolOutput:
+        try:
+            return self._run([program, *args])
+        except DockerException as err:
+            said = last_error(err.stderr or "") if err.stderr else describe(err)
+            raise StackError(f"{program} failed in {self.image}: {said}") from None
+
+    def help(self, program: str) -> str:
+        try:
+            output = self._run([program, "--help"])
+            return output.stdout + output.stderr
+        except DockerException as err:  # a usage text with a non-zero exit is still the usage
+            return (err.stdout or "") + (err.stderr or "")
+
+
+@dataclass(frozen=True)
+class ToolBench:
+    """A tool run for a stack: what ran and what it measured."""
+
+    image: str
+    program: str
+    args: list[str]
+    left_out: list[str]
+    rows: list[BenchRow]
+
+
+def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
+    """(engine, image, server arguments) of a one-model stack file."""
+    _, service = engine_service(document, compose_file, profile)
+    engine = str((document.get("x-moe-stack") or {}).get("engine") or "")
+    if not engine:
+        raise StackError(f"{compose_file} was not emitted by moe-stack (no x-moe-stack.engine); emit it with "
+                         "`moe-stack compose`")
+    args = [unliteral(str(arg)) for arg in service.get("command") or []]
+    if "--models-preset" in args:
+        raise StackError(f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)")
+    return engine, str(service["image"]), args
+
+
+def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prompt_tokens: int, generate: int,
+                    repetitions: int, profile: str | None = None) -> ToolBench:
+    """Run `tool` from the tools image beside the stack's image, with the stack's flags."""
+    if not compose_file.is_file():
+        raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    engine, image, server_args = stack_server_args(document, compose_file, profile)
+    name = program(engine, tool)
+    runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
+    runner.check_image()
+    runner.check_stopped()
+    # llama-bench parses its own flags; sweep-bench shares the server's parser (the image's contract).
+    flags = read_image_facts(runner.image).server_flags if tool == "sweep-bench" else parse_help(runner.help(name))
+    planned = tool_args(engine, tool, server_args, flags, prompt_tokens, generate, repetitions)
+    rows = parse(tool, runner.run(name, planned.args))
+    return ToolBench(image=runner.image, program=name, args=planned.args, left_out=planned.left_out, rows=rows)
