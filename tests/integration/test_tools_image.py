@@ -39,9 +39,10 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
     rows = parse_llama_bench(str(printed))
     assert [row.test for row in rows] == ["pp32", "tg8"] and all(row.tps > 0 for row in rows)
     # gguf-py from the same tree reads the model.
-    arch = docker_client.run(tools.tag, ["python3", "-c", "import sys, gguf; field = gguf.GGUFReader(sys.argv[1])"
-                                         ".fields['general.architecture']; print(bytes(field.parts[-1]).decode())",
-                                         f"/models/{gemma_model.name}"], volumes=mount, remove=True, read_only=True)
+    script = ("import sys, gguf; field = gguf.GGUFReader(sys.argv[1]).fields['general.architecture']; "
+              "print(bytes(field.parts[-1]).decode())")
+    arch = docker_client.run(tools.tag, ["python3", "-c", script, f"/models/{gemma_model.name}"], volumes=mount,
+                             remove=True, read_only=True)
     assert str(arch).strip() == "gemma3"
     # Every tool is there, next to the server; the image runs unprivileged.
     listing = str(docker_client.run(tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True))
