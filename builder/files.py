@@ -5,11 +5,23 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 
 from builder.errors import MoeStackError
 
 RENDER_MARK = "# Rendered by moe-stack"
+
+
+def templates_root() -> Path:
+    """dockerfiles/: shipped inside the wheel as builder/dockerfiles, or beside builder/ in a checkout."""
+    packaged = Path(str(resources.files("builder"))) / "dockerfiles"
+    if packaged.is_dir():
+        return packaged
+    checkout = Path(__file__).resolve().parents[1] / "dockerfiles"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")
 
 
 def write_file_atomically(path: Path, text: str) -> Path:

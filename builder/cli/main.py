@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -31,15 +32,18 @@ from builder.errors import (
     MoeStackError,
     SpecError,
 )
-from builder.files import cache_dir
+from builder.files import cache_dir, write_file_atomically
 from builder.host.probe import probe
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_image, build_plan, context_dir
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
-from builder.images.matrix import ci_rows, cuda_target, variants
+from builder.images.matrix import Variant as MatrixVariant
+from builder.images.matrix import ci_rows, cuda_target, edge_specs, variants
 from builder.images.naming import build_name, image_spec, variant_tag
+from builder.images.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.images.prometheus import make_prometheus
+from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
@@ -188,16 +192,19 @@ def build(
     gha_cache: Annotated[bool, typer.Option("--gha-cache", help="with --push in GitHub Actions: read and write the build cache under this variant's own scope")] = False,
     metadata_file: Annotated[Path | None, typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here")] = None,
     progress: ProgressOpt = "auto",
+    channel: Annotated[str | None, typer.Option("--channel", help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of upstream heads)")] = None,
     tools: Annotated[bool, typer.Option("--tools", help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, gguf-split, perplexity, imatrix and gguf-py, from the same build")] = False,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
-    if (gha_cache or metadata_file) and not push:
-        raise SpecError("--gha-cache and --metadata-file go with --push (CI's image workflow)")
+    if (gha_cache or metadata_file or channel) and not push:
+        raise SpecError("--gha-cache, --metadata-file and --channel go with --push (CI's image workflows)")
+    if channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", channel):
+        raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
     display = _progress(progress)
     tree = resolve_local(get_engine(engine), source) if source else None
     spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base, cuda_base), registry,
                       namespace, _cuda(cuda, cuda_archs), tools)
-    publishing = Publishing(gha_cache, metadata_file) if push else None
+    publishing = Publishing(gha_cache, metadata_file, channel) if push else None
     if dry_run:
         context = render_context(spec, context_dir(spec))
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
@@ -394,19 +401,46 @@ def doctor(
 @app.command()
 def matrix(
     as_json: Annotated[bool, typer.Option("--json", help="the CI job matrix: {\"include\": [...]} on one line")] = False,
+    edge: Annotated[bool, typer.Option("--edge", help="the nightly edge images instead: upstream heads of pins.yaml's edge branches (reads them with git ls-remote)")] = False,
 ) -> None:
     """Print the published image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI."""
+    specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else None
     if as_json:
-        sys.stdout.write(json.dumps({"include": ci_rows()}, separators=(",", ":")) + "\n")
+        sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
         return
     table = Table("engine", "cuda", "archs", "cpu", "tag, or why not built", box=None)
-    for variant in variants():
+    for variant in variants() if specs is None else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]:
         if variant.spec is None:
             table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim"))
         else:
             archs = ",".join(str(a) for a in variant.spec.cuda.archs)
             table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant_tag(variant.spec))
     out.print(table)
+
+
+@app.command()
+def refs(
+    bump: Annotated[bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")] = False,
+    pins_file: Annotated[Path | None, typer.Option("--pins", help="the pins file (default: dockerfiles/pins.yaml of this installation)")] = None,
+    summary_file: Annotated[Path | None, typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)")] = None,
+) -> None:
+    """Compare the pinned engine refs (dockerfiles/pins.yaml) with upstream: llama.cpp's newest bNNNN
+    tag, ik_llama.cpp's main, kt-kernel on PyPI (git ls-remote and PyPI's JSON API)."""
+    path = pins_file or pins_path()
+    if not path.is_file():
+        raise SpecError(f"no pins file {path}: give --pins dockerfiles/pins.yaml")
+    text = path.read_text()
+    bumps = plan_bumps(parse_pins(text), NetworkUpstream())
+    for move in bumps:
+        out.print(f"{move.engine}: {move.old} -> {move.new} ({move.note})", highlight=False)
+    if not bumps:
+        out.print("every pinned ref is current")
+    if bump and bumps:
+        write_file_atomically(path, bump_pins(text, bumps))
+        out.print(f"wrote {path}; re-render the golden files: MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
+                  highlight=False, soft_wrap=True)
+    if summary_file is not None:
+        write_file_atomically(summary_file, summary(bumps))
 
 
 for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.smoke, cli_stack.down, cli_stack.demo,

@@ -180,10 +180,14 @@ def bench(
     out.print(table)
 
 
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
 def _bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prompt_tokens: int, generate: int,
                      repetitions: int, profile: str | None) -> None:
-    sys.stderr.write(f"running {tool} from the tools image with the stack's flags (the model loads first)\n")
-    result = bench_with_tool(compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile)
+    result = bench_with_tool(compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile,
+                             starting=_say)
     out.print(Text(f"{result.image}: {result.program} {' '.join(result.args)}", style="dim"), soft_wrap=True)
     for note in result.left_out:
         out.print(Text(f"not given to {result.program}: {note}", style="yellow"), soft_wrap=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
+from builder.images.pins import pinned_ref
 from builder.images.toolchain import Toolchain, toolchain
 from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
 
@@ -28,7 +29,6 @@ class Engine(ABC):
     name: str  # spec name, e.g. "llama.cpp"
     slug: str  # image repository name, e.g. "llama-cpp"
     upstream_url: str
-    default_ref: str
     template: str  # its Dockerfile template, relative to dockerfiles/
     server_label: str  # what the image serves, for its description
     source_hint: str  # what else --source accepts for it, for error messages
@@ -59,6 +59,11 @@ class Engine(ABC):
     tool_targets: tuple[str, ...] = ()
 
     # -- source -------------------------------------------------------------------------------
+    @property
+    def default_ref(self) -> str:
+        """The ref built without --ref: dockerfiles/pins.yaml's (the refs workflow moves it)."""
+        return pinned_ref(self.name)
+
     def default_source(self, ref: str | None) -> EngineSource:
         return GitSource(url=self.upstream_url, ref=ref or self.default_ref)
 

@@ -12,10 +12,6 @@ class IkLlamaCpp(LlamaFamilyEngine):
     name = "ik_llama.cpp"
     slug = "ik-llama-cpp"
     upstream_url = "https://github.com/ikawrakow/ik_llama.cpp.git"
-    # ik_llama.cpp publishes no release tags; pin a full commit from 2026 main (after PR #863 made
-    # flash attention and fused MoE defaults and removed -fmoe). The seed's 9c4e21a still needs
-    # `-fmoe`; pass --ref 9c4e21a to reproduce it exactly.
-    default_ref = "007d640098cbea95157d81846ada7fe50b9fed08"
     sdist = "ik-llama-cpp-python==0.1.5"
     sdist_subdir = "vendor/ik_llama.cpp"
     sdist_ref = "ikpy-0.1.5"  # that sdist doesn't say which commit it vendors: label it by the sdist

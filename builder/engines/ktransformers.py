@@ -211,8 +211,6 @@ class KTransformers(_PythonEngine):
     name = "ktransformers"
     slug = "ktransformers"
     upstream_url = "https://github.com/kvcache-ai/ktransformers.git"
-    # kt-kernel and sglang-kt are released together under one version (PyPI, 2026-11).
-    default_ref = "0.7.2"
     server_label = "SGLang server with kt-kernel CPU experts"
     source_hint = "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
     server_module = "sglang.launch_server"
@@ -316,7 +314,6 @@ class KTransformersLegacy(_PythonEngine):
     name = "ktransformers-legacy"
     slug = "ktransformers-legacy"
     upstream_url = "https://github.com/kvcache-ai/ktransformers.git"
-    default_ref = "v0.2.4"  # the seed's pinned release
     server_label = "0.2.x server (ktransformers.server.main)"
     source_hint = "a ktransformers v0.2.x checkout with submodules (0.2.4 is on neither PyPI nor this host)"
     server_module = "ktransformers.server.main"

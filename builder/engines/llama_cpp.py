@@ -15,13 +15,11 @@ class LlamaCpp(LlamaFamilyEngine):
     name = "llama.cpp"
     slug = "llama-cpp"
     upstream_url = "https://github.com/ggml-org/llama.cpp.git"
-    # The commit that llama-cpp-python 0.3.36 vendors (its CHANGELOG: "update llama.cpp to
-    # ggml-org/llama.cpp@0c1e57098"): the default git build and the sdist build the tests run are
-    # then the same engine. The seed's b4810 (Feb 2025) predates -cmoe/-ncmoe and current Qwen3 fixes.
-    default_ref = "0c1e57098"
+    # The PyPI sdist the tests and the demo build: it vendors 0c1e57098 (its CHANGELOG: "update
+    # llama.cpp to ggml-org/llama.cpp@0c1e57098"), the pinned ref when this was written (pins.yaml).
     sdist = "llama-cpp-python==0.3.36"
     sdist_subdir = "vendor/llama.cpp"
-    sdist_ref = "0c1e57098"  # what that sdist vendors: its image is the default ref's image
+    sdist_ref = "0c1e57098"
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand

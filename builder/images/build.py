@@ -117,13 +117,14 @@ class BuildPlan:
         return replace(self, target=stage, tags=(), labels={}, load=False,
                        output={"type": "local", "dest": str(dest)}, push=False, cache_to=None, metadata_file=None)
 
-    def for_publishing(self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None) -> BuildPlan:
+    def for_publishing(self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None,
+                       channel: str | None = None) -> BuildPlan:
         """The same build pushed to the registry instead of loaded: the immutable tag and the moving
         alias, SBOM and max-mode provenance (a registry push can carry attestations, the docker image
         store can't), and for GitHub Actions a cache scope per variant (the default one is shared by
         all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
         scope = cache_key(spec)
-        return replace(self, tags=(image_tag(spec), alias_image_tag(spec)), load=False, push=True,
+        return replace(self, tags=(image_tag(spec), alias_image_tag(spec, channel)), load=False, push=True,
                        cache_from=f"type=gha,scope={scope}" if gha_cache else None,
                        cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
                        metadata_file=metadata_file)
@@ -211,11 +212,13 @@ class Publishing:
 
     gha_cache: bool = False
     metadata_file: Path | None = None
+    channel: str | None = None  # the moving alias' prefix: `edge` for upstream heads
 
 
 def build_plan(spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None) -> BuildPlan:
     plan = plan_build(spec, context, tree)
-    return plan if publishing is None else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file)
+    return plan if publishing is None else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file,
+                                                               publishing.channel)
 
 
 def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None,

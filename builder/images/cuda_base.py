@@ -24,10 +24,10 @@ from builder import __version__
 from builder.contract import LABEL_PREFIX
 from builder.docker_client import docker
 from builder.errors import BaseImageError
-from builder.files import replace_rendered_dir
+from builder.files import replace_rendered_dir, templates_root
 from builder.images.build import BuildPlan, stream_build
 from builder.images.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
-from builder.images.render import template_environment, templates_root
+from builder.images.render import template_environment
 
 WHEELS_CONTEXT = "cuda-wheels"
 CHECK_STAGE = "check"

@@ -8,8 +8,8 @@ import yaml
 
 from builder.engines import get_engine
 from builder.errors import SpecError
+from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
-from builder.images.render import templates_root
 from builder.images.toolchain import CUDA_RELEASES
 from builder.spec import CudaTarget, ImageSpec
 
@@ -59,16 +59,29 @@ def published() -> list[ImageSpec]:
     return [v.spec for v in variants() if v.spec is not None]
 
 
-def ci_rows() -> list[dict[str, str]]:
-    """One row per published image, as CI's job matrix wants them."""
+def edge_specs(heads: dict[str, str]) -> list[ImageSpec]:
+    """The nightly edge images: each engine in `heads` (engine → its edge branch's head commit), CPU-only
+    and the matrix's edge CUDA versions, on its edge CPU targets."""
+    edge = load_matrix()["edge"]
+    return [image_spec(engine, cpu, ref=head, cuda=cuda_target(cuda))
+            for engine, head in heads.items()
+            for cuda in [None, *edge["cuda_versions"]]
+            for cpu in edge["cpu_targets"]]
+
+
+def ci_rows(specs: list[ImageSpec] | None = None) -> list[dict[str, str]]:
+    """One row per image (default: every published one), as CI's job matrix wants them; `tools` says
+    whether a tools image is published beside it."""
     rows = []
-    for spec in published():
+    for spec in published() if specs is None else specs:
         rows.append({
             "engine": spec.engine,
+            "ref": spec.ref,
             "cuda": spec.cuda.version or "none",
             "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),
             "cpu": spec.cpu.name,
             "variant": variant_tag(spec),
             "tag": image_tag(spec),
+            "tools": "true" if get_engine(spec.engine).tool_targets else "false",
         })
     return rows

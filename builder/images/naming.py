@@ -78,9 +78,11 @@ def image_tag(spec: ImageSpec) -> str:
     return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine, spec.tools)}:{variant_tag(spec)}"
 
 
-def alias_image_tag(spec: ImageSpec) -> str:
-    """The moving alias pushed beside the immutable tag."""
-    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine, spec.tools)}:{target_key(spec)}"
+def alias_image_tag(spec: ImageSpec, channel: str | None = None) -> str:
+    """The moving alias pushed beside the immutable tag (`<channel>-<cpu|cudaX.Y>-<isa>` for a
+    channel such as the nightly `edge` of upstream heads)."""
+    key = f"{channel}-{target_key(spec)}" if channel else target_key(spec)
+    return f"{repository(f'{spec.registry}/{spec.namespace}', spec.engine, spec.tools)}:{key}"
 
 
 def tools_image_of(image: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 import jinja2
@@ -20,20 +19,9 @@ from builder.contract import (
     ROUTER_PRESET,
 )
 from builder.engines import get_engine
-from builder.files import replace_rendered_dir
+from builder.files import replace_rendered_dir, templates_root
 from builder.images.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
-
-
-def templates_root() -> Path:
-    """dockerfiles/: shipped inside the wheel as builder/dockerfiles, or beside builder/ in a checkout."""
-    packaged = Path(str(resources.files("builder"))) / "dockerfiles"
-    if packaged.is_dir():
-        return packaged
-    checkout = Path(__file__).resolve().parents[2] / "dockerfiles"
-    if checkout.is_dir():
-        return checkout
-    raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")
 
 
 def template_environment() -> jinja2.Environment:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +138,10 @@ def stack_server_args(document: dict, compose_file: Path, profile: str | None) -
 
 
 def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prompt_tokens: int, generate: int,
-                    repetitions: int, profile: str | None = None) -> ToolBench:
-    """Run `tool` from the tools image beside the stack's image, with the stack's flags."""
+                    repetitions: int, profile: str | None = None,
+                    starting: Callable[[str], None] = lambda line: None) -> ToolBench:
+    """Run `tool` from the tools image beside the stack's image, with the stack's flags; `starting`
+    hears one line once everything is checked and the run begins."""
     if not compose_file.is_file():
         raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
     document = yaml.safe_load(compose_file.read_text()) or {}
@@ -150,5 +153,6 @@ def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prom
     # llama-bench parses its own flags; sweep-bench shares the server's parser (the image's contract).
     flags = read_image_facts(runner.image).server_flags if tool == "sweep-bench" else parse_help(runner.help(name))
     planned = tool_args(engine, tool, server_args, flags, prompt_tokens, generate, repetitions)
+    starting(f"running {name} from {runner.image} with the stack's flags (the model loads first)")
     rows = parse(tool, runner.run(name, planned.args))
     return ToolBench(image=runner.image, program=name, args=planned.args, left_out=planned.left_out, rows=rows)

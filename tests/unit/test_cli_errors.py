@@ -174,3 +174,28 @@ def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
     result = run_cli("render", "--out", str(out))
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     assert "x[/]y[bold]/Dockerfile" in "".join(result.stdout.split())
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize(("args", "needle"), [
+    (["build", "--channel", "edge"], "--channel go with --push"),
+    (["build", "--push", "--channel", "Edge Nightly"], "a lowercase word such as edge"),
+    (["build", "--tools", "--engine", "ktransformers", "--cuda", "12.8", "--dry-run"], "ktransformers has no tools image"),
+    (["bench", "missing.yaml", "--tool", "llama-bench"], "compose file missing.yaml does not exist"),
+    (["bench", "missing.yaml", "--tools-image", "x"], "--tools-image goes with --tool"),
+])
+def test_tools_and_channel_errors(args: list[str], needle: str) -> None:
+    assert_one_line_error(run_cli(*args), needle)
+
+
+@pytest.mark.cli
+def test_refs_without_upstream_or_pins(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("refs", "--pins", str(tmp_path / "none.yaml")), "no pins file")
+    # No network here (nor in CI's sandbox): the first upstream read fails in one line, nothing written.
+    pins = tmp_path / "pins.yaml"
+    pins.write_text("ik_llama.cpp:\n  ref: 007d640\n  track: branch main\n")
+    result = run_cli("refs", "--bump", "--pins", str(pins), env={"GIT_TERMINAL_PROMPT": "0",
+                                                                   "GIT_CONFIG_GLOBAL": str(tmp_path / "nogit"),
+                                                                   "https_proxy": "http://127.0.0.1:9"})
+    assert_one_line_error(result, "git ls-remote https://github.com/ikawrakow/ik_llama.cpp.git failed")
+    assert pins.read_text() == "ik_llama.cpp:\n  ref: 007d640\n  track: branch main\n"

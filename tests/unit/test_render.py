@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import MoeStackError
-from builder.images.render import render, render_files, templates_root
+from builder.files import templates_root
+from builder.images.render import render, render_files
 from builder.spec import BaseImages
 from tests.specs import default_spec
 from tests.tools import dependency_command
