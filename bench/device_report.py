@@ -43,7 +43,7 @@ def report(directory: Path) -> str:
     bandwidth = float(found[1])
     models = {m["model"]: m for m in map(json.loads, (directory / "models.txt").read_text().splitlines())}
     lines = [f"# Device benchmarks ({directory.name})", "",
-             f"Memory read bandwidth (bench/device/bandwidth.c, 16 threads, best of 5): **{bandwidth:.1f} GB/s**.", ""]
+             f"Memory read bandwidth (dockerfiles/common/moe-stack-bandwidth.c, 16 threads, best of 5): **{bandwidth:.1f} GB/s**.", ""]
 
     # P2: ISA payoff, alternating rounds of the same engine built for two CPU targets.
     lines += ["## P2: ISA payoff (llama.cpp CPU-only, A3B 48 layers, 16 threads)", "",

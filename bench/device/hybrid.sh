@@ -80,7 +80,7 @@ bench)
   [ -f "$q235" ] || python3 "$repo/bench/device/models.py" "$a3b" "$q235" >"$work/models.txt" 2>&1
   for b in "${builds[@]}"; do wait_for "${b%%:*}" "${b#*:}" || echo "build ${b}: $(cat "$work/${b%%:*}.${b#*:}.done" 2>/dev/null || echo unfinished)"; done
   if [ ! -f "$work/bandwidth.txt" ]; then
-    gcc -O3 -march=native -ffast-math -fopenmp -o "$work/bandwidth" "$repo/bench/device/bandwidth.c" &&
+    gcc -O3 -march=native -ffast-math -fopenmp -o "$work/bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
       OMP_NUM_THREADS=$(nproc) OMP_PROC_BIND=spread "$work/bandwidth" >"$work/bandwidth.txt" 2>&1
   fi
   for round in 1 2; do

@@ -443,7 +443,7 @@ def refs(
         write_file_atomically(summary_file, summary(bumps))
 
 
-for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.smoke, cli_stack.down, cli_stack.demo,
+for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.tune, cli_stack.smoke, cli_stack.down, cli_stack.demo,
              cli_distribute.publish, cli_distribute.pull, cli_distribute.bundle, cli_distribute.load):
     app.command()(verb)
 

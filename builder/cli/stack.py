@@ -5,6 +5,7 @@ benchmark.py or demo.py."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -37,7 +39,11 @@ from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
-from builder.stacks.tool_run import bench_with_tool
+from builder.stacks.tool_bench import NativeRunner
+from builder.stacks.tool_run import bench_with_tool, engine_service
+from builder.stacks.tune import Objective
+from builder.stacks.tune_plot import plot
+from builder.stacks.tune_stack import tune_stack, tuned_document
 
 
 def compose(
@@ -196,6 +202,73 @@ def _bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, pro
         table.add_row(row.test, str(row.depth), f"{row.tps:.1f}", f"{row.spread:.1f}",
                       " ".join(f"{v:.1f}" for v in row.samples_tps))
     out.print(table)
+
+
+def tune(
+    compose_file: Annotated[Path, typer.Argument(help="compose file of the stack (stopped: tune measures its model and cores)")] = Path("compose.yaml"),
+    budget: Annotated[str, typer.Option("--budget", help="how long the search may take, e.g. 20m, 90s, 1h")] = "20m",
+    decode: Annotated[bool, typer.Option("--decode", help="tune for decode speed only")] = False,
+    prefill: Annotated[bool, typer.Option("--prefill", help="tune for prefill speed only")] = False,
+    write: Annotated[bool, typer.Option("--write", help="write the winner into FILE itself (default: FILE.tuned.yaml beside it)")] = False,
+    out_file: Annotated[Path | None, typer.Option("--out", "-o", help="where to write the tuned stack")] = None,
+    plot_file: Annotated[Path | None, typer.Option("--plot", help="also a PNG chart of every trial")] = None,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", help="prefill test length")] = 512,
+    generate: Annotated[int, typer.Option("--generate", "-n", help="decode test length")] = 64,
+    tools_image: Annotated[str | None, typer.Option("--tools-image", help="the tools image (default: the stack's image's repository with -tools)")] = None,
+    native_bin: Annotated[Path | None, typer.Option("--native-bin", help="run native builds from this directory instead of the tools image (hosts without Docker)")] = None,
+    model_dir: Annotated[Path | None, typer.Option("--model-dir", help="with --native-bin: the model's directory here (default: the stack's)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)")] = None,
+) -> None:
+    """Find this host's fastest settings for a stack (threads, batch sizes, mmap, ik_llama.cpp's repacking,
+    fused MoE and offload batch, NUMA policy) with the engine's llama-bench, and write them into the stack."""
+    if decode and prefill:
+        raise SpecError("--decode and --prefill: give one, or neither to tune for both")
+    objective: Objective = "decode" if decode else "prefill" if prefill else "both"
+    if out_file is not None and write:
+        raise SpecError("--write replaces FILE; --out writes elsewhere: give one")
+    native = None
+    if native_bin is not None:
+        stack_model = Path(str((yaml.safe_load(compose_file.read_text()) or {}).get("x-moe-stack", {}).get("model", "")))
+        native = NativeRunner(native_bin, model_dir or stack_model.parent)
+    elif model_dir is not None:
+        raise SpecError("--model-dir goes with --native-bin")
+    tuned = tune_stack(compose_file, parse_duration(budget), objective, tools_image, native, profile, prompt_tokens,
+                       generate, progress=_say)
+    result = tuned.result
+    table = Table("#", "setting", "prefill t/s", "decode t/s", "s", box=None)
+    for number, trial in enumerate(result.trials, 1):
+        table.add_row(str(number), f"{trial.dimension}={trial.value}", f"{trial.prefill_tps:.1f}",
+                      f"{trial.decode_tps:.2f}", f"{trial.seconds:.0f}")
+    out.print(table)
+    changed = {k: v for k, v in result.best.values.items() if v != result.baseline.values[k]}
+    (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
+    out.print(f"{len(result.trials)} trials in {result.seconds:.0f} s; winner: "
+              f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'the stack as it is'}", highlight=False)
+    out.print(f"tuned ÷ stack (confirm rounds, alternating): prefill {result.ratios[0]:.2f} ({pre_low:.2f}-{pre_high:.2f}), "
+              f"decode {result.ratios[1]:.2f} ({dec_low:.2f}-{dec_high:.2f})", highlight=False)
+    if result.skipped:
+        out.print(Text(f"left out: {'; '.join(result.skipped)}", style="yellow"), soft_wrap=True)
+    ratio = tuned.bound_ratio(result.tuned_tps[1])
+    if ratio is not None:
+        out.print(f"decode {result.tuned_tps[1]:.2f} t/s = {ratio:.2f} of the bandwidth bound "
+                  f"({tuned.bandwidth_gbps:.1f} GB/s ÷ {tuned.bytes_per_token / 1e6:.1f} MB read per token)",
+                  highlight=False)
+    document = yaml.safe_load(compose_file.read_text())
+    name, _ = engine_service(document, compose_file, profile)
+    target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
+    path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
+    out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)
+    if plot_file is not None:
+        out.print(f"wrote {plot(result, plot_file)}", highlight=False)
+
+
+def parse_duration(text: str) -> float:
+    """`20m`, `90s`, `1h`, `1h30m` or plain seconds → seconds."""
+    found = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?", text.strip())
+    if not text.strip() or found is None:
+        raise SpecError(f"--budget {text!r}: a duration such as 20m, 90s or 1h30m")
+    hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
 
 
 def smoke(

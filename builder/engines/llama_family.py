@@ -8,6 +8,17 @@ from pathlib import Path
 
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, TOOLS_LABEL
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
+from builder.engines.tune_space import (
+    Dimension,
+    has_switch,
+    setting_numa,
+    setting_switch,
+    setting_ubatch,
+    setting_value,
+    thread_counts,
+    ubatch_sizes,
+    value_of,
+)
 from builder.errors import StackError
 from builder.images.flags import has_flag, takes_value
 from builder.images.source import clone_commands
@@ -117,7 +128,8 @@ class LlamaFamilyEngine(Engine):
         }
 
     def context_files(self, root: Path) -> dict[str, str]:
-        files = {"moe-stack-hugecopy.c": (root / "common/moe-stack-hugecopy.c").read_text()}
+        files = {name: (root / "common" / name).read_text()
+                 for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")}
         if self.needs_build_info_shim:
             files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
         return files
@@ -191,6 +203,22 @@ class LlamaFamilyEngine(Engine):
         if stack.api_key_file is not None:
             args += ["--api-key-file", API_KEY_PATH]
         return args + list(stack.extra_args)
+
+    # -- tune ---------------------------------------------------------------------------------
+    def tune_dimensions(self, args: list[str], numa_nodes: int, gpu: bool) -> list[Dimension]:
+        """What `moe-stack tune` varies for a stack running `args`, in the order it searches them."""
+        threads = value_of(args, ("-t", "--threads"))
+        dimensions = []
+        if threads is not None and threads.isdigit():
+            dimensions.append(Dimension("threads", thread_counts(int(threads)), setting_value(("--threads", "-t"))))
+        dimensions.append(Dimension("ubatch", ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))), setting_ubatch,
+                                    affects="prefill"))
+        no_mmap = "on" if has_switch(args, ("--no-mmap",)) else "off"
+        dimensions.append(Dimension("no-mmap", (no_mmap, "off" if no_mmap == "on" else "on"),
+                                    setting_switch(("--no-mmap",))))
+        if numa_nodes > 1:
+            dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))
+        return dimensions
 
     def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
         """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""

@@ -47,10 +47,18 @@ class ModelFacts:
     value_dim: int
     mla_dim: int | None = None  # deepseek2: kv_lora_rank + rope dims per token and layer, cached with MLA
     expert_count: int = 0  # routed experts per layer (0: not an MoE model)
+    experts_used: int = 0  # routed experts each token runs through, per layer
 
     @property
     def total_bytes(self) -> int:
         return sum(self.expert_bytes) + self.other_bytes
+
+    def read_per_token(self, experts_only: bool) -> int:
+        """Weight bytes one decoded token reads: the routed experts it runs through (`experts_only`: a
+        hybrid stack, the rest on the GPU), else those and every other weight (a dense model: all)."""
+        experts = sum(self.expert_bytes)
+        active = experts * self.experts_used // self.expert_count if self.expert_count else experts
+        return active if experts_only and self.expert_count else active + self.other_bytes
 
 
 @dataclass(frozen=True)
@@ -150,9 +158,12 @@ def read_facts(path: Path) -> ModelFacts:
     if f"{arch}.attention.kv_lora_rank" in reader.fields:
         mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + \
             _number(reader, f"{arch}.rope.dimension_count")
+    used = _number(reader, f"{arch}.expert_used_count", default=0)
+    if not 0 <= used <= experts:
+        raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
                       kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
-                      expert_count=experts)
+                      expert_count=experts, experts_used=used)
 
 
 def _value(reader: gguf.GGUFReader, key: str) -> Any:

@@ -33,8 +33,9 @@ class Runner(Protocol):
     (tool_run.ContainerRunner) or a native build (NativeRunner), so what calls it never depends on
     where it runs."""
 
-    def run(self, program: str, args: list[str]) -> ToolOutput:
-        """What the tool printed; StackError naming its last error line when it fails."""
+    def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
+        """What the tool printed (`env`: overrides of the stack's environment, e.g. MOE_STACK_NUMA);
+        StackError naming its last error line when it fails."""
 
     def help(self, program: str) -> str:
         """The tool's --help text, whatever its exit status."""
@@ -52,9 +53,10 @@ class NativeRunner:
         prefix = MODEL_DIR + "/"
         return [str(self.model_dir / arg[len(prefix):]) if arg.startswith(prefix) else arg for arg in args]
 
-    def run(self, program: str, args: list[str]) -> ToolOutput:
-        done = subprocess.run([str(self.bin_dir / program), *self._local(args)], capture_output=True, text=True,
-                              check=False)
+    def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
+        command = [*numactl_prefix((env or {}).get("MOE_STACK_NUMA", "none")), str(self.bin_dir / program),
+                   *self._local(args)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise StackError(f"{program} failed (exit {done.returncode}): {last_error(done.stderr)}")
         return ToolOutput(done.stdout, done.stderr)
@@ -62,6 +64,16 @@ class NativeRunner:
     def help(self, program: str) -> str:
         done = subprocess.run([str(self.bin_dir / program), "--help"], capture_output=True, text=True, check=False)
         return done.stdout + done.stderr
+
+
+def numactl_prefix(policy: str) -> list[str]:
+    """numactl's options for a stack's NUMA policy (what the image's entrypoint runs), natively."""
+    kind, _, nodes = policy.partition(":")
+    options = {"none": [], "interleave": [f"--interleave={nodes or 'all'}"],
+               "membind": [f"--membind={nodes}", f"--cpunodebind={nodes}"], "cpunodebind": [f"--cpunodebind={nodes}"]}
+    if kind not in options:
+        raise StackError(f"NUMA policy {policy!r}: none, interleave[:NODES], membind:NODES or cpunodebind:NODES")
+    return ["numactl", *options[kind]] if options[kind] else []
 
 
 def last_error(text: str) -> str:

@@ -74,7 +74,7 @@ class ContainerRunner:
             raise StackError(f"no tools image {self.image} here: build it with `moe-stack build --tools` (same "
                              "engine, --cpu and --cuda as the stack's image), or pass --tools-image")
 
-    def _run(self, command: list[str]) -> ToolOutput:
+    def _run(self, command: list[str], env: dict[str, str] | None = None) -> ToolOutput:
         document = self._document()
         name, _ = engine_service(document, self.compose_file, self.profile)
         derived = to_yaml(tool_document(document, name, self.image, command))
@@ -84,7 +84,7 @@ class ContainerRunner:
         client = DockerClient(compose_files=[Path(path)])
         printed: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
-            lines = client.compose.run(name, remove=True, tty=False, dependencies=False, stream=True)
+            lines = client.compose.run(name, remove=True, tty=False, dependencies=False, stream=True, envs=env or {})
             if isinstance(lines, (str, Container)):  # stream=True yields (source, line) pairs
                 raise StackError(f"docker compose run returned {type(lines).__name__}, not the tool's output")
             for source, line in lines:
@@ -98,9 +98,9 @@ class ContainerRunner:
                 pass
             Path(path).unlink(missing_ok=True)
 
-    def run(self, program: str, args: list[str]) -> ToolOutput:
+    def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
         try:
-            return self._run([program, *args])
+            return self._run([program, *args], env)
         except DockerException as err:
             said = last_error(err.stderr or "") if err.stderr else describe(err)
             raise StackError(f"{program} failed in {self.image}: {said}") from None

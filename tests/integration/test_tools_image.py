@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from python_on_whales import DockerClient
 
 from builder.contract import IMAGE_UID
@@ -95,3 +96,25 @@ def test_bench_tool_runs_ik_sweep_bench_and_llama_bench_on_a_hybrid_style_moe_st
     command = " ".join(bench.stdout.split())
     assert "-ub 128 -rtr 1" in command and f"-ot {EXPERTS_ON_CPU_RULE}" in command
     assert [test for test, _, _ in _rows(bench.stdout)] == ["pp64", "tg8"]
+
+
+def test_tune_searches_the_demo_stack_and_writes_the_winner(base_image: str, gemma_model: Path, tmp_path: Path) -> None:
+    server = build_engine_image("llama.cpp", "avx2", base_image)
+    build_engine_image("llama.cpp", "avx2", base_image, tools=True)
+    compose_file, _ = emit_stack(tmp_path, server, gemma_model, chat_template=DEMO_CHAT_TEMPLATE)
+    too_short = run_cli("tune", str(compose_file), "--budget", "3s", "-p", "32", "-n", "8")
+    assert too_short.returncode == 1 and "is too small: one trial takes about" in too_short.stderr
+    plot = tmp_path / "tune.png"
+    result = run_cli("tune", str(compose_file), "--budget", "75s", "-p", "32", "-n", "8", "--plot", str(plot))
+    assert result.returncode == 0, result.stderr
+    tuned_file = compose_file.with_suffix(".tuned.yaml")
+    record = yaml.safe_load(tuned_file.read_text())["x-moe-stack"]["tuned"]
+    assert record["trials"] >= 2 + 2 * (2 + 2)  # warm-ups, then at least threads (2 values) and a confirm's worth
+    assert set(record["settings"]) == {"threads", "ubatch", "no-mmap"}
+    assert record["stack-tps"]["decode"] > 0 and record["tuned-tps"]["prefill"] > 0
+    # The bandwidth probe ran in the stack's container; the bound ratio is decode over it.
+    assert record["bound"]["read-gbps"] > 1 and 0 < record["bound"]["decode-over-bound"] < 5
+    assert plot.stat().st_size > 10_000
+    # The tuned file is a stack moe-stack can run: its command still names the model.
+    command = yaml.safe_load(tuned_file.read_text())["services"]["engine"]["command"]
+    assert command[:2] == ["--model", f"/models/{gemma_model.name}"]

@@ -21,9 +21,8 @@ def test_render_writes_a_build_context(tmp_path: Path) -> None:
     result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--cuda", "12.8", "--out", str(tmp_path / "ctx"))
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "ctx").iterdir())
-    assert names == ["Dockerfile", "build-info.sh", "image.json", "moe-stack-entrypoint", "moe-stack-health",
-                     "moe-stack-hugecopy.c",
-                     "required-cpu-flags"]
+    assert names == ["Dockerfile", "build-info.sh", "image.json", "moe-stack-bandwidth.c", "moe-stack-entrypoint",
+                     "moe-stack-health", "moe-stack-hugecopy.c", "required-cpu-flags"]
     assert json.loads((tmp_path / "ctx/image.json").read_text())["cuda_archs"] == [86, 89, 90, 120]
 
 

@@ -1,0 +1,91 @@
+"""What `moe-stack tune` may vary for a llama.cpp-family stack: each dimension a named set of
+candidate values and how a value is written into the server's arguments (or the container's
+environment, for the NUMA policy). The engine adapters choose the dimensions; the search
+(stacks/tune.py) never needs to know a flag."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from builder.engines.llama_bench import server_settings
+
+# A setting: the server's arguments and the container environment's overrides.
+Args = list[str]
+Env = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str  # what the table calls it: "threads", "ubatch", "rtr"
+    values: tuple[str, ...]  # candidates, the stack's own first
+    apply: Callable[[Args, Env, str], tuple[Args, Env]]
+    affects: str = "both"  # "prefill", "decode" or "both": a decode-only search skips prefill dimensions
+
+
+def value_of(args: Args, spellings: tuple[str, ...]) -> str | None:
+    """The value the last of `spellings` in `args` has (None: not given)."""
+    found = None
+    for flag, value in server_settings(args):
+        if flag in spellings:
+            found = value
+    return found
+
+
+def has_switch(args: Args, spellings: tuple[str, ...]) -> bool:
+    return any(flag in spellings for flag, _ in server_settings(args))
+
+
+def without(args: Args, spellings: tuple[str, ...]) -> Args:
+    """`args` less every `spellings` flag (and its value)."""
+    kept: Args = []
+    for flag, value in server_settings(args):
+        if flag not in spellings:
+            kept += [flag] if value is None else [flag, value]
+    return kept
+
+
+def setting_value(spellings: tuple[str, ...]) -> Callable[[Args, Env, str], tuple[Args, Env]]:
+    """Write `spellings[0] VALUE` in place of any earlier spelling ("default": leave it out)."""
+    def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+        rest = without(args, spellings)
+        return (rest if value == "default" else [*rest, spellings[0], value]), env
+    return apply
+
+
+def setting_switch(on: tuple[str, ...], off: tuple[str, ...] = ()) -> Callable[[Args, Env, str], tuple[Args, Env]]:
+    """"on": the switch `on[0]`; "off": `off[0]` where the engine has an off-switch, else neither."""
+    def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+        rest = without(args, on + off)
+        if value == "on":
+            return [*rest, on[0]], env
+        return ([*rest, off[0]] if off else rest), env
+    return apply
+
+
+def setting_ubatch(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+    """-ub VALUE, and -b at least as large (llama.cpp caps the physical batch at the logical one)."""
+    batch = value_of(args, ("-b", "--batch-size"))
+    rest = without(args, ("-ub", "--ubatch-size", "-b", "--batch-size"))
+    logical = max(int(value), int(batch)) if batch and batch.isdigit() else max(int(value), 2048)
+    return [*rest, "--batch-size", str(logical), "--ubatch-size", value], env
+
+
+def setting_numa(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+    """The container's NUMA policy (MOE_STACK_NUMA, applied by the image's entrypoint with numactl)."""
+    return args, {**env, "MOE_STACK_NUMA": value}
+
+
+def thread_counts(threads: int) -> tuple[str, ...]:
+    """The stack's threads (its physical cores), one and two fewer (the GPU feeder thread may want a
+    core), and half (SMT siblings or a busy host)."""
+    counts = [threads, threads - 1, threads - 2, threads // 2]
+    return tuple(str(n) for n in dict.fromkeys(n for n in counts if n >= 1))
+
+
+def ubatch_sizes(current: str | None) -> tuple[str, ...]:
+    """512 … 4096 (prefill: on the device -ub 512 → 2048 → 4096 took a 235B slice from 1871 to 4928 to
+    5313 t/s), the stack's own first."""
+    sizes = ["512", "1024", "2048", "4096"]
+    first = current if current is not None else "512"
+    return tuple(dict.fromkeys([first, *sizes]))

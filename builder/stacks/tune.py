@@ -1,0 +1,250 @@
+"""`moe-stack tune`: this host's fastest settings for a stack, found by the engine's own llama-bench
+with the stack's model and flags, and written back into the stack.
+
+The search is a coordinate search. The stack's own settings are the incumbent. One dimension at a
+time (the engine adapter's: threads, -ub, mmap, ik_llama.cpp's switches, the NUMA policy on several
+nodes), every candidate value is measured in rounds whose order alternates (forward, then backward),
+after one warm-up trial that pays the model's page-in. A candidate replaces the incumbent only when
+its median beats the incumbent's by more than the incumbent's own spread between rounds (and by at
+least MIN_GAIN): on a shared host single runs differ by 10 %. A confirm round then alternates the
+winner with the stack's original settings, and its ratio is what the table reports.
+
+Trials run through a Runner (tool_bench): a container shaped like the stack's, or native builds, so
+the search does not depend on Docker being where the benchmark runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from builder.engines.llama_bench import llama_bench_args
+from builder.engines.tune_space import Args, Dimension, Env
+from builder.errors import StackError
+from builder.stacks.tool_bench import Runner, family_engine, parse_llama_bench
+
+Objective = Literal["decode", "prefill", "both"]
+MIN_GAIN = 0.03  # a winner must beat the incumbent by at least this much, whatever the spread
+ROUNDS = 3  # samples per candidate (fewer when the budget is short; never below MIN_ROUNDS)
+MIN_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the search: a value per dimension, the server's arguments and environment."""
+
+    values: dict[str, str]
+    args: Args
+    env: Env
+
+    def label(self, dimension: str) -> str:
+        return f"{dimension}={self.values[dimension]}"
+
+
+@dataclass(frozen=True)
+class Trial:
+    dimension: str  # "warm-up", a dimension's name, or "confirm"
+    value: str
+    prefill_tps: float
+    decode_tps: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the budget allows: the dimensions searched, in order, and the rounds each gets."""
+
+    dimensions: list[Dimension]
+    skipped: list[str]
+    rounds: int
+    trials: int
+
+
+@dataclass
+class TuneResult:
+    objective: Objective
+    baseline: Setting
+    best: Setting
+    trials: list[Trial] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    # The confirm round: (baseline, tuned) medians of prefill and decode, and their ratios' spread.
+    baseline_tps: tuple[float, float] = (0.0, 0.0)
+    tuned_tps: tuple[float, float] = (0.0, 0.0)
+    ratio_spread: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
+    seconds: float = 0.0
+
+    @property
+    def ratios(self) -> tuple[float, float]:
+        """tuned ÷ baseline, prefill and decode (confirm-round medians)."""
+        return (_ratio(self.tuned_tps[0], self.baseline_tps[0]), _ratio(self.tuned_tps[1], self.baseline_tps[1]))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def score(objective: Objective, prefill: float, decode: float) -> float:
+    if objective == "decode":
+        return decode
+    if objective == "prefill":
+        return prefill
+    return math.sqrt(max(prefill, 0.0) * max(decode, 0.0))
+
+
+def searched(dimensions: list[Dimension], objective: Objective) -> list[Dimension]:
+    """The dimensions that can move `objective` (a decode search skips prefill-only ones)."""
+    return [d for d in dimensions if d.affects in ("both", objective) or objective == "both"]
+
+
+def plan_search(dimensions: list[Dimension], budget_s: float, trial_s: float) -> Plan:
+    """The rounds and dimensions that fit `budget_s` at `trial_s` a trial (warm-up done), confirm
+    round included; dimensions that don't fit are dropped from the end and named."""
+    if trial_s <= 0:
+        raise StackError("a trial took no time; the benchmark did not run")
+    affordable = int(budget_s // trial_s)
+    for rounds in range(ROUNDS, MIN_ROUNDS - 1, -1):
+        kept = list(dimensions)
+        while kept:
+            needed = rounds * (sum(len(d.values) for d in kept) + 2)
+            if needed <= affordable:
+                return Plan(kept, [d.name for d in dimensions[len(kept):]], rounds, needed)
+            if rounds > MIN_ROUNDS:
+                break  # first try fewer rounds over every dimension
+            kept.pop()
+    one = MIN_ROUNDS * (len(dimensions[0].values) + 2) if dimensions else 0
+    raise StackError(f"--budget {budget_s:.0f}s is too small: one trial takes about {trial_s:.0f}s here and the first "
+                     f"dimension alone needs {one} trials; give --budget {math.ceil(one * trial_s / 60) + 1}m or more")
+
+
+@dataclass
+class Tuner:
+    """The search over `dimensions` for the stack running `args`, measured through `runner`."""
+
+    engine: str
+    runner: Runner
+    bench_flags: dict[str, str]
+    args: Args
+    env: Env
+    dimensions: list[Dimension]
+    objective: Objective = "both"
+    prompt_tokens: int = 512
+    generate: int = 64
+    progress: Callable[[str], None] = lambda line: None
+    _baseline_trials: list[Trial] = field(default_factory=list)
+
+    def measure(self, setting: Setting) -> tuple[float, float, float]:
+        """(prefill, decode, seconds) of one llama-bench run of `setting`."""
+        engine = family_engine(self.engine)
+        planned = llama_bench_args(setting.args, self.bench_flags, engine.bench_rule_separator)
+        tests = ["-p", str(self.prompt_tokens), "-n", str(self.generate), "-r", "1", "-o", "json"]
+        started = time.monotonic()
+        rows = parse_llama_bench(self.runner.run("llama-bench", [*planned.args, *tests], setting.env).stdout)
+        took = time.monotonic() - started
+        prefill = next((r.tps for r in rows if r.test.startswith("pp")), 0.0)
+        decode = next((r.tps for r in rows if r.test.startswith("tg")), 0.0)
+        return prefill, decode, took
+
+    def _trial(self, result: TuneResult, dimension: str, value: str, setting: Setting) -> Trial:
+        prefill, decode, took = self.measure(setting)
+        trial = Trial(dimension, value, prefill, decode, took)
+        result.trials.append(trial)
+        if setting is result.baseline and dimension != "warm-up":
+            self._baseline_trials.append(trial)
+        self.progress(f"trial {len(result.trials)}: {dimension}={value}: prefill {prefill:.1f} t/s, "
+                      f"decode {decode:.1f} t/s ({took:.0f} s)")
+        return trial
+
+    def run(self, budget_s: float) -> TuneResult:
+        started = time.monotonic()
+        baseline = Setting({d.name: d.values[0] for d in self.dimensions}, list(self.args), dict(self.env))
+        result = TuneResult(objective=self.objective, baseline=baseline, best=baseline)
+        warm = self._trial(result, "warm-up", "stack", baseline)  # pays the model's page-in; not compared
+        timing = self._trial(result, "warm-up", "stack", baseline)  # what a warm trial takes
+        measurable, unmeasurable = [], []
+        for dimension in searched(self.dimensions, self.objective):
+            lacking = self._lacking(dimension, baseline)
+            if lacking:
+                unmeasurable.append(f"{dimension.name} ({lacking})")
+            else:
+                measurable.append(dimension)
+        plan = plan_search(measurable, budget_s - warm.seconds - timing.seconds, max(timing.seconds, 0.1))
+        result.skipped = unmeasurable + plan.skipped
+        self.progress(f"searching {', '.join(d.name for d in plan.dimensions)}: {plan.trials} trials of about "
+                      f"{timing.seconds:.0f} s, {plan.rounds} rounds each"
+                      + (f" (left out for the budget: {', '.join(plan.skipped)})" if plan.skipped else ""))
+        best = baseline
+        for dimension in plan.dimensions:
+            best = self._dimension(result, dimension, best, plan.rounds)
+        result.best = best
+        if best is baseline:  # nothing beat the stack: its own trials are the figures, the ratio 1
+            result.baseline_tps = result.tuned_tps = _medians(self._baseline_trials)
+            result.ratio_spread = ((1.0, 1.0), (1.0, 1.0))
+        else:
+            self._confirm(result, baseline, best, plan.rounds)
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _lacking(self, dimension: Dimension, baseline: Setting) -> str:
+        """What llama-bench can't be given for some value of `dimension` (its contract lacks the flag),
+        beyond what it already can't for the stack's own settings; '' when every value is expressible."""
+        separator = family_engine(self.engine).bench_rule_separator
+        already = set(llama_bench_args(baseline.args, self.bench_flags, separator).left_out)
+        for value in dimension.values[1:]:
+            setting = self._with(baseline, dimension, value)
+            extra = set(llama_bench_args(setting.args, self.bench_flags, separator).left_out) - already
+            if extra:
+                return ", ".join(sorted(extra))
+        return ""
+
+    def _dimension(self, result: TuneResult, dimension: Dimension, incumbent: Setting, rounds: int) -> Setting:
+        current = incumbent.values[dimension.name]
+        candidates = {value: self._with(incumbent, dimension, value) for value in dimension.values}
+        scores: dict[str, list[float]] = {value: [] for value in candidates}
+        for round_ in range(rounds):
+            order = list(candidates) if round_ % 2 == 0 else list(reversed(candidates))
+            for value in order:
+                trial = self._trial(result, dimension.name, value, candidates[value])
+                scores[value].append(score(self.objective, trial.prefill_tps, trial.decode_tps))
+        return candidates[winner(scores, current)]
+
+    def _with(self, incumbent: Setting, dimension: Dimension, value: str) -> Setting:
+        if value == incumbent.values[dimension.name]:
+            return incumbent
+        args, env = dimension.apply(list(incumbent.args), dict(incumbent.env), value)
+        return Setting({**incumbent.values, dimension.name: value}, args, env)
+
+    def _confirm(self, result: TuneResult, baseline: Setting, best: Setting, rounds: int) -> None:
+        """Alternate the stack's settings with the winner; the ratios of each pair, and their medians."""
+        samples: dict[str, list[Trial]] = {"stack": [], "tuned": []}
+        for round_ in range(rounds):
+            order = [("stack", baseline), ("tuned", best)]
+            for name, setting in order if round_ % 2 == 0 else reversed(order):
+                samples[name].append(self._trial(result, "confirm", name, setting))
+        pre = [t.prefill_tps / b.prefill_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.prefill_tps]
+        dec = [t.decode_tps / b.decode_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.decode_tps]
+        result.baseline_tps, result.tuned_tps = _medians(samples["stack"]), _medians(samples["tuned"])
+        result.ratio_spread = ((min(pre, default=0.0), max(pre, default=0.0)), (min(dec, default=0.0), max(dec, default=0.0)))
+
+
+def _medians(trials: list[Trial]) -> tuple[float, float]:
+    """Median prefill and decode of `trials`."""
+    if not trials:
+        return 0.0, 0.0
+    return statistics.median(t.prefill_tps for t in trials), statistics.median(t.decode_tps for t in trials)
+
+
+def winner(scores: dict[str, list[float]], incumbent: str) -> str:
+    """The candidate whose median beats the incumbent's by more than the incumbent's own spread (its
+    rounds' (max - min) ÷ median) and MIN_GAIN; else the incumbent."""
+    base = statistics.median(scores[incumbent])
+    if base <= 0:
+        best = max(scores, key=lambda value: statistics.median(scores[value]))
+        return best if statistics.median(scores[best]) > 0 else incumbent
+    spread = (max(scores[incumbent]) - min(scores[incumbent])) / base
+    margin = max(spread, MIN_GAIN)
+    best = max(scores, key=lambda value: statistics.median(scores[value]))
+    return best if statistics.median(scores[best]) > base * (1 + margin) else incumbent

@@ -1,0 +1,136 @@
+"""`moe-stack tune FILE`: the search of tune.py run for one stack file, from its tools image (or
+native builds), with the host's memory bandwidth and the model's bytes per token for the decode bound,
+and the winner written back as a stack file with `x-moe-stack.tuned`."""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from builder.engines.tune_space import value_of
+from builder.errors import StackError
+from builder.host.probe import probe
+from builder.images.flags import parse_help
+from builder.images.naming import tools_image_of
+from builder.models.planner import read_facts
+from builder.stacks.document import literal, unliteral
+from builder.stacks.tool_bench import NativeRunner, Runner, family_engine
+from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
+from builder.stacks.tune import Objective, Tuner, TuneResult
+
+BANDWIDTH_MIB = 2048  # per array: far beyond any L3 (Genoa-X has 1152 MB)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A finished search and what it is measured against."""
+
+    result: TuneResult
+    bandwidth_gbps: float | None  # the probe's read bandwidth
+    bytes_per_token: int  # weight bytes the CPU reads per decoded token
+    hybrid: bool
+
+    @property
+    def bound_tps(self) -> float | None:
+        """Decode's ceiling: read bandwidth ÷ bytes read per token."""
+        return self.bandwidth_gbps * 1e9 / self.bytes_per_token if self.bandwidth_gbps and self.bytes_per_token else None
+
+    def bound_ratio(self, decode_tps: float) -> float | None:
+        bound = self.bound_tps
+        return decode_tps / bound if bound else None
+
+
+def read_bandwidth(runner: Runner, env: dict[str, str]) -> float | None:
+    """The read GB/s the image's moe-stack-bandwidth measures in the stack's container (None when
+    the image predates it)."""
+    try:
+        printed = runner.run("moe-stack-bandwidth", [str(BANDWIDTH_MIB)], env).stdout
+    except StackError:
+        return None
+    found = re.search(r"read GB/s ([\d.]+)", printed)
+    return float(found[1]) if found else None
+
+
+def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_image: str | None = None,
+               native: NativeRunner | None = None, profile: str | None = None, prompt_tokens: int = 512,
+               generate: int = 64, progress: Callable[[str], None] = lambda line: None) -> Tuned:
+    """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
+    the stack's, or `native` builds), after probing the memory bandwidth the same way."""
+    if not compose_file.is_file():
+        raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    engine, image, args = stack_server_args(document, compose_file, profile)
+    family_engine(engine)  # an engine with llama-bench, else one line
+    _, service = engine_service(document, compose_file, profile)
+    model = Path(str((document.get("x-moe-stack") or {}).get("model") or ""))
+    if not model.is_file():
+        raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
+    runner: Runner
+    if native is not None:
+        runner = native
+    else:
+        container = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
+        container.check_image()
+        container.check_stopped()
+        runner = container
+    bench_flags = parse_help(runner.help("llama-bench"))
+    if "-m" not in bench_flags:
+        raise StackError("the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`")
+    environment = {str(k): unliteral(str(v)) for k, v in (service.get("environment") or {}).items()}
+    env = {"MOE_STACK_NUMA": environment.get("MOE_STACK_NUMA", "none")}
+    layers = value_of(args, ("-ngl", "--n-gpu-layers", "--gpu-layers"))
+    hybrid = layers not in (None, "0")
+    dimensions = family_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
+    tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
+                  objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
+    progress("measuring memory bandwidth (moe-stack-bandwidth, in the stack's container)")
+    bandwidth = read_bandwidth(runner, env)
+    result = tuner.run(budget_s)
+    return Tuned(result=result, bandwidth_gbps=bandwidth, bytes_per_token=read_facts(model).read_per_token(hybrid),
+                 hybrid=hybrid)
+
+
+def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by: str,
+                   now: datetime | None = None, host: str | None = None) -> dict:
+    """The stack's file with the winner's arguments and environment, and what tuning found recorded
+    under `x-moe-stack.tuned`."""
+    result = tuned.result
+    derived = copy.deepcopy(document)
+    service = derived["services"][service_name]
+    service["command"] = [literal(arg) for arg in result.best.args]
+    numa = result.best.env.get("MOE_STACK_NUMA")
+    if numa is not None and numa != (service.get("environment") or {}).get("MOE_STACK_NUMA", "none"):
+        service.setdefault("environment", {})["MOE_STACK_NUMA"] = numa
+    ratio_prefill, ratio_decode = result.ratios
+    (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
+    record: dict[str, object] = {
+        "host": host or socket.gethostname(),
+        "date": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "by": generated_by,
+        "objective": result.objective,
+        "settings": dict(result.best.values),
+        "changed": {name: f"{result.baseline.values[name]} -> {value}" for name, value in result.best.values.items()
+                    if value != result.baseline.values[name]},
+        "trials": len(result.trials),
+        "seconds": round(result.seconds),
+        "stack-tps": {"prefill": round(result.baseline_tps[0], 1), "decode": round(result.baseline_tps[1], 2)},
+        "tuned-tps": {"prefill": round(result.tuned_tps[0], 1), "decode": round(result.tuned_tps[1], 2)},
+        "tuned-over-stack": {"prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
+                             "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})"},
+        "left-out": list(result.skipped),
+    }
+    if tuned.bandwidth_gbps:
+        ratio = tuned.bound_ratio(result.tuned_tps[1])
+        record["bound"] = {"read-gbps": tuned.bandwidth_gbps, "bytes-per-token": tuned.bytes_per_token,
+                           "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
+                           "bound-tps": round(tuned.bound_tps or 0, 2),
+                           "decode-over-bound": round(ratio, 3) if ratio is not None else None}
+    derived.setdefault("x-moe-stack", {})["tuned"] = record
+    return derived
