@@ -206,19 +206,25 @@ class LlamaFamilyEngine(Engine):
 
     # -- tune ---------------------------------------------------------------------------------
     def tune_dimensions(self, args: list[str], numa_nodes: int, gpu: bool) -> list[Dimension]:
-        """What `moe-stack tune` varies for a stack running `args`, in the order it searches them."""
+        """What `moe-stack tune` varies for a stack running `args`, in the order it searches them (a short
+        budget drops the last): threads and -ub, the engine's own, then mmap and the NUMA policy."""
         threads = value_of(args, ("-t", "--threads"))
         dimensions = []
         if threads is not None and threads.isdigit():
             dimensions.append(Dimension("threads", thread_counts(int(threads)), setting_value(("--threads", "-t"))))
         dimensions.append(Dimension("ubatch", ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))), setting_ubatch,
                                     affects="prefill"))
+        dimensions += self.engine_dimensions(args, gpu)
         no_mmap = "on" if has_switch(args, ("--no-mmap",)) else "off"
         dimensions.append(Dimension("no-mmap", (no_mmap, "off" if no_mmap == "on" else "on"),
                                     setting_switch(("--no-mmap",))))
         if numa_nodes > 1:
             dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))
         return dimensions
+
+    def engine_dimensions(self, args: list[str], gpu: bool) -> list[Dimension]:
+        """This engine's own settings to search (mainline: none beyond the common ones)."""
+        return []
 
     def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
         """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""

@@ -79,7 +79,7 @@ def test_candidates_alternate_their_order_between_rounds() -> None:
 
 def test_a_decode_search_skips_prefill_only_dimensions() -> None:
     result = _tuner(StandIn(), objective="decode").run(budget_s=10_000)
-    assert {t.dimension for t in result.trials} == {"warm-up", "threads", "no-mmap", "rtr", "fmoe", "confirm"}
+    assert {t.dimension for t in result.trials} == {"warm-up", "threads", "rtr", "fmoe", "no-mmap", "confirm"}
     assert result.best.values["ubatch"] == "512"
 
 
@@ -122,11 +122,11 @@ def test_search_spaces_per_engine_and_host() -> None:
     assert names == ["threads", "ubatch", "no-mmap"]
     with_mla = [*STACK, "-mla", "3"]
     dims = {d.name: d for d in ik.tune_dimensions(with_mla, numa_nodes=2, gpu=True)}
-    assert list(dims) == ["threads", "ubatch", "no-mmap", "numa", "rtr", "fmoe", "amb", "offload"]
+    assert list(dims) == ["threads", "ubatch", "offload", "rtr", "fmoe", "amb", "no-mmap", "numa"]
     assert dims["threads"].values == ("16", "15", "14", "8") and dims["ubatch"].values == ("512", "1024", "2048", "4096")
     assert dims["offload"].values[0] == "default" and dims["offload"].affects == "prefill"
-    assert [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)] == ["threads", "ubatch", "no-mmap",
-                                                                                    "rtr", "fmoe"]
+    assert [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)] == ["threads", "ubatch", "rtr", "fmoe",
+                                                                                    "no-mmap"]
     assert thread_counts(2) == ("2", "1") and thread_counts(1) == ("1",)
     assert searched(list(dims.values()), "decode") == [d for d in dims.values() if d.name not in ("ubatch", "offload")]
 
