@@ -218,6 +218,9 @@ class EngineOptions(_Spec):
     mla: int | None = None
     moe_offload_batch: int | None = None
     kt_method: KtMethod | None = None
+    # False: read the weights into the engine's own memory instead of mmapping the file (mainline
+    # llama.cpp then keeps the CPU-side weights in the GPU's pinned host memory: faster prefill offload).
+    mmap: bool | None = None
     # The server's default sampling (a request's own values still win) and its batch sizes.
     temperature: float | None = None
     top_p: float | None = None
@@ -260,6 +263,7 @@ class StackSpec(_Spec):
     # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
     # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
     moe_offload_batch: int | None = Field(default=None, ge=1)
+    mmap: bool | None = None  # False: --no-mmap
     # Server-side sampling defaults (model cards: R1 0.6 / top-p 0.95; Qwen3 0.6 / 0.95 / top-k 20 /
     # min-p 0) and batch sizes (larger -ub speeds hybrid prefill, ik PR #728).
     temperature: float | None = Field(default=None, ge=0, le=5)
@@ -306,6 +310,9 @@ class StackSpec(_Spec):
 
     @model_validator(mode="after")
     def _consistent(self) -> StackSpec:
+        if self.mmap is False and self.hugetlbfs != "off":
+            raise ValueError("--no-mmap reads the model into the engine's memory, so a hugetlbfs copy (which backs the "
+                             "mmap) would go unused: drop --hugetlbfs, or give --mmap")
         if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
             raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
         if (self.gpu_ids or self.tensor_split or self.engine_fit) and self.gpu == "none":

@@ -7,7 +7,9 @@
 # tuned by `moe-stack tune --native-bin`: the same search code a Docker host runs, on native binaries.
 #
 #   tune.sh start                      wheels, facts, models; both builds started in the background
-#   tune.sh run ENGINE MODEL BUDGET    waits for ENGINE's build, emits the stack, tunes it for BUDGET
+#   tune.sh build ENGINE               (re)starts one build in the background
+#   tune.sh run ENGINE MODEL BUDGET [TUNE OPTIONS]
+#                                      waits for ENGINE's build, emits the stack, tunes it for BUDGET
 #                                      (MODEL: a3b or q235b); output, tuned stack and chart to $OUT
 set -uo pipefail
 phase=${1:?start or run}
@@ -49,15 +51,20 @@ start)
     echo "$engine: $(cat "$work/$engine.done" 2>/dev/null || echo building) $(tail -c 150 "$work/$engine.log" | tr '\n' ' ')"
   done
   ;;
+build)
+  rm -rf "$work/${2:?ENGINE}.done" "$work/src-$2"
+  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build $2 8" </dev/null >/dev/null 2>&1 &
+  ;;
 run)
   engine=${2:?ENGINE} name=${3:?a3b or q235b} budget=${4:?BUDGET}
+  shift 4  # the rest goes to moe-stack tune (e.g. --prefill)
   while [ ! -f "$work/$engine.done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
   [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { echo "$engine not built: $(tail -c 400 "$work/$engine.log")"; exit 1; }
   stack=$work/$engine-$name.yaml
   python3 -m builder compose --engine "$engine" --model "${model[$name]}" --preset "${preset[$name]}" --gpu nvidia \
     --skip-image-checks --for-other-host --port 18080 -o "$stack" >"$out/$engine-$name.txt" 2>&1 || { cat "$out/$engine-$name.txt"; exit 1; }
   python3 -m builder tune "$stack" --native-bin "$work/src-$engine/build/bin" --budget "$budget" \
-    --plot "$out/$engine-$name.png" 2>&1 | tee -a "$out/$engine-$name.txt"
+    --plot "$out/$engine-$name.png" "$@" 2>&1 | tee -a "$out/$engine-$name.txt"
   cp "$work/$engine-$name.tuned.yaml" "$out/" 2>/dev/null
   ;;
 esac

@@ -188,6 +188,7 @@ class _PythonEngine(Engine):
             "--fused-moe": stack.fused_moe is not None,
             "--mla": stack.mla is not None,
             "--moe-offload-batch": stack.moe_offload_batch is not None,
+            "--no-mmap/--mmap": stack.mmap is not None,
             "--hugepages": stack.hugepages,
             "--hugetlbfs": stack.hugetlbfs != "off",
             "--mlock": stack.mlock,

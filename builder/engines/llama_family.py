@@ -44,7 +44,8 @@ class LlamaFamilyEngine(Engine):
                              "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers", "-ctk", "--cache-type-k",
                              "-ctv", "--cache-type-v", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
                              "-ts", "--tensor-split", "-fit", "--fit",
-                             "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size"})
+                             "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size",
+                             "--no-mmap", "--mmap"})
     # The neutral sampling and batch options, and the flag each is written as.
     option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
                     ("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size"))
@@ -194,6 +195,10 @@ class LlamaFamilyEngine(Engine):
                 if not has_flag(flags, flag):
                     raise StackError(f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}")
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        if stack.mmap is False:
+            if not has_flag(flags, "--no-mmap"):
+                raise StackError(f"this {self.name} build has no --no-mmap; drop --no-mmap")
+            args.append("--no-mmap")
         if stack.hugepages:
             args += self.hugepages_args(flags)
         if stack.mlock:

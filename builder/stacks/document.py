@@ -222,9 +222,10 @@ def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
-    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload)."""
+    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload;
+    mmap as the engine does by default, since --no-mmap pays off through the GPU's pinned memory)."""
     return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": (),
-                                    "moe_offload_batch": None})
+                                    "moe_offload_batch": None, "mmap": None})
 
 
 def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:

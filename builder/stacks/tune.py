@@ -7,7 +7,8 @@ nodes), every candidate value is measured in rounds whose order alternates (forw
 after one warm-up trial that pays the model's page-in. A candidate replaces the incumbent only when
 its median beats the incumbent's by more than the incumbent's own spread between rounds (and by at
 least MIN_GAIN): on a shared host single runs differ by 10 %. A confirm round then alternates the
-winner with the stack's original settings, and its ratio is what the table reports.
+winner with the stack's original settings, and its ratio is what the table reports; a winner that
+does not beat the stack there by MIN_GAIN is dropped (the stack is kept, and the result says so).
 
 Trials run through a Runner (tool_bench): a container shaped like the stack's, or native builds, so
 the search does not depend on Docker being where the benchmark runs.
@@ -76,6 +77,8 @@ class TuneResult:
     tuned_tps: tuple[float, float] = (0.0, 0.0)
     ratio_spread: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
     seconds: float = 0.0
+    # What the search picked but the confirm round did not bear out (the stack is kept then).
+    not_confirmed: dict[str, str] = field(default_factory=dict)
 
     @property
     def ratios(self) -> tuple[float, float]:
@@ -227,6 +230,13 @@ class Tuner:
         pre = [t.prefill_tps / b.prefill_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.prefill_tps]
         dec = [t.decode_tps / b.decode_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.decode_tps]
         result.baseline_tps, result.tuned_tps = _medians(samples["stack"]), _medians(samples["tuned"])
+        gains = [score(self.objective, t.prefill_tps, t.decode_tps) / score(self.objective, b.prefill_tps, b.decode_tps)
+                 for t, b in zip(samples["tuned"], samples["stack"], strict=True)
+                 if score(self.objective, b.prefill_tps, b.decode_tps) > 0]
+        if not gains or statistics.median(gains) < 1 + MIN_GAIN:  # a winner of the search's noise
+            result.not_confirmed = {name: value for name, value in best.values.items()
+                                    if value != baseline.values[name]}
+            result.best = baseline
         result.ratio_spread = ((min(pre, default=0.0), max(pre, default=0.0)), (min(dec, default=0.0), max(dec, default=0.0)))
 
 

@@ -125,6 +125,7 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
         "tuned-over-stack": {"prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
                              "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})"},
         "left-out": list(result.skipped),
+        "not-confirmed": dict(result.not_confirmed),
     }
     if tuned.bandwidth_gbps:
         ratio = tuned.bound_ratio(result.tuned_tps[1])

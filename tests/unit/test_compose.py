@@ -43,10 +43,10 @@ def test_document_defaults(tmp_path: Path) -> None:
 
 def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
     rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--no-mmap",)), "x")
+    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--swa-full",)), "x")
     command = doc["services"]["engine"]["command"]
     at = command.index("--override-tensor")
-    assert command[at:at + 2] == ["--override-tensor", rule] and command[-1] == "--no-mmap"  # extra args last
+    assert command[at:at + 2] == ["--override-tensor", rule] and command[-1] == "--swa-full"  # extra args last
     assert yaml.safe_load(to_yaml(doc))["services"]["engine"]["command"] == command, "regex survives YAML"
 
 
@@ -123,8 +123,11 @@ def _facts(**update: object) -> ImageFacts:
 
 def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
     assert compose_dict(_stack(tmp_path), "x", _facts())["x-moe-stack"]["flags-checked"] is True
-    with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --no-mmap"):
-        compose_dict(_stack(tmp_path, extra_args=("--no-mmap",)), "x", _facts())
+    with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --swa-full"):
+        compose_dict(_stack(tmp_path, extra_args=("--swa-full",)), "x", _facts())
+    # A neutral option the contract lacks: refused by the adapter, naming the option.
+    with pytest.raises(StackError, match="this llama.cpp build has no --no-mmap; drop --no-mmap"):
+        compose_dict(_stack(tmp_path, mmap=False), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
         compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
 
@@ -193,3 +196,14 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     assert document["volumes"] == {"prometheus-data": {}}
     with pytest.raises(StackError, match="--monitoring scrapes one engine's /metrics"):
         compose_dict(_stack(tmp_path, monitoring_port=19090, metrics=False), "x")
+
+
+def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
+    gpu = _stack(tmp_path, gpu="nvidia", gpu_layers=99, mmap=False)
+    assert compose_dict(gpu, "x")["services"]["engine"]["command"][-1] == "--no-mmap"
+    assert cpu_only(gpu, "cpu:1").mmap is None  # the cpu profile maps as the engine does by default
+    with pytest.raises(ValueError, match="--no-mmap reads the model into the engine's memory"):
+        _stack(tmp_path, mmap=False, hugetlbfs="2M")
+    with pytest.raises(StackError, match="ktransformers has no counterpart for .*--no-mmap/--mmap"):
+        compose_dict(_stack(tmp_path, engine="ktransformers", gpu="nvidia", mmap=False,
+                            config_dir=tmp_path / "models"), "x")
