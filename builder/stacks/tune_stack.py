@@ -90,7 +90,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     dimensions = family_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
     tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
                   objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
-    progress("measuring memory bandwidth (moe-stack-bandwidth, in the stack's container)")
+    progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
     bandwidth = read_bandwidth(runner, env)
     result = tuner.run(budget_s)
     return Tuned(result=result, bandwidth_gbps=bandwidth, bytes_per_token=read_facts(model).read_per_token(hybrid),
