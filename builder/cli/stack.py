@@ -39,7 +39,6 @@ from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
-from builder.stacks.tool_bench import NativeRunner
 from builder.stacks.tool_run import bench_with_tool, engine_service
 from builder.stacks.tune import Objective
 from builder.stacks.tune_plot import plot
@@ -227,14 +226,10 @@ def tune(
     objective: Objective = "decode" if decode else "prefill" if prefill else "both"
     if out_file is not None and write:
         raise SpecError("--write replaces FILE; --out writes elsewhere: give one")
-    native = None
-    if native_bin is not None:
-        stack_model = Path(str((yaml.safe_load(compose_file.read_text()) or {}).get("x-moe-stack", {}).get("model", "")))
-        native = NativeRunner(native_bin, model_dir or stack_model.parent)
-    elif model_dir is not None:
+    if model_dir is not None and native_bin is None:
         raise SpecError("--model-dir goes with --native-bin")
-    tuned = tune_stack(compose_file, parse_duration(budget), objective, tools_image, native, profile, prompt_tokens,
-                       generate, progress=_say)
+    tuned = tune_stack(compose_file, parse_duration(budget), objective, tools_image, native_bin, model_dir, profile,
+                       prompt_tokens, generate, progress=_say)
     result = tuned.result
     table = Table("#", "setting", "prefill t/s", "decode t/s", "s", box=None)
     for number, trial in enumerate(result.trials, 1):

@@ -59,10 +59,12 @@ def read_bandwidth(runner: Runner, env: dict[str, str]) -> float | None:
 
 
 def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_image: str | None = None,
-               native: NativeRunner | None = None, profile: str | None = None, prompt_tokens: int = 512,
-               generate: int = 64, progress: Callable[[str], None] = lambda line: None) -> Tuned:
+               native_bin: Path | None = None, model_dir: Path | None = None, profile: str | None = None,
+               prompt_tokens: int = 512, generate: int = 64,
+               progress: Callable[[str], None] = lambda line: None) -> Tuned:
     """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
-    the stack's, or `native` builds), after probing the memory bandwidth the same way."""
+    the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
+    default the stack's), after probing the memory bandwidth the same way."""
     if not compose_file.is_file():
         raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
     document = yaml.safe_load(compose_file.read_text()) or {}
@@ -73,8 +75,11 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     if not model.is_file():
         raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
     runner: Runner
-    if native is not None:
-        runner = native
+    if native_bin is not None:
+        if not (native_bin / "llama-bench").is_file():
+            raise StackError(f"no llama-bench in {native_bin}: build it with `cmake --build BUILD --target llama-bench` "
+                             "(configure with `moe-stack cmake-args`)")
+        runner = NativeRunner(native_bin, model_dir or model.parent)
     else:
         container = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
         container.check_image()

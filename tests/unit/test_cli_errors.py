@@ -199,3 +199,21 @@ def test_refs_without_upstream_or_pins(tmp_path: Path) -> None:
                                                                    "https_proxy": "http://127.0.0.1:9"})
     assert_one_line_error(result, "git ls-remote https://github.com/ikawrakow/ik_llama.cpp.git failed")
     assert pins.read_text() == "ik_llama.cpp:\n  ref: 007d640\n  track: branch main\n"
+
+
+@pytest.mark.cli
+def test_tune_refusals(tmp_path: Path) -> None:
+    assert_one_line_error(run_cli("tune", str(tmp_path / "none.yaml"), "--native-bin", str(tmp_path)),
+                          "compose file", "does not exist")
+    assert_one_line_error(run_cli("tune", "x.yaml", "--decode", "--prefill"), "give one, or neither")
+    assert_one_line_error(run_cli("tune", "x.yaml", "--budget", "soon"), "a duration such as 20m")
+    assert_one_line_error(run_cli("tune", "x.yaml", "--model-dir", str(tmp_path)), "--model-dir goes with --native-bin")
+    tmp_path.chmod(0o755)  # the stack checks uid 10001 could read the model
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    model.chmod(0o644)
+    stack = tmp_path / "s.yaml"
+    assert run_cli("compose", "--model", str(model), "--skip-image-checks", "-o", str(stack)).returncode == 0
+    assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "no llama-bench in")
+    model.unlink()
+    assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is missing here; tune needs it")
