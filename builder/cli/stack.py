@@ -245,6 +245,8 @@ def tune(
     if result.not_confirmed:
         out.print(Text(f"not confirmed, so not taken: {', '.join(f'{k}={v}' for k, v in result.not_confirmed.items())} "
                        "(the confirm rounds measured it within noise of the stack)", style="yellow"), soft_wrap=True)
+    for setting, why in result.failed.items():
+        out.print(Text(f"failed, left out: {setting}: {why}", style="yellow"), soft_wrap=True)
     if result.skipped:
         out.print(Text(f"left out: {'; '.join(result.skipped)}", style="yellow"), soft_wrap=True)
     ratio = tuned.bound_ratio(result.tuned_tps[1])

@@ -79,6 +79,7 @@ class TuneResult:
     seconds: float = 0.0
     # What the search picked but the confirm round did not bear out (the stack is kept then).
     not_confirmed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # "dimension=value" → why its trial failed
 
     @property
     def ratios(self) -> tuple[float, float]:
@@ -108,6 +109,8 @@ def plan_search(dimensions: list[Dimension], budget_s: float, trial_s: float) ->
     round included; dimensions that don't fit are dropped from the end and named."""
     if trial_s <= 0:
         raise StackError("a trial took no time; the benchmark did not run")
+    if not dimensions:
+        return Plan([], [], MIN_ROUNDS, 0)
     affordable = int(budget_s // trial_s)
     for rounds in range(ROUNDS, MIN_ROUNDS - 1, -1):
         kept = list(dimensions)
@@ -204,15 +207,27 @@ class Tuner:
         return ""
 
     def _dimension(self, result: TuneResult, dimension: Dimension, incumbent: Setting, rounds: int) -> Setting:
+        """Measure every value of `dimension` on top of `incumbent`; the winner's setting. A candidate that
+        fails (a repack or a no-mmap load that doesn't fit, say) is out, and said; the incumbent failing
+        is the stack failing, which ends the search."""
         current = incumbent.values[dimension.name]
         candidates = {value: self._with(incumbent, dimension, value) for value in dimension.values}
         scores: dict[str, list[float]] = {value: [] for value in candidates}
+        failed: set[str] = set()
         for round_ in range(rounds):
             order = list(candidates) if round_ % 2 == 0 else list(reversed(candidates))
-            for value in order:
-                trial = self._trial(result, dimension.name, value, candidates[value])
+            for value in (v for v in order if v not in failed):
+                try:
+                    trial = self._trial(result, dimension.name, value, candidates[value])
+                except StackError as err:
+                    if value == current:
+                        raise
+                    failed.add(value)
+                    result.failed[f"{dimension.name}={value}"] = str(err)
+                    self.progress(f"{dimension.name}={value} failed, left out: {err}")
+                    continue
                 scores[value].append(score(self.objective, trial.prefill_tps, trial.decode_tps))
-        return candidates[winner(scores, current)]
+        return candidates[winner({v: s for v, s in scores.items() if v not in failed}, current)]
 
     def _with(self, incumbent: Setting, dimension: Dimension, value: str) -> Setting:
         if value == incumbent.values[dimension.name]:
@@ -237,6 +252,8 @@ class Tuner:
             result.not_confirmed = {name: value for name, value in best.values.items()
                                     if value != baseline.values[name]}
             result.best = baseline
+            result.tuned_tps = result.baseline_tps
+            result.ratio_spread = ((1.0, 1.0), (1.0, 1.0))
         result.ratio_spread = ((min(pre, default=0.0), max(pre, default=0.0)), (min(dec, default=0.0), max(dec, default=0.0)))
 
 

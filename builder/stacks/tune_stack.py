@@ -131,6 +131,7 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
                              "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})"},
         "left-out": list(result.skipped),
         "not-confirmed": dict(result.not_confirmed),
+        "failed": dict(result.failed),
     }
     if tuned.bandwidth_gbps:
         ratio = tuned.bound_ratio(result.tuned_tps[1])

@@ -113,6 +113,24 @@ def test_a_winner_the_confirm_round_does_not_bear_out_is_dropped() -> None:
     assert result.best is result.baseline and result.best.values["ubatch"] == "512"
 
 
+class RepackFails(StandIn):
+    """-rtr 1 fails to load (the model doesn't fit twice over while it repacks)."""
+
+    def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
+        if "-rtr" in args:
+            self.calls.append(args)
+            raise StackError("llama-bench failed (exit 1): failed to allocate 80 GiB for repacking")
+        return super().run(program, args, env)
+
+
+def test_a_failing_candidate_is_left_out_and_the_search_goes_on() -> None:
+    result = _tuner(RepackFails()).run(budget_s=10_000)
+    assert result.failed == {"rtr=on": "llama-bench failed (exit 1): failed to allocate 80 GiB for repacking"}
+    assert [t.value for t in result.trials if t.dimension == "rtr"] == ["off", "off", "off"]  # tried once, then out
+    assert result.best.values["rtr"] == "off" and result.best.values["ubatch"] == "4096"
+    assert "fmoe" in {t.dimension for t in result.trials}  # later dimensions still searched
+
+
 def test_winner_needs_more_than_the_incumbents_spread() -> None:
     assert winner({"16": [100, 100, 100], "15": [102, 102, 102]}, "16") == "16"  # under MIN_GAIN
     assert winner({"16": [100, 100, 100], "15": [100 * (1 + MIN_GAIN) + 1] * 3}, "16") == "15"
