@@ -240,8 +240,13 @@ def tune(
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
     out.print(f"{len(result.trials)} trials in {result.seconds:.0f} s; winner: "
               f"{', '.join(f'{k}={v}' for k, v in changed.items()) or 'the stack as it is'}", highlight=False)
-    out.print(f"tuned ÷ stack (confirm rounds, alternating): prefill {result.ratios[0]:.2f} ({pre_low:.2f}-{pre_high:.2f}), "
-              f"decode {result.ratios[1]:.2f} ({dec_low:.2f}-{dec_high:.2f})", highlight=False)
+    if changed:
+        out.print(f"tuned ÷ stack (confirm rounds, alternating): prefill {result.ratios[0]:.2f} "
+                  f"({pre_low:.2f}-{pre_high:.2f}), decode {result.ratios[1]:.2f} ({dec_low:.2f}-{dec_high:.2f})",
+                  highlight=False)
+    else:
+        out.print(f"the stack's own trials (median): prefill {result.baseline_tps[0]:.1f} t/s, decode "
+                  f"{result.baseline_tps[1]:.2f} t/s", highlight=False)
     if result.not_confirmed:
         out.print(Text(f"not confirmed, so not taken: {', '.join(f'{k}={v}' for k, v in result.not_confirmed.items())} "
                        "(the confirm rounds measured it within noise of the stack)", style="yellow"), soft_wrap=True)
