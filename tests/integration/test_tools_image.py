@@ -4,6 +4,7 @@ exact flags in a container shaped like the stack's."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -39,12 +40,14 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
                                 read_only=True)
     rows = parse_llama_bench(str(printed))
     assert [row.test for row in rows] == ["pp32", "tg8"] and all(row.tps > 0 for row in rows)
-    # gguf-py from the same tree reads the model.
-    script = ("import sys, gguf; field = gguf.GGUFReader(sys.argv[1]).fields['general.architecture']; "
-              "print(bytes(field.parts[-1]).decode())")
-    arch = docker_client.run(tools.tag, ["python3", "-c", script, f"/models/{gemma_model.name}"], volumes=mount,
-                             remove=True, read_only=True)
-    assert str(arch).strip() == "gemma3"
+    # gguf-py from the same tree reads the model, as the README runs it (python3's -m is no model flag).
+    dump = docker_client.run(tools.tag, ["python3", "-m", "gguf.scripts.gguf_dump", "--json", "--no-tensors",
+                                         f"/models/{gemma_model.name}"], volumes=mount, remove=True, read_only=True)
+    assert json.loads(str(dump))["metadata"]["general.architecture"]["value"] == "gemma3"
+    # The engine's tools get the entrypoint's model check: a missing model is one line, exit 66.
+    probe = "moe-stack-entrypoint llama-bench -m /models/none.gguf 2>&1; echo exit=$?"
+    missing = docker_client.run(tools.tag, ["-c", probe], entrypoint="/bin/sh", volumes=mount, remove=True)
+    assert "the model /models/none.gguf is missing" in str(missing) and str(missing).endswith("exit=66")
     # Every tool is there, next to the server; the image runs unprivileged.
     listing = str(docker_client.run(tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True))
     assert listing.split()[0] == str(IMAGE_UID)
