@@ -255,10 +255,7 @@ def tune(
     if result.skipped:
         out.print(Text(f"left out: {'; '.join(result.skipped)}", style="yellow"), soft_wrap=True)
     ratio = tuned.bound_ratio(result.tuned_tps[1])
-    if ratio is None:
-        out.print("no bandwidth figure (the image has no moe-stack-bandwidth: rebuild it), so no bound ratio",
-                  highlight=False)
-    else:
+    if ratio is not None:
         out.print(f"decode {result.tuned_tps[1]:.2f} t/s = {ratio:.2f} of the bandwidth bound "
                   f"({tuned.bandwidth_gbps:.1f} GB/s ÷ {tuned.bytes_per_token / 1e6:.1f} MB read per token)",
                   highlight=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines.llama_family import LlamaFamilyEngine
-from builder.engines.tune_space import Dimension, has_switch, setting_switch, setting_value, value_of
+from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
 
 
@@ -49,12 +49,10 @@ class IkLlamaCpp(LlamaFamilyEngine):
             dimensions.append(Dimension("offload", tuple(dict.fromkeys(
                 [current, "offload-batch-size=2", "offload-batch-size=8", "offload-batch-size=32"])),
                 setting_value(("-cuda", "--cuda-params")), affects="prefill"))
-        rtr = "on" if has_switch(args, ("-rtr", "--run-time-repack")) else "off"
-        dimensions.append(Dimension("rtr", (rtr, "off" if rtr == "on" else "on"),
-                                    setting_switch(("-rtr", "--run-time-repack"))))
-        fmoe = "off" if has_switch(args, ("-no-fmoe", "--no-fused-moe")) else "on"
-        dimensions.append(Dimension("fmoe", (fmoe, "off" if fmoe == "on" else "on"),
-                                    setting_switch(("-fmoe", "--fused-moe"), ("-no-fmoe", "--no-fused-moe"))))
+        dimensions.append(switch_dimension("rtr", args, ("-rtr", "--run-time-repack")))
+        # On by default since PR #863; -fmoe stays accepted.
+        dimensions.append(switch_dimension("fmoe", args, ("-fmoe", "--fused-moe"), ("-no-fmoe", "--no-fused-moe"),
+                                           default="on"))
         if has_switch(args, ("-mla", "--mla-use")):
             amb = value_of(args, ("-amb", "--attention-max-batch")) or "default"
             dimensions.append(Dimension("amb", tuple(dict.fromkeys([amb, "256", "512", "1024"])),

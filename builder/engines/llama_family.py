@@ -10,11 +10,10 @@ from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.tune_space import (
     Dimension,
-    has_switch,
     setting_numa,
-    setting_switch,
     setting_ubatch,
     setting_value,
+    switch_dimension,
     thread_counts,
     ubatch_sizes,
     value_of,
@@ -220,9 +219,7 @@ class LlamaFamilyEngine(Engine):
         dimensions.append(Dimension("ubatch", ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))), setting_ubatch,
                                     affects="prefill"))
         dimensions += self.engine_dimensions(args, gpu)
-        no_mmap = "on" if has_switch(args, ("--no-mmap",)) else "off"
-        dimensions.append(Dimension("no-mmap", (no_mmap, "off" if no_mmap == "on" else "on"),
-                                    setting_switch(("--no-mmap",))))
+        dimensions.append(switch_dimension("no-mmap", args, ("--no-mmap",)))
         if numa_nodes > 1:
             dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))
         return dimensions

@@ -63,6 +63,14 @@ def setting_switch(on: tuple[str, ...], off: tuple[str, ...] = ()) -> Callable[[
     return apply
 
 
+def switch_dimension(name: str, args: Args, on: tuple[str, ...], off: tuple[str, ...] = (),
+                     default: str = "off") -> Dimension:
+    """An on/off switch (`on` spellings, and `off` ones where the engine has an off-switch), the stack's
+    state first; `default`: its state when `args` give neither."""
+    current = "on" if has_switch(args, on) else "off" if off and has_switch(args, off) else default
+    return Dimension(name, (current, "off" if current == "on" else "on"), setting_switch(on, off))
+
+
 def setting_ubatch(args: Args, env: Env, value: str) -> tuple[Args, Env]:
     """-ub VALUE, and -b at least as large (llama.cpp caps the physical batch at the logical one)."""
     batch = value_of(args, ("-b", "--batch-size"))

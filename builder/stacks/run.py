@@ -21,7 +21,8 @@ def _require(compose_file: Path) -> Path:
     return compose_file
 
 
-def _read(compose_file: Path) -> dict:
+def read_stack(compose_file: Path) -> dict:
+    """A stack file's document; one line when the file is missing."""
     return yaml.safe_load(_require(compose_file).read_text()) or {}
 
 
@@ -47,7 +48,7 @@ def _offered(document: dict) -> list[str]:
 
 def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:
     """(host address, port) pairs the stack publishes."""
-    document = document if document is not None else _read(compose_file)
+    document = document if document is not None else read_stack(compose_file)
     pairs = []
     for service in (document.get("services") or {}).values():
         for port in service.get("ports") or []:
@@ -70,7 +71,7 @@ def stack_api_key(compose_file: Path) -> str | None:
 def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
     is healthy; on failure say why, with the engine's last log."""
-    document = _read(compose_file)
+    document = read_stack(compose_file)
     profiles = _profiles(compose_file, document, profile)
     client = _client(compose_file, profiles)
     _check_gpu_passthrough(document, profiles)

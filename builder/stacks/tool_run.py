@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
@@ -23,6 +22,7 @@ from builder.images.flags import parse_help
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.stacks.document import CPU_SERVICE, SERVICE, literal, to_yaml, unliteral
+from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 
 
@@ -56,11 +56,6 @@ class ContainerRunner:
     image: str
     profile: str | None = None
 
-    def _document(self) -> dict:
-        if not self.compose_file.is_file():
-            raise StackError(f"compose file {self.compose_file} does not exist; emit one with `moe-stack compose`")
-        return yaml.safe_load(self.compose_file.read_text()) or {}
-
     def check_stopped(self) -> None:
         """A running stack holds the model's memory and the cores the tool would measure."""
         docker()
@@ -75,7 +70,7 @@ class ContainerRunner:
                              "engine, --cpu and --cuda as the stack's image), or pass --tools-image")
 
     def _run(self, command: list[str], env: dict[str, str] | None = None) -> ToolOutput:
-        document = self._document()
+        document = read_stack(self.compose_file)
         name, _ = engine_service(document, self.compose_file, self.profile)
         derived = to_yaml(tool_document(document, name, self.image, command))
         fd, path = tempfile.mkstemp(prefix=".moe-stack-tool-", suffix=".yaml", dir=self.compose_file.parent)
@@ -142,9 +137,7 @@ def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prom
                     starting: Callable[[str], None] = lambda line: None) -> ToolBench:
     """Run `tool` from the tools image beside the stack's image, with the stack's flags; `starting`
     hears one line once everything is checked and the run begins."""
-    if not compose_file.is_file():
-        raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
-    document = yaml.safe_load(compose_file.read_text()) or {}
+    document = read_stack(compose_file)
     engine, image, server_args = stack_server_args(document, compose_file, profile)
     name = program(engine, tool)
     runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from builder.engines.llama_bench import llama_bench_args
+from builder.engines.llama_bench import ToolArgs
 from builder.engines.tune_space import Args, Dimension, Env
 from builder.errors import StackError
-from builder.stacks.tool_bench import Runner, family_engine, parse_llama_bench
+from builder.stacks.tool_bench import Runner, parse_llama_bench, tool_args
 
 Objective = Literal["decode", "prefill", "both"]
 MIN_GAIN = 0.03  # a winner must beat the incumbent by at least this much, whatever the spread
@@ -144,15 +144,16 @@ class Tuner:
 
     def measure(self, setting: Setting) -> tuple[float, float, float]:
         """(prefill, decode, seconds) of one llama-bench run of `setting`."""
-        engine = family_engine(self.engine)
-        planned = llama_bench_args(setting.args, self.bench_flags, engine.bench_rule_separator)
-        tests = ["-p", str(self.prompt_tokens), "-n", str(self.generate), "-r", "1", "-o", "json"]
         started = time.monotonic()
-        rows = parse_llama_bench(self.runner.run("llama-bench", [*planned.args, *tests], setting.env).stdout)
+        rows = parse_llama_bench(self.runner.run("llama-bench", self._bench_args(setting).args, setting.env).stdout)
         took = time.monotonic() - started
         prefill = next((r.tps for r in rows if r.test.startswith("pp")), 0.0)
         decode = next((r.tps for r in rows if r.test.startswith("tg")), 0.0)
         return prefill, decode, took
+
+    def _bench_args(self, setting: Setting) -> ToolArgs:
+        """One llama-bench run of `setting`: its flags as the tool takes them, one repetition."""
+        return tool_args(self.engine, "llama-bench", setting.args, self.bench_flags, self.prompt_tokens, self.generate, 1)
 
     def _trial(self, result: TuneResult, dimension: str, value: str, setting: Setting) -> Trial:
         prefill, decode, took = self.measure(setting)
@@ -197,11 +198,9 @@ class Tuner:
     def _lacking(self, dimension: Dimension, baseline: Setting) -> str:
         """What llama-bench can't be given for some value of `dimension` (its contract lacks the flag),
         beyond what it already can't for the stack's own settings; '' when every value is expressible."""
-        separator = family_engine(self.engine).bench_rule_separator
-        already = set(llama_bench_args(baseline.args, self.bench_flags, separator).left_out)
+        already = set(self._bench_args(baseline).left_out)
         for value in dimension.values[1:]:
-            setting = self._with(baseline, dimension, value)
-            extra = set(llama_bench_args(setting.args, self.bench_flags, separator).left_out) - already
+            extra = set(self._bench_args(self._with(baseline, dimension, value)).left_out) - already
             if extra:
                 return ", ".join(sorted(extra))
         return ""

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
-
 from builder.engines.tune_space import value_of
 from builder.errors import StackError
 from builder.host.probe import probe
@@ -21,6 +19,7 @@ from builder.images.flags import parse_help
 from builder.images.naming import tools_image_of
 from builder.models.planner import read_facts
 from builder.stacks.document import literal, unliteral
+from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import NativeRunner, Runner, family_engine
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
 from builder.stacks.tune import Objective, Tuner, TuneResult
@@ -47,14 +46,17 @@ class Tuned:
         return decode_tps / bound if bound else None
 
 
-def read_bandwidth(runner: Runner, env: dict[str, str]) -> float | None:
-    """The read GB/s the image's moe-stack-bandwidth measures in the stack's container (None when
-    the image predates it)."""
+def read_bandwidth(runner: Runner, env: dict[str, str], progress: Callable[[str], None]) -> float | None:
+    """The read GB/s moe-stack-bandwidth measures where the trials run; None (and why, to `progress`)
+    when it can't: an image that predates it, too little memory for its arrays."""
     try:
         printed = runner.run("moe-stack-bandwidth", [str(BANDWIDTH_MIB)], env).stdout
-    except StackError:
+    except StackError as err:
+        progress(f"no bandwidth figure, so no bound ratio: {err}")
         return None
     found = re.search(r"read GB/s ([\d.]+)", printed)
+    if found is None:
+        progress(f"no bandwidth figure, so no bound ratio: moe-stack-bandwidth printed {printed.strip()[-120:]!r}")
     return float(found[1]) if found else None
 
 
@@ -65,9 +67,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
     the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
     default the stack's), after probing the memory bandwidth the same way."""
-    if not compose_file.is_file():
-        raise StackError(f"compose file {compose_file} does not exist; emit one with `moe-stack compose`")
-    document = yaml.safe_load(compose_file.read_text()) or {}
+    document = read_stack(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
     family_engine(engine)  # an engine with llama-bench, else one line
     _, service = engine_service(document, compose_file, profile)
@@ -96,7 +96,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
                   objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
     progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
-    bandwidth = read_bandwidth(runner, env)
+    bandwidth = read_bandwidth(runner, env, progress)
     result = tuner.run(budget_s)
     return Tuned(result=result, bandwidth_gbps=bandwidth, bytes_per_token=read_facts(model).read_per_token(hybrid),
                  hybrid=hybrid)
