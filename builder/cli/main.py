@@ -295,29 +295,43 @@ def fetch_model(
 @app.command("synth-moe")
 def synth_moe(
     out_file: Annotated[Path, typer.Argument(help="GGUF file to write")],
-    layers: Annotated[int, typer.Option(min=1)] = 4,
-    hidden: Annotated[int, typer.Option(min=32)] = 256,
-    experts: Annotated[int, typer.Option(min=1)] = 8,
-    experts_used: Annotated[int, typer.Option(min=1)] = 2,
-    expert_ffn: Annotated[int, typer.Option(min=32)] = 128,
-    heads: Annotated[int, typer.Option(min=1, help="attention heads")] = 4,
-    kv_heads: Annotated[int, typer.Option(min=1, help="KV heads (grouped-query attention)")] = 2,
-    head_dim: Annotated[int, typer.Option(min=32)] = 64,
-    quant: Annotated[str, typer.Option(help="Q8_0 or Q4_0")] = "Q8_0",
+    arch: Annotated[str, typer.Option(help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next "
+                                           "(Qwen3-Next-80B-A3B)")] = "qwen3moe",
+    tiny: Annotated[bool, typer.Option("--tiny", help="a few-MB model of the architecture (the tests' size) instead "
+                                                      "of the real widths")] = False,
+    layers: Annotated[int | None, typer.Option(min=1, help="fewer layers than the model has")] = None,
+    experts: Annotated[int | None, typer.Option(min=1, help="fewer routed experts per layer")] = None,
+    experts_used: Annotated[int | None, typer.Option(min=1)] = None,
+    hidden: Annotated[int | None, typer.Option(min=32)] = None,
+    expert_ffn: Annotated[int | None, typer.Option(min=32)] = None,
+    quant: Annotated[str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")] = None,
     seed: int = 0,
 ) -> None:
-    """Write a random-weight qwen3moe GGUF (routed experts, byte-level vocab) for tests and benchmarks.
-    Qwen3-235B-A22B's layer shapes: --hidden 4096 --heads 64 --kv-heads 4 --head-dim 128
-    --experts 128 --experts-used 8 --expert-ffn 1536 --quant Q4_0 (1.4 GB a layer)."""
-    from builder.models.synth_moe import MoeShape, write_moe_gguf  # numpy + gguf: only this verb needs them
+    """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
+    per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
+    what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
+    # numpy + gguf: only this verb needs them
+    from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
+    from builder.models.synth_shapes import seed_shape
 
+    given = {"layers": layers, "experts": experts, "experts_used": experts_used, "hidden": hidden,
+             "expert_ffn": expert_ffn, "quant": quant}
     try:
-        shape = MoeShape(layers=layers, hidden=hidden, experts=experts, experts_used=experts_used,
-                         expert_ffn=expert_ffn, heads=heads, kv_heads=kv_heads, head_dim=head_dim, quant=quant)
+        shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
+    needed, directory = model_file_bytes(shape), out_file.resolve().parent
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise SpecError(f"synth-moe: this {shape.arch} model needs {size(needed)} and {directory} has {size(free)} "
+                        "free; give fewer --layers or --experts, or another directory")
     path = write_moe_gguf(out_file, shape, seed)
-    out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    ram, vram = token_read_bytes(shape)
+    out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {shape.arch}, {shape.layers} layers, "
+              f"{shape.experts} experts, {shape.quant})")
+    out.print(f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
+              "other weights from VRAM (all experts on the CPU)")
 
 
 @app.command("plan")

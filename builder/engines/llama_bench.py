@@ -41,6 +41,7 @@ _VALUED = {
     "-sm": "-sm", "--split-mode": "-sm",
     "-mg": "-mg", "--main-gpu": "-mg",
     "--numa": "--numa",
+    "-lm": "-lm", "--load-mode": "-lm",
     "-ser": "-ser", "--smart-expert-reduction": "-ser",
 }
 # Server on/off switches → llama-bench's flag and value for them; where spellings differ between

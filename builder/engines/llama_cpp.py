@@ -25,6 +25,7 @@ class LlamaCpp(LlamaFamilyEngine):
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     fits_itself = True  # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
+    load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
     tool_targets = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split", "llama-perplexity",
                     "llama-imatrix")
     # llama-bench's -ot: `;` joins one run's rules, `,` separates runs to compare (tools/llama-bench).

@@ -10,6 +10,7 @@ from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.tune_space import (
     Dimension,
+    load_mode_dimension,
     setting_numa,
     setting_ubatch,
     setting_value,
@@ -37,6 +38,7 @@ class LlamaFamilyEngine(Engine):
     server_target: str = "llama-server"
     jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
     fits_itself: bool = False  # whether it places layers and MoE experts in device memory itself (--fit)
+    load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
     needs_build_info_shim: bool = False
     stack_flags = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "-np",
                              "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock", "--api-key",
@@ -44,7 +46,7 @@ class LlamaFamilyEngine(Engine):
                              "-ctv", "--cache-type-v", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
                              "-ts", "--tensor-split", "-fit", "--fit",
                              "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size",
-                             "--no-mmap", "--mmap"})
+                             "--no-mmap", "--mmap", "-lm", "--load-mode"})
     # The neutral sampling and batch options, and the flag each is written as.
     option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
                     ("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size"))
@@ -194,14 +196,9 @@ class LlamaFamilyEngine(Engine):
                 if not has_flag(flags, flag):
                     raise StackError(f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}")
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-        if stack.mmap is False:
-            if not has_flag(flags, "--no-mmap"):
-                raise StackError(f"this {self.name} build has no --no-mmap; drop --no-mmap")
-            args.append("--no-mmap")
+        args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.hugepages:
             args += self.hugepages_args(flags)
-        if stack.mlock:
-            args.append("--mlock")
         if stack.trust_remote_code:
             raise StackError(f"{self.name} runs no Python from the model's directory: drop --trust-remote-code")
         if stack.api_key_file is not None:
@@ -219,7 +216,7 @@ class LlamaFamilyEngine(Engine):
         dimensions.append(Dimension("ubatch", ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))), setting_ubatch,
                                     affects="prefill"))
         dimensions += self.engine_dimensions(args, gpu)
-        dimensions.append(switch_dimension("no-mmap", args, ("--no-mmap",)))
+        dimensions.append(self.mmap_dimension(args))
         if numa_nodes > 1:
             dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))
         return dimensions
@@ -227,6 +224,30 @@ class LlamaFamilyEngine(Engine):
     def engine_dimensions(self, args: list[str], gpu: bool) -> list[Dimension]:
         """This engine's own settings to search (mainline: none beyond the common ones)."""
         return []
+
+    def mmap_dimension(self, args: list[str]) -> Dimension:
+        """Mapped weights or read into the engine's memory ("no-mmap" on), in this engine's syntax."""
+        if self.load_mode_syntax:
+            return load_mode_dimension("no-mmap", args)
+        return switch_dimension("no-mmap", args, ("--no-mmap",))
+
+    def load_args(self, mmap: bool | None, mlock: bool, flags: dict[str, str] | None) -> list[str]:
+        """How the weights are loaded: mapped (the default) or read into the engine's memory, locked or not.
+        Mainline folded `--no-mmap` and `--mlock` into one `-lm/--load-mode none|mlock|mmap+mlock`
+        (common/arg.cpp at 0c1e57098; `--no-mmap` is an invalid argument there); older builds and
+        ik_llama.cpp keep the two switches."""
+        if mmap is not False and not mlock:
+            return []
+        load_mode = self.load_mode_syntax if flags is None else "--load-mode" in flags
+        if load_mode:
+            return ["--load-mode", ("mlock" if mmap is False else "mmap+mlock") if mlock else "none"]
+        args = []
+        for wanted, switch in ((mmap is False, "--no-mmap"), (mlock, "--mlock")):
+            if wanted:
+                if not has_flag(flags, switch):
+                    raise StackError(f"this {self.name} build has neither {switch} nor --load-mode; drop {switch}")
+                args.append(switch)
+        return args
 
     def flash_attention_args(self, mode: str, flags: dict[str, str] | None) -> list[str]:
         """`-fa on|off|auto` where the flag takes a value; older builds had a bare on-switch."""

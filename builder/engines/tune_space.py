@@ -71,6 +71,20 @@ def switch_dimension(name: str, args: Args, on: tuple[str, ...], off: tuple[str,
     return Dimension(name, (current, "off" if current == "on" else "on"), setting_switch(on, off))
 
 
+LOAD_MODE = ("--load-mode", "-lm")
+
+
+def load_mode_dimension(name: str, args: Args) -> Dimension:
+    """Mainline's `--load-mode` as an on/off switch for mapping: "on" reads the weights into the engine's
+    memory (`none`), "off" leaves the engine's default (mapped); the stack's state first."""
+    current = "on" if value_of(args, LOAD_MODE) in ("none", "mlock") else "off"
+
+    def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+        rest = without(args, LOAD_MODE)
+        return ([*rest, LOAD_MODE[0], "none"] if value == "on" else rest), env
+    return Dimension(name, (current, "off" if current == "on" else "on"), apply)
+
+
 def setting_ubatch(args: Args, env: Env, value: str) -> tuple[Args, Env]:
     """-ub VALUE, and -b at least as large (llama.cpp caps the physical batch at the logical one)."""
     batch = value_of(args, ("-b", "--batch-size"))

@@ -27,7 +27,7 @@ from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
-from builder.stacks.presets import merge_options
+from builder.stacks.presets import check_model_architecture, merge_options
 
 
 class StackOptions(BaseModel):
@@ -88,6 +88,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
     model = check_gguf(options.model)
     adapter = get_engine(options.engine)
+    if options.preset is not None:
+        check_model_architecture(options.preset, read_facts(model).arch, model)
     engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()

@@ -14,6 +14,7 @@ from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
+from builder.images.recorded_contracts import recorded_contract
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.document import cpu_only, start_period_for, to_yaml
@@ -23,6 +24,7 @@ from builder.stacks.document import cpu_only, start_period_for, to_yaml
 class Preset:
     name: str
     description: str
+    architecture: str  # the GGUF architecture of the preset's model (general.architecture)
     example_model: str
     example_size_gb: int
     options: dict[str, object]  # neutral engine options common to all engines, and experts_on_cpu
@@ -60,6 +62,18 @@ def merge_options(preset: str | None, engine: str, given: EngineOptions) -> tupl
     return given.over(chosen.engine_options(engine)), chosen.override_rules(engine)
 
 
+# A preset's keys that describe its model rather than set a stack option.
+_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
+
+
+def check_model_architecture(preset: str, arch: str, model: Path) -> None:
+    """SpecError when `model` (of architecture `arch`) is not a model the preset is made for."""
+    wanted = get_preset(preset).architecture
+    if arch != wanted:
+        raise SpecError(f"preset {preset} is for {wanted} models and {model.name} is {arch}: drop --preset, or pick "
+                        f"the preset of a {arch} model ({', '.join(p.name for p in load_presets().values() if p.architecture == arch) or 'none has one'})")
+
+
 def presets_file() -> Path:
     packaged = Path(str(resources.files("builder"))) / "presets.yaml"
     return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "compose" / "presets.yaml"
@@ -67,10 +81,10 @@ def presets_file() -> Path:
 
 def load_presets() -> dict[str, Preset]:
     data = yaml.safe_load(presets_file().read_text())
-    return {name: Preset(name=name, description=entry["description"], example_model=entry["example_model"],
+    return {name: Preset(name=name, description=entry["description"], architecture=entry["architecture"],
+                         example_model=entry["example_model"],
                          example_size_gb=entry["example_size_gb"],
-                         options={k: v for k, v in entry.items() if k not in ("description", "example_model",
-                                                                                  "example_size_gb", "engines")},
+                         options={k: v for k, v in entry.items() if k not in _DESCRIPTIVE},
                          engines={engine: dict(extra or {}) for engine, extra in entry["engines"].items()})
             for name, entry in data.items()}
 
@@ -106,12 +120,18 @@ def example_stacks() -> dict[str, str]:
                               ).with_options(preset.engine_options(engine))
             generated_by = (f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia"
                             + (f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""))
+            # Checked against the flags recorded from a built image of the engine (none for KTransformers).
+            contract = recorded_contract(engine)
+            facts = contract.facts_for(image, "zen4", image.rpartition(":")[2]) if contract else None
             cpu_profile = None
             if adapter.serves_on_cpu:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
                 cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))
                 generated_by += f" --cpu-image {cpu_stack.image}"
-                cpu_profile = (cpu_stack, None)
-            document = compose_dict(stack, generated_by + " (example host, see presets.py)", check_files=False,
-                                    cpu_profile=cpu_profile)
+                cpu_facts = contract.facts_for(cpu_stack.image, "zen4", cpu_stack.image.rpartition(":")[2]) \
+                    if contract else None
+                cpu_profile = (cpu_stack, cpu_facts)
+            checked = f"; flags checked against {engine} {contract.ref}'s" if contract else ""
+            document = compose_dict(stack, f"{generated_by} (example host{checked}, see presets.py)", facts,
+                                    check_files=False, cpu_profile=cpu_profile)
             files[f"{preset.name}.{engine}.yaml"] = to_yaml(document)
     return files

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack, served_name_for
 from tests.hosts import EPYC_9554_FLAGS, fake_host
@@ -27,8 +28,14 @@ def model(tmp_path: Path) -> Path:
     return write_moe_gguf(tmp_path / "models" / "moe.gguf", MoeShape(layers=4))
 
 
-def test_preset_given_options_and_host_placement(epyc: HostFacts, model: Path) -> None:
-    options = StackOptions(model=model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
+@pytest.fixture
+def deepseek_model(tmp_path: Path) -> Path:
+    """A tiny deepseek2 (what the DeepSeek-R1 preset is for)."""
+    return write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY_SHAPES["deepseek2"])
+
+
+def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model: Path) -> None:
+    options = StackOptions(model=deepseek_model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
                            engine_options=EngineOptions(ctx_size=8192, mla=None))
     stack = assemble_stack(options, epyc)
     assert stack.ctx_size == 8192 and stack.mla is None  # given, even as None, wins over the preset's 3

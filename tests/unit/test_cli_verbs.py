@@ -50,14 +50,14 @@ def test_cmake_args_match_the_image(tmp_path: Path) -> None:
 @pytest.mark.cli
 def test_synth_moe_and_plan(tmp_path: Path) -> None:
     model = tmp_path / "tiny.gguf"
-    made = run_cli("synth-moe", str(model), "--layers", "2", "--experts", "4")
+    made = run_cli("synth-moe", str(model), "--tiny", "--layers", "2", "--experts", "4")
     assert made.returncode == 0 and model.is_file(), made.stderr
     assert len(gguf.GGUFReader(str(model)).tensors) == 1 + 12 * 2 + 2
     planned = run_cli("plan", str(model), "--vram-gb", "80", "--ram-gb", "8", "--json")
     assert planned.returncode == 0, planned.stderr
     doc = json.loads(planned.stdout)
     assert doc["layers"] == 2 and doc["gpu_expert_layers"] == 2 and doc["override_tensor"] == []
-    refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--hidden", "100")
+    refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--tiny", "--hidden", "100")
     assert refused.returncode == 1 and "multiple of 32" in refused.stderr
 
 
@@ -65,7 +65,7 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
 def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"
-    run_cli("synth-moe", str(model))
+    run_cli("synth-moe", str(model), "--tiny")
     model.chmod(0o644)
     # 0.0105 GiB over the 2 GiB reserve = 11,274,289 B; minus other weights (1,065,120 B) and the f16 KV
     # cache (2 heads × 128 × 4096 × 4 layers × 2 B = 8,388,608 B) leaves 1,820,561 B: two expert layers
@@ -82,7 +82,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
 def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
     model = tmp_path / "m.gguf"
-    run_cli("synth-moe", str(model))
+    run_cli("synth-moe", str(model), "--tiny")
     model.chmod(0o644)
     config = tmp_path / "hf"
     config.mkdir(mode=0o755)

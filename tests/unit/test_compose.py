@@ -126,7 +126,7 @@ def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --swa-full"):
         compose_dict(_stack(tmp_path, extra_args=("--swa-full",)), "x", _facts())
     # A neutral option the contract lacks: refused by the adapter, naming the option.
-    with pytest.raises(StackError, match="this llama.cpp build has no --no-mmap; drop --no-mmap"):
+    with pytest.raises(StackError, match="this llama.cpp build has neither --no-mmap nor --load-mode; drop --no-mmap"):
         compose_dict(_stack(tmp_path, mmap=False), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
         compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
@@ -200,7 +200,7 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
 
 def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
     gpu = _stack(tmp_path, gpu="nvidia", gpu_layers=99, mmap=False)
-    assert compose_dict(gpu, "x")["services"]["engine"]["command"][-1] == "--no-mmap"
+    assert compose_dict(gpu, "x")["services"]["engine"]["command"][-2:] == ["--load-mode", "none"]
     assert cpu_only(gpu, "cpu:1").mmap is None  # the cpu profile maps as the engine does by default
     with pytest.raises(ValueError, match="--no-mmap reads the model into the engine's memory"):
         _stack(tmp_path, mmap=False, hugetlbfs="2M")

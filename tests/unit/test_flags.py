@@ -118,3 +118,20 @@ def test_a_built_in_template_name_turns_jinja_off() -> None:
                                                                                 "--no-jinja"]
     assert _neutral("llama.cpp", None, jinja=True, chat_template="gemma")[-1] == "--no-jinja"
     assert _neutral("ik_llama.cpp", IK, jinja=True, chat_template="gemma") == ["--chat-template", "gemma"]  # off already
+
+
+def test_load_mode_in_each_engines_syntax() -> None:
+    """Mainline at 0c1e57098 has `--load-mode` and no `--no-mmap` or `--mlock` (an invalid argument at
+    start, seen on the H200); ik_llama.cpp keeps the two switches."""
+    assert "--no-mmap" not in MAINLINE and "--mlock" not in MAINLINE and "--load-mode" in MAINLINE
+    for flags in (MAINLINE, None):  # the recorded contract, and the engine's current syntax
+        assert _neutral("llama.cpp", flags, mmap=False) == ["--load-mode", "none"]
+        assert _neutral("llama.cpp", flags, mmap=False, mlock=True) == ["--load-mode", "mlock"]
+        assert _neutral("llama.cpp", flags, mlock=True) == ["--load-mode", "mmap+mlock"]
+        assert _neutral("llama.cpp", flags, mmap=True) == []
+    assert _neutral("ik_llama.cpp", IK, mmap=False, mlock=True) == ["--no-mmap", "--mlock"]
+    assert _neutral("ik_llama.cpp", None, mmap=False) == ["--no-mmap"]
+    with pytest.raises(StackError, match="has neither --mlock nor --load-mode; drop --mlock"):
+        _neutral("ik_llama.cpp", {k: v for k, v in IK.items() if k != "--mlock"}, mlock=True)
+    args = get_engine("llama.cpp").server_args(_stack("llama.cpp", mmap=False, mlock=True), MAINLINE)
+    check_args(args, MAINLINE, "llama.cpp 0c1e57098")

@@ -15,6 +15,7 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
 from builder.images.targets import CPU_TARGETS
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CudaTarget, StackSpec
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.compose import compose_dict
@@ -37,13 +38,19 @@ def model(tmp_path: Path) -> Path:
     return write_moe_gguf(tmp_path / "models" / "moe.gguf", MoeShape(layers=4))
 
 
+@pytest.fixture
+def deepseek_model(tmp_path: Path) -> Path:
+    """A tiny deepseek2 (what the DeepSeek-R1 preset is for)."""
+    return write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY_SHAPES["deepseek2"])
+
+
 def _validate(documents: list[dict[str, object]]) -> None:
     for document in documents:
         kubernetes_validate.validate(document, KUBERNETES, strict=True)
 
 
 @pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp", "ktransformers"])
-def test_every_preset_gives_valid_manifests(tmp_path: Path, model: Path, engine: str) -> None:
+def test_every_preset_gives_valid_manifests(tmp_path: Path, engine: str) -> None:
     """Recorded hosts: a 2-socket EPYC with SMT, and a Xeon (Emerald Rapids) with an H200."""
     hosts = {"epyc": _host(tmp_path / "e", EPYC_9554_FLAGS, 2, ""), "xeon-h200": _host(tmp_path / "x", XEON_EMR_FLAGS, 1, H200)}
     config = tmp_path / "hf"
@@ -56,6 +63,7 @@ def test_every_preset_gives_valid_manifests(tmp_path: Path, model: Path, engine:
         for host_name, host in hosts.items():
             cpu = "zen4" if host_name == "epyc" else "sapphirerapids"
             image = image_tag(image_spec(engine, cpu, cuda=_cuda(engine)))
+            model = write_moe_gguf(tmp_path / "models" / f"{preset.architecture}.gguf", TINY_SHAPES[preset.architecture])
             options = StackOptions(model=model, engine=engine, preset=preset.name, gpu="nvidia", image=image,
                                    config_dir=config if engine == "ktransformers" else None, skip_image_checks=True)
             stack = assemble_stack(options, host)
@@ -72,12 +80,12 @@ def _cuda(engine: str) -> CudaTarget:
     return cuda_target("13.0" if engine != "ktransformers" else "12.8")
 
 
-def test_the_mapping_field_by_field(tmp_path: Path, model: Path) -> None:
+def test_the_mapping_field_by_field(tmp_path: Path, deepseek_model: Path) -> None:
     key = tmp_path / "key"
     key.write_text("s3cret-key-value\n")
     key.chmod(0o644)
     host = _host(tmp_path, EPYC_9554_FLAGS, 2, H200 * 2)
-    stack = assemble_stack(StackOptions(model=model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
+    stack = assemble_stack(StackOptions(model=deepseek_model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
                                         gpus=(0, 1), hugetlbfs="off", api_key_file=key, threads=48,
                                         image="reg.local/ik:r-cuda13.0-zen4", skip_image_checks=True), host)
     deployment, service = manifests(stack, None, KubeOptions(replicas=2, memory_bytes=355 * 10**9, gpus=2,

@@ -9,7 +9,16 @@ import pytest
 
 from builder.errors import ModelError
 from builder.models.model_files import check_gguf
-from builder.models.synth_moe import MoeShape, unprintable_token_ids, vocabulary, write_moe_gguf
+from builder.models.planner import read_facts
+from builder.models.synth_moe import (
+    MoeShape,
+    model_file_bytes,
+    token_read_bytes,
+    unprintable_token_ids,
+    vocabulary,
+    write_moe_gguf,
+)
+from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES, seed_shape
 
 
 def test_check_gguf(tmp_path: Path) -> None:
@@ -63,3 +72,69 @@ def test_output_head_mutes_tokens_that_are_not_text(tmp_path: Path) -> None:
     assert len(muted) == 4 + 128  # <s>, </s>, <|im_start|>, <|im_end|> and bytes 0x80-0xFF
     assert not rows[muted].any()
     assert (abs(rows).sum(axis=1) > 0).sum() == len(rows) - len(muted)
+
+
+def _fields(reader: gguf.GGUFReader) -> dict[str, object]:
+    return {name: (bytes(f.parts[-1]).decode() if f.types[0] == gguf.GGUFValueType.STRING else f.parts[-1][0])
+            for name, f in reader.fields.items() if f.types and f.types[0] != gguf.GGUFValueType.ARRAY}
+
+
+def test_deepseek2_is_written_in_mainlines_mla_form(tmp_path: Path) -> None:
+    shape = TINY_SHAPES["deepseek2"]
+    reader = gguf.GGUFReader(str(write_moe_gguf(tmp_path / "ds.gguf", shape)))
+    names = {t.name for t in reader.tensors}
+    assert {"blk.0.ffn_gate.weight", "blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight", "blk.2.exp_probs_b.bias",
+            "blk.2.ffn_up_shexp.weight", "blk.2.attn_q_a.weight", "blk.2.attn_kv_a_mqa.weight"} <= names
+    assert "blk.0.ffn_gate_exps.weight" not in names and "blk.1.attn_kv_b.weight" not in names  # dense lead; no kv_b
+    fields = _fields(reader)
+    # What ik_llama.cpp checks before it converts the mainline form (llama-hparams.cpp): 1 KV head, 576/512, rope 64.
+    assert (fields["deepseek2.attention.head_count_kv"], fields["deepseek2.attention.key_length"],
+            fields["deepseek2.attention.value_length"], fields["deepseek2.rope.dimension_count"]) == (1, 576, 512, 64)
+    assert (fields["deepseek2.attention.key_length_mla"], fields["deepseek2.attention.value_length_mla"]) == (192, 128)
+    assert fields["deepseek2.leading_dense_block_count"] == 1 and fields["deepseek2.expert_gating_func"] == 2
+    assert fields["deepseek2.expert_group_count"] == 4 and fields["deepseek2.expert_group_used_count"] == 2
+    k_b = next(t for t in reader.tensors if t.name == "blk.1.attn_k_b.weight")
+    assert [int(n) for n in k_b.shape] == [128, 512, 8]  # per head: the 128 non-rope dims × the 512 latent
+    facts = read_facts(tmp_path / "ds.gguf")
+    assert facts.mla_dim == 576 and facts.expert_count == 8 and facts.expert_bytes[0] == 0
+
+
+def test_qwen3next_alternates_recurrent_and_attention_layers(tmp_path: Path) -> None:
+    reader = gguf.GGUFReader(str(write_moe_gguf(tmp_path / "qn.gguf", TINY_SHAPES["qwen3next"])))
+    names = {t.name for t in reader.tensors}
+    for layer in (0, 1, 2):  # gated delta nets
+        assert {f"blk.{layer}.attn_qkv.weight", f"blk.{layer}.ssm_a", f"blk.{layer}.ssm_ba.weight"} <= names
+        assert f"blk.{layer}.attn_q.weight" not in names
+    q = next(t for t in reader.tensors if t.name == "blk.3.attn_q.weight")
+    assert [int(n) for n in q.shape] == [256, 2 * 4 * 64], "query and its gate"
+    assert "blk.3.ssm_a" not in names and "blk.3.ffn_gate_inp_shexp.weight" in names
+    fields = _fields(reader)
+    assert fields["qwen3next.ssm.inner_size"] == 128 * 4 and fields["qwen3next.full_attention_interval"] == 4
+    with pytest.raises(ValueError, match="multiple of 4"):
+        seed_shape("qwen3next", tiny=True, layers=6)
+
+
+def test_q4_0_weights_are_unbiased(tmp_path: Path) -> None:
+    """Nibbles 0..15 gave every weight a mean of -0.5 scale (a model that repeats one token at real widths)."""
+    path = write_moe_gguf(tmp_path / "q4.gguf", MoeShape(layers=1, quant="Q4_0", experts=16))
+    up = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_up_exps.weight")
+    values = gguf.quants.dequantize(up.data, up.tensor_type)
+    assert abs(float(values.mean())) < 0.02 * values.std() and 0.015 < float(values.std()) < 0.025
+
+
+def test_seed_shapes_are_the_real_models() -> None:
+    """Full-size files within a few % of the real quants: R1 IQ4_XS 355 GB / Q4_K_M 404 GB, Qwen3-235B
+    Q4_K_M 143 GB, Qwen3-Next Q4_K_M about 48 GB (Q4_0 is 4.5 bits a weight)."""
+    gb = {arch: model_file_bytes(shape) / 1e9 for arch, shape in SEED_SHAPES.items()}
+    assert 355 < gb["deepseek2"] < 404 and 125 < gb["qwen3moe"] < 143 and 42 < gb["qwen3next"] < 48
+    ram, vram = token_read_bytes(SEED_SHAPES["deepseek2"])
+    # 58 MoE layers × 8 of 256 experts × 3 matrices of 7168 × 2048 at 18/32 bytes a weight
+    assert ram == 58 * 8 * 3 * 7168 * 2048 * 18 // 32
+    assert 8e9 < vram < 10e9  # attention, 3 dense layers, shared experts, the output head
+    slice_ = seed_shape("deepseek2", layers=4, experts=16)
+    assert (slice_.dense_layers, slice_.expert_groups, slice_.hidden) == (3, 8, 7168)
+    assert seed_shape("deepseek2", layers=4, experts=4).expert_groups == 0  # too few to group
+    with pytest.raises(ValueError, match="Lite model"):
+        seed_shape("deepseek2", layers=27)
+    with pytest.raises(ValueError, match="unknown architecture 'llama'"):
+        seed_shape("llama")

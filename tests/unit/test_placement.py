@@ -65,7 +65,7 @@ def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None
     assert service["deploy"]["resources"]["reservations"]["devices"] == [
         {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]}]
     assert full["secrets"] == {"moe-stack-api-key": {"file": str(key)}} and service["secrets"] == ["moe-stack-api-key"]
-    assert service["command"][-3:] == ["--mlock", "--api-key-file", "/run/secrets/moe-stack-api-key"]
+    assert service["command"][-4:] == ["--load-mode", "mmap+mlock", "--api-key-file", "/run/secrets/moe-stack-api-key"]
     assert "k3y-v4lue" not in str(full), "the key itself never enters the compose file"
     with pytest.raises(ValueError, match="needs the nodes to bind to"):
         StackSpec(**base, numa="membind")

@@ -1,0 +1,46 @@
+"""Flag contracts recorded from built images (dockerfiles/contracts/<engine>.json): what the example
+stacks in compose/ are checked against, so an example never carries a flag its engine lacks (mainline's
+`--no-mmap`, gone at 0c1e57098, once did). The integration suite compares each record with the image it
+builds from the same source, and rewrites it with MOE_STACK_UPDATE_GOLDEN=1."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.files import templates_root
+from builder.images.image_facts import ImageFacts
+from builder.images.targets import cpu_target
+
+
+@dataclass(frozen=True)
+class RecordedContract:
+    engine: str
+    ref: str  # the engine ref of the image it was read from
+    source: str  # where that image's engine came from (a PyPI sdist)
+    flags: dict[str, str]
+
+    def facts_for(self, image: str, cpu: str, variant: str) -> ImageFacts:
+        """What an image of this engine would say about itself, for a stack emitted without it."""
+        return ImageFacts(image=image, engine=self.engine, engine_ref=self.ref, variant=variant, cpu_target=cpu,
+                          required_cpu_flags=cpu_target(cpu).required_flags, server_flags=self.flags)
+
+
+def contract_path(engine: str) -> Path:
+    return templates_root() / "contracts" / f"{engine}.json"
+
+
+def recorded_contract(engine: str) -> RecordedContract | None:
+    """The contract recorded for `engine`, None where none is (KTransformers' server has no --help contract)."""
+    path = contract_path(engine)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return RecordedContract(engine=data["engine"], ref=data["ref"], source=data["source"], flags=data["flags"])
+
+
+def contract_text(contract: RecordedContract) -> str:
+    """The record's file text (sorted, one flag a line: a change reads as a diff)."""
+    return json.dumps({"engine": contract.engine, "ref": contract.ref, "source": contract.source,
+                       "flags": contract.flags}, indent=1, sort_keys=True) + "\n"

@@ -1,0 +1,124 @@
+"""Every preset × llama.cpp-family engine the product offers, as `moe-stack compose --preset` emits it
+against the built image (its flag contract checked), served on this CPU with a tiny model of the
+preset's architecture (qwen3moe, deepseek2 with MLA, qwen3next with its recurrent layers): healthy, a
+completion and a chat answered, the preset's own flags on the engine's command line. The committed
+compose/ examples are emitted against the contracts recorded from these same images: the records must
+equal the images' labels."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pytest_docker.plugin import get_docker_services
+from python_on_whales import DockerClient
+
+from builder.engines import get_engine
+from builder.files import write_file_atomically
+from builder.host.probe import probe
+from builder.images.image_facts import read_image_facts
+from builder.images.recorded_contracts import (
+    RecordedContract,
+    contract_path,
+    contract_text,
+    recorded_contract,
+)
+from builder.models.synth_moe import write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
+from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.demo import chat, complete
+from builder.stacks.host_checks import free_local_port
+from builder.stacks.presets import load_presets
+from builder.stacks.run import down
+from tests.integration.conftest import ENGINES, BuiltImage, answers_health
+
+pytestmark = pytest.mark.integration
+
+PRESETS = sorted(load_presets().values(), key=lambda p: p.name)
+CASES = [(preset.name, engine) for preset in PRESETS for engine in ENGINES if engine in preset.engines]
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model of each seed architecture, readable by the engine's user (uid 10001)."""
+    directory = tmp_path_factory.mktemp("arch-models")
+    directory.chmod(0o755)
+    models = {}
+    for arch, shape in TINY_SHAPES.items():
+        models[arch] = write_moe_gguf(directory / f"tiny-{arch}.gguf", shape)
+        models[arch].chmod(0o644)
+    return models
+
+
+@contextlib.contextmanager
+def _serving(compose_file: Path, project: str, port: int) -> Iterator[None]:
+    with contextlib.ExitStack() as running:
+        try:
+            services = running.enter_context(get_docker_services(
+                "docker compose", str(compose_file), project, ["up --wait --wait-timeout 240"],
+                ["down --volumes --remove-orphans --timeout 10"]))
+        except Exception:  # a failed `up` leaves its containers: remove them before reporting
+            down(compose_file)
+            raise
+        services.wait_until_responsive(check=lambda: answers_health(port), timeout=240, pause=1)
+        yield
+
+
+@pytest.mark.parametrize(("preset", "engine"), CASES, ids=[f"{p}-{e}" for p, e in CASES])
+def test_preset_serves_its_architecture(preset: str, engine: str, engine_image: BuiltImage,
+                                        arch_models: dict[str, Path], tmp_path: Path) -> None:
+    if engine_image.engine != engine:
+        pytest.skip(f"the {engine_image.engine} image serves the other engine's cases")
+    chosen = next(p for p in PRESETS if p.name == preset)
+    port = free_local_port()
+    project = f"mst-preset-{uuid.uuid4().hex[:8]}"
+    options = StackOptions(model=arch_models[chosen.architecture], engine=engine, image=engine_image.tag,
+                           preset=preset, port=port, threads=2, project=project)
+    stack_plan = plan_stack(options, probe())
+    assert stack_plan.facts is not None, "checked against the image's flag contract"
+    document = compose_dict(stack_plan.stack, f"pytest: compose --preset {preset}", stack_plan.facts)
+    compose_file = write_stack(document, tmp_path / "compose.yaml")
+    command = document["services"]["engine"]["command"]  # type: ignore[index]
+    expected = get_engine(engine).server_args(stack_plan.stack, stack_plan.facts.server_flags)
+    assert command == expected and "--ctx-size" in command and "--override-tensor" in command
+    with _serving(compose_file, project, port):
+        answer = complete(port, "hello the model", max_tokens=8)
+        assert answer.completion_tokens == 8 and answer.text, answer
+        reply = chat(port, "What is an expert?", max_tokens=8)
+        assert reply.completion_tokens > 0 and reply.text, reply
+        running = DockerClient(compose_files=[compose_file]).compose.ps()[0].config.cmd
+        assert running == command, "the container runs the command the file says"
+        logs = DockerClient(compose_files=[compose_file]).compose.logs()
+    # The preset's own settings reached the engine (as the log shows them, where it does).
+    ctx = command[command.index("--ctx-size") + 1]
+    assert ctx == str(chosen.options["ctx_size"])
+    if "-mla" in command:
+        assert command[command.index("-mla") + 1] == "3"
+    if chosen.architecture == "deepseek2" and engine == "ik_llama.cpp":
+        assert "Adjusted mainline llama.cpp MLA tensors" in logs, logs[-2000:]
+    assert "exceeds the training context" not in logs
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_recorded_contract_is_the_images(engine: str, engine_image: BuiltImage) -> None:
+    """dockerfiles/contracts/<engine>.json (what compose/ is checked against) equals the built image's
+    label; MOE_STACK_UPDATE_GOLDEN=1 rewrites it from the image."""
+    if engine_image.engine != engine:
+        pytest.skip("the other engine's image")
+    facts = read_image_facts(engine_image.tag)
+    source = f"pypi:{get_engine(engine).sdist}"
+    if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
+        write_file_atomically(contract_path(engine), contract_text(
+            RecordedContract(engine=engine, ref=facts.engine_ref, source=source, flags=facts.server_flags)))
+    recorded = recorded_contract(engine)
+    assert recorded is not None, f"no contract recorded for {engine}: run with MOE_STACK_UPDATE_GOLDEN=1"
+    assert (recorded.ref, recorded.source) == (facts.engine_ref, source)
+    missing = sorted(set(facts.server_flags) ^ set(recorded.flags))
+    assert recorded.flags == facts.server_flags, f"recorded contract differs ({json.dumps(missing[:20])}): rerun " \
+        "with MOE_STACK_UPDATE_GOLDEN=1 and re-emit compose/"
