@@ -1,0 +1,180 @@
+"""The seed's presets on the GPU machine (issue 24, point 4): the DeepSeek-R1 and Qwen3-Next presets,
+emitted by moe-stack's own stack assembly for that host, run by native builds of both llama.cpp
+engines (the builder's configure arguments), on synthetic models of the real per-layer and per-expert
+shapes at two depths. Per run: healthy, a completion, the engine's logged buffers, GPU memory in use,
+prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth bound.
+
+  seed_models.py write DIR                  the four models (R1 and Qwen3-Next slices, 8 and 16 layers)
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N]; results as JSON lines
+
+BIN_ROOT/<engine>/build/bin/llama-server are the builds, BIN_ROOT/<engine>/common/common.cpp ik's parser
+(its --help leaves flags out, as in the images' contract stage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from builder.engines import get_engine
+from builder.host.probe import probe
+from builder.images.flags import check_args, parse_contract
+from builder.models.synth_moe import token_read_bytes, write_moe_gguf
+from builder.models.synth_shapes import MoeShape, seed_shape
+from builder.spec import EngineOptions
+from builder.stacks.assemble import StackOptions, assemble_stack
+
+# Real per-layer and per-expert widths; fewer experts than the real models (R1 256, Qwen3-Next 512) to
+# keep the files writable in the call: a token still reads its 8 (10) experts of the real shape.
+MODELS: dict[str, tuple[str, MoeShape]] = {
+    "r1-8": ("deepseek-r1-671b", seed_shape("deepseek2", layers=8, experts=32)),
+    "r1-16": ("deepseek-r1-671b", seed_shape("deepseek2", layers=16, experts=32)),
+    "qn-8": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=8, experts=128)),
+    "qn-16": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=16, experts=128)),
+}
+PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
+# "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's "model buffer")
+BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
+
+
+def write(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, (_preset, shape) in MODELS.items():
+        path = directory / f"{name}.gguf"
+        if not path.is_file():
+            started = time.time()
+            write_moe_gguf(path, shape)
+            ram, vram = token_read_bytes(shape)
+            print(json.dumps({"model": name, "bytes": path.stat().st_size, "seconds": round(time.time() - started, 1),
+                              "token_ram_bytes": ram, "token_vram_bytes": vram}), flush=True)
+
+
+def contract(engine: str, root: Path) -> dict[str, str]:
+    server = root / engine / "build/bin/llama-server"
+    help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60,
+                               check=False).stdout
+    literals = None
+    if engine == "ik_llama.cpp":
+        literals = "\n".join(sorted(set(re.findall(r'"(--?[A-Za-z][A-Za-z0-9_.-]*)"',
+                                                   (root / engine / "common/common.cpp").read_text()))))
+    return parse_contract(help_text, literals)
+
+
+def command(engine: str, model: Path, preset: str, flags: dict[str, str], port: int,
+            changes: dict[str, int]) -> list[str]:
+    """The stack's engine arguments as `moe-stack compose --preset P --gpu nvidia` writes them for this
+    host (its physical cores), checked against the build's contract, pointed at the model and a local port."""
+    options = StackOptions(model=model, engine=engine, preset=preset, gpu="nvidia", numa="none",
+                           image="native", skip_image_checks=True,
+                           engine_options=EngineOptions(**changes))  # type: ignore[arg-type]
+    stack = assemble_stack(options, probe())
+    args = get_engine(engine).server_args(stack, flags)
+    check_args(args, flags, f"{engine} (native)")
+    args[args.index("--model") + 1] = str(model)
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--host") + 1] = "127.0.0.1"
+    return args + (["-lv", "4"] if "-lv" in flags else [])  # mainline logs its buffers from verbosity 4
+
+
+def _post(port: int, body: dict[str, object]) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.load(response)
+
+
+def _healthy(port: int, deadline: float, server: subprocess.Popen) -> bool:
+    while time.time() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(1)
+    return False
+
+
+def _gpu_used_mib() -> int:
+    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=30, check=False).stdout
+    return int(text.split()[0]) if text.strip() else -1
+
+
+def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> dict[str, object]:
+    engine, name, *rest = case.split(":")
+    changes = {key: int(value) for key, value in (item.split("=") for item in rest)}
+    if "ub" in changes:
+        changes = {"ubatch_size": changes.pop("ub"), **changes}
+    if "ctx" in changes:
+        changes = {"ctx_size": changes.pop("ctx"), **changes}
+    if "mmap" in changes:
+        changes = {"mmap": bool(changes.pop("mmap")), **changes}
+    preset, shape = MODELS[name]
+    flags = contract(engine, root)
+    args = command(engine, directory / f"{name}.gguf", preset, flags, port, changes)
+    log = out / f"{case.replace(':', '_').replace('=', '')}.log"
+    result: dict[str, object] = {"case": case, "engine": engine, "model": name, "preset": preset, "command": args}
+    started = time.time()
+    with log.open("w") as sink:
+        server = subprocess.Popen([str(root / engine / "build/bin/llama-server"), *args], stdout=sink,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        if not _healthy(port, started + 240, server):
+            result["error"] = f"not healthy (exit {server.poll()})"
+            return result
+        result["load_s"] = round(time.time() - started, 1)
+        result["gpu_used_mib"] = _gpu_used_mib()
+        warm = _post(port, {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
+        result["completion"] = warm.get("content")
+        rounds = 3 if not changes or "mmap" in changes else 1
+        prefill, decode = [], []
+        for _ in range(rounds):
+            reply = _post(port, {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False})
+            timings = reply["timings"]
+            prefill.append(timings["prompt_per_second"])
+            decode.append(timings["predicted_per_second"])
+        result["prompt_tokens"] = reply["timings"]["prompt_n"]
+        result["prefill_tps"] = [round(v, 1) for v in prefill]
+        result["decode_tps"] = [round(v, 2) for v in decode]
+        result["decode_median"] = round(statistics.median(decode), 2)
+        result["token_ram_bytes"], result["token_vram_bytes"] = token_read_bytes(shape)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    result["buffers_mib"] = [[where, kind or "model", float(mib)]
+                             for where, kind, mib in BUFFER.findall(log.read_text(errors="replace"))]
+    return result
+
+
+def main() -> None:
+    verb = sys.argv[1]
+    if verb == "write":
+        write(Path(sys.argv[2]))
+        return
+    directory, root, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+    deadline = time.time() + float(os.environ.get("CASES_S", "480"))
+    with (out / "results.jsonl").open("a") as results:
+        for number, case in enumerate(sys.argv[5:]):
+            if time.time() > deadline:
+                print(f"deadline: {case} not run", flush=True)
+                continue
+            result = run_case(case, directory, root, out, 18700 + number)
+            results.write(json.dumps(result) + "\n")
+            results.flush()
+            print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

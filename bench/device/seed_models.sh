@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The seed's presets on the GPU machine (issue 24, point 4), in two device calls within the machine's
+# warm window (see bench/device/seed_models.py for what is measured):
+#
+#   seed_models.sh start   wheels, facts, both engines' llama-server built in the background with the
+#                          builder's configure arguments (carried in .device/seed/ENGINE.cmake-args with
+#                          the engine trees), the four models written; waits for the builds until its budget
+#   seed_models.sh run CASE…  waits for the builds, the bandwidth probe, then each case's server
+#
+# Made on the development machine:
+#   moe-stack cmake-args --engine E --cuda 13.0 --cuda-archs 90 --cpu sapphirerapids --no-ccache
+#     > .device/seed/E.cmake-args
+#   tar -cJf .device/seed/E.tar.xz <the engine tree the images build> (llama-cpp-python 0.3.36's
+#     vendor/llama.cpp, ik-llama-cpp-python 0.1.5's vendor/ik_llama.cpp)
+#   pip download gguf pydantic pydantic-core python-on-whales … -d .device/seed/whl
+set -uo pipefail
+phase=${1:?start or run}
+shift
+repo=$(pwd)
+carried=$repo/.device/seed
+work=/tmp/moe-seed
+out=${OUT:-/tmp/moe-seed-out}
+deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
+mkdir -p "$work/models" "$out"
+export PYTHONPATH="$work/site:$repo" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+engines=(llama.cpp ik_llama.cpp)
+
+build() {  # ENGINE JOBS
+  local src=$work/$1
+  mkdir -p "$src" && tar -C "$src" --strip-components=1 -xJf "$carried/$1.tar.xz"
+  sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$src" seed  # ik's sdist lacks its build-info step
+  mapfile -t args <"$carried/$1.cmake-args"
+  { cmake -S "$src" -B "$src/build" -G Ninja "${args[@]}" &&
+    cmake --build "$src/build" --target llama-server --parallel "$2" && echo ok >"$work/$1.done"; } \
+    >"$work/$1.build.log" 2>&1 || echo failed >"$work/$1.done"
+}
+wait_builds() {
+  while [ "$(date +%s)" -lt "$deadline" ] && [ "$(ls "$work"/*.done 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; done
+  for engine in "${engines[@]}"; do
+    echo "$engine: $(cat "$work/$engine.done" 2>/dev/null || echo building) $(tail -c 120 "$work/$engine.build.log" | tr '\n' ' ')"
+  done
+}
+
+case "$phase" in
+start)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$carried"/whl/*.whl
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node)'
+    grep -E 'MemTotal' /proc/meminfo; gcc --version | head -1; nvcc --version | tail -1; df -h /tmp | tail -1
+  } >"$out/facts.txt" 2>&1
+  # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
+  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 11" </dev/null >/dev/null 2>&1 &
+  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 5" </dev/null >/dev/null 2>&1 &
+  time python3 "$repo/bench/device/seed_models.py" write "$work/models" 2>&1 | tee "$out/models.jsonl"
+  wait_builds
+  ;;
+run)
+  wait_builds
+  for engine in "${engines[@]}"; do [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; }; done
+  if [ ! -s "$out/bandwidth.txt" ]; then
+    gcc -O3 -fopenmp -ffast-math -o "$work/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
+      "$work/moe-stack-bandwidth" 4096 >"$out/bandwidth.txt" 2>&1
+    cat "$out/bandwidth.txt"
+  fi
+  CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run "$work/models" "$work" \
+    "$out" "$@" 2>&1 | tee -a "$out/run.log"
+  # Eight files at most come back: the servers' logs travel in one archive.
+  tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files $(cd "$out" && ls ./*.log | grep -v run.log) 2>/dev/null
+  ;;
+esac
