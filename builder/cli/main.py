@@ -24,6 +24,7 @@ from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
 from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
+from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute
 from builder.errors import (
     INTERRUPTED_MESSAGE,
     BuildFailed,
@@ -341,13 +342,22 @@ def plan_memory(
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", min=1)] = 32768,
     cache_type: Annotated[str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")] = "q8_0",
-    mla: Annotated[bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla)")] = False,
+    mla: Annotated[bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla; mainline always)")] = False,
+    engine: EngineOpt = "llama.cpp",
+    ubatch_size: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="the stack's -ub (the presets: 2048)")] = 512,
+    mmap: Annotated[bool | None, typer.Option("--mmap/--no-mmap", help="the stack's mmap setting (the engine's default: mapped)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled)."""
+    """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
+    weights, the KV cache (MLA latent, recurrent state), the engine's measured compute buffer."""
     vrams = float_list(vram_gb, "--vram-gb")
     facts = read_facts(check_gguf(model))
-    result = make_plan(facts, [int(v * GIB) for v in vrams], int(ram_gb * GIB), ctx_size, cache_type, mla)
+    adapter = get_engine(engine)
+    latent = adapter.caches_latent(3 if mla else None)
+    compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
+    result = make_plan(facts, [int(v * GIB) for v in vrams], int(ram_gb * GIB), ctx_size, cache_type, latent,
+                       gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES)
+    pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     if as_json:
         sys.stdout.write(json.dumps({
             "arch": facts.arch, "layers": facts.layers, "expert_bytes": sum(facts.expert_bytes),
@@ -355,21 +365,27 @@ def plan_memory(
             "cpu_bytes": result.cpu_bytes, "gpu_expert_layers": result.gpu_expert_layers,
             "devices": [{"gpu": d.index, "layers": [d.layers.start, d.layers.stop], "bytes": d.used_bytes,
                          "expert_layers": list(d.expert_layers)} for d in result.devices],
-            "tensor_split": list(result.tensor_split), "override_tensor": list(result.override_rules)}) + "\n")
+            "tensor_split": list(result.tensor_split), "override_tensor": list(result.override_rules),
+            "compute_bytes": compute.bytes, "compute_measured": compute.measured,
+            "cpu_weights": "pinned" if pinned else "mapped"}) + "\n")
         return
     table = Table("", "bytes", "where", box=None)
     on_gpu = result.gpu_expert_layers
     where = "CPU" if not on_gpu else "GPU (all layers)" if on_gpu == facts.layers else f"CPU, layers 0-{on_gpu - 1} on GPU"
     table.add_row("routed experts", size(sum(facts.expert_bytes)), where)
     table.add_row("other weights", size(facts.other_bytes), "GPU")
-    table.add_row(f"KV cache ({ctx_size} × {cache_type}{', MLA' if mla else ''})", size(result.kv_bytes), "GPU")
+    kind = ", MLA latent" if latent and facts.mla_dim else ", with recurrent state" if facts.recurrent_state_bytes else ""
+    table.add_row(f"KV cache ({ctx_size} × {cache_type}{kind})", size(result.kv_bytes), "GPU")
+    table.add_row(f"compute buffer (-ub {ubatch_size}) + CUDA context", size(compute.bytes + CUDA_CONTEXT_BYTES),
+                  compute.basis)
     table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {sum(vrams):g} GiB")
     if len(result.devices) > 1:
         for device in result.devices:
             experts = f", experts of {len(device.expert_layers)}" if device.expert_layers else ""
             table.add_row(f"  GPU {device.index}: layers {device.layers.start}-{device.layers.stop - 1}{experts}",
                           size(device.used_bytes), f"of {device.vram_bytes / GIB:g} GiB")
-    table.add_row("total in RAM", size(result.cpu_bytes), f"of {ram_gb:g} GiB")
+    table.add_row("total in RAM", size(result.cpu_bytes),
+                  f"of {ram_gb:g} GiB, " + ("pinned (page-locked CUDA_Host buffers)" if pinned else "mapped page cache"))
     out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
     out.print(table)
     if result.tensor_split:

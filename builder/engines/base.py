@@ -136,6 +136,15 @@ class Engine(ABC):
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
 
+    def caches_latent(self, mla: int | None) -> bool:
+        """Whether a DeepSeek (MLA) model's KV cache holds the compressed latent with this `mla` setting."""
+        return bool(mla)
+
+    def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
+        """Whether the weights left on the CPU sit in pinned (page-locked) host memory rather than the
+        file's page cache: pinned memory can't be swapped, reclaimed or shared between processes."""
+        return False
+
     @abstractmethod
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The server's arguments for a stack (the image's entrypoint supplies the program).

@@ -39,6 +39,11 @@ class IkLlamaCpp(LlamaFamilyEngine):
             "-DLLAMA_BUILD_SERVER=ON",
         ]
 
+    def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
+        """A CUDA build places tensors overridden to the CPU in CUDA_Host (pinned) buffers, mapped or not:
+        its logs on the H200 show the routed experts there with mmap on (it has no --no-host)."""
+        return gpu
+
     def engine_dimensions(self, args: list[str], gpu: bool) -> list[Dimension]:
         """With a GPU, first the batch from which CPU experts go to the GPU for prefill (measured 511 →
         5572 t/s at 2); then run-time repacking (-rtr: it disables mmap, so the model's RAM must fit

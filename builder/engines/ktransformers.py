@@ -224,6 +224,11 @@ class KTransformers(_PythonEngine):
     model_flags = ("--model-path", "--kt-weight-path")
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
+
+    def caches_latent(self, mla: int | None) -> bool:
+        """SGLang serves DeepSeek with MLA: its cache holds the latent."""
+        return True
+
     def default_source(self, ref: str | None) -> EngineSource:
         return PypiSource(ref=ref or self.default_ref)
 

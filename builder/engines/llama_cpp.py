@@ -31,6 +31,16 @@ class LlamaCpp(LlamaFamilyEngine):
     # llama-bench's -ot: `;` joins one run's rules, `,` separates runs to compare (tools/llama-bench).
     bench_rule_separator = ";"
 
+    def caches_latent(self, mla: int | None) -> bool:
+        """It always caches the latent of a DeepSeek model in the form its converter writes (K 576, V a view
+        of it: the CPU and CUDA logs show `V (q8_0): 0.00 MiB`); it has no -mla."""
+        return True
+
+    def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
+        """With a GPU and `--load-mode none`, CPU weights are read into CUDA_Host (pinned) buffers; mapped,
+        they stay page cache (CPU_Mapped), as its logs on the H200 show."""
+        return gpu and mmap is False
+
     def is_source_tree(self, path: Path) -> bool:
         has_server = (path / "tools/server").is_dir() or (path / "examples/server").is_dir()
         return (path / "CMakeLists.txt").is_file() and (path / "ggml").is_dir() and has_server \

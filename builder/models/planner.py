@@ -48,6 +48,20 @@ class ModelFacts:
     mla_dim: int | None = None  # deepseek2: kv_lora_rank + rope dims per token and layer, cached with MLA
     expert_count: int = 0  # routed experts per layer (0: not an MoE model)
     experts_used: int = 0  # routed experts each token runs through, per layer
+    attention_layers: int | None = None  # layers with a KV cache (qwen3next: one in four); None: all
+    recurrent_state_bytes: int = 0  # the recurrent layers' conv and SSM state, f32, per sequence
+    heads: int = 0  # query heads
+    embedding_bytes: int = 0  # token_embd: both engines keep it in RAM (only one row a token is read)
+
+    @property
+    def gpu_weight_bytes(self) -> int:
+        """The non-expert weights a GPU stack holds in VRAM: all but the token embeddings (both engines
+        keep those in RAM: the logs' CUDA0 model buffer is the rest, to the MiB)."""
+        return self.other_bytes - self.embedding_bytes
+
+    @property
+    def cached_layers(self) -> int:
+        return self.layers if self.attention_layers is None else self.attention_layers
 
     @property
     def total_bytes(self) -> int:
@@ -158,12 +172,39 @@ def read_facts(path: Path) -> ModelFacts:
     if f"{arch}.attention.kv_lora_rank" in reader.fields:
         mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + \
             _number(reader, f"{arch}.rope.dimension_count")
+        if f"{arch}.attention.key_length_mla" in reader.fields:
+            # Mainline's form: one "KV head" of the latent (576/512); without MLA every head caches
+            # its full key and value (ik_llama.cpp converts to that: head_count_kv = head_count).
+            kv_heads = heads
+            key_dim = _number(reader, f"{arch}.attention.key_length_mla")
+            value_dim = _number(reader, f"{arch}.attention.value_length_mla")
     used = _number(reader, f"{arch}.expert_used_count", default=0)
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
+    names = [t.name for t in reader.tensors]
+    cached = len({name.split(".")[1] for name in names if re.match(r"^blk\.\d+\.attn_(k|kv_a_mqa)\.weight$", name)})
+    embedding = sum(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
                       kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
-                      expert_count=experts, experts_used=used)
+                      expert_count=experts, experts_used=used, attention_layers=cached if cached else None,
+                      recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
+                      heads=heads, embedding_bytes=embedding)
+
+
+def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) -> int:
+    """f32 state one sequence keeps per recurrent (gated delta net) layer: the convolution's last
+    d_conv - 1 inputs of the q/k/v channels and each value head's d_state x head_v matrix
+    (llama_memory_recurrent's R and S; matched the CPU log of a qwen3next to the byte)."""
+    if not recurrent_layers or f"{arch}.ssm.state_size" not in reader.fields:
+        return 0
+    return recurrent_state_bytes(_number(reader, f"{arch}.ssm.state_size"), _number(reader, f"{arch}.ssm.inner_size"),
+                                 _number(reader, f"{arch}.ssm.group_count"), _number(reader, f"{arch}.ssm.conv_kernel"),
+                                 recurrent_layers)
+
+
+def recurrent_state_bytes(state: int, inner: int, groups: int, conv: int, layers: int) -> int:
+    """The conv inputs ((conv - 1) x the q/k/v channels) and SSM state (state x inner) of `layers`, f32."""
+    return 4 * layers * ((conv - 1) * (2 * state * groups + inner) + state * inner)
 
 
 def _value(reader: gguf.GGUFReader, key: str) -> Any:
@@ -196,10 +237,13 @@ def _number(reader: gguf.GGUFReader, key: str, default: int | None = None) -> in
     return int(value[0])
 
 
-def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool) -> int:
-    """KV cache bytes for `ctx` tokens: per layer K and V rows, or with MLA the compressed latent."""
+def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool, sequences: int = 1) -> int:
+    """KV cache bytes for `ctx` tokens: per attention layer K and V rows, or with MLA (`mla`: the engine
+    caches the latent, see its adapter's `caches_latent`) the compressed latent and rope part; plus the
+    recurrent layers' state for each sequence."""
     per_token = facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
-    return int(per_token * ctx * facts.layers * cache_element_bytes(cache_type))
+    cache = int(per_token * ctx * facts.cached_layers * cache_element_bytes(cache_type))
+    return cache + facts.recurrent_state_bytes * sequences
 
 
 def cache_element_bytes(cache_type: str) -> float:
@@ -221,9 +265,9 @@ def plan(facts: ModelFacts, vram_bytes: int | Sequence[int], ram_bytes: int, ctx
     cpu = sum(facts.expert_bytes)
     devices = []
     for index, (vram, layers) in enumerate(zip(vrams, layer_split(facts.layers, vrams), strict=True)):
-        # Its layers' share of attention, shared weights and KV cache (embeddings and output counted as
-        # spread too, a small error for these models), and its compute reserve.
-        used = int((facts.other_bytes + kv) * len(layers) / facts.layers) + gpu_reserve
+        # Its layers' share of attention, shared weights and KV cache (the output head counted as spread
+        # too, a small error for these models; the token embeddings stay in RAM), and its compute reserve.
+        used = int((facts.gpu_weight_bytes + kv) * len(layers) / facts.layers) + gpu_reserve
         if used > vram:
             where = f" on GPU {index} ({len(layers)} of {facts.layers} layers)" if len(vrams) > 1 else ""
             raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
@@ -242,7 +286,8 @@ def plan(facts: ModelFacts, vram_bytes: int | Sequence[int], ram_bytes: int, ctx
         raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
                         f"{size(ram_bytes)} given; use a smaller quant of the model")
     cpu -= sum(facts.expert_bytes[layer] for device in devices for layer in device.expert_layers)
-    fixed = facts.other_bytes + kv + gpu_reserve
+    cpu += facts.embedding_bytes
+    fixed = facts.gpu_weight_bytes + kv + gpu_reserve
     one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
     per_layer = min(facts.expert_count, (vrams[0] - fixed) // one_expert_everywhere) \
         if one_expert_everywhere and len(vrams) == 1 else 0

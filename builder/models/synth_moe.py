@@ -16,7 +16,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from builder.models.synth_shapes import QUANTS, MoeShape, Tensor
+from builder.models.planner import ModelFacts, recurrent_state_bytes
+from builder.models.synth_shapes import QUANTS, DeepSeek2Shape, MoeShape, Qwen3NextShape, Tensor
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -107,6 +108,33 @@ def token_read_bytes(shape: MoeShape) -> tuple[int, int]:
         else:
             vram += n_bytes // n_vocab if name == "token_embd.weight" else n_bytes
     return ram, vram
+
+
+def shape_facts(shape: MoeShape) -> ModelFacts:
+    """What the planner reads from the file `write_moe_gguf` writes for `shape`, without writing it (a
+    test holds the two together): plans for full-size shapes that would take hundreds of GB to write."""
+    experts = [0] * shape.layers
+    other = embedding = 0
+    cached = set()
+    for name, ne, kind in shape.tensors(len(vocabulary()[0])):
+        n_bytes = tensor_bytes(ne, kind, shape.quant)
+        if _EXPERT.match(name):
+            experts[int(name.split(".")[1])] += n_bytes
+            continue
+        other += n_bytes
+        embedding += n_bytes if name == "token_embd.weight" else 0
+        if re.match(r"^blk\.\d+\.attn_(k|kv_a_mqa)\.weight$", name):
+            cached.add(name.split(".")[1])
+    kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
+    if isinstance(shape, DeepSeek2Shape):
+        kv_heads, value, latent = shape.heads, shape.v_head_dim, shape.kv_lora + shape.rope_dim
+    if isinstance(shape, Qwen3NextShape):
+        state = recurrent_state_bytes(shape.ssm_state, shape.ssm_state * shape.ssm_v_heads, shape.ssm_groups,
+                                      shape.ssm_conv, shape.layers - len(cached))
+    return ModelFacts(arch=shape.arch, layers=shape.layers, expert_bytes=tuple(experts), other_bytes=other,
+                      kv_heads=kv_heads, key_dim=key, value_dim=value, mla_dim=latent, expert_count=shape.experts,
+                      experts_used=shape.experts_used, attention_layers=len(cached), recurrent_state_bytes=state,
+                      heads=shape.heads, embedding_bytes=embedding)
 
 
 def model_file_bytes(shape: MoeShape) -> int:

@@ -303,8 +303,9 @@ def seed_shape(arch: str, tiny: bool = False, **changes: object) -> MoeShape:
     if "experts" in changes and "experts_used" not in changes:
         changes["experts_used"] = min(shape.experts_used, int(str(changes["experts"])))
     if isinstance(shape, DeepSeek2Shape) and shape.expert_groups and "experts" in changes:
-        experts = int(str(changes["experts"]))
-        if experts % shape.expert_groups or experts < shape.expert_groups:
+        experts, used = int(str(changes["experts"])), int(str(changes["experts_used"]))
+        per_group = experts // shape.expert_groups
+        if experts % shape.expert_groups or used > shape.groups_used * per_group:
             changes.setdefault("expert_groups", 0)  # too few experts to group: plain top-k
             changes.setdefault("groups_used", 0)
     return replace(shape, **changes)  # type: ignore[arg-type]

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from builder.engines import get_engine
+from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.errors import SpecError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
@@ -104,8 +105,12 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
                             "give one size per GPU, in the same order")
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-        fitted = make_plan(read_facts(model), [int(gb * GIB) for gb in options.fit_vram_gb], host.mem_total_bytes,
-                           engine_options.ctx_size, engine_options.cache_type or "f16", mla=bool(engine_options.mla))
+        facts, latent = read_facts(model), adapter.caches_latent(engine_options.mla)
+        reserve = gpu_reserve(adapter.name, facts, engine_options.ctx_size,
+                              engine_options.ubatch_size or DEFAULT_UBATCH, latent)
+        fitted = make_plan(facts, [int(gb * GIB) for gb in options.fit_vram_gb], host.mem_total_bytes,
+                           engine_options.ctx_size, engine_options.cache_type or "f16", mla=latent,
+                           gpu_reserve=reserve)
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
             gpu_experts = fitted.gpu_experts_per_layer
@@ -162,7 +167,7 @@ def memory_for(stack: StackSpec) -> int:
     needed = model_bytes(stack.model)
     if stack.gpu == "none":
         needed += kv_cache_bytes(read_facts(stack.model), stack.ctx_size, stack.cache_type or "f16",
-                                 bool(stack.mla))
+                                 get_engine(stack.engine).caches_latent(stack.mla), stack.parallel)
     return needed
 
 

@@ -11,6 +11,8 @@ from typing import get_args
 
 import pytest
 
+from builder.engines import get_engine
+from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_compute
 from builder.errors import ModelError, SpecError
 from builder.models.planner import (
     CACHE_BYTES,
@@ -22,7 +24,8 @@ from builder.models.planner import (
     plan,
     read_facts,
 )
-from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES, seed_shape
 from builder.spec import CacheType
 from tests.cli import run_cli
 
@@ -60,10 +63,11 @@ def test_kv_cache_sizes() -> None:
 
 def test_leftover_vram_takes_the_first_layers_experts(moe: Path) -> None:
     facts = read_facts(moe)
-    fixed = facts.other_bytes + kv_cache_bytes(facts, 4096, "f16", False) + 2 * GIB
+    # The token embeddings stay in RAM (both engines): the GPU holds the other non-expert weights.
+    fixed = facts.other_bytes - facts.embedding_bytes + kv_cache_bytes(facts, 4096, "f16", False) + 2 * GIB
     two_layers = plan(facts, fixed + 2 * EXPERT_LAYER_BYTES + 100, GIB, 4096, "f16")
     assert two_layers.gpu_expert_layers == 2
-    assert two_layers.cpu_bytes == 2 * EXPERT_LAYER_BYTES
+    assert two_layers.cpu_bytes == 2 * EXPERT_LAYER_BYTES + facts.embedding_bytes
     assert two_layers.override_rules == (r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0", r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU")
     assert plan(facts, fixed + 100, GIB, 4096, "f16").override_rules == (r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU",)
 
@@ -111,3 +115,74 @@ def test_split_models_are_read_whole(moe: Path, tmp_path: Path) -> None:
 def test_every_cache_type_a_stack_takes_has_a_size() -> None:
     """The cache types have one home (spec.CacheType); the planner's sizes cover exactly those."""
     assert set(CACHE_BYTES) == set(get_args(CacheType))
+
+
+DEVICE_RUNS = Path(__file__).resolve().parents[2] / "bench/results/seed-models-2026-12-01"
+# The slices bench/device/seed_models.py wrote on the H200: real widths, fewer experts and layers.
+DEVICE_MODELS = {"r1-8": ("deepseek2", {"layers": 8, "experts": 32}), "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),
+                 "qn-8": ("qwen3next", {"layers": 8, "experts": 128}), "qn-16": ("qwen3next", {"layers": 16, "experts": 128})}
+
+
+def _device_runs() -> list[dict]:
+    runs = []
+    for path in sorted(DEVICE_RUNS.glob("call*-results.jsonl")):
+        runs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [run for run in runs if "error" not in run]
+
+
+def _logged(run: dict, where: str, kinds: tuple[str, ...]) -> float:
+    return sum(mib for place, kind, mib in run["buffers_mib"] if place == where and kind in kinds) * 1024**2
+
+
+def test_shape_facts_are_what_the_file_says(tmp_path: Path) -> None:
+    for arch, shape in TINY_SHAPES.items():
+        assert shape_facts(shape) == read_facts(write_moe_gguf(tmp_path / f"{arch}.gguf", shape)), arch
+
+
+def test_kv_cache_is_what_the_cpu_build_logs(tmp_path: Path) -> None:
+    """llama.cpp 0c1e57098's CPU image, -c 32768 -ctk/-ctv q8_0, -lv 4 (this machine, 2026-12-01):
+    tiny deepseek2 `KV buffer size = 57.38 MiB ... K (q8_0): 57.38 MiB, V (q8_0): 0.00 MiB` (the latent);
+    tiny qwen3next `KV 8.50 MiB ( 32768 cells, 1 layers ...)`, `RS 3.14 MiB (4 cells ...)`: 4 sequences."""
+    r1 = read_facts(write_moe_gguf(tmp_path / "ds.gguf", TINY_SHAPES["deepseek2"]))
+    assert kv_cache_bytes(r1, 32768, "q8_0", mla=True) == 576 * 32768 * 3 * 34 // 32  # 57.375 MiB
+    assert (r1.kv_heads, r1.key_dim, r1.value_dim) == (8, 192, 128)  # without the latent: every head's K and V
+    qn = read_facts(write_moe_gguf(tmp_path / "qn.gguf", TINY_SHAPES["qwen3next"]))
+    assert qn.cached_layers == 1
+    assert kv_cache_bytes(qn, 32768, "q8_0", mla=False, sequences=4) - 4 * qn.recurrent_state_bytes == 8.5 * 1024**2
+    assert round(4 * qn.recurrent_state_bytes / 1024**2, 2) == 3.14
+
+
+def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
+    """Each preset run on the H200 (bench/results/seed-models-2026-12-01): the plan's GPU weights, KV cache
+    (with the recurrent state) and compute buffer against the engine's own CUDA0 buffer lines, within 10 %."""
+    runs = _device_runs()
+    assert len(runs) >= 18 and {run["engine"] for run in runs} == {"llama.cpp", "ik_llama.cpp"}
+    for run in runs:
+        arch, changes = DEVICE_MODELS[run["model"]]
+        facts = shape_facts(seed_shape(arch, **changes))
+        command = run["command"]
+        ctx = int(command[command.index("--ctx-size") + 1])
+        ubatch = int(command[command.index("--ubatch-size") + 1]) if "--ubatch-size" in command else DEFAULT_UBATCH
+        adapter = get_engine(run["engine"])
+        latent = adapter.caches_latent(int(command[command.index("-mla") + 1]) if "-mla" in command else None)
+        planned = {"weights": facts.gpu_weight_bytes, "kv": kv_cache_bytes(facts, ctx, "q8_0", latent),
+                   "compute": gpu_compute(run["engine"], facts, ctx, ubatch, latent).bytes}
+        logged = {"weights": _logged(run, "CUDA0", ("model",)), "kv": _logged(run, "CUDA0", ("KV", "RS")),
+                  "compute": _logged(run, "CUDA0", ("compute",))}
+        for part, value in planned.items():
+            assert abs(value - logged[part]) <= 0.10 * logged[part], (run["case"], part, value, logged[part])
+        assert gpu_compute(run["engine"], facts, ctx, ubatch, latent).measured
+        # Where the CPU experts sat: pinned (CUDA_Host) or mapped, as the adapter says.
+        mmap = False if "--load-mode" in command else None
+        pinned = _logged(run, "CUDA_Host", ("model",)) > 0
+        assert adapter.pins_cpu_weights(mmap, gpu=True) == pinned, run["case"]
+
+
+def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
+    """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB, not 2."""
+    facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
+    estimate = gpu_compute("ik_llama.cpp", facts, 32768, 2048, latent=True)
+    assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB
+    # Mainline on Qwen3-235B widths was never measured: the estimate says so.
+    qwen3 = shape_facts(seed_shape("qwen3moe", layers=4, experts=8))
+    assert not gpu_compute("llama.cpp", qwen3, 16384, 2048, latent=False).measured
