@@ -148,6 +148,8 @@ def compose(
     document = compose_dict(plan.stack, generated_by=generated_by, facts=plan.facts, cpu_profile=plan.cpu_profile,
                             routed=plan.routed)
     path = write_stack(document, out_file or Path("compose.yaml"))
+    for note in plan.notes:
+        out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
 
 

@@ -28,6 +28,7 @@ from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
+from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 
 
@@ -83,6 +84,7 @@ class StackPlan:
     facts: ImageFacts | None
     cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None
     routed: tuple[StackSpec, ...] = ()  # several models behind the one server: each one's stack
+    notes: tuple[str, ...] = ()  # what the user should know of this stack on this host (pinned memory)
 
 
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
@@ -191,7 +193,8 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
-    return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile)
+    note = None if options.for_other_host else check_pinned(stack, host.mem_total_bytes)
+    return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile, notes=(note,) if note else ())
 
 
 def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:

@@ -13,6 +13,7 @@ from builder.host.probe import HostFacts
 from builder.images.targets import AVX2, best_cpu_target, fallback_cost
 from builder.images.toolchain import MIN_DRIVER, highest_cuda
 from builder.models.planner import size
+from builder.stacks.pinned_memory import pinned_finding
 
 Level = Literal["OK", "WARN", "FAIL"]
 
@@ -41,6 +42,10 @@ def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_b
         findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
         findings.append(_model_fits(host, model_bytes))
+        if host.gpus and host.mem_total_bytes:
+            level, message = pinned_finding(model_bytes, host.mem_total_bytes)
+            findings.append(Finding(level, "pinned-memory", message, "" if level == "OK" else
+                                    "run mainline llama.cpp with mapped weights (--mmap), or use a smaller quant"))
     if model_problems is not None:
         findings.append(Finding("FAIL", "model-files", "; ".join(model_problems), "fetch it again (moe-stack fetch-model "
                                 "--hf ...: complete files are kept)") if model_problems else

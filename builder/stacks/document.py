@@ -112,6 +112,7 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
             **({"models": [model.served_name for model in routed]} if routed else {}),
             "engine-options": engine_options(stack),
             "flags-checked": facts is not None,
+            **({"cpu-weights": "pinned"} if engine_pins(stack) else {}),
             **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
             "lint-exceptions": lint_exceptions(services),
         },
@@ -219,6 +220,11 @@ def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
         exceptions["CL-0019"] = ("image by tag: it has no registry digest yet (built here, or not checked with "
                                  "--skip-image-checks); stacks made from a pushed or pulled image pin the digest")
     return exceptions
+
+
+def engine_pins(stack: StackSpec) -> bool:
+    """Whether the engine keeps the stack's CPU weights in page-locked memory (see stacks/pinned_memory)."""
+    return stack.gpu != "none" and get_engine(stack.engine).pins_cpu_weights(stack.mmap, gpu=True)
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:

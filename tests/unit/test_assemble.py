@@ -9,10 +9,15 @@ from pydantic import ValidationError
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
+from builder.models.planner import GIB, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stacks import pinned_memory
 from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack, served_name_for
+from builder.stacks.compose import compose_dict
+from builder.stacks.host_checks import free_local_port
+from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, fake_host
 
 
@@ -95,3 +100,29 @@ def test_served_name_defaults_to_the_preset_else_the_models_name(epyc: HostFacts
     assert assemble_stack(StackOptions(model=model, served_name="mine"), epyc).served_name == "mine"
     assert served_name_for(Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")) == "DeepSeek-R1-IQ4_XS"
     assert served_name_for(Path("/m/_odd name!.gguf")) == "odd-name-"
+
+
+def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(tmp_path: Path, deepseek_model: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ik's CUDA build pins CPU-placed tensors (CUDA_Host) whatever mmap says; mainline only with --no-mmap."""
+    small = probe(fake_host(tmp_path / "small", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=4),
+                  nvidia_smi_text="")
+    ik = StackOptions(model=deepseek_model, engine="ik_llama.cpp", gpu="nvidia", image="ik:1", skip_image_checks=True,
+                      port=free_local_port())
+    with pytest.raises(SpecError, match=r"ik_llama.cpp would keep .* of CPU weights in page-locked \(pinned\) memory "
+                                        r"and this host has 8.0 GiB .*no setting of ik_llama.cpp avoids it"):
+        plan_stack(ik, small)
+    mainline = ik.model_copy(update={"engine": "llama.cpp", "engine_options": EngineOptions(mmap=False)})
+    with pytest.raises(SpecError, match=r"keep the weights mapped \(--mmap\)"):
+        plan_stack(mainline, small)
+    mapped = plan_stack(mainline.model_copy(update={"engine_options": EngineOptions()}), small)
+    assert mapped.notes == () and pinned_bytes(mapped.stack) == 0
+    assert compose_dict(mapped.stack, "x", check_files=False)["x-moe-stack"].get("cpu-weights") is None  # type: ignore[union-attr]
+    # Over half the RAM: said, not refused.
+    monkeypatch.setattr(pinned_memory, "HEADROOM_BYTES", 0)
+    stack = plan_stack(ik.model_copy(update={"gpu": "none"}), small).stack.model_copy(update={"gpu": "nvidia"})
+    pinned = pinned_bytes(stack)
+    assert pinned == sum(read_facts(deepseek_model).expert_bytes) + read_facts(deepseek_model).embedding_bytes
+    assert "keeps" in str(check_pinned(stack, int(pinned * 1.5))) and check_pinned(stack, pinned * 3) is None
+    assert compose_dict(stack, "x", check_files=False)["x-moe-stack"]["cpu-weights"] == "pinned"  # type: ignore[index]
+    assert pinned_finding(400 * GIB, 576 * GIB)[0] == "WARN" and pinned_finding(400 * GIB, 384 * GIB)[0] == "FAIL"
