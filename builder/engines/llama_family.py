@@ -9,7 +9,9 @@ from pathlib import Path
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, TOOLS_LABEL
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.tune_space import (
+    LOAD_MODE,
     Dimension,
+    has_switch,
     load_mode_dimension,
     setting_numa,
     setting_ubatch,
@@ -226,10 +228,11 @@ class LlamaFamilyEngine(Engine):
         return []
 
     def mmap_dimension(self, args: list[str]) -> Dimension:
-        """Mapped weights or read into the engine's memory ("no-mmap" on), in this engine's syntax."""
-        if self.load_mode_syntax:
-            return load_mode_dimension("no-mmap", args)
-        return switch_dimension("no-mmap", args, ("--no-mmap",))
+        """Mapped weights or read into the engine's memory ("no-mmap" on), in the syntax the stack's
+        command already uses, else this engine's current one."""
+        if has_switch(args, ("--no-mmap",)) or not (self.load_mode_syntax or value_of(args, LOAD_MODE)):
+            return switch_dimension("no-mmap", args, ("--no-mmap",))
+        return load_mode_dimension("no-mmap", args)
 
     def load_args(self, mmap: bool | None, mlock: bool, flags: dict[str, str] | None) -> list[str]:
         """How the weights are loaded: mapped (the default) or read into the engine's memory, locked or not.

@@ -22,7 +22,9 @@ from builder.errors import ModelError, SpecError
 from builder.models.gguf_bounds import check_header
 from builder.spec import EXPERTS_ON_CPU_RULE, CacheType
 
-_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
+ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
+# A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers have none.
+CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv_a_mqa)\.weight$")
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
 CACHE_BYTES: dict[CacheType, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
                                        "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
@@ -149,7 +151,7 @@ def read_facts(path: Path) -> ModelFacts:
     other = 0
     for part_reader in [reader, *(_open(p) for p in parts[1:])]:
         for tensor in part_reader.tensors:
-            match = _EXPERT.match(tensor.name)
+            match = ROUTED_EXPERT.match(tensor.name)
             if match:
                 layer = int(match.group(1))
                 if layer >= layers:
@@ -181,8 +183,7 @@ def read_facts(path: Path) -> ModelFacts:
     used = _number(reader, f"{arch}.expert_used_count", default=0)
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
-    names = [t.name for t in reader.tensors]
-    cached = len({name.split(".")[1] for name in names if re.match(r"^blk\.\d+\.attn_(k|kv_a_mqa)\.weight$", name)})
+    cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
     embedding = sum(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
     return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
                       kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,

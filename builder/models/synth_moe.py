@@ -10,13 +10,12 @@ server answers 500 otherwise); a ChatML template makes chats work.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from builder.models.planner import ModelFacts, recurrent_state_bytes
+from builder.models.planner import CACHED_ATTENTION, ROUTED_EXPERT, ModelFacts, recurrent_state_bytes
 from builder.models.synth_shapes import QUANTS, DeepSeek2Shape, MoeShape, Qwen3NextShape, Tensor
 
 CHATML = (
@@ -24,7 +23,6 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 _WORDS = ["the", "a", "an", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be", "by", "this", "are", "or", "from", "at", "not", "have", "but", "what", "all", "were", "when", "we", "there", "can", "more", "if", "no", "out", "so", "said", "up", "one", "about", "into", "than", "them", "expert", "model", "token", "layer", "memory", "cache", "server", "hello", "world"]
-_EXPERT = re.compile(r"^blk\.\d+\.ffn_(?:gate|up|down)_exps\.")
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -103,7 +101,7 @@ def token_read_bytes(shape: MoeShape) -> tuple[int, int]:
     ram = vram = 0
     for name, ne, kind in shape.tensors(n_vocab):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
-        if _EXPERT.match(name):
+        if ROUTED_EXPERT.match(name):
             ram += n_bytes * shape.experts_used // shape.experts
         else:
             vram += n_bytes // n_vocab if name == "token_embd.weight" else n_bytes
@@ -118,12 +116,12 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     cached = set()
     for name, ne, kind in shape.tensors(len(vocabulary()[0])):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
-        if _EXPERT.match(name):
+        if ROUTED_EXPERT.match(name):
             experts[int(name.split(".")[1])] += n_bytes
             continue
         other += n_bytes
         embedding += n_bytes if name == "token_embd.weight" else 0
-        if re.match(r"^blk\.\d+\.attn_(k|kv_a_mqa)\.weight$", name):
+        if CACHED_ATTENTION.match(name):
             cached.add(name.split(".")[1])
     kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
     if isinstance(shape, DeepSeek2Shape):

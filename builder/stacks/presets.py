@@ -70,8 +70,9 @@ def check_model_architecture(preset: str, arch: str, model: Path) -> None:
     """SpecError when `model` (of architecture `arch`) is not a model the preset is made for."""
     wanted = get_preset(preset).architecture
     if arch != wanted:
+        fitting = [p.name for p in load_presets().values() if p.architecture == arch]
         raise SpecError(f"preset {preset} is for {wanted} models and {model.name} is {arch}: drop --preset, or pick "
-                        f"the preset of a {arch} model ({', '.join(p.name for p in load_presets().values() if p.architecture == arch) or 'none has one'})")
+                        f"the preset of a {arch} model ({', '.join(fitting) or 'no preset has one'})")
 
 
 def presets_file() -> Path:

@@ -160,6 +160,12 @@ def test_search_spaces_per_engine_and_host() -> None:
     assert isinstance(ik, LlamaFamilyEngine) and isinstance(mainline, LlamaFamilyEngine)
     names = [d.name for d in mainline.tune_dimensions(STACK, numa_nodes=1, gpu=True)]
     assert names == ["threads", "ubatch", "no-mmap"]
+    # Mainline's "no-mmap" is its load mode at the pinned ref; a stack of an older build keeps its switch.
+    load = {d.name: d for d in mainline.tune_dimensions([*STACK, "--load-mode", "none"], 1, True)}["no-mmap"]
+    assert load.values == ("on", "off") and load.apply(["-t", "4", "--load-mode", "none"], {}, "off")[0] == ["-t", "4"]
+    assert load.apply(["-t", "4"], {}, "on")[0] == ["-t", "4", "--load-mode", "none"]
+    older = {d.name: d for d in mainline.tune_dimensions([*STACK, "--no-mmap"], 1, True)}["no-mmap"]
+    assert older.apply(["-t", "4"], {}, "on")[0] == ["-t", "4", "--no-mmap"]
     with_mla = [*STACK, "-mla", "3"]
     dims = {d.name: d for d in ik.tune_dimensions(with_mla, numa_nodes=2, gpu=True)}
     assert list(dims) == ["threads", "ubatch", "offload", "rtr", "fmoe", "amb", "no-mmap", "numa"]
