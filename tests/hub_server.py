@@ -25,13 +25,15 @@ class Hub:
     cuts: int = 0
     corrupt: set[str] = field(default_factory=set)  # files served with one byte flipped
     ranges: list[int] = field(default_factory=list)  # the start of every ranged GET seen
+    commit: str = COMMIT  # what it answers as the repository's commit (a hostile hub: anything)
+    raw_listing: bytes | None = None  # an answer that is not the hub's JSON
     url: str = ""
 
     def tree(self) -> list[dict[str, object]]:
         return [_tree_entry(name, data) for name, data in self.files.items()]
 
     def listing(self) -> dict[str, object]:
-        return {"id": self.repo, "modelId": self.repo, "sha": COMMIT, "private": False,
+        return {"id": self.repo, "modelId": self.repo, "sha": self.commit, "private": False,
                 "siblings": [{"rfilename": name, "size": len(data),
                               "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                                       "pointerSize": 134}} for name, data in self.files.items()]}
@@ -54,7 +56,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             if path.startswith(f"/api/models/{hub.repo}"):
-                body = json.dumps(hub.tree() if "/tree/" in path else hub.listing()).encode()
+                body = hub.raw_listing or json.dumps(hub.tree() if "/tree/" in path else hub.listing()).encode()
                 self._headers(200, {"Content-Type": "application/json", "Content-Length": str(len(body))})
                 self.wfile.write(body)
                 return
@@ -74,7 +76,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
             digest = hashlib.sha256(hub.files[name]).hexdigest()
             start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])  # type: ignore[index]
-            headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"',
+            headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"',
                        "X-Linked-Size": str(len(data)), "Accept-Ranges": "bytes",
                        "Content-Length": str(len(data) - start)}
             if start:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import re
 import shutil
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -28,6 +29,30 @@ from builder.files import write_file_atomically
 
 MANIFEST = "moe-stack-model.json"  # what was fetched: repository, commit, each file's size and sha256
 _CHUNK = 1 << 24
+# The only revision passed on to huggingface_hub is the commit the hub names, and it must be one: the
+# library files a revision under refs/<revision> in its cache, so `../` in it would choose a path.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# What --revision may be: a branch, tag or commit name (git's rules, narrowed).
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
+_GLOB_OR_CONTROL = re.compile(r"[*?\[\]\\\x00-\x1f\x7f]")
+
+
+def check_revision(revision: str) -> str:
+    """`revision` when it is a plain branch, tag or commit name; ModelError otherwise."""
+    if not _REVISION.fullmatch(revision) or ".." in revision or "//" in revision or revision.endswith(("/", ".lock")):
+        raise ModelError(f"--revision {revision!r} is not a branch, tag or commit name (letters, digits and . _ - /, "
+                         "no '..'); give one the repository has")
+    return revision
+
+
+def _plain_name(repo: str, name: str) -> str:
+    """A file name the hub lists, when it is a plain relative POSIX path (it becomes a path under --dest)."""
+    parts = PurePosixPath(name).parts
+    if (not parts or name.startswith("/") or any(part in ("", ".", "..") for part in parts)
+            or _GLOB_OR_CONTROL.search(name) or name != "/".join(parts)):
+        raise ModelError(f"the hub lists a file of {repo} named {name!r}, which is not a plain relative path (no "
+                         "'..', control or glob characters): refused, nothing was written")
+    return name
 
 
 @dataclass(frozen=True)
@@ -52,6 +77,8 @@ class Fetched:
 
 def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tuple[str, tuple[HubFile, ...]]:
     """The repository's commit and the files the patterns select (sizes and sha256 from LFS metadata)."""
+    if revision is not None:
+        check_revision(revision)
     try:
         info = HfApi().model_info(repo, revision=revision, files_metadata=True)
     except RepositoryNotFoundError:
@@ -61,19 +88,29 @@ def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tu
         raise ModelError(f"{repo} has no revision {revision}") from None
     except (HfHubHTTPError, OSError) as err:
         raise ModelError(f"the hub did not answer for {repo} ({err}); check the network or HF_ENDPOINT") from None
+    except (ValueError, KeyError, TypeError) as err:  # an answer that is not the hub's JSON
+        raise ModelError(f"the hub's answer for {repo} is not a model listing ({type(err).__name__}); check "
+                         "HF_ENDPOINT") from None
+    commit = str(info.sha)
+    if not _COMMIT.fullmatch(commit):
+        raise ModelError(f"the hub answered {commit!r} as the commit of {repo}, not a 40-hex commit id: refused, "
+                         "nothing was written; check HF_ENDPOINT")
     siblings = info.siblings or []
+    for sibling in siblings:  # a listing with one hostile name is a hostile listing
+        _plain_name(repo, sibling.rfilename)
     chosen = tuple(HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)), s.lfs.sha256 if s.lfs else None)
                    for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in include))
     if not chosen:
-        names = ", ".join(sorted(s.rfilename for s in siblings)[:12])
+        names = ", ".join(sorted(repr(s.rfilename) for s in siblings)[:12])
         raise ModelError(f"no file of {repo} matches {' '.join(include)}; it has: {names}")
-    return str(info.sha), chosen
+    return commit, chosen
 
 
 def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None) -> Fetched:
     """Download the selected files into `dest` (resuming a partial download), check and record them."""
     commit, files = plan_fetch(repo, include, revision)
     dest.mkdir(parents=True, exist_ok=True)
+    before = {f.name: _identity(dest / f.name) for f in files}  # a file the download leaves as it was isn't ours
     missing = sum(f.size for f in files if not _complete(dest / f.name, f))
     free = shutil.disk_usage(dest).free
     if missing > free:
@@ -89,8 +126,12 @@ def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None
         raise ModelError(f"the download from {repo} broke off ({reason}); run the same command again: the files "
                          "already complete are kept") from None
     for file in files:
-        if file.sha256 is not None and _sha256(dest / file.name) != file.sha256:
-            (dest / file.name).unlink()
+        path = dest / file.name
+        if file.sha256 is not None and _sha256(path) != file.sha256:
+            if before[file.name] is not None and before[file.name] == _identity(path):
+                raise ModelError(f"{path} was there before this run and does not have the sha256 {repo} lists "
+                                 f"({file.sha256[:12]}…); remove it and run the command again")
+            path.unlink()
             raise ModelError(f"{file.name} from {repo} does not have the sha256 the repository lists "
                              f"({file.sha256[:12]}…); it was removed: run the command again to fetch it anew")
     fetched = Fetched(directory=dest, commit=commit, files=files)
@@ -100,11 +141,22 @@ def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None
     return fetched
 
 
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a file, None when there is none: whether a download rewrote it."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
 def _complete(path: Path, file: HubFile) -> bool:
     return path.is_file() and path.stat().st_size == file.size
 
 
 def _sha256(path: Path) -> str:
+    if path.is_symlink() or not path.is_file():  # a FIFO or a device would hang the hash
+        raise ModelError(f"{path} is not a regular file; remove it and run the command again")
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):

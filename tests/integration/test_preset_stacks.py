@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from builder.images.recorded_contracts import (
     contract_text,
     recorded_contract,
 )
+from builder.models.planner import kv_cache_bytes, read_facts
 from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.stacks.assemble import StackOptions, plan_stack
@@ -77,8 +79,9 @@ def test_preset_serves_its_architecture(preset: str, engine: str, base_image: st
     chosen = next(p for p in PRESETS if p.name == preset)
     port = free_local_port()
     project = f"mst-preset-{uuid.uuid4().hex[:8]}"
+    verbose = ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()  # mainline's buffer log
     options = StackOptions(model=arch_models[chosen.architecture], engine=engine, image=engine_image.tag,
-                           preset=preset, port=port, threads=2, project=project)
+                           preset=preset, port=port, threads=2, project=project, engine_args=verbose)
     stack_plan = plan_stack(options, probe())
     assert stack_plan.facts is not None, "checked against the image's flag contract"
     document = compose_dict(stack_plan.stack, f"pytest: compose --preset {preset}", stack_plan.facts)
@@ -94,14 +97,17 @@ def test_preset_serves_its_architecture(preset: str, engine: str, base_image: st
         running = DockerClient(compose_files=[compose_file]).compose.ps()[0].config.cmd
         assert running == command, "the container runs the command the file says"
         logs = DockerClient(compose_files=[compose_file]).compose.logs()
-    # The preset's own settings reached the engine (as the log shows them, where it does).
-    ctx = command[command.index("--ctx-size") + 1]
-    assert ctx == str(chosen.options["ctx_size"])
-    if "-mla" in command:
-        assert command[command.index("-mla") + 1] == "3"
+    # The preset's own settings reached the engine, as its log shows them.
+    assert command[command.index("--ctx-size") + 1] == str(chosen.options["ctx_size"])
     if chosen.architecture == "deepseek2" and engine == "ik_llama.cpp":
-        assert "Adjusted mainline llama.cpp MLA tensors" in logs, logs[-2000:]
+        assert "Adjusted mainline llama.cpp MLA tensors" in logs and "mla_attn      = 3" in logs, logs[-2000:]
     assert "exceeds the training context" not in logs
+    # The plan's KV cache (the latent, the recurrent state) is what the engine allocated, within 10 %.
+    stack = stack_plan.stack
+    planned = kv_cache_bytes(read_facts(stack.model), stack.ctx_size, stack.cache_type or "f16",
+                             get_engine(engine).caches_latent(stack.mla), stack.parallel)
+    logged = sum(float(mib) for mib in re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
+    assert logged and abs(planned - logged) <= 0.10 * logged, (planned, logged)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -9,8 +9,11 @@ import os
 from pathlib import Path
 
 import pytest
+from huggingface_hub import HfApi
 
-from builder.models.hub import HubFile, recorded
+from builder.errors import ModelError
+from builder.models import hub as hub_module
+from builder.models.hub import MANIFEST, HubFile, recorded
 from tests.cli import run_cli
 from tests.hub_server import COMMIT, Hub, serve
 
@@ -97,3 +100,67 @@ def test_doctor_checks_a_fetched_model_against_its_record(tmp_path: Path) -> Non
     second.write_bytes(second.read_bytes()[:-10])  # a part cut short after the fetch
     finding = model_finding()
     assert finding["level"] == "FAIL" and second.name in finding["message"], finding
+
+
+def _written(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("commit", ["../../../../escaped", "main", "0123456789abcdef0123456789abcdef0123456\n"])
+def test_a_hostile_commit_from_the_hub_is_refused(tmp_path: Path, commit: str) -> None:
+    """huggingface_hub files a revision under refs/<revision> in its cache: `../` chose a path, and a
+    second answer its content. Only a 40-hex commit goes on."""
+    with serve(Hub(REPO, dict(FILES), commit=commit)) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 1 and "not a 40-hex commit id: refused, nothing was written" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and _written(tmp_path) == set()
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("name", ["/tmp/moe-stack-hostile.gguf", "Q4_K_M/../../outside.gguf", "Q4_K_M/a\nb.gguf",
+                                  "Q4_K_M/[ab].gguf", "Q4_K_M//x.gguf"])
+def test_a_hostile_file_name_from_the_hub_is_refused(tmp_path: Path, name: str) -> None:
+    """Listed names became paths under --dest unchecked: an absolute one or `X/../../y` with a wrong sha256
+    was hashed (a FIFO hangs it) and deleted."""
+    victim = tmp_path / "outside.gguf"
+    victim.write_bytes(b"the user's own file")
+    with serve(Hub(REPO, {**FILES, name: b"GGUF hostile"}, corrupt={name})) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 1 and "which is not a plain relative path" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert _written(tmp_path) == {"outside.gguf"} and victim.read_bytes() == b"the user's own file"
+    assert not Path("/tmp/moe-stack-hostile.gguf").exists()
+
+
+def test_a_file_the_download_did_not_write_is_not_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what the download wrote is removed on a sha256 mismatch: a file it left as it was (huggingface_hub
+    skips what its own records call complete) is the user's to remove. At the module boundary: the hub's
+    listing from the stand-in, the download step a no-op."""
+    name = next(iter(SHARDS))
+    theirs = tmp_path / "models" / name
+    theirs.parent.mkdir(parents=True)
+    theirs.write_bytes(b"x" * len(SHARDS[name]))
+    monkeypatch.setattr(hub_module, "snapshot_download", lambda *args, **kwargs: None)
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setattr(hub_module, "HfApi", lambda: HfApi(endpoint=hub.url))
+        with pytest.raises(ModelError, match="was there before this run"):
+            hub_module.fetch(REPO, ["Q4_K_M/*"], tmp_path / "models")
+    assert theirs.read_bytes() == b"x" * len(SHARDS[name]) and not (tmp_path / "models" / MANIFEST).exists()
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("revision", ["../../x", "/etc", "main/../../x", "v1.lock", "a b"])
+def test_a_bad_revision_is_refused_before_asking(tmp_path: Path, revision: str) -> None:
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models", "--revision", revision)
+    assert status == 1 and "is not a branch, tag or commit name" in stderr, stderr
+    assert hub.ranges == [] and _written(tmp_path) == set()
+
+
+@pytest.mark.cli
+def test_an_answer_that_is_not_json_is_one_line(tmp_path: Path) -> None:
+    with serve(Hub(REPO, dict(FILES), raw_listing=b"<html>captive portal</html>")) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+    assert status == 1 and "is not a model listing" in stderr and len(stderr.strip().splitlines()) == 1, stderr
