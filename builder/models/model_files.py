@@ -25,6 +25,9 @@ DEMO_CHAT_TEMPLATE = "gemma"
 def check_gguf(path: Path) -> Path:
     """`path` resolved, if it is a readable GGUF file; else a ModelError naming the problem."""
     path = path.expanduser()
+    if any(ord(char) < 32 or ord(char) == 127 for char in str(path)):
+        # The name reaches generated files (compose, Kubernetes manifests, the router's INI preset).
+        raise ModelError(f"model path {str(path)!r} holds a control character (a newline, say); rename the file")
     if not path.exists():
         raise ModelError(f"model {path} does not exist; give the path of a .gguf file")
     if not path.is_file():

@@ -161,3 +161,18 @@ def test_compose_format_kubernetes_writes_valid_manifests(tmp_path: Path, model:
     bad = run_cli("compose", "--model", str(model), "--format", "helm", "--out", str(tmp_path / "x.yaml"))
     assert bad.returncode == 1 and "--format 'helm': choose compose or kubernetes" in bad.stderr
     assert not (tmp_path / "x.yaml").exists()
+
+
+@pytest.mark.cli
+def test_a_newline_in_a_model_name_injects_nothing(tmp_path: Path, model: Path) -> None:
+    """A newline in a model file name (a hub may list one) ended the manifest's generated-by comment and
+    started whole documents (a privileged hostPID Pod passed kubernetes-validate): refused at the model, and
+    the comment can't be broken by anything else in the command."""
+    hostile = model.with_name("x.gguf\n---\nkind: Pod\nspec: {hostPID: true}\n#.gguf")
+    hostile.write_bytes(model.read_bytes())
+    out = tmp_path / "stack.k8s.yaml"
+    result = run_cli("compose", "--model", str(hostile), "--skip-image-checks", "--for-other-host", "--threads", "4",
+                     "--format", "kubernetes", "--out", str(out))
+    assert result.returncode == 1 and "holds a control character" in result.stderr and not out.exists()
+    text = to_kubernetes_yaml([{"kind": "Service"}], "moe-stack compose --project 'a\n---\nkind: Pod'", None)
+    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["Service"] and "a\\n---\\nkind: Pod" in text
