@@ -27,6 +27,7 @@ class Hub:
     ranges: list[int] = field(default_factory=list)  # the start of every ranged GET seen
     commit: str = COMMIT  # what it answers as the repository's commit (a hostile hub: anything)
     raw_listing: bytes | None = None  # an answer that is not the hub's JSON
+    authorizations: list[str] = field(default_factory=list)  # every Authorization header it was sent
     url: str = ""
 
     def tree(self) -> list[dict[str, object]]:
@@ -54,6 +55,8 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_GET(self) -> None:
+            if self.headers.get("Authorization"):
+                hub.authorizations.append(self.headers["Authorization"])
             path = self.path.split("?")[0]
             if path.startswith(f"/api/models/{hub.repo}"):
                 body = hub.raw_listing or json.dumps(hub.tree() if "/tree/" in path else hub.listing()).encode()

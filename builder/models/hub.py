@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import ipaddress
 import json
+import os
 import re
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
-from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub import HfApi, constants, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils import logging as hub_logging
@@ -27,6 +30,7 @@ from huggingface_hub.utils import logging as hub_logging
 from builder.errors import ModelError
 from builder.files import write_file_atomically
 
+HUB = "https://huggingface.co"  # huggingface_hub's endpoint when HF_ENDPOINT names no mirror
 MANIFEST = "moe-stack-model.json"  # what was fetched: repository, commit, each file's size and sha256
 _CHUNK = 1 << 24
 # The only revision passed on to huggingface_hub is the commit the hub names, and it must be one: the
@@ -35,6 +39,31 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # What --revision may be: a branch, tag or commit name (git's rules, narrowed).
 _REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 _GLOB_OR_CONTROL = re.compile(r"[*?\[\]\\\x00-\x1f\x7f]")
+
+
+def hub_token() -> str | bool | None:
+    """The token huggingface_hub may send: its own choice (HF_TOKEN, else the stored login) for the hub
+    itself; for a mirror (HF_ENDPOINT) only a token given for it in HF_TOKEN, never the stored login, which
+    is the hub's; and no plain http except on this machine's loopback (the token and the files would cross
+    the network in the clear)."""
+    endpoint = constants.ENDPOINT
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    if not (parts.scheme == "https" or (parts.scheme == "http" and _loopback(host))):
+        raise ModelError(f"HF_ENDPOINT {endpoint} is not https: models and tokens would travel in the clear; give an "
+                         "https:// mirror (plain http only on 127.0.0.1 or localhost)")
+    if endpoint.rstrip("/") == HUB:
+        return None
+    return os.environ.get("HF_TOKEN") or False
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_revision(revision: str) -> str:
@@ -79,8 +108,9 @@ def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tu
     """The repository's commit and the files the patterns select (sizes and sha256 from LFS metadata)."""
     if revision is not None:
         check_revision(revision)
+    token = hub_token()
     try:
-        info = HfApi().model_info(repo, revision=revision, files_metadata=True)
+        info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
     except RepositoryNotFoundError:
         raise ModelError(f"no repository {repo} on the hub (or it needs a token: `hf auth login`, or HF_TOKEN)") \
             from None
@@ -120,7 +150,8 @@ def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None
         disable_progress_bars()
         hub_logging.set_verbosity_error()
     try:
-        snapshot_download(repo, revision=commit, local_dir=dest, allow_patterns=[f.name for f in files])
+        snapshot_download(repo, revision=commit, local_dir=dest, allow_patterns=[f.name for f in files],
+                          token=hub_token())
     except Exception as err:  # noqa: BLE001 - whatever HTTP stack it uses: one line, and how to go on
         reason = str(err).splitlines()[-1] if str(err).strip() else type(err).__name__
         raise ModelError(f"the download from {repo} broke off ({reason}); run the same command again: the files "

@@ -22,10 +22,10 @@ SHARDS = {f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": b"GGUF\x03\0\0\0" + o
 FILES = {**SHARDS, "Q8_0/Tiny-MoE-Q8_0.gguf": os.urandom(1000), "README.md": b"# tiny\n"}
 
 
-def _fetch(hub: Hub, dest: Path, *extra: str) -> tuple[int, str, str]:
+def _fetch(hub: Hub, dest: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     result = run_cli("fetch-model", "--hf", REPO, "--include", "Q4_K_M/*", "--dest", str(dest), *extra,
                      env={"HF_ENDPOINT": hub.url, "HF_HOME": str(dest.parent / "hf-home"),
-                          "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"})
+                          "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", **(env or {})})
     return result.returncode, result.stdout, result.stderr
 
 
@@ -164,3 +164,28 @@ def test_an_answer_that_is_not_json_is_one_line(tmp_path: Path) -> None:
     with serve(Hub(REPO, dict(FILES), raw_listing=b"<html>captive portal</html>")) as hub:
         status, _, stderr = _fetch(hub, tmp_path / "models")
     assert status == 1 and "is not a model listing" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+@pytest.mark.cli
+def test_the_stored_login_is_not_sent_to_a_mirror(tmp_path: Path) -> None:
+    """`hf auth login` stores a token for the hub; a mirror named in HF_ENDPOINT gets a token only when the
+    user gives one for it (HF_TOKEN)."""
+    stored = tmp_path / "hf-home" / "token"
+    stored.parent.mkdir()
+    stored.write_text("hf_stored_login_token_for_the_hub")
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        status, _, stderr = _fetch(hub, tmp_path / "models")
+        assert status == 0, stderr
+        assert hub.authorizations == []
+        status, _, stderr = _fetch(hub, tmp_path / "again", env={"HF_TOKEN": "hf_given_for_the_mirror"})
+        assert status == 0, stderr
+    assert hub.authorizations and set(hub.authorizations) == {"Bearer hf_given_for_the_mirror"}
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("endpoint", ["http://hub.mirror.example", "http://10.0.0.7:8080", "ftp://127.0.0.1"])
+def test_plain_http_is_refused_off_loopback(tmp_path: Path, endpoint: str) -> None:
+    result = run_cli("fetch-model", "--hf", REPO, "--include", "*", "--dest", str(tmp_path / "m"),
+                     env={"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home")})
+    assert result.returncode == 1 and "is not https" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
