@@ -30,7 +30,7 @@ class _Spec(BaseModel):
 
 
 def _check_ref(ref: str) -> str:
-    if not _REF.match(ref):
+    if not _REF.fullmatch(ref):
         raise ValueError(
             f"{ref!r} must be 1-101 characters of letters, digits, '_', '.', '-' (it becomes part "
             "of the image tag)"

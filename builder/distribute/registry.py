@@ -42,7 +42,7 @@ class Repository:
 
     @property
     def base_url(self) -> str:
-        scheme = "http" if _LOOPBACK.match(self.host) else "https"
+        scheme = "http" if _LOOPBACK.fullmatch(self.host) else "https"
         return f"{scheme}://{self.host}/v2/{self.path}"
 
 

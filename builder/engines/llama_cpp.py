@@ -74,7 +74,12 @@ class LlamaCpp(LlamaFamilyEngine):
         for model in models:
             if model.served_name is None:
                 raise StackError(f"the model {model.model.name} needs a served name to be routed to")
-            sections += [f"[{model.served_name}]", *_ini_lines(self.server_args(model, flags), flags), ""]
+            lines = [f"[{model.served_name}]", *_ini_lines(self.server_args(model, flags), flags)]
+            hostile = next((line for line in lines if any(ord(c) < 32 or ord(c) == 127 for c in line)), None)
+            if hostile is not None:  # a newline would start another key or section of the preset
+                raise StackError(f"the router's preset can't hold {hostile!r}: a control character in a served name, "
+                                 "file name or flag value; remove it")
+            sections += [*lines, ""]
         return command, "\n".join(sections)
 
 

@@ -55,7 +55,7 @@ def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, re
 
 def short_ref(ref: str) -> str:
     """The ref as tags carry it: a full commit shortened to 12 characters."""
-    return ref[:12] if FULL_SHA.match(ref) else ref
+    return ref[:12] if FULL_SHA.fullmatch(ref) else ref
 
 
 def target_key(spec: ImageSpec) -> str:
@@ -121,7 +121,7 @@ def build_name(spec: ImageSpec) -> str:
 
 def parse_variant(tag: str) -> Variant | None:
     """The variant a tag names, or None for aliases and foreign tags."""
-    match = _VARIANT_TAG.match(tag)
+    match = _VARIANT_TAG.fullmatch(tag)
     if match is None or match["cpu"] not in CPU_TARGETS:
         return None
     accel = match["accel"]

@@ -17,6 +17,8 @@ from builder.files import templates_root
 PINS_FILE = "pins.yaml"
 _RELEASE_TAG = re.compile(r"^b(\d+)$")
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+# A PEP 440 release as PyPI's latest names it (N.N[.N…], an optional pre/post/dev part).
+_RELEASE_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+){0,5}(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ def newest_release_tag(ls_remote: str) -> tuple[str, str]:
         tag = name.removeprefix("refs/tags/")
         peeled = tag.endswith("^{}")
         tag = tag.removesuffix("^{}")
-        if _RELEASE_TAG.match(tag) and (peeled or tag not in commits):
+        if _RELEASE_TAG.fullmatch(tag) and (peeled or tag not in commits):
             commits[tag] = sha
     if not commits:
         raise SpecError("upstream lists no bNNNN release tag")
@@ -86,7 +88,7 @@ def branch_head(ls_remote: str, branch: str) -> str:
     """The commit `refs/heads/<branch>` points at, in `git ls-remote` output."""
     for line in ls_remote.splitlines():
         sha, _, name = line.strip().partition("\t")
-        if name == f"refs/heads/{branch}" and _FULL_SHA.match(sha):
+        if name == f"refs/heads/{branch}" and _FULL_SHA.fullmatch(sha):
             return sha
     raise SpecError(f"upstream has no branch {branch}")
 
@@ -96,6 +98,8 @@ def newest_pypi_version(project_json: dict) -> str:
     version = (project_json.get("info") or {}).get("version")
     if not version:
         raise SpecError("PyPI's answer names no version")
+    if not _RELEASE_VERSION.fullmatch(str(version)):  # it goes into pins.yaml and a pull request's body
+        raise SpecError(f"PyPI's answer names version {str(version)[:40]!r}, not a release version: refused")
     return str(version)
 
 

@@ -75,7 +75,7 @@ def plan_bumps(pins: dict[str, Pin], upstream: Upstream) -> list[Bump]:
         found = newest(pin, upstream)
         if found is None or found.ref == pin.ref:
             continue
-        if found.commit is not None and _HEX.match(pin.ref) and found.commit.startswith(pin.ref):
+        if found.commit is not None and _HEX.fullmatch(pin.ref) and found.commit.startswith(pin.ref):
             continue
         bumps.append(Bump(engine=pin.engine, old=pin.ref, new=found.ref, note=found.note))
     return bumps

@@ -123,7 +123,7 @@ def _open(path: Path) -> gguf.GGUFReader:
 
 def split_parts(path: Path) -> list[Path]:
     """All files of a split GGUF (`NAME-00001-of-00009.gguf`), or just `path`."""
-    match = _SPLIT.match(path.name)
+    match = _SPLIT.fullmatch(path.name)
     if not match:
         return [path]
     count = int(match.group("count"))

@@ -10,6 +10,17 @@ from dataclasses import dataclass
 from builder.errors import StackError
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib would send the API key on to wherever a redirect points: an engine never redirects."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: object, code: int, msg: str, headers: object,
+                         newurl: str) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
 @dataclass(frozen=True)
 class EngineApi:
     port: int
@@ -38,9 +49,13 @@ class EngineApi:
 
     def _send(self, request: urllib.request.Request) -> bytes:
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
                 return response.read()
         except urllib.error.HTTPError as err:
+            if 300 <= err.code < 400:
+                raise StackError(f"port {self.port} answered {request.full_url} with a redirect (HTTP {err.code}) to "
+                                 f"{err.headers.get('Location')}: not followed, the API key stays here; is the engine "
+                                 "on that port?") from None
             hint = "pass the stack's API key (--api-key-file)" if err.code == 401 else "see `docker compose logs`"
             raise StackError(f"the engine on port {self.port} answered HTTP {err.code} to {request.full_url}; "
                              f"{hint}") from None

@@ -147,7 +147,8 @@ def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str
     service: dict[str, object] = {
         "image": prometheus_image(CPU_BASE_SUITE),
         "environment": {PROMETHEUS_CONFIG_ENV: config},
-        "ports": [{"target": PROMETHEUS_PORT, "published": str(stack.monitoring_port), "host_ip": stack.bind,
+        # Loopback whatever --bind says: Prometheus' query API has no authentication, unlike the engine.
+        "ports": [{"target": PROMETHEUS_PORT, "published": str(stack.monitoring_port), "host_ip": "127.0.0.1",
                    "protocol": "tcp"}],
         "volumes": [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}],
         "read_only": True,

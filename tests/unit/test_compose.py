@@ -207,3 +207,24 @@ def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
     with pytest.raises(StackError, match="ktransformers has no counterpart for .*--no-mmap/--mmap"):
         compose_dict(_stack(tmp_path, engine="ktransformers", gpu="nvidia", mmap=False,
                             config_dir=tmp_path / "models"), "x")
+
+
+def test_monitoring_stays_on_loopback_whatever_the_engine_binds(tmp_path: Path) -> None:
+    """Prometheus' query API has no authentication: `--bind 0.0.0.0` publishes the engine (which needs the
+    key), never Prometheus."""
+    document = compose_dict(_stack(tmp_path, monitoring_port=19090, bind="0.0.0.0"), "x")
+    assert document["services"]["engine"]["ports"][0]["host_ip"] == "0.0.0.0"  # type: ignore[index]
+    assert document["services"]["prometheus"]["ports"][0]["host_ip"] == "127.0.0.1"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("hostile", ["x\n[evil]\nmodel = /etc/shadow", "x\rmodels-max = 9"])
+def test_a_control_character_cannot_reach_the_routers_preset(tmp_path: Path, hostile: str) -> None:
+    """A newline in a flag value started keys and sections in the router's INI preset."""
+    other = tmp_path / "models" / "n.gguf"
+    _stack(tmp_path)
+    other.write_bytes(b"GGUF")
+    other.chmod(0o644)
+    first = _stack(tmp_path, served_name="m", extra_args=("--system-prompt-file", hostile))
+    routed = (first, _stack(tmp_path, model=other, served_name="n"))
+    with pytest.raises(StackError, match="the router's preset can't hold .*a control character"):
+        compose_dict(first, "x", routed=routed)

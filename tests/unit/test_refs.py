@@ -18,12 +18,14 @@ from builder.images.pins import (
     branch_head,
     bump_pins,
     load_pins,
+    newest_pypi_version,
     newest_release_tag,
     parse_pins,
     pins_path,
     summary,
 )
 from builder.images.refs import edge_refs, plan_bumps
+from builder.spec import GitSource
 
 IK_HEAD = "5f3c2a1b9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
 MAINLINE_HEAD = "a1b2c3d4e5f60718293a4b5c6d7e8f9011223344"
@@ -132,3 +134,22 @@ def test_edge_images_build_upstream_heads_under_the_edge_alias(tmp_path: Path) -
     # The published matrix says which rows get a tools image beside them.
     published = ci_rows()
     assert {row["engine"] for row in published if row["tools"] == "true"} == {"llama.cpp", "ik_llama.cpp"}
+
+
+@pytest.mark.parametrize("version", ["0.7.3\nrm -rf /", "0.7.3; echo", "`id`", "0.7.3 ", "../0.7.3", ""])
+def test_a_hostile_index_version_never_reaches_the_pins(version: str) -> None:
+    """What a (hostile) index names as its latest release goes into pins.yaml and the PR body: a release
+    version only."""
+    with pytest.raises(SpecError, match="names no version|not a release version: refused"):
+        newest_pypi_version({"info": {"version": version}})
+    assert newest_pypi_version({"info": {"version": "0.7.3.post1"}}) == "0.7.3.post1"
+
+
+def test_anchored_checks_take_no_trailing_newline() -> None:
+    """`re.match` with `$` accepted "b123\\n" and a commit with a newline; every anchored check full-matches."""
+    tag, _ = newest_release_tag("a" * 40 + "\trefs/tags/b9000\n" + "b" * 40 + "\trefs/tags/b9001\\n\n")
+    assert tag == "b9000"
+    with pytest.raises(SpecError, match="no branch main"):
+        branch_head("c" * 40 + "\n\trefs/heads/main\n", "main")
+    with pytest.raises(ValueError, match="must be 1-101 characters"):
+        GitSource(url="https://example.org/x.git", ref="main\n")
