@@ -67,6 +67,8 @@ run)
   CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run "$work/models" "$work" \
     "$out" "$@" 2>&1 | tee -a "$out/run.log"
   # Eight files at most come back: the servers' logs travel in one archive.
-  tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files $(cd "$out" && ls ./*.log | grep -v run.log) 2>/dev/null
+  logs=()
+  for log in "$out"/*.log; do [ "${log##*/}" = run.log ] || logs+=("${log##*/}"); done
+  [ "${#logs[@]}" -eq 0 ] || tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files "${logs[@]}"
   ;;
 esac
