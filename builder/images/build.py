@@ -16,15 +16,17 @@ from typing import TextIO, TypedDict
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.contract import HELP_FILE, PARSER_FLAGS_FILE
+from builder.contract import HELP_FILE, LABEL_PREFIX, PARSER_FLAGS_FILE
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.files import cache_dir
+from builder.host.probe import CpuInfo, read_cpu
 from builder.images.flags import LABEL as FLAGS_LABEL
 from builder.images.flags import parse_contract, to_label
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render
+from builder.images.targets import best_cpu_target
 from builder.spec import ImageSpec, LocalSource
 
 # The stage the image is; the others only build it. A tools image is the stage after it.
@@ -32,6 +34,8 @@ RUNTIME_STAGE = "runtime"
 TOOLS_STAGE = "tools"
 # The stage holding only the server's --help text, exported before the image is built.
 CONTRACT_STAGE = "contract"
+# Set when the contract was read from another build of the same tree (see contract_stand_in): its tag.
+CONTRACT_FROM_LABEL = f"{LABEL_PREFIX}.contract-from"
 
 
 class _BuildxRequired(TypedDict):
@@ -152,17 +156,20 @@ def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created
     )
 
 
-def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, show: Callable[[str], None]) -> str:
+def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, show: Callable[[str], None],
+              contract_plan: BuildPlan | None = None) -> str:
     """Build the flag contract, then the image labelled with it; returns the image's first tag.
 
     `required_flags`: what the server's --help must list (none for an image without a server).
-    Each log line is shown and kept in `log_path`. On failure raise BuildFailed with the failing
-    step's tail and where the full log is. The second step reuses every layer of the first.
+    `contract_plan`: where the contract comes from when this build host can't run the image's server
+    (see `contract_stand_in`). Each log line is shown and kept in `log_path`. On failure raise
+    BuildFailed with the failing step's tail and where the full log is. The second step reuses every
+    layer of the first.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     client = docker()
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp:
-        stream_build(client, plan.contract_step(Path(tmp)), log, log_path, show)
+        stream_build(client, (contract_plan or plan).contract_step(Path(tmp)), log, log_path, show)
         literals = Path(tmp) / PARSER_FLAGS_FILE
         help_text = (Path(tmp) / HELP_FILE).read_text(errors="replace")
         flags = parse_contract(help_text, literals.read_text() if literals.exists() else None)
@@ -171,8 +178,26 @@ def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, s
             raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(required_flags))}: it "
                               f"printed {first.strip()!r}; the binary may not run on this build host "
                               f"(full log: {log_path})", log_path=str(log_path))
-        stream_build(client, plan.with_labels({FLAGS_LABEL: to_label(flags)}), log, log_path, show)
+        labels = {FLAGS_LABEL: to_label(flags)}
+        if contract_plan is not None:
+            labels[CONTRACT_FROM_LABEL] = contract_plan.tags[0]
+        stream_build(client, plan.with_labels(labels), log, log_path, show)
     return plan.tags[0]
+
+
+def contract_stand_in(spec: ImageSpec, host: CpuInfo) -> ImageSpec | None:
+    """The same engine tree, ref, CUDA and bases for a CPU target this build host runs, when it can't run
+    `spec`'s server (a zen4 image built on an AVX2-only host: its --help dies of an illegal instruction).
+    The flags a server accepts don't depend on the instructions it was compiled for, so that build's
+    --help is the contract; None when the host runs `spec`'s own (or it picks its code path at run time)."""
+    engine = get_engine(spec.engine)
+    if spec.cpu.runtime_dispatch or engine.installs_wheels or set(spec.cpu.required_flags) <= host.flags:
+        return None
+    target = best_cpu_target(host.flags)
+    if target is None:
+        raise BuildFailed(f"this build host runs none of the CPU targets, so {spec.engine}'s --help (its flag "
+                          "contract) can't be read here; build on an x86-64-v3 (AVX2) host or better")
+    return spec.model_copy(update={"cpu": target, "tools": False})
 
 
 def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
@@ -226,5 +251,7 @@ def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None],
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take."""
     context = render(spec, context_dir(spec))
+    stand_in = contract_stand_in(spec, read_cpu())
+    contract_plan = plan_build(stand_in, render(stand_in, context_dir(stand_in)), tree) if stand_in else None
     return run_build(build_plan(spec, context, tree, publishing), get_engine(spec.engine).required_flags(spec.cuda),
-                     log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log", show)
+                     log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log", show, contract_plan)

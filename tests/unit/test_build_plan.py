@@ -10,11 +10,14 @@ import pytest
 from python_on_whales.exceptions import DockerException
 
 from builder.engines.base import SOURCE_CONTEXT
-from builder.errors import Interrupted
-from builder.images.build import plan_build, stream_build
+from builder.errors import BuildFailed, Interrupted
+from builder.host.probe import CpuInfo
+from builder.images.build import contract_stand_in, plan_build, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
+from builder.images.targets import cpu_target
 from builder.spec import LocalSource
+from tests.hosts import EPYC_9554_FLAGS
 from tests.specs import default_spec
 
 
@@ -76,3 +79,22 @@ def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
     with (tmp_path / "log").open("w") as log, pytest.raises(Interrupted, match="interrupted; rerun the same command"):
         stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)
+
+
+def _cpu(flags: str) -> CpuInfo:
+    return CpuInfo(flags=frozenset(flags.split()), logical_cpus=2, physical_cores=2)
+
+
+def test_a_host_that_cannot_run_the_image_reads_the_contract_from_a_build_it_can() -> None:
+    """A zen4 image built on an AVX2-only host: its server's --help dies of an illegal instruction, so the
+    contract comes from the same tree built for the host's best target (the flags don't depend on the ISA)."""
+    avx2_host = _cpu(" ".join(cpu_target("avx2").required_flags))
+    zen4 = image_spec("llama.cpp", "zen4", tools=True)
+    stand_in = contract_stand_in(zen4, avx2_host)
+    assert stand_in is not None and stand_in.cpu.name == "avx2" and stand_in.tools is False
+    assert (stand_in.ref, stand_in.cuda, stand_in.base, stand_in.engine) == (zen4.ref, zen4.cuda, zen4.base, zen4.engine)
+    assert contract_stand_in(zen4, _cpu(EPYC_9554_FLAGS)) is None  # it runs its own
+    assert contract_stand_in(image_spec("llama.cpp", "portable"), avx2_host) is None  # dispatches at run time
+    assert contract_stand_in(image_spec("ik_llama.cpp", "sapphirerapids"), _cpu(EPYC_9554_FLAGS)).cpu.name == "zen4"  # type: ignore[union-attr]
+    with pytest.raises(BuildFailed, match="runs none of the CPU targets"):
+        contract_stand_in(zen4, _cpu("sse2"))
