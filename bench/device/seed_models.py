@@ -21,15 +21,16 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.flags import check_args, parse_contract
 from builder.models.synth_moe import token_read_bytes, write_moe_gguf
 from builder.models.synth_shapes import MoeShape, seed_shape
 from builder.spec import EngineOptions
+from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 
 # Real per-layer and per-expert widths; fewer experts than the real models (R1 256, Qwen3-Next 512) to
@@ -84,22 +85,13 @@ def command(engine: str, model: Path, preset: str, flags: dict[str, str], port: 
     return args + (["-lv", "4"] if "-lv" in flags else [])  # mainline logs its buffers from verbosity 4
 
 
-def _post(port: int, body: dict[str, object]) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=300) as response:
-        return json.load(response)
-
-
 def _healthy(port: int, deadline: float, server: subprocess.Popen) -> bool:
     while time.time() < deadline and server.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(1)
+            EngineApi(port, timeout_s=2).get("/health")
+            return True
+        except StackError:
+            time.sleep(1)
     return False
 
 
@@ -133,12 +125,13 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
             return result
         result["load_s"] = round(time.time() - started, 1)
         result["gpu_used_mib"] = _gpu_used_mib()
-        warm = _post(port, {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
+        api = EngineApi(port)
+        warm = api.post("/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
         result["completion"] = warm.get("content")
         rounds = 3 if not changes or "mmap" in changes else 1
         prefill, decode = [], []
         for _ in range(rounds):
-            reply = _post(port, {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False})
+            reply = api.post("/completion", {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False})
             timings = reply["timings"]
             prefill.append(timings["prompt_per_second"])
             decode.append(timings["predicted_per_second"])
