@@ -17,7 +17,9 @@ ENGINE_BIN_DIR = f"{ENGINE_DIR}/bin"
 CONTRACT_DIR = "/contract"
 HELP_FILE = "server-help.txt"
 PARSER_FLAGS_FILE = "parser-flags.txt"
+ARCHITECTURES_FILE = "architectures.txt"  # the GGUF architectures the engine's tree names (llama-arch.cpp)
 LABEL_PREFIX = "io.moe-stack"
+ARCHITECTURES_LABEL = f"{LABEL_PREFIX}.architectures"  # … as the image's label, space-separated
 TOOLS_LABEL = f"{LABEL_PREFIX}.tools"  # a tools image's programs beside the server, space-separated
 # Several models behind one server: the preset (each model's flags) arrives in ROUTER_PRESET_ENV, and
 # the entrypoint writes it here (the root file system is read-only; /tmp is the stack's tmpfs).

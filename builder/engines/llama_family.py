@@ -104,6 +104,12 @@ class LlamaFamilyEngine(Engine):
         files = " ".join(f"/src/{path}" for path in self.parser_sources)
         return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
 
+    def architectures_command(self) -> str:
+        """Shell command listing the GGUF architecture names the tree's llama-arch.cpp maps (`{ LLM_ARCH_X, "x" }`):
+        which models the built server can load."""
+        return ("grep -ohE '\\{ *LLM_ARCH_[A-Z0-9_]+, *\"[A-Za-z0-9._-]+\" *\\}' /src/src/llama-arch.cpp "
+                "| grep -oE '\"[^\"]+\"' | tr -d '\"' | sort -u")
+
     def help_setup(self, cuda: CudaTarget) -> list[str]:
         """Commands run before `help_command` (a CUDA build's libcuda stub)."""
         return list(CUDA_STUB_SETUP) if cuda.version is not None else []
@@ -123,6 +129,7 @@ class LlamaFamilyEngine(Engine):
             "help_command": self.help_command(spec.cuda),
             "help_setup": self.help_setup(spec.cuda),
             "parser_literals_command": self.parser_literals_command(),
+            "architectures_command": self.architectures_command(),
             "server_target": self.server_target,
             "engine_bin": self.server_path(spec),
             "build_info_shim": self.needs_build_info_shim,

@@ -16,7 +16,13 @@ from typing import TextIO, TypedDict
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.contract import HELP_FILE, LABEL_PREFIX, PARSER_FLAGS_FILE
+from builder.contract import (
+    ARCHITECTURES_FILE,
+    ARCHITECTURES_LABEL,
+    HELP_FILE,
+    LABEL_PREFIX,
+    PARSER_FLAGS_FILE,
+)
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
@@ -179,6 +185,9 @@ def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, s
                               f"printed {first.strip()!r}; the binary may not run on this build host "
                               f"(full log: {log_path})", log_path=str(log_path))
         labels = {FLAGS_LABEL: to_label(flags)}
+        architectures = Path(tmp) / ARCHITECTURES_FILE
+        if architectures.exists() and architectures.read_text().split():
+            labels[ARCHITECTURES_LABEL] = " ".join(architectures.read_text().split())
         if contract_plan is not None:
             labels[CONTRACT_FROM_LABEL] = contract_plan.tags[0]
         stream_build(client, plan.with_labels(labels), log, log_path, show)

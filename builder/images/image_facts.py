@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from python_on_whales.exceptions import DockerException
 
-from builder.contract import LABEL_PREFIX
+from builder.contract import ARCHITECTURES_LABEL, LABEL_PREFIX
 from builder.docker_client import describe, docker
 from builder.errors import StackError
 from builder.images.flags import LABEL as FLAGS_LABEL
@@ -23,6 +23,7 @@ class ImageFacts:
     required_cpu_flags: tuple[str, ...]
     server_flags: dict[str, str]
     repo_digest: str | None = None  # sha256:… the registry serves for this image, once pushed or pulled
+    architectures: tuple[str, ...] = ()  # the GGUF architectures its engine loads (empty: not recorded)
 
     @property
     def who(self) -> str:
@@ -54,4 +55,5 @@ def read_image_facts(image: str) -> ImageFacts:
         required_cpu_flags=tuple(labels.get(f"{LABEL_PREFIX}.required-cpu-flags", "").split()),
         server_flags=from_label(labels[FLAGS_LABEL]),
         repo_digest=digests[0] if digests else None,
+        architectures=tuple(labels.get(ARCHITECTURES_LABEL, "").split()),
     )

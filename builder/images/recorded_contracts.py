@@ -20,11 +20,13 @@ class RecordedContract:
     ref: str  # the engine ref of the image it was read from
     source: str  # where that image's engine came from (a PyPI sdist)
     flags: dict[str, str]
+    architectures: tuple[str, ...] = ()  # the GGUF architectures it loads
 
     def facts_for(self, image: str, cpu: str, variant: str) -> ImageFacts:
         """What an image of this engine would say about itself, for a stack emitted without it."""
         return ImageFacts(image=image, engine=self.engine, engine_ref=self.ref, variant=variant, cpu_target=cpu,
-                          required_cpu_flags=cpu_target(cpu).required_flags, server_flags=self.flags)
+                          required_cpu_flags=cpu_target(cpu).required_flags, server_flags=self.flags,
+                          architectures=self.architectures)
 
 
 def contract_path(engine: str) -> Path:
@@ -37,10 +39,12 @@ def recorded_contract(engine: str) -> RecordedContract | None:
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return RecordedContract(engine=data["engine"], ref=data["ref"], source=data["source"], flags=data["flags"])
+    return RecordedContract(engine=data["engine"], ref=data["ref"], source=data["source"], flags=data["flags"],
+                            architectures=tuple(data.get("architectures", ())))
 
 
 def contract_text(contract: RecordedContract) -> str:
     """The record's file text (sorted, one flag a line: a change reads as a diff)."""
     return json.dumps({"engine": contract.engine, "ref": contract.ref, "source": contract.source,
-                       "flags": contract.flags}, indent=1, sort_keys=True) + "\n"
+                       "flags": contract.flags, "architectures": list(contract.architectures)},
+                      indent=1, sort_keys=True) + "\n"

@@ -9,6 +9,7 @@ import jinja2
 
 from builder import __version__
 from builder.contract import (
+    ARCHITECTURES_FILE,
     CONTAINER_PORT,
     CONTRACT_DIR,
     ENGINE_DIR,
@@ -105,6 +106,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "contract_dir": CONTRACT_DIR,
         "help_file": HELP_FILE,
         "parser_flags_file": PARSER_FLAGS_FILE,
+        "architectures_file": ARCHITECTURES_FILE,
         "router_preset": ROUTER_PRESET,
         "model_flags": " ".join(engine.model_flags),
         "port": CONTAINER_PORT,

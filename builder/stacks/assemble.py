@@ -17,11 +17,12 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.engines import get_engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
-from builder.errors import SpecError
+from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.naming import image_spec, image_tag
+from builder.images.recorded_contracts import recorded_contract
 from builder.models.model_files import check_gguf
 from builder.models.planner import GIB, kv_cache_bytes, model_bytes, read_facts
 from builder.models.planner import plan as make_plan
@@ -190,6 +191,8 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if stack.monitoring_port:
         check_port_free(stack.bind, stack.monitoring_port)
     facts = _checked_facts(stack.image, options, host)
+    if facts is not None:
+        check_architecture(facts, stack.model)
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
@@ -224,6 +227,19 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     if options.hugetlbfs != "off":
         check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], model_bytes(model))
     return where
+
+
+def check_architecture(facts: ImageFacts, model: Path) -> None:
+    """StackError when the image's engine can't load `model`'s architecture (its tree names no such one),
+    saying whether the pinned version's image can."""
+    arch = read_facts(model).arch
+    if not facts.architectures or arch in facts.architectures:
+        return
+    pinned = recorded_contract(facts.engine)
+    which = (f"the image of {facts.engine} {pinned.ref} does (`moe-stack build --engine {facts.engine}`)"
+             if pinned is not None and arch in pinned.architectures else "build a newer ref of it")
+    raise StackError(f"{facts.who} can't load {arch} models like {model.name} (its llama-arch.cpp names no {arch}); "
+                     f"{which}")
 
 
 def _checked_facts(image: str, options: StackOptions, host: HostFacts) -> ImageFacts | None:

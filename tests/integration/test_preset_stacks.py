@@ -119,10 +119,13 @@ def test_recorded_contract_is_the_images(engine: str, base_image: str) -> None:
     source = f"pypi:{get_engine(engine).sdist}"
     if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
         write_file_atomically(contract_path(engine), contract_text(
-            RecordedContract(engine=engine, ref=facts.engine_ref, source=source, flags=facts.server_flags)))
+            RecordedContract(engine=engine, ref=facts.engine_ref, source=source, flags=facts.server_flags,
+                             architectures=facts.architectures)))
     recorded = recorded_contract(engine)
     assert recorded is not None, f"no contract recorded for {engine}: run with MOE_STACK_UPDATE_GOLDEN=1"
     assert (recorded.ref, recorded.source) == (facts.engine_ref, source)
+    assert recorded.architectures == facts.architectures, "the image's architectures label differs from the record"
+    assert {"qwen3moe", "deepseek2", "qwen3next"} <= set(facts.architectures)
     missing = sorted(set(facts.server_flags) ^ set(recorded.flags))
     assert recorded.flags == facts.server_flags, f"recorded contract differs ({json.dumps(missing[:20])}): rerun " \
         "with MOE_STACK_UPDATE_GOLDEN=1 and re-emit compose/"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,12 +10,19 @@ from pydantic import ValidationError
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
+from builder.images.image_facts import ImageFacts
 from builder.models.planner import GIB, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks import pinned_memory
-from builder.stacks.assemble import StackOptions, assemble_stack, plan_stack, served_name_for
+from builder.stacks.assemble import (
+    StackOptions,
+    assemble_stack,
+    check_architecture,
+    plan_stack,
+    served_name_for,
+)
 from builder.stacks.compose import compose_dict
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
@@ -126,3 +134,15 @@ def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(tmp_path:
     assert "keeps" in str(check_pinned(stack, int(pinned * 1.5))) and check_pinned(stack, pinned * 3) is None
     assert compose_dict(stack, "x", check_files=False)["x-moe-stack"]["cpu-weights"] == "pinned"  # type: ignore[index]
     assert pinned_finding(400 * GIB, 576 * GIB)[0] == "WARN" and pinned_finding(400 * GIB, 384 * GIB)[0] == "FAIL"
+
+
+def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Path) -> None:
+    """An image of an engine version whose tree has no loader for the model's architecture (its
+    llama-arch.cpp names it not) is refused at emit time, saying whether the pinned version's does."""
+    old = ImageFacts(image="ik:9c4e21a", engine="ik_llama.cpp", engine_ref="9c4e21a", variant="9c4e21a-cpu-avx2",
+                     cpu_target="avx2", required_cpu_flags=(), server_flags={}, architectures=("llama", "qwen3moe"))
+    with pytest.raises(StackError, match=r"ik_llama.cpp 9c4e21a \(ik:9c4e21a\) can't load deepseek2 models like "
+                                         r"moe.gguf .*the image of ik_llama.cpp ikpy-0.1.5 does"):
+        check_architecture(old, deepseek_model)
+    check_architecture(replace(old, architectures=("deepseek2",)), deepseek_model)
+    check_architecture(replace(old, architectures=()), deepseek_model)  # not recorded: not refused
