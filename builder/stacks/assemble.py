@@ -214,7 +214,11 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
     routed = tuple(assemble_stack(options, host) for options in models)
     base = routed[0]
     check_port_free(base.bind, base.port)
-    return StackPlan(stack=base, facts=_checked_facts(base.image, first, host), routed=routed)
+    facts = _checked_facts(base.image, first, host)
+    if facts is not None:
+        for model in routed:
+            check_architecture(facts, model.model)
+    return StackPlan(stack=base, facts=facts, routed=routed)
 
 
 def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:
