@@ -169,15 +169,21 @@ def start_stack(tmp_path: Path) -> Iterator[StackFactory]:
 
         def _start(image: BuiltImage, model: Path, wait_s: int = 180, **options: object) -> RunningStack:
             compose_file, port = emit_stack(tmp_path, image, model, **options)
-            project = str(yaml.safe_load(compose_file.read_text())["name"])
-            try:
-                services = running.enter_context(get_docker_services(
-                    "docker compose", str(compose_file), project, [f"up --wait --wait-timeout {wait_s}"],
-                    ["down --volumes --remove-orphans --timeout 10"]))
-            except Exception:  # a failed `up` leaves its containers: remove them before reporting
-                down(compose_file)
-                raise
-            services.wait_until_responsive(check=lambda: answers_health(port), timeout=wait_s, pause=1)
-            return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
+            return serve_stack(running, compose_file, port, wait_s)
 
         yield _start
+
+
+def serve_stack(running: contextlib.ExitStack, compose_file: Path, port: int, wait_s: int) -> RunningStack:
+    """Bring a written stack up with pytest-docker (`up --wait`, then its health endpoint), removed when
+    `running` closes; a failed `up` is cleaned before it is reported."""
+    project = str(yaml.safe_load(compose_file.read_text())["name"])
+    try:
+        services = running.enter_context(get_docker_services(
+            "docker compose", str(compose_file), project, [f"up --wait --wait-timeout {wait_s}"],
+            ["down --volumes --remove-orphans --timeout 10"]))
+    except Exception:  # a failed `up` leaves its containers: remove them before reporting
+        down(compose_file)
+        raise
+    services.wait_until_responsive(check=lambda: answers_health(port), timeout=wait_s, pause=1)
+    return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))

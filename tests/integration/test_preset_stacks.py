@@ -12,11 +12,9 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pytest_docker.plugin import get_docker_services
 from python_on_whales import DockerClient
 
 from builder.engines import get_engine
@@ -37,8 +35,7 @@ from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.presets import load_presets
-from builder.stacks.run import down
-from tests.integration.conftest import ENGINES, answers_health, build_engine_image
+from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
 
 pytestmark = pytest.mark.integration
 
@@ -58,20 +55,6 @@ def arch_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return models
 
 
-@contextlib.contextmanager
-def _serving(compose_file: Path, project: str, port: int) -> Iterator[None]:
-    with contextlib.ExitStack() as running:
-        try:
-            services = running.enter_context(get_docker_services(
-                "docker compose", str(compose_file), project, ["up --wait --wait-timeout 240"],
-                ["down --volumes --remove-orphans --timeout 10"]))
-        except Exception:  # a failed `up` leaves its containers: remove them before reporting
-            down(compose_file)
-            raise
-        services.wait_until_responsive(check=lambda: answers_health(port), timeout=240, pause=1)
-        yield
-
-
 @pytest.mark.parametrize(("preset", "engine"), CASES, ids=[f"{p}-{e}" for p, e in CASES])
 def test_preset_serves_its_architecture(preset: str, engine: str, base_image: str, arch_models: dict[str, Path],
                                         tmp_path: Path) -> None:
@@ -89,7 +72,8 @@ def test_preset_serves_its_architecture(preset: str, engine: str, base_image: st
     command = document["services"]["engine"]["command"]  # type: ignore[index]
     expected = get_engine(engine).server_args(stack_plan.stack, stack_plan.facts.server_flags)
     assert command == expected and "--ctx-size" in command and "--override-tensor" in command
-    with _serving(compose_file, project, port):
+    with contextlib.ExitStack() as served:
+        serve_stack(served, compose_file, port, wait_s=240)
         answer = complete(port, "hello the model", max_tokens=8)
         assert answer.completion_tokens == 8 and answer.text, answer
         reply = chat(port, "What is an expert?", max_tokens=8)
