@@ -110,8 +110,18 @@ def _service_log_tail(client: DockerClient) -> str:
         text = client.compose.logs(tail="500", no_log_prefix=True)  # a usage text can follow the error
     except DockerException:
         return "unavailable"
+    return log_error_summary(str(text))
+
+
+def log_error_summary(text: str) -> str:
+    """One line of an engine's log that says why it stopped."""
     # Terminal control sequences (the engine's progress lines) would end up inside the one-line error.
-    lines = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", str(text)).splitlines() if line.strip()]
+    lines = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).splitlines() if line.strip()]
     said = [line for line in lines if re.match(r"\W*(error|fatal)\b", line, re.IGNORECASE)]
     errors = said or [line for line in lines if "error" in line.lower()]
-    return (errors or lines or ["(empty)"])[-1].strip()
+    if not errors:
+        return (lines or ["(empty)"])[-1].strip()
+    # An engine that restarts writes its errors again while the log is read: the last distinct few, in
+    # order, say the same whichever attempt was cut short (ik names the bad value, then the flag).
+    distinct = list(dict.fromkeys(line.strip() for line in errors))
+    return " / ".join(distinct[-3:])
