@@ -31,5 +31,15 @@ PROMETHEUS_DATA = "/var/lib/moe-stack-prometheus"  # the stack's named volume (D
 PROMETHEUS_CONFIG_ENV = "MOE_STACK_PROMETHEUS_CONFIG"  # the scrape configuration, written to /tmp at start
 
 
+# Images moe-stack makes on the host (`moe-stack base`: the Debian, CUDA and Prometheus bases) are
+# named under this unqualified namespace, which Docker would resolve to Docker Hub, where it is not
+# ours: they are never pulled (pull_policy: never, and a build checks they exist first).
+LOCAL_ONLY = "moe-stack/"
+
+
+def local_only(image: str) -> bool:
+    return image.startswith(LOCAL_ONLY)
+
+
 def prometheus_image(suite: str) -> str:
-    return f"moe-stack/prometheus:{suite}"
+    return f"{LOCAL_ONLY}prometheus:{suite}"

@@ -10,13 +10,18 @@ Nothing here depends on the Python version's tarfile fixes.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import posixpath
 import stat
 import tarfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import IO, TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 _CHUNK = 16 << 20
 
@@ -64,10 +69,10 @@ def _check_link(relative: str, linkname: str) -> None:
         raise UnsafeArchive(f"link {relative!r} -> {linkname!r} leaves the tree (or climbs after descending)")
 
 
-def write_stream(source: IO[bytes], target: Path, limit: int | None, name: str) -> int:
+def write_stream(source: IO[bytes], target: Path, limit: int | None, name: str, mode: int = 0o644) -> int:
     """Copy `source` into a new file `target` (never an existing one, never through a link)."""
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     except FileExistsError:
         raise UnsafeArchive(f"member {name!r} appears twice") from None
     written = 0
@@ -116,25 +121,48 @@ def extract_tree(archive: Path, dest: Path) -> None:
                 raise UnsafeArchive(f"member {member.name!r} is a device, FIFO or other special file")
 
 
-def extract_files(archive: Path, dest: Path, limit_for: Callable[[str], int | None]) -> list[str]:
+def extract_files(archive: Path, dest: Path, limit_for: Callable[[str], int | None]) -> str:
     """Extract only regular files that `limit_for` accepts (it returns their size cap, None for no cap;
-    it raises UnsafeArchive for a name it doesn't expect) into `dest`; returns the names extracted.
-    Directories in the archive are skipped (the accepted names imply them); links and anything else
-    are refused."""
+    it raises UnsafeArchive for a name it doesn't expect) into `dest`; returns the sha256 of the
+    archive's bytes exactly as they were read for that (one pass: a file changed after a separate
+    hash can't slip through). A file is private while it is written, then gets the read bits its
+    member had (never more than 0644). Directories in the archive are skipped (the accepted names
+    imply them); links and anything else are refused."""
     root = dest.resolve()
-    names = []
-    with tarfile.open(archive, "r:") as tar:
-        for member in tar:
-            if member.isdir():
-                continue
-            relative = member_path(member.name)
-            limit = limit_for(relative)
-            if not member.isreg():
-                raise UnsafeArchive(f"member {member.name!r} is a link or special file, not a regular file")
-            if limit is not None and member.size > limit:
-                raise UnsafeArchive(f"member {member.name!r} is larger than {limit} bytes")
-            stream = tar.extractfile(member)
-            assert stream is not None
-            write_stream(stream, _real_parent(root, relative) / posixpath.basename(relative), limit, member.name)
-            names.append(relative)
-    return names
+    with archive.open("rb") as raw:
+        reader = _HashingReader(raw)
+        with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as tar:
+            for member in tar:
+                if member.isdir():
+                    continue
+                relative = member_path(member.name)
+                limit = limit_for(relative)
+                if not member.isreg():
+                    raise UnsafeArchive(f"member {member.name!r} is a link or special file, not a regular file")
+                if limit is not None and member.size > limit:
+                    raise UnsafeArchive(f"member {member.name!r} is larger than {limit} bytes")
+                stream = tar.extractfile(member)
+                assert stream is not None
+                target = _real_parent(root, relative) / posixpath.basename(relative)
+                write_stream(stream, target, limit, member.name, mode=0o600)
+                os.chmod(target, (member.mode & 0o644) | stat.S_IRUSR)
+        while reader.read(_CHUNK):  # the end-of-archive blocks and anything after them
+            pass
+    return f"sha256:{reader.digest.hexdigest()}"
+
+
+class _HashingReader(io.RawIOBase):
+    """A sequential reader that hashes every byte it hands out."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        view = memoryview(buffer).cast("B")
+        count = self._stream.readinto(view)  # type: ignore[attr-defined]
+        self.digest.update(view[:count])
+        return count

@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 
 from builder.cli.common import EngineOpt, out
-from builder.distribute.bundle import load_bundle, make_bundle, sha256
+from builder.distribute.bundle import LoadOptions, load_bundle, make_bundle, sha256, unreadable_models
 from builder.distribute.publish import publish as publish_images
 from builder.distribute.publish import pull as pull_image
+from builder.errors import SpecError
 from builder.host.probe import probe
 from builder.models.planner import size
 
@@ -55,9 +56,23 @@ def bundle(
 def load(
     archive: Annotated[Path, typer.Argument(help="bundle from `moe-stack bundle`")],
     dest: Annotated[Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")] = Path("."),
-    model_dir: Annotated[Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")] = None,
     expect_sha256: Annotated[str | None, typer.Option("--expect-sha256", help="the archive's sha256 that `bundle` printed (got out of band): refuse any other")] = None,
+    unverified: Annotated[bool, typer.Option("--unverified", help="load without an out-of-band sha256 (the bundle's own checksums catch corruption, not tampering)")] = False,
+    model_dir: Annotated[Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")] = None,
+    bind: Annotated[str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")] = "127.0.0.1",
+    config_dir: Annotated[Path | None, typer.Option("--config-dir", help="KTransformers: this host's copy of the model's Hugging Face directory, for a stack that mounts one")] = None,
+    api_key_file: Annotated[Path | None, typer.Option("--api-key-file", help="this host's API key file, for a stack that enforces a key")] = None,
+    replace_images: Annotated[bool, typer.Option("--replace-images", help="let the bundle's images replace local images of the same names")] = False,
 ) -> None:
-    """Check a bundle's digests, load its images and write its stack; needs no network."""
-    compose_file = load_bundle(archive, dest, model_dir, expect_sha256)
+    """Check a bundle's digests, load its images and write its stack (rebuilt by moe-stack); needs no network."""
+    if expect_sha256 is None and not unverified:
+        raise SpecError("pass --expect-sha256 with the sha256 `moe-stack bundle` printed (got out of band), or "
+                        "--unverified to trust the bundle's own checksums")
+    if expect_sha256 is not None and unverified:
+        raise SpecError("--expect-sha256 and --unverified contradict each other; give one")
+    options = LoadOptions(expect_sha256=expect_sha256, model_dir=model_dir, bind=bind, config_dir=config_dir,
+                          api_key_file=api_key_file, replace_images=replace_images)
+    compose_file = load_bundle(archive, dest, options)
+    for problem in unreadable_models(compose_file):
+        out.print(f"warning: {problem}", highlight=False, soft_wrap=True)
     out.print(f"loaded; start it with: moe-stack up {compose_file}", highlight=False, soft_wrap=True)

@@ -7,25 +7,29 @@ Archive layout (plain tar): manifest.json, compose.yaml, images.tar, models/<par
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import MODEL_DIR
-from builder.distribute.bundle_trust import UntrustedBundle, check_stack_shape, check_tags, saved_image_tags
+from builder.distribute.bundle_trust import check_local_names, check_tags, saved_image_tags
+from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.docker_client import describe, docker
-from builder.errors import MoeStackError
+from builder.errors import MoeStackError, StackError
 from builder.files import write_file_atomically
 from builder.models.hub import recorded
 from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.document import literal, to_yaml
+from builder.stacks.document import stack_record, to_yaml, unliteral
+from builder.stacks.host_checks import check_readable_in_container
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -50,15 +54,19 @@ def sha256(path: Path) -> str:
 def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> Path:
     """Write the bundle for `compose_file` (from `moe-stack compose`) to `out`, atomically."""
     document = _stack_document(compose_file)
-    images = sorted({service["image"] for service in document["services"].values()})
+    # By name: a pinned digest is the registry's, and the manifest records the local ID.
+    images = sorted({unliteral(str(service["image"])).split("@")[0] for service in document["services"].values()})
     client = docker()
     absent = [image for image in images if not client.image.exists(image)]
     if absent:
         raise BundleError(f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)")
-    model = Path(document["x-moe-stack"]["model"])
+    model = Path(str(stack_record(document)["model"]))
     if not model.is_file():
         raise BundleError(f"model {model} named by {compose_file} does not exist here; the bundle records its checksum")
-    parts = split_parts(model)
+    parts = {part.name: part for part in split_parts(model)}
+    for name, source in _model_sources(document):  # a router's other models, a cache's links
+        if parts.setdefault(name, source).resolve() != source.resolve():
+            raise BundleError(f"{compose_file} mounts two model files named {name}; a bundle holds each under its name")
     out = out.resolve()
     with tempfile.TemporaryDirectory(prefix=".moe-stack-bundle-", dir=out.parent) as tmp:
         staging = Path(tmp)
@@ -67,9 +75,9 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         except DockerException as err:
             raise BundleError(f"docker save failed: {describe(err)}") from None
         (staging / COMPOSE).write_bytes(compose_file.read_bytes())
-        sums = {part: sha256(part) for part in parts}
-        for part, digest in sums.items():
-            fetched = recorded(part)
+        sums = {name: sha256(part) for name, part in parts.items()}
+        for name, part in parts.items():
+            fetched, digest = recorded(part), sums[name]
             if fetched is not None and fetched.sha256 is not None and digest != f"sha256:{fetched.sha256}":
                 raise BundleError(f"{part} is not the file fetched from the hub (its sha256 differs from "
                                   "moe-stack-model.json's); fetch it again before bundling")
@@ -77,8 +85,8 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             "format": FORMAT,
             "files": {name: sha256(staging / name) for name in (COMPOSE, IMAGES)},
             "images": {image: client.image.inspect(image).id for image in images},
-            "models": [{"name": part.name, "bytes": part.stat().st_size, "sha256": sums[part],
-                        "included": include_model} for part in parts],
+            "models": [{"name": name, "bytes": part.stat().st_size, "sha256": sums[name],
+                        "included": include_model} for name, part in parts.items()],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         partial = staging / "bundle.tar"
@@ -86,25 +94,44 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             for name in (MANIFEST, COMPOSE, IMAGES):
                 archive.add(staging / name, arcname=name)
             if include_model:
-                for part in parts:  # the file, not a link to it (Hugging Face's cache links into blobs/)
-                    archive.add(part.resolve(), arcname=f"models/{part.name}")
+                for name, part in parts.items():  # the file, not a link to it (Hugging Face's cache links into blobs/)
+                    archive.add(part.resolve(), arcname=f"models/{name}")
         os.replace(partial, out)
     return out
 
 
-def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None, expect_sha256: str | None = None) -> Path:
-    """Check `bundle` (against `expect_sha256`, the one `bundle` printed, if given), every checksum in
-    it, its stack's shape and its images' tags; then load its images (checking their IDs) and write its
-    stack into `dest`, pointed at the bundled model or at `model_dir`; returns the compose file's path."""
-    if expect_sha256 is not None:
-        expected = expect_sha256 if expect_sha256.startswith("sha256:") else f"sha256:{expect_sha256}"
-        actual = sha256(bundle) if bundle.is_file() else "missing"
-        if actual != expected.lower():
-            raise BundleError(f"bundle {bundle} is {actual}, not the {expected} you expect; don't load it")
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".moe-stack-load-", dir=dest) as tmp:
+@dataclass(frozen=True)
+class LoadOptions:
+    """What the user decides of a loaded stack: the out-of-band digest (None: --unverified), where the
+    model is when the bundle doesn't hold it, the address to publish on, the config directory and API
+    key file on this host, and whether local images of the same names may be replaced."""
+
+    expect_sha256: str | None
+    model_dir: Path | None = None
+    bind: str = "127.0.0.1"
+    config_dir: Path | None = None
+    api_key_file: Path | None = None
+    replace_images: bool = False
+
+
+def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
+    """Extract `bundle` (hashing exactly the bytes extracted, held to `options.expect_sha256`), check
+    every checksum in it and its images' names, rebuild its stack from what moe-stack emits
+    (loaded_stack.py), load its images (checking their IDs), and write the stack into `dest`, pointed
+    at the bundled model or at `options.model_dir`; returns the compose file's path. Nothing is
+    written to `dest` before every check passed."""
+    try:
+        ipaddress.ip_address(options.bind)
+    except ValueError:
+        raise BundleError(f"--bind {options.bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 "
+                          "or one of this host's addresses") from None
+    dest = dest.resolve()
+    if not dest.parent.is_dir():
+        raise BundleError(f"--dest {dest}: its parent directory does not exist; create it first")
+    with tempfile.TemporaryDirectory(prefix=".moe-stack-load-", dir=dest.parent) as tmp:
         staging = Path(tmp)
-        _extract(bundle, staging)
+        digest = _extract(bundle, staging)
+        verified = _verified(bundle, digest, options.expect_sha256)
         manifest = _manifest(bundle, staging)
         for name, expected in manifest["files"].items():
             _check(bundle, staging / name, name, expected)
@@ -112,35 +139,77 @@ def load_bundle(bundle: Path, dest: Path, model_dir: Path | None = None, expect_
         for model in models:
             if model["included"]:
                 _check(bundle, staging / "models" / model["name"], f"models/{model['name']}", model["sha256"])
-        document = _trusted_stack(bundle, staging, manifest)
-        bundled = bool(models) and models[0]["included"]
-        model_home = (dest / "models").resolve() if bundled else _model_home(bundle, models, document, model_dir)
+        bundled = models[0]["included"]
+        model_home = dest / "models" if bundled else _model_home(bundle, models, options.model_dir)
+        choices = LoadChoices(model_files=tuple(model_home / model["name"] for model in models), bind=options.bind,
+                              config_dir=options.config_dir, api_key_file=_key_file(options.api_key_file),
+                              loaded_from=f"{bundle.name} {digest} ({verified})")
+        document = _rebuilt_stack(bundle, staging, manifest, choices, options.replace_images)
         _load_images(bundle, staging / IMAGES, manifest["images"])
+        dest.mkdir(exist_ok=True)
         if bundled:  # only now that everything checked out
             model_home.mkdir(exist_ok=True)
             for model in models:
                 os.replace(staging / "models" / model["name"], model_home / model["name"])
-        for service in document["services"].values():
-            for volume in service.get("volumes", []):
-                if volume.get("target") == MODEL_DIR:
-                    volume["source"] = literal(str(model_home))
-                elif str(volume.get("target", "")).startswith(f"{MODEL_DIR}/"):  # one file of the model
-                    volume["source"] = literal(str(model_home / Path(volume["target"]).name))
-        document["x-moe-stack"]["model"] = str(model_home / Path(document["x-moe-stack"]["model"]).name)
         return write_file_atomically(dest / COMPOSE, to_yaml(document))
 
 
-def _trusted_stack(bundle: Path, staging: Path, manifest: dict) -> dict:
-    """The bundle's compose document, once its shape and images.tar's tags are what moe-stack makes."""
+def unreadable_models(compose_file: Path) -> list[str]:
+    """What keeps the loaded stack's engine from reading its model (the files keep the read bits they
+    had where they were bundled): one line each, with the fix."""
+    problems = []
+    for _, source in _model_sources(yaml.safe_load(compose_file.read_text())):
+        try:
+            check_readable_in_container(source, parent_too=False)
+        except StackError as err:
+            problems.append(str(err))
+    return problems
+
+
+def _verified(bundle: Path, digest: str, expect_sha256: str | None) -> str:
+    if expect_sha256 is None:
+        return "unverified: its own checksums only"
+    expected = expect_sha256.lower() if expect_sha256.startswith("sha256:") else f"sha256:{expect_sha256.lower()}"
+    if digest != expected:
+        raise BundleError(f"bundle {bundle} is {digest}, not the {expected} you expect; don't load it")
+    return "the sha256 expected"
+
+
+def _key_file(path: Path | None) -> Path | None:
+    if path is None:
+        return None
+    if not path.is_file():
+        raise BundleError(f"--api-key-file {path} is not a file; give the file holding this host's API key")
+    return path.resolve()
+
+
+def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadChoices, replace: bool) -> dict:
+    """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's and
+    replace no other local image (unless `replace`)."""
     try:
         document = yaml.safe_load((staging / COMPOSE).read_text())
-        check_stack_shape(document, manifest["images"])
+        rebuilt = rebuild_stack(document, manifest["images"], choices)
         check_tags(saved_image_tags(staging / IMAGES), manifest["images"])
+        client = docker()
+        local = {name: client.image.inspect(name).id if client.image.exists(name) else None
+                 for name in manifest["images"]}
+        check_local_names(manifest["images"], local, replace)
     except yaml.YAMLError as err:
         raise BundleError(f"bundle {bundle}: its compose.yaml is not YAML ({err})") from None
     except UntrustedBundle as err:
         raise BundleError(f"bundle {bundle} refused: {err}") from None
-    return document
+    return rebuilt
+
+
+def _model_sources(document: dict) -> list[tuple[str, Path]]:
+    """The model files a stack mounts one by one, as (NAME of /models/NAME, host file)."""
+    sources = []
+    for service in (document.get("services") or {}).values():
+        for volume in service.get("volumes") or []:
+            target = str(volume.get("target", "")) if isinstance(volume, dict) else ""
+            if target.startswith(f"{MODEL_DIR}/"):
+                sources.append((target.removeprefix(f"{MODEL_DIR}/"), Path(unliteral(str(volume["source"])))))
+    return list(dict.fromkeys(sources))
 
 
 def _stack_document(compose_file: Path) -> dict:
@@ -162,10 +231,11 @@ def _member_limit(name: str) -> int | None:
     raise UnsafeArchive(f"member {name!r} is not one a moe-stack bundle holds")
 
 
-def _extract(bundle: Path, into: Path) -> None:
-    """Only the regular-file members a bundle holds, each written by moe-stack itself (safe_tar)."""
+def _extract(bundle: Path, into: Path) -> str:
+    """Only the regular-file members a bundle holds, each written by moe-stack itself (safe_tar); the
+    sha256 of the bytes read for that."""
     try:
-        extract_files(bundle, into, _member_limit)
+        return extract_files(bundle, into, _member_limit)
     except UnsafeArchive as err:
         raise BundleError(f"bundle {bundle} refused: {err}; it was not made by `moe-stack bundle`") from None
     except FileNotFoundError:
@@ -185,12 +255,16 @@ def _manifest(bundle: Path, staging: Path) -> dict:
     files, models = manifest.get("files"), manifest.get("models")
     if not isinstance(files, dict) or set(files) != {COMPOSE, IMAGES}:
         raise BundleError(f"bundle {bundle}: its manifest must list exactly {COMPOSE} and {IMAGES} under files")
+    if models == []:
+        raise BundleError(f"bundle {bundle}: its manifest lists no model file; a moe-stack bundle names its stack's model")
     if not isinstance(models, list) or not all(
             isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"]) for m in models):
         raise BundleError(f"bundle {bundle}: its manifest names a model that is not a plain *.gguf file name")
     if not all(isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str) and
                isinstance(m.get("included"), bool) for m in models):
         raise BundleError(f"bundle {bundle}: a model entry of its manifest lacks bytes, sha256 or included")
+    if len({m["included"] for m in models}) != 1 or len({m["name"] for m in models}) != len(models):
+        raise BundleError(f"bundle {bundle}: its manifest holds some model files and not others, or one twice")
     images = manifest.get("images")
     if not isinstance(images, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in images.items()):
         raise BundleError(f"bundle {bundle}: its manifest's images must map each image to its ID")
@@ -206,15 +280,17 @@ def _check(bundle: Path, path: Path, name: str, expected: str) -> None:
                           "corrupt, copy it again")
 
 
-def _model_home(bundle: Path, models: list[dict], document: dict, model_dir: Path | None) -> Path:
-    """Where the loaded stack finds a model the bundle doesn't hold: `model_dir`, else where it was;
-    the files there must be the ones the bundle was made with."""
-    home = (model_dir or Path(document["x-moe-stack"]["model"]).parent).resolve()
+def _model_home(bundle: Path, models: list[dict], model_dir: Path | None) -> Path:
+    """Where the loaded stack finds a model the bundle doesn't hold: `model_dir` (the user's, never a
+    path from the bundle); the files there must be the ones the bundle was made with."""
+    if model_dir is None:
+        raise BundleError(f"bundle {bundle} does not hold the model; pass --model-dir with the directory that holds "
+                          f"{models[0]['name']}")
+    home = model_dir.resolve()
     for model in models:
         path = home / model["name"]
         if not path.is_file():
-            raise BundleError(f"bundle {bundle} does not hold the model and {path} does not exist; pass "
-                              "--model-dir with the directory that holds it")
+            raise BundleError(f"{path} does not exist; pass --model-dir with the directory that holds {model['name']}")
         if path.stat().st_size != model["bytes"] or sha256(path) != model["sha256"]:
             raise BundleError(f"{path} is not the model the stack was made with (its sha256 is not {model['sha256']})")
     return home

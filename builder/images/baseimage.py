@@ -16,13 +16,14 @@ from pathlib import Path
 
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import LOCAL_ONLY
 from builder.docker_client import describe, docker
 from builder.errors import BaseImageError
 from builder.images.toolchain import CPU_BASE, CPU_BASE_SUITE
 
 DEFAULT_SUITE = CPU_BASE_SUITE
 DEFAULT_PULL = CPU_BASE
-DEFAULT_LOCAL_TAG = f"moe-stack/debian:{CPU_BASE_SUITE}"
+DEFAULT_LOCAL_TAG = f"{LOCAL_ONLY}debian:{CPU_BASE_SUITE}"
 FALLBACK_MIRROR = "http://deb.debian.org/debian"
 
 # What a slim image leaves out, also for packages installed later (dpkg honours these).

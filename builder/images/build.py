@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 from collections import deque
@@ -22,6 +23,7 @@ from builder.contract import (
     HELP_FILE,
     LABEL_PREFIX,
     PARSER_FLAGS_FILE,
+    local_only,
 )
 from builder.docker_client import docker
 from builder.engines import get_engine
@@ -209,8 +211,25 @@ def contract_stand_in(spec: ImageSpec, host: CpuInfo) -> ImageSpec | None:
     return spec.model_copy(update={"cpu": target, "tools": False})
 
 
+def local_bases(dockerfile: str) -> list[str]:
+    """The images made on this host (contract.LOCAL_ONLY) that a Dockerfile's FROM lines name."""
+    stages, images = set(), []
+    for match in re.finditer(r"^FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile, re.MULTILINE | re.IGNORECASE):
+        if match.group(1).lower() not in stages and local_only(match.group(1)):
+            images.append(match.group(1))
+        if match.group(2):
+            stages.add(match.group(2).lower())
+    return images
+
+
 def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
-    """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail."""
+    """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail. A
+    base made on this host must be here: buildx would pull a missing one by its name from Docker Hub."""
+    for base in local_bases((plan.context / "Dockerfile").read_text()):
+        if not client.image.exists(base):
+            raise BuildFailed(f"the base image {base} is made on this host and is not here; make it first with "
+                              f"`moe-stack base{' --cuda VERSION' if 'cuda' in base else ''}` (a build would pull "
+                              "that name from Docker Hub, where it is not moe-stack's)")
     tail: deque[str] = deque(maxlen=25)
     try:
         lines = client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from builder.contract import LOCAL_ONLY
 from builder.errors import SpecError
 
-LOCAL_CUDA_REPOSITORY = "moe-stack/cuda"
+LOCAL_CUDA_REPOSITORY = f"{LOCAL_ONLY}cuda"
 # The wheels are tagged for these manylinux platforms (cuBLAS for 2_27 only): pip is told them all,
 # so the download doesn't depend on the host's own platform.
 WHEEL_PLATFORMS = ("manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
 import yaml
 
@@ -33,6 +35,7 @@ from builder.images.image_facts import ImageFacts
 from builder.images.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions, StackSpec
 
+_T = TypeVar("_T")
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
@@ -88,7 +91,7 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
     service (image, port, placement) and each routed stack that model's own flags.
     """
     service = _service(stack, facts, files.mounts)
-    services = {SERVICE: service}
+    services: dict[str, dict[str, object]] = {SERVICE: service}
     if routed:
         if cpu_profile is not None or stack.hugetlbfs != "off":
             raise StackError("a stack of several models has one service: drop --cpu-image and --hugetlbfs")
@@ -100,45 +103,50 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
         cpu_stack, cpu_facts = cpu_profile
         service["profiles"] = [GPU_PROFILE]
         services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, files.mounts), "profiles": [CPU_PROFILE]}
-    document: dict[str, object] = {
-        "name": stack.project,
-        "x-moe-stack": {
-            "generator": f"moe-stack {__version__}",
-            "generated-by": generated_by,
-            "engine": stack.engine,
-            "image": stack.image,
-            "model": str(files.model),
-            "served-name": stack.served_name,
-            **({"models": [model.served_name for model in routed]} if routed else {}),
-            "engine-options": engine_options(stack),
-            "flags-checked": facts is not None,
-            **({"cpu-weights": "pinned"} if engine_pins(stack) else {}),
-            **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
-            "lint-exceptions": lint_exceptions(services),
-        },
-        "services": services,
-    }
-    volumes: dict[str, object] = {}
-    if stack.hugetlbfs != "off":
-        volumes[HUGETLBFS_VOLUME] = _hugetlbfs_volume(stack.hugetlbfs)
     if stack.monitoring_port:
         if routed or not stack.metrics:
             raise StackError("--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack")
-        services[MONITORING_SERVICE] = _monitoring(stack, list(services), files.api_key is not None)
+        services[MONITORING_SERVICE] = monitoring_service(stack.monitoring_port, list(services),
+                                                          files.api_key is not None)
+    record: dict[str, object] = {
+        "generator": f"moe-stack {__version__}",
+        "generated-by": generated_by,
+        "engine": stack.engine,
+        "image": stack.image,
+        "model": str(files.model),
+        "served-name": stack.served_name,
+        **({"models": [model.served_name for model in routed]} if routed else {}),
+        "engine-options": engine_options(stack),
+        "flags-checked": facts is not None,
+        **({"cpu-weights": "pinned"} if engine_pins(stack) else {}),
+        **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
+    }
+    return stack_document(stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs,
+                          files.api_key)
+
+
+def stack_document(project: str, record: dict[str, object], services: dict[str, dict[str, object]],
+                   page_size: str | None, api_key: Path | None) -> dict[str, object]:
+    """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
+    the services' lint exceptions, every `$` literal for compose (`load` rebuilds a bundle's through
+    it too)."""
+    document: dict[str, object] = {"name": project, "x-moe-stack": {**record, "lint-exceptions": lint_exceptions(services)},
+                                   "services": services}
+    volumes: dict[str, object] = {}
+    if page_size is not None:
+        volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
+    if MONITORING_SERVICE in services:
         volumes[MONITORING_VOLUME] = {}
     if volumes:
         document["volumes"] = volumes
-    if files.api_key is not None:
-        document["secrets"] = {API_KEY_SECRET: {"file": str(files.api_key)}}
-    for section in ("services", "volumes", "secrets"):
-        if section in document:
-            document[section] = literal(document[section])
-    return document
+    if api_key is not None:
+        document["secrets"] = api_key_secret(api_key)
+    return literal(document)
 
 
-def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str, object]:
+def monitoring_service(port: int, engines: list[str], api_key: bool) -> dict[str, object]:
     """Prometheus scraping each engine service's /metrics every 10 s (the one of the profile that runs
-    answers), its data on a named volume, its UI on the stack's address."""
+    answers), its data on a named volume, its UI on `port` of loopback."""
     job: dict[str, object] = {"job_name": "moe-stack", "metrics_path": "/metrics",
                               "static_configs": [{"targets": [f"{name}:{CONTAINER_PORT}" for name in engines]}]}
     if api_key:
@@ -146,15 +154,13 @@ def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str
     config = yaml.safe_dump({"global": {"scrape_interval": "10s"}, "scrape_configs": [job]}, sort_keys=False)
     service: dict[str, object] = {
         "image": prometheus_image(CPU_BASE_SUITE),
+        # Made by `moe-stack base --prometheus`, never pulled: the name would resolve to Docker Hub.
+        "pull_policy": "never",
         "environment": {PROMETHEUS_CONFIG_ENV: config},
         # Loopback whatever --bind says: Prometheus' query API has no authentication, unlike the engine.
-        "ports": [{"target": PROMETHEUS_PORT, "published": str(stack.monitoring_port), "host_ip": "127.0.0.1",
-                   "protocol": "tcp"}],
+        "ports": [published(PROMETHEUS_PORT, port, "127.0.0.1")],
         "volumes": [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}],
-        "read_only": True,
-        "tmpfs": ["/tmp"],
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        **_HARDENED,
         "healthcheck": {"test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
                         "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"},
         "restart": "unless-stopped",
@@ -163,6 +169,16 @@ def _monitoring(stack: StackSpec, engines: list[str], api_key: bool) -> dict[str
     if api_key:
         service["secrets"] = [API_KEY_SECRET]
     return service
+
+
+def published(target: int, port: int, bind: str) -> dict[str, object]:
+    """A container port published on `bind`:`port` of the host."""
+    return {"target": target, "published": str(port), "host_ip": bind, "protocol": "tcp"}
+
+
+def api_key_secret(path: Path) -> dict[str, object]:
+    """The top-level secret holding the API key file's first line."""
+    return {API_KEY_SECRET: {"file": str(path)}}
 
 
 def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],
@@ -187,21 +203,32 @@ def engine_options(stack: StackSpec) -> dict[str, object]:
     return {name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None}
 
 
-def literal(value: object) -> object:
-    """`value` with every `$` doubled: docker compose reads `$NAME` in a path or argument as a variable,
-    and would mount another directory than the one checked (x-moe-stack, moe-stack's own, stays raw)."""
+def literal(value: _T) -> _T:
+    """`value` with every `$` doubled: docker compose reads `$NAME` anywhere in the file (x-moe-stack
+    too) as a variable, and would mount another directory than the one checked, or refuse the stack."""
+    return cast(_T, _mapped(value, lambda text: text.replace("$", "$$")))
+
+
+def _mapped(value: object, change: Callable[[str], str]) -> object:
+    """`value` with `change` applied to every string in it (keys stay)."""
     if isinstance(value, str):
-        return value.replace("$", "$$")
+        return change(value)
     if isinstance(value, list):
-        return [literal(item) for item in value]
+        return [_mapped(item, change) for item in value]
     if isinstance(value, dict):
-        return {key: literal(item) for key, item in value.items()}
+        return {key: _mapped(item, change) for key, item in value.items()}
     return value
 
 
 def unliteral(text: str) -> str:
     """A string of an emitted compose file as moe-stack meant it (`literal` undone)."""
     return text.replace("$$", "$")
+
+
+def stack_record(document: dict) -> dict[str, object]:
+    """A stack file's x-moe-stack record, its values as moe-stack meant them."""
+    record = document.get("x-moe-stack")
+    return cast(dict[str, object], _mapped(record, unliteral)) if isinstance(record, dict) else {}
 
 
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
@@ -262,38 +289,55 @@ def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
     return f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image
 
 
+# What every service of a stack runs with: a read-only root (/tmp a tmpfs), no capabilities, no privilege gain.
+_HARDENED: dict[str, object] = {"read_only": True, "tmpfs": ["/tmp"], "cap_drop": ["ALL"],
+                                "security_opt": ["no-new-privileges:true"]}
+
+
 def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]) -> dict[str, object]:
+    volumes = [*mounts, *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
+               *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else [])]
+    environment, caps = entrypoint_environment(stack)
+    return service_of(pinned_image(stack, facts), engine_command(stack, facts), published(CONTAINER_PORT, stack.port,
+                      stack.bind), volumes, stack.shm_size, stack.start_period_s,
+                      placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
+                      stack.api_key_file is not None)
+
+
+def service_of(image: str, command: list[str], port: dict[str, object], volumes: list[dict[str, object]],
+               shm_size: str, start_period_s: int, placed: dict[str, object], api_key: bool) -> dict[str, object]:
+    """An engine service: these values in moe-stack's one shape (`moe-stack load` rebuilds a bundle's
+    stack through it too)."""
     service: dict[str, object] = {
-        "image": pinned_image(stack, facts),
-        "command": engine_command(stack, facts),
-        "ports": [{"target": CONTAINER_PORT, "published": str(stack.port), "host_ip": stack.bind,
-                   "protocol": "tcp"}],
-        "volumes": [*mounts,
-                    *([{"type": "bind", "source": str(stack.config_dir), "target": CONFIG_DIR, "read_only": True}]
-                      if stack.config_dir is not None else []),
-                    *([{"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}]
-                      if stack.hugetlbfs != "off" else [])],
-        # The engine writes nothing but its logs: a read-only root, no capabilities, no privilege gain.
-        "read_only": True,
-        "tmpfs": ["/tmp"],
-        "shm_size": stack.shm_size,
-        "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        "image": image,
+        "command": command,
+        "ports": [port],
+        "volumes": volumes,
+        # The engine writes nothing but its logs.
+        **_HARDENED,
+        "shm_size": shm_size,
         "healthcheck": {
             "test": list(HEALTHCHECK),
             "interval": "10s",
             "timeout": "5s",
             "retries": 3,
-            "start_period": f"{stack.start_period_s}s",
+            "start_period": f"{start_period_s}s",
             "start_interval": "2s",
         },
         "restart": "unless-stopped",
         "logging": dict(LOGGING),
+        **placed,
     }
-    service.update(_placement(stack))
-    if stack.api_key_file is not None:
+    if api_key:
         service["secrets"] = [API_KEY_SECRET]
     return service
+
+
+def config_mount(config_dir: Path) -> dict[str, object]:
+    return {"type": "bind", "source": str(config_dir), "target": CONFIG_DIR, "read_only": True}
+
+
+HUGETLBFS_MOUNT: dict[str, object] = {"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}
 
 
 def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]:
@@ -314,33 +358,35 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     return environment, caps
 
 
-def _placement(stack: StackSpec) -> dict[str, object]:
-    """The host-facing parts: NUMA policy (+ SYS_NICE, which Docker's seccomp profile wants for
-    mbind/set_mempolicy, also for an engine that binds its own memory), cpuset, GPU passthrough, locked memory (+ IPC_LOCK, unlimited memlock),
-    the model staged on a hugetlbfs volume."""
+def placement(environment: dict[str, str], caps: list[str], cpuset: str | None,
+              device: dict[str, object] | None) -> dict[str, object]:
+    """The host-facing parts: the entrypoint's environment (NUMA policy, hugetlbfs staging) and the
+    capabilities it needs, locked memory (unlimited memlock with IPC_LOCK), cpuset, GPU passthrough."""
     extra: dict[str, object] = {}
-    environment, caps = entrypoint_environment(stack)
     if environment:
         extra["environment"] = environment
-    if stack.mlock:
+    if "IPC_LOCK" in caps:
         extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
     if caps:
         extra["cap_add"] = caps
-    if stack.cpuset:
-        extra["cpuset"] = stack.cpuset
-    if stack.gpu != "none":
-        ids = [str(i) for i in stack.gpu_ids]
-        if stack.gpu == "nvidia":
-            device: dict[str, object] = {"driver": "nvidia", **({"device_ids": ids} if ids else {"count": "all"}),
-                                         "capabilities": ["gpu"]}
-        else:
-            device = {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]],
-                      "capabilities": ["gpu"]}
+    if cpuset:
+        extra["cpuset"] = cpuset
+    if device is not None:
         extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
     return extra
 
 
-def _hugetlbfs_volume(page_size: str) -> dict[str, object]:
+def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> dict[str, object] | None:
+    """The GPU reservation: through the nvidia runtime or CDI, these GPUs (none given: all)."""
+    if gpu == "none":
+        return None
+    ids = [str(i) for i in gpu_ids]
+    if gpu == "nvidia":
+        return {"driver": "nvidia", **({"device_ids": ids} if ids else {"count": "all"}), "capabilities": ["gpu"]}
+    return {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]], "capabilities": ["gpu"]}
+
+
+def hugetlbfs_volume(page_size: str) -> dict[str, object]:
     """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
     (its pages back to the pool) when the last container using it stops."""
     return {"driver": "local",

@@ -9,9 +9,10 @@ import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.document import unliteral
+from builder.stacks.document import stack_record, unliteral
 from builder.stacks.host_checks import check_port_free
 
 
@@ -43,7 +44,8 @@ def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[st
 
 
 def _offered(document: dict) -> list[str]:
-    return list((document.get("x-moe-stack") or {}).get("profiles") or [])
+    profiles = stack_record(document).get("profiles")
+    return [str(name) for name in profiles] if isinstance(profiles, list) else []
 
 
 def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:
@@ -75,6 +77,7 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     profiles = _profiles(compose_file, document, profile)
     client = _client(compose_file, profiles)
     _check_gpu_passthrough(document, profiles)
+    _check_local_images(document, profiles)
     if not client.compose.ps():
         for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
@@ -95,6 +98,18 @@ def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
             raise StackError(f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
                              f"nor a CDI spec for one; install the NVIDIA Container Toolkit (`sudo nvidia-ctk runtime "
                              f"configure --runtime=docker`){other}")
+
+
+def _check_local_images(document: dict, profiles: list[str]) -> None:
+    """An image made on this host is never pulled (its name would resolve to Docker Hub): say how to
+    make a missing one, rather than let compose fail on `pull_policy: never`."""
+    for name, service in (document.get("services") or {}).items():
+        active = not service.get("profiles") or set(profiles) & set(service["profiles"])
+        image = unliteral(str(service.get("image", "")))
+        if active and service.get("pull_policy") == "never" and not docker().image.exists(image):
+            how = "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
+            raise StackError(f"service {name} runs {image}, which is made on this host and is not here; make it "
+                             f"with `{how}` (it is never pulled: that name on Docker Hub is not moe-stack's)")
 
 
 def down(compose_file: Path) -> None:

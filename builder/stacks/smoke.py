@@ -15,7 +15,7 @@ from python_on_whales.exceptions import DockerException
 
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
-from builder.stacks.document import CPU_SERVICE, SERVICE, unliteral
+from builder.stacks.document import CPU_SERVICE, SERVICE, stack_record, unliteral
 from builder.stacks.run import published_ports, stack_api_key, up
 
 TOOL = {"type": "function", "function": {
@@ -76,7 +76,7 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
 
 
 def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
-    wanted = (stack.document.get("x-moe-stack") or {}).get("served-name")
+    wanted = stack_record(stack.document).get("served-name")
     listed = [str(model.get("id")) for model in _json(stack.api.get("/v1/models")).get("data", [])]
     return (wanted in listed if wanted else bool(listed)), f"/v1/models lists {listed}; the file says {wanted}"
 
@@ -162,7 +162,7 @@ def _run(container: Container, command: list[str]) -> str:
 
 
 def _model(stack: StackUnderTest) -> str:
-    return str((stack.document.get("x-moe-stack") or {}).get("served-name") or "model")
+    return str(stack_record(stack.document).get("served-name") or "model")
 
 
 def _json(text: str) -> dict:

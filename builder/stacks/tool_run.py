@@ -21,7 +21,7 @@ from builder.errors import StackError
 from builder.images.flags import parse_help
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
-from builder.stacks.document import CPU_SERVICE, SERVICE, literal, to_yaml, unliteral
+from builder.stacks.document import CPU_SERVICE, SERVICE, literal, stack_record, to_yaml, unliteral
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 
@@ -122,7 +122,7 @@ class ToolBench:
 def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
     _, service = engine_service(document, compose_file, profile)
-    engine = str((document.get("x-moe-stack") or {}).get("engine") or "")
+    engine = str(stack_record(document).get("engine") or "")
     if not engine:
         raise StackError(f"{compose_file} was not emitted by moe-stack (no x-moe-stack.engine); emit it with "
                          "`moe-stack compose`")

@@ -18,7 +18,7 @@ from builder.host.probe import probe
 from builder.images.flags import parse_help
 from builder.images.naming import tools_image_of
 from builder.models.planner import read_facts
-from builder.stacks.document import literal, unliteral
+from builder.stacks.document import literal, stack_record, unliteral
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import NativeRunner, Runner, family_engine
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
@@ -71,7 +71,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     engine, image, args = stack_server_args(document, compose_file, profile)
     family_engine(engine)  # an engine with llama-bench, else one line
     _, service = engine_service(document, compose_file, profile)
-    model = Path(str((document.get("x-moe-stack") or {}).get("model") or ""))
+    model = Path(str(stack_record(document).get("model") or ""))
     if not model.is_file():
         raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
     runner: Runner
@@ -139,5 +139,5 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
                            "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
                            "bound-tps": round(tuned.bound_tps or 0, 2),
                            "decode-over-bound": round(ratio, 3) if ratio is not None else None}
-    derived.setdefault("x-moe-stack", {})["tuned"] = record
+    derived.setdefault("x-moe-stack", {})["tuned"] = literal(record)
     return derived

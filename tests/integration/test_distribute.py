@@ -117,6 +117,7 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
     archive = tmp_path / "stack.tar"
     result = run_cli("bundle", str(compose_file), "--out", str(archive), "--include-model")
     assert result.returncode == 0, result.stderr
+    digest = sha256(archive).removeprefix("sha256:")
     image_id = docker_client.image.inspect(image).id
     docker_client.image.remove(image)  # the other machine has never seen it
 
@@ -124,20 +125,22 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
     data = bytearray(archive.read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside images.tar, the largest member
     corrupt.write_bytes(bytes(data))
-    result = run_cli("load", str(corrupt), "--dest", str(tmp_path / "bad"))
+    result = run_cli("load", str(corrupt), "--dest", str(tmp_path / "bad"), "--unverified")
     assert result.returncode == 1 and re.search(r"images\.tar is sha256:[0-9a-f]{64}, the manifest says sha256:",
                                                 result.stderr), result.stderr
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
-    result = run_cli("load", str(truncated), "--dest", str(tmp_path / "bad"))
+    result = run_cli("load", str(truncated), "--dest", str(tmp_path / "bad"), "--unverified")
     assert result.returncode == 1 and "is truncated or not a tar archive" in result.stderr, result.stderr
     assert not docker_client.image.exists(image) and not (tmp_path / "bad" / "compose.yaml").exists()
 
     dest = tmp_path / "elsewhere"
-    result = run_cli("load", str(archive), "--dest", str(dest))
+    result = run_cli("load", str(archive), "--dest", str(dest), "--expect-sha256", digest)
     assert result.returncode == 0, result.stderr
     assert docker_client.image.inspect(image).id == image_id
-    assert (dest / "models" / moe_model.name).read_bytes() == moe_model.read_bytes()
+    loaded_model = dest / "models" / moe_model.name
+    assert loaded_model.read_bytes() == moe_model.read_bytes()
+    assert loaded_model.stat().st_mode & 0o777 == moe_model.stat().st_mode & 0o644 | 0o400  # no wider than it was
     dest.chmod(0o755)
     loaded = dest / "compose.yaml"
     try:
@@ -145,7 +148,8 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as response:
             assert response.status == 200
         mounts = DockerClient(compose_files=[loaded]).compose.ps()[0].mounts
-        assert [m.source for m in mounts if m.destination == "/models"] == [str((dest / "models").resolve())]
+        assert [(m.destination, m.source) for m in mounts if m.destination.startswith("/models")] == [
+            (f"/models/{moe_model.name}", str(loaded_model.resolve()))]
     finally:
         down(loaded)
         docker_client.image.remove(image, force=True)
@@ -182,11 +186,24 @@ def test_a_bundle_that_would_retag_local_images_is_refused(base_image: str, dock
             for name in ("manifest.json", "compose.yaml", "images.tar"):
                 tar.add(work / name, arcname=name)
         base_id = docker_client.image.inspect(base_image).id
-        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"))
+        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"), "--unverified",
+                         "--model-dir", str(moe_model.parent))
         assert result.returncode == 1 and f"would also tag {base_image}" in result.stderr, result.stderr
         assert docker_client.image.inspect(base_image).id == base_id
         result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1])
         assert result.returncode == 1 and "you expect; don't load it" in result.stderr, result.stderr
         assert not (tmp_path / "dest" / "compose.yaml").exists()
+        # The honest bundle, where this host has another image under the bundle's image name: replaced
+        # only when asked.
+        own_id = docker_client.image.inspect(image).id
+        docker_client.image.tag(base_image, image)
+        result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1],
+                         "--model-dir", str(moe_model.parent))
+        assert result.returncode == 1 and f"replace the local image {image}" in result.stderr, result.stderr
+        assert docker_client.image.inspect(image).id == base_id
+        result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1],
+                         "--model-dir", str(moe_model.parent), "--replace-images")
+        assert result.returncode == 0, result.stderr
+        assert docker_client.image.inspect(image).id == own_id
     finally:
         docker_client.image.remove(image, force=True)

@@ -174,3 +174,17 @@ def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_s
             pass
     assert found and float(found[0]["value"][1]) >= 4, found
     assert found[0]["metric"]["instance"] == "engine:8080"
+
+
+def test_a_missing_local_image_is_never_pulled(base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    """The monitoring image is made here (`moe-stack base --prometheus`); its name would resolve to Docker
+    Hub, so a missing one is named with the command that makes it, and nothing is pulled or started."""
+    compose_file, _ = emit_stack(tmp_path, build_engine_image("llama.cpp", "avx2", base_image), moe_model,
+                                 monitoring_port=free_local_port())
+    text = compose_file.read_text()
+    missing = f"moe-stack/prometheus:absent-{tmp_path.name[-12:].lower()}"
+    assert f"image: moe-stack/prometheus:{CPU_BASE_SUITE}\n    pull_policy: never" in text
+    compose_file.write_text(text.replace(f"moe-stack/prometheus:{CPU_BASE_SUITE}", missing))
+    with pytest.raises(StackError, match=rf"{missing}, which is made on this host .*`moe-stack base --prometheus`"):
+        up(compose_file, timeout_s=30)
+    assert not DockerClient(compose_files=[compose_file]).compose.ps()

@@ -12,7 +12,7 @@ from python_on_whales.exceptions import DockerException
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import BuildFailed, Interrupted
 from builder.host.probe import CpuInfo
-from builder.images.build import contract_stand_in, plan_build, stream_build
+from builder.images.build import contract_stand_in, local_bases, plan_build, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
 from builder.images.targets import cpu_target
@@ -76,8 +76,28 @@ def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
             raise DockerException(["docker", "buildx", "build"], 1, stderr=b"ERROR: failed to solve: Canceled: context canceled")
 
     client = SimpleNamespace(buildx=CancelledBuildx())
+    (tmp_path / "Dockerfile").write_text("FROM debian:trixie-slim\n")
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
     with (tmp_path / "log").open("w") as log, pytest.raises(Interrupted, match="interrupted; rerun the same command"):
+        stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)
+
+
+def test_a_base_made_on_this_host_is_never_pulled(tmp_path: Path) -> None:
+    """`moe-stack/...` would resolve to Docker Hub, where it is not moe-stack's: a missing one stops the
+    build before buildx runs, with the command that makes it."""
+    dockerfile = ("FROM moe-stack/cuda:13.0-devel AS build\nFROM build AS contract\n"
+                  "FROM --platform=linux/amd64 moe-stack/debian:trixie AS runtime\nFROM debian:trixie-slim\n")
+    assert local_bases(dockerfile) == ["moe-stack/cuda:13.0-devel", "moe-stack/debian:trixie"]
+    (tmp_path / "Dockerfile").write_text(dockerfile)
+
+    class NoBuildx:
+        def build(self, **_: object):
+            raise AssertionError("buildx ran")
+
+    client = SimpleNamespace(buildx=NoBuildx(), image=SimpleNamespace(exists=lambda name: name.endswith("-devel")))
+    plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
+    with (tmp_path / "log").open("w") as log, pytest.raises(BuildFailed, match=r"moe-stack/debian:trixie is made on "
+                                                                              r"this host .*`moe-stack base`"):
         stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)
 
 

@@ -137,7 +137,7 @@ def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None
     archive = tmp_path / "b.tar"
     if content is not None:
         archive.write_bytes(content)
-    result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"))
+    result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), "--unverified")
     assert_one_line_error(result, needle)
     assert not (tmp_path / "dest" / "compose.yaml").exists()
 
@@ -217,3 +217,17 @@ def test_tune_refusals(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "no llama-bench in")
     model.unlink()
     assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is missing here; tune needs it")
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize(("args", "needle"), [
+    ((), "pass --expect-sha256 with the sha256 `moe-stack bundle` printed"),
+    (("--unverified", "--expect-sha256", "00"), "contradict each other"),
+    (("--unverified", "--bind", "everywhere"), "is not an IP address"),
+])
+def test_load_wants_a_digest_or_says_it_has_none(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
+    archive = tmp_path / "b.tar"
+    archive.write_bytes(b"")
+    result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), *args)
+    assert_one_line_error(result, needle)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["b.tar"]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.distribute.bundle import COMPOSE, IMAGES, MANIFEST, BundleError, load_bundle
+from builder.distribute.bundle import COMPOSE, IMAGES, MANIFEST, BundleError, LoadOptions, load_bundle
 from builder.engines import get_engine
 from builder.errors import SourceError
 from builder.images.source import resolve_local
@@ -91,9 +91,12 @@ def test_source_cli_path_names_the_refusal(tmp_path: Path) -> None:
         resolve_local(get_engine("llama.cpp"), str(archive))
 
 
+MODEL = {"name": "m.gguf", "bytes": 1, "sha256": "s", "included": False}
+
+
 def _bundle(path: Path, manifest: dict | None, extra: list | None = None) -> Path:
     manifest = manifest if manifest is not None else {
-        "format": 1, "files": {COMPOSE: "sha256:0", IMAGES: "sha256:0"}, "images": {}, "models": []}
+        "format": 1, "files": {COMPOSE: "sha256:0", IMAGES: "sha256:0"}, "images": {}, "models": [MODEL]}
     members = [("file", MANIFEST, json.dumps(manifest).encode()), ("file", COMPOSE, b"services: {}\n"),
                ("file", IMAGES, b"")]
     return _tar(path, members + (extra or []))
@@ -110,9 +113,11 @@ def _bundle(path: Path, manifest: dict | None, extra: list | None = None) -> Pat
     (None, [("file", "models/../../x.gguf", b"")], "not a plain relative path"),
     (None, [("file", MANIFEST, b"{}")], "appears twice"),
     (None, [("file", "models/big.gguf", b"")], None),  # fine so far: fails later, on its checksum
-    ({"format": 1, "files": {"/etc/shadow": "s", COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": []}, [],
+    ({"format": 1, "files": {"/etc/shadow": "s", COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": [MODEL]}, [],
      "must list exactly compose.yaml and images.tar"),
-    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": ["x"], "models": []}, [], "map each image"),
+    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": ["x"], "models": [MODEL]}, [], "map each image"),
+    # `models: []` would leave /models to whatever the record points at.
+    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": []}, [], "lists no model file"),
     ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {},
       "models": [{"name": "m.gguf", "included": True}]}, [], "lacks bytes, sha256 or included"),
 ])
@@ -120,15 +125,16 @@ def test_bundle_refusals(tmp_path: Path, manifest: dict | None, extra: list, why
     bundle = _bundle(tmp_path / "b.tar", manifest, extra)
     dest = tmp_path / "dest"
     with pytest.raises(BundleError) as refused:
-        load_bundle(bundle, dest)
+        load_bundle(bundle, dest, LoadOptions(expect_sha256=None))
     if why is not None:
         assert refused.match(why)
         assert "truncated" not in str(refused.value), "a refused member is named, not called truncated"
-    assert list(dest.iterdir()) == [], "nothing is left in --dest"
+    assert not dest.exists(), "nothing is written to --dest"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["b.tar"], "nor beside it"
     assert not (tmp_path.parent / "owned.gguf").exists()
 
 
 def test_oversized_manifest_is_refused(tmp_path: Path) -> None:
     bundle = _tar(tmp_path / "b.tar", [("file", MANIFEST, b" " * ((1 << 20) + 1))])
     with pytest.raises(BundleError, match="larger than 1048576 bytes"):
-        load_bundle(bundle, tmp_path / "dest")
+        load_bundle(bundle, tmp_path / "dest", LoadOptions(expect_sha256=None))
