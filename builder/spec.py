@@ -234,6 +234,24 @@ class EngineOptions(_Spec):
         return base.model_copy(update=self.model_dump(exclude_unset=True))
 
 
+# The stack options an engine reads, each as the user gives it. Each adapter declares the ones it
+# honours (Engine.honours); any other one set to other than its default is refused, never dropped.
+# The rest of StackSpec is the stack's own (image, ports, placement on the host).
+ENGINE_OPTIONS: dict[str, str] = {
+    "ctx_size": "--ctx-size", "threads": "--threads", "parallel": "--parallel",
+    "override_tensors": "--override-tensor/--experts-on-cpu", "chat_template": "--chat-template",
+    "served_name": "--served-name", "jinja": "--no-jinja", "metrics": "--no-metrics",
+    "flash_attention": "--flash-attention", "fused_moe": "--fused-moe/--no-fused-moe", "mla": "--mla",
+    "gpu_layers": "--gpu-layers", "cache_type": "--cache-type", "moe_offload_batch": "--moe-offload-batch",
+    "mmap": "--mmap/--no-mmap", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+    "min_p": "--min-p", "batch_size": "--batch-size", "ubatch_size": "--ubatch-size", "kt_method": "--kt-method",
+    "gpu_experts": "--gpu-experts", "config_dir": "--config-dir", "trust_remote_code": "--trust-remote-code",
+    "tensor_split": "a multi-GPU plan (--fit-vram-gb per GPU)", "engine_fit": "--placement fit", "mlock": "--mlock",
+    "hugepages": "--hugepages", "hugetlbfs": "--hugetlbfs", "api_key_file": "--api-key-file",
+    "extra_args": "extra engine arguments (after --)",
+}
+
+
 class StackSpec(_Spec):
     """A compose stack serving one GGUF model from one image."""
 

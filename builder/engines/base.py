@@ -12,7 +12,16 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.pins import pinned_ref
 from builder.images.toolchain import Toolchain, toolchain
-from builder.spec import CudaTarget, EngineSource, GitSource, ImageSpec, LocalSource, PypiSource, StackSpec
+from builder.spec import (
+    ENGINE_OPTIONS,
+    CudaTarget,
+    EngineSource,
+    GitSource,
+    ImageSpec,
+    LocalSource,
+    PypiSource,
+    StackSpec,
+)
 
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
@@ -48,8 +57,12 @@ class Engine(ABC):
     # A PyPI sdist vendoring the engine (hosts without GitHub build from it), and the ref its image gets.
     sdist: str | None = None
     sdist_ref: str | None = None
-    # Server flags a stack sets itself: given again as extra arguments they would clash.
-    stack_flags: frozenset[str] = frozenset()
+    # The stack options it reads (spec.ENGINE_OPTIONS); any other one a stack sets is refused.
+    honours: frozenset[str] = frozenset()
+    # Every flag the adapter writes, with its other spellings (`-c, --ctx-size`) and flags that set the
+    # same thing (--api-key, --api-key-file): an extra argument in any of them would set what a
+    # moe-stack option sets (test_flags checks the adapter writes no other flag).
+    flag_spellings: tuple[frozenset[str], ...] = ()
     # Flags whose next argument is a model file or directory: the entrypoint checks it is readable
     # (and stages a file on hugetlbfs), so a missing mount is one clear line, not a slow failure.
     model_flags: tuple[str, ...] = ()
@@ -145,10 +158,20 @@ class Engine(ABC):
         file's page cache: pinned memory can't be swapped, reclaimed or shared between processes."""
         return False
 
-    @abstractmethod
     def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """The server's arguments for a stack (the image's entrypoint supplies the program).
+        """The server's arguments for a stack (the image's entrypoint supplies the program): its own,
+        then the stack's extra arguments. Every option the stack sets must be one this engine honours.
 
         `flags` is the image's flag contract; None means unknown, and the adapter then writes this
         engine's current syntax. Options this engine can't honour raise StackError.
         """
+        unread = [name for name in ENGINE_OPTIONS if name not in self.honours
+                  and getattr(stack, name) != StackSpec.model_fields[name].default]
+        if unread:
+            raise StackError(f"{self.name} does not read {', '.join(ENGINE_OPTIONS[name] for name in unread)}: drop "
+                             f"{'it' if len(unread) == 1 else 'them'}")
+        return self.arguments(stack, flags) + list(stack.extra_args)
+
+    @abstractmethod
+    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """The arguments the adapter writes for `stack`'s options (server_args adds the extra ones)."""

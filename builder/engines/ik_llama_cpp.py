@@ -7,6 +7,7 @@ from pathlib import Path
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
+from builder.spec import StackSpec
 
 
 class IkLlamaCpp(LlamaFamilyEngine):
@@ -26,6 +27,10 @@ class IkLlamaCpp(LlamaFamilyEngine):
     sweep_tool = "llama-sweep-bench"
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
+    honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}
+    flag_spellings = LlamaFamilyEngine.flag_spellings + tuple(frozenset(names) for names in (
+        ("-mla", "--mla-use"), ("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"), ("-cuda", "--cuda-params"),
+        ("-thp", "--transparent-huge-pages")))
 
     def is_source_tree(self, path: Path) -> bool:
         return (path / "CMakeLists.txt").is_file() and (path / "ggml/src/iqk").is_dir() \
@@ -63,6 +68,19 @@ class IkLlamaCpp(LlamaFamilyEngine):
             dimensions.append(Dimension("amb", tuple(dict.fromkeys([amb, "256", "512", "1024"])),
                                         setting_value(("-amb", "--attention-max-batch"))))
         return dimensions
+
+    def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """Fused MoE, MLA, the GPU offload batch and hugepages: ik_llama.cpp's own."""
+        args = []
+        if stack.fused_moe is not None:
+            args += self.fused_moe_args(stack.fused_moe, flags)
+        if stack.mla is not None:
+            args += self.mla_args(stack.mla, flags)
+        if stack.moe_offload_batch is not None:
+            args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
+        if stack.hugepages:
+            args += self.hugepages_args(flags)
+        return args
 
     def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
         """Before PR #863 fused MoE was off unless `-fmoe`; since, it is on unless `-no-fmoe`."""

@@ -161,18 +161,13 @@ class _PythonEngine(Engine):
             env.update(CC=f"gcc-{tools.gcc_major}", CXX=f"g++-{tools.gcc_major}")
         return env
 
-    def refused_sampling(self, stack: StackSpec) -> dict[str, bool]:
-        """Server-side sampling defaults this engine has no flag for (SGLang takes the model's
-        generation_config.json, which holds the model card's values, and each request's own)."""
-        return {"--temperature": stack.temperature is not None, "--top-p": stack.top_p is not None}
-
     @abstractmethod
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
         """The pip commands that fill the venv, with the wheelhouse mounted at /wheelhouse."""
 
     # -- run ----------------------------------------------------------------------------------
     def _refuse_unsupported(self, stack: StackSpec) -> None:
-        """One line for each stack option this engine has no counterpart for."""
+        """What its server can't do without: a GPU, the model's Hugging Face directory."""
         if stack.gpu == "none":
             raise StackError(f"{self.name} serves through a GPU (attention and KV cache on it, experts on the CPU) "
                              "and has no CPU-only server: give --gpu nvidia (or cdi) and a CUDA image, or use "
@@ -180,32 +175,6 @@ class _PythonEngine(Engine):
         if stack.config_dir is None:
             raise StackError(f"{self.name} reads the model's config and tokenizer from its Hugging Face directory "
                              "(config.json, tokenizer files): give --config-dir DIR")
-        refused = {
-            "--override-tensor rules": bool(stack.override_tensors),
-            "--gpu-layers": stack.gpu_layers is not None,
-            "--cache-type": stack.cache_type is not None,
-            "--flash-attention": stack.flash_attention is not None,
-            "--fused-moe": stack.fused_moe is not None,
-            "--mla": stack.mla is not None,
-            "--moe-offload-batch": stack.moe_offload_batch is not None,
-            "--no-mmap/--mmap": stack.mmap is not None,
-            "--hugepages": stack.hugepages,
-            "--hugetlbfs": stack.hugetlbfs != "off",
-            "--mlock": stack.mlock,
-            "--api-key-file": stack.api_key_file is not None,
-            "--chat-template": stack.chat_template is not None,
-            "--top-k": stack.top_k is not None,
-            "a multi-GPU plan (--tensor-split)": bool(stack.tensor_split),
-            "--placement fit": stack.engine_fit,
-            "--min-p": stack.min_p is not None,
-            "--batch-size": stack.batch_size is not None,
-            "--ubatch-size": stack.ubatch_size is not None,
-            **self.refused_sampling(stack),
-        }
-        given = [option for option, used in refused.items() if used]
-        if given:
-            raise StackError(f"{self.name} has no counterpart for {', '.join(given)}: drop it (it places experts "
-                             "itself: attention and KV cache on the GPU, routed experts on the CPU)")
 
 
 class KTransformers(_PythonEngine):
@@ -218,9 +187,14 @@ class KTransformers(_PythonEngine):
     package_dir = "kt-kernel"
     installs_wheels = True
     runtime_dispatch = True  # kt-kernel loads one of its _kt_kernel_ext_* variants at run time
-    stack_flags = frozenset({"--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count",
-                             "--kt-num-gpu-experts", "--kt-numa-nodes", "--context-length", "--max-running-requests",
-                             "--trust-remote-code", "--host", "--port", "--served-model-name", "--enable-metrics"})
+    # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
+    # rules, layer counts, cache types or llama.cpp's load and sampling switches.
+    honours = frozenset({"ctx_size", "threads", "parallel", "served_name", "metrics", "kt_method", "gpu_experts",
+                         "config_dir", "trust_remote_code", "extra_args"})
+    flag_spellings = tuple(frozenset({flag}) for flag in (
+        "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count", "--kt-numa-nodes",
+        "--kt-num-gpu-experts", "--context-length", "--max-running-requests", "--trust-remote-code", "--host", "--port",
+        "--served-model-name", "--enable-metrics"))
     model_flags = ("--model-path", "--kt-weight-path")
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
@@ -289,7 +263,7 @@ class KTransformers(_PythonEngine):
                                  "use --kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit "
                                  "it for an AMX Xeon")
 
-    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """sglang-kt: the GGUF directory as kt-kernel's weights (LLAMAFILE), one CPU thread pool per
         NUMA node with the stack's physical cores, attention and KV cache on the GPU."""
         self._refuse_unsupported(stack)
@@ -313,7 +287,7 @@ class KTransformers(_PythonEngine):
             args.append("--enable-metrics")
         if stack.trust_remote_code:
             args.append("--trust-remote-code")
-        return args + list(stack.extra_args)
+        return args
 
 
 class KTransformersLegacy(_PythonEngine):
@@ -325,8 +299,11 @@ class KTransformersLegacy(_PythonEngine):
     server_module = "ktransformers.server.main"
     package_dir = "."
     cuda_only = True  # its build compiles CUDA kernels
-    stack_flags = frozenset({"--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port",
-                             "--model_name", "--temperature", "--top_p"})
+    # 0.2.x places experts by its optimize rules; it has server-side temperature and top-p, no metrics.
+    honours = frozenset({"ctx_size", "threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"})
+    flag_spellings = tuple(frozenset({flag}) for flag in (
+        "--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port", "--model_name", "--temperature",
+        "--top_p"))
     model_flags = ("--model_path", "--gguf_path")
     health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
@@ -355,15 +332,9 @@ class KTransformersLegacy(_PythonEngine):
         return [(f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
                 f"--find-links /wheelhouse ktransformers torch=={self.torch_version}")]
 
-    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""
         self._refuse_unsupported(stack)
-        if stack.kt_method is not None or stack.gpu_experts is not None:
-            raise StackError("--kt-method and --gpu-experts are options of the current KTransformers (sglang-kt); "
-                             "0.2.x places experts by its optimize rules: drop them")
-        if stack.trust_remote_code:
-            raise StackError("ktransformers-legacy (0.2.x) has no --trust-remote-code switch (its server decides "
-                             "itself): drop it")
         args = ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
                 "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
         if stack.served_name is not None and has_flag(flags, "--model_name"):
@@ -373,7 +344,4 @@ class KTransformersLegacy(_PythonEngine):
             args += ["--temperature", f"{stack.temperature:g}"]
         if stack.top_p is not None:
             args += ["--top_p", f"{stack.top_p:g}"]
-        return args + list(stack.extra_args)
-
-    def refused_sampling(self, stack: StackSpec) -> dict[str, bool]:
-        return {}
+        return args

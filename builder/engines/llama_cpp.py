@@ -23,7 +23,8 @@ class LlamaCpp(LlamaFamilyEngine):
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
-    fits_itself = True  # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref
+    # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref.
+    honours = LlamaFamilyEngine.honours | {"engine_fit"}
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
     tool_targets = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split", "llama-perplexity",

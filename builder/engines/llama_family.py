@@ -39,16 +39,22 @@ class LlamaFamilyEngine(Engine):
     server_label = "llama-server"
     server_target: str = "llama-server"
     jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
-    fits_itself: bool = False  # whether it places layers and MoE experts in device memory itself (--fit)
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
     needs_build_info_shim: bool = False
-    stack_flags = frozenset({"-m", "--model", "--host", "--port", "-c", "--ctx-size", "-t", "--threads", "-np",
-                             "--parallel", "-ot", "--override-tensor", "--chat-template", "--mlock", "--api-key",
-                             "--api-key-file", "-ngl", "--n-gpu-layers", "--gpu-layers", "-ctk", "--cache-type-k",
-                             "-ctv", "--cache-type-v", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
-                             "-ts", "--tensor-split", "-fit", "--fit",
-                             "--temp", "--top-p", "--top-k", "--min-p", "-b", "--batch-size", "-ub", "--ubatch-size",
-                             "--no-mmap", "--mmap", "-lm", "--load-mode"})
+    honours = frozenset({"ctx_size", "threads", "parallel", "override_tensors", "chat_template", "served_name", "jinja",
+                         "metrics", "gpu_layers", "tensor_split", "cache_type", "flash_attention", "temperature",
+                         "top_p", "top_k", "min_p", "batch_size", "ubatch_size", "mmap", "mlock", "hugetlbfs",
+                         "api_key_file", "extra_args"})
+    # Every flag the adapter writes, with its other spellings in the --help of both (tests/unit/data;
+    # test_flags holds the two to it) and the flags that set the same thing under another name.
+    flag_spellings = tuple(frozenset(names) for names in (
+        ("-m", "--model"), ("--host",), ("--port",), ("-c", "--ctx-size"), ("-t", "--threads"), ("-np", "--parallel"),
+        ("-ot", "--override-tensor"), ("-a", "--alias"), ("--metrics",), ("--jinja", "--no-jinja"),
+        ("--chat-template", "--chat-template-file"), ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+        ("-ts", "--tensor-split"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"), ("-fa", "--flash-attn"),
+        ("-fit", "--fit"), ("--temp", "--temperature"), ("--top-p",), ("--top-k",), ("--min-p",),
+        ("-b", "--batch-size"), ("-ub", "--ubatch-size"), ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
+        ("--api-key", "--api-key-file")))
     # The neutral sampling and batch options, and the flag each is written as.
     option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
                     ("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size"))
@@ -152,12 +158,8 @@ class LlamaFamilyEngine(Engine):
         return frozenset({"--model", "--host", "--port"})
 
     # -- run ----------------------------------------------------------------------------------
-    def server_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """`llama-server` arguments for a stack (the image's entrypoint supplies the binary).
-
-        `flags` is the image's flag contract; None means unknown, and the adapter then writes this
-        engine's current syntax.
-        """
+    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """`llama-server` arguments for a stack's options."""
         args = [
             "--model", f"{MODEL_DIR}/{stack.model.name}",
             "--host", "0.0.0.0",
@@ -193,12 +195,7 @@ class LlamaFamilyEngine(Engine):
             args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
-        if stack.fused_moe is not None:
-            args += self.fused_moe_args(stack.fused_moe, flags)
-        if stack.mla is not None:
-            args += self.mla_args(stack.mla, flags)
-        if stack.moe_offload_batch is not None:
-            args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
+        args += self.own_args(stack, flags)
         for field, flag in self.option_flags:
             value = getattr(stack, field)
             if value is not None:
@@ -206,13 +203,9 @@ class LlamaFamilyEngine(Engine):
                     raise StackError(f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}")
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         args += self.load_args(stack.mmap, stack.mlock, flags)
-        if stack.hugepages:
-            args += self.hugepages_args(flags)
-        if stack.trust_remote_code:
-            raise StackError(f"{self.name} runs no Python from the model's directory: drop --trust-remote-code")
         if stack.api_key_file is not None:
             args += ["--api-key-file", API_KEY_PATH]
-        return args + list(stack.extra_args)
+        return args
 
     # -- tune ---------------------------------------------------------------------------------
     def tune_dimensions(self, args: list[str], numa_nodes: int, gpu: bool) -> list[Dimension]:
@@ -271,21 +264,11 @@ class LlamaFamilyEngine(Engine):
 
     def fit_args(self, flags: dict[str, str] | None) -> list[str]:
         """`--fit on`: the engine sizes -ngl and the expert placement to the devices' memory itself."""
-        if not self.fits_itself or (flags is not None and "--fit" not in flags):
+        if flags is not None and "--fit" not in flags:
             raise StackError(f"this {self.name} build has no --fit placement of its own; use --placement rules "
                              "(moe-stack's plan: -ngl and -ot rules)")
         return ["--fit", "on"]
 
-    def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"fused MoE is an ik_llama.cpp switch; {self.name} has none: drop --fused-moe/--no-fused-moe")
-
-    def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"-mla is an ik_llama.cpp option; {self.name} has none: drop --mla")
-
-    def moe_offload_batch_args(self, batch: int, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"{self.name} decides itself when a batch's CPU experts run on the GPU (from 32 tokens); "
-                         "drop --moe-offload-batch (an ik_llama.cpp setting)")
-
-    def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
-        raise StackError(f"{self.name} has no option to load weights into reserved hugepages (ik_llama.cpp's -thp); "
-                         "use --hugetlbfs 2M instead (the model is copied onto hugepages at start)")
+    def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """The arguments of the options only this engine of the family honours (mainline: none)."""
+        return []

@@ -26,6 +26,20 @@ _LOOKS_LIKE_FLAG = re.compile(r"^-{1,2}[A-Za-z]")
 def parse_help(text: str) -> dict[str, str]:
     """Every flag spelling in a `--help` text, mapped to its argument placeholder ('' if none)."""
     flags: dict[str, str] = {}
+    for names, metavar in _options(text):
+        for name in names:
+            flags.setdefault(name, metavar)
+    return flags
+
+
+def option_names(text: str) -> list[tuple[str, ...]]:
+    """Each option of a `--help` text as its spellings (`-ngl, --gpu-layers, --n-gpu-layers`)."""
+    return [names for names, _ in _options(text)]
+
+
+def _options(text: str) -> list[tuple[tuple[str, ...], str]]:
+    """(spellings, argument placeholder) of each option line."""
+    options = []
     for line in text.splitlines():
         match = _OPTION_LINE.match(line)
         if not match:
@@ -43,9 +57,9 @@ def parse_help(text: str) -> dict[str, str]:
                 break
             names.append(name)
             metavar = rest.strip() or metavar
-        for name in names:
-            flags.setdefault(name, metavar)
-    return flags
+        if names:
+            options.append((tuple(names), metavar))
+    return options
 
 
 def parse_parser_literals(text: str) -> dict[str, str]:

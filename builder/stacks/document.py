@@ -265,16 +265,17 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
 def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     """The engine's arguments for `stack`, in the syntax of the image's engine version and checked
     against its flag contract when `facts` are known; the same for every output format."""
-    # `--port=9000` is `--port 9000`: compare the flag part of every `--flag=value` too.
-    given = {arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")}
     engine = get_engine(stack.engine)
-    clashing = sorted(engine.stack_flags.intersection(given))
-    if clashing:
-        raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
-                         "use the matching moe-stack option instead")
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)
+    # An extra argument in any spelling of a flag the adapter writes would set what a moe-stack option
+    # sets (`--port=9000` is `--port 9000`: the flag part of every `--flag=value` counts too).
+    reserved = set().union(*engine.flag_spellings)
+    clashing = sorted(reserved.intersection(arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")))
+    if clashing:
+        raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
+                         "use the matching moe-stack option instead")
     if facts is not None and not facts.server_flags:
         raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
                          f"image); use a CUDA image of {engine.name}")

@@ -116,7 +116,7 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
     # Python from the model's directory runs only when asked for (security review: it was always on).
     trusting = KT.server_args(_stack(tmp_path, trust_remote_code=True), None)
     assert trusting[-1] == "--trust-remote-code" and "--trust-remote-code" not in args
-    with pytest.raises(StackError, match="drop --trust-remote-code"):
+    with pytest.raises(StackError, match="llama.cpp does not read --config-dir, --trust-remote-code: drop them"):
         LlamaCpp().server_args(_stack(tmp_path, engine="llama.cpp", gpu="none", trust_remote_code=True), None)
     bound = KT.server_args(_stack(tmp_path, numa="membind", numa_nodes=(1, 3), numa_node_count=2), None)
     assert bound[bound.index("--kt-threadpool-count"):][:2] == ["--kt-threadpool-count", "2"]
@@ -131,8 +131,8 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
     ({"config_dir": None}, "give --config-dir DIR"),
     ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights from kt-kernel's converter, not a GGUF file"),
     ({"kt_method": "FP8"}, "FP8 reads weights from a safetensors checkpoint, not a GGUF file"),
-    ({"cache_type": "q8_0", "mlock": True}, "no counterpart for --cache-type, --mlock"),
-    ({"override_tensors": ("exps=CPU",)}, "no counterpart for --override-tensor rules"),
+    ({"cache_type": "q8_0", "mlock": True}, "does not read --cache-type, --mlock: drop them"),
+    ({"override_tensors": ("exps=CPU",)}, "does not read --override-tensor/--experts-on-cpu: drop it"),
 ])
 def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], message: str) -> None:
     with pytest.raises(StackError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -192,5 +192,5 @@ def test_served_name_metrics_and_sampling_in_ktransformers(tmp_path: Path) -> No
     legacy = LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy", served_name="r1", temperature=0.6,
                                        top_p=0.95), None)
     assert legacy[-6:] == ["--model_name", "r1", "--temperature", "0.6", "--top_p", "0.95"]
-    with pytest.raises(StackError, match="no counterpart for --top-k, --temperature"):
+    with pytest.raises(StackError, match="ktransformers does not read --temperature, --top-k: drop them"):
         KT.server_args(_stack(tmp_path, temperature=0.6, top_k=20), None)  # SGLang: the model's generation config

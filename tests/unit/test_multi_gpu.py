@@ -96,7 +96,7 @@ def test_mainline_may_place_everything_itself(tmp_path: Path, model: Path) -> No
     command = compose_dict(stack, "x")["services"]["engine"]["command"]
     assert command[command.index("--fit") + 1] == "on"
     assert "--n-gpu-layers" not in command and "--override-tensor" not in command  # left to --fit
-    with pytest.raises(StackError, match="no --fit placement of its own"):
+    with pytest.raises(StackError, match="ik_llama.cpp does not read --placement fit"):
         compose_dict(assemble_stack(options.model_copy(update={"engine": "ik_llama.cpp"}), host), "x")
     with pytest.raises(SpecError, match="--placement fit leaves -ngl and -ot to the engine"):
         assemble_stack(options.model_copy(update={"experts_on_cpu": True}), host)

@@ -1,0 +1,119 @@
+"""Which stack options each engine honours (Engine.honours), and which flags a stack sets itself
+(Engine.flag_spellings): declared once per adapter, and held here to what the adapters write."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from builder.engines import engine_names, get_engine
+from builder.errors import StackError
+from builder.images.flags import option_names
+from builder.spec import ENGINE_OPTIONS, StackSpec
+from builder.stacks.compose import compose_dict
+
+DATA = Path(__file__).parent / "data"
+# The stack's own fields (image, host side, placement): every other field is an engine option.
+STACK_OWN = {"project", "engine", "image", "model", "port", "bind", "monitoring_port", "numa", "numa_nodes",
+             "numa_node_count", "cpuset", "gpu", "gpu_ids", "shm_size", "start_period_s"}
+# A value other than the default for each engine option (valid together with the base stack).
+CHANGED: dict[str, object] = {
+    "ctx_size": 8192, "threads": 8, "parallel": 2, "override_tensors": ("exps=CPU",), "chat_template": "chatml",
+    "served_name": "m", "jinja": False, "metrics": False, "flash_attention": "on", "fused_moe": False, "mla": 3,
+    "gpu_layers": 99, "cache_type": "q8_0", "moe_offload_batch": 2, "mmap": False, "temperature": 0.6, "top_p": 0.95,
+    "top_k": 20, "min_p": 0.0, "batch_size": 2048, "ubatch_size": 512, "kt_method": "AMXINT8", "gpu_experts": 4,
+    "config_dir": "other-config", "trust_remote_code": True, "tensor_split": (1, 1), "engine_fit": True, "mlock": True,
+    "hugepages": True, "hugetlbfs": "2M", "api_key_file": "key", "extra_args": ("--verbose",),
+}
+# Flags an engine takes several times by design (one -ot rule each).
+REPEATED = {"--override-tensor"}
+
+
+def _base(tmp_path: Path, engine: str) -> dict[str, object]:
+    tmp_path.chmod(0o755)
+    for name in ("m.gguf", "key"):
+        (tmp_path / name).write_bytes(b"GGUF")
+        (tmp_path / name).chmod(0o644)
+    (tmp_path / "config").mkdir(mode=0o755, exist_ok=True)
+    (tmp_path / "other-config").mkdir(mode=0o755, exist_ok=True)
+    kt = engine.startswith("ktransformers")
+    return {"project": "p", "engine": engine, "image": "img:1", "model": tmp_path / "m.gguf", "threads": 4,
+            "gpu": "nvidia", **({"config_dir": tmp_path / "config"} if kt else {})}
+
+
+def _value(tmp_path: Path, name: str) -> object:
+    value = CHANGED[name]
+    return tmp_path / value if name in ("config_dir", "api_key_file") and isinstance(value, str) else value
+
+
+def test_every_stack_field_is_an_engine_option_or_the_stacks_own() -> None:
+    """A new StackSpec field must be classified: an engine option is refused by the engines that don't
+    declare it, never dropped."""
+    assert set(ENGINE_OPTIONS) | STACK_OWN == set(StackSpec.model_fields)
+    assert not set(ENGINE_OPTIONS) & STACK_OWN
+    assert set(CHANGED) == set(ENGINE_OPTIONS)
+    for name in engine_names():
+        assert get_engine(name).honours <= set(ENGINE_OPTIONS), name
+
+
+@pytest.mark.parametrize("engine", engine_names())
+@pytest.mark.parametrize("option", sorted(ENGINE_OPTIONS))
+def test_an_option_changes_what_runs_or_is_refused(tmp_path: Path, engine: str, option: str) -> None:
+    """`compose --engine llama.cpp --kt-method AMXINT8` exited 0 and dropped it: now every engine x option
+    either changes the engine's service or is refused in one line naming the option."""
+    base = _base(tmp_path, engine)
+    before = compose_dict(StackSpec(**base), "x")["services"]["engine"]
+    try:
+        changed = StackSpec(**{**base, option: _value(tmp_path, option)})
+        after = compose_dict(changed, "x")["services"]["engine"]
+    except StackError as err:  # unread, or a value this engine can't take here: named either way
+        if option not in get_engine(engine).honours:
+            assert f"{engine} does not read {ENGINE_OPTIONS[option]}" in str(err)
+        else:
+            assert any(flag in str(err) for flag in re.findall(r"--[a-z-]+", ENGINE_OPTIONS[option])), str(err)
+        return
+    assert option in get_engine(engine).honours, f"{engine} wrote a stack for {option} it doesn't declare"
+    assert after != before, f"{engine} accepted {option} and ran the same"
+
+
+@pytest.mark.parametrize("engine", engine_names())
+def test_the_adapter_writes_only_declared_flags_and_none_twice(tmp_path: Path, engine: str) -> None:
+    adapter = get_engine(engine)
+    declared = set().union(*adapter.flag_spellings)
+    base = _base(tmp_path, engine)
+    for option in sorted(adapter.honours):
+        try:
+            stack = StackSpec(**{**base, option: _value(tmp_path, option)})
+            command = compose_dict(stack, "x")["services"]["engine"]["command"]
+        except StackError:
+            continue  # refused for another reason (an option this engine needs a GPU flag for, say)
+        written = [arg for arg in command[:len(command) - len(stack.extra_args)] if arg.startswith("--") or
+                   (arg.startswith("-") and not arg[1:2].isdigit())]
+        assert set(written) <= declared, (option, set(written) - declared)
+        options = [next(names for names in adapter.flag_spellings if flag in names) for flag in written
+                   if flag not in REPEATED]
+        assert len(options) == len(set(options)), (option, command)
+
+
+@pytest.mark.parametrize("engine", engine_names())
+def test_no_spelling_of_a_stack_flag_passes_as_an_extra_argument(tmp_path: Path, engine: str) -> None:
+    """ik_llama.cpp writes -fa: `--flash-attention on -- -fa off` emitted -fa twice."""
+    base = _base(tmp_path, engine)
+    for flag in sorted(set().union(*get_engine(engine).flag_spellings)):
+        with pytest.raises(StackError, match=f"repeat flags the stack sets itself \\({flag}\\)"):
+            compose_dict(StackSpec(**{**base, "extra_args": (flag, "1")}), "x")
+        with pytest.raises(StackError, match=f"\\({flag}\\)"):
+            compose_dict(StackSpec(**{**base, "extra_args": (f"{flag}=1",)}), "x")
+
+
+@pytest.mark.parametrize(("engine", "help_file"), [("llama.cpp", "llama.cpp-0c1e57098-help.txt"),
+                                                   ("ik_llama.cpp", "ik_llama.cpp-ikpy-0.1.5-help.txt")])
+def test_the_declared_spellings_are_the_engines(engine: str, help_file: str) -> None:
+    """Each option of the pinned server's --help that the adapter writes has all its spellings declared."""
+    adapter = get_engine(engine)
+    for names in option_names((DATA / help_file).read_text()):
+        groups = [group for group in adapter.flag_spellings if group & set(names)]
+        for group in groups:
+            assert set(names) <= group, (names, sorted(group))
