@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -81,6 +82,27 @@ def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:
             raise _write_error(out_dir, err) from None
         raise
     return out_dir
+
+
+def content_dir(files: dict[str, str], parent: Path, name: str) -> Path:
+    """A directory under `parent` holding exactly `files`, named `name` and a hash of them: what a build
+    reads there never changes under it (another render of other files goes to another directory; one
+    of the same files finds this one and writes nothing)."""
+    digest = hashlib.sha256()
+    for file_name, text in sorted(files.items()):
+        digest.update(f"{len(file_name)}:{file_name}{len(text.encode())}:".encode() + text.encode())
+    out_dir = parent.resolve() / f"{name}-{digest.hexdigest()[:12]}"
+    if not _holds(out_dir, files):
+        replace_rendered_dir(files, out_dir)
+    return out_dir
+
+
+def _holds(directory: Path, files: dict[str, str]) -> bool:
+    try:
+        return {path.name for path in directory.iterdir()} == set(files) and all(
+            (directory / name).read_text() == text for name, text in files.items())
+    except OSError:
+        return False
 
 
 def _write_error(path: Path, err: OSError) -> MoeStackError:

@@ -36,7 +36,7 @@ from builder.errors import (
 from builder.files import cache_dir, write_file_atomically
 from builder.host.probe import probe
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
-from builder.images.build import Publishing, build_image, build_plan, context_dir
+from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.images.matrix import Variant as MatrixVariant
@@ -207,7 +207,7 @@ def build(
                       namespace, _cuda(cuda, cuda_archs), tools)
     publishing = Publishing(gha_cache, metadata_file, channel) if push else None
     if dry_run:
-        context = render_context(spec, context_dir(spec))
+        context = build_context(spec)
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
             out.print(line, highlight=False, soft_wrap=True)
         return
@@ -251,14 +251,14 @@ def base(
     debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
     out.print(f"base image ready: {debian}")
     if prometheus:
-        made_prometheus = make_prometheus(debian, suite, cache_dir() / "contexts" / f"prometheus-{suite}",
+        made_prometheus = make_prometheus(debian, suite, cache_dir() / "contexts",
                                           show=raw_stderr, log_path=cache_dir() / "logs" / f"prometheus-{suite}.log",
                                           force=force)
         out.print(f"monitoring image ready: {made_prometheus} (compose --monitoring)", highlight=False)
     if release is None:
         return
     made = make_cuda_base(release, debian, cache_dir() / "cuda-wheels" / release.version,
-                          cache_dir() / "contexts" / f"cuda-{release.version}-base", show=raw_stderr,
+                          cache_dir() / "contexts", show=raw_stderr,
                           log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log", force=force)
     if made.stub_symbols is None:
         out.print(f"kept: {made.devel} and {made.runtime} hold these wheels already (checked when made; --force "

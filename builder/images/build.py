@@ -28,12 +28,12 @@ from builder.contract import (
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
-from builder.files import cache_dir
+from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
 from builder.images.flags import LABEL as FLAGS_LABEL
 from builder.images.flags import parse_contract, to_label
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
-from builder.images.render import render
+from builder.images.render import render_files
 from builder.images.targets import best_cpu_target
 from builder.spec import ImageSpec, LocalSource
 
@@ -254,9 +254,11 @@ def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: P
     log.flush()
 
 
-def context_dir(spec: ImageSpec) -> Path:
-    """Where `build` renders `spec`'s context: kept, so a printed build command can be rerun."""
-    return cache_dir() / "contexts" / context_name(spec)
+def build_context(spec: ImageSpec) -> Path:
+    """`spec`'s rendered context, in the cache under its name and a hash of its files (content_dir): a
+    render for another base, or a dry run, never changes what a running build reads, and the printed
+    build command can be rerun."""
+    return content_dir(render_files(spec), cache_dir() / "contexts", context_name(spec))
 
 
 @dataclass(frozen=True)
@@ -278,8 +280,8 @@ def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None],
                 publishing: Publishing | None = None) -> str:
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take."""
-    context = render(spec, context_dir(spec))
+    context = build_context(spec)
     stand_in = contract_stand_in(spec, read_cpu())
-    contract_plan = plan_build(stand_in, render(stand_in, context_dir(stand_in)), tree) if stand_in else None
+    contract_plan = plan_build(stand_in, build_context(stand_in), tree) if stand_in else None
     return run_build(build_plan(spec, context, tree, publishing), get_engine(spec.engine).required_flags(spec.cuda),
                      log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log", show, contract_plan)

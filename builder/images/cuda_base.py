@@ -24,7 +24,7 @@ from builder import __version__
 from builder.contract import LABEL_PREFIX
 from builder.docker_client import docker
 from builder.errors import BaseImageError
-from builder.files import replace_rendered_dir, templates_root
+from builder.files import content_dir, templates_root
 from builder.images.build import BuildPlan, stream_build
 from builder.images.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
 from builder.images.render import template_environment
@@ -143,7 +143,7 @@ def check_report(ldd: str, elf: str, arch: int) -> list[str]:
     return problems
 
 
-def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_dir: Path,
+def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_root: Path,
                    show: Callable[[str], None], log_path: Path, force: bool = False) -> CudaBase:
     """Download the wheels, render, run the check, then build and tag the devel and runtime images.
 
@@ -154,7 +154,8 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_di
         return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None)
     wheel_files = download_wheels(cuda, wheel_dir)
     created = datetime.now(UTC)
-    context = replace_rendered_dir(render_files(cuda, debian_base, wheel_files, created), context_dir)
+    context = content_dir(render_files(cuda, debian_base, wheel_files, created), context_root,
+                          f"cuda-{cuda.version}-base")
     plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:

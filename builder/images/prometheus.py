@@ -9,7 +9,7 @@ from pathlib import Path
 from builder import __version__
 from builder.contract import IMAGE_UID, LABEL_PREFIX, PROMETHEUS_DATA, PROMETHEUS_PORT, prometheus_image
 from builder.docker_client import docker
-from builder.files import replace_rendered_dir, templates_root
+from builder.files import content_dir, templates_root
 from builder.images.build import BuildPlan, stream_build
 from builder.images.render import template_environment
 
@@ -27,14 +27,14 @@ def render_files(base_image: str) -> dict[str, str]:
     return {"Dockerfile": text, "moe-stack-prometheus": script}
 
 
-def make_prometheus(base_image: str, suite: str, context_dir: Path, show: Callable[[str], None], log_path: Path,
+def make_prometheus(base_image: str, suite: str, context_root: Path, show: Callable[[str], None], log_path: Path,
                     force: bool = False) -> str:
     """Build the monitoring image on `base_image` (kept when it exists, unless `force`); its tag."""
     client = docker()
     tag = prometheus_image(suite)
     if client.image.exists(tag) and not force:
         return tag
-    context = replace_rendered_dir(render_files(base_image), context_dir)
+    context = content_dir(render_files(base_image), context_root, f"prometheus-{suite}")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         stream_build(client, BuildPlan(context=context, tags=(tag,)), log, log_path, show)

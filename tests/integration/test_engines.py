@@ -158,7 +158,7 @@ def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_mo
 def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
     """`compose --monitoring`: Prometheus (Debian's package, `moe-stack base --prometheus`) beside the
     engine has its token counters a scrape after a completion."""
-    make_prometheus(base_image, CPU_BASE_SUITE, cache_dir() / "contexts" / "prometheus-test", show=lambda line: None,
+    make_prometheus(base_image, CPU_BASE_SUITE, cache_dir() / "contexts", show=lambda line: None,
                     log_path=cache_dir() / "logs" / "prometheus-test.log")
     monitoring_port = free_local_port()
     stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, monitoring_port=monitoring_port)

@@ -35,7 +35,30 @@ def test_dry_run_prints_both_build_calls(tmp_path: Path) -> None:
     contract, image = result.stdout.strip().splitlines()
     assert contract.startswith("docker buildx build ") and "--target contract" in contract
     assert f"--build-context engine-src={tree}" in image and "--load" in image
-    assert (tmp_path / "cache/moe-stack/contexts/llama-cpp-mine-cpu-avx2/Dockerfile").is_file()
+    context = image.split()[-1]
+    assert Path(context).parent == tmp_path / "cache/moe-stack/contexts"
+    assert Path(context).name.startswith("llama-cpp-mine-cpu-avx2-") and (Path(context) / "Dockerfile").is_file()
+
+
+@pytest.mark.cli
+def test_a_render_never_changes_what_a_build_reads(tmp_path: Path) -> None:
+    """A dry run (or a build) of the same variant on another base used to overwrite the first build's
+    Dockerfile while it compiled; each set of files now has its own directory, and the same files
+    are found, not written again."""
+    tree = mainline_tree(tmp_path / "src")
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    contexts = []
+    for base in ("debian:trixie-slim", "mirror.local/debian:trixie-slim", "debian:trixie-slim"):
+        result = run_cli("build", "--source", str(tree), "--ref", "mine", "--dry-run", "--base-image", base, env=cache)
+        assert result.returncode == 0, result.stderr
+        contexts.append(Path(result.stdout.strip().splitlines()[-1].split()[-1]))
+        if len(contexts) == 1:
+            first = (contexts[0] / "Dockerfile").read_text()
+            written = (contexts[0] / "Dockerfile").stat().st_mtime_ns
+    assert contexts[0] != contexts[1] and contexts[0] == contexts[2]
+    assert (contexts[0] / "Dockerfile").read_text() == first and "FROM debian:trixie-slim" in first
+    assert (contexts[0] / "Dockerfile").stat().st_mtime_ns == written, "the same files are not written again"
+    assert "FROM mirror.local/debian:trixie-slim" in (contexts[1] / "Dockerfile").read_text()
 
 
 @pytest.mark.cli
