@@ -112,7 +112,10 @@ def test_tune_searches_the_demo_stack_and_writes_the_winner(base_image: str, gem
     assert result.returncode == 0, result.stderr
     tuned_file = compose_file.with_suffix(".tuned.yaml")
     record = yaml.safe_load(tuned_file.read_text())["x-moe-stack"]["tuned"]
-    assert record["trials"] >= 2 + 2 * (2 + 2)  # warm-ups, then at least threads (2 values) and a confirm's worth
+    # Warm-ups, then at least one round of threads (2 values) and a confirm's worth; a slower (shared)
+    # machine affords fewer trials in 75 s, and then the dimensions the budget dropped are named.
+    assert record["trials"] >= 2 + (2 + 2)
+    assert record["trials"] >= 2 + 2 * (2 + 2) or record["left-out"], record
     assert set(record["settings"]) == {"threads", "ubatch", "no-mmap"}
     assert record["stack-tps"]["decode"] > 0 and record["tuned-tps"]["prefill"] > 0
     # The bandwidth probe ran in the stack's container; the bound ratio is decode over it.

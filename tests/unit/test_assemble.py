@@ -11,6 +11,8 @@ from pydantic import ValidationError
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.image_facts import ImageFacts
+from builder.images.naming import short_ref
+from builder.images.pins import pinned_ref
 from builder.models.planner import GIB, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
@@ -55,7 +57,7 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
     assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
     assert stack.override_tensors == (EXPERTS_ON_CPU_RULE,)
     assert stack.threads == 64 and stack.numa == "interleave" and stack.numa_node_count == 2  # physical cores
-    assert stack.image == "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cpu-avx2"
+    assert stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cpu-avx2"
     assert stack.start_period_s >= 60 and stack.project.startswith("moe-stack-moe-")
 
 

@@ -22,8 +22,9 @@ from tests.specs import default_spec
 
 
 def test_tag_format() -> None:
-    assert image_tag(default_spec("llama.cpp")) == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
-    spec = default_spec("ik_llama.cpp").model_copy(update={"registry": "localhost:5000", "namespace": "lab"})
+    assert image_tag(image_spec("llama.cpp", ref="0c1e57098")) == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
+    spec = image_spec("ik_llama.cpp", ref="007d640098cbea95157d81846ada7fe50b9fed08", registry="localhost:5000",
+                      namespace="lab")
     assert image_tag(spec) == "localhost:5000/lab/ik-llama-cpp:007d640098cb-cpu-avx2"
 
 
@@ -53,7 +54,8 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
 
 
 def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tmp_path: Path) -> None:
-    spec = image_spec("ik_llama.cpp", "zen4", cuda=cuda_target("12.8"), registry="ghcr.io", namespace="acme")
+    spec = image_spec("ik_llama.cpp", "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08", cuda=cuda_target("12.8"),
+                      registry="ghcr.io", namespace="acme")
     plan = plan_build(spec, tmp_path, None).for_publishing(spec, gha_cache=True, metadata_file=tmp_path / "m.json")
     kwargs = plan.kwargs()
     assert kwargs["tags"] == ["ghcr.io/acme/ik-llama-cpp:007d640098cb-cuda12.8-zen4",

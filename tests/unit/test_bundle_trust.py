@@ -82,7 +82,7 @@ def _top(change: dict[str, object]) -> dict:
     (_with({"volumes": ["/:/host"]}), "moe-stack never writes"),
     (_with({"volumes": [{"type": "volume", "source": "other-stack-data", "target": "/data"}]}), "mounts other-stack"),
     (_with({"image": "evil/miner:latest"}), "doesn't list"),
-    (_with({"image": "ghcr.io/moe-stack/llama-cpp:0c1e57098-cuda12.8-zen4@md5:0"}), "not a sha256 digest"),
+    (_with({"image": f"{EMITTED['services']['engine']['image']}@md5:0"}), "not a sha256 digest"),
     (_with({"environment": {"LD_PRELOAD": "/models/evil.so"}}), "LD_PRELOAD"),
     (_with({"environment": {"MOE_STACK_NUMA": "interleave; rm -rf /"}}), "NUMA policy"),
     (_with({"cpuset": "0-3; true"}), "cpuset"),

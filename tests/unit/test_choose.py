@@ -12,6 +12,7 @@ from builder.errors import SpecError
 from builder.host.probe import probe
 from builder.images.matrix import published
 from builder.images.naming import Variant, parse_variant, variant_tag
+from builder.images.pins import pinned_ref
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 AVX2_ONLY_FLAGS = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave fpu sse4_2 ht"
@@ -90,9 +91,9 @@ def test_tags() -> None:
 
 def test_ktransformers_picks_the_amx_pin_on_a_xeon_and_needs_a_gpu(tmp_path: Path) -> None:
     xeon = _host(tmp_path / "x", XEON_EMR_FLAGS, "NVIDIA H200, 9.0, 580.159.04, 143771\n")
-    assert choose_variant(xeon, _matrix("ktransformers")).offered.tag == "0.7.2-cuda13.0-sapphirerapids"
+    assert choose_variant(xeon, _matrix("ktransformers")).offered.tag == f"{pinned_ref('ktransformers')}-cuda13.0-sapphirerapids"
     assert choose_variant(xeon, _matrix("ktransformers-legacy")).offered.tag == "v0.2.4-cuda12.8-sapphirerapids"
     epyc = _host(tmp_path / "e", EPYC_9554_FLAGS, "NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n")
-    assert choose_variant(epyc, _matrix("ktransformers")).offered.tag == "0.7.2-cuda12.8-zen4"
+    assert choose_variant(epyc, _matrix("ktransformers")).offered.tag == f"{pinned_ref('ktransformers')}-cuda12.8-zen4"
     with pytest.raises(SpecError, match="it is a CUDA image and this host has no NVIDIA GPU"):
         choose_variant(_host(tmp_path / "n", EPYC_9554_FLAGS), _matrix("ktransformers"))

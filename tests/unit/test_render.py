@@ -11,6 +11,7 @@ import pytest
 
 from builder.errors import MoeStackError
 from builder.files import templates_root
+from builder.images.pins import pinned_ref
 from builder.images.render import render, render_files
 from builder.spec import BaseImages
 from tests.specs import default_spec
@@ -64,7 +65,7 @@ def test_manifest_and_flags_file_agree_with_labels() -> None:
     manifest = json.loads(files["image.json"])
     assert manifest["required_cpu_flags"] == files["required-cpu-flags"].split()
     assert f'io.moe-stack.required-cpu-flags="{" ".join(manifest["required_cpu_flags"])}"' in files["Dockerfile"]
-    assert manifest["engine_ref"] == "0c1e57098" and manifest["cuda"] is None
+    assert manifest["engine_ref"] == pinned_ref("llama.cpp") and manifest["cuda"] is None
 
 
 def test_render_refuses_a_foreign_directory(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
 from builder.images.matrix import ci_rows, cuda_target, published, variants
 from builder.images.naming import image_spec
+from builder.images.pins import pinned_ref
 from builder.images.render import configure_args
 from builder.images.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
 from builder.images.toolchain import toolchain
@@ -79,9 +80,10 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
     assert sorted(refused) == sorted((e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6"))
     rows = ci_rows()
     assert len(rows) == len(published()) == 94
-    assert {"engine": "ik_llama.cpp", "ref": "007d640098cbea95157d81846ada7fe50b9fed08", "cuda": "12.8",
-            "cuda_archs": "86,89,90,120", "cpu": "zen5", "variant": "007d640098cb-cuda12.8-zen5",
-            "tag": "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cuda12.8-zen5", "tools": "true"} in rows
+    ik = pinned_ref("ik_llama.cpp")
+    assert {"engine": "ik_llama.cpp", "ref": ik, "cuda": "12.8", "cuda_archs": "86,89,90,120", "cpu": "zen5",
+            "variant": f"{ik[:12]}-cuda12.8-zen5", "tag": f"ghcr.io/moe-stack/ik-llama-cpp:{ik[:12]}-cuda12.8-zen5",
+            "tools": "true"} in rows
 
 
 @pytest.mark.cli

@@ -1,0 +1,73 @@
+"""The weekly refs workflow's pull request must pass by construction: after a bump, its re-render step
+brings every file the pins reach up to date, and the unit suite stays green (tests of the tag format
+pass refs explicitly; tests of the pins read them)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from builder.images.pins import Bump, bump_pins, load_pins
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github/workflows/refs.yml"
+
+
+def _step(name: str) -> dict:
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bump"]["steps"]
+    return next(step for step in steps if step.get("name") == name)
+
+
+def _copy(into: Path) -> Path:
+    """The repository's tracked files (what the workflow checks out)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source, target = ROOT / name, into / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=into, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=into, check=True)
+    subprocess.run([*git, "commit", "-qm", "as checked out"], cwd=into, check=True)
+    return into
+
+
+@pytest.mark.lint  # slow: it runs the unit suite again, in the copy
+def test_a_pin_bump_keeps_the_suite_green(tmp_path: Path) -> None:
+    repo = _copy(tmp_path / "repo")
+    pins_file = repo / "dockerfiles/pins.yaml"
+    pins = load_pins()
+    new = {"llama.cpp": "b99999", "ik_llama.cpp": "a" * 40, "ktransformers": "0.9.9"}
+    pins_file.write_text(bump_pins(pins_file.read_text(), [Bump(engine, pins[engine].ref, ref, "test")
+                                                           for engine, ref in new.items()]))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    step = _step("Re-render the golden files for the new refs")
+    rerender = subprocess.run([sys.executable, *step["run"].split()[1:], "-p", "no:cacheprovider"], cwd=repo,
+                              env={**env, **step["env"]}, capture_output=True, text=True, check=False)
+    assert step["run"].startswith("python "), step["run"]
+    assert rerender.returncode == 0, rerender.stdout[-3000:] + rerender.stderr[-1000:]
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    moved = [line[3:] for line in status.splitlines()]
+    committed = _step_paths()
+    assert moved and all(any(fnmatch.fnmatch(path, pattern) for pattern in committed) for path in moved), moved
+    assert any(path.startswith("compose/") for path in moved), "the example stacks name the pinned images"
+    suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/unit", "-m", "not cli and not lint",
+                            "-p", "no:cacheprovider", "-x"], cwd=repo, env=env, capture_output=True, text=True,
+                           check=False)
+    assert suite.returncode == 0, suite.stdout[-3000:]
+
+
+def _step_paths() -> list[str]:
+    """The paths the workflow's pull request commits (create-pull-request's add-paths)."""
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bump"]["steps"]
+    pull_request = next(step for step in steps if str(step.get("uses", "")).startswith("peter-evans/create-pull-request"))
+    return [line.strip().replace("/**", "/*") for line in pull_request["with"]["add-paths"].splitlines() if line.strip()]
