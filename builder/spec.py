@@ -88,7 +88,7 @@ class CpuTarget(_Spec):
     description: str
 
 
-# CUDA toolkits the model accepts; the images and compilers for each are in builder.images.toolchain.
+# CUDA toolkits the model accepts; the images and compilers for each are in builder.platform.toolchain.
 CUDA_VERSIONS: tuple[str, ...] = ("12.4", "12.6", "12.8", "13.0")
 # GPU archs by compute capability: 86 RTX 3090, 89 RTX 4090, 90 H100/H200, 100 B200, 120 RTX 5090.
 GPU_ARCHS: tuple[int, ...] = (75, 80, 86, 89, 90, 100, 120)
@@ -150,7 +150,7 @@ def _check_image_ref(ref: str | None) -> str | None:
 class BaseImages(_Spec):
     """Base image per stage, so a local mirror or a locally made base (`moe-stack base`) can be used.
 
-    None means the default for the image's CUDA target (builder.images.toolchain picks it).
+    None means the default for the image's CUDA target (builder.platform.toolchain picks it).
     """
 
     build: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 
 EPYC_9554_FLAGS = " ".join(cpu_target("zen4").required_flags) + " fpu sse4_2 ht"
 XEON_EMR_FLAGS = " ".join(cpu_target("sapphirerapids").required_flags) + " fpu sse4_2 ht"

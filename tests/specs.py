@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines import get_engine
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 from builder.spec import GitSource, ImageSpec
 
 

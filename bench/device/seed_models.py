@@ -26,9 +26,9 @@ from pathlib import Path
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import probe
-from builder.images.flags import check_args, parse_contract
 from builder.models.synth_moe import token_read_bytes, write_moe_gguf
 from builder.models.synth_shapes import MoeShape, seed_shape
+from builder.platform.flags import check_args, parse_contract
 from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack

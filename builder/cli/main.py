@@ -38,11 +38,9 @@ from builder.host.probe import probe
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
-from builder.images.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.images.matrix import Variant as MatrixVariant
 from builder.images.matrix import ci_rows, cuda_target, edge_specs, variants
 from builder.images.naming import build_name, image_spec, variant_tag
-from builder.images.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.images.prometheus import make_prometheus
 from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.images.render import configure_args
@@ -53,6 +51,8 @@ from builder.models.hub import size_problems
 from builder.models.model_files import check_gguf, fetch_demo_model
 from builder.models.planner import GIB, model_bytes, read_facts, size, split_parts
 from builder.models.planner import plan as make_plan
+from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
+from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
 

@@ -13,8 +13,8 @@ from builder.errors import SpecError
 from builder.host.probe import Gpu, HostFacts, missing_flags
 from builder.images.matrix import cuda_target
 from builder.images.naming import Variant
-from builder.images.targets import CPU_TARGETS, best_cpu_target, fallback_cost
-from builder.images.toolchain import MIN_DRIVER, driver_runs
+from builder.platform.targets import CPU_TARGETS, best_cpu_target, fallback_cost
+from builder.platform.toolchain import MIN_DRIVER, driver_runs
 
 
 @dataclass(frozen=True)

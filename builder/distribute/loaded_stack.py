@@ -27,7 +27,7 @@ from builder.contract import (
 )
 from builder.engines import engine_names
 from builder.errors import MoeStackError
-from builder.images.toolchain import CPU_BASE_SUITE
+from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stacks.document import (
     CPU_PROFILE,
     CPU_SERVICE,

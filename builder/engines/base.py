@@ -10,8 +10,8 @@ from pathlib import Path
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
-from builder.images.pins import pinned_ref
-from builder.images.toolchain import Toolchain, toolchain
+from builder.platform.pins import pinned_ref
+from builder.platform.toolchain import Toolchain, toolchain
 from builder.spec import (
     ENGINE_OPTIONS,
     CudaTarget,

@@ -10,12 +10,13 @@ from pathlib import Path
 
 from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
-from builder.errors import StackError
+from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
-from builder.images.flags import has_flag
-from builder.images.source import clone_commands
-from builder.images.toolchain import Toolchain, python_toolchain
+from builder.platform.clone import clone_commands
+from builder.platform.flags import has_flag
+from builder.platform.toolchain import Toolchain, cuda_release, toolchain
 from builder.spec import (
+    BaseImages,
     CpuTarget,
     CudaTarget,
     EngineSource,
@@ -79,6 +80,45 @@ def _cpu_instruct(cpu: CpuTarget) -> str:
     return "AVX512" if "avx512f" in cpu.required_flags else "AVX2"
 
 
+
+# kt-kernel publishes CPython 3.11 and 3.12 wheels only (manylinux_2_35): its CPU images run on
+# bookworm (3.11; trixie has 3.13), its CUDA images on the Ubuntu 24.04 CUDA images (3.12).
+PYTHON_CPU_BASE = "debian:bookworm-slim"
+_PYTHON_OS = ("ubuntu24.04",)
+
+
+def _python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compiles: bool) -> Toolchain:
+    """The toolchain of a Python engine (KTransformers): a venv built on the OS it runs on, with
+    compilers only when it `compiles` from source (then the CPU target's GCC rules apply too)."""
+    if base.cuda == "pypi":
+        raise SpecError("KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
+                        "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi")
+    if cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
+        raise SpecError(f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
+                        "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer")
+    native = toolchain(cpu, cuda, base) if compiles else None
+    if cuda.version is None:
+        build_image = runtime_image = PYTHON_CPU_BASE
+    else:
+        release = cuda_release(cuda)
+        runtime_image = release.image("runtime")
+        build_image = release.image("devel") if compiles else runtime_image
+    python = ("ca-certificates", "python3", "python3-venv")
+    build_packages = python if native is None else (
+        *python, "python3-dev", "build-essential", "cmake", "git", "ninja-build", "pkg-config", "libnuma-dev",
+        "libhwloc-dev", *(f"{tool}-{native.gcc_major}" for tool in ("gcc", "g++") if native.gcc_major))
+    return Toolchain(
+        build_image=base.build or build_image,
+        runtime_image=base.runtime or runtime_image,
+        gcc_major=native.gcc_major if native else None,
+        build_packages=build_packages,
+        runtime_packages=("python3", "libgomp1", "numactl", "libnuma1", "libhwloc15",
+                          # Triton (under SGLang) compiles its CUDA launcher stub with the system C
+                          # compiler and Python's headers at first use.
+                          *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ())),
+    )
+
+
 class _PythonEngine(Engine):
     """What both KTransformers adapters share: the Python template, venv, wrapper and checks."""
 
@@ -108,7 +148,7 @@ class _PythonEngine(Engine):
         return "source"
 
     def toolchain(self, spec: ImageSpec) -> Toolchain:
-        return python_toolchain(spec.cpu, spec.cuda, spec.base, compiles=self._mode(spec) == "source")
+        return _python_toolchain(spec.cpu, spec.cuda, spec.base, compiles=self._mode(spec) == "source")
 
     def source_context(self, holds: str) -> str:
         return "wheelhouse" if holds == "wheels" else super().source_context(holds)

@@ -7,7 +7,7 @@ from pathlib import Path
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
-from builder.images.flags import takes_value
+from builder.platform.flags import takes_value
 from builder.spec import StackSpec
 
 

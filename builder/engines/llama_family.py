@@ -22,10 +22,10 @@ from builder.engines.tune_space import (
     value_of,
 )
 from builder.errors import StackError
-from builder.images.flags import has_flag, takes_value
-from builder.images.source import clone_commands
-from builder.images.targets import GGML_X86_FEATURES
-from builder.images.toolchain import Toolchain
+from builder.platform.clone import clone_commands
+from builder.platform.flags import has_flag, takes_value
+from builder.platform.targets import GGML_X86_FEATURES
+from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.

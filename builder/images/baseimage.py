@@ -19,7 +19,7 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import LOCAL_ONLY
 from builder.docker_client import describe, docker
 from builder.errors import BaseImageError
-from builder.images.toolchain import CPU_BASE, CPU_BASE_SUITE
+from builder.platform.toolchain import CPU_BASE, CPU_BASE_SUITE
 
 DEFAULT_SUITE = CPU_BASE_SUITE
 DEFAULT_PULL = CPU_BASE

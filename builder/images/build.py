@@ -30,11 +30,11 @@ from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
-from builder.images.flags import LABEL as FLAGS_LABEL
-from builder.images.flags import parse_contract, to_label
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render_files
-from builder.images.targets import best_cpu_target
+from builder.platform.flags import LABEL as FLAGS_LABEL
+from builder.platform.flags import parse_contract, to_label
+from builder.platform.targets import best_cpu_target
 from builder.spec import ImageSpec, LocalSource
 
 # The stage the image is; the others only build it. A tools image is the stage after it.

@@ -26,8 +26,8 @@ from builder.docker_client import docker
 from builder.errors import BaseImageError
 from builder.files import content_dir, templates_root
 from builder.images.build import BuildPlan, stream_build
-from builder.images.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
 from builder.images.render import template_environment
+from builder.platform.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
 
 WHEELS_CONTEXT = "cuda-wheels"
 CHECK_STAGE = "check"

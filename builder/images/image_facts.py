@@ -9,8 +9,8 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import ARCHITECTURES_LABEL, LABEL_PREFIX
 from builder.docker_client import describe, docker
 from builder.errors import StackError
-from builder.images.flags import LABEL as FLAGS_LABEL
-from builder.images.flags import from_label
+from builder.platform.flags import LABEL as FLAGS_LABEL
+from builder.platform.flags import from_label
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
-from builder.images.toolchain import CUDA_RELEASES
+from builder.platform.toolchain import CUDA_RELEASES
 from builder.spec import CudaTarget, ImageSpec
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from builder.files import templates_root
 from builder.images.image_facts import ImageFacts
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 
 
 @dataclass(frozen=True)

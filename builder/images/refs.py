@@ -14,7 +14,7 @@ from typing import Protocol
 
 from builder.engines import get_engine
 from builder.errors import SpecError
-from builder.images.pins import Bump, Pin, branch_head, newest_pypi_version, newest_release_tag
+from builder.platform.pins import Bump, Pin, branch_head, newest_pypi_version, newest_release_tag
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 

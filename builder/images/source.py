@@ -1,4 +1,4 @@
-"""Engine sources: the git clone the image does by default, or a local tree given to the build.
+"""Engine sources given to a build instead of its default git clone (platform/clone.py).
 
 A local source may be an engine tree, a tarball of one, an sdist that vendors one (e.g.
 llama-cpp-python's vendor/llama.cpp), or `pypi:NAME==VERSION` to fetch such an sdist: hosts that
@@ -20,26 +20,9 @@ from typing import TYPE_CHECKING
 from builder.errors import SourceError
 from builder.files import cache_dir
 from builder.safe_tar import UnsafeArchive, extract_tree
-from builder.spec import FULL_SHA
 
 if TYPE_CHECKING:
     from builder.engines.base import Engine
-
-_SHORT_SHA = re.compile(r"^[0-9a-f]{7,39}$")
-
-
-def clone_commands(url: str, ref: str) -> list[str]:
-    """Shell commands that put `url` at `ref` into /src, fetching as little history as possible."""
-    if _SHORT_SHA.fullmatch(ref):
-        # An abbreviated commit can't be fetched by name: clone, then resolve it locally.
-        return [f"git clone --quiet {url} /src", f"git -C /src checkout --quiet --detach {ref}"]
-    if FULL_SHA.fullmatch(ref):
-        return [
-            "git init --quiet /src",
-            f"git -C /src fetch --quiet --depth 1 {url} {ref}",
-            "git -C /src checkout --quiet --detach FETCH_HEAD",
-        ]
-    return [f"git clone --quiet --depth 1 --branch {ref} {url} /src"]
 
 
 def resolve_local(engine: Engine, given: str) -> Path:

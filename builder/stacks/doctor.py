@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from builder.host.probe import HostFacts
-from builder.images.targets import AVX2, best_cpu_target, fallback_cost
-from builder.images.toolchain import MIN_DRIVER, highest_cuda
 from builder.models.planner import size
+from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
+from builder.platform.toolchain import MIN_DRIVER, highest_cuda
 from builder.stacks.pinned_memory import pinned_finding
 
 Level = Literal["OK", "WARN", "FAIL"]

@@ -30,9 +30,9 @@ from builder.contract import (
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.placement import numa_env
-from builder.images.flags import check_args
 from builder.images.image_facts import ImageFacts
-from builder.images.toolchain import CPU_BASE_SUITE
+from builder.platform.flags import check_args
+from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions, StackSpec
 
 _T = TypeVar("_T")

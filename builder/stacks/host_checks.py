@@ -12,8 +12,8 @@ from builder.contract import IMAGE_UID, MODEL_DIR
 from builder.errors import StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
-from builder.images.targets import best_cpu_target
 from builder.models.planner import split_parts
+from builder.platform.targets import best_cpu_target
 from builder.spec import StackSpec
 from builder.stacks.document import StackFiles, directory_mount
 

@@ -17,8 +17,8 @@ from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLB
 from builder.errors import StackError
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
-from builder.images.targets import CPU_TARGETS
 from builder.models.planner import GIB
+from builder.platform.targets import CPU_TARGETS
 from builder.spec import StackSpec
 from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_environment, pinned_image
 

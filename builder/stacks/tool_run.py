@@ -18,9 +18,9 @@ from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker
 from builder.errors import StackError
-from builder.images.flags import parse_help
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
+from builder.platform.flags import parse_help
 from builder.stacks.document import CPU_SERVICE, SERVICE, literal, stack_record, to_yaml, unliteral
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args

@@ -15,9 +15,9 @@ from pathlib import Path
 from builder.engines.tune_space import value_of
 from builder.errors import StackError
 from builder.host.probe import probe
-from builder.images.flags import parse_help
 from builder.images.naming import tools_image_of
 from builder.models.planner import read_facts
+from builder.platform.flags import parse_help
 from builder.stacks.document import literal, stack_record, unliteral
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import NativeRunner, Runner, family_engine

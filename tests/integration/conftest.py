@@ -21,13 +21,13 @@ from python_on_whales import DockerClient
 
 from builder.docker_client import docker
 from builder.engines import get_engine
+from builder.engines.ktransformers import PYTHON_CPU_BASE
 from builder.errors import DockerUnavailable
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.images.toolchain import PYTHON_CPU_BASE
 from builder.models.model_files import fetch_demo_model
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages, StackSpec

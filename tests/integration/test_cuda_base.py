@@ -15,11 +15,11 @@ from python_on_whales import DockerClient
 
 from builder.engines import get_engine
 from builder.images.build import BuildPlan, stream_build
-from builder.images.cuda_wheels import PYPI_CUDA
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import render
 from builder.images.source import resolve_local
+from builder.platform.cuda_wheels import PYPI_CUDA
 from builder.spec import BaseImages
 from tests.cli import run_cli
 

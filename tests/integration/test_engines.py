@@ -15,8 +15,8 @@ from python_on_whales import DockerClient
 from builder.errors import StackError
 from builder.files import cache_dir
 from builder.images.prometheus import make_prometheus
-from builder.images.toolchain import CPU_BASE_SUITE
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
+from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from builder.stacks.host_checks import free_local_port

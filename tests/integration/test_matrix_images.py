@@ -12,7 +12,7 @@ from python_on_whales import DockerClient
 
 from builder.host.probe import missing_flags, read_cpu
 from builder.images.image_facts import read_image_facts
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 from builder.spec import EXPERTS_ON_CPU_RULE
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, free_port

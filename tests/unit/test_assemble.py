@@ -12,10 +12,10 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import short_ref
-from builder.images.pins import pinned_ref
 from builder.models.planner import GIB, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
+from builder.platform.pins import pinned_ref
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks import pinned_memory
 from builder.stacks.assemble import (

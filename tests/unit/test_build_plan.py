@@ -15,7 +15,7 @@ from builder.host.probe import CpuInfo
 from builder.images.build import contract_stand_in, local_bases, plan_build, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 from builder.spec import LocalSource
 from tests.hosts import EPYC_9554_FLAGS
 from tests.specs import default_spec

@@ -12,7 +12,7 @@ from builder.errors import SpecError
 from builder.host.probe import probe
 from builder.images.matrix import published
 from builder.images.naming import Variant, parse_variant, variant_tag
-from builder.images.pins import pinned_ref
+from builder.platform.pins import pinned_ref
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 AVX2_ONLY_FLAGS = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave fpu sse4_2 ht"

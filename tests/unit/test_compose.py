@@ -11,8 +11,8 @@ import yaml
 from builder.errors import StackError
 from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts
-from builder.images.targets import cpu_target
 from builder.models.model_files import check_gguf
+from builder.platform.targets import cpu_target
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.document import cpu_only, project_name_for, stack_record, start_period_for, to_yaml

@@ -14,12 +14,12 @@ import pytest
 
 from builder.errors import SpecError
 from builder.images.cuda_base import CHECK_ARCH, check_report, render_files
-from builder.images.cuda_wheels import PYPI_CUDA, pypi_cuda
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import image_labels
 from builder.images.render import render_files as render_engine
-from builder.images.toolchain import toolchain
+from builder.platform.cuda_wheels import PYPI_CUDA, pypi_cuda
+from builder.platform.toolchain import toolchain
 from builder.spec import BaseImages
 from tests.tools import dependency_command
 

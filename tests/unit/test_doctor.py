@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from builder.host.probe import probe
-from builder.images.toolchain import highest_cuda
+from builder.platform.toolchain import highest_cuda
 from builder.stacks.doctor import diagnose
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host

@@ -10,7 +10,7 @@ import pytest
 
 from builder.engines import engine_names, get_engine
 from builder.errors import StackError
-from builder.images.flags import option_names
+from builder.platform.flags import option_names
 from builder.spec import ENGINE_OPTIONS, StackSpec
 from builder.stacks.compose import compose_dict
 

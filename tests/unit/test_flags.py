@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from builder.engines import get_engine
 from builder.errors import StackError
-from builder.images.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
+from builder.platform.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
 from builder.spec import StackSpec
 
 DATA = Path(__file__).parent / "data"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.host.probe import missing_flags, parse_cpulist, parse_nvidia_smi, probe, read_cpu
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 

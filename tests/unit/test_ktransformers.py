@@ -18,9 +18,9 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import render_files
 from builder.images.source import resolve_local
-from builder.images.targets import cpu_target
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.models.planner import plan as make_plan
+from builder.platform.targets import cpu_target
 from builder.spec import ImageSpec, LocalSource, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset

@@ -13,9 +13,9 @@ from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
-from builder.images.targets import CPU_TARGETS
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
+from builder.platform.targets import CPU_TARGETS
 from builder.spec import CudaTarget, StackSpec
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.compose import compose_dict

@@ -3,7 +3,9 @@ and TYPE_CHECKING ones included):
 
     cli                     may import anything below it
     stacks, distribute      distribute may use stacks (a bundle holds a stack), never the reverse
-    images, engines         naming, rendering, building; the engine adapters
+    images                  naming, rendering, building: over the adapters
+    engines                 the engine adapters
+    platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
     host, models            leaves: they import only the core
     core                    builder, errors, files, spec, contract, safe_tar, docker_client
 
@@ -15,10 +17,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2] / "builder"
 CORE = {"builder", "builder.errors", "builder.files", "builder.spec", "builder.contract", "builder.safe_tar",
         "builder.docker_client"}
-LAYER = {"core": 0, "host": 1, "models": 1, "images": 2, "engines": 2, "stacks": 3, "distribute": 3, "cli": 4}
+LAYER = {"core": 0, "host": 1, "models": 1, "platform": 2, "engines": 3, "images": 4, "stacks": 5, "distribute": 5,
+         "cli": 6}
 DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
 TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
@@ -96,15 +101,19 @@ def test_only_building_running_and_publishing_talk_to_docker() -> None:
         assert not _closure(module) & DOCKER, f"{module} reaches the Docker client"
 
 
-def test_the_rule_catches_a_wrong_import() -> None:
-    """The check itself can fail: a leaf importing upwards is reported."""
-    GRAPH["builder.host.probe"].add("builder.images.render")
+@pytest.mark.parametrize(("module", "target"), [("builder.host.probe", "builder.images.render"),
+                                                ("builder.engines.base", "builder.images.naming"),
+                                                ("builder.platform.targets", "builder.engines.base")])
+def test_the_rule_catches_a_wrong_import(module: str, target: str) -> None:
+    """The check itself can fail: a leaf importing upwards, an adapter importing images/, the floor
+    importing an adapter are reported."""
+    GRAPH[module].add(target)
     try:
         try:
             test_imports_point_down_or_across_their_own_layer()
         except AssertionError as error:
-            assert "builder.host.probe -> builder.images.render" in str(error)
+            assert f"{module} -> {target}" in str(error)
         else:
-            raise AssertionError("a leaf importing builder.images.render was not reported")
+            raise AssertionError(f"{module} importing {target} was not reported")
     finally:
-        GRAPH["builder.host.probe"].discard("builder.images.render")
+        GRAPH[module].discard(target)

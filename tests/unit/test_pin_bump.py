@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.images.pins import Bump, bump_pins, load_pins
+from builder.platform.pins import Bump, bump_pins, load_pins
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github/workflows/refs.yml"

@@ -14,7 +14,8 @@ from builder.errors import SpecError
 from builder.images.build import Publishing, build_plan
 from builder.images.matrix import ci_rows, edge_specs
 from builder.images.naming import image_spec
-from builder.images.pins import (
+from builder.images.refs import edge_refs, plan_bumps
+from builder.platform.pins import (
     Bump,
     branch_head,
     bump_pins,
@@ -25,7 +26,6 @@ from builder.images.pins import (
     pins_path,
     summary,
 )
-from builder.images.refs import edge_refs, plan_bumps
 from builder.spec import GitSource
 
 IK_HEAD = "5f3c2a1b9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"

@@ -11,8 +11,8 @@ import pytest
 
 from builder.errors import MoeStackError
 from builder.files import templates_root
-from builder.images.pins import pinned_ref
 from builder.images.render import render, render_files
+from builder.platform.pins import pinned_ref
 from builder.spec import BaseImages
 from tests.specs import default_spec
 from tests.tools import dependency_command

@@ -9,7 +9,8 @@ import pytest
 
 from builder.engines import get_engine
 from builder.errors import SourceError
-from builder.images.source import clone_commands, resolve_local
+from builder.images.source import resolve_local
+from builder.platform.clone import clone_commands
 from tests.specs import ik_tree, mainline_tree
 
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.images.naming import image_spec, variant_tag
-from builder.images.targets import cpu_target
+from builder.platform.targets import cpu_target
 from builder.spec import CudaTarget, GitSource, ImageSpec, LocalSource, StackSpec
 from tests.specs import default_spec
 

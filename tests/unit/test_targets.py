@@ -11,10 +11,10 @@ from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
 from builder.images.matrix import ci_rows, cuda_target, published, variants
 from builder.images.naming import image_spec
-from builder.images.pins import pinned_ref
 from builder.images.render import configure_args
-from builder.images.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
-from builder.images.toolchain import toolchain
+from builder.platform.pins import pinned_ref
+from builder.platform.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
+from builder.platform.toolchain import toolchain
 from tests.cli import run_cli
 
 

@@ -11,10 +11,10 @@ import pytest
 from builder.engines.llama_bench import llama_bench_args, server_settings, sweep_bench_args
 from builder.errors import SpecError, StackError
 from builder.images.build import TOOLS_STAGE, plan_build
-from builder.images.flags import parse_contract, parse_help
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files
+from builder.platform.flags import parse_contract, parse_help
 from builder.stacks.tool_bench import (
     ToolOutput,
     parse,

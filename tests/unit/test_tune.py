@@ -14,8 +14,8 @@ from builder.engines import get_engine
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, setting_ubatch, setting_value, thread_counts, value_of
 from builder.errors import SpecError, StackError
-from builder.images.flags import parse_help
 from builder.models.planner import ModelFacts
+from builder.platform.flags import parse_help
 from builder.stacks.tool_bench import ToolOutput, numactl_prefix
 from builder.stacks.tune import MIN_GAIN, Tuner, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document

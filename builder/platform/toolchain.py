@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.errors import SpecError
-from builder.images.cuda_wheels import pypi_cuda
+from builder.platform.cuda_wheels import pypi_cuda
 from builder.spec import DEFAULT_BASES, BaseImages, CpuTarget, CudaTarget
 
 # Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
@@ -136,44 +136,6 @@ def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
         gcc_major=gcc_major,
         build_packages=("build-essential", "ca-certificates", "ccache", "cmake", "git", "ninja-build", *gcc_packages),
         runtime_packages=("libgomp1", "numactl"),
-    )
-
-
-# kt-kernel publishes CPython 3.11 and 3.12 wheels only (manylinux_2_35): its CPU images run on
-# bookworm (3.11; trixie has 3.13), its CUDA images on the Ubuntu 24.04 CUDA images (3.12).
-PYTHON_CPU_BASE = "debian:bookworm-slim"
-_PYTHON_OS = ("ubuntu24.04",)
-
-
-def python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compiles: bool) -> Toolchain:
-    """The toolchain of a Python engine (KTransformers): a venv built on the OS it runs on, with
-    compilers only when it `compiles` from source (then the CPU target's GCC rules apply too)."""
-    if base.cuda == "pypi":
-        raise SpecError("KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
-                        "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi")
-    if cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
-        raise SpecError(f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
-                        "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer")
-    native = toolchain(cpu, cuda, base) if compiles else None
-    if cuda.version is None:
-        build_image = runtime_image = PYTHON_CPU_BASE
-    else:
-        release = cuda_release(cuda)
-        runtime_image = release.image("runtime")
-        build_image = release.image("devel") if compiles else runtime_image
-    python = ("ca-certificates", "python3", "python3-venv")
-    build_packages = python if native is None else (
-        *python, "python3-dev", "build-essential", "cmake", "git", "ninja-build", "pkg-config", "libnuma-dev",
-        "libhwloc-dev", *(f"{tool}-{native.gcc_major}" for tool in ("gcc", "g++") if native.gcc_major))
-    return Toolchain(
-        build_image=base.build or build_image,
-        runtime_image=base.runtime or runtime_image,
-        gcc_major=native.gcc_major if native else None,
-        build_packages=build_packages,
-        runtime_packages=("python3", "libgomp1", "numactl", "libnuma1", "libhwloc15",
-                          # Triton (under SGLang) compiles its CUDA launcher stub with the system C
-                          # compiler and Python's headers at first use.
-                          *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ())),
     )
 
 
