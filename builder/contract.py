@@ -31,6 +31,17 @@ PROMETHEUS_DATA = "/var/lib/moe-stack-prometheus"  # the stack's named volume (D
 PROMETHEUS_CONFIG_ENV = "MOE_STACK_PROMETHEUS_CONFIG"  # the scrape configuration, written to /tmp at start
 
 
+# The environment the image's scripts read (dockerfiles/common/moe-stack-entrypoint and the others):
+# what a stack sets...
+NUMA_ENV = "MOE_STACK_NUMA"  # the numactl policy: interleave[:NODES] | membind:NODES | cpunodebind:NODES
+HUGETLBFS_ENV = "MOE_STACK_HUGETLBFS"  # where the entrypoint stages the model (a hugetlbfs mount)
+# ... and what the image sets itself (its Dockerfile's ENV).
+SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
+IMAGE_ENV = ("MOE_STACK_ENGINE_BIN", "MOE_STACK_MODEL_FLAGS", "MOE_STACK_TOOLS_DIR", "MOE_STACK_ROUTER_PRESET_FILE",
+             SERVER_MODULE_ENV, "MOE_STACK_HEALTH_PATH", "MOE_STACK_SKIP_ISA_GUARD",
+             "MOE_STACK_PROMETHEUS_CONFIG_FILE", "MOE_STACK_PROMETHEUS_DATA", "MOE_STACK_PROMETHEUS_PORT")
+
+
 # Images moe-stack makes on the host (`moe-stack base`: the Debian, CUDA and Prometheus bases) are
 # named under this unqualified namespace, which Docker would resolve to Docker Hub, where it is not
 # ours: they are never pulled (pull_policy: never, and a build checks they exist first).

@@ -20,7 +20,9 @@ from builder.contract import (
     CONFIG_DIR,
     CONTAINER_PORT,
     HUGETLBFS_DIR,
+    HUGETLBFS_ENV,
     MODEL_DIR,
+    NUMA_ENV,
     PROMETHEUS_DATA,
     ROUTER_PRESET_ENV,
     prometheus_image,
@@ -210,7 +212,7 @@ def _other_mounts(name: str, volumes: object, choices: LoadChoices,
                 raise UntrustedBundle(f"its stack mounts a config directory at {CONFIG_DIR}: pass --config-dir "
                                       "with this host's copy of the model's Hugging Face directory")
             mounts.append(config_mount(choices.config_dir.resolve()))
-        elif volume == HUGETLBFS_MOUNT and environment.get("MOE_STACK_HUGETLBFS") == HUGETLBFS_DIR:
+        elif volume == HUGETLBFS_MOUNT and environment.get(HUGETLBFS_ENV) == HUGETLBFS_DIR:
             mounts.append(HUGETLBFS_MOUNT)
         else:
             raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {target}; a moe-stack stack "
@@ -223,13 +225,13 @@ def _environment(name: str, service: dict) -> dict[str, str]:
     if not isinstance(given, dict):
         raise UntrustedBundle(f"service {name}'s environment is not a mapping")
     environment = {str(key): unliteral(str(value)) for key, value in given.items()}
-    unknown = sorted(set(environment) - {"MOE_STACK_NUMA", "MOE_STACK_HUGETLBFS", ROUTER_PRESET_ENV})
+    unknown = sorted(set(environment) - {NUMA_ENV, HUGETLBFS_ENV, ROUTER_PRESET_ENV})
     if unknown:
         raise UntrustedBundle(f"service {name} sets the environment variable {unknown[0]}, which moe-stack never sets")
-    if "MOE_STACK_NUMA" in environment and not _NUMA.fullmatch(environment["MOE_STACK_NUMA"]):
-        raise UntrustedBundle(f"service {name}'s NUMA policy {environment['MOE_STACK_NUMA']!r} is not one moe-stack "
+    if NUMA_ENV in environment and not _NUMA.fullmatch(environment[NUMA_ENV]):
+        raise UntrustedBundle(f"service {name}'s NUMA policy {environment[NUMA_ENV]!r} is not one moe-stack "
                               "writes")
-    if environment.get("MOE_STACK_HUGETLBFS", HUGETLBFS_DIR) != HUGETLBFS_DIR:
+    if environment.get(HUGETLBFS_ENV, HUGETLBFS_DIR) != HUGETLBFS_DIR:
         raise UntrustedBundle(f"service {name} stages the model elsewhere than {HUGETLBFS_DIR}")
     preset = environment.get(ROUTER_PRESET_ENV, "")
     if _CONTROL.search(preset.replace("\n", "")):
@@ -306,8 +308,23 @@ def _record(document: dict, choices: LoadChoices, engines: list[str]) -> dict[st
         "flags-checked": given.get("flags-checked") is True,
         **({"cpu-weights": "pinned"} if given.get("cpu-weights") == "pinned" else {}),
         **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if len(engines) > 1 else {}),
+        "serves": {name: _serves(name, given.get("serves")) for name in engines},
     }
     return record
+
+
+def _serves(name: str, served: object) -> dict[str, object]:
+    """What the record says service `name` serves, each value of its type."""
+    facts = served.get(name) if isinstance(served, dict) else None
+    if not isinstance(facts, dict):
+        raise UntrustedBundle(f"its x-moe-stack records nothing of what {name} serves; bundle it again with this "
+                              "moe-stack")
+    threads, layers = facts.get("threads"), facts.get("gpu-layers")
+    flags = (facts.get("metrics"), facts.get("tool-calls"))
+    if not (type(threads) is int and threads >= 1 and (layers is None or type(layers) is int and layers >= 0)
+            and all(type(flag) is bool for flag in flags)):
+        raise UntrustedBundle(f"its x-moe-stack's serves.{name} is not threads, gpu-layers, metrics and tool-calls")
+    return {"threads": threads, "gpu-layers": layers, "metrics": flags[0], "tool-calls": flags[1]}
 
 
 def _text(value: object) -> str:

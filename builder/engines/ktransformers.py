@@ -8,7 +8,7 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR
+from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
@@ -177,7 +177,7 @@ class _PythonEngine(Engine):
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
             # The wrapper as the runtime runs it: the venv's Python first on PATH, the module named.
             "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}PATH={VENV}/bin:$PATH "
-                            f"MOE_STACK_SERVER_MODULE={self.server_module} {SERVER_WRAPPER} --help",
+                            f"{SERVER_MODULE_ENV}={self.server_module} {SERVER_WRAPPER} --help",
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,
@@ -227,6 +227,7 @@ class KTransformers(_PythonEngine):
     package_dir = "kt-kernel"
     installs_wheels = True
     runtime_dispatch = True  # kt-kernel loads one of its _kt_kernel_ext_* variants at run time
+    metrics_flag = "--enable-metrics"
     # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
     # rules, layer counts, cache types or llama.cpp's load and sampling switches.
     honours = frozenset({"ctx_size", "threads", "parallel", "served_name", "metrics", "kt_method", "gpu_experts",

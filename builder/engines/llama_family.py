@@ -41,6 +41,7 @@ class LlamaFamilyEngine(Engine):
     jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
     needs_build_info_shim: bool = False
+    metrics_flag, template_flag = "--metrics", "--jinja"
     honours = frozenset({"ctx_size", "threads", "parallel", "override_tensors", "chat_template", "served_name", "jinja",
                          "metrics", "gpu_layers", "tensor_split", "cache_type", "flash_attention", "temperature",
                          "top_p", "top_k", "min_p", "batch_size", "ubatch_size", "mmap", "mlock", "hugetlbfs",

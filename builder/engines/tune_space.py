@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from builder.contract import NUMA_ENV
 from builder.engines.llama_bench import server_settings
 
 # A setting: the server's arguments and the container environment's overrides.
@@ -95,7 +96,7 @@ def setting_ubatch(args: Args, env: Env, value: str) -> tuple[Args, Env]:
 
 def setting_numa(args: Args, env: Env, value: str) -> tuple[Args, Env]:
     """The container's NUMA policy (MOE_STACK_NUMA, applied by the image's entrypoint with numactl)."""
-    return args, {**env, "MOE_STACK_NUMA": value}
+    return args, {**env, NUMA_ENV: value}
 
 
 def thread_counts(threads: int) -> tuple[str, ...]:

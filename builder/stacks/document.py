@@ -19,8 +19,10 @@ from builder.contract import (
     CONFIG_DIR,
     CONTAINER_PORT,
     HUGETLBFS_DIR,
+    HUGETLBFS_ENV,
     IMAGE_UID,
     MODEL_DIR,
+    NUMA_ENV,
     PROMETHEUS_CONFIG_ENV,
     PROMETHEUS_DATA,
     PROMETHEUS_PORT,
@@ -120,9 +122,21 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
         "flags-checked": facts is not None,
         **({"cpu-weights": "pinned"} if engine_pins(stack) else {}),
         **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
+        "serves": {SERVICE: serves(stack, services[SERVICE]["command"]),
+                   **({CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {})},
     }
     return stack_document(stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs,
                           files.api_key)
+
+
+def serves(stack: StackSpec, command: object) -> dict[str, object]:
+    """What an engine service serves, for the readers of the file (smoke, tune, bench) that must not
+    parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
+    engine = get_engine(stack.engine)
+    args = command if isinstance(command, list) else []
+    return {"threads": stack.threads, "gpu-layers": stack.gpu_layers,
+            "metrics": engine.metrics_flag is not None and engine.metrics_flag in args,
+            "tool-calls": engine.template_flag is not None and engine.template_flag in args}
 
 
 def stack_document(project: str, record: dict[str, object], services: dict[str, dict[str, object]],
@@ -349,11 +363,11 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     caps = []
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
-        environment["MOE_STACK_NUMA"] = policy
+        environment[NUMA_ENV] = policy
     if policy or get_engine(stack.engine).binds_numa_memory:
         caps.append("SYS_NICE")
     if stack.hugetlbfs != "off":
-        environment["MOE_STACK_HUGETLBFS"] = HUGETLBFS_DIR
+        environment[HUGETLBFS_ENV] = HUGETLBFS_DIR
     if stack.mlock:
         caps.append("IPC_LOCK")
     return environment, caps

@@ -13,6 +13,7 @@ import yaml
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.document import CPU_SERVICE, SERVICE, stack_record, unliteral
@@ -35,6 +36,7 @@ class StackUnderTest:
     """What the file says, and how to reach what runs."""
 
     document: dict
+    name: str
     service: dict
     api: EngineApi
     container: Container | None
@@ -43,9 +45,12 @@ class StackUnderTest:
     def command(self) -> list[str]:
         return [unliteral(str(arg)) for arg in self.service.get("command") or []]
 
-    def flag_value(self, flag: str) -> str | None:
-        command = self.command
-        return command[command.index(flag) + 1] if flag in command[:-1] else None
+    @property
+    def serves(self) -> dict:
+        """What the file records the service serves (threads, metrics, tool calls)."""
+        served = stack_record(self.document).get("serves")
+        facts = served.get(self.name) if isinstance(served, dict) else None
+        return facts if isinstance(facts, dict) else {}
 
 
 def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:
@@ -72,7 +77,7 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     api = EngineApi(port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300)
     running = DockerClient(compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]).compose.ps()
     container = next((c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None)
-    return StackUnderTest(document=document, service=service, api=api, container=container)
+    return StackUnderTest(document=document, name=name, service=service, api=api, container=container)
 
 
 def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
@@ -96,8 +101,8 @@ def _chat(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
-    if "--jinja" not in stack.command:
-        return True, "not asked: the stack renders chat without a Jinja template (no tool calls)"
+    if not stack.serves.get("tool-calls"):
+        return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
     reply = stack.api.post("/v1/chat/completions", {
         "model": _model(stack), "max_tokens": 16, "temperature": 0, "tools": [TOOL],
         "messages": [{"role": "user", "content": "What is the weather in Paris?"}]})
@@ -126,11 +131,11 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
         wanted = _cpus_of(str(stack.service["cpuset"]))
         ok &= allowed == wanted
         seen.append(f"cpuset {stack.service['cpuset']} {'holds' if allowed == wanted else 'differs'}")
-    threads = stack.flag_value("--threads") or stack.flag_value("--kt-cpuinfer") or stack.flag_value("--cpu_infer")
-    if threads is not None:
-        ok &= int(threads) <= len(allowed)
+    threads = stack.serves.get("threads")
+    if isinstance(threads, int):
+        ok &= threads <= len(allowed)
         seen.append(f"{threads} threads")
-    policy = str((stack.service.get("environment") or {}).get("MOE_STACK_NUMA", "none"))
+    policy = str((stack.service.get("environment") or {}).get(NUMA_ENV, "none"))
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
         kind = "interleave" if policy.startswith("interleave") else "bind" if policy.startswith("membind") else ""
@@ -149,7 +154,7 @@ def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _metrics(stack: StackUnderTest) -> tuple[bool, str]:
-    if "--metrics" not in stack.command and "--enable-metrics" not in stack.command:
+    if not stack.serves.get("metrics"):
         return True, "not asked: the stack has no metrics endpoint"
     lines = [line for line in stack.api.get("/metrics").splitlines() if line and not line.startswith("#")]
     return bool(lines), f"/metrics holds {len(lines)} samples"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from builder.contract import MODEL_DIR
+from builder.contract import MODEL_DIR, NUMA_ENV
 from builder.engines import get_engine
 from builder.engines.llama_bench import ToolArgs, llama_bench_args, sweep_bench_args
 from builder.engines.llama_family import LlamaFamilyEngine
@@ -54,7 +54,7 @@ class NativeRunner:
         return [str(self.model_dir / arg[len(prefix):]) if arg.startswith(prefix) else arg for arg in args]
 
     def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
-        command = [*numactl_prefix((env or {}).get("MOE_STACK_NUMA", "none")), str(self.bin_dir / program),
+        command = [*numactl_prefix((env or {}).get(NUMA_ENV, "none")), str(self.bin_dir / program),
                    *self._local(args)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from builder.engines.tune_space import value_of
+from builder.contract import NUMA_ENV
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
@@ -70,8 +70,9 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     document = read_stack(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
     family_engine(engine)  # an engine with llama-bench, else one line
-    _, service = engine_service(document, compose_file, profile)
-    model = Path(str(stack_record(document).get("model") or ""))
+    name, service = engine_service(document, compose_file, profile)
+    record = stack_record(document)
+    model = Path(str(record.get("model") or ""))
     if not model.is_file():
         raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
     runner: Runner
@@ -89,9 +90,13 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     if "-m" not in bench_flags:
         raise StackError("the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`")
     environment = {str(k): unliteral(str(v)) for k, v in (service.get("environment") or {}).items()}
-    env = {"MOE_STACK_NUMA": environment.get("MOE_STACK_NUMA", "none")}
-    layers = value_of(args, ("-ngl", "--n-gpu-layers", "--gpu-layers"))
-    hybrid = layers not in (None, "0")
+    env = {NUMA_ENV: environment.get(NUMA_ENV, "none")}
+    served = record.get("serves")
+    facts = served.get(name) if isinstance(served, dict) else None
+    if not isinstance(facts, dict):
+        raise StackError(f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
+                         "this moe-stack's `compose`")
+    hybrid = facts.get("gpu-layers") not in (None, 0)
     dimensions = family_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
     tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
                   objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
@@ -110,9 +115,12 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
     derived = copy.deepcopy(document)
     service = derived["services"][service_name]
     service["command"] = [literal(arg) for arg in result.best.args]
-    numa = result.best.env.get("MOE_STACK_NUMA")
-    if numa is not None and numa != (service.get("environment") or {}).get("MOE_STACK_NUMA", "none"):
-        service.setdefault("environment", {})["MOE_STACK_NUMA"] = numa
+    numa = result.best.env.get(NUMA_ENV)
+    if numa is not None and numa != (service.get("environment") or {}).get(NUMA_ENV, "none"):
+        service.setdefault("environment", {})[NUMA_ENV] = numa
+    served = ((derived.get("x-moe-stack") or {}).get("serves") or {}).get(service_name)
+    if isinstance(served, dict) and str(result.best.values.get("threads", "")).isdigit():
+        served["threads"] = int(result.best.values["threads"])  # what the winner's --threads says
     ratio_prefill, ratio_decode = result.ratios
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
     record: dict[str, object] = {

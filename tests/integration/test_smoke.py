@@ -48,6 +48,8 @@ def test_smoke_passes_on_an_emitted_stack(docker_services: Services, docker_comp
     assert "['tiny-moe']" in checks["served-name"]["seen"]
     assert checks["placement"]["seen"].endswith("2 threads")
     assert checks["gpu"]["seen"].startswith("not asked")
+    # From what the file records it serves, not from the engine's flags.
+    assert checks["metrics"]["seen"].startswith("/metrics holds") and "tool calls" in checks["tool-call"]["seen"]
 
 
 def test_smoke_names_what_differs(docker_services: Services, docker_compose_file: str, tmp_path: Path) -> None:

@@ -96,6 +96,8 @@ def _top(change: dict[str, object]) -> dict:
      "pass --config-dir"),
     (_top({"x-moe-stack": {}}), "names the engine None"),
     (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "served-name": "x\n  evil: 1"}}), "control character"),
+    (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "serves": {"engine": {"threads": "2; true"}}}}),
+     "serves.engine is not"),
     (_top({"networks": {"default": {"external": True}}}), "top-level networks"),
     (_top({"name": "../other"}), "project name"),
     (_top({"services": {**EMITTED["services"], "miner": EMITTED["services"]["engine"]}}), "service miner"),

@@ -117,3 +117,21 @@ def test_the_declared_spellings_are_the_engines(engine: str, help_file: str) -> 
         groups = [group for group in adapter.flag_spellings if group & set(names)]
         for group in groups:
             assert set(names) <= group, (names, sorted(group))
+
+
+@pytest.mark.parametrize("engine", engine_names())
+def test_the_file_records_what_it_serves(tmp_path: Path, engine: str) -> None:
+    """smoke, tune and bench read threads, GPU layers, /metrics and tool calls from x-moe-stack, never
+    from an engine's flags: the record follows the command the adapter wrote."""
+    adapter = get_engine(engine)
+    for metrics in (True, False):
+        try:
+            document = compose_dict(StackSpec(**{**_base(tmp_path, engine), "metrics": metrics}), "x")
+        except StackError:
+            assert not metrics and "metrics" not in adapter.honours
+            continue
+        served = document["x-moe-stack"]["serves"]["engine"]
+        command = document["services"]["engine"]["command"]
+        assert served["threads"] == 4 and served["gpu-layers"] is None
+        assert served["metrics"] == (adapter.metrics_flag in command) == (metrics and adapter.metrics_flag is not None)
+        assert served["tool-calls"] == (adapter.template_flag is not None and adapter.template_flag in command)
