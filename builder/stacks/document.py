@@ -283,6 +283,11 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     if facts is not None and facts.engine != engine.name:
         raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
     command = engine.server_args(stack, facts.server_flags if facts else None)
+    if facts is not None and not facts.server_flags:
+        raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
+                         f"image); use a CUDA image of {engine.name}")
+    if facts is not None:
+        check_args(command, facts.server_flags, facts.who)
     # An extra argument in any spelling of a flag the adapter writes would set what a moe-stack option
     # sets (`--port=9000` is `--port 9000`: the flag part of every `--flag=value` counts too).
     reserved = set().union(*engine.flag_spellings)
@@ -290,11 +295,6 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     if clashing:
         raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
                          "use the matching moe-stack option instead")
-    if facts is not None and not facts.server_flags:
-        raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
-                         f"image); use a CUDA image of {engine.name}")
-    if facts is not None:
-        check_args(command, facts.server_flags, facts.who)
     return command
 
 
