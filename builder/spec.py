@@ -206,28 +206,39 @@ FlashAttention = Literal["on", "off", "auto"]
 NumaPolicy = Literal["none", "interleave", "membind", "cpunodebind"]
 
 
-class EngineOptions(_Spec):
-    """A stack's neutral engine options, as a preset and the command line give them (None: the
-    engine's default); each engine's adapter writes them in its own version's syntax."""
+class NeutralOptions(_Spec):
+    """The neutral engine options, declared once with their limits (None: the engine's default): a
+    preset and the command line give them as EngineOptions, a stack holds them (StackSpec); each
+    engine's adapter writes them in its own version's syntax."""
 
-    ctx_size: int = 4096
+    ctx_size: int = Field(default=4096, ge=128)
     cache_type: CacheType | None = None
-    gpu_layers: int | None = None
+    gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
     flash_attention: FlashAttention | None = None
     fused_moe: bool | None = None
-    mla: int | None = None
-    moe_offload_batch: int | None = None
+    mla: int | None = Field(default=None, ge=0, le=3)
+    # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
+    # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
+    moe_offload_batch: int | None = Field(default=None, ge=1)
+    # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
+    # read weights converted by kt-kernel).
     kt_method: KtMethod | None = None
     # False: read the weights into the engine's own memory instead of mmapping the file (mainline
     # llama.cpp then keeps the CPU-side weights in the GPU's pinned host memory: faster prefill offload).
     mmap: bool | None = None
-    # The server's default sampling (a request's own values still win) and its batch sizes.
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    batch_size: int | None = None
-    ubatch_size: int | None = None
+    # Server-side sampling defaults (a request's own values still win; model cards: R1 0.6 / top-p
+    # 0.95; Qwen3 0.6 / 0.95 / top-k 20 / min-p 0) and batch sizes (larger -ub speeds hybrid prefill,
+    # ik PR #728).
+    temperature: float | None = Field(default=None, ge=0, le=5)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    ubatch_size: int | None = Field(default=None, ge=1)
+
+
+class EngineOptions(NeutralOptions):
+    """The neutral options a preset or the command line gives."""
 
     def over(self, base: EngineOptions) -> EngineOptions:
         """`base` with the options set here (given explicitly, even as None) replacing its own."""
@@ -252,8 +263,9 @@ ENGINE_OPTIONS: dict[str, str] = {
 }
 
 
-class StackSpec(_Spec):
-    """A compose stack serving one GGUF model from one image."""
+class StackSpec(NeutralOptions):
+    """A compose stack serving one GGUF model from one image (its neutral options declared once, in
+    NeutralOptions)."""
 
     project: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     engine: EngineName
@@ -261,7 +273,6 @@ class StackSpec(_Spec):
     model: Path
     port: int = Field(default=8080, ge=1, le=65535)
     bind: str = "127.0.0.1"
-    ctx_size: int = Field(default=4096, ge=128)
     threads: int = Field(ge=1)
     parallel: int = Field(default=1, ge=1, le=256)
     override_tensors: tuple[str, ...] = ()
@@ -272,27 +283,7 @@ class StackSpec(_Spec):
     metrics: bool = True  # the engine's Prometheus endpoint (/metrics), behind the same loopback port
     # A Prometheus service beside the engine, scraping it, its UI on this port (0: no monitoring).
     monitoring_port: int = Field(default=0, ge=0, le=65535)
-    # Neutral engine options, translated per engine version by its adapter (None: engine default).
-    flash_attention: FlashAttention | None = None
-    fused_moe: bool | None = None
-    mla: int | None = Field(default=None, ge=0, le=3)
-    gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
-    cache_type: CacheType | None = None
-    # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
-    # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
-    moe_offload_batch: int | None = Field(default=None, ge=1)
-    mmap: bool | None = None  # False: --no-mmap
-    # Server-side sampling defaults (model cards: R1 0.6 / top-p 0.95; Qwen3 0.6 / 0.95 / top-k 20 /
-    # min-p 0) and batch sizes (larger -ub speeds hybrid prefill, ik PR #728).
-    temperature: float | None = Field(default=None, ge=0, le=5)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    batch_size: int | None = Field(default=None, ge=1)
-    ubatch_size: int | None = Field(default=None, ge=1)
-    # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
-    # read weights converted by kt-kernel), and how many experts per layer stay on the GPU.
-    kt_method: KtMethod | None = None
+    # KTransformers: how many experts per layer stay on the GPU.
     gpu_experts: int | None = Field(default=None, ge=0)
     # KTransformers reads the model's config and tokenizer from its Hugging Face directory; Python in
     # that directory (a config's auto_map) runs only when the user asks for it.

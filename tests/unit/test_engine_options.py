@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
+import typer
 
+from builder import spec
+from builder.cli.main import app
 from builder.engines import engine_names, get_engine
 from builder.errors import StackError
 from builder.platform.flags import option_names
@@ -135,3 +139,27 @@ def test_the_file_records_what_it_serves(tmp_path: Path, engine: str) -> None:
         assert served["threads"] == 4 and served["gpu-layers"] is None
         assert served["metrics"] == (adapter.metrics_flag in command) == (metrics and adapter.metrics_flag is not None)
         assert served["tool-calls"] == (adapter.template_flag is not None and adapter.template_flag in command)
+
+
+def test_each_neutral_option_is_declared_once() -> None:
+    """Its type, default and limits live in NeutralOptions alone: EngineOptions (presets, the command
+    line) and StackSpec inherit them, so a limit can't hold on one and not the other."""
+    tree = ast.parse(Path(spec.__file__).read_text())
+    declared: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    declared.setdefault(item.target.id, []).append(node.name)
+    for name in spec.NeutralOptions.model_fields:
+        assert declared[name] == ["NeutralOptions"], (name, declared[name])
+        assert repr(spec.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
+
+
+def test_every_spelling_an_error_names_is_an_option_of_compose() -> None:
+    command = typer.main.get_command(app).commands["compose"]  # type: ignore[attr-defined]
+    options = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+    for name, spelling in ENGINE_OPTIONS.items():
+        flags = re.findall(r"--[a-z][a-z-]*", spelling)
+        assert name == "extra_args" or flags, name
+        assert set(flags) <= options, (name, set(flags) - options)
