@@ -6,7 +6,8 @@ from builder.engines.base import Engine
 from builder.engines.ik_llama_cpp import IkLlamaCpp
 from builder.engines.ktransformers import KTransformers, KTransformersLegacy
 from builder.engines.llama_cpp import LlamaCpp
-from builder.errors import SpecError
+from builder.engines.llama_family import LlamaFamilyEngine
+from builder.errors import SpecError, StackError
 
 _ENGINES: dict[str, Engine] = {e.name: e for e in (LlamaCpp(), IkLlamaCpp(), KTransformers(), KTransformersLegacy())}
 
@@ -23,4 +24,14 @@ def engine_names() -> list[str]:
     return list(_ENGINES)
 
 
-__all__ = ["Engine", "engine_names", "get_engine"]
+def bench_engine(name: str) -> LlamaFamilyEngine:
+    """The adapter of an engine whose tools image has llama-bench (tune and `bench --tool` drive it), or
+    a StackError saying to measure the server instead."""
+    engine = get_engine(name)
+    if not isinstance(engine, LlamaFamilyEngine) or not engine.tool_targets:
+        raise StackError(f"{name} has no tools image with llama-bench; measure its server with `moe-stack bench FILE` "
+                         "(no --tool)")
+    return engine
+
+
+__all__ = ["Engine", "bench_engine", "engine_names", "get_engine"]

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Protocol
 
 from builder.contract import MODEL_DIR, NUMA_ENV
-from builder.engines import get_engine
+from builder.engines import bench_engine
 from builder.engines.llama_bench import ToolArgs, llama_bench_args, sweep_bench_args
-from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 
 TOOLS = ("llama-bench", "sweep-bench")
@@ -102,17 +101,9 @@ class BenchRow:
         return statistics.stdev(self.samples_tps) if len(self.samples_tps) > 1 else 0.0
 
 
-def family_engine(engine_name: str) -> LlamaFamilyEngine:
-    engine = get_engine(engine_name)
-    if not isinstance(engine, LlamaFamilyEngine) or not engine.tool_targets:
-        raise StackError(f"{engine_name} has no tools image with llama-bench; measure its server with "
-                         "`moe-stack bench FILE` (no --tool)")
-    return engine
-
-
 def program(engine_name: str, tool: str) -> str:
     """The program of `tool` in `engine_name`'s tools image."""
-    engine = family_engine(engine_name)
+    engine = bench_engine(engine_name)
     if tool == "llama-bench":
         return "llama-bench"
     if tool == "sweep-bench":
@@ -126,7 +117,7 @@ def tool_args(engine_name: str, tool: str, server_args: list[str], tool_flags: d
               prompt_tokens: int, generate: int, repetitions: int) -> ToolArgs:
     """The tool's full argument list for a stack running `server_args`; `tool_flags` is the tool's
     own flag contract (llama-bench's --help; for sweep-bench, the server's, whose parser it shares)."""
-    engine = family_engine(engine_name)
+    engine = bench_engine(engine_name)
     if tool == "sweep-bench":
         translated = sweep_bench_args(server_args, tool_flags)
         # It measures each ubatch-sized window up to the context size, generating -n tokens in each.

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from builder.contract import NUMA_ENV
+from builder.engines import bench_engine
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
@@ -20,7 +21,7 @@ from builder.models.planner import read_facts
 from builder.platform.flags import parse_help
 from builder.stacks.document import literal, stack_record, unliteral
 from builder.stacks.run import read_stack
-from builder.stacks.tool_bench import NativeRunner, Runner, family_engine
+from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
 from builder.stacks.tune import Objective, Tuner, TuneResult
 
@@ -69,7 +70,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     default the stack's), after probing the memory bandwidth the same way."""
     document = read_stack(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
-    family_engine(engine)  # an engine with llama-bench, else one line
+    bench_engine(engine)  # an engine with llama-bench, else one line
     name, service = engine_service(document, compose_file, profile)
     record = stack_record(document)
     model = Path(str(record.get("model") or ""))
@@ -97,7 +98,7 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
         raise StackError(f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
                          "this moe-stack's `compose`")
     hybrid = facts.get("gpu-layers") not in (None, 0)
-    dimensions = family_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
+    dimensions = bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
     tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
                   objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
     progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
