@@ -10,6 +10,7 @@ from pathlib import Path
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
+from builder.models.model_files import check_gguf
 from builder.platform.pins import pinned_ref
 from builder.platform.toolchain import Toolchain, toolchain
 from builder.spec import (
@@ -149,6 +150,11 @@ class Engine(ABC):
         """The server's arguments and the preset file's text for several models behind one port."""
         raise StackError(f"{self.name} serves one model per server: emit one stack per model (each on its own port), "
                          "or use an engine whose server routes between models (mainline llama.cpp's router)")
+
+    def check_model(self, path: Path) -> Path:
+        """The model file this engine loads, checked (every engine here reads GGUF; the path resolved
+        as model_files.check_gguf does); SpecError when it is not one."""
+        return check_gguf(path)
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""

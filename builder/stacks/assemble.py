@@ -23,7 +23,6 @@ from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
-from builder.models.model_files import check_gguf
 from builder.models.planner import GIB, kv_cache_bytes, model_bytes, read_facts
 from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
@@ -90,8 +89,8 @@ class StackPlan:
 
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
-    model = check_gguf(options.model)
     adapter = get_engine(options.engine)
+    model = adapter.check_model(options.model)
     if options.preset is not None:
         check_model_architecture(options.preset, read_facts(model).arch, model)
     engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
