@@ -28,8 +28,10 @@ from builder.files import write_file_atomically
 from builder.models.hub import recorded
 from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.document import stack_record, to_yaml, unliteral
+from builder.stacks.document import to_yaml
+from builder.stacks.escaping import unliteral
 from builder.stacks.host_checks import check_readable_in_container
+from builder.stacks.record import read_record
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -60,7 +62,7 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
     absent = [image for image in images if not client.image.exists(image)]
     if absent:
         raise BundleError(f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)")
-    model = Path(str(stack_record(document)["model"]))
+    model = read_record(document, compose_file).model
     if not model.is_file():
         raise BundleError(f"model {model} named by {compose_file} does not exist here; the bundle records its checksum")
     parts = {part.name: part for part in split_parts(model)}

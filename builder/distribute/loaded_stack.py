@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from builder import __version__
 from builder.contract import (
     CONFIG_DIR,
     CONTAINER_PORT,
@@ -46,9 +45,9 @@ from builder.stacks.document import (
     published,
     service_of,
     stack_document,
-    stack_record,
-    unliteral,
 )
+from builder.stacks.escaping import meant, unliteral
+from builder.stacks.record import Served, StackRecord
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).
 ALLOWED_CAPS = ("SYS_NICE", "IPC_LOCK")
@@ -284,47 +283,42 @@ def _project(name: object) -> str:
     return name
 
 
-def _record(document: dict, choices: LoadChoices, engines: list[str]) -> dict[str, object]:
-    """x-moe-stack again: the bundle's own facts (engine, image, names, options), each a plain value;
-    the model where load put it, the profiles of the services as rebuilt."""
-    given = stack_record(document)
-    engine = given.get("engine")
+def _record(document: dict, choices: LoadChoices, engines: list[str]) -> StackRecord:
+    """x-moe-stack again: the bundle's own facts (engine, image, names, options, what each service
+    serves), each a plain value of its type; the model where load put it, the profiles of the services
+    as rebuilt."""
+    given = document["x-moe-stack"]
+    engine = meant(given.get("engine"))
     if engine not in engine_names():
         raise UntrustedBundle(f"its x-moe-stack names the engine {engine!r}, which moe-stack doesn't know")
-    options = given.get("engine-options") or {}
+    options = meant(given.get("engine-options") or {})
     if not isinstance(options, dict) or not all(isinstance(v, str | int | float | bool | list) for v in options.values()):
         raise UntrustedBundle("its x-moe-stack engine-options are not plain values")
-    names = given.get("models")
-    record: dict[str, object] = {
-        "generator": f"moe-stack {__version__}",
-        "generated-by": _text(given.get("generated-by")),
-        "loaded-from": choices.loaded_from,
-        "engine": engine,
-        "image": _text(given.get("image")),
-        "model": str(choices.model_files[0].parent.resolve() / choices.model_files[0].name),
-        "served-name": _text(given.get("served-name")) if given.get("served-name") is not None else None,
-        **({"models": [_text(name) for name in names]} if isinstance(names, list) else {}),
-        "engine-options": {str(key): value for key, value in options.items()},
-        "flags-checked": given.get("flags-checked") is True,
-        **({"cpu-weights": "pinned"} if given.get("cpu-weights") == "pinned" else {}),
-        **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if len(engines) > 1 else {}),
-        "serves": {name: _serves(name, given.get("serves")) for name in engines},
-    }
-    return record
+    names, served_name = meant(given.get("models")), meant(given.get("served-name"))
+    return StackRecord(
+        generated_by=_text(meant(given.get("generated-by"))), loaded_from=choices.loaded_from, engine=str(engine),
+        image=_text(meant(given.get("image"))),
+        model=choices.model_files[0].parent.resolve() / choices.model_files[0].name,
+        served_name=_text(served_name) if served_name is not None else None,
+        models=tuple(_text(name) for name in names) if isinstance(names, list) else (),
+        engine_options={str(key): value for key, value in options.items()},
+        flags_checked=given.get("flags-checked") is True, cpu_weights_pinned=given.get("cpu-weights") == "pinned",
+        profiles=(GPU_PROFILE, CPU_PROFILE) if len(engines) > 1 else (),
+        serves={name: _serves(name, given.get("serves")) for name in engines})
 
 
-def _serves(name: str, served: object) -> dict[str, object]:
+def _serves(name: str, served: object) -> Served:
     """What the record says service `name` serves, each value of its type."""
     facts = served.get(name) if isinstance(served, dict) else None
     if not isinstance(facts, dict):
         raise UntrustedBundle(f"its x-moe-stack records nothing of what {name} serves; bundle it again with this "
                               "moe-stack")
     threads, layers = facts.get("threads"), facts.get("gpu-layers")
-    flags = (facts.get("metrics"), facts.get("tool-calls"))
+    metrics, tool_calls = facts.get("metrics"), facts.get("tool-calls")
     if not (type(threads) is int and threads >= 1 and (layers is None or type(layers) is int and layers >= 0)
-            and all(type(flag) is bool for flag in flags)):
+            and type(metrics) is bool and type(tool_calls) is bool):
         raise UntrustedBundle(f"its x-moe-stack's serves.{name} is not threads, gpu-layers, metrics and tool-calls")
-    return {"threads": threads, "gpu-layers": layers, "metrics": flags[0], "tool-calls": flags[1]}
+    return Served(threads=threads, gpu_layers=layers, metrics=metrics, tool_calls=tool_calls)
 
 
 def _text(value: object) -> str:

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
 
 import yaml
 
-from builder import __version__
 from builder.contract import (
     API_KEY_PATH,
     API_KEY_SECRET,
@@ -36,8 +33,9 @@ from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions, StackSpec
+from builder.stacks.escaping import literal
+from builder.stacks.record import Served, StackRecord
 
-_T = TypeVar("_T")
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
@@ -110,41 +108,34 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
             raise StackError("--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack")
         services[MONITORING_SERVICE] = monitoring_service(stack.monitoring_port, list(services),
                                                           files.api_key is not None)
-    record: dict[str, object] = {
-        "generator": f"moe-stack {__version__}",
-        "generated-by": generated_by,
-        "engine": stack.engine,
-        "image": stack.image,
-        "model": str(files.model),
-        "served-name": stack.served_name,
-        **({"models": [model.served_name for model in routed]} if routed else {}),
-        "engine-options": engine_options(stack),
-        "flags-checked": facts is not None,
-        **({"cpu-weights": "pinned"} if engine_pins(stack) else {}),
-        **({"profiles": [GPU_PROFILE, CPU_PROFILE]} if cpu_profile is not None else {}),
-        "serves": {SERVICE: serves(stack, services[SERVICE]["command"]),
-                   **({CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {})},
-    }
+    record = StackRecord(
+        generated_by=generated_by, engine=stack.engine, image=stack.image, model=files.model,
+        served_name=stack.served_name, engine_options=engine_options(stack), flags_checked=facts is not None,
+        serves={SERVICE: serves(stack, services[SERVICE]["command"]),
+                **({CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {})},
+        models=tuple(str(model.served_name) for model in routed), cpu_weights_pinned=engine_pins(stack),
+        profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else ())
     return stack_document(stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs,
                           files.api_key)
 
 
-def serves(stack: StackSpec, command: object) -> dict[str, object]:
+def serves(stack: StackSpec, command: object) -> Served:
     """What an engine service serves, for the readers of the file (smoke, tune, bench) that must not
     parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
     engine = get_engine(stack.engine)
     args = command if isinstance(command, list) else []
-    return {"threads": stack.threads, "gpu-layers": stack.gpu_layers,
-            "metrics": engine.metrics_flag is not None and engine.metrics_flag in args,
-            "tool-calls": engine.template_flag is not None and engine.template_flag in args}
+    return Served(threads=stack.threads, gpu_layers=stack.gpu_layers,
+                  metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
+                  tool_calls=engine.template_flag is not None and engine.template_flag in args)
 
 
-def stack_document(project: str, record: dict[str, object], services: dict[str, dict[str, object]],
+def stack_document(project: str, record: StackRecord, services: dict[str, dict[str, object]],
                    page_size: str | None, api_key: Path | None) -> dict[str, object]:
     """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
     the services' lint exceptions, every `$` literal for compose (`load` rebuilds a bundle's through
     it too)."""
-    document: dict[str, object] = {"name": project, "x-moe-stack": {**record, "lint-exceptions": lint_exceptions(services)},
+    document: dict[str, object] = {"name": project, "x-moe-stack": {**record.as_dict(),
+                                                                  "lint-exceptions": lint_exceptions(services)},
                                    "services": services}
     volumes: dict[str, object] = {}
     if page_size is not None:
@@ -215,34 +206,6 @@ def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],
 def engine_options(stack: StackSpec) -> dict[str, object]:
     """The stack's neutral engine options that are set (preset or command line), as recorded."""
     return {name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None}
-
-
-def literal(value: _T) -> _T:
-    """`value` with every `$` doubled: docker compose reads `$NAME` anywhere in the file (x-moe-stack
-    too) as a variable, and would mount another directory than the one checked, or refuse the stack."""
-    return cast(_T, _mapped(value, lambda text: text.replace("$", "$$")))
-
-
-def _mapped(value: object, change: Callable[[str], str]) -> object:
-    """`value` with `change` applied to every string in it (keys stay)."""
-    if isinstance(value, str):
-        return change(value)
-    if isinstance(value, list):
-        return [_mapped(item, change) for item in value]
-    if isinstance(value, dict):
-        return {key: _mapped(item, change) for key, item in value.items()}
-    return value
-
-
-def unliteral(text: str) -> str:
-    """A string of an emitted compose file as moe-stack meant it (`literal` undone)."""
-    return text.replace("$$", "$")
-
-
-def stack_record(document: dict) -> dict[str, object]:
-    """A stack file's x-moe-stack record, its values as moe-stack meant them."""
-    record = document.get("x-moe-stack")
-    return cast(dict[str, object], _mapped(record, unliteral)) if isinstance(record, dict) else {}
 
 
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:

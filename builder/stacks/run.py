@@ -12,8 +12,9 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.document import stack_record, unliteral
+from builder.stacks.escaping import unliteral
 from builder.stacks.host_checks import check_port_free
+from builder.stacks.record import read_record
 
 
 def _require(compose_file: Path) -> Path:
@@ -44,8 +45,7 @@ def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[st
 
 
 def _offered(document: dict) -> list[str]:
-    profiles = stack_record(document).get("profiles")
-    return [str(name) for name in profiles] if isinstance(profiles, list) else []
+    return list(read_record(document).profiles) if "x-moe-stack" in document else []
 
 
 def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:

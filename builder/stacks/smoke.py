@@ -16,7 +16,9 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
-from builder.stacks.document import CPU_SERVICE, SERVICE, stack_record, unliteral
+from builder.stacks.document import CPU_SERVICE, SERVICE
+from builder.stacks.escaping import unliteral
+from builder.stacks.record import Served, StackRecord, read_record
 from builder.stacks.run import published_ports, stack_api_key, up
 
 TOOL = {"type": "function", "function": {
@@ -46,11 +48,13 @@ class StackUnderTest:
         return [unliteral(str(arg)) for arg in self.service.get("command") or []]
 
     @property
-    def serves(self) -> dict:
+    def record(self) -> StackRecord:
+        return read_record(self.document)
+
+    @property
+    def served(self) -> Served | None:
         """What the file records the service serves (threads, metrics, tool calls)."""
-        served = stack_record(self.document).get("serves")
-        facts = served.get(self.name) if isinstance(served, dict) else None
-        return facts if isinstance(facts, dict) else {}
+        return self.record.serves.get(self.name)
 
 
 def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:
@@ -81,7 +85,7 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
 
 
 def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
-    wanted = stack_record(stack.document).get("served-name")
+    wanted = stack.record.served_name
     listed = [str(model.get("id")) for model in _json(stack.api.get("/v1/models")).get("data", [])]
     return (wanted in listed if wanted else bool(listed)), f"/v1/models lists {listed}; the file says {wanted}"
 
@@ -101,7 +105,7 @@ def _chat(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
-    if not stack.serves.get("tool-calls"):
+    if stack.served is None or not stack.served.tool_calls:
         return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
     reply = stack.api.post("/v1/chat/completions", {
         "model": _model(stack), "max_tokens": 16, "temperature": 0, "tools": [TOOL],
@@ -131,10 +135,9 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
         wanted = _cpus_of(str(stack.service["cpuset"]))
         ok &= allowed == wanted
         seen.append(f"cpuset {stack.service['cpuset']} {'holds' if allowed == wanted else 'differs'}")
-    threads = stack.serves.get("threads")
-    if isinstance(threads, int):
-        ok &= threads <= len(allowed)
-        seen.append(f"{threads} threads")
+    if stack.served is not None:
+        ok &= stack.served.threads <= len(allowed)
+        seen.append(f"{stack.served.threads} threads")
     policy = str((stack.service.get("environment") or {}).get(NUMA_ENV, "none"))
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
@@ -154,7 +157,7 @@ def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _metrics(stack: StackUnderTest) -> tuple[bool, str]:
-    if not stack.serves.get("metrics"):
+    if stack.served is None or not stack.served.metrics:
         return True, "not asked: the stack has no metrics endpoint"
     lines = [line for line in stack.api.get("/metrics").splitlines() if line and not line.startswith("#")]
     return bool(lines), f"/metrics holds {len(lines)} samples"
@@ -167,7 +170,7 @@ def _run(container: Container, command: list[str]) -> str:
 
 
 def _model(stack: StackUnderTest) -> str:
-    return str(stack_record(stack.document).get("served-name") or "model")
+    return stack.record.served_name or "model"
 
 
 def _json(text: str) -> dict:

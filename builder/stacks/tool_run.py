@@ -21,7 +21,9 @@ from builder.errors import StackError
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.document import CPU_SERVICE, SERVICE, literal, stack_record, to_yaml, unliteral
+from builder.stacks.document import CPU_SERVICE, SERVICE, to_yaml
+from builder.stacks.escaping import literal, unliteral
+from builder.stacks.record import read_record
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 
@@ -122,10 +124,7 @@ class ToolBench:
 def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
     _, service = engine_service(document, compose_file, profile)
-    engine = str(stack_record(document).get("engine") or "")
-    if not engine:
-        raise StackError(f"{compose_file} was not emitted by moe-stack (no x-moe-stack.engine); emit it with "
-                         "`moe-stack compose`")
+    engine = read_record(document, compose_file).engine
     args = [unliteral(str(arg)) for arg in service.get("command") or []]
     if "--models-preset" in args:
         raise StackError(f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)")

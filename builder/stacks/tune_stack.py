@@ -8,7 +8,7 @@ import copy
 import re
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +19,8 @@ from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.models.planner import read_facts
 from builder.platform.flags import parse_help
-from builder.stacks.document import literal, stack_record, unliteral
+from builder.stacks.escaping import literal, unliteral
+from builder.stacks.record import read_record
 from builder.stacks.run import read_stack
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
@@ -72,8 +73,8 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     engine, image, args = stack_server_args(document, compose_file, profile)
     bench_engine(engine)  # an engine with llama-bench, else one line
     name, service = engine_service(document, compose_file, profile)
-    record = stack_record(document)
-    model = Path(str(record.get("model") or ""))
+    record = read_record(document, compose_file)
+    model = record.model
     if not model.is_file():
         raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
     runner: Runner
@@ -92,12 +93,11 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
         raise StackError("the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`")
     environment = {str(k): unliteral(str(v)) for k, v in (service.get("environment") or {}).items()}
     env = {NUMA_ENV: environment.get(NUMA_ENV, "none")}
-    served = record.get("serves")
-    facts = served.get(name) if isinstance(served, dict) else None
-    if not isinstance(facts, dict):
+    served = record.serves.get(name)
+    if served is None:
         raise StackError(f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
                          "this moe-stack's `compose`")
-    hybrid = facts.get("gpu-layers") not in (None, 0)
+    hybrid = served.gpu_layers not in (None, 0)
     dimensions = bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
     tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
                   objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
@@ -119,9 +119,10 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
     numa = result.best.env.get(NUMA_ENV)
     if numa is not None and numa != (service.get("environment") or {}).get(NUMA_ENV, "none"):
         service.setdefault("environment", {})[NUMA_ENV] = numa
-    served = ((derived.get("x-moe-stack") or {}).get("serves") or {}).get(service_name)
-    if isinstance(served, dict) and str(result.best.values.get("threads", "")).isdigit():
-        served["threads"] = int(result.best.values["threads"])  # what the winner's --threads says
+    served = read_record(document).serves.get(service_name)
+    if served is not None and str(result.best.values.get("threads", "")).isdigit():  # the winner's --threads
+        tuned_served = replace(served, threads=int(result.best.values["threads"]))
+        derived["x-moe-stack"]["serves"][service_name] = literal(tuned_served.as_dict())
     ratio_prefill, ratio_decode = result.ratios
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
     record: dict[str, object] = {

@@ -20,7 +20,7 @@ from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuil
 from builder.safe_tar import extract_files
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
-from builder.stacks.document import stack_record
+from builder.stacks.record import read_record
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())
@@ -211,7 +211,7 @@ def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> N
     model.chmod(0o644)
     document = compose_dict(StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model), "x")
     assert "${X:?}" not in yaml.safe_dump(document).replace("$${X:?}", "")
-    assert stack_record(document)["model"] == str(model)
+    assert read_record(document).model == model
 
 
 def _save_tar(path: Path, repo_tags: list[str], repositories: dict | None = None, index: dict | None = None) -> Path:

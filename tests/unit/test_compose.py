@@ -15,8 +15,9 @@ from builder.models.model_files import check_gguf
 from builder.platform.targets import cpu_target
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict, write_stack
-from builder.stacks.document import cpu_only, project_name_for, stack_record, start_period_for, to_yaml
+from builder.stacks.document import cpu_only, project_name_for, start_period_for, to_yaml
 from builder.stacks.host_checks import check_host_runs, check_port_free
+from builder.stacks.record import read_record
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:
@@ -70,7 +71,7 @@ def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
     assert service["volumes"][0]["source"] == str(odd / "models").replace("$", "$$")
     assert rule.replace("$", "$$") in service["command"]
     assert doc["x-moe-stack"]["model"] == str(odd / "models/m.gguf").replace("$", "$$"), "compose reads x- keys too"
-    assert stack_record(doc)["model"] == str(odd / "models/m.gguf"), "and moe-stack reads it back as meant"
+    assert read_record(doc).model == odd / "models/m.gguf", "and moe-stack reads it back as meant"
 
 
 def test_start_period_grows_with_model_size() -> None:

@@ -211,7 +211,9 @@ def test_bytes_read_per_token() -> None:
 
 def test_the_tuned_stack_records_the_run() -> None:
     result = _tuner(StandIn()).run(budget_s=10_000)
-    document = {"name": "p", "x-moe-stack": {"engine": "ik_llama.cpp"},
+    served = {"threads": 99, "gpu-layers": 99, "metrics": True, "tool-calls": True}
+    document = {"name": "p", "x-moe-stack": {"engine": "ik_llama.cpp", "model": "/m/x.gguf",
+                                             "serves": {"engine": served}},
                 "services": {"engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}}}
     tuned = Tuned(result=result, bandwidth_gbps=100.0, bytes_per_token=2_000_000_000, hybrid=True)
     derived = tuned_document(document, "engine", tuned, "moe-stack tune f.yaml",
@@ -220,6 +222,8 @@ def test_the_tuned_stack_records_the_run() -> None:
     assert document["services"]["engine"]["command"] == STACK  # the input is untouched
     record = derived["x-moe-stack"]["tuned"]
     assert record["changed"] == {"ubatch": "512 -> 4096", "rtr": "off -> on"}
+    # What the file says it serves follows the winner's threads (smoke checks them against the cpuset).
+    assert derived["x-moe-stack"]["serves"]["engine"] == {**served, "threads": int(result.best.values["threads"])}
     assert record["date"] == "2026-11-30T00:00:00Z" and record["host"] == "h"
     assert record["tuned-over-stack"]["prefill"].startswith("2.50")
     # 48 t/s tuned decode ÷ (100 GB/s ÷ 2 GB per token = 50 t/s).
