@@ -49,16 +49,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="moe-stack-p5-") as tmp:
         tree = Path(tmp) / "tree"
         shutil.copytree(resolve_local(engine, f"pypi:{engine.sdist}"), tree, symlinks=True)
-        spec = image_spec(engine.name, options.cpu, tree=tree, ref="bench-p5", base=BaseImages(build=base, runtime=base))
-        timed_build(spec, tree, "prime")                    # whatever state the cache was in
+        spec = image_spec(
+            engine.name, options.cpu, tree=tree, ref="bench-p5", base=BaseImages(build=base, runtime=base)
+        )
+        timed_build(spec, tree, "prime")  # whatever state the cache was in
         label_only = timed_build(spec, tree, "label-only")  # same tree: only the `created` label differs
-        subprocess.run(["docker", "builder", "prune", "--force", "--filter", "type=exec.cachemount"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["docker", "builder", "prune", "--force", "--filter", "type=exec.cachemount"],
+            check=True,
+            capture_output=True,
+        )
         touch_source(tree, "cold")
         cold = timed_build(spec, tree, "cold")
         touch_source(tree, "ccache")
         warm = timed_build(spec, tree, "ccache")
-    print(f"{engine.name} {options.cpu} image, this host ({subprocess.run(['nproc'], capture_output=True, text=True, check=False).stdout.strip()} cores)")
+    print(
+        f"{engine.name} {options.cpu} image, this host "
+        f"({subprocess.run(['nproc'], capture_output=True, text=True, check=False).stdout.strip()} cores)"
+    )
     print("| rebuild after | seconds | target |")
     print("|---|---|---|")
     print(f"| a label-only change | {label_only:.1f} | ≤ 10 |")

@@ -41,16 +41,31 @@ def native_server(engine_name: str, cpu: str) -> Path:
     """llama-server built on this host with the image's configure arguments (ccache launchers dropped)."""
     engine = get_engine(engine_name)
     if not isinstance(engine, LlamaFamilyEngine):
-        raise SystemExit(f"{engine_name} is not built with cmake: the native comparison is for llama.cpp's family")
+        raise SystemExit(
+            f"{engine_name} is not built with cmake: the native comparison is for llama.cpp's family"
+        )
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
     build = cache_dir() / "native" / f"{engine.slug}-{cpu}"
     binary = build / "bin" / engine.server_target
     if not binary.exists():
-        args = [a for a in configure_args(image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref))
-                if "LAUNCHER" not in a]
+        args = [
+            a
+            for a in configure_args(image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref))
+            if "LAUNCHER" not in a
+        ]
         subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", *args], check=True)
-        subprocess.run(["cmake", "--build", str(build), "--target", engine.server_target,
-                        "--parallel", str(os.cpu_count())], check=True)
+        subprocess.run(
+            [
+                "cmake",
+                "--build",
+                str(build),
+                "--target",
+                engine.server_target,
+                "--parallel",
+                str(os.cpu_count()),
+            ],
+            check=True,
+        )
     return binary
 
 
@@ -74,13 +89,22 @@ def main() -> None:
     facts = read_image_facts(options.image)
     model = fetch_demo_model()
     threads = read_cpu().physical_cores
-    stack = StackSpec(project="bench-overhead", engine=facts.engine, image=options.image, model=model,
-                      port=free_local_port(), threads=threads, chat_template=DEMO_CHAT_TEMPLATE)
+    stack = StackSpec(
+        project="bench-overhead",
+        engine=facts.engine,
+        image=options.image,
+        model=model,
+        port=free_local_port(),
+        threads=threads,
+        chat_template=DEMO_CHAT_TEMPLATE,
+    )
     document = compose_dict(stack, "bench/container_overhead.py", facts)
     compose_file = write_stack(document, cache_dir() / "bench" / "overhead" / "compose.yaml")
     command = [str(native_server(facts.engine, facts.cpu_target))]
     native_port = free_local_port()
-    for arg in get_engine(stack.engine).server_args(stack, facts.server_flags):  # the stack's flags: host paths, port
+    for arg in get_engine(stack.engine).server_args(
+        stack, facts.server_flags
+    ):  # the stack's flags: host paths, port
         command.append(arg.replace(f"{MODEL_DIR}/", f"{model.parent}/").replace("8080", str(native_port)))
     native = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -90,19 +114,26 @@ def main() -> None:
         for _ in range(options.rounds):
             container = measure(stack.port, repetitions=2)
             bare = measure(native_port, repetitions=2)
-            rows.append((container.prefill / bare.prefill, container.decode / bare.decode,
-                         container, bare))
+            rows.append((container.prefill / bare.prefill, container.decode / bare.decode, container, bare))
     finally:
         native.terminate()
         native.wait(timeout=30)
         down(compose_file)
-    print(f"{facts.engine} {facts.variant}, Gemma 3 270M Q4_K_M, {threads} threads, {options.rounds} alternating rounds")
+    print(
+        f"{facts.engine} {facts.variant}, Gemma 3 270M Q4_K_M, {threads} threads, "
+        f"{options.rounds} alternating rounds"
+    )
     print("| round | prefill container | prefill native | ratio | decode container | decode native | ratio |")
     print("|---|---|---|---|---|---|---|")
     for i, (pp, tg, c, b) in enumerate(rows, 1):
-        print(f"| {i} | {c.prefill:.1f} | {b.prefill:.1f} | {pp:.3f} | {c.decode:.1f} | {b.decode:.1f} | {tg:.3f} |")
-    print(f"| median | | | **{statistics.median(r[0] for r in rows):.3f}** | | | "
-          f"**{statistics.median(r[1] for r in rows):.3f}** |")
+        print(
+            f"| {i} | {c.prefill:.1f} | {b.prefill:.1f} | {pp:.3f} "
+            f"| {c.decode:.1f} | {b.decode:.1f} | {tg:.3f} |"
+        )
+    print(
+        f"| median | | | **{statistics.median(r[0] for r in rows):.3f}** | | | "
+        f"**{statistics.median(r[1] for r in rows):.3f}** |"
+    )
 
 
 if __name__ == "__main__":

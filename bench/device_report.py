@@ -42,12 +42,23 @@ def report(directory: Path) -> str:
         raise SystemExit(f"{directory / 'bandwidth.txt'} holds no 'read GB/s' figure")
     bandwidth = float(found[1])
     models = {m["model"]: m for m in map(json.loads, (directory / "models.txt").read_text().splitlines())}
-    lines = [f"# Device benchmarks ({directory.name})", "",
-             f"Memory read bandwidth (dockerfiles/common/moe-stack-bandwidth.c, 16 threads, best of 5): **{bandwidth:.1f} GB/s**.", ""]
+    lines = [
+        f"# Device benchmarks ({directory.name})",
+        "",
+        (
+            "Memory read bandwidth (dockerfiles/common/moe-stack-bandwidth.c, 16 threads, best of 5): "
+            f"**{bandwidth:.1f} GB/s**."
+        ),
+        "",
+    ]
 
     # P2: ISA payoff, alternating rounds of the same engine built for two CPU targets.
-    lines += ["## P2: ISA payoff (llama.cpp CPU-only, A3B 48 layers, 16 threads)", "",
-              "| round | test | avx2 t/s | sapphirerapids t/s | ratio |", "|---|---|---|---|---|"]
+    lines += [
+        "## P2: ISA payoff (llama.cpp CPU-only, A3B 48 layers, 16 threads)",
+        "",
+        "| round | test | avx2 t/s | sapphirerapids t/s | ratio |",
+        "|---|---|---|---|---|",
+    ]
     ratios: dict[str, list[float]] = {"pp64": [], "tg32": []}
     for round_ in (1, 2):
         avx2 = results.get(f"P2 round {round_}: llama.cpp cpu-avx2, CPU only, A3B 48 layers", {})
@@ -55,29 +66,48 @@ def report(directory: Path) -> str:
         for test, measured in ratios.items():
             if test in avx2 and test in spr:
                 measured.append(spr[test] / avx2[test])
-                lines.append(f"| {round_} | {test} | {avx2[test]:.1f} | {spr[test]:.1f} | {spr[test] / avx2[test]:.2f} |")
+                lines.append(
+                    f"| {round_} | {test} | {avx2[test]:.1f} | {spr[test]:.1f} "
+                    f"| {spr[test] / avx2[test]:.2f} |"
+                )
     for test, measured in ratios.items():
         if measured:
-            lines.append(f"| all | {test} | | | **{geomean(measured):.2f}** (geometric mean; target ≥ 1.15) |")
+            lines.append(
+                f"| all | {test} | | | **{geomean(measured):.2f}** (geometric mean; target ≥ 1.15) |"
+            )
 
     # P3: hybrid decode against the bandwidth bound.
-    lines += ["", "## P3: hybrid decode vs the memory-bandwidth bound (experts on CPU, rest on the H200)", "",
-              "| engine | model | decode t/s | active expert bytes/token | bound t/s | ratio (target ≥ 0.70) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## P3: hybrid decode vs the memory-bandwidth bound (experts on CPU, rest on the H200)",
+        "",
+        "| engine | model | decode t/s | active expert bytes/token | bound t/s | ratio (target ≥ 0.70) |",
+        "|---|---|---|---|---|---|",
+    ]
     chart = []
     for engine in ("llama.cpp", "ik_llama.cpp"):
-        for model, label in (("a3b", f"P3/P7 {engine} A3B 48l: stack settings (16 threads)"),
-                             ("q235b", f"P3/P7 {engine} 235B-shape slice: stack settings")):
+        for model, label in (
+            ("a3b", f"P3/P7 {engine} A3B 48l: stack settings (16 threads)"),
+            ("q235b", f"P3/P7 {engine} 235B-shape slice: stack settings"),
+        ):
             tg = results.get(label, {}).get("tg64")
             if tg is None:
                 continue
             per_token = models[model]["active_expert_bytes_per_token"]
             bound = bandwidth * 1e9 / per_token
             chart.append((f"{engine}\n{model}", tg / bound))
-            lines.append(f"| {engine} | {model} | {tg:.1f} | {per_token / 1e6:.0f} MB | {bound:.1f} | {tg / bound:.2f} |")
+            lines.append(
+                f"| {engine} | {model} | {tg:.1f} | {per_token / 1e6:.0f} MB "
+                f"| {bound:.1f} | {tg / bound:.2f} |"
+            )
 
-    lines += ["", "## Settings (decode t/s; each line one change from the stack's settings)", "",
-              "| run | t/s |", "|---|---|"]
+    lines += [
+        "",
+        "## Settings (decode t/s; each line one change from the stack's settings)",
+        "",
+        "| run | t/s |",
+        "|---|---|",
+    ]
     for label, values in results.items():
         if label.startswith("P3 ") and "tg64" in values:
             lines.append(f"| {label[3:]} | {values['tg64']:.1f} |")
@@ -87,16 +117,27 @@ def report(directory: Path) -> str:
     for label, values in results.items():
         if "pp512" in values and ("P7" in label):
             pp256 = values.get("pp256")
-            lines.append(f"| {label} | {pp256:.0f} | {values['pp512']:.0f} |" if pp256 else
-                         f"| {label} | – | {values['pp512']:.0f} |")
+            lines.append(
+                f"| {label} | {pp256:.0f} | {values['pp512']:.0f} |"
+                if pp256
+                else f"| {label} | – | {values['pp512']:.0f} |"
+            )
             if pp256:
-                prefill.append((label.split(":")[0].replace("P3/P7 ", "").replace("P7 ", "") +
-                                ("\noffload-batch-size=2" if "offload" in label else "\ndefault"), pp256, values["pp512"]))
+                prefill.append(
+                    (
+                        label.split(":")[0].replace("P3/P7 ", "").replace("P7 ", "")
+                        + ("\noffload-batch-size=2" if "offload" in label else "\ndefault"),
+                        pp256,
+                        values["pp512"],
+                    )
+                )
     _charts(directory, chart, prefill)
     return "\n".join(lines) + "\n"
 
 
-def _charts(directory: Path, decode: list[tuple[str, float]], prefill: list[tuple[str, float, float]]) -> None:
+def _charts(
+    directory: Path, decode: list[tuple[str, float]], prefill: list[tuple[str, float, float]]
+) -> None:
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     left.bar([name for name, _ in decode], [ratio for _, ratio in decode], color="#4c72b0")
     left.axhline(0.70, color="red", linestyle="--", label="target 0.70")

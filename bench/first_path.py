@@ -34,7 +34,11 @@ from builder.stacks.run import down, up
 
 def compile_seconds(log: Path) -> float | None:
     """The longest `#N DONE Xs` step of a BuildKit log: the engine compile, when it ran."""
-    steps = [float(m) for m in re.findall(r"^#\d+ DONE ([0-9.]+)s$", log.read_text(), re.MULTILINE)] if log.exists() else []
+    steps = (
+        [float(m) for m in re.findall(r"^#\d+ DONE ([0-9.]+)s$", log.read_text(), re.MULTILINE)]
+        if log.exists()
+        else []
+    )
     return max(steps) if steps and max(steps) > 30 else None
 
 
@@ -57,11 +61,19 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
     healthy, decode = [], []
     for _ in range(runs):
         port = free_local_port()
-        stack = StackSpec(project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}", engine=engine.name, image=tag,
-                          model=model, port=port, threads=read_cpu().physical_cores,
-                          chat_template=DEMO_CHAT_TEMPLATE, start_period_s=start_period_for(model.stat().st_size))
-        compose_file = write_stack(compose_dict(stack, "bench/first_path.py"),
-                                   cache_dir() / "bench" / stack.project / "compose.yaml")
+        stack = StackSpec(
+            project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
+            engine=engine.name,
+            image=tag,
+            model=model,
+            port=port,
+            threads=read_cpu().physical_cores,
+            chat_template=DEMO_CHAT_TEMPLATE,
+            start_period_s=start_period_for(model.stat().st_size),
+        )
+        compose_file = write_stack(
+            compose_dict(stack, "bench/first_path.py"), cache_dir() / "bench" / stack.project / "compose.yaml"
+        )
         started = time.monotonic()
         try:
             up(compose_file, timeout_s=300)
@@ -91,9 +103,11 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(row[c] for c in columns) + " |")
     mainline, ik = rows
-    print(f"\nik_llama.cpp ÷ llama.cpp: size {float(ik['size MB']) / float(mainline['size MB']):.2f}, "
-          f"decode {float(ik['decode tok/s']) / float(mainline['decode tok/s']):.2f} "
-          f"(Gemma 3 270M Q4_K_M, {read_cpu().physical_cores} threads, medians of {args.runs})")
+    print(
+        f"\nik_llama.cpp ÷ llama.cpp: size {float(ik['size MB']) / float(mainline['size MB']):.2f}, "
+        f"decode {float(ik['decode tok/s']) / float(mainline['decode tok/s']):.2f} "
+        f"(Gemma 3 270M Q4_K_M, {read_cpu().physical_cores} threads, medians of {args.runs})"
+    )
 
 
 if __name__ == "__main__":

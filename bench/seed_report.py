@@ -34,24 +34,41 @@ def main(folder: Path) -> None:
             run = json.loads(line)
             run["bandwidth"] = _bandwidth(folder, call)
             runs.append(run)
-    print("| case | decode t/s (min-max) | bound t/s | decode / bound | prefill t/s | GPU MiB | CUDA0 compute MiB |")
+    print(
+        "| case | decode t/s (min-max) | bound t/s | decode / bound | prefill t/s | GPU MiB | CUDA0 compute "
+        "MiB |"
+    )
     print("|---|---|---|---|---|---|---|")
     for run in runs:
         decode, prefill = run["decode_tps"], run["prefill_tps"]
         bound = run["bandwidth"] / run["token_ram_bytes"]
-        compute = sum(mib for where, kind, mib in run["buffers_mib"] if where == "CUDA0" and kind == "compute")
-        print(f"| {run['case']} | {statistics.median(decode):.1f} ({min(decode):.1f}-{max(decode):.1f}) | {bound:.1f} "
-              f"| {statistics.median(decode) / bound:.2f} | {statistics.median(prefill):.0f} | {run['gpu_used_mib']} "
-              f"| {compute:.0f} |")
+        compute = sum(
+            mib for where, kind, mib in run["buffers_mib"] if where == "CUDA0" and kind == "compute"
+        )
+        print(
+            f"| {run['case']} | {statistics.median(decode):.1f} ({min(decode):.1f}-{max(decode):.1f}) "
+            f"| {bound:.1f} "
+            f"| {statistics.median(decode) / bound:.2f} | {statistics.median(prefill):.0f} "
+            f"| {run['gpu_used_mib']} "
+            f"| {compute:.0f} |"
+        )
     print()
-    print("| engine | model | per-layer decode ms | of which bandwidth ms | full-depth t/s (est.) | full bound t/s "
-          "| full decode / bound | seed's ratio |")
+    print(
+        "| engine | model | per-layer decode ms | of which bandwidth ms | full-depth t/s (est.) | full bound "
+        "t/s "
+        "| full decode / bound | seed's ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for engine in ("ik_llama.cpp", "llama.cpp"):
         for family in ("r1", "qn"):
             times = {}
             for depth in (8, 16):
-                decodes = [d for run in runs if run["case"] == f"{engine}:{family}-{depth}" for d in run["decode_tps"]]
+                decodes = [
+                    d
+                    for run in runs
+                    if run["case"] == f"{engine}:{family}-{depth}"
+                    for d in run["decode_tps"]
+                ]
                 times[depth] = 1 / statistics.median(decodes)
             shallow = next(run for run in runs if run["case"] == f"{engine}:{family}-8")
             deep = next(run for run in runs if run["case"] == f"{engine}:{family}-16")
@@ -60,8 +77,11 @@ def main(folder: Path) -> None:
             layers, full_bytes = FULL[family]
             full = 1 / (times[8] + (layers - 8) * per_layer)
             bound = shallow["bandwidth"] / full_bytes
-            print(f"| {engine} | {family} | {per_layer * 1e3:.2f} | {per_layer_bytes / shallow['bandwidth'] * 1e3:.2f} "
-                  f"| {full:.2f} | {bound:.2f} | {full / bound:.2f} | {SEED_RATIO:.2f} (R1) |")
+            print(
+                f"| {engine} | {family} | {per_layer * 1e3:.2f} "
+                f"| {per_layer_bytes / shallow['bandwidth'] * 1e3:.2f} "
+                f"| {full:.2f} | {bound:.2f} | {full / bound:.2f} | {SEED_RATIO:.2f} (R1) |"
+            )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,18 @@ NUMA_ENV = "MOE_STACK_NUMA"  # the numactl policy: interleave[:NODES] | membind:
 HUGETLBFS_ENV = "MOE_STACK_HUGETLBFS"  # where the entrypoint stages the model (a hugetlbfs mount)
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
-IMAGE_ENV = ("MOE_STACK_ENGINE_BIN", "MOE_STACK_MODEL_FLAGS", "MOE_STACK_TOOLS_DIR", "MOE_STACK_ROUTER_PRESET_FILE",
-             SERVER_MODULE_ENV, "MOE_STACK_HEALTH_PATH", "MOE_STACK_SKIP_ISA_GUARD",
-             "MOE_STACK_PROMETHEUS_CONFIG_FILE", "MOE_STACK_PROMETHEUS_DATA", "MOE_STACK_PROMETHEUS_PORT")
+IMAGE_ENV = (
+    "MOE_STACK_ENGINE_BIN",
+    "MOE_STACK_MODEL_FLAGS",
+    "MOE_STACK_TOOLS_DIR",
+    "MOE_STACK_ROUTER_PRESET_FILE",
+    SERVER_MODULE_ENV,
+    "MOE_STACK_HEALTH_PATH",
+    "MOE_STACK_SKIP_ISA_GUARD",
+    "MOE_STACK_PROMETHEUS_CONFIG_FILE",
+    "MOE_STACK_PROMETHEUS_DATA",
+    "MOE_STACK_PROMETHEUS_PORT",
+)
 
 
 # Images moe-stack makes on the host (`moe-stack base`: the Debian, CUDA and Prometheus bases) are

@@ -34,7 +34,9 @@ def docker() -> DockerClient:
     return client
 
 
-def gpu_passthrough_available(client: DockerClient, cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))) -> bool:
+def gpu_passthrough_available(
+    client: DockerClient, cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+) -> bool:
     """Whether containers can get an NVIDIA GPU: Docker knows the nvidia runtime, or a CDI spec names one."""
     try:
         runtimes = client.system.info().runtimes or {}

@@ -56,8 +56,9 @@ def replace_rendered_dir(files: dict[str, str], out_dir: Path) -> Path:
     """Make `out_dir` hold exactly `files`. Refuses to replace a directory moe-stack didn't render."""
     out_dir = out_dir.resolve()
     if out_dir.exists() and not _is_rendered(out_dir):
-        raise MoeStackError(f"{out_dir} exists and was not rendered by moe-stack; choose an empty or new "
-                            "directory with --out")
+        raise MoeStackError(
+            f"{out_dir} exists and was not rendered by moe-stack; choose an empty or new directory with --out"
+        )
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
@@ -100,15 +101,18 @@ def content_dir(files: dict[str, str], parent: Path, name: str) -> Path:
 def _holds(directory: Path, files: dict[str, str]) -> bool:
     try:
         return {path.name for path in directory.iterdir()} == set(files) and all(
-            (directory / name).read_text() == text for name, text in files.items())
+            (directory / name).read_text() == text for name, text in files.items()
+        )
     except OSError:
         return False
 
 
 def _write_error(path: Path, err: OSError) -> MoeStackError:
     """An OSError while writing (disk full, read-only, permissions) as one line."""
-    return MoeStackError(f"can't write {path} ({err.strerror or err}); nothing was written: free space there or "
-                         "choose another output path")
+    return MoeStackError(
+        f"can't write {path} ({err.strerror or err}); nothing was written: free space there or "
+        "choose another output path"
+    )
 
 
 def _is_rendered(directory: Path) -> bool:

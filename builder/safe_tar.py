@@ -113,8 +113,9 @@ def extract_tree(archive: Path, dest: Path) -> None:
                 except FileNotFoundError:
                     origin_mode = 0
                 if not stat.S_ISREG(origin_mode):
-                    raise UnsafeArchive(f"hard link {member.name!r} -> {member.linkname!r} is not to a file of "
-                                        "the tree")
+                    raise UnsafeArchive(
+                        f"hard link {member.name!r} -> {member.linkname!r} is not to a file of the tree"
+                    )
                 with origin.open("rb") as stream:
                     write_stream(stream, target, None, member.name)
             else:
@@ -138,7 +139,9 @@ def extract_files(archive: Path, dest: Path, limit_for: Callable[[str], int | No
                 relative = member_path(member.name)
                 limit = limit_for(relative)
                 if not member.isreg():
-                    raise UnsafeArchive(f"member {member.name!r} is a link or special file, not a regular file")
+                    raise UnsafeArchive(
+                        f"member {member.name!r} is a link or special file, not a regular file"
+                    )
                 if limit is not None and member.size > limit:
                     raise UnsafeArchive(f"member {member.name!r} is larger than {limit} bytes")
                 stream = tar.extractfile(member)

@@ -118,7 +118,9 @@ class CudaTarget(_Spec):
                 raise ValueError("cuda.archs given for a CPU-only image: set cuda.version or drop the archs")
             return self
         if self.version not in CUDA_VERSIONS:
-            raise ValueError(f"cuda.version {self.version} is not supported: choose one of {', '.join(CUDA_VERSIONS)}")
+            raise ValueError(
+                f"cuda.version {self.version} is not supported: choose one of {', '.join(CUDA_VERSIONS)}"
+            )
         if not self.archs:
             raise ValueError("cuda.archs is empty: name the GPU archs to compile, e.g. 89 for an RTX 4090")
         for arch in self.archs:
@@ -137,13 +139,16 @@ class CudaTarget(_Spec):
 # it is written into FROM lines, so nothing else (a newline would start a Dockerfile instruction).
 _IMAGE_REF = re.compile(
     r"(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?")
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
 
 
 def _check_image_ref(ref: str | None) -> str | None:
     if ref is not None and not _IMAGE_REF.fullmatch(ref):
-        raise ValueError(f"{ref!r} is not an image reference (like debian:trixie-slim or "
-                         "mirror.local:5000/nvidia/cuda:13.0.1-devel-ubuntu24.04)")
+        raise ValueError(
+            f"{ref!r} is not an image reference (like debian:trixie-slim or "
+            "mirror.local:5000/nvidia/cuda:13.0.1-devel-ubuntu24.04)"
+        )
     return ref
 
 
@@ -197,8 +202,21 @@ CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"
 # kt-kernel 0.7.2's inference backends (sglang-kt --kt-method; kt_kernel/experts.py): only LLAMAFILE
 # reads GGUF; AMXINT4/AMXINT8 read weights converted by kt-kernel and need AMX; the others read
 # safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
-KtMethod = Literal["LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "RAWINT4", "FP8", "FP8_PERCHANNEL",
-                   "BF16", "GPTQ_INT4", "MXFP4", "NVFP4", "MXFP8"]
+KtMethod = Literal[
+    "LLAMAFILE",
+    "AMXINT4",
+    "AMXINT8",
+    "MOE_INT4",
+    "MOE_INT8",
+    "RAWINT4",
+    "FP8",
+    "FP8_PERCHANNEL",
+    "BF16",
+    "GPTQ_INT4",
+    "MXFP4",
+    "NVFP4",
+    "MXFP8",
+]
 
 
 FlashAttention = Literal["on", "off", "auto"]
@@ -249,16 +267,37 @@ class EngineOptions(NeutralOptions):
 # honours (Engine.honours); any other one set to other than its default is refused, never dropped.
 # The rest of StackSpec is the stack's own (image, ports, placement on the host).
 ENGINE_OPTIONS: dict[str, str] = {
-    "ctx_size": "--ctx-size", "threads": "--threads", "parallel": "--parallel",
-    "override_tensors": "--override-tensor/--experts-on-cpu", "chat_template": "--chat-template",
-    "served_name": "--served-name", "jinja": "--no-jinja", "metrics": "--no-metrics",
-    "flash_attention": "--flash-attention", "fused_moe": "--fused-moe/--no-fused-moe", "mla": "--mla",
-    "gpu_layers": "--gpu-layers", "cache_type": "--cache-type", "moe_offload_batch": "--moe-offload-batch",
-    "mmap": "--mmap/--no-mmap", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
-    "min_p": "--min-p", "batch_size": "--batch-size", "ubatch_size": "--ubatch-size", "kt_method": "--kt-method",
-    "gpu_experts": "--gpu-experts", "config_dir": "--config-dir", "trust_remote_code": "--trust-remote-code",
-    "tensor_split": "a multi-GPU plan (--fit-vram-gb per GPU)", "engine_fit": "--placement fit", "mlock": "--mlock",
-    "hugepages": "--hugepages", "hugetlbfs": "--hugetlbfs", "api_key_file": "--api-key-file",
+    "ctx_size": "--ctx-size",
+    "threads": "--threads",
+    "parallel": "--parallel",
+    "override_tensors": "--override-tensor/--experts-on-cpu",
+    "chat_template": "--chat-template",
+    "served_name": "--served-name",
+    "jinja": "--no-jinja",
+    "metrics": "--no-metrics",
+    "flash_attention": "--flash-attention",
+    "fused_moe": "--fused-moe/--no-fused-moe",
+    "mla": "--mla",
+    "gpu_layers": "--gpu-layers",
+    "cache_type": "--cache-type",
+    "moe_offload_batch": "--moe-offload-batch",
+    "mmap": "--mmap/--no-mmap",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "batch_size": "--batch-size",
+    "ubatch_size": "--ubatch-size",
+    "kt_method": "--kt-method",
+    "gpu_experts": "--gpu-experts",
+    "config_dir": "--config-dir",
+    "trust_remote_code": "--trust-remote-code",
+    "tensor_split": "a multi-GPU plan (--fit-vram-gb per GPU)",
+    "engine_fit": "--placement fit",
+    "mlock": "--mlock",
+    "hugepages": "--hugepages",
+    "hugetlbfs": "--hugetlbfs",
+    "api_key_file": "--api-key-file",
     "extra_args": "extra engine arguments (after --)",
 }
 
@@ -320,24 +359,40 @@ class StackSpec(NeutralOptions):
     @model_validator(mode="after")
     def _consistent(self) -> StackSpec:
         if self.mmap is False and self.hugetlbfs != "off":
-            raise ValueError("--no-mmap reads the model into the engine's memory, so a hugetlbfs copy (which backs the "
-                             "mmap) would go unused: drop --hugetlbfs, or give --mmap")
+            raise ValueError(
+                "--no-mmap reads the model into the engine's memory, so a hugetlbfs copy (which backs the "
+                "mmap) would go unused: drop --hugetlbfs, or give --mmap"
+            )
         if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
             raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
         if (self.gpu_ids or self.tensor_split or self.engine_fit) and self.gpu == "none":
-            raise ValueError("--gpus, a multi-GPU plan and --placement fit need a GPU: give --gpu nvidia or cdi")
+            raise ValueError(
+                "--gpus, a multi-GPU plan and --placement fit need a GPU: give --gpu nvidia or cdi"
+            )
         if self.tensor_split and self.gpu_ids and len(self.tensor_split) != len(self.gpu_ids):
-            raise ValueError(f"the plan is for {len(self.tensor_split)} GPUs and --gpus names {len(self.gpu_ids)}: "
-                             "give one --fit-vram-gb size per GPU")
+            raise ValueError(
+                f"the plan is for {len(self.tensor_split)} GPUs and --gpus names {len(self.gpu_ids)}: "
+                "give one --fit-vram-gb size per GPU"
+            )
         if self.engine_fit and (self.override_tensors or self.gpu_layers is not None):
-            raise ValueError("--placement fit leaves -ngl and -ot to the engine: drop --override-tensor, "
-                             "--experts-on-cpu, --fit-vram-gb and --gpu-layers")
-        if self.batch_size is not None and self.ubatch_size is not None and self.ubatch_size > self.batch_size:
-            raise ValueError(f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
-                             "batch is part of a logical one; raise --batch-size or lower --ubatch-size")
+            raise ValueError(
+                "--placement fit leaves -ngl and -ot to the engine: drop --override-tensor, "
+                "--experts-on-cpu, --fit-vram-gb and --gpu-layers"
+            )
+        if (
+            self.batch_size is not None
+            and self.ubatch_size is not None
+            and self.ubatch_size > self.batch_size
+        ):
+            raise ValueError(
+                f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
+                "batch is part of a logical one; raise --batch-size or lower --ubatch-size"
+            )
         if self.hugepages and self.hugetlbfs != "off":
-            raise ValueError("--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
-                             "onto a hugetlbfs volume) are two ways to the same pool: pick one")
+            raise ValueError(
+                "--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
+                "onto a hugetlbfs volume) are two ways to the same pool: pick one"
+            )
         return self
 
     @field_validator("bind")
@@ -346,8 +401,10 @@ class StackSpec(NeutralOptions):
         try:
             ipaddress.ip_address(bind)
         except ValueError:
-            raise ValueError(f"{bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 or one of "
-                             "this host's addresses") from None
+            raise ValueError(
+                f"{bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 or one of "
+                "this host's addresses"
+            ) from None
         return bind
 
     @field_validator("shm_size")
@@ -363,7 +420,9 @@ class StackSpec(NeutralOptions):
         for rule in rules:
             pattern, sep, buftype = rule.rpartition("=")
             if not sep or not pattern or not buftype:
-                raise ValueError(f"override rule {rule!r} must look like REGEX=BUFFER_TYPE, e.g. 'ffn_.*_exps=CPU'")
+                raise ValueError(
+                    f"override rule {rule!r} must look like REGEX=BUFFER_TYPE, e.g. 'ffn_.*_exps=CPU'"
+                )
             try:
                 re.compile(pattern)
             except re.error as err:

@@ -12,10 +12,18 @@ from pathlib import Path
 from builder.cli.main import main
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: int = 3600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout, check=False)
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 3600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "builder", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def run_cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:

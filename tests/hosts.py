@@ -10,18 +10,31 @@ EPYC_9554_FLAGS = " ".join(cpu_target("zen4").required_flags) + " fpu sse4_2 ht"
 XEON_EMR_FLAGS = " ".join(cpu_target("sapphirerapids").required_flags) + " fpu sse4_2 ht"
 
 
-def fake_host(root: Path, flags: str, sockets: int, cores: int, threads: int, node_gib: int,
-              numa_balancing: int = 0, thp: str = "madvise", hugepages_2m: int = 0) -> Path:
+def fake_host(
+    root: Path,
+    flags: str,
+    sockets: int,
+    cores: int,
+    threads: int,
+    node_gib: int,
+    numa_balancing: int = 0,
+    thp: str = "madvise",
+    hugepages_2m: int = 0,
+) -> Path:
     """A host with `sockets` NUMA nodes of `cores` cores × `threads` SMT threads; Linux numbers the first
     thread of every core first (cpu0..N-1), then the siblings."""
     total = sockets * cores * threads
     (root / "proc/sys/kernel").mkdir(parents=True)
-    (root / "proc/cpuinfo").write_text("".join(f"processor\t: {i}\nflags\t\t: {flags}\n\n" for i in range(total)))
+    (root / "proc/cpuinfo").write_text(
+        "".join(f"processor\t: {i}\nflags\t\t: {flags}\n\n" for i in range(total))
+    )
     (root / "proc/meminfo").write_text(f"MemTotal:       {sockets * node_gib * 1024**2} kB\n")
     (root / "proc/sys/kernel/numa_balancing").write_text(f"{numa_balancing}\n")
     thp_dir = root / "sys/kernel/mm/transparent_hugepage"
     thp_dir.mkdir(parents=True)
-    thp_dir.joinpath("enabled").write_text(" ".join(f"[{m}]" if m == thp else m for m in ("always", "madvise", "never")))
+    thp_dir.joinpath("enabled").write_text(
+        " ".join(f"[{m}]" if m == thp else m for m in ("always", "madvise", "never"))
+    )
     node_cpus: dict[int, list[int]] = {s: [] for s in range(sockets)}
     for cpu in range(total):
         socket, core = divmod(cpu % (sockets * cores), cores)

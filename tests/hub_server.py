@@ -34,15 +34,34 @@ class Hub:
         return [_tree_entry(name, data) for name, data in self.files.items()]
 
     def listing(self) -> dict[str, object]:
-        return {"id": self.repo, "modelId": self.repo, "sha": self.commit, "private": False,
-                "siblings": [{"rfilename": name, "size": len(data),
-                              "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-                                      "pointerSize": 134}} for name, data in self.files.items()]}
+        return {
+            "id": self.repo,
+            "modelId": self.repo,
+            "sha": self.commit,
+            "private": False,
+            "siblings": [
+                {
+                    "rfilename": name,
+                    "size": len(data),
+                    "lfs": {
+                        "sha256": hashlib.sha256(data).hexdigest(),
+                        "size": len(data),
+                        "pointerSize": 134,
+                    },
+                }
+                for name, data in self.files.items()
+            ],
+        }
 
 
 def _tree_entry(name: str, data: bytes) -> dict[str, object]:
-    return {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest(),
-            "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}}
+    return {
+        "type": "file",
+        "path": name,
+        "size": len(data),
+        "oid": hashlib.sha1(data).hexdigest(),
+        "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134},
+    }
 
 
 def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
@@ -59,7 +78,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 hub.authorizations.append(self.headers["Authorization"])
             path = self.path.split("?")[0]
             if path.startswith(f"/api/models/{hub.repo}"):
-                body = hub.raw_listing or json.dumps(hub.tree() if "/tree/" in path else hub.listing()).encode()
+                body = (
+                    hub.raw_listing or json.dumps(hub.tree() if "/tree/" in path else hub.listing()).encode()
+                )
                 self._headers(200, {"Content-Type": "application/json", "Content-Length": str(len(body))})
                 self.wfile.write(body)
                 return
@@ -79,9 +100,14 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
             digest = hashlib.sha256(hub.files[name]).hexdigest()
             start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-"))[1])  # type: ignore[index]
-            headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{digest}"', "X-Linked-Etag": f'"{digest}"',
-                       "X-Linked-Size": str(len(data)), "Accept-Ranges": "bytes",
-                       "Content-Length": str(len(data) - start)}
+            headers = {
+                "X-Repo-Commit": hub.commit,
+                "ETag": f'"{digest}"',
+                "X-Linked-Etag": f'"{digest}"',
+                "X-Linked-Size": str(len(data)),
+                "Accept-Ranges": "bytes",
+                "Content-Length": str(len(data) - start),
+            }
             if start:
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             self._headers(206 if start else 200, headers)
@@ -91,7 +117,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             body = data[start:]
             if hub.cut_after is not None and hub.cuts > 0 and not start and len(body) > hub.cut_after:
                 hub.cuts -= 1
-                self.wfile.write(body[:hub.cut_after])
+                self.wfile.write(body[: hub.cut_after])
                 self.wfile.flush()
                 self.close_connection = True
                 return

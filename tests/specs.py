@@ -11,9 +11,11 @@ from builder.spec import GitSource, ImageSpec
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
     adapter = get_engine(engine)
-    return ImageSpec(engine=adapter.name, source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
-                     cpu=cpu_target(cpu))
-
+    return ImageSpec(
+        engine=adapter.name,
+        source=GitSource(url=adapter.upstream_url, ref=adapter.default_ref),
+        cpu=cpu_target(cpu),
+    )
 
 
 def mainline_tree(root: Path) -> Path:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 def dependency_command(name: str) -> str:
     """`name` beside this interpreter (the venv's bin, which need not be on PATH) or on PATH."""
-    tool = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    tool = shutil.which(
+        name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     assert tool, f"{name} is a test dependency (pip install -e '.[test]')"
     return tool

@@ -22,14 +22,21 @@ from builder.stacks.benchmark import measure
 
 def complete(port: int) -> dict[str, object]:
     body = {"prompt": "The expert router sends each token to", "max_tokens": 24, "temperature": 0}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.load(response)
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
 
 
 def main() -> None:
@@ -53,11 +60,21 @@ def main() -> None:
             speed = measure(port, args.prompt_words, args.n, repetitions=1)
             runs[name]["prefill"].append(speed.prefill)
             runs[name]["decode"].append(speed.decode)
-            print(json.dumps({"round": round_, "server": name, "prompt_tokens": speed.prompt_tokens,
-                              "prefill_tps": round(speed.prefill, 2), "decode_tps": round(speed.decode, 2)}))
+            print(
+                json.dumps(
+                    {
+                        "round": round_,
+                        "server": name,
+                        "prompt_tokens": speed.prompt_tokens,
+                        "prefill_tps": round(speed.prefill, 2),
+                        "decode_tps": round(speed.decode, 2),
+                    }
+                )
+            )
     first, second = args.names
-    summary: dict[str, object] = {name: {kind: spread(values) for kind, values in kinds.items()}
-                                  for name, kinds in runs.items()}
+    summary: dict[str, object] = {
+        name: {kind: spread(values) for kind, values in kinds.items()} for name, kinds in runs.items()
+    }
     for kind in ("prefill", "decode"):
         ratios = [a / b for a, b in zip(runs[first][kind], runs[second][kind], strict=True)]
         summary[f"{kind}_ratio_{first}_over_{second}"] = spread(ratios)

@@ -14,10 +14,28 @@ from pathlib import Path
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 
 SHAPES = {
-    "a3b": MoeShape(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, expert_ffn=768, experts=128,
-                    experts_used=8, quant="Q4_0"),
-    "q235b": MoeShape(layers=8, hidden=4096, heads=64, kv_heads=4, head_dim=128, expert_ffn=1536, experts=128,
-                      experts_used=8, quant="Q4_0"),
+    "a3b": MoeShape(
+        layers=48,
+        hidden=2048,
+        heads=32,
+        kv_heads=4,
+        head_dim=128,
+        expert_ffn=768,
+        experts=128,
+        experts_used=8,
+        quant="Q4_0",
+    ),
+    "q235b": MoeShape(
+        layers=8,
+        hidden=4096,
+        heads=64,
+        kv_heads=4,
+        head_dim=128,
+        expert_ffn=1536,
+        experts=128,
+        experts_used=8,
+        quant="Q4_0",
+    ),
 }
 
 
@@ -30,8 +48,16 @@ def active_expert_bytes(path: Path, shape: MoeShape) -> int:
 def main(a3b: str, q235b: str) -> None:
     for name, target in (("a3b", a3b), ("q235b", q235b)):
         path = write_moe_gguf(Path(target), SHAPES[name])
-        print(json.dumps({"model": name, "path": str(path), "bytes": path.stat().st_size,
-                          "active_expert_bytes_per_token": active_expert_bytes(path, SHAPES[name])}))
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "path": str(path),
+                    "bytes": path.stat().st_size,
+                    "active_expert_bytes_per_token": active_expert_bytes(path, SHAPES[name]),
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "qn-16": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=16, experts=128)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
-# "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's "model buffer")
+# "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
+# "model buffer")
 BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
 
 
@@ -54,28 +55,54 @@ def write(directory: Path) -> None:
             started = time.time()
             write_moe_gguf(path, shape)
             ram, vram = token_read_bytes(shape)
-            print(json.dumps({"model": name, "bytes": path.stat().st_size, "seconds": round(time.time() - started, 1),
-                              "token_ram_bytes": ram, "token_vram_bytes": vram}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "model": name,
+                        "bytes": path.stat().st_size,
+                        "seconds": round(time.time() - started, 1),
+                        "token_ram_bytes": ram,
+                        "token_vram_bytes": vram,
+                    }
+                ),
+                flush=True,
+            )
 
 
 def contract(engine: str, root: Path) -> dict[str, str]:
     server = root / engine / "build/bin/llama-server"
-    help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, timeout=60,
-                               check=False).stdout
+    help_text = subprocess.run(
+        [str(server), "--help"], capture_output=True, text=True, timeout=60, check=False
+    ).stdout
     literals = None
     if engine == "ik_llama.cpp":
-        literals = "\n".join(sorted(set(re.findall(r'"(--?[A-Za-z][A-Za-z0-9_.-]*)"',
-                                                   (root / engine / "common/common.cpp").read_text()))))
+        literals = "\n".join(
+            sorted(
+                set(
+                    re.findall(
+                        r'"(--?[A-Za-z][A-Za-z0-9_.-]*)"', (root / engine / "common/common.cpp").read_text()
+                    )
+                )
+            )
+        )
     return parse_contract(help_text, literals)
 
 
-def command(engine: str, model: Path, preset: str, flags: dict[str, str], port: int,
-            changes: dict[str, int]) -> list[str]:
+def command(
+    engine: str, model: Path, preset: str, flags: dict[str, str], port: int, changes: dict[str, int]
+) -> list[str]:
     """The stack's engine arguments as `moe-stack compose --preset P --gpu nvidia` writes them for this
     host (its physical cores), checked against the build's contract, pointed at the model and a local port."""
-    options = StackOptions(model=model, engine=engine, preset=preset, gpu="nvidia", numa="none",
-                           image="native", skip_image_checks=True,
-                           engine_options=EngineOptions(**changes))  # type: ignore[arg-type]
+    options = StackOptions(
+        model=model,
+        engine=engine,
+        preset=preset,
+        gpu="nvidia",
+        numa="none",
+        image="native",
+        skip_image_checks=True,
+        engine_options=EngineOptions(**changes),  # type: ignore[arg-type]
+    )
     stack = assemble_stack(options, probe())
     args = get_engine(engine).server_args(stack, flags)
     check_args(args, flags, f"{engine} (native)")
@@ -96,8 +123,13 @@ def _healthy(port: int, deadline: float, server: subprocess.Popen) -> bool:
 
 
 def _gpu_used_mib() -> int:
-    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30, check=False).stdout
+    text = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
     return int(text.split()[0]) if text.strip() else -1
 
 
@@ -114,11 +146,21 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
     flags = contract(engine, root)
     args = command(engine, directory / f"{name}.gguf", preset, flags, port, changes)
     log = out / f"{case.replace(':', '_').replace('=', '')}.log"
-    result: dict[str, object] = {"case": case, "engine": engine, "model": name, "preset": preset, "command": args}
+    result: dict[str, object] = {
+        "case": case,
+        "engine": engine,
+        "model": name,
+        "preset": preset,
+        "command": args,
+    }
     started = time.time()
     with log.open("w") as sink:
-        server = subprocess.Popen([str(root / engine / "build/bin/llama-server"), *args], stdout=sink,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [str(root / engine / "build/bin/llama-server"), *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         if not _healthy(port, started + 240, server):
             result["error"] = f"not healthy (exit {server.poll()})"
@@ -131,7 +173,9 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
         rounds = 3 if not changes or "mmap" in changes else 1
         prefill, decode = [], []
         for _ in range(rounds):
-            reply = api.post("/completion", {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False})
+            reply = api.post(
+                "/completion", {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False}
+            )
             timings = reply["timings"]
             prefill.append(timings["prompt_per_second"])
             decode.append(timings["predicted_per_second"])
@@ -146,8 +190,10 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
-    result["buffers_mib"] = [[where, kind or "model", float(mib)]
-                             for where, kind, mib in BUFFER.findall(log.read_text(errors="replace"))]
+    result["buffers_mib"] = [
+        [where, kind or "model", float(mib)]
+        for where, kind, mib in BUFFER.findall(log.read_text(errors="replace"))
+    ]
     return result
 
 

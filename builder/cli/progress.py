@@ -43,8 +43,14 @@ class LiveBuild:
     """One live line for a build: the latest step's stage, n/m and command, the elapsed time."""
 
     def __init__(self, console: Console) -> None:
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                 TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(bar_width=20),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
         self.task = self.progress.add_task("starting the build", total=None)
 
     def show(self, line: str) -> None:
@@ -53,8 +59,9 @@ class LiveBuild:
             return
         what = step.what if len(step.what) <= 70 else step.what[:69] + "…"
         if step.number is not None:
-            self.progress.update(self.task, description=f"{step.stage}: {what}", completed=step.number - 1,
-                                 total=step.of)
+            self.progress.update(
+                self.task, description=f"{step.stage}: {what}", completed=step.number - 1, total=step.of
+            )
         else:
             self.progress.update(self.task, description=f"{step.stage}: {what}")
 

@@ -57,18 +57,26 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
     """Write the bundle for `compose_file` (from `moe-stack compose`) to `out`, atomically."""
     document = _stack_document(compose_file)
     # By name: a pinned digest is the registry's, and the manifest records the local ID.
-    images = sorted({unliteral(str(service["image"])).split("@")[0] for service in document["services"].values()})
+    images = sorted(
+        {unliteral(str(service["image"])).split("@")[0] for service in document["services"].values()}
+    )
     client = docker()
     absent = [image for image in images if not client.image.exists(image)]
     if absent:
-        raise BundleError(f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)")
+        raise BundleError(
+            f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
+        )
     model = read_record(document, compose_file).model
     if not model.is_file():
-        raise BundleError(f"model {model} named by {compose_file} does not exist here; the bundle records its checksum")
+        raise BundleError(
+            f"model {model} named by {compose_file} does not exist here; the bundle records its checksum"
+        )
     parts = {part.name: part for part in split_parts(model)}
     for name, source in _model_sources(document):  # a router's other models, a cache's links
         if parts.setdefault(name, source).resolve() != source.resolve():
-            raise BundleError(f"{compose_file} mounts two model files named {name}; a bundle holds each under its name")
+            raise BundleError(
+                f"{compose_file} mounts two model files named {name}; a bundle holds each under its name"
+            )
     out = out.resolve()
     with tempfile.TemporaryDirectory(prefix=".moe-stack-bundle-", dir=out.parent) as tmp:
         staging = Path(tmp)
@@ -81,14 +89,18 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         for name, part in parts.items():
             fetched, digest = recorded(part), sums[name]
             if fetched is not None and fetched.sha256 is not None and digest != f"sha256:{fetched.sha256}":
-                raise BundleError(f"{part} is not the file fetched from the hub (its sha256 differs from "
-                                  "moe-stack-model.json's); fetch it again before bundling")
+                raise BundleError(
+                    f"{part} is not the file fetched from the hub (its sha256 differs from "
+                    "moe-stack-model.json's); fetch it again before bundling"
+                )
         manifest = {
             "format": FORMAT,
             "files": {name: sha256(staging / name) for name in (COMPOSE, IMAGES)},
             "images": {image: client.image.inspect(image).id for image in images},
-            "models": [{"name": name, "bytes": part.stat().st_size, "sha256": sums[name],
-                        "included": include_model} for name, part in parts.items()],
+            "models": [
+                {"name": name, "bytes": part.stat().st_size, "sha256": sums[name], "included": include_model}
+                for name, part in parts.items()
+            ],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         partial = staging / "bundle.tar"
@@ -96,7 +108,10 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             for name in (MANIFEST, COMPOSE, IMAGES):
                 archive.add(staging / name, arcname=name)
             if include_model:
-                for name, part in parts.items():  # the file, not a link to it (Hugging Face's cache links into blobs/)
+                for (
+                    name,
+                    part,
+                ) in parts.items():  # the file, not a link to it (Hugging Face's cache links into blobs/)
                     archive.add(part.resolve(), arcname=f"models/{name}")
         os.replace(partial, out)
     return out
@@ -125,8 +140,10 @@ def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
     try:
         ipaddress.ip_address(options.bind)
     except ValueError:
-        raise BundleError(f"--bind {options.bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 "
-                          "or one of this host's addresses") from None
+        raise BundleError(
+            f"--bind {options.bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 "
+            "or one of this host's addresses"
+        ) from None
     dest = dest.resolve()
     if not dest.parent.is_dir():
         raise BundleError(f"--dest {dest}: its parent directory does not exist; create it first")
@@ -143,9 +160,13 @@ def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
                 _check(bundle, staging / "models" / model["name"], f"models/{model['name']}", model["sha256"])
         bundled = models[0]["included"]
         model_home = dest / "models" if bundled else _model_home(bundle, models, options.model_dir)
-        choices = LoadChoices(model_files=tuple(model_home / model["name"] for model in models), bind=options.bind,
-                              config_dir=options.config_dir, api_key_file=_key_file(options.api_key_file),
-                              loaded_from=f"{bundle.name} {digest} ({verified})")
+        choices = LoadChoices(
+            model_files=tuple(model_home / model["name"] for model in models),
+            bind=options.bind,
+            config_dir=options.config_dir,
+            api_key_file=_key_file(options.api_key_file),
+            loaded_from=f"{bundle.name} {digest} ({verified})",
+        )
         document = _rebuilt_stack(bundle, staging, manifest, choices, options.replace_images)
         _load_images(bundle, staging / IMAGES, manifest["images"])
         dest.mkdir(exist_ok=True)
@@ -171,7 +192,9 @@ def unreadable_models(compose_file: Path) -> list[str]:
 def _verified(bundle: Path, digest: str, expect_sha256: str | None) -> str:
     if expect_sha256 is None:
         return "unverified: its own checksums only"
-    expected = expect_sha256.lower() if expect_sha256.startswith("sha256:") else f"sha256:{expect_sha256.lower()}"
+    expected = (
+        expect_sha256.lower() if expect_sha256.startswith("sha256:") else f"sha256:{expect_sha256.lower()}"
+    )
     if digest != expected:
         raise BundleError(f"bundle {bundle} is {digest}, not the {expected} you expect; don't load it")
     return "the sha256 expected"
@@ -193,8 +216,10 @@ def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadCho
         rebuilt = rebuild_stack(document, manifest["images"], choices)
         check_tags(saved_image_tags(staging / IMAGES), manifest["images"])
         client = docker()
-        local = {name: client.image.inspect(name).id if client.image.exists(name) else None
-                 for name in manifest["images"]}
+        local = {
+            name: client.image.inspect(name).id if client.image.exists(name) else None
+            for name in manifest["images"]
+        }
         check_local_names(manifest["images"], local, replace)
     except yaml.YAMLError as err:
         raise BundleError(f"bundle {bundle}: its compose.yaml is not YAML ({err})") from None
@@ -243,32 +268,50 @@ def _extract(bundle: Path, into: Path) -> str:
     except FileNotFoundError:
         raise BundleError(f"bundle {bundle} does not exist") from None
     except (tarfile.TarError, EOFError, OSError) as err:
-        raise BundleError(f"bundle {bundle} is truncated or not a tar archive ({err}); copy it again") from None
+        raise BundleError(
+            f"bundle {bundle} is truncated or not a tar archive ({err}); copy it again"
+        ) from None
 
 
 def _manifest(bundle: Path, staging: Path) -> dict:
     try:
         manifest = json.loads((staging / MANIFEST).read_text())
     except (OSError, ValueError):
-        raise BundleError(f"bundle {bundle} has no readable {MANIFEST}; it was not made by `moe-stack bundle`") from None
+        raise BundleError(
+            f"bundle {bundle} has no readable {MANIFEST}; it was not made by `moe-stack bundle`"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise BundleError(f"bundle {bundle} has format {found}; this moe-stack reads format {FORMAT}")
     files, models = manifest.get("files"), manifest.get("models")
     if not isinstance(files, dict) or set(files) != {COMPOSE, IMAGES}:
-        raise BundleError(f"bundle {bundle}: its manifest must list exactly {COMPOSE} and {IMAGES} under files")
+        raise BundleError(
+            f"bundle {bundle}: its manifest must list exactly {COMPOSE} and {IMAGES} under files"
+        )
     if models == []:
-        raise BundleError(f"bundle {bundle}: its manifest lists no model file; a moe-stack bundle names its stack's model")
+        raise BundleError(
+            f"bundle {bundle}: its manifest lists no model file; a moe-stack bundle names its stack's model"
+        )
     if not isinstance(models, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"]) for m in models):
+        isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"])
+        for m in models
+    ):
         raise BundleError(f"bundle {bundle}: its manifest names a model that is not a plain *.gguf file name")
-    if not all(isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str) and
-               isinstance(m.get("included"), bool) for m in models):
+    if not all(
+        isinstance(m.get("bytes"), int)
+        and isinstance(m.get("sha256"), str)
+        and isinstance(m.get("included"), bool)
+        for m in models
+    ):
         raise BundleError(f"bundle {bundle}: a model entry of its manifest lacks bytes, sha256 or included")
     if len({m["included"] for m in models}) != 1 or len({m["name"] for m in models}) != len(models):
-        raise BundleError(f"bundle {bundle}: its manifest holds some model files and not others, or one twice")
+        raise BundleError(
+            f"bundle {bundle}: its manifest holds some model files and not others, or one twice"
+        )
     images = manifest.get("images")
-    if not isinstance(images, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in images.items()):
+    if not isinstance(images, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in images.items()
+    ):
         raise BundleError(f"bundle {bundle}: its manifest's images must map each image to its ID")
     return manifest
 
@@ -278,23 +321,31 @@ def _check(bundle: Path, path: Path, name: str, expected: str) -> None:
         raise BundleError(f"bundle {bundle} lacks {name} (expected {expected}); copy it again")
     actual = sha256(path)
     if actual != expected:
-        raise BundleError(f"bundle {bundle}: {name} is {actual}, the manifest says {expected}; the bundle is "
-                          "corrupt, copy it again")
+        raise BundleError(
+            f"bundle {bundle}: {name} is {actual}, the manifest says {expected}; the bundle is "
+            "corrupt, copy it again"
+        )
 
 
 def _model_home(bundle: Path, models: list[dict], model_dir: Path | None) -> Path:
     """Where the loaded stack finds a model the bundle doesn't hold: `model_dir` (the user's, never a
     path from the bundle); the files there must be the ones the bundle was made with."""
     if model_dir is None:
-        raise BundleError(f"bundle {bundle} does not hold the model; pass --model-dir with the directory that holds "
-                          f"{models[0]['name']}")
+        raise BundleError(
+            f"bundle {bundle} does not hold the model; pass --model-dir with the directory that holds "
+            f"{models[0]['name']}"
+        )
     home = model_dir.resolve()
     for model in models:
         path = home / model["name"]
         if not path.is_file():
-            raise BundleError(f"{path} does not exist; pass --model-dir with the directory that holds {model['name']}")
+            raise BundleError(
+                f"{path} does not exist; pass --model-dir with the directory that holds {model['name']}"
+            )
         if path.stat().st_size != model["bytes"] or sha256(path) != model["sha256"]:
-            raise BundleError(f"{path} is not the model the stack was made with (its sha256 is not {model['sha256']})")
+            raise BundleError(
+                f"{path} is not the model the stack was made with (its sha256 is not {model['sha256']})"
+            )
     return home
 
 
@@ -308,4 +359,3 @@ def _load_images(bundle: Path, archive: Path, expected: dict[str, str]) -> None:
         loaded = client.image.inspect(image).id if client.image.exists(image) else "absent"
         if loaded != image_id:
             raise BundleError(f"after loading {bundle}, {image} is {loaded}, the manifest says {image_id}")
-

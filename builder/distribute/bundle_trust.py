@@ -43,7 +43,9 @@ def saved_image_tags(images_tar: Path) -> set[str]:
 def _index_names(annotations: dict[str, str]) -> set[str]:
     """An OCI index entry's image names: containerd's full name, and the OCI ref name where it is a
     whole reference (a bare tag names nothing on its own)."""
-    names = {str(annotations["io.containerd.image.name"])} if "io.containerd.image.name" in annotations else set()
+    names = (
+        {str(annotations["io.containerd.image.name"])} if "io.containerd.image.name" in annotations else set()
+    )
     ref = str(annotations.get("org.opencontainers.image.ref.name", ""))
     if "/" in ref or ":" in ref:
         names.add(ref)
@@ -70,17 +72,25 @@ def _json_member(archive: tarfile.TarFile, name: str) -> Any:
 def check_tags(saved: set[str], listed: dict[str, str]) -> None:
     """images.tar may tag only what the manifest lists (docker load would apply every other tag too)."""
     if not listed:
-        raise UntrustedBundle("its manifest lists no images; a moe-stack bundle always holds the stack's images")
+        raise UntrustedBundle(
+            "its manifest lists no images; a moe-stack bundle always holds the stack's images"
+        )
     extra = sorted(saved - {short_name(name) for name in listed})
     if extra:
-        raise UntrustedBundle(f"images.tar would also tag {', '.join(extra)}, which the manifest doesn't list "
-                              "(loading it would replace those local images)")
+        raise UntrustedBundle(
+            f"images.tar would also tag {', '.join(extra)}, which the manifest doesn't list "
+            "(loading it would replace those local images)"
+        )
 
 
 def check_local_names(listed: dict[str, str], local_ids: dict[str, str | None], replace: bool) -> None:
     """A name the bundle loads that this host already has as another image is replaced host-wide
     (every stack running it): only when the user asks (`local_ids`: each listed name's local ID or None)."""
-    clashing = sorted(name for name, image_id in listed.items() if local_ids.get(name) not in (None, image_id))
+    clashing = sorted(
+        name for name, image_id in listed.items() if local_ids.get(name) not in (None, image_id)
+    )
     if clashing and not replace:
-        raise UntrustedBundle(f"loading it would replace the local image {clashing[0]} (here {local_ids[clashing[0]]}, "
-                              f"the bundle's {listed[clashing[0]]}); pass --replace-images if you mean to")
+        raise UntrustedBundle(
+            f"loading it would replace the local image {clashing[0]} (here {local_ids[clashing[0]]}, "
+            f"the bundle's {listed[clashing[0]]}); pass --replace-images if you mean to"
+        )

@@ -32,14 +32,19 @@ def choose_variant(host: HostFacts, offered: list[Variant], cpu_only: bool = Fal
         fitting = [o for o in runnable if o.cuda is not None and _cuda_fits(o.cuda, gpu)]
         if fitting:
             best = max(fitting, key=lambda o: (_version(o.cuda), _cpu_rank(o.cpu)))
-            return Choice(best, f"{gpu.name} (sm_{_arch(gpu)}, driver {gpu.driver}) runs CUDA {best.cuda} images; "
-                                f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}")
+            return Choice(
+                best,
+                f"{gpu.name} (sm_{_arch(gpu)}, driver {gpu.driver}) runs CUDA {best.cuda} images; "
+                f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}",
+            )
         gpu_note = f"; no CUDA variant fits {gpu.name} (sm_{_arch(gpu)}, driver {gpu.driver}), so CPU-only"
     cpu_images = [o for o in runnable if o.cuda is None]
     if cpu_images:
         best = max(cpu_images, key=lambda o: _cpu_rank(o.cpu))
-        return Choice(best, f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}"
-                            f"{gpu_note}")
+        return Choice(
+            best,
+            f"CPU target {best.cpu} is the richest published one this CPU runs{_ideal(host, best)}{gpu_note}",
+        )
     raise SpecError(_nothing_fits(host, offered, gpu))
 
 
@@ -63,6 +68,7 @@ def _nothing_fits(host: HostFacts, offered: list[Variant], gpu: Gpu | None) -> s
     def nearness(o: Variant) -> tuple[int, bool, tuple[int, ...], int]:
         lacking = len(missing_flags(CPU_TARGETS[o.cpu].required_flags, host.cpu))
         return (-lacking, o.cuda is None or gpu is not None, _version(o.cuda), _cpu_rank(o.cpu))
+
     nearest = max(offered, key=nearness)
     lacking = missing_flags(CPU_TARGETS[nearest.cpu].required_flags, host.cpu)
     if lacking:

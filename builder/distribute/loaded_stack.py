@@ -53,9 +53,29 @@ from builder.stacks.record import Served, StackRecord
 ALLOWED_CAPS = ("SYS_NICE", "IPC_LOCK")
 # The keys of an engine service `moe-stack compose` writes; the constant ones are written again as
 # moe-stack writes them whatever the bundle says (a loosened read_only, cap_drop or logging is undone).
-_ENGINE_KEYS = frozenset({"image", "command", "ports", "volumes", "read_only", "tmpfs", "shm_size", "cap_drop",
-                          "security_opt", "healthcheck", "restart", "environment", "cap_add", "ulimits", "cpuset",
-                          "deploy", "secrets", "profiles", "logging"})
+_ENGINE_KEYS = frozenset(
+    {
+        "image",
+        "command",
+        "ports",
+        "volumes",
+        "read_only",
+        "tmpfs",
+        "shm_size",
+        "cap_drop",
+        "security_opt",
+        "healthcheck",
+        "restart",
+        "environment",
+        "cap_add",
+        "ulimits",
+        "cpuset",
+        "deploy",
+        "secrets",
+        "profiles",
+        "logging",
+    }
+)
 _TOP_KEYS = frozenset({"name", "x-moe-stack", "services", "volumes", "secrets"})
 _PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -85,13 +105,21 @@ class LoadChoices:
 def rebuild_stack(document: object, listed_images: dict[str, str], choices: LoadChoices) -> dict[str, object]:
     """The compose document for a bundle's stack, made by moe-stack from the few values read out of
     `document`; UntrustedBundle (one line) for anything moe-stack would not have written."""
-    if not isinstance(document, dict) or not isinstance(document.get("services"), dict) or \
-            not isinstance(document.get("x-moe-stack"), dict) or SERVICE not in document["services"]:
-        raise UntrustedBundle("its compose.yaml was not written by `moe-stack compose` (no engine service or "
-                              "x-moe-stack record)")
+    if (
+        not isinstance(document, dict)
+        or not isinstance(document.get("services"), dict)
+        or not isinstance(document.get("x-moe-stack"), dict)
+        or SERVICE not in document["services"]
+    ):
+        raise UntrustedBundle(
+            "its compose.yaml was not written by `moe-stack compose` (no engine service or "
+            "x-moe-stack record)"
+        )
     extra_top = sorted(set(document) - _TOP_KEYS)
     if extra_top:
-        raise UntrustedBundle(f"its compose.yaml has top-level {', '.join(extra_top)}, which moe-stack never writes")
+        raise UntrustedBundle(
+            f"its compose.yaml has top-level {', '.join(extra_top)}, which moe-stack never writes"
+        )
     given = document["services"]
     unknown = sorted(set(given) - {SERVICE, CPU_SERVICE, MONITORING_SERVICE})
     if unknown:
@@ -99,20 +127,35 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
     engines = [name for name in (SERVICE, CPU_SERVICE) if name in given]
     services: dict[str, dict[str, object]] = {}
     for name in engines:
-        services[name] = _engine_service(name, given[name], document, listed_images, choices, len(engines) > 1)
+        services[name] = _engine_service(
+            name, given[name], document, listed_images, choices, len(engines) > 1
+        )
     if MONITORING_SERVICE in given:
         services[MONITORING_SERVICE] = _monitoring(given[MONITORING_SERVICE], engines, choices)
     ran = {_image_name(service["image"]) for service in services.values()}
     if ran != set(listed_images):
-        raise UntrustedBundle(f"its manifest lists the images {', '.join(sorted(listed_images))}, its stack runs "
-                              f"{', '.join(sorted(ran))}; a bundle holds exactly its stack's images")
+        raise UntrustedBundle(
+            f"its manifest lists the images {', '.join(sorted(listed_images))}, its stack runs "
+            f"{', '.join(sorted(ran))}; a bundle holds exactly its stack's images"
+        )
     hugetlbfs = any(HUGETLBFS_MOUNT in cast(list, service["volumes"]) for service in services.values())
-    return stack_document(_project(document.get("name")), _record(document, choices, engines), services,
-                          _page_size(document) if hugetlbfs else None, choices.api_key_file)
+    return stack_document(
+        _project(document.get("name")),
+        _record(document, choices, engines),
+        services,
+        _page_size(document) if hugetlbfs else None,
+        choices.api_key_file,
+    )
 
 
-def _engine_service(name: str, service: object, document: dict, listed_images: dict[str, str],
-                    choices: LoadChoices, profiled: bool) -> dict[str, object]:
+def _engine_service(
+    name: str,
+    service: object,
+    document: dict,
+    listed_images: dict[str, str],
+    choices: LoadChoices,
+    profiled: bool,
+) -> dict[str, object]:
     if not isinstance(service, dict):
         raise UntrustedBundle(f"service {name} of its compose.yaml is not a mapping")
     extra = sorted(set(service) - _ENGINE_KEYS)
@@ -120,9 +163,14 @@ def _engine_service(name: str, service: object, document: dict, listed_images: d
         raise UntrustedBundle(f"service {name} sets {', '.join(extra)}, which moe-stack never writes")
     image = _image(name, service.get("image"), listed_images)
     environment, caps = _environment(name, service), _caps(name, service.get("cap_add"))
-    volumes = [*_model_mounts(choices.model_files), *_other_mounts(name, service.get("volumes"), choices, environment)]
+    volumes = [
+        *_model_mounts(choices.model_files),
+        *_other_mounts(name, service.get("volumes"), choices, environment),
+    ]
     healthcheck = service.get("healthcheck")
-    start_period = _SECONDS.fullmatch(str(healthcheck.get("start_period"))) if isinstance(healthcheck, dict) else None
+    start_period = (
+        _SECONDS.fullmatch(str(healthcheck.get("start_period"))) if isinstance(healthcheck, dict) else None
+    )
     if start_period is None:
         raise UntrustedBundle(f"service {name} has no healthcheck start period in seconds")
     shm_size = str(service.get("shm_size"))
@@ -134,11 +182,16 @@ def _engine_service(name: str, service: object, document: dict, listed_images: d
     wants_key = service.get("secrets") is not None
     if wants_key and choices.api_key_file is None:
         raise UntrustedBundle("its stack enforces an API key: pass --api-key-file with this host's key file")
-    rebuilt = service_of(image, _command(name, service.get("command")),
-                         published(CONTAINER_PORT, _port(name, service), choices.bind), volumes, shm_size,
-                         int(start_period.group(1)),
-                         placement(environment, caps, str(cpuset) if cpuset else None, _gpu(name, service)),
-                         choices.api_key_file is not None)
+    rebuilt = service_of(
+        image,
+        _command(name, service.get("command")),
+        published(CONTAINER_PORT, _port(name, service), choices.bind),
+        volumes,
+        shm_size,
+        int(start_period.group(1)),
+        placement(environment, caps, str(cpuset) if cpuset else None, _gpu(name, service)),
+        choices.api_key_file is not None,
+    )
     if profiled:
         rebuilt["profiles"] = [GPU_PROFILE if name == SERVICE else CPU_PROFILE]
     return rebuilt
@@ -146,7 +199,9 @@ def _engine_service(name: str, service: object, document: dict, listed_images: d
 
 def _monitoring(service: object, engines: list[str], choices: LoadChoices) -> dict[str, object]:
     if not isinstance(service, dict) or _image_name(service.get("image")) != prometheus_image(CPU_BASE_SUITE):
-        raise UntrustedBundle(f"its {MONITORING_SERVICE} service does not run {prometheus_image(CPU_BASE_SUITE)}")
+        raise UntrustedBundle(
+            f"its {MONITORING_SERVICE} service does not run {prometheus_image(CPU_BASE_SUITE)}"
+        )
     volumes = service.get("volumes") or []
     if volumes != [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}]:
         raise UntrustedBundle(f"its {MONITORING_SERVICE} service mounts more than its data volume")
@@ -179,8 +234,11 @@ def _command(name: str, command: object) -> list[str]:
 
 def _port(name: str, service: dict) -> int:
     ports = service.get("ports")
-    port = ports[0].get("published") if isinstance(ports, list) and len(ports) == 1 and \
-        isinstance(ports[0], dict) else None
+    port = (
+        ports[0].get("published")
+        if isinstance(ports, list) and len(ports) == 1 and isinstance(ports[0], dict)
+        else None
+    )
     if not str(port).isdigit() or not 1 <= int(str(port)) <= 65535:
         raise UntrustedBundle(f"service {name} publishes no single port number")
     return int(str(port))
@@ -189,12 +247,20 @@ def _port(name: str, service: dict) -> int:
 def _model_mounts(files: tuple[Path, ...]) -> list[dict[str, object]]:
     """Each of the model's files under its own name in /models, read-only: the engine sees them and
     nothing else of the directory they are in (a link is mounted as its target)."""
-    return [{"type": "bind", "source": str(path.resolve()), "target": f"{MODEL_DIR}/{path.name}", "read_only": True}
-            for path in files]
+    return [
+        {
+            "type": "bind",
+            "source": str(path.resolve()),
+            "target": f"{MODEL_DIR}/{path.name}",
+            "read_only": True,
+        }
+        for path in files
+    ]
 
 
-def _other_mounts(name: str, volumes: object, choices: LoadChoices,
-                  environment: dict[str, str]) -> list[dict[str, object]]:
+def _other_mounts(
+    name: str, volumes: object, choices: LoadChoices, environment: dict[str, str]
+) -> list[dict[str, object]]:
     """The config directory (the user's) and the hugetlbfs volume, where the bundle's stack had them;
     its model mounts are replaced; anything else is refused."""
     if not isinstance(volumes, list):
@@ -208,14 +274,18 @@ def _other_mounts(name: str, volumes: object, choices: LoadChoices,
             continue  # the model: mounted from where load put or found it
         if volume["type"] == "bind" and target == CONFIG_DIR:
             if choices.config_dir is None:
-                raise UntrustedBundle(f"its stack mounts a config directory at {CONFIG_DIR}: pass --config-dir "
-                                      "with this host's copy of the model's Hugging Face directory")
+                raise UntrustedBundle(
+                    f"its stack mounts a config directory at {CONFIG_DIR}: pass --config-dir "
+                    "with this host's copy of the model's Hugging Face directory"
+                )
             mounts.append(config_mount(choices.config_dir.resolve()))
         elif volume == HUGETLBFS_MOUNT and environment.get(HUGETLBFS_ENV) == HUGETLBFS_DIR:
             mounts.append(HUGETLBFS_MOUNT)
         else:
-            raise UntrustedBundle(f"service {name} mounts {volume.get('source')} at {target}; a moe-stack stack "
-                                  "mounts only the model, its config directory and its hugetlbfs volume")
+            raise UntrustedBundle(
+                f"service {name} mounts {volume.get('source')} at {target}; a moe-stack stack "
+                "mounts only the model, its config directory and its hugetlbfs volume"
+            )
     return mounts
 
 
@@ -226,10 +296,13 @@ def _environment(name: str, service: dict) -> dict[str, str]:
     environment = {str(key): unliteral(str(value)) for key, value in given.items()}
     unknown = sorted(set(environment) - {NUMA_ENV, HUGETLBFS_ENV, ROUTER_PRESET_ENV})
     if unknown:
-        raise UntrustedBundle(f"service {name} sets the environment variable {unknown[0]}, which moe-stack never sets")
+        raise UntrustedBundle(
+            f"service {name} sets the environment variable {unknown[0]}, which moe-stack never sets"
+        )
     if NUMA_ENV in environment and not _NUMA.fullmatch(environment[NUMA_ENV]):
-        raise UntrustedBundle(f"service {name}'s NUMA policy {environment[NUMA_ENV]!r} is not one moe-stack "
-                              "writes")
+        raise UntrustedBundle(
+            f"service {name}'s NUMA policy {environment[NUMA_ENV]!r} is not one moe-stack writes"
+        )
     if environment.get(HUGETLBFS_ENV, HUGETLBFS_DIR) != HUGETLBFS_DIR:
         raise UntrustedBundle(f"service {name} stages the model elsewhere than {HUGETLBFS_DIR}")
     preset = environment.get(ROUTER_PRESET_ENV, "")
@@ -241,7 +314,9 @@ def _environment(name: str, service: dict) -> dict[str, str]:
 def _caps(name: str, cap_add: object) -> list[str]:
     caps = cap_add or []
     if not isinstance(caps, list) or not set(map(str, caps)) <= set(ALLOWED_CAPS):
-        raise UntrustedBundle(f"service {name} adds {cap_add!r}; a moe-stack stack adds at most SYS_NICE and IPC_LOCK")
+        raise UntrustedBundle(
+            f"service {name} adds {cap_add!r}; a moe-stack stack adds at most SYS_NICE and IPC_LOCK"
+        )
     return [cap for cap in ALLOWED_CAPS if cap in caps]
 
 
@@ -264,8 +339,10 @@ def _gpu(name: str, service: dict) -> dict[str, object] | None:
         return gpu_device("cdi", ())
     if driver == "cdi" and indices and len(indices) == len(ids) and all(i.isdigit() for i in indices):
         return gpu_device("cdi", tuple(map(int, indices)))
-    raise UntrustedBundle(f"service {name}'s deploy section is not moe-stack's GPU reservation (the nvidia driver "
-                          "or CDI, all GPUs or their indices)")
+    raise UntrustedBundle(
+        f"service {name}'s deploy section is not moe-stack's GPU reservation (the nvidia driver "
+        "or CDI, all GPUs or their indices)"
+    )
 
 
 def _page_size(document: dict) -> str:
@@ -273,7 +350,9 @@ def _page_size(document: dict) -> str:
     options = ((volume or {}).get("driver_opts") or {}) if isinstance(volume, dict) else {}
     match = _PAGE_SIZE.fullmatch(str(options.get("o", "")))
     if match is None or options.get("type") != "hugetlbfs":
-        raise UntrustedBundle(f"its {HUGETLBFS_VOLUME} volume is not moe-stack's hugetlbfs volume of 2M or 1G pages")
+        raise UntrustedBundle(
+            f"its {HUGETLBFS_VOLUME} volume is not moe-stack's hugetlbfs volume of 2M or 1G pages"
+        )
     return match.group(1)
 
 
@@ -292,32 +371,46 @@ def _record(document: dict, choices: LoadChoices, engines: list[str]) -> StackRe
     if engine not in engine_names():
         raise UntrustedBundle(f"its x-moe-stack names the engine {engine!r}, which moe-stack doesn't know")
     options = meant(given.get("engine-options") or {})
-    if not isinstance(options, dict) or not all(isinstance(v, str | int | float | bool | list) for v in options.values()):
+    if not isinstance(options, dict) or not all(
+        isinstance(v, str | int | float | bool | list) for v in options.values()
+    ):
         raise UntrustedBundle("its x-moe-stack engine-options are not plain values")
     names, served_name = meant(given.get("models")), meant(given.get("served-name"))
     return StackRecord(
-        generated_by=_text(meant(given.get("generated-by"))), loaded_from=choices.loaded_from, engine=str(engine),
+        generated_by=_text(meant(given.get("generated-by"))),
+        loaded_from=choices.loaded_from,
+        engine=str(engine),
         image=_text(meant(given.get("image"))),
         model=choices.model_files[0].parent.resolve() / choices.model_files[0].name,
         served_name=_text(served_name) if served_name is not None else None,
         models=tuple(_text(name) for name in names) if isinstance(names, list) else (),
         engine_options={str(key): value for key, value in options.items()},
-        flags_checked=given.get("flags-checked") is True, cpu_weights_pinned=given.get("cpu-weights") == "pinned",
+        flags_checked=given.get("flags-checked") is True,
+        cpu_weights_pinned=given.get("cpu-weights") == "pinned",
         profiles=(GPU_PROFILE, CPU_PROFILE) if len(engines) > 1 else (),
-        serves={name: _serves(name, given.get("serves")) for name in engines})
+        serves={name: _serves(name, given.get("serves")) for name in engines},
+    )
 
 
 def _serves(name: str, served: object) -> Served:
     """What the record says service `name` serves, each value of its type."""
     facts = served.get(name) if isinstance(served, dict) else None
     if not isinstance(facts, dict):
-        raise UntrustedBundle(f"its x-moe-stack records nothing of what {name} serves; bundle it again with this "
-                              "moe-stack")
+        raise UntrustedBundle(
+            f"its x-moe-stack records nothing of what {name} serves; bundle it again with this moe-stack"
+        )
     threads, layers = facts.get("threads"), facts.get("gpu-layers")
     metrics, tool_calls = facts.get("metrics"), facts.get("tool-calls")
-    if not (type(threads) is int and threads >= 1 and (layers is None or type(layers) is int and layers >= 0)
-            and type(metrics) is bool and type(tool_calls) is bool):
-        raise UntrustedBundle(f"its x-moe-stack's serves.{name} is not threads, gpu-layers, metrics and tool-calls")
+    if not (
+        type(threads) is int
+        and threads >= 1
+        and (layers is None or type(layers) is int and layers >= 0)
+        and type(metrics) is bool
+        and type(tool_calls) is bool
+    ):
+        raise UntrustedBundle(
+            f"its x-moe-stack's serves.{name} is not threads, gpu-layers, metrics and tool-calls"
+        )
     return Served(threads=threads, gpu_layers=layers, metrics=metrics, tool_calls=tool_calls)
 
 

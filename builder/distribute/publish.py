@@ -43,8 +43,10 @@ def publish_targets(facts: ImageFacts, prefix: str) -> list[str]:
     """Where `facts`' image goes under `prefix` (REGISTRY/NAMESPACE): its immutable tag, then its alias."""
     variant = parse_variant(facts.variant)
     if variant is None:
-        raise RegistryError(f"image version {facts.variant!r} is not a moe-stack variant tag; rebuild it with "
-                            "`moe-stack build`")
+        raise RegistryError(
+            f"image version {facts.variant!r} is not a moe-stack variant tag; rebuild it with "
+            "`moe-stack build`"
+        )
     return publish_tags(facts.engine, variant, prefix)
 
 
@@ -66,9 +68,13 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
                 done = ", ".join(p.tag for p in pushed) or "nothing"
                 reason = describe(err)
                 if any(word in reason.lower() for word in ("auth", "denied", "unauthorized")):
-                    reason += f"; run `docker login {target.split('/')[0]}` with an account that may push there"
-                raise RegistryError(f"push of {target} failed ({reason}); pushed before it: {done}. Rerun "
-                                    "when fixed: the registry skips layers it already holds") from None
+                    reason += (
+                        f"; run `docker login {target.split('/')[0]}` with an account that may push there"
+                    )
+                raise RegistryError(
+                    f"push of {target} failed ({reason}); pushed before it: {done}. Rerun "
+                    "when fixed: the registry skips layers it already holds"
+                ) from None
             pushed.append(Pushed(target, _verified_digest(client, target)))
     return pushed
 
@@ -81,7 +87,9 @@ def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_
     wanted = ref or short_ref(image_spec(adapter.name).ref)
     at_ref = [o for o in offered if o.ref == wanted]
     if not offered:
-        raise RegistryError(f"{repo.name} holds no moe-stack variants; publish some (`moe-stack publish`) or check --from")
+        raise RegistryError(
+            f"{repo.name} holds no moe-stack variants; publish some (`moe-stack publish`) or check --from"
+        )
     if not at_ref:
         refs = ", ".join(sorted({o.ref for o in offered}))
         raise RegistryError(f"{repo.name} holds no variant of ref {wanted} (it has: {refs}); pass --ref")
@@ -109,8 +117,14 @@ def _verified_digest(client: DockerClient, image: str) -> str:
     """The registry's digest for `image`, checked against the digest Docker recorded locally."""
     name, _, tag = image.rpartition(":")
     served = manifest_digest(repository(name), tag)
-    local = {d.partition("@")[2] for d in client.image.inspect(image).repo_digests or [] if d.startswith(name + "@")}
+    local = {
+        d.partition("@")[2]
+        for d in client.image.inspect(image).repo_digests or []
+        if d.startswith(name + "@")
+    }
     if served not in local:
-        raise RegistryError(f"{image}: the registry serves {served}, but the local image is "
-                            f"{', '.join(sorted(local)) or 'not recorded as pushed'}; push or pull it again")
+        raise RegistryError(
+            f"{image}: the registry serves {served}, but the local image is "
+            f"{', '.join(sorted(local)) or 'not recorded as pushed'}; push or pull it again"
+        )
     return served

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from builder.errors import MoeStackError
 
-MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, "
-                  "application/vnd.docker.distribution.manifest.list.v2+json, "
-                  "application/vnd.docker.distribution.manifest.v2+json")
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json, "
+    "application/vnd.docker.distribution.manifest.v2+json"
+)
 _LOOPBACK = re.compile(r"^(localhost|127\.[0-9.]+|\[::1\])(:[0-9]+)?$")
 _TIMEOUT_S = 30
 _MAX_TAG_PAGES = 100
@@ -47,11 +49,14 @@ class Repository:
 
 
 def registry_host(name: str) -> str:
-    """The registry host `name` (`HOST[/PATH]`) starts with; it must be explicit, as in every moe-stack tag."""
+    """The registry host `name` (`HOST[/PATH]`) starts with; it must be explicit, as in every moe-stack
+    tag."""
     host = name.partition("/")[0]
     if not ("." in host or ":" in host or host == "localhost"):
-        raise RegistryError(f"{name!r} does not start with a registry host; write it like ghcr.io/OWNER or "
-                            "127.0.0.1:5000/moe-stack")
+        raise RegistryError(
+            f"{name!r} does not start with a registry host; write it like ghcr.io/OWNER or "
+            "127.0.0.1:5000/moe-stack"
+        )
     return host
 
 
@@ -59,7 +64,9 @@ def repository(name: str) -> Repository:
     """`HOST/PATH` (no tag) → Repository."""
     host, path = registry_host(name), name.partition("/")[2]
     if not path:
-        raise RegistryError(f"{name!r} names a registry but no repository in it; write it like HOST/NAMESPACE/NAME")
+        raise RegistryError(
+            f"{name!r} names a registry but no repository in it; write it like HOST/NAMESPACE/NAME"
+        )
     return Repository(host=host, path=path)
 
 
@@ -94,8 +101,10 @@ def list_tags(repo: Repository) -> list[str]:
         match = re.search(r"<([^>]+)>;\s*rel=\"next\"", next_link)
         url = urllib.parse.urljoin(url, match[1]) if match else ""
         if url and _origin(url) != _origin(repo.base_url):
-            raise RegistryError(f"registry {repo.host} sent the next page of tags to another host ({_origin(url)}); "
-                                "not followed")
+            raise RegistryError(
+                f"registry {repo.host} sent the next page of tags to another host ({_origin(url)}); "
+                "not followed"
+            )
     return tags
 
 
@@ -106,8 +115,9 @@ def _origin(url: str) -> tuple[str, str]:
 
 def manifest_digest(repo: Repository, tag: str) -> str:
     """The digest the registry serves for `repo:tag` (what `docker pull repo@digest` fetches)."""
-    request = urllib.request.Request(f"{repo.base_url}/manifests/{tag}", method="HEAD",
-                                     headers={"Accept": MANIFEST_TYPES})
+    request = urllib.request.Request(
+        f"{repo.base_url}/manifests/{tag}", method="HEAD", headers={"Accept": MANIFEST_TYPES}
+    )
     with _open(repo, request) as response:
         digest = response.headers.get("Docker-Content-Digest")
     if not digest:
@@ -115,25 +125,33 @@ def manifest_digest(repo: Repository, tag: str) -> str:
     return digest
 
 
-def _open(repo: Repository, request: urllib.request.Request, authenticate: bool = True) -> http.client.HTTPResponse:
+def _open(
+    repo: Repository, request: urllib.request.Request, authenticate: bool = True
+) -> http.client.HTTPResponse:
     try:
         return urllib.request.urlopen(request, timeout=_TIMEOUT_S)
     except urllib.error.HTTPError as err:
         if err.code == 401 and authenticate and not request.has_header("Authorization"):
             # Unredirected: urllib copies ordinary headers onto a redirect (to another host, or https to
             # http); credentials must stay with the request they were made for.
-            request.add_unredirected_header("Authorization", _credentials(repo, err.headers.get("WWW-Authenticate", "")))
+            request.add_unredirected_header(
+                "Authorization", _credentials(repo, err.headers.get("WWW-Authenticate", ""))
+            )
             return _open(repo, request, authenticate=False)
         raise _http_error(repo, err) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
         reason = getattr(err, "reason", err)
-        raise RegistryError(f"registry {repo.host} is unreachable ({reason}); check the address, or start it") from None
+        raise RegistryError(
+            f"registry {repo.host} is unreachable ({reason}); check the address, or start it"
+        ) from None
 
 
 def _http_error(repo: Repository, err: urllib.error.HTTPError) -> RegistryError:
     if err.code in (401, 403):
-        return RegistryError(f"registry {repo.host} refused access to {repo.path or '/v2/'} (HTTP {err.code}); "
-                             f"run `docker login {repo.host}` with an account that may read it")
+        return RegistryError(
+            f"registry {repo.host} refused access to {repo.path or '/v2/'} (HTTP {err.code}); "
+            f"run `docker login {repo.host}` with an account that may read it"
+        )
     if err.code == 404:
         return RegistryError(f"{repo.name}: no such repository or tag on the registry")
     return RegistryError(f"registry {repo.host} answered HTTP {err.code} for {err.url}")
@@ -150,7 +168,10 @@ def _credentials(repo: Repository, challenge: str) -> str:
         return f"Basic {login}"
     if scheme.lower() != "bearer" or "realm" not in fields:
         raise RegistryError(f"registry {repo.host} asks for unsupported auth {challenge!r}")
-    query = {"service": fields.get("service", ""), "scope": fields.get("scope") or f"repository:{repo.path}:pull"}
+    query = {
+        "service": fields.get("service", ""),
+        "scope": fields.get("scope") or f"repository:{repo.path}:pull",
+    }
     realm = fields["realm"]
     token_request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(query)}")
     # The login goes to the realm only over TLS or to the registry's own origin; anywhere else the

@@ -9,7 +9,9 @@ from builder.engines.llama_cpp import LlamaCpp
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import SpecError, StackError
 
-_ENGINES: dict[str, Engine] = {e.name: e for e in (LlamaCpp(), IkLlamaCpp(), KTransformers(), KTransformersLegacy())}
+_ENGINES: dict[str, Engine] = {
+    e.name: e for e in (LlamaCpp(), IkLlamaCpp(), KTransformers(), KTransformersLegacy())
+}
 
 
 def get_engine(name: str) -> Engine:
@@ -29,8 +31,10 @@ def bench_engine(name: str) -> LlamaFamilyEngine:
     a StackError saying to measure the server instead."""
     engine = get_engine(name)
     if not isinstance(engine, LlamaFamilyEngine) or not engine.tool_targets:
-        raise StackError(f"{name} has no tools image with llama-bench; measure its server with `moe-stack bench FILE` "
-                         "(no --tool)")
+        raise StackError(
+            f"{name} has no tools image with llama-bench; measure its server with `moe-stack bench FILE` "
+            "(no --tool)"
+        )
     return engine
 
 

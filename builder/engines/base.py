@@ -27,8 +27,10 @@ from builder.spec import (
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
 # time, point the loader at the toolkit's stub.
-CUDA_STUB_SETUP = (f"mkdir -p {CUDA_STUB_DIR}",
-                   f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1")
+CUDA_STUB_SETUP = (
+    f"mkdir -p {CUDA_STUB_DIR}",
+    f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1",
+)
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
 
@@ -105,18 +107,32 @@ class Engine(ABC):
     def check_image(self, spec: ImageSpec) -> None:
         """SpecError when this engine has no such image (a CPU target, CUDA choice or source it lacks)."""
         if spec.cpu.runtime_dispatch and not self.runtime_dispatch:
-            raise SpecError(f"CPU target {spec.cpu.name} needs runtime CPU dispatch, which {self.name} lacks; build it "
-                            "for a named CPU (avx2, zen4, zen5, sapphirerapids)")
+            raise SpecError(
+                f"CPU target {spec.cpu.name} needs runtime CPU dispatch, which {self.name} lacks; build it "
+                "for a named CPU (avx2, zen4, zen5, sapphirerapids)"
+            )
         if self.cuda_only and spec.cuda.version is None:
-            raise SpecError(f"{self.name} builds CUDA kernels and has no CPU-only image: give a CUDA version "
-                            "(--cuda 12.8)")
+            raise SpecError(
+                f"{self.name} builds CUDA kernels and has no CPU-only image: give a CUDA version "
+                "(--cuda 12.8)"
+            )
         if isinstance(spec.source, PypiSource) and not self.installs_wheels:
-            raise SpecError(f"{self.name} is not installed from PyPI wheels: build it from its git ref or a source "
-                            "tree (--source)")
-        if isinstance(spec.source, LocalSource) and spec.source.holds == "wheels" and not self.installs_wheels:
-            raise SpecError(f"{self.name} is built from source, not from wheels: give --source an engine tree")
+            raise SpecError(
+                f"{self.name} is not installed from PyPI wheels: build it from its git ref or a source "
+                "tree (--source)"
+            )
+        if (
+            isinstance(spec.source, LocalSource)
+            and spec.source.holds == "wheels"
+            and not self.installs_wheels
+        ):
+            raise SpecError(
+                f"{self.name} is built from source, not from wheels: give --source an engine tree"
+            )
         if spec.tools and not self.tool_targets:
-            raise SpecError(f"{self.name} has no tools image (no llama-bench or quantize tools to add): drop --tools")
+            raise SpecError(
+                f"{self.name} has no tools image (no llama-bench or quantize tools to add): drop --tools"
+            )
 
     # -- build --------------------------------------------------------------------------------
     def toolchain(self, spec: ImageSpec) -> Toolchain:
@@ -128,8 +144,10 @@ class Engine(ABC):
 
     def configure_args(self, spec: ImageSpec, tools: Toolchain) -> list[str]:
         """The cmake configure arguments, for engines built with cmake."""
-        raise SpecError(f"{self.name} is installed with pip, not configured with cmake: see its Dockerfile "
-                        "(`moe-stack render`)")
+        raise SpecError(
+            f"{self.name} is installed with pip, not configured with cmake: see its Dockerfile "
+            "(`moe-stack render`)"
+        )
 
     def context_files(self, root: Path) -> dict[str, str]:
         """Files of the build context beyond the common entrypoint and healthcheck, by name."""
@@ -145,11 +163,14 @@ class Engine(ABC):
         exit status doesn't show (a crash, a missing library)."""
 
     # -- run ----------------------------------------------------------------------------------
-    def router_command(self, stack: StackSpec, models: tuple[StackSpec, ...],
-                       flags: dict[str, str] | None) -> tuple[list[str], str]:
+    def router_command(
+        self, stack: StackSpec, models: tuple[StackSpec, ...], flags: dict[str, str] | None
+    ) -> tuple[list[str], str]:
         """The server's arguments and the preset file's text for several models behind one port."""
-        raise StackError(f"{self.name} serves one model per server: emit one stack per model (each on its own port), "
-                         "or use an engine whose server routes between models (mainline llama.cpp's router)")
+        raise StackError(
+            f"{self.name} serves one model per server: emit one stack per model (each on its own port), "
+            "or use an engine whose server routes between models (mainline llama.cpp's router)"
+        )
 
     def check_model(self, path: Path) -> Path:
         """The model file this engine loads, checked (every engine here reads GGUF; the path resolved
@@ -175,11 +196,16 @@ class Engine(ABC):
         `flags` is the image's flag contract; None means unknown, and the adapter then writes this
         engine's current syntax. Options this engine can't honour raise StackError.
         """
-        unread = [name for name in ENGINE_OPTIONS if name not in self.honours
-                  and getattr(stack, name) != StackSpec.model_fields[name].default]
+        unread = [
+            name
+            for name in ENGINE_OPTIONS
+            if name not in self.honours and getattr(stack, name) != StackSpec.model_fields[name].default
+        ]
         if unread:
-            raise StackError(f"{self.name} does not read {', '.join(ENGINE_OPTIONS[name] for name in unread)}: drop "
-                             f"{'it' if len(unread) == 1 else 'them'}")
+            raise StackError(
+                f"{self.name} does not read {', '.join(ENGINE_OPTIONS[name] for name in unread)}: drop "
+                f"{'it' if len(unread) == 1 else 'them'}"
+            )
         return self.arguments(stack, flags) + list(stack.extra_args)
 
     @abstractmethod

@@ -41,7 +41,9 @@ def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: b
             # -mla 3 decompresses the whole cache for prefill: a term in the context (fitted: 6888 MiB at
             # 32k/2048, 6330 at 32k/512, 1928 at 8k/2048; three points, three terms: no point to check it).
             size = 275.1 * MIB + heads * (ctx * 0.17910 * MIB + ubatch * ctx * 11.63)
-            return ComputeEstimate(int(size), True, "ik_llama.cpp -mla 3 on DeepSeek-R1 widths (H200, 3 points)")
+            return ComputeEstimate(
+                int(size), True, "ik_llama.cpp -mla 3 on DeepSeek-R1 widths (H200, 3 points)"
+            )
         if engine == "llama.cpp":
             # The f16 attention mask (ubatch x ctx) and activations per micro-batch token (1644 MiB at
             # 32k/2048, 622 at 32k/512; predicted 1548 at 8k/2048, logged 1548).
@@ -53,8 +55,12 @@ def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: b
         return ComputeEstimate(int(size), True, f"{engine} on Qwen3-Next widths at a 32k context (H200)")
     if facts.arch == "qwen3moe" and engine == "ik_llama.cpp" and ubatch <= 512 and ctx <= 16384:
         # Qwen3-235B-A22B widths, 16k context, -ub 512 (bench/results/cuda-images-2026-11-30): 936 MiB.
-        return ComputeEstimate(936 * MIB, True, "ik_llama.cpp on Qwen3-235B widths at 16k, -ub 512 (H200, 1 point)")
-    return ComputeEstimate(UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate")
+        return ComputeEstimate(
+            936 * MIB, True, "ik_llama.cpp on Qwen3-235B widths at 16k, -ub 512 (H200, 1 point)"
+        )
+    return ComputeEstimate(
+        UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate"
+    )
 
 
 def gpu_reserve(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:

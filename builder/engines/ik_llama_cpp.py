@@ -22,19 +22,35 @@ class IkLlamaCpp(LlamaFamilyEngine):
     # Its --help omits accepted flags (-ot, -thp, -cmoe...): the contract adds the parser's literals.
     parser_sources = ("common/common.cpp",)
     # Its own llama-sweep-bench (PP and TG speed over the whole context) beside mainline's tools.
-    tool_targets = ("llama-bench", "llama-sweep-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split",
-                    "llama-perplexity", "llama-imatrix")
+    tool_targets = (
+        "llama-bench",
+        "llama-sweep-bench",
+        "llama-batched-bench",
+        "llama-quantize",
+        "llama-gguf-split",
+        "llama-perplexity",
+        "llama-imatrix",
+    )
     sweep_tool = "llama-sweep-bench"
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
     honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}
-    flag_spellings = LlamaFamilyEngine.flag_spellings + tuple(frozenset(names) for names in (
-        ("-mla", "--mla-use"), ("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"), ("-cuda", "--cuda-params"),
-        ("-thp", "--transparent-huge-pages")))
+    flag_spellings = LlamaFamilyEngine.flag_spellings + tuple(
+        frozenset(names)
+        for names in (
+            ("-mla", "--mla-use"),
+            ("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"),
+            ("-cuda", "--cuda-params"),
+            ("-thp", "--transparent-huge-pages"),
+        )
+    )
 
     def is_source_tree(self, path: Path) -> bool:
-        return (path / "CMakeLists.txt").is_file() and (path / "ggml/src/iqk").is_dir() \
+        return (
+            (path / "CMakeLists.txt").is_file()
+            and (path / "ggml/src/iqk").is_dir()
             and (path / "examples/server").is_dir()
+        )
 
     def extra_cmake_args(self, ref: str) -> list[str]:
         return [
@@ -56,17 +72,34 @@ class IkLlamaCpp(LlamaFamilyEngine):
         dimensions = []
         if gpu:
             current = value_of(args, ("-cuda", "--cuda-params")) or "default"
-            dimensions.append(Dimension("offload", tuple(dict.fromkeys(
-                [current, "offload-batch-size=2", "offload-batch-size=8", "offload-batch-size=32"])),
-                setting_value(("-cuda", "--cuda-params")), affects="prefill"))
+            dimensions.append(
+                Dimension(
+                    "offload",
+                    tuple(
+                        dict.fromkeys(
+                            [current, "offload-batch-size=2", "offload-batch-size=8", "offload-batch-size=32"]
+                        )
+                    ),
+                    setting_value(("-cuda", "--cuda-params")),
+                    affects="prefill",
+                )
+            )
         dimensions.append(switch_dimension("rtr", args, ("-rtr", "--run-time-repack")))
         # On by default since PR #863; -fmoe stays accepted.
-        dimensions.append(switch_dimension("fmoe", args, ("-fmoe", "--fused-moe"), ("-no-fmoe", "--no-fused-moe"),
-                                           default="on"))
+        dimensions.append(
+            switch_dimension(
+                "fmoe", args, ("-fmoe", "--fused-moe"), ("-no-fmoe", "--no-fused-moe"), default="on"
+            )
+        )
         if has_switch(args, ("-mla", "--mla-use")):
             amb = value_of(args, ("-amb", "--attention-max-batch")) or "default"
-            dimensions.append(Dimension("amb", tuple(dict.fromkeys([amb, "256", "512", "1024"])),
-                                        setting_value(("-amb", "--attention-max-batch"))))
+            dimensions.append(
+                Dimension(
+                    "amb",
+                    tuple(dict.fromkeys([amb, "256", "512", "1024"])),
+                    setting_value(("-amb", "--attention-max-batch")),
+                )
+            )
         return dimensions
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:

@@ -38,8 +38,21 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 # kt-kernel's CPU variants, best first, and the /proc/cpuinfo flags each needs: the same rule its
 # loader applies (kt_kernel/_cpu_detect.py in 0.7.2); KT_KERNEL_CPU_VARIANT overrides it.
 KT_VARIANTS: tuple[tuple[str, frozenset[str]], ...] = (
-    ("amx", frozenset({"amx_tile", "amx_int8", "amx_bf16", "avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi",
-                       "avx512_bf16"})),
+    (
+        "amx",
+        frozenset(
+            {
+                "amx_tile",
+                "amx_int8",
+                "amx_bf16",
+                "avx512f",
+                "avx512bw",
+                "avx512_vnni",
+                "avx512_vbmi",
+                "avx512_bf16",
+            }
+        ),
+    ),
     ("avx512_bf16", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"})),
     ("avx512_vbmi", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"})),
     ("avx512_vnni", frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
@@ -80,7 +93,6 @@ def _cpu_instruct(cpu: CpuTarget) -> str:
     return "AVX512" if "avx512f" in cpu.required_flags else "AVX2"
 
 
-
 # kt-kernel publishes CPython 3.11 and 3.12 wheels only (manylinux_2_35): its CPU images run on
 # bookworm (3.11; trixie has 3.13), its CUDA images on the Ubuntu 24.04 CUDA images (3.12).
 PYTHON_CPU_BASE = "debian:bookworm-slim"
@@ -91,11 +103,15 @@ def _python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compil
     """The toolchain of a Python engine (KTransformers): a venv built on the OS it runs on, with
     compilers only when it `compiles` from source (then the CPU target's GCC rules apply too)."""
     if base.cuda == "pypi":
-        raise SpecError("KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
-                        "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi")
+        raise SpecError(
+            "KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
+            "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi"
+        )
     if cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
-        raise SpecError(f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
-                        "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer")
+        raise SpecError(
+            f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
+            "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer"
+        )
     native = toolchain(cpu, cuda, base) if compiles else None
     if cuda.version is None:
         build_image = runtime_image = PYTHON_CPU_BASE
@@ -104,18 +120,37 @@ def _python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compil
         runtime_image = release.image("runtime")
         build_image = release.image("devel") if compiles else runtime_image
     python = ("ca-certificates", "python3", "python3-venv")
-    build_packages = python if native is None else (
-        *python, "python3-dev", "build-essential", "cmake", "git", "ninja-build", "pkg-config", "libnuma-dev",
-        "libhwloc-dev", *(f"{tool}-{native.gcc_major}" for tool in ("gcc", "g++") if native.gcc_major))
+    build_packages = (
+        python
+        if native is None
+        else (
+            *python,
+            "python3-dev",
+            "build-essential",
+            "cmake",
+            "git",
+            "ninja-build",
+            "pkg-config",
+            "libnuma-dev",
+            "libhwloc-dev",
+            *(f"{tool}-{native.gcc_major}" for tool in ("gcc", "g++") if native.gcc_major),
+        )
+    )
     return Toolchain(
         build_image=base.build or build_image,
         runtime_image=base.runtime or runtime_image,
         gcc_major=native.gcc_major if native else None,
         build_packages=build_packages,
-        runtime_packages=("python3", "libgomp1", "numactl", "libnuma1", "libhwloc15",
-                          # Triton (under SGLang) compiles its CUDA launcher stub with the system C
-                          # compiler and Python's headers at first use.
-                          *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ())),
+        runtime_packages=(
+            "python3",
+            "libgomp1",
+            "numactl",
+            "libnuma1",
+            "libhwloc15",
+            # Triton (under SGLang) compiles its CUDA launcher stub with the system C
+            # compiler and Python's headers at first use.
+            *(("gcc", "libc6-dev", "python3-dev") if cuda.version is not None else ()),
+        ),
     )
 
 
@@ -164,10 +199,14 @@ class _PythonEngine(Engine):
         return {
             "mode": mode,
             "venv": VENV,
-            "clone_commands": [*clone_commands(self.source_url(spec), spec.ref),
-                               "git -C /src submodule update --quiet --init --recursive --depth 1"],
+            "clone_commands": [
+                *clone_commands(self.source_url(spec), spec.ref),
+                "git -C /src submodule update --quiet --init --recursive --depth 1",
+            ],
             "fetch_requirements": self.fetch_requirements(spec),
-            "build_env": [f"{key}={shlex.quote(value)}" for key, value in self.build_env(spec, tools).items()],
+            "build_env": [
+                f"{key}={shlex.quote(value)}" for key, value in self.build_env(spec, tools).items()
+            ],
             "package_dir": self.package_dir,
             "prebuild_install": self.prebuild_install(spec),
             "install_commands": self.install_commands(spec, mode),
@@ -176,15 +215,19 @@ class _PythonEngine(Engine):
             "server_dir": str(Path(SERVER_WRAPPER).parent),
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
             # The wrapper as the runtime runs it: the venv's Python first on PATH, the module named.
-            "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}PATH={VENV}/bin:$PATH "
-                            f"{SERVER_MODULE_ENV}={self.server_module} {SERVER_WRAPPER} --help",
+            "help_command": f"{f'LD_LIBRARY_PATH={CUDA_STUB_DIR} ' if needs_stub else ''}"
+            f"PATH={VENV}/bin:$PATH "
+            f"{SERVER_MODULE_ENV}={self.server_module} {SERVER_WRAPPER} --help",
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,
         }
 
     def context_files(self, root: Path) -> dict[str, str]:
-        return {name: (root / "ktransformers" / name).read_text() for name in ("moe-stack-kt-check", "moe-stack-server")}
+        return {
+            name: (root / "ktransformers" / name).read_text()
+            for name in ("moe-stack-kt-check", "moe-stack-server")
+        }
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
         return []
@@ -209,12 +252,16 @@ class _PythonEngine(Engine):
     def _refuse_unsupported(self, stack: StackSpec) -> None:
         """What its server can't do without: a GPU, the model's Hugging Face directory."""
         if stack.gpu == "none":
-            raise StackError(f"{self.name} serves through a GPU (attention and KV cache on it, experts on the CPU) "
-                             "and has no CPU-only server: give --gpu nvidia (or cdi) and a CUDA image, or use "
-                             "llama.cpp/ik_llama.cpp for a CPU-only stack")
+            raise StackError(
+                f"{self.name} serves through a GPU (attention and KV cache on it, experts on the CPU) "
+                "and has no CPU-only server: give --gpu nvidia (or cdi) and a CUDA image, or use "
+                "llama.cpp/ik_llama.cpp for a CPU-only stack"
+            )
         if stack.config_dir is None:
-            raise StackError(f"{self.name} reads the model's config and tokenizer from its Hugging Face directory "
-                             "(config.json, tokenizer files): give --config-dir DIR")
+            raise StackError(
+                f"{self.name} reads the model's config and tokenizer from its Hugging Face directory "
+                "(config.json, tokenizer files): give --config-dir DIR"
+            )
 
 
 class KTransformers(_PythonEngine):
@@ -222,7 +269,9 @@ class KTransformers(_PythonEngine):
     slug = "ktransformers"
     upstream_url = "https://github.com/kvcache-ai/ktransformers.git"
     server_label = "SGLang server with kt-kernel CPU experts"
-    source_hint = "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
+    source_hint = (
+        "a wheelhouse (a directory with kt_kernel-*.whl) or a ktransformers checkout with submodules"
+    )
     server_module = "sglang.launch_server"
     package_dir = "kt-kernel"
     installs_wheels = True
@@ -230,15 +279,41 @@ class KTransformers(_PythonEngine):
     metrics_flag = "--enable-metrics"
     # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
     # rules, layer counts, cache types or llama.cpp's load and sampling switches.
-    honours = frozenset({"ctx_size", "threads", "parallel", "served_name", "metrics", "kt_method", "gpu_experts",
-                         "config_dir", "trust_remote_code", "extra_args"})
-    flag_spellings = tuple(frozenset({flag}) for flag in (
-        "--model-path", "--kt-weight-path", "--kt-method", "--kt-cpuinfer", "--kt-threadpool-count", "--kt-numa-nodes",
-        "--kt-num-gpu-experts", "--context-length", "--max-running-requests", "--trust-remote-code", "--host", "--port",
-        "--served-model-name", "--enable-metrics"))
+    honours = frozenset(
+        {
+            "ctx_size",
+            "threads",
+            "parallel",
+            "served_name",
+            "metrics",
+            "kt_method",
+            "gpu_experts",
+            "config_dir",
+            "trust_remote_code",
+            "extra_args",
+        }
+    )
+    flag_spellings = tuple(
+        frozenset({flag})
+        for flag in (
+            "--model-path",
+            "--kt-weight-path",
+            "--kt-method",
+            "--kt-cpuinfer",
+            "--kt-threadpool-count",
+            "--kt-numa-nodes",
+            "--kt-num-gpu-experts",
+            "--context-length",
+            "--max-running-requests",
+            "--trust-remote-code",
+            "--host",
+            "--port",
+            "--served-model-name",
+            "--enable-metrics",
+        )
+    )
     model_flags = ("--model-path", "--kt-weight-path")
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
-
 
     def caches_latent(self, mla: int | None) -> bool:
         """SGLang serves DeepSeek with MLA: its cache holds the latent."""
@@ -280,13 +355,21 @@ class KTransformers(_PythonEngine):
             # A CPU kernel image from a local wheelhouse: PyPI's torch is a CUDA build and a CPU torch
             # of kt-kernel's pinned version may not be at hand offline, so the wheelhouse's CPU torch
             # serves (kt-kernel installed without its pins, then the modules its loader imports).
-            return [f"{pip} --no-index --find-links /wheelhouse --no-deps kt-kernel",
-                    f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}"]
+            return [
+                f"{pip} --no-index --find-links /wheelhouse --no-deps kt-kernel",
+                f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}",
+            ]
         if mode == "wheels":
-            return [f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"]
+            return [
+                f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"
+            ]
         # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
-        return [(f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
-                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}")]
+        return [
+            (
+                f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
+                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}"
+            )
+        ]
 
     def engine_env(self, spec: ImageSpec) -> dict[str, str]:
         """A named CPU target pins its kt-kernel variant (the image's ISA guard already refuses a CPU
@@ -300,9 +383,11 @@ class KTransformers(_PythonEngine):
         if stack.kt_method in AMX_KT_METHODS:
             lacking = missing_flags(AMX_FLAGS, cpu)
             if lacking:
-                raise StackError(f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: "
-                                 "use --kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit "
-                                 "it for an AMX Xeon")
+                raise StackError(
+                    f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: "
+                    "use --kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit "
+                    "it for an AMX Xeon"
+                )
 
     def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """sglang-kt: the GGUF directory as kt-kernel's weights (LLAMAFILE), one CPU thread pool per
@@ -311,13 +396,31 @@ class KTransformers(_PythonEngine):
         method = stack.kt_method or "LLAMAFILE"
         if method not in GGUF_KT_METHODS and stack.model.suffix == ".gguf":
             made_by = "kt-kernel's converter" if method in AMX_KT_METHODS else "a safetensors checkpoint"
-            raise StackError(f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
-                             f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
-                             "GGUF)")
-        args = ["--model-path", CONFIG_DIR, "--kt-weight-path", MODEL_DIR, "--kt-method", method,
-                "--kt-cpuinfer", str(stack.threads), "--kt-threadpool-count", str(stack.numa_node_count),
-                "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),
-                "--context-length", str(stack.ctx_size), "--max-running-requests", str(stack.parallel)]
+            raise StackError(
+                f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
+                f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
+                "GGUF)"
+            )
+        args = [
+            "--model-path",
+            CONFIG_DIR,
+            "--kt-weight-path",
+            MODEL_DIR,
+            "--kt-method",
+            method,
+            "--kt-cpuinfer",
+            str(stack.threads),
+            "--kt-threadpool-count",
+            str(stack.numa_node_count),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(CONTAINER_PORT),
+            "--context-length",
+            str(stack.ctx_size),
+            "--max-running-requests",
+            str(stack.parallel),
+        ]
         if stack.numa_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
             args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
         if stack.gpu_experts is not None:
@@ -341,10 +444,23 @@ class KTransformersLegacy(_PythonEngine):
     package_dir = "."
     cuda_only = True  # its build compiles CUDA kernels
     # 0.2.x places experts by its optimize rules; it has server-side temperature and top-p, no metrics.
-    honours = frozenset({"ctx_size", "threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"})
-    flag_spellings = tuple(frozenset({flag}) for flag in (
-        "--model_path", "--gguf_path", "--cpu_infer", "--cache_lens", "--host", "--port", "--model_name", "--temperature",
-        "--top_p"))
+    honours = frozenset(
+        {"ctx_size", "threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"}
+    )
+    flag_spellings = tuple(
+        frozenset({flag})
+        for flag in (
+            "--model_path",
+            "--gguf_path",
+            "--cpu_infer",
+            "--cache_lens",
+            "--host",
+            "--port",
+            "--model_name",
+            "--temperature",
+            "--top_p",
+        )
+    )
     model_flags = ("--model_path", "--gguf_path")
     health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
@@ -360,24 +476,46 @@ class KTransformersLegacy(_PythonEngine):
 
     def prebuild_install(self, spec: ImageSpec) -> list[str]:
         """Its setup.py imports torch and builds against it, so torch (for this CUDA) comes first."""
-        return [f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} torch=={self.torch_version}",
-                f"{VENV}/bin/pip install --no-cache-dir setuptools wheel packaging ninja cpufeature numpy"]
+        return [
+            f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} torch=={self.torch_version}",
+            f"{VENV}/bin/pip install --no-cache-dir setuptools wheel packaging ninja cpufeature numpy",
+        ]
 
     def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
         env = super().build_env(spec, tools)
-        env.update(USE_NUMA="1", CPU_INSTRUCT=_cpu_instruct(spec.cpu), TORCH_CUDA_ARCH_LIST=torch_arch_list(spec.cuda),
-                   KTRANSFORMERS_FORCE_BUILD="TRUE")
+        env.update(
+            USE_NUMA="1",
+            CPU_INSTRUCT=_cpu_instruct(spec.cpu),
+            TORCH_CUDA_ARCH_LIST=torch_arch_list(spec.cuda),
+            KTRANSFORMERS_FORCE_BUILD="TRUE",
+        )
         return env
 
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
-        return [(f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
-                f"--find-links /wheelhouse ktransformers torch=={self.torch_version}")]
+        return [
+            (
+                f"{VENV}/bin/pip install --no-cache-dir{self.extra_index(spec.cuda)} "
+                f"--find-links /wheelhouse ktransformers torch=={self.torch_version}"
+            )
+        ]
 
     def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""
         self._refuse_unsupported(stack)
-        args = ["--model_path", CONFIG_DIR, "--gguf_path", MODEL_DIR, "--cpu_infer", str(stack.threads),
-                "--cache_lens", str(stack.ctx_size), "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+        args = [
+            "--model_path",
+            CONFIG_DIR,
+            "--gguf_path",
+            MODEL_DIR,
+            "--cpu_infer",
+            str(stack.threads),
+            "--cache_lens",
+            str(stack.ctx_size),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(CONTAINER_PORT),
+        ]
         if stack.served_name is not None and has_flag(flags, "--model_name"):
             args += ["--model_name", stack.served_name]
         # 0.2.x's server-side sampling defaults (its metrics: none).

@@ -19,40 +19,80 @@ from dataclasses import dataclass
 _FLAG = re.compile(r"^-{1,2}[A-Za-z]")
 
 # Serving only: no bearing on a benchmark's speed (network, API, sampling defaults, slots).
-SERVING_ONLY = frozenset({"--host", "--port", "-np", "--parallel", "-a", "--alias", "--jinja", "--no-jinja",
-                          "--metrics", "--chat-template", "--api-key", "--api-key-file", "--temp", "--top-p",
-                          "--top-k", "--min-p", "--models-preset", "--models-max"})
+SERVING_ONLY = frozenset(
+    {
+        "--host",
+        "--port",
+        "-np",
+        "--parallel",
+        "-a",
+        "--alias",
+        "--jinja",
+        "--no-jinja",
+        "--metrics",
+        "--chat-template",
+        "--api-key",
+        "--api-key-file",
+        "--temp",
+        "--top-p",
+        "--top-k",
+        "--min-p",
+        "--models-preset",
+        "--models-max",
+    }
+)
 # llama-bench has no context size: a test's context is its prompt plus what it generates.
 _CONTEXT = frozenset({"-c", "--ctx-size"})
 
 # Server spellings of a valued setting → llama-bench's flag for it.
 _VALUED = {
-    "-m": "-m", "--model": "-m",
-    "-t": "-t", "--threads": "-t",
-    "-ngl": "-ngl", "--n-gpu-layers": "-ngl", "--gpu-layers": "-ngl",
-    "-b": "-b", "--batch-size": "-b",
-    "-ub": "-ub", "--ubatch-size": "-ub",
-    "-ctk": "-ctk", "--cache-type-k": "-ctk",
-    "-ctv": "-ctv", "--cache-type-v": "-ctv",
-    "-mla": "-mla", "--mla-use": "-mla",
-    "-amb": "-amb", "--attention-max-batch": "-amb",
-    "-cuda": "-cuda", "--cuda-params": "-cuda",
-    "-ncmoe": "--n-cpu-moe", "--n-cpu-moe": "--n-cpu-moe",
-    "-sm": "-sm", "--split-mode": "-sm",
-    "-mg": "-mg", "--main-gpu": "-mg",
+    "-m": "-m",
+    "--model": "-m",
+    "-t": "-t",
+    "--threads": "-t",
+    "-ngl": "-ngl",
+    "--n-gpu-layers": "-ngl",
+    "--gpu-layers": "-ngl",
+    "-b": "-b",
+    "--batch-size": "-b",
+    "-ub": "-ub",
+    "--ubatch-size": "-ub",
+    "-ctk": "-ctk",
+    "--cache-type-k": "-ctk",
+    "-ctv": "-ctv",
+    "--cache-type-v": "-ctv",
+    "-mla": "-mla",
+    "--mla-use": "-mla",
+    "-amb": "-amb",
+    "--attention-max-batch": "-amb",
+    "-cuda": "-cuda",
+    "--cuda-params": "-cuda",
+    "-ncmoe": "--n-cpu-moe",
+    "--n-cpu-moe": "--n-cpu-moe",
+    "-sm": "-sm",
+    "--split-mode": "-sm",
+    "-mg": "-mg",
+    "--main-gpu": "-mg",
     "--numa": "--numa",
-    "-lm": "-lm", "--load-mode": "-lm",
-    "-ser": "-ser", "--smart-expert-reduction": "-ser",
+    "-lm": "-lm",
+    "--load-mode": "-lm",
+    "-ser": "-ser",
+    "--smart-expert-reduction": "-ser",
 }
 # Server on/off switches → llama-bench's flag and value for them; where spellings differ between
 # versions, the first the tool lists (mainline replaced -mmp with -lm, its load mode).
 _SWITCHES: dict[str, tuple[tuple[str, str], ...]] = {
-    "-fmoe": (("-fmoe", "1"),), "--fused-moe": (("-fmoe", "1"),),
-    "-no-fmoe": (("-fmoe", "0"),), "--no-fused-moe": (("-fmoe", "0"),),
-    "-rtr": (("-rtr", "1"),), "--run-time-repack": (("-rtr", "1"),),
+    "-fmoe": (("-fmoe", "1"),),
+    "--fused-moe": (("-fmoe", "1"),),
+    "-no-fmoe": (("-fmoe", "0"),),
+    "--no-fused-moe": (("-fmoe", "0"),),
+    "-rtr": (("-rtr", "1"),),
+    "--run-time-repack": (("-rtr", "1"),),
     "--no-mmap": (("-mmp", "0"), ("-lm", "none")),
-    "-thp": (("-thp", "1"),), "--transparent-huge-pages": (("-thp", "1"),),
-    "-nkvo": (("-nkvo", "1"),), "--no-kv-offload": (("-nkvo", "1"),),
+    "-thp": (("-thp", "1"),),
+    "--transparent-huge-pages": (("-thp", "1"),),
+    "-nkvo": (("-nkvo", "1"),),
+    "--no-kv-offload": (("-nkvo", "1"),),
 }
 _OVERRIDE = frozenset({"-ot", "--override-tensor"})
 _SPLIT = frozenset({"-ts", "--tensor-split"})

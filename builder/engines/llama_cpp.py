@@ -27,8 +27,14 @@ class LlamaCpp(LlamaFamilyEngine):
     honours = LlamaFamilyEngine.honours | {"engine_fit"}
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
-    tool_targets = ("llama-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split", "llama-perplexity",
-                    "llama-imatrix")
+    tool_targets = (
+        "llama-bench",
+        "llama-batched-bench",
+        "llama-quantize",
+        "llama-gguf-split",
+        "llama-perplexity",
+        "llama-imatrix",
+    )
     # llama-bench's -ot: `;` joins one run's rules, `,` separates runs to compare (tools/llama-bench).
     bench_rule_separator = ";"
 
@@ -44,8 +50,12 @@ class LlamaCpp(LlamaFamilyEngine):
 
     def is_source_tree(self, path: Path) -> bool:
         has_server = (path / "tools/server").is_dir() or (path / "examples/server").is_dir()
-        return (path / "CMakeLists.txt").is_file() and (path / "ggml").is_dir() and has_server \
+        return (
+            (path / "CMakeLists.txt").is_file()
+            and (path / "ggml").is_dir()
+            and has_server
             and not (path / "ggml/src/iqk").is_dir()
+        )
 
     def extra_cmake_args(self, ref: str) -> list[str]:
         return [
@@ -59,16 +69,27 @@ class LlamaCpp(LlamaFamilyEngine):
             f"-DLLAMA_BUILD_COMMIT={ref}",
         ]
 
-    def router_command(self, stack: StackSpec, models: tuple[StackSpec, ...],
-                       flags: dict[str, str] | None) -> tuple[list[str], str]:
+    def router_command(
+        self, stack: StackSpec, models: tuple[StackSpec, ...], flags: dict[str, str] | None
+    ) -> tuple[list[str], str]:
         """The router: one port, one model loaded at a time (each is most of the RAM), unloaded after
         `--sleep-idle-seconds` when asked; each model's own arguments as a section of its preset file,
         named by the model's served name (the router's model id)."""
         for flag in ("--models-preset", "--models-max"):
             if flags is not None and flag not in flags:
-                raise StackError(f"this {self.name} build has no router mode ({flag}); use one stack per model")
-        command = ["--models-preset", ROUTER_PRESET, "--models-max", "1", "--host", "0.0.0.0",
-                   "--port", str(CONTAINER_PORT)]
+                raise StackError(
+                    f"this {self.name} build has no router mode ({flag}); use one stack per model"
+                )
+        command = [
+            "--models-preset",
+            ROUTER_PRESET,
+            "--models-max",
+            "1",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(CONTAINER_PORT),
+        ]
         if stack.api_key_file is not None:
             command += ["--api-key-file", API_KEY_PATH]
         sections = ["version = 1", ""]
@@ -78,8 +99,10 @@ class LlamaCpp(LlamaFamilyEngine):
             lines = [f"[{model.served_name}]", *_ini_lines(self.server_args(model, flags), flags)]
             hostile = next((line for line in lines if any(ord(c) < 32 or ord(c) == 127 for c in line)), None)
             if hostile is not None:  # a newline would start another key or section of the preset
-                raise StackError(f"the router's preset can't hold {hostile!r}: a control character in a served name, "
-                                 "file name or flag value; remove it")
+                raise StackError(
+                    f"the router's preset can't hold {hostile!r}: a control character in a served name, "
+                    "file name or flag value; remove it"
+                )
             sections += [*lines, ""]
         return command, "\n".join(sections)
 
@@ -95,7 +118,11 @@ def _ini_lines(args: list[str], flags: dict[str, str] | None) -> list[str]:
     at = 0
     while at < len(args):
         flag = args[at]
-        takes = takes_value(flags, flag) if flags is not None else at + 1 < len(args) and not args[at + 1].startswith("-")
+        takes = (
+            takes_value(flags, flag)
+            if flags is not None
+            else at + 1 < len(args) and not args[at + 1].startswith("-")
+        )
         value = args[at + 1] if takes else "true"
         at += 2 if takes else 1
         if flag not in _ROUTER_OWNS:

@@ -38,27 +38,80 @@ class LlamaFamilyEngine(Engine):
     template = "llama-cpp-family/Dockerfile.j2"
     server_label = "llama-server"
     server_target: str = "llama-server"
-    jinja_by_default: bool = False  # whether its server renders chat with the Jinja template unless told not to
+    jinja_by_default: bool = (
+        False  # whether its server renders chat with the Jinja template unless told not to
+    )
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
     needs_build_info_shim: bool = False
     metrics_flag, template_flag = "--metrics", "--jinja"
-    honours = frozenset({"ctx_size", "threads", "parallel", "override_tensors", "chat_template", "served_name", "jinja",
-                         "metrics", "gpu_layers", "tensor_split", "cache_type", "flash_attention", "temperature",
-                         "top_p", "top_k", "min_p", "batch_size", "ubatch_size", "mmap", "mlock", "hugetlbfs",
-                         "api_key_file", "extra_args"})
+    honours = frozenset(
+        {
+            "ctx_size",
+            "threads",
+            "parallel",
+            "override_tensors",
+            "chat_template",
+            "served_name",
+            "jinja",
+            "metrics",
+            "gpu_layers",
+            "tensor_split",
+            "cache_type",
+            "flash_attention",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "batch_size",
+            "ubatch_size",
+            "mmap",
+            "mlock",
+            "hugetlbfs",
+            "api_key_file",
+            "extra_args",
+        }
+    )
     # Every flag the adapter writes, with its other spellings in the --help of both (tests/unit/data;
     # test_flags holds the two to it) and the flags that set the same thing under another name.
-    flag_spellings = tuple(frozenset(names) for names in (
-        ("-m", "--model"), ("--host",), ("--port",), ("-c", "--ctx-size"), ("-t", "--threads"), ("-np", "--parallel"),
-        ("-ot", "--override-tensor"), ("-a", "--alias"), ("--metrics",), ("--jinja", "--no-jinja"),
-        ("--chat-template", "--chat-template-file"), ("-ngl", "--gpu-layers", "--n-gpu-layers"),
-        ("-ts", "--tensor-split"), ("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"), ("-fa", "--flash-attn"),
-        ("-fit", "--fit"), ("--temp", "--temperature"), ("--top-p",), ("--top-k",), ("--min-p",),
-        ("-b", "--batch-size"), ("-ub", "--ubatch-size"), ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
-        ("--api-key", "--api-key-file")))
+    flag_spellings = tuple(
+        frozenset(names)
+        for names in (
+            ("-m", "--model"),
+            ("--host",),
+            ("--port",),
+            ("-c", "--ctx-size"),
+            ("-t", "--threads"),
+            ("-np", "--parallel"),
+            ("-ot", "--override-tensor"),
+            ("-a", "--alias"),
+            ("--metrics",),
+            ("--jinja", "--no-jinja"),
+            ("--chat-template", "--chat-template-file"),
+            ("-ngl", "--gpu-layers", "--n-gpu-layers"),
+            ("-ts", "--tensor-split"),
+            ("-ctk", "--cache-type-k"),
+            ("-ctv", "--cache-type-v"),
+            ("-fa", "--flash-attn"),
+            ("-fit", "--fit"),
+            ("--temp", "--temperature"),
+            ("--top-p",),
+            ("--top-k",),
+            ("--min-p",),
+            ("-b", "--batch-size"),
+            ("-ub", "--ubatch-size"),
+            ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
+            ("--api-key", "--api-key-file"),
+        )
+    )
     # The neutral sampling and batch options, and the flag each is written as.
-    option_flags = (("temperature", "--temp"), ("top_p", "--top-p"), ("top_k", "--top-k"), ("min_p", "--min-p"),
-                    ("batch_size", "--batch-size"), ("ubatch_size", "--ubatch-size"))
+    option_flags = (
+        ("temperature", "--temp"),
+        ("top_p", "--top-p"),
+        ("top_k", "--top-k"),
+        ("min_p", "--min-p"),
+        ("batch_size", "--batch-size"),
+        ("ubatch_size", "--ubatch-size"),
+    )
     model_flags = ("-m", "--model")
     # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.
     parser_sources: tuple[str, ...] = ()
@@ -75,26 +128,44 @@ class LlamaFamilyEngine(Engine):
     def cmake_args(self, cpu: CpuTarget, cuda: CudaTarget, ref: str, compiler_args: list[str]) -> list[str]:
         """Configure arguments for a host-independent build of the server (and, with runtime
         dispatch, of every CPU variant it can load)."""
-        args = ["-DCMAKE_BUILD_TYPE=Release", *compiler_args,
-                # The build host is not the run host: never -march=native (in ik_llama.cpp it would
-                # even be appended after, and so override, the targeted -march).
-                "-DGGML_NATIVE=OFF"]
+        args = [
+            "-DCMAKE_BUILD_TYPE=Release",
+            *compiler_args,
+            # The build host is not the run host: never -march=native (in ik_llama.cpp it would
+            # even be appended after, and so override, the targeted -march).
+            "-DGGML_NATIVE=OFF",
+        ]
         if cpu.runtime_dispatch:
             # Each CPU variant is a libggml-cpu-*.so next to the binary, found through $ORIGIN.
-            args += ["-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON",
-                     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN"]
+            args += [
+                "-DGGML_BACKEND_DL=ON",
+                "-DGGML_CPU_ALL_VARIANTS=ON",
+                "-DBUILD_SHARED_LIBS=ON",
+                "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+                "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+            ]
         else:
             features = set(cpu.ggml_features)
-            args += [f"-DCMAKE_C_FLAGS=-march={cpu.march}", f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
-                     *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
-                     # One self-contained binary: the runtime stage copies a single file.
-                     "-DBUILD_SHARED_LIBS=OFF"]
+            args += [
+                f"-DCMAKE_C_FLAGS=-march={cpu.march}",
+                f"-DCMAKE_CXX_FLAGS=-march={cpu.march}",
+                *(f"-D{flag}={'ON' if flag in features else 'OFF'}" for flag in GGML_X86_FEATURES),
+                # One self-contained binary: the runtime stage copies a single file.
+                "-DBUILD_SHARED_LIBS=OFF",
+            ]
         if cuda.version is not None:
             archs = ";".join(str(a) for a in cuda.archs)
             # libcuda.so.1 comes from the driver at run time; link against the toolkit's stub.
-            args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
-                     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"]
-        args += ["-DLLAMA_CURL=OFF", "-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+            args += [
+                "-DGGML_CUDA=ON",
+                f"-DCMAKE_CUDA_ARCHITECTURES={archs}",
+                "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined",
+            ]
+        args += [
+            "-DLLAMA_CURL=OFF",
+            "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
+            "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
+        ]
         if cuda.version is not None:
             args.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
         return args + self.extra_cmake_args(ref)
@@ -112,10 +183,13 @@ class LlamaFamilyEngine(Engine):
         return f"grep -ohE '\"--?[A-Za-z][A-Za-z0-9_.-]*\"' {files} | tr -d '\"' | sort -u"
 
     def architectures_command(self) -> str:
-        """Shell command listing the GGUF architecture names the tree's llama-arch.cpp maps (`{ LLM_ARCH_X, "x" }`):
+        """Shell command listing the GGUF architecture names the tree's llama-arch.cpp maps
+        (`{ LLM_ARCH_X, "x" }`):
         which models the built server can load."""
-        return ("grep -ohE '\\{ *LLM_ARCH_[A-Z0-9_]+, *\"[A-Za-z0-9._-]+\" *\\}' /src/src/llama-arch.cpp "
-                "| grep -oE '\"[^\"]+\"' | tr -d '\"' | sort -u")
+        return (
+            "grep -ohE '\\{ *LLM_ARCH_[A-Z0-9_]+, *\"[A-Za-z0-9._-]+\" *\\}' /src/src/llama-arch.cpp "
+            "| grep -oE '\"[^\"]+\"' | tr -d '\"' | sort -u"
+        )
 
     def help_setup(self, cuda: CudaTarget) -> list[str]:
         """Commands run before `help_command` (a CUDA build's libcuda stub)."""
@@ -146,8 +220,10 @@ class LlamaFamilyEngine(Engine):
         }
 
     def context_files(self, root: Path) -> dict[str, str]:
-        files = {name: (root / "common" / name).read_text()
-                 for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")}
+        files = {
+            name: (root / "common" / name).read_text()
+            for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")
+        }
         if self.needs_build_info_shim:
             files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
         return files
@@ -162,12 +238,18 @@ class LlamaFamilyEngine(Engine):
     def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """`llama-server` arguments for a stack's options."""
         args = [
-            "--model", f"{MODEL_DIR}/{stack.model.name}",
-            "--host", "0.0.0.0",
-            "--port", str(CONTAINER_PORT),
-            "--ctx-size", str(stack.ctx_size),
-            "--threads", str(stack.threads),
-            "--parallel", str(stack.parallel),
+            "--model",
+            f"{MODEL_DIR}/{stack.model.name}",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(CONTAINER_PORT),
+            "--ctx-size",
+            str(stack.ctx_size),
+            "--threads",
+            str(stack.threads),
+            "--parallel",
+            str(stack.parallel),
         ]
         for rule in stack.override_tensors:
             args += ["--override-tensor", rule]
@@ -201,7 +283,9 @@ class LlamaFamilyEngine(Engine):
             value = getattr(stack, field)
             if value is not None:
                 if not has_flag(flags, flag):
-                    raise StackError(f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}")
+                    raise StackError(
+                        f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}"
+                    )
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.api_key_file is not None:
@@ -215,9 +299,17 @@ class LlamaFamilyEngine(Engine):
         threads = value_of(args, ("-t", "--threads"))
         dimensions = []
         if threads is not None and threads.isdigit():
-            dimensions.append(Dimension("threads", thread_counts(int(threads)), setting_value(("--threads", "-t"))))
-        dimensions.append(Dimension("ubatch", ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))), setting_ubatch,
-                                    affects="prefill"))
+            dimensions.append(
+                Dimension("threads", thread_counts(int(threads)), setting_value(("--threads", "-t")))
+            )
+        dimensions.append(
+            Dimension(
+                "ubatch",
+                ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))),
+                setting_ubatch,
+                affects="prefill",
+            )
+        )
         dimensions += self.engine_dimensions(args, gpu)
         dimensions.append(self.mmap_dimension(args))
         if numa_nodes > 1:
@@ -249,7 +341,9 @@ class LlamaFamilyEngine(Engine):
         for wanted, switch in ((mmap is False, "--no-mmap"), (mlock, "--mlock")):
             if wanted:
                 if not has_flag(flags, switch):
-                    raise StackError(f"this {self.name} build has neither {switch} nor --load-mode; drop {switch}")
+                    raise StackError(
+                        f"this {self.name} build has neither {switch} nor --load-mode; drop {switch}"
+                    )
                 args.append(switch)
         return args
 
@@ -258,16 +352,22 @@ class LlamaFamilyEngine(Engine):
         if flags is None or takes_value(flags, "-fa"):
             return ["-fa", mode]
         if "-fa" not in flags:
-            raise StackError(f"this {self.name} build has no flash attention flag (-fa); drop --flash-attention")
+            raise StackError(
+                f"this {self.name} build has no flash attention flag (-fa); drop --flash-attention"
+            )
         if mode == "auto":
-            raise StackError(f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off")
+            raise StackError(
+                f"this {self.name} build's -fa is an on-switch only; use --flash-attention on or off"
+            )
         return ["-fa"] if mode == "on" else []
 
     def fit_args(self, flags: dict[str, str] | None) -> list[str]:
         """`--fit on`: the engine sizes -ngl and the expert placement to the devices' memory itself."""
         if flags is not None and "--fit" not in flags:
-            raise StackError(f"this {self.name} build has no --fit placement of its own; use --placement rules "
-                             "(moe-stack's plan: -ngl and -ot rules)")
+            raise StackError(
+                f"this {self.name} build has no --fit placement of its own; use --placement rules "
+                "(moe-stack's plan: -ngl and -ot rules)"
+            )
         return ["--fit", "on"]
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:

@@ -48,24 +48,31 @@ def without(args: Args, spellings: tuple[str, ...]) -> Args:
 
 def setting_value(spellings: tuple[str, ...]) -> Callable[[Args, Env, str], tuple[Args, Env]]:
     """Write `spellings[0] VALUE` in place of any earlier spelling ("default": leave it out)."""
+
     def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
         rest = without(args, spellings)
         return (rest if value == "default" else [*rest, spellings[0], value]), env
+
     return apply
 
 
-def setting_switch(on: tuple[str, ...], off: tuple[str, ...] = ()) -> Callable[[Args, Env, str], tuple[Args, Env]]:
-    """"on": the switch `on[0]`; "off": `off[0]` where the engine has an off-switch, else neither."""
+def setting_switch(
+    on: tuple[str, ...], off: tuple[str, ...] = ()
+) -> Callable[[Args, Env, str], tuple[Args, Env]]:
+    """ "on": the switch `on[0]`; "off": `off[0]` where the engine has an off-switch, else neither."""
+
     def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
         rest = without(args, on + off)
         if value == "on":
             return [*rest, on[0]], env
         return ([*rest, off[0]] if off else rest), env
+
     return apply
 
 
-def switch_dimension(name: str, args: Args, on: tuple[str, ...], off: tuple[str, ...] = (),
-                     default: str = "off") -> Dimension:
+def switch_dimension(
+    name: str, args: Args, on: tuple[str, ...], off: tuple[str, ...] = (), default: str = "off"
+) -> Dimension:
     """An on/off switch (`on` spellings, and `off` ones where the engine has an off-switch), the stack's
     state first; `default`: its state when `args` give neither."""
     current = "on" if has_switch(args, on) else "off" if off and has_switch(args, off) else default
@@ -83,6 +90,7 @@ def load_mode_dimension(name: str, args: Args) -> Dimension:
     def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
         rest = without(args, LOAD_MODE)
         return ([*rest, LOAD_MODE[0], "none"] if value == "on" else rest), env
+
     return Dimension(name, (current, "off" if current == "on" else "on"), apply)
 
 

@@ -25,14 +25,20 @@ class Placement:
     threads: int
 
 
-def place(host: HostFacts, numa: NumaPolicy | Literal["auto"] = "auto", nodes: tuple[int, ...] = (),
-          threads: int | None = None) -> Placement:
+def place(
+    host: HostFacts,
+    numa: NumaPolicy | Literal["auto"] = "auto",
+    nodes: tuple[int, ...] = (),
+    threads: int | None = None,
+) -> Placement:
     """Pick the NUMA policy, cpuset and thread count for `host`; SpecError on impossible requests."""
     known = {n.node for n in host.nodes}
     unknown = sorted(set(nodes) - known)
     if unknown:
-        raise SpecError(f"NUMA node(s) {', '.join(map(str, unknown))} don't exist on this host (it has "
-                        f"{', '.join(map(str, sorted(known))) or 'none'}); see `moe-stack doctor`")
+        raise SpecError(
+            f"NUMA node(s) {', '.join(map(str, unknown))} don't exist on this host (it has "
+            f"{', '.join(map(str, sorted(known))) or 'none'}); see `moe-stack doctor`"
+        )
     policy: NumaPolicy
     if numa == "auto":
         policy = "cpunodebind" if nodes else ("interleave" if len(known) > 1 else "none")
@@ -44,11 +50,14 @@ def place(host: HostFacts, numa: NumaPolicy | Literal["auto"] = "auto", nodes: t
         physical = list(range(host.cpu.physical_cores))
     threads = threads or len(physical)
     if threads > len(physical):
-        raise SpecError(f"--threads {threads} is more than the {len(physical)} physical cores of the chosen NUMA "
-                        f"nodes; SMT siblings slow MoE decode: use --threads {len(physical)} or fewer")
+        raise SpecError(
+            f"--threads {threads} is more than the {len(physical)} physical cores of the chosen NUMA "
+            f"nodes; SMT siblings slow MoE decode: use --threads {len(physical)} or fewer"
+        )
     every_cpu = sum(len(n.cpus) for n in chosen) == len(physical) and len(chosen) == len(host.nodes)
-    return Placement(numa=policy, numa_nodes=tuple(nodes), cpuset=None if every_cpu else cpulist(physical),
-                     threads=threads)
+    return Placement(
+        numa=policy, numa_nodes=tuple(nodes), cpuset=None if every_cpu else cpulist(physical), threads=threads
+    )
 
 
 def cpulist(cpus: list[int]) -> str:
@@ -81,13 +90,20 @@ def check_hugepages_reserved(host: HostFacts, page_kb: int | None = None, need_b
             pools[size_kb] = pools.get(size_kb, 0) + count
     if page_kb is None:
         if not any(pools.values()):
-            raise SpecError("--hugepages needs hugepages reserved on the host and none are: run `sudo sysctl -w "
-                            "vm.nr_hugepages=N` with N × 2 MiB about the model's size (see `moe-stack doctor`)")
+            raise SpecError(
+                "--hugepages needs hugepages reserved on the host and none are: run `sudo sysctl -w "
+                "vm.nr_hugepages=N` with N × 2 MiB about the model's size (see `moe-stack doctor`)"
+            )
         return
     need = -(-need_bytes // (page_kb * 1024))
     have = pools.get(page_kb, 0)
     if have < need:
-        fix = (f"sudo sysctl -w vm.nr_hugepages={need}" if page_kb == 2048
-               else f"echo {need} | sudo tee /sys/kernel/mm/hugepages/hugepages-{page_kb}kB/nr_hugepages")
-        raise SpecError(f"--hugetlbfs needs {need} reserved {page_kb // 1024} MiB hugepages for the model and the "
-                        f"host has {have}: run `{fix}`")
+        fix = (
+            f"sudo sysctl -w vm.nr_hugepages={need}"
+            if page_kb == 2048
+            else f"echo {need} | sudo tee /sys/kernel/mm/hugepages/hugepages-{page_kb}kB/nr_hugepages"
+        )
+        raise SpecError(
+            f"--hugetlbfs needs {need} reserved {page_kb // 1024} MiB hugepages for the model and the "
+            f"host has {have}: run `{fix}`"
+        )

@@ -96,19 +96,28 @@ def read_nodes(root: Path = Path("/")) -> tuple[NumaNode, ...]:
         pages = {}
         for pool in (path / "hugepages").glob("hugepages-*kB"):
             pages[int(pool.name[10:-2])] = int(_read(pool / "nr_hugepages") or 0)
-        nodes.append(NumaNode(node=int(path.name[4:]), cpus=cpus,
-                              physical_cpus=tuple(c for c in cpus if c in leaders) if leaders else cpus,
-                              mem_total_bytes=int(match.group(1)) * 1024 if match else 0, hugepages=pages))
+        nodes.append(
+            NumaNode(
+                node=int(path.name[4:]),
+                cpus=cpus,
+                physical_cpus=tuple(c for c in cpus if c in leaders) if leaders else cpus,
+                mem_total_bytes=int(match.group(1)) * 1024 if match else 0,
+                hugepages=pages,
+            )
+        )
     return tuple(nodes)
 
 
 def parse_nvidia_smi(text: str) -> tuple[Gpu, ...]:
-    """Rows of `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader,nounits`."""
+    """Rows of `nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total
+    --format=csv,noheader,nounits`."""
     gpus = []
     for line in text.strip().splitlines():
         fields = [f.strip() for f in line.split(",")]
         if len(fields) == 4 and fields[3].isdigit():
-            gpus.append(Gpu(name=fields[0], compute_capability=fields[1], driver=fields[2], memory_mib=int(fields[3])))
+            gpus.append(
+                Gpu(name=fields[0], compute_capability=fields[1], driver=fields[2], memory_mib=int(fields[3]))
+            )
     return tuple(gpus)
 
 
@@ -117,24 +126,35 @@ def query_nvidia_smi() -> str:
     binary = shutil.which("nvidia-smi")
     if binary is None:
         return ""
-    result = subprocess.run([binary, "--query-gpu=name,compute_cap,driver_version,memory.total",
-                             "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(
+        [binary, "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return result.stdout if result.returncode == 0 else ""
 
 
 def probe(root: Path = Path("/"), nvidia_smi_text: str | None = None) -> HostFacts:
     """Everything the doctor and the stack emitter need to know about a host."""
     if not (root / "proc/cpuinfo").is_file():
-        raise SpecError(f"{root} holds no proc/cpuinfo: not a host tree (record one with /proc and /sys files)")
+        raise SpecError(
+            f"{root} holds no proc/cpuinfo: not a host tree (record one with /proc and /sys files)"
+        )
     meminfo = _read(root / "proc/meminfo") or ""
     match = re.search(r"MemTotal:\s+(\d+) kB", meminfo)
     balancing = _read(root / "proc/sys/kernel/numa_balancing")
     thp = re.search(r"\[(\w+)\]", _read(root / "sys/kernel/mm/transparent_hugepage/enabled") or "")
     smi = query_nvidia_smi() if nvidia_smi_text is None else nvidia_smi_text
-    return HostFacts(cpu=read_cpu(root), nodes=read_nodes(root),
-                     mem_total_bytes=int(match.group(1)) * 1024 if match else 0,
-                     numa_balancing=int(balancing) if balancing and balancing.strip().isdigit() else None,
-                     thp_mode=thp.group(1) if thp else None, gpus=parse_nvidia_smi(smi))
+    return HostFacts(
+        cpu=read_cpu(root),
+        nodes=read_nodes(root),
+        mem_total_bytes=int(match.group(1)) * 1024 if match else 0,
+        numa_balancing=int(balancing) if balancing and balancing.strip().isdigit() else None,
+        thp_mode=thp.group(1) if thp else None,
+        gpus=parse_nvidia_smi(smi),
+    )
 
 
 def missing_flags(required: tuple[str, ...], cpu: CpuInfo) -> list[str]:

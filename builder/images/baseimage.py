@@ -37,7 +37,9 @@ path-exclude /usr/share/locale/*
 path-include /usr/share/locale/locale.alias
 path-exclude /usr/share/lintian/*
 """
-_APT_NO_CACHE = 'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\nAPT::Keep-Downloaded-Packages "false";\n'
+_APT_NO_CACHE = (
+    'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\nAPT::Keep-Downloaded-Packages "false";\n'
+)
 
 
 def host_mirror(sources_root: Path = Path("/etc/apt")) -> str:
@@ -47,8 +49,9 @@ def host_mirror(sources_root: Path = Path("/etc/apt")) -> str:
         if not path.is_file():
             continue
         text = path.read_text(errors="replace")
-        match = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.MULTILINE) or \
-            re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s", text, re.MULTILINE)
+        match = re.search(r"^URIs:\s*(\S+/debian)/?\s*$", text, re.MULTILINE) or re.search(
+            r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)/?\s", text, re.MULTILINE
+        )
         if match:
             return match.group(1)
     return FALLBACK_MIRROR
@@ -58,8 +61,9 @@ def image_exists(name: str) -> bool:
     return docker().image.exists(name)
 
 
-def make_base(tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE, mirror: str | None = None,
-              force: bool = False) -> str:
+def make_base(
+    tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE, mirror: str | None = None, force: bool = False
+) -> str:
     """debootstrap `suite` into a temp dir, slim it, import it as `tag`. Idempotent unless `force`.
 
     Re-making an existing tag would give it a new digest and so throw away every build cache layer
@@ -68,11 +72,14 @@ def make_base(tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE, mirror: 
     if not force and image_exists(tag):
         return tag
     if shutil.which("debootstrap") is None:
-        raise BaseImageError("debootstrap is not installed; install it (`apt-get install debootstrap`) or "
-                             "pass a pullable base with --base-image")
+        raise BaseImageError(
+            "debootstrap is not installed; install it (`apt-get install debootstrap`) or "
+            "pass a pullable base with --base-image"
+        )
     if os.geteuid() != 0:
-        raise BaseImageError("making a base image needs root (debootstrap creates device nodes); run "
-                             "`sudo moe-stack base`")
+        raise BaseImageError(
+            "making a base image needs root (debootstrap creates device nodes); run `sudo moe-stack base`"
+        )
     mirror = mirror or host_mirror()
     with tempfile.TemporaryDirectory(prefix="moe-stack-base-") as work:
         rootfs = Path(work) / "rootfs"
@@ -83,8 +90,10 @@ def make_base(tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE, mirror: 
         created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         changes = [
             'CMD ["bash"]',
-            (f'LABEL org.opencontainers.image.title="Debian {suite} minbase (moe-stack base)" '
-            f'org.opencontainers.image.created="{created}" io.moe-stack.base-mirror="{mirror}"'),
+            (
+                f'LABEL org.opencontainers.image.title="Debian {suite} minbase (moe-stack base)" '
+                f'org.opencontainers.image.created="{created}" io.moe-stack.base-mirror="{mirror}"'
+            ),
         ]
         try:
             docker().image.import_(tarball, tag=tag, changes=changes)
@@ -98,13 +107,22 @@ def _debootstrap(suite: str, rootfs: Path, mirror: str) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tail = (result.stdout + result.stderr).strip().splitlines()[-1:] or ["no output"]
-        raise BaseImageError(f"debootstrap {suite} from {mirror} failed: {tail[0]}; check the mirror with --mirror")
+        raise BaseImageError(
+            f"debootstrap {suite} from {mirror} failed: {tail[0]}; check the mirror with --mirror"
+        )
 
 
 def _slim(rootfs: Path) -> None:
     """Drop caches, lists, docs and locales, and keep later installs from bringing them back."""
-    for rel in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
-                "usr/share/info", "usr/share/locale", "var/log"):
+    for rel in (
+        "var/cache/apt/archives",
+        "var/lib/apt/lists",
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+        "usr/share/locale",
+        "var/log",
+    ):
         target = rootfs / rel
         if target.is_dir():
             for child in target.iterdir():
@@ -120,7 +138,9 @@ def _slim(rootfs: Path) -> None:
     (rootfs / "etc/apt/apt.conf.d/docker-clean").write_text(_APT_NO_CACHE)
 
 
-def ensure_base(preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE) -> str:
+def ensure_base(
+    preferred: str = DEFAULT_PULL, local_tag: str = DEFAULT_LOCAL_TAG, suite: str = DEFAULT_SUITE
+) -> str:
     """A usable base image name: `preferred` if present or pullable, else one made locally from `suite`."""
     if image_exists(preferred):
         return preferred

@@ -85,9 +85,15 @@ class BuildPlan:
 
     def kwargs(self) -> BuildxArgs:
         """Arguments for `docker.buildx.build`."""
-        kwargs = BuildxArgs(context_path=self.context, file=self.context / "Dockerfile", target=self.target,
-                            tags=list(self.tags), labels=dict(self.labels),
-                            build_contexts=dict[str, str | Path](self.build_contexts), load=self.load)
+        kwargs = BuildxArgs(
+            context_path=self.context,
+            file=self.context / "Dockerfile",
+            target=self.target,
+            tags=list(self.tags),
+            labels=dict(self.labels),
+            build_contexts=dict[str, str | Path](self.build_contexts),
+            load=self.load,
+        )
         if self.output:
             kwargs["output"] = dict(self.output)
         if self.push:
@@ -102,7 +108,15 @@ class BuildPlan:
 
     def argv(self) -> list[str]:
         """The same build as a `docker buildx build` command line."""
-        argv = ["docker", "buildx", "build", "--file", str(self.context / "Dockerfile"), "--target", self.target]
+        argv = [
+            "docker",
+            "buildx",
+            "build",
+            "--file",
+            str(self.context / "Dockerfile"),
+            "--target",
+            self.target,
+        ]
         for tag in self.tags:
             argv += ["--tag", tag]
         for key, value in self.labels.items():
@@ -126,20 +140,35 @@ class BuildPlan:
     def contract_step(self, dest: Path, stage: str = CONTRACT_STAGE) -> BuildPlan:
         """The first step: export the server's --help text (the `contract` stage, or another files-only
         `stage`) into `dest` (reading the shared cache; the second step writes it)."""
-        return replace(self, target=stage, tags=(), labels={}, load=False,
-                       output={"type": "local", "dest": str(dest)}, push=False, cache_to=None, metadata_file=None)
+        return replace(
+            self,
+            target=stage,
+            tags=(),
+            labels={},
+            load=False,
+            output={"type": "local", "dest": str(dest)},
+            push=False,
+            cache_to=None,
+            metadata_file=None,
+        )
 
-    def for_publishing(self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None,
-                       channel: str | None = None) -> BuildPlan:
+    def for_publishing(
+        self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None, channel: str | None = None
+    ) -> BuildPlan:
         """The same build pushed to the registry instead of loaded: the immutable tag and the moving
         alias, SBOM and max-mode provenance (a registry push can carry attestations, the docker image
         store can't), and for GitHub Actions a cache scope per variant (the default one is shared by
         all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
         scope = cache_key(spec)
-        return replace(self, tags=(image_tag(spec), alias_image_tag(spec, channel)), load=False, push=True,
-                       cache_from=f"type=gha,scope={scope}" if gha_cache else None,
-                       cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
-                       metadata_file=metadata_file)
+        return replace(
+            self,
+            tags=(image_tag(spec), alias_image_tag(spec, channel)),
+            load=False,
+            push=True,
+            cache_from=f"type=gha,scope={scope}" if gha_cache else None,
+            cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
+            metadata_file=metadata_file,
+        )
 
     def with_labels(self, labels: dict[str, str]) -> BuildPlan:
         return replace(self, labels={**self.labels, **labels})
@@ -150,11 +179,15 @@ class BuildPlan:
         return [shlex.join(self.contract_step(contract_dir).argv()), shlex.join(final.argv())]
 
 
-def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None) -> BuildPlan:
+def plan_build(
+    spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None
+) -> BuildPlan:
     """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone."""
     created = created or datetime.now(UTC)
     holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
-    contexts = {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
+    contexts = (
+        {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
+    )
     return BuildPlan(
         context=context,
         tags=(image_tag(spec),),
@@ -164,8 +197,13 @@ def plan_build(spec: ImageSpec, context: Path, source_tree: Path | None, created
     )
 
 
-def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, show: Callable[[str], None],
-              contract_plan: BuildPlan | None = None) -> str:
+def run_build(
+    plan: BuildPlan,
+    required_flags: frozenset[str],
+    log_path: Path,
+    show: Callable[[str], None],
+    contract_plan: BuildPlan | None = None,
+) -> str:
     """Build the flag contract, then the image labelled with it; returns the image's first tag.
 
     `required_flags`: what the server's --help must list (none for an image without a server).
@@ -183,9 +221,12 @@ def run_build(plan: BuildPlan, required_flags: frozenset[str], log_path: Path, s
         flags = parse_contract(help_text, literals.read_text() if literals.exists() else None)
         if not required_flags <= flags.keys():
             first = next((line for line in help_text.splitlines() if line.strip()), "(no output)")
-            raise BuildFailed(f"the built server's --help does not list {', '.join(sorted(required_flags))}: it "
-                              f"printed {first.strip()!r}; the binary may not run on this build host "
-                              f"(full log: {log_path})", log_path=str(log_path))
+            raise BuildFailed(
+                f"the built server's --help does not list {', '.join(sorted(required_flags))}: it "
+                f"printed {first.strip()!r}; the binary may not run on this build host "
+                f"(full log: {log_path})",
+                log_path=str(log_path),
+            )
         labels = {FLAGS_LABEL: to_label(flags)}
         architectures = Path(tmp) / ARCHITECTURES_FILE
         if architectures.exists() and architectures.read_text().split():
@@ -206,15 +247,19 @@ def contract_stand_in(spec: ImageSpec, host: CpuInfo) -> ImageSpec | None:
         return None
     target = best_cpu_target(host.flags)
     if target is None:
-        raise BuildFailed(f"this build host runs none of the CPU targets, so {spec.engine}'s --help (its flag "
-                          "contract) can't be read here; build on an x86-64-v3 (AVX2) host or better")
+        raise BuildFailed(
+            f"this build host runs none of the CPU targets, so {spec.engine}'s --help (its flag "
+            "contract) can't be read here; build on an x86-64-v3 (AVX2) host or better"
+        )
     return spec.model_copy(update={"cpu": target, "tools": False})
 
 
 def local_bases(dockerfile: str) -> list[str]:
     """The images made on this host (contract.LOCAL_ONLY) that a Dockerfile's FROM lines name."""
     stages, images = set(), []
-    for match in re.finditer(r"^FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile, re.MULTILINE | re.IGNORECASE):
+    for match in re.finditer(
+        r"^FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile, re.MULTILINE | re.IGNORECASE
+    ):
         if match.group(1).lower() not in stages and local_only(match.group(1)):
             images.append(match.group(1))
         if match.group(2):
@@ -222,20 +267,26 @@ def local_bases(dockerfile: str) -> list[str]:
     return images
 
 
-def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]) -> None:
+def stream_build(
+    client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]
+) -> None:
     """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail. A
     base made on this host must be here: buildx would pull a missing one by its name from Docker Hub."""
     for base in local_bases((plan.context / "Dockerfile").read_text()):
         if not client.image.exists(base):
-            raise BuildFailed(f"the base image {base} is made on this host and is not here; make it first with "
-                              f"`moe-stack base{' --cuda VERSION' if 'cuda' in base else ''}` (a build would pull "
-                              "that name from Docker Hub, where it is not moe-stack's)")
+            raise BuildFailed(
+                f"the base image {base} is made on this host and is not here; make it first with "
+                f"`moe-stack base{' --cuda VERSION' if 'cuda' in base else ''}` (a build would pull "
+                "that name from Docker Hub, where it is not moe-stack's)"
+            )
     tail: deque[str] = deque(maxlen=25)
     try:
         lines = client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True)
         if not isinstance(lines, Iterator):  # stream_logs=True returns the log's lines
-            raise BuildFailed(f"buildx returned {type(lines).__name__}, not its log (full log: {log_path})",
-                              log_path=str(log_path))
+            raise BuildFailed(
+                f"buildx returned {type(lines).__name__}, not its log (full log: {log_path})",
+                log_path=str(log_path),
+            )
         for line in lines:
             line = line.rstrip("\n")
             log.write(line + "\n")
@@ -248,9 +299,14 @@ def stream_build(client: DockerClient, plan: BuildPlan, log: TextIO, log_path: P
         if any("context canceled" in line for line in extra):  # buildx saw the Ctrl-C first
             raise Interrupted(INTERRUPTED_MESSAGE) from None
         tail.extend(extra[-10:])
-        failing = next((line for line in reversed(tail) if "ERROR" in line or "error:" in line), "see the log")
-        raise BuildFailed(f"image build failed: {failing.strip()} (full log: {log_path})",
-                          tail="\n".join(tail), log_path=str(log_path)) from None
+        failing = next(
+            (line for line in reversed(tail) if "ERROR" in line or "error:" in line), "see the log"
+        )
+        raise BuildFailed(
+            f"image build failed: {failing.strip()} (full log: {log_path})",
+            tail="\n".join(tail),
+            log_path=str(log_path),
+        ) from None
     log.flush()
 
 
@@ -272,16 +328,29 @@ class Publishing:
 
 def build_plan(spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None) -> BuildPlan:
     plan = plan_build(spec, context, tree)
-    return plan if publishing is None else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file,
-                                                               publishing.channel)
+    return (
+        plan
+        if publishing is None
+        else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file, publishing.channel)
+    )
 
 
-def build_image(spec: ImageSpec, tree: Path | None, show: Callable[[str], None], log_path: Path | None = None,
-                publishing: Publishing | None = None) -> str:
+def build_image(
+    spec: ImageSpec,
+    tree: Path | None,
+    show: Callable[[str], None],
+    log_path: Path | None = None,
+    publishing: Publishing | None = None,
+) -> str:
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take."""
     context = build_context(spec)
     stand_in = contract_stand_in(spec, read_cpu())
     contract_plan = plan_build(stand_in, build_context(stand_in), tree) if stand_in else None
-    return run_build(build_plan(spec, context, tree, publishing), get_engine(spec.engine).required_flags(spec.cuda),
-                     log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log", show, contract_plan)
+    return run_build(
+        build_plan(spec, context, tree, publishing),
+        get_engine(spec.engine).required_flags(spec.cuda),
+        log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log",
+        show,
+        contract_plan,
+    )

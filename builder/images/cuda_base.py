@@ -57,8 +57,11 @@ def current_images(client: DockerClient, cuda: PypiCuda) -> bool:
 
 def wheel_labels(cuda: PypiCuda, runtime: bool) -> dict[str, str]:
     """`io.moe-stack.wheel.<name>`: version and sha256 of every wheel in the (devel or runtime) image."""
-    return {f"{LABEL_PREFIX}.wheel.{wheel.name}": f"{wheel.version} sha256:{wheel.sha256}"
-            for wheel in cuda.wheels if wheel.runtime or not runtime}
+    return {
+        f"{LABEL_PREFIX}.wheel.{wheel.name}": f"{wheel.version} sha256:{wheel.sha256}"
+        for wheel in cuda.wheels
+        if wheel.runtime or not runtime
+    }
 
 
 def wheel_file_name(name: str, version: str, directory: Path) -> Path:
@@ -66,8 +69,10 @@ def wheel_file_name(name: str, version: str, directory: Path) -> Path:
     stem = f"{name.replace('-', '_')}-{version}-"
     found = sorted(p for p in directory.glob("*.whl") if p.name.startswith(stem))
     if not found:
-        raise BaseImageError(f"{name}=={version} is missing from {directory} after the download; rerun, or check "
-                             "the PyPI mirror")
+        raise BaseImageError(
+            f"{name}=={version} is missing from {directory} after the download; rerun, or check "
+            "the PyPI mirror"
+        )
     return found[0]
 
 
@@ -77,14 +82,28 @@ def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
     dest.mkdir(parents=True, exist_ok=True)
     requirements = dest / "requirements.txt"
     requirements.write_text("".join(wheel.requirement + "\n" for wheel in cuda.wheels))
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--require-hashes", "--dest", str(dest), "-r", str(requirements),
-           *(arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "--dest",
+        str(dest),
+        "-r",
+        str(requirements),
+        *(arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BaseImageError(f"can't download CUDA {cuda.version}'s wheels from PyPI ({last}); check pip's index "
-                             "(PIP_INDEX_URL) and that it mirrors NVIDIA's nvidia-* packages")
+        raise BaseImageError(
+            f"can't download CUDA {cuda.version}'s wheels from PyPI ({last}); check pip's index "
+            "(PIP_INDEX_URL) and that it mirrors NVIDIA's nvidia-* packages"
+        )
     return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.wheels}
 
 
@@ -103,7 +122,9 @@ def base_labels(cuda: PypiCuda, debian_base: str, runtime: bool, created: dateti
     return {**labels, **wheel_labels(cuda, runtime)}
 
 
-def render_files(cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime) -> dict[str, str]:
+def render_files(
+    cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime
+) -> dict[str, str]:
     """Every file of the base images' build context, by name."""
     env = {
         "CUDA_HOME": "/usr/local/cuda",
@@ -112,39 +133,59 @@ def render_files(cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path],
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
         "NVIDIA_REQUIRE_CUDA": f"cuda>={cuda.version}",
     }
-    text = template_environment().get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2").render(
-        builder_version=__version__,
-        cuda_version=cuda.version,
-        debian_base=debian_base,
-        prefix=cuda.prefix,
-        prefix_name=Path(cuda.prefix).name,
-        wheel_root=cuda.wheel_root,
-        wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
-        runtime_libs=cuda.runtime_libs,
-        env=env,
-        devel_labels=base_labels(cuda, debian_base, False, created),
-        runtime_labels=base_labels(cuda, debian_base, True, created),
-        check_arch=CHECK_ARCH,
+    text = (
+        template_environment()
+        .get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2")
+        .render(
+            builder_version=__version__,
+            cuda_version=cuda.version,
+            debian_base=debian_base,
+            prefix=cuda.prefix,
+            prefix_name=Path(cuda.prefix).name,
+            wheel_root=cuda.wheel_root,
+            wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
+            runtime_libs=cuda.runtime_libs,
+            env=env,
+            devel_labels=base_labels(cuda, debian_base, False, created),
+            runtime_labels=base_labels(cuda, debian_base, True, created),
+            check_arch=CHECK_ARCH,
+        )
     )
     root = templates_root() / _TEMPLATE_DIR
     sums = "".join(f"{wheel.sha256}  /wheels/{wheel_files[wheel.name].name}\n" for wheel in cuda.wheels)
-    return {"Dockerfile": text, "cuda-wheels.sha256": sums, **{name: (root / name).read_text() for name in _HELPERS}}
+    return {
+        "Dockerfile": text,
+        "cuda-wheels.sha256": sums,
+        **{name: (root / name).read_text() for name in _HELPERS},
+    }
 
 
 def check_report(ldd: str, elf: str, arch: int) -> list[str]:
     """What is wrong with the check's output (empty: nothing). Every library but the driver's
     libcuda.so.1 (mounted by the NVIDIA container toolkit) must resolve in the runtime image, and the
     program must hold exactly the arch it was compiled for."""
-    problems = [f"the runtime image can't resolve {line.split()[0]}" for line in ldd.splitlines()
-                if "not found" in line and not line.strip().startswith("libcuda.so.1")]
+    problems = [
+        f"the runtime image can't resolve {line.split()[0]}"
+        for line in ldd.splitlines()
+        if "not found" in line and not line.strip().startswith("libcuda.so.1")
+    ]
     archs = sorted(set(re.findall(r"sm_(\d+)", elf)))
     if archs != [str(arch)]:
-        problems.append(f"the check program holds {', '.join('sm_' + a for a in archs) or 'no'} code, not sm_{arch}")
+        problems.append(
+            f"the check program holds {', '.join('sm_' + a for a in archs) or 'no'} code, not sm_{arch}"
+        )
     return problems
 
 
-def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_root: Path,
-                   show: Callable[[str], None], log_path: Path, force: bool = False) -> CudaBase:
+def make_cuda_base(
+    cuda: PypiCuda,
+    debian_base: str,
+    wheel_dir: Path,
+    context_root: Path,
+    show: Callable[[str], None],
+    log_path: Path,
+    force: bool = False,
+) -> CudaBase:
     """Download the wheels, render, run the check, then build and tag the devel and runtime images.
 
     Images already made from the same wheels are kept unless `force`: re-made ones get new IDs (their
@@ -154,8 +195,9 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_ro
         return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None)
     wheel_files = download_wheels(cuda, wheel_dir)
     created = datetime.now(UTC)
-    context = content_dir(render_files(cuda, debian_base, wheel_files, created), context_root,
-                          f"cuda-{cuda.version}-base")
+    context = content_dir(
+        render_files(cuda, debian_base, wheel_files, created), context_root, f"cuda-{cuda.version}-base"
+    )
     plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:
@@ -163,10 +205,21 @@ def make_cuda_base(cuda: PypiCuda, debian_base: str, wheel_dir: Path, context_ro
         ldd = (Path(tmp) / "ldd.txt").read_text()
         problems = check_report(ldd, (Path(tmp) / "elf.txt").read_text(), CHECK_ARCH)
         if problems:
-            raise BaseImageError(f"CUDA {cuda.version} base failed its check: {'; '.join(problems)} (full log: "
-                                 f"{log_path})")
+            raise BaseImageError(
+                f"CUDA {cuda.version} base failed its check: {'; '.join(problems)} (full log: {log_path})"
+            )
         for flavour in ("devel", "runtime"):
-            stream_build(client, BuildPlan(context=context, tags=(cuda.image(flavour),), target=flavour,
-                                           build_contexts=plan.build_contexts), log, log_path, show)
+            stream_build(
+                client,
+                BuildPlan(
+                    context=context,
+                    tags=(cuda.image(flavour),),
+                    target=flavour,
+                    build_contexts=plan.build_contexts,
+                ),
+                log,
+                log_path,
+                show,
+            )
         stub_symbols = int((Path(tmp) / "stub-symbols.txt").read_text())
     return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=stub_symbols)

@@ -34,8 +34,10 @@ def read_image_facts(image: str) -> ImageFacts:
     """The facts of a local image; StackError when it is absent or not built by moe-stack."""
     client = docker()
     if not client.image.exists(image):
-        raise StackError(f"image {image} is not present locally; build or pull it first so its flags and CPU "
-                         "needs can be checked, or pass --skip-image-checks")
+        raise StackError(
+            f"image {image} is not present locally; build or pull it first so its flags and CPU "
+            "needs can be checked, or pass --skip-image-checks"
+        )
     try:
         inspected = client.image.inspect(image)
     except DockerException as err:
@@ -44,8 +46,10 @@ def read_image_facts(image: str) -> ImageFacts:
     repository = image.rpartition(":")[0] if ":" in image.rpartition("/")[2] else image
     digests = [d.partition("@")[2] for d in inspected.repo_digests or [] if d.partition("@")[0] == repository]
     if FLAGS_LABEL not in labels or f"{LABEL_PREFIX}.engine" not in labels:
-        raise StackError(f"image {image} was not built by moe-stack (no flag contract label); rebuild it with "
-                         "`moe-stack build`, or pass --skip-image-checks")
+        raise StackError(
+            f"image {image} was not built by moe-stack (no flag contract label); rebuild it with "
+            "`moe-stack build`, or pass --skip-image-checks"
+        )
     return ImageFacts(
         image=image,
         engine=labels[f"{LABEL_PREFIX}.engine"],

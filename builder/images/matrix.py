@@ -42,7 +42,10 @@ def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
     out: list[Variant] = []
     for engine, extra in matrix["engines"].items():
         cpus = [*extra.get("extra_cpu_targets", []), *extra.get("cpu_targets", matrix["cpu_targets"])]
-        cudas = [*([None] if extra.get("cpu_only", True) else []), *extra.get("cuda_versions", matrix["cuda_versions"])]
+        cudas = [
+            *([None] if extra.get("cpu_only", True) else []),
+            *extra.get("cuda_versions", matrix["cuda_versions"]),
+        ]
         for cuda in cudas:
             for cpu in cpus:
                 spec = image_spec(engine, cpu, ref=(ref_overrides or {}).get(engine), cuda=cuda_target(cuda))
@@ -63,10 +66,12 @@ def edge_specs(heads: dict[str, str]) -> list[ImageSpec]:
     """The nightly edge images: each engine in `heads` (engine → its edge branch's head commit), CPU-only
     and the matrix's edge CUDA versions, on its edge CPU targets."""
     edge = load_matrix()["edge"]
-    return [image_spec(engine, cpu, ref=head, cuda=cuda_target(cuda))
-            for engine, head in heads.items()
-            for cuda in [None, *edge["cuda_versions"]]
-            for cpu in edge["cpu_targets"]]
+    return [
+        image_spec(engine, cpu, ref=head, cuda=cuda_target(cuda))
+        for engine, head in heads.items()
+        for cuda in [None, *edge["cuda_versions"]]
+        for cpu in edge["cpu_targets"]
+    ]
 
 
 def ci_rows(specs: list[ImageSpec] | None = None) -> list[dict[str, str]]:
@@ -74,14 +79,16 @@ def ci_rows(specs: list[ImageSpec] | None = None) -> list[dict[str, str]]:
     whether a tools image is published beside it."""
     rows = []
     for spec in published() if specs is None else specs:
-        rows.append({
-            "engine": spec.engine,
-            "ref": spec.ref,
-            "cuda": spec.cuda.version or "none",
-            "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),
-            "cpu": spec.cpu.name,
-            "variant": variant_tag(spec),
-            "tag": image_tag(spec),
-            "tools": "true" if get_engine(spec.engine).tool_targets else "false",
-        })
+        rows.append(
+            {
+                "engine": spec.engine,
+                "ref": spec.ref,
+                "cuda": spec.cuda.version or "none",
+                "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),
+                "cpu": spec.cpu.name,
+                "variant": variant_tag(spec),
+                "tag": image_tag(spec),
+                "tools": "true" if get_engine(spec.engine).tool_targets else "false",
+            }
+        )
     return rows

@@ -36,19 +36,38 @@ class Variant:
     @property
     def alias(self) -> str:
         """The moving alias of this variant: `<cpu|cudaX.Y>-<isa>`."""
-        return self.tag[len(self.ref) + 1:]
+        return self.tag[len(self.ref) + 1 :]
 
 
-def image_spec(engine_name: str, cpu: str = "avx2", tree: Path | None = None, ref: str | None = None,
-               base: BaseImages = DEFAULT_BASES, registry: str = DEFAULT_REGISTRY,
-               namespace: str = DEFAULT_NAMESPACE, cuda: CudaTarget = NO_CUDA, tools: bool = False) -> ImageSpec:
+def image_spec(
+    engine_name: str,
+    cpu: str = "avx2",
+    tree: Path | None = None,
+    ref: str | None = None,
+    base: BaseImages = DEFAULT_BASES,
+    registry: str = DEFAULT_REGISTRY,
+    namespace: str = DEFAULT_NAMESPACE,
+    cuda: CudaTarget = NO_CUDA,
+    tools: bool = False,
+) -> ImageSpec:
     """The spec for an engine's image: from the local `tree` (or wheelhouse) if given, else the
     engine's default source at `ref` (a git clone, or for KTransformers the PyPI wheels)."""
     engine = get_engine(engine_name)
-    source = (LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
-              if tree is not None else engine.default_source(ref))
-    spec = ImageSpec(engine=engine.name, source=source, cpu=cpu_target(cpu), cuda=cuda, base=base,
-                     registry=registry, namespace=namespace, tools=tools)
+    source = (
+        LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
+        if tree is not None
+        else engine.default_source(ref)
+    )
+    spec = ImageSpec(
+        engine=engine.name,
+        source=source,
+        cpu=cpu_target(cpu),
+        cuda=cuda,
+        base=base,
+        registry=registry,
+        namespace=namespace,
+        tools=tools,
+    )
     engine.check_image(spec)
     return spec
 

@@ -18,17 +18,35 @@ _TEMPLATE_DIR = "prometheus"
 
 def render_files(base_image: str) -> dict[str, str]:
     """The build context: the Dockerfile and the start script."""
-    text = template_environment().get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2").render(
-        builder_version=__version__, base_image=base_image, uid=IMAGE_UID, port=PROMETHEUS_PORT,
-        data_dir=PROMETHEUS_DATA, config_file="/tmp/moe-stack-prometheus.yml",
-        labels={"org.opencontainers.image.title": "Prometheus (Debian package) for moe-stack stacks",
-                f"{LABEL_PREFIX}.builder-version": __version__, f"{LABEL_PREFIX}.base": base_image})
+    text = (
+        template_environment()
+        .get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2")
+        .render(
+            builder_version=__version__,
+            base_image=base_image,
+            uid=IMAGE_UID,
+            port=PROMETHEUS_PORT,
+            data_dir=PROMETHEUS_DATA,
+            config_file="/tmp/moe-stack-prometheus.yml",
+            labels={
+                "org.opencontainers.image.title": "Prometheus (Debian package) for moe-stack stacks",
+                f"{LABEL_PREFIX}.builder-version": __version__,
+                f"{LABEL_PREFIX}.base": base_image,
+            },
+        )
+    )
     script = (templates_root() / _TEMPLATE_DIR / "moe-stack-prometheus").read_text()
     return {"Dockerfile": text, "moe-stack-prometheus": script}
 
 
-def make_prometheus(base_image: str, suite: str, context_root: Path, show: Callable[[str], None], log_path: Path,
-                    force: bool = False) -> str:
+def make_prometheus(
+    base_image: str,
+    suite: str,
+    context_root: Path,
+    show: Callable[[str], None],
+    log_path: Path,
+    force: bool = False,
+) -> str:
     """Build the monitoring image on `base_image` (kept when it exists, unless `force`); its tag."""
     client = docker()
     tag = prometheus_image(suite)

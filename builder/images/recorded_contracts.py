@@ -24,9 +24,16 @@ class RecordedContract:
 
     def facts_for(self, image: str, cpu: str, variant: str) -> ImageFacts:
         """What an image of this engine would say about itself, for a stack emitted without it."""
-        return ImageFacts(image=image, engine=self.engine, engine_ref=self.ref, variant=variant, cpu_target=cpu,
-                          required_cpu_flags=cpu_target(cpu).required_flags, server_flags=self.flags,
-                          architectures=self.architectures)
+        return ImageFacts(
+            image=image,
+            engine=self.engine,
+            engine_ref=self.ref,
+            variant=variant,
+            cpu_target=cpu,
+            required_cpu_flags=cpu_target(cpu).required_flags,
+            server_flags=self.flags,
+            architectures=self.architectures,
+        )
 
 
 def contract_path(engine: str) -> Path:
@@ -34,17 +41,34 @@ def contract_path(engine: str) -> Path:
 
 
 def recorded_contract(engine: str) -> RecordedContract | None:
-    """The contract recorded for `engine`, None where none is (KTransformers' server has no --help contract)."""
+    """The contract recorded for `engine`, None where none is (KTransformers' server has no --help
+    contract)."""
     path = contract_path(engine)
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    return RecordedContract(engine=data["engine"], ref=data["ref"], source=data["source"], flags=data["flags"],
-                            architectures=tuple(data.get("architectures", ())))
+    return RecordedContract(
+        engine=data["engine"],
+        ref=data["ref"],
+        source=data["source"],
+        flags=data["flags"],
+        architectures=tuple(data.get("architectures", ())),
+    )
 
 
 def contract_text(contract: RecordedContract) -> str:
     """The record's file text (sorted, one flag a line: a change reads as a diff)."""
-    return json.dumps({"engine": contract.engine, "ref": contract.ref, "source": contract.source,
-                       "flags": contract.flags, "architectures": list(contract.architectures)},
-                      indent=1, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {
+                "engine": contract.engine,
+                "ref": contract.ref,
+                "source": contract.source,
+                "flags": contract.flags,
+                "architectures": list(contract.architectures),
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )

@@ -31,8 +31,9 @@ class NetworkUpstream:
     """The real upstream: git over HTTPS, PyPI (or the index in MOE_STACK_PYPI_URL)."""
 
     def ls_remote(self, url: str, *refs: str) -> str:
-        done = subprocess.run(["git", "ls-remote", url, *refs], capture_output=True, text=True, timeout=120,
-                              check=False)
+        done = subprocess.run(
+            ["git", "ls-remote", url, *refs], capture_output=True, text=True, timeout=120, check=False
+        )
         if done.returncode != 0:
             raise SpecError(f"git ls-remote {url} failed: {done.stderr.strip()[-200:] or 'no output'}")
         return done.stdout
@@ -83,6 +84,10 @@ def plan_bumps(pins: dict[str, Pin], upstream: Upstream) -> list[Bump]:
 
 def edge_refs(pins: dict[str, Pin], upstream: Upstream) -> dict[str, str]:
     """Each engine with an edge branch → that branch's head commit."""
-    return {pin.engine: branch_head(upstream.ls_remote(get_engine(pin.engine).upstream_url,
-                                                       f"refs/heads/{pin.edge}"), pin.edge)
-            for pin in pins.values() if pin.edge}
+    return {
+        pin.engine: branch_head(
+            upstream.ls_remote(get_engine(pin.engine).upstream_url, f"refs/heads/{pin.edge}"), pin.edge
+        )
+        for pin in pins.values()
+        if pin.edge
+    }

@@ -33,16 +33,20 @@ def resolve_local(engine: Engine, given: str) -> Path:
     else:
         path = Path(given).expanduser().resolve()
         if not path.exists():
-            raise SourceError(f"--source {given}: no such file or directory; give an engine tree, a tarball "
-                              f"or {engine.source_hint}")
+            raise SourceError(
+                f"--source {given}: no such file or directory; give an engine tree, a tarball "
+                f"or {engine.source_hint}"
+            )
     if path.is_dir() and engine.holds_wheels(path):
         return path
     if path.is_file():
         path = _unpack(path)
     tree = _find_tree(engine, path)
     if tree is None:
-        raise SourceError(f"--source {given} is not a {engine.name} source tree (nor a tarball or sdist "
-                          f"holding one); for {engine.name} give {engine.source_hint}")
+        raise SourceError(
+            f"--source {given} is not a {engine.name} source tree (nor a tarball or sdist "
+            f"holding one); for {engine.name} give {engine.source_hint}"
+        )
     return tree
 
 
@@ -56,7 +60,9 @@ def _find_tree(engine: Engine, path: Path) -> Path | None:
 def _unpack(archive: Path) -> Path:
     """Extract a tarball once into the cache (keyed by content), atomically."""
     if not tarfile.is_tarfile(archive):
-        raise SourceError(f"--source {archive} is a file but not a tar archive; give a directory or a .tar.gz")
+        raise SourceError(
+            f"--source {archive} is a file but not a tar archive; give a directory or a .tar.gz"
+        )
     digest = _sha256(archive)[:16]
     target = cache_dir() / "sources" / digest
     if target.is_dir():
@@ -82,13 +88,26 @@ def fetch_sdist(requirement: str) -> Path:
     if found:
         return found[0]
     target.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-           "--dest", str(target), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--dest",
+        str(target),
+        requirement,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     found = sorted(target.glob("*.tar.gz"))
     if result.returncode != 0 or not found:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SourceError(f"can't download the sdist {requirement} from PyPI ({last}); give --source DIR instead")
+        raise SourceError(
+            f"can't download the sdist {requirement} from PyPI ({last}); give --source DIR instead"
+        )
     return found[0]
 
 

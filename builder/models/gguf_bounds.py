@@ -32,8 +32,10 @@ class _Header:
         self.handle, self.size, self.path = handle, size, path
 
     def fail(self, what: str) -> ModelError:
-        return ModelError(f"{self.path}'s GGUF header does not hold together: {what} (at byte {self.handle.tell()}); "
-                          "the file is cut short or corrupt: download it again from a source you trust")
+        return ModelError(
+            f"{self.path}'s GGUF header does not hold together: {what} (at byte {self.handle.tell()}); "
+            "the file is cut short or corrupt: download it again from a source you trust"
+        )
 
     def left(self) -> int:
         return self.size - self.handle.tell()

@@ -50,8 +50,10 @@ def hub_token() -> str | bool | None:
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
     if not (parts.scheme == "https" or (parts.scheme == "http" and _loopback(host))):
-        raise ModelError(f"HF_ENDPOINT {endpoint} is not https: models and tokens would travel in the clear; give an "
-                         "https:// mirror (plain http only on 127.0.0.1 or localhost)")
+        raise ModelError(
+            f"HF_ENDPOINT {endpoint} is not https: models and tokens would travel in the clear; give an "
+            "https:// mirror (plain http only on 127.0.0.1 or localhost)"
+        )
     if endpoint.rstrip("/") == HUB:
         return None
     return os.environ.get("HF_TOKEN") or False
@@ -68,19 +70,33 @@ def _loopback(host: str) -> bool:
 
 def check_revision(revision: str) -> str:
     """`revision` when it is a plain branch, tag or commit name; ModelError otherwise."""
-    if not _REVISION.fullmatch(revision) or ".." in revision or "//" in revision or revision.endswith(("/", ".lock")):
-        raise ModelError(f"--revision {revision!r} is not a branch, tag or commit name (letters, digits and . _ - /, "
-                         "no '..'); give one the repository has")
+    if (
+        not _REVISION.fullmatch(revision)
+        or ".." in revision
+        or "//" in revision
+        or revision.endswith(("/", ".lock"))
+    ):
+        raise ModelError(
+            f"--revision {revision!r} is not a branch, tag or commit name (letters, digits and . _ - /, "
+            "no '..'); give one the repository has"
+        )
     return revision
 
 
 def _plain_name(repo: str, name: str) -> str:
     """A file name the hub lists, when it is a plain relative POSIX path (it becomes a path under --dest)."""
     parts = PurePosixPath(name).parts
-    if (not parts or name.startswith("/") or any(part in ("", ".", "..") for part in parts)
-            or _GLOB_OR_CONTROL.search(name) or name != "/".join(parts)):
-        raise ModelError(f"the hub lists a file of {repo} named {name!r}, which is not a plain relative path (no "
-                         "'..', control or glob characters): refused, nothing was written")
+    if (
+        not parts
+        or name.startswith("/")
+        or any(part in ("", ".", "..") for part in parts)
+        or _GLOB_OR_CONTROL.search(name)
+        or name != "/".join(parts)
+    ):
+        raise ModelError(
+            f"the hub lists a file of {repo} named {name!r}, which is not a plain relative path (no "
+            "'..', control or glob characters): refused, nothing was written"
+        )
     return name
 
 
@@ -112,24 +128,33 @@ def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tu
     try:
         info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
     except RepositoryNotFoundError:
-        raise ModelError(f"no repository {repo} on the hub (or it needs a token: `hf auth login`, or HF_TOKEN)") \
-            from None
+        raise ModelError(
+            f"no repository {repo} on the hub (or it needs a token: `hf auth login`, or HF_TOKEN)"
+        ) from None
     except RevisionNotFoundError:
         raise ModelError(f"{repo} has no revision {revision}") from None
     except (HfHubHTTPError, OSError) as err:
-        raise ModelError(f"the hub did not answer for {repo} ({err}); check the network or HF_ENDPOINT") from None
+        raise ModelError(
+            f"the hub did not answer for {repo} ({err}); check the network or HF_ENDPOINT"
+        ) from None
     except (ValueError, KeyError, TypeError) as err:  # an answer that is not the hub's JSON
-        raise ModelError(f"the hub's answer for {repo} is not a model listing ({type(err).__name__}); check "
-                         "HF_ENDPOINT") from None
+        raise ModelError(
+            f"the hub's answer for {repo} is not a model listing ({type(err).__name__}); check HF_ENDPOINT"
+        ) from None
     commit = str(info.sha)
     if not _COMMIT.fullmatch(commit):
-        raise ModelError(f"the hub answered {commit!r} as the commit of {repo}, not a 40-hex commit id: refused, "
-                         "nothing was written; check HF_ENDPOINT")
+        raise ModelError(
+            f"the hub answered {commit!r} as the commit of {repo}, not a 40-hex commit id: refused, "
+            "nothing was written; check HF_ENDPOINT"
+        )
     siblings = info.siblings or []
     for sibling in siblings:  # a listing with one hostile name is a hostile listing
         _plain_name(repo, sibling.rfilename)
-    chosen = tuple(HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)), s.lfs.sha256 if s.lfs else None)
-                   for s in siblings if any(fnmatch.fnmatch(s.rfilename, p) for p in include))
+    chosen = tuple(
+        HubFile(s.rfilename, int(s.size or (s.lfs.size if s.lfs else 0)), s.lfs.sha256 if s.lfs else None)
+        for s in siblings
+        if any(fnmatch.fnmatch(s.rfilename, p) for p in include)
+    )
     if not chosen:
         names = ", ".join(sorted(repr(s.rfilename) for s in siblings)[:12])
         raise ModelError(f"no file of {repo} matches {' '.join(include)}; it has: {names}")
@@ -140,35 +165,55 @@ def fetch(repo: str, include: list[str], dest: Path, revision: str | None = None
     """Download the selected files into `dest` (resuming a partial download), check and record them."""
     commit, files = plan_fetch(repo, include, revision)
     dest.mkdir(parents=True, exist_ok=True)
-    before = {f.name: _identity(dest / f.name) for f in files}  # a file the download leaves as it was isn't ours
+    before = {
+        f.name: _identity(dest / f.name) for f in files
+    }  # a file the download leaves as it was isn't ours
     missing = sum(f.size for f in files if not _complete(dest / f.name, f))
     free = shutil.disk_usage(dest).free
     if missing > free:
-        raise ModelError(f"{repo}'s files need {missing / 1e9:.1f} GB more and {dest} has {free / 1e9:.1f} GB free; "
-                         "free some space or pick another --dest")
+        raise ModelError(
+            f"{repo}'s files need {missing / 1e9:.1f} GB more and {dest} has {free / 1e9:.1f} GB free; "
+            "free some space or pick another --dest"
+        )
     if not sys.stderr.isatty():  # its progress bars and retry notes are for a terminal; logs get the result
         disable_progress_bars()
         hub_logging.set_verbosity_error()
     try:
-        snapshot_download(repo, revision=commit, local_dir=dest, allow_patterns=[f.name for f in files],
-                          token=hub_token())
+        snapshot_download(
+            repo, revision=commit, local_dir=dest, allow_patterns=[f.name for f in files], token=hub_token()
+        )
     except Exception as err:  # noqa: BLE001 - whatever HTTP stack it uses: one line, and how to go on
         reason = str(err).splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise ModelError(f"the download from {repo} broke off ({reason}); run the same command again: the files "
-                         "already complete are kept") from None
+        raise ModelError(
+            f"the download from {repo} broke off ({reason}); run the same command again: the files "
+            "already complete are kept"
+        ) from None
     for file in files:
         path = dest / file.name
         if file.sha256 is not None and _sha256(path) != file.sha256:
             if before[file.name] is not None and before[file.name] == _identity(path):
-                raise ModelError(f"{path} was there before this run and does not have the sha256 {repo} lists "
-                                 f"({file.sha256[:12]}…); remove it and run the command again")
+                raise ModelError(
+                    f"{path} was there before this run and does not have the sha256 {repo} lists "
+                    f"({file.sha256[:12]}…); remove it and run the command again"
+                )
             path.unlink()
-            raise ModelError(f"{file.name} from {repo} does not have the sha256 the repository lists "
-                             f"({file.sha256[:12]}…); it was removed: run the command again to fetch it anew")
+            raise ModelError(
+                f"{file.name} from {repo} does not have the sha256 the repository lists "
+                f"({file.sha256[:12]}…); it was removed: run the command again to fetch it anew"
+            )
     fetched = Fetched(directory=dest, commit=commit, files=files)
-    write_file_atomically(dest / MANIFEST, json.dumps(
-        {"repository": repo, "commit": commit,
-         "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files]}, indent=2) + "\n")
+    write_file_atomically(
+        dest / MANIFEST,
+        json.dumps(
+            {
+                "repository": repo,
+                "commit": commit,
+                "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in files],
+            },
+            indent=2,
+        )
+        + "\n",
+    )
     return fetched
 
 
@@ -204,10 +249,14 @@ def recorded(part: Path) -> HubFile | None:
             name = str(part.resolve().relative_to(directory))
             try:
                 entries = json.loads(manifest.read_text())["files"]
-                return next((HubFile(e["name"], int(e["size"]), e["sha256"]) for e in entries if e["name"] == name),
-                            None)
+                return next(
+                    (HubFile(e["name"], int(e["size"]), e["sha256"]) for e in entries if e["name"] == name),
+                    None,
+                )
             except (ValueError, KeyError, TypeError):
-                raise ModelError(f"{manifest} is not a moe-stack model record; fetch the model again") from None
+                raise ModelError(
+                    f"{manifest} is not a moe-stack model record; fetch the model again"
+                ) from None
     return None
 
 
@@ -217,5 +266,8 @@ def size_problems(parts: list[Path]) -> list[str] | None:
     found = [(part, recorded(part)) for part in parts]
     if all(record is None for _, record in found):
         return None
-    return [f"{part.name} is {part.stat().st_size} bytes, {record.size} when fetched"
-            for part, record in found if record is not None and part.stat().st_size != record.size]
+    return [
+        f"{part.name} is {part.stat().st_size} bytes, {record.size} when fetched"
+        for part, record in found
+        if record is not None and part.stat().st_size != record.size
+    ]

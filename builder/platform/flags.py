@@ -2,7 +2,8 @@
 
 The build captures `llama-server --help` (the raw text goes into the image, the parsed flags into
 a label). ik_llama.cpp's --help leaves out accepted flags (-ot, -thp, -cmoe among them), so for it
-the build adds the flag literals of the argument parser the binary was compiled from. Stack emission checks every flag it renders against the image's contract and translates
+the build adds the flag literals of the argument parser the binary was compiled from. Stack emission
+checks every flag it renders against the image's contract and translates
 neutral options (flash attention, fused MoE, MLA) into what that engine version understands, so a
 flag an engine version removed (ik_llama.cpp dropped `-fmoe` in PR #863) fails at emit time.
 """
@@ -87,8 +88,10 @@ def check_args(args: list[str], flags: dict[str, str], who: str) -> None:
     """Fail naming the first flag in `args` that the engine (described by `who`) does not accept."""
     unknown = [arg for arg in args if _LOOKS_LIKE_FLAG.match(arg) and arg.split("=", 1)[0] not in flags]
     if unknown:
-        raise StackError(f"{who} does not accept {', '.join(unknown)} (its --help lists no such flag); "
-                         "drop it, or use an image of an engine version that has it")
+        raise StackError(
+            f"{who} does not accept {', '.join(unknown)} (its --help lists no such flag); "
+            "drop it, or use an image of an engine version that has it"
+        )
 
 
 def takes_value(flags: dict[str, str], flag: str) -> bool:

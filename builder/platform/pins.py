@@ -18,7 +18,9 @@ PINS_FILE = "pins.yaml"
 _RELEASE_TAG = re.compile(r"^b(\d+)$")
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # A PEP 440 release as PyPI's latest names it (N.N[.N…], an optional pre/post/dev part).
-_RELEASE_VERSION = re.compile(r"[0-9]+(?:\.[0-9]+){0,5}(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?")
+_RELEASE_VERSION = re.compile(
+    r"[0-9]+(?:\.[0-9]+){0,5}(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,10 @@ def parse_pins(text: str) -> dict[str, Pin]:
     for engine, entry in (yaml.safe_load(text) or {}).items():
         pin = Pin(engine=engine, ref=str(entry["ref"]), track=str(entry["track"]), edge=entry.get("edge"))
         if pin.kind not in ("tags", "branch", "pypi", "frozen"):
-            raise SpecError(f"{PINS_FILE}: {engine} tracks {pin.track!r}: use tags bNNNN, branch NAME, pypi PACKAGE "
-                            "or frozen")
+            raise SpecError(
+                f"{PINS_FILE}: {engine} tracks {pin.track!r}: use tags bNNNN, branch NAME, pypi PACKAGE "
+                "or frozen"
+            )
         pins[engine] = pin
     return pins
 
@@ -115,7 +119,9 @@ class Bump:
 def bump_pins(text: str, bumps: list[Bump]) -> str:
     """`text` (pins.yaml) with each bumped engine's `ref:` line rewritten; everything else as it was."""
     for bump in bumps:
-        section = re.search(rf"^{re.escape(bump.engine)}:\n((?:[ #].*\n|\n)*?)  ref: (\S+)\n", text, re.MULTILINE)
+        section = re.search(
+            rf"^{re.escape(bump.engine)}:\n((?:[ #].*\n|\n)*?)  ref: (\S+)\n", text, re.MULTILINE
+        )
         if section is None or section.group(2) != bump.old:
             raise SpecError(f"{PINS_FILE}: no `ref: {bump.old}` under {bump.engine}")
         start, end = section.span(2)
@@ -133,7 +139,11 @@ def summary(bumps: list[Bump]) -> str:
         return "Every pinned ref is current.\n"
     lines = ["Pinned engine refs moved to upstream's newest:", "", "| engine | from | to |", "|---|---|---|"]
     lines += [f"| {b.engine} | `{b.old}` | `{b.new}` ({b.note}) |" for b in bumps]
-    lines += ["", "The golden renders under `tests/golden/` are re-rendered for the new refs. The tests build the",
-              "engines from their PyPI sdists, not from these refs: before merging, build one image per bumped",
-              "engine (`moe-stack build --engine ENGINE`) and check its flag contract still has what the stacks use."]
+    lines += [
+        "",
+        "The golden renders under `tests/golden/` are re-rendered for the new refs. The tests build the",
+        "engines from their PyPI sdists, not from these refs: before merging, build one image per bumped",
+        "engine (`moe-stack build --engine ENGINE`) and check its flag contract still has what the",
+        "stacks use.",
+    ]
     return "\n".join(lines) + "\n"

@@ -16,7 +16,12 @@ from builder.spec import DEFAULT_BASES, BaseImages, CpuTarget, CudaTarget
 
 # Minimum Linux driver per CUDA toolkit (NVIDIA's CUDA release notes, "CUDA Toolkit and Corresponding
 # Driver Versions"): an image built with that toolkit needs at least this driver.
-MIN_DRIVER: dict[str, tuple[int, int]] = {"12.4": (550, 54), "12.6": (560, 28), "12.8": (570, 26), "13.0": (580, 65)}
+MIN_DRIVER: dict[str, tuple[int, int]] = {
+    "12.4": (550, 54),
+    "12.6": (560, 28),
+    "12.8": (570, 26),
+    "13.0": (580, 65),
+}
 CPU_BASE = "debian:trixie-slim"
 CPU_BASE_SUITE = "trixie"
 
@@ -34,12 +39,15 @@ class CudaRelease:
 
 
 # Host compiler limits from each release's installation guide (supported host compilers).
-CUDA_RELEASES: dict[str, CudaRelease] = {r.version: r for r in (
-    CudaRelease("12.4", "12.4.1", "ubuntu22.04", 13, (86, 89, 90)),
-    CudaRelease("12.6", "12.6.3", "ubuntu24.04", 13, (86, 89, 90)),
-    CudaRelease("12.8", "12.8.1", "ubuntu24.04", 14, (86, 89, 90, 120)),
-    CudaRelease("13.0", "13.0.1", "ubuntu24.04", 15, (86, 89, 90, 120)),
-)}
+CUDA_RELEASES: dict[str, CudaRelease] = {
+    r.version: r
+    for r in (
+        CudaRelease("12.4", "12.4.1", "ubuntu22.04", 13, (86, 89, 90)),
+        CudaRelease("12.6", "12.6.3", "ubuntu24.04", 13, (86, 89, 90)),
+        CudaRelease("12.8", "12.8.1", "ubuntu24.04", 14, (86, 89, 90, 120)),
+        CudaRelease("13.0", "13.0.1", "ubuntu24.04", 15, (86, 89, 90, 120)),
+    )
+}
 
 # (default GCC, {major: version of the installable gcc-N package}) per build OS.
 _OS_GCC: dict[str, tuple[tuple[int, int], dict[int, tuple[int, int]]]] = {
@@ -117,15 +125,21 @@ def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
     default_gcc, installable = _OS_GCC[build_os]
     gcc_major = None
     if default_gcc < cpu.min_gcc:
-        gcc_major = next((major for major, version in sorted(installable.items()) if version >= cpu.min_gcc), None)
+        gcc_major = next(
+            (major for major, version in sorted(installable.items()) if version >= cpu.min_gcc), None
+        )
         if gcc_major is None:
-            raise _NoCompiler(f"needs GCC >= {cpu.min_gcc[0]}.{cpu.min_gcc[1]}, which {build_os} does not have")
+            raise _NoCompiler(
+                f"needs GCC >= {cpu.min_gcc[0]}.{cpu.min_gcc[1]}, which {build_os} does not have"
+            )
     if cuda.version is not None:
         release = cuda_release(cuda)
         used = gcc_major or default_gcc[0]
         if used > release.max_gcc:
-            raise _NoCompiler(f"needs GCC {used}, but nvcc {cuda.version} accepts host compilers up to GCC "
-                              f"{release.max_gcc}")
+            raise _NoCompiler(
+                f"needs GCC {used}, but nvcc {cuda.version} accepts host compilers up to GCC "
+                f"{release.max_gcc}"
+            )
         build_image, runtime_image = _cuda_images(cuda, base)
     else:
         build_image = runtime_image = CPU_BASE
@@ -134,7 +148,15 @@ def _toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages) -> Toolchain:
         build_image=base.build or build_image,
         runtime_image=base.runtime or runtime_image,
         gcc_major=gcc_major,
-        build_packages=("build-essential", "ca-certificates", "ccache", "cmake", "git", "ninja-build", *gcc_packages),
+        build_packages=(
+            "build-essential",
+            "ca-certificates",
+            "ccache",
+            "cmake",
+            "git",
+            "ninja-build",
+            *gcc_packages,
+        ),
         runtime_packages=("libgomp1", "numactl"),
     )
 

@@ -54,7 +54,9 @@ class StackOptions(BaseModel):
     gpus: tuple[int, ...] = ()  # the GPUs the container gets (empty: all)
     placement: Literal["rules", "fit"] = "rules"  # fit: mainline llama.cpp places layers and experts itself
     chat_template: str | None = None
-    served_name: str | None = None  # default: the preset's name, else the model's name without its split suffix
+    served_name: str | None = (
+        None  # default: the preset's name, else the model's name without its split suffix
+    )
     jinja: bool = True
     metrics: bool = True
     monitoring_port: int = 0  # a Prometheus service scraping the engine, its UI on this port (0: none)
@@ -98,29 +100,42 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     tensor_split: tuple[int, ...] = ()
     if options.placement == "fit":
         if options.fit_vram_gb or options.override_tensors or options.experts_on_cpu:
-            raise SpecError("--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
-                            "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)")
+            raise SpecError(
+                "--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
+                "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)"
+            )
         engine_options, preset_rules = engine_options.model_copy(update={"gpu_layers": None}), ()
     if options.fit_vram_gb:  # the plan's rules replace the preset's all-experts-on-CPU rule
         if options.gpus and len(options.gpus) != len(options.fit_vram_gb):
-            raise SpecError(f"--gpus names {len(options.gpus)} GPUs and --fit-vram-gb sizes {len(options.fit_vram_gb)}: "
-                            "give one size per GPU, in the same order")
+            raise SpecError(
+                f"--gpus names {len(options.gpus)} GPUs and --fit-vram-gb sizes {len(options.fit_vram_gb)}: "
+                "give one size per GPU, in the same order"
+            )
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
         facts, latent = read_facts(model), adapter.caches_latent(engine_options.mla)
-        reserve = gpu_reserve(adapter.name, facts, engine_options.ctx_size,
-                              engine_options.ubatch_size or DEFAULT_UBATCH, latent)
-        fitted = make_plan(facts, [int(gb * GIB) for gb in options.fit_vram_gb], host.mem_total_bytes,
-                           engine_options.ctx_size, engine_options.cache_type or "f16", mla=latent,
-                           gpu_reserve=reserve)
+        reserve = gpu_reserve(
+            adapter.name, facts, engine_options.ctx_size, engine_options.ubatch_size or DEFAULT_UBATCH, latent
+        )
+        fitted = make_plan(
+            facts,
+            [int(gb * GIB) for gb in options.fit_vram_gb],
+            host.mem_total_bytes,
+            engine_options.ctx_size,
+            engine_options.cache_type or "f16",
+            mla=latent,
+            gpu_reserve=reserve,
+        )
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
             gpu_experts = fitted.gpu_experts_per_layer
     if options.gpus and host.gpus and not options.for_other_host:
         missing = sorted(set(options.gpus) - set(range(len(host.gpus))))
         if missing:
-            raise SpecError(f"--gpus names GPU {', '.join(map(str, missing))}, and this host has "
-                            f"{len(host.gpus)} (0-{len(host.gpus) - 1}); see `moe-stack doctor`")
+            raise SpecError(
+                f"--gpus names GPU {', '.join(map(str, missing))}, and this host has "
+                f"{len(host.gpus)} (0-{len(host.gpus) - 1}); see `moe-stack doctor`"
+            )
     rules = list(options.override_tensors)
     if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
         rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
@@ -168,8 +183,13 @@ def memory_for(stack: StackSpec) -> int:
     """RAM the stack's model takes on its host: every file of it, and the KV cache where no GPU holds it."""
     needed = model_bytes(stack.model)
     if stack.gpu == "none":
-        needed += kv_cache_bytes(read_facts(stack.model), stack.ctx_size, stack.cache_type or "f16",
-                                 get_engine(stack.engine).caches_latent(stack.mla), stack.parallel)
+        needed += kv_cache_bytes(
+            read_facts(stack.model),
+            stack.ctx_size,
+            stack.cache_type or "f16",
+            get_engine(stack.engine).caches_latent(stack.mla),
+            stack.parallel,
+        )
     return needed
 
 
@@ -185,7 +205,9 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     for): what `moe-stack compose` writes."""
     stack = assemble_stack(options, host)
     if options.cpu_image is not None and stack.gpu == "none":
-        raise SpecError("--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too")
+        raise SpecError(
+            "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too"
+        )
     check_port_free(stack.bind, stack.port)
     if stack.monitoring_port:
         check_port_free(stack.bind, stack.monitoring_port)
@@ -208,8 +230,10 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
     if first.cpu_image is not None:
         raise SpecError("a stack of several models has one service: drop --cpu-image")
     if not get_engine(first.engine).routes_models:
-        raise SpecError(f"{first.engine} serves one model per server: emit one stack per model, or use an engine "
-                        "whose server routes between models (mainline llama.cpp)")
+        raise SpecError(
+            f"{first.engine} serves one model per server: emit one stack per model, or use an engine "
+            "whose server routes between models (mainline llama.cpp)"
+        )
     routed = tuple(assemble_stack(options, host) for options in models)
     base = routed[0]
     check_port_free(base.bind, base.port)
@@ -222,8 +246,12 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
 
 def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:
     if options.for_other_host:  # this host's topology says nothing about the target's
-        return Placement(numa="none" if options.numa == "auto" else options.numa, numa_nodes=options.numa_nodes,
-                         cpuset=None, threads=options.threads or host.cpu.physical_cores)
+        return Placement(
+            numa="none" if options.numa == "auto" else options.numa,
+            numa_nodes=options.numa_nodes,
+            cpuset=None,
+            threads=options.threads or host.cpu.physical_cores,
+        )
     where = place(host, options.numa, options.numa_nodes, options.threads)
     if options.hugepages:
         check_hugepages_reserved(host)
@@ -239,10 +267,15 @@ def check_architecture(facts: ImageFacts, model: Path) -> None:
     if not facts.architectures or arch in facts.architectures:
         return
     pinned = recorded_contract(facts.engine)
-    which = (f"the image of {facts.engine} {pinned.ref} does (`moe-stack build --engine {facts.engine}`)"
-             if pinned is not None and arch in pinned.architectures else "build a newer ref of it")
-    raise StackError(f"{facts.who} can't load {arch} models like {model.name} (its llama-arch.cpp names no {arch}); "
-                     f"{which}")
+    which = (
+        f"the image of {facts.engine} {pinned.ref} does (`moe-stack build --engine {facts.engine}`)"
+        if pinned is not None and arch in pinned.architectures
+        else "build a newer ref of it"
+    )
+    raise StackError(
+        f"{facts.who} can't load {arch} models like {model.name} (its llama-arch.cpp names no {arch}); "
+        f"{which}"
+    )
 
 
 def _checked_facts(image: str, options: StackOptions, host: HostFacts) -> ImageFacts | None:

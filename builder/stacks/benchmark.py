@@ -33,18 +33,31 @@ class Speed:
         return statistics.median(self.decode_tps)
 
 
-def measure(port: int, prompt_words: int = 256, generate: int = 64, repetitions: int = 3,
-            host: str = "127.0.0.1", api_key: str | None = None) -> Speed:
+def measure(
+    port: int,
+    prompt_words: int = 256,
+    generate: int = 64,
+    repetitions: int = 3,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+) -> Speed:
     """Time `repetitions` completions of a `prompt_words`-word prompt generating `generate` tokens."""
     words = _FILLER.split()
     prompt = " ".join(words[i % len(words)] for i in range(prompt_words))
     prefill, decode, n_prompt, n_gen = [], [], 0, 0
     for _ in range(repetitions):
-        body = {"prompt": prompt, "n_predict": generate, "temperature": 0, "cache_prompt": False,
-                "ignore_eos": True}
+        body = {
+            "prompt": prompt,
+            "n_predict": generate,
+            "temperature": 0,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        }
         timings = EngineApi(port, host, api_key, timeout_s=600).post("/completion", body).get("timings") or {}
         if not timings.get("prompt_per_second") or not timings.get("predicted_per_second"):
-            raise StackError(f"the engine on port {port} reported no timings; is it a llama.cpp-family server?")
+            raise StackError(
+                f"the engine on port {port} reported no timings; is it a llama.cpp-family server?"
+            )
         prefill.append(float(timings["prompt_per_second"]))
         decode.append(float(timings["predicted_per_second"]))
         n_prompt, n_gen = int(timings.get("prompt_n", 0)), int(timings.get("predicted_n", 0))

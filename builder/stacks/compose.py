@@ -11,9 +11,14 @@ from builder.stacks.document import compose_document, to_yaml
 from builder.stacks.host_checks import router_files, stack_files
 
 
-def compose_dict(stack: StackSpec, generated_by: str, facts: ImageFacts | None = None, check_files: bool = True,
-                 cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None,
-                 routed: tuple[StackSpec, ...] = ()) -> dict[str, object]:
+def compose_dict(
+    stack: StackSpec,
+    generated_by: str,
+    facts: ImageFacts | None = None,
+    check_files: bool = True,
+    cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None,
+    routed: tuple[StackSpec, ...] = (),
+) -> dict[str, object]:
     """`compose_document` for `stack` with its files checked here (`check_files=False`: example stacks
     whose model lives on another machine, paths taken as given); `routed`: several models, one server."""
     files = router_files(stack, routed) if routed else stack_files(stack, check_files)

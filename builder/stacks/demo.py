@@ -28,17 +28,28 @@ class Answer:
 def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Path:
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = fetch_demo_model()
-    stack = StackSpec(project=f"moe-stack-demo-{get_engine(engine_name).slug}", engine=engine_name, image=image,
-                      model=model, port=port, threads=read_cpu().physical_cores, chat_template=DEMO_CHAT_TEMPLATE,
-                      start_period_s=start_period_for(model.stat().st_size))
-    compose_file = write_stack(compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml")
+    stack = StackSpec(
+        project=f"moe-stack-demo-{get_engine(engine_name).slug}",
+        engine=engine_name,
+        image=image,
+        model=model,
+        port=port,
+        threads=read_cpu().physical_cores,
+        chat_template=DEMO_CHAT_TEMPLATE,
+        start_period_s=start_period_for(model.stat().st_size),
+    )
+    compose_file = write_stack(
+        compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
+    )
     up(compose_file, timeout_s=300)
     return compose_file
 
 
 def complete(port: int, prompt: str = DEMO_PROMPT, max_tokens: int = 24, host: str = "127.0.0.1") -> Answer:
     """One OpenAI-style text completion (greedy): the demo model is a base model, not a chat model."""
-    reply = EngineApi(port, host).post("/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    reply = EngineApi(port, host).post(
+        "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    )
     return _answer(reply, reply["choices"][0].get("text") or "")
 
 
@@ -51,5 +62,8 @@ def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1") 
 
 def _answer(reply: dict, text: str) -> Answer:
     timings = reply.get("timings") or {}
-    return Answer(text=text, completion_tokens=int(reply.get("usage", {}).get("completion_tokens", 0)),
-                  decode_tokens_per_s=timings.get("predicted_per_second"))
+    return Answer(
+        text=text,
+        completion_tokens=int(reply.get("usage", {}).get("completion_tokens", 0)),
+        decode_tokens_per_s=timings.get("predicted_per_second"),
+    )

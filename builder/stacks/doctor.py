@@ -17,6 +17,7 @@ from builder.stacks.pinned_memory import pinned_finding
 
 Level = Literal["OK", "WARN", "FAIL"]
 
+
 @dataclass(frozen=True)
 class Finding:
     level: Level
@@ -25,70 +26,142 @@ class Finding:
     fix: str = ""
 
 
-def diagnose(host: HostFacts, docker_ok: bool, gpu_runtime_ok: bool, free_disk_bytes: int,
-             model_bytes: int | None = None, cuda_bases: dict[str, bool] | None = None,
-             model_problems: list[str] | None = None) -> list[Finding]:
+def diagnose(
+    host: HostFacts,
+    docker_ok: bool,
+    gpu_runtime_ok: bool,
+    free_disk_bytes: int,
+    model_bytes: int | None = None,
+    cuda_bases: dict[str, bool] | None = None,
+    model_problems: list[str] | None = None,
+) -> list[Finding]:
     """Every finding for `host`. `cuda_bases`: each registry-free CUDA base image (`moe-stack base
     --cuda`) and whether the Docker store has it (None: Docker wasn't asked). `model_problems`: how a
     fetched model's files differ from their record (None: no record)."""
-    findings = [_cpu(host), _cores(host), *_numa(host), _thp(host), _hugepages(host), *_gpus(host, gpu_runtime_ok)]
-    findings.append(Finding("OK", "docker", "the Docker daemon answers") if docker_ok else
-                    Finding("FAIL", "docker", "the Docker daemon does not answer",
-                            "sudo systemctl start docker   # or: sudo bash scripts/install-docker.sh"))
-    findings.append(Finding("OK", "disk", f"{size(free_disk_bytes)} free") if free_disk_bytes >= 50 * 1024**3 else
-                    Finding("WARN", "disk", f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, "
-                            "a large MoE GGUF 150-400 GB", "docker system prune   # or free space elsewhere"))
+    findings = [
+        _cpu(host),
+        _cores(host),
+        *_numa(host),
+        _thp(host),
+        _hugepages(host),
+        *_gpus(host, gpu_runtime_ok),
+    ]
+    findings.append(
+        Finding("OK", "docker", "the Docker daemon answers")
+        if docker_ok
+        else Finding(
+            "FAIL",
+            "docker",
+            "the Docker daemon does not answer",
+            "sudo systemctl start docker   # or: sudo bash scripts/install-docker.sh",
+        )
+    )
+    findings.append(
+        Finding("OK", "disk", f"{size(free_disk_bytes)} free")
+        if free_disk_bytes >= 50 * 1024**3
+        else Finding(
+            "WARN",
+            "disk",
+            f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, a large MoE GGUF 150-400 GB",
+            "docker system prune   # or free space elsewhere",
+        )
+    )
     if cuda_bases is not None:
         findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
         findings.append(_model_fits(host, model_bytes))
         if host.gpus and host.mem_total_bytes:
             level, message = pinned_finding(model_bytes, host.mem_total_bytes)
-            findings.append(Finding(level, "pinned-memory", message, "" if level == "OK" else
-                                    "run mainline llama.cpp with mapped weights (--mmap), or use a smaller quant"))
+            findings.append(
+                Finding(
+                    level,
+                    "pinned-memory",
+                    message,
+                    ""
+                    if level == "OK"
+                    else "run mainline llama.cpp with mapped weights (--mmap), or use a smaller quant",
+                )
+            )
     if model_problems is not None:
-        findings.append(Finding("FAIL", "model-files", "; ".join(model_problems), "fetch it again (moe-stack fetch-model "
-                                "--hf ...: complete files are kept)") if model_problems else
-                        Finding("OK", "model-files", "every file as fetched (sizes match moe-stack-model.json)"))
+        findings.append(
+            Finding(
+                "FAIL",
+                "model-files",
+                "; ".join(model_problems),
+                "fetch it again (moe-stack fetch-model --hf ...: complete files are kept)",
+            )
+            if model_problems
+            else Finding("OK", "model-files", "every file as fetched (sizes match moe-stack-model.json)")
+        )
     return findings
 
 
 def _cuda_bases(present: dict[str, bool]) -> Finding:
     have = [name for name, here in present.items() if here]
     if not have:
-        return Finding("OK", "cuda_base", "no registry-free CUDA base here: CUDA images build on NVIDIA's images "
-                       "(nvidia/cuda)", "where nvidia/cuda can't be pulled: sudo moe-stack base --cuda 13.0")
+        return Finding(
+            "OK",
+            "cuda_base",
+            "no registry-free CUDA base here: CUDA images build on NVIDIA's images (nvidia/cuda)",
+            "where nvidia/cuda can't be pulled: sudo moe-stack base --cuda 13.0",
+        )
     missing = [name for name, here in present.items() if not here]
     if missing:
-        return Finding("WARN", "cuda_base", f"CUDA base {', '.join(have)} is here but {', '.join(missing)} is not",
-                       "sudo moe-stack base --cuda 13.0   # makes both again")
-    return Finding("OK", "cuda_base", f"CUDA bases from PyPI wheels: {', '.join(have)} (moe-stack build --cuda-base pypi)")
+        return Finding(
+            "WARN",
+            "cuda_base",
+            f"CUDA base {', '.join(have)} is here but {', '.join(missing)} is not",
+            "sudo moe-stack base --cuda 13.0   # makes both again",
+        )
+    return Finding(
+        "OK",
+        "cuda_base",
+        f"CUDA bases from PyPI wheels: {', '.join(have)} (moe-stack build --cuda-base pypi)",
+    )
 
 
 def _cpu(host: HostFacts) -> Finding:
     target = best_cpu_target(host.cpu.flags)
     if target is None:
-        return Finding("WARN", "cpu", "no named CPU target fits (no AVX2)", "use the llama.cpp `portable` image")
+        return Finding(
+            "WARN", "cpu", "no named CPU target fits (no AVX2)", "use the llama.cpp `portable` image"
+        )
     cost = fallback_cost(target, AVX2)
-    return Finding("OK", "cpu", f"best CPU target: {target.name} ({target.description})"
-                                f"{'; an avx2 image here leaves ' + cost if cost else ''}")
+    return Finding(
+        "OK",
+        "cpu",
+        f"best CPU target: {target.name} ({target.description})"
+        f"{'; an avx2 image here leaves ' + cost if cost else ''}",
+    )
 
 
 def _cores(host: HostFacts) -> Finding:
     cpu = host.cpu
     if cpu.logical_cpus > cpu.physical_cores:
-        return Finding("OK", "cores", f"{cpu.physical_cores} physical cores, {cpu.logical_cpus} logical (SMT on): "
-                       f"run with -t {cpu.physical_cores} on physical cores only")
+        return Finding(
+            "OK",
+            "cores",
+            f"{cpu.physical_cores} physical cores, {cpu.logical_cpus} logical (SMT on): "
+            f"run with -t {cpu.physical_cores} on physical cores only",
+        )
     return Finding("OK", "cores", f"{cpu.physical_cores} cores, no SMT siblings")
 
 
 def _numa(host: HostFacts) -> list[Finding]:
-    nodes = ", ".join(f"node{n.node}: {len(n.physical_cpus)} cores, {size(n.mem_total_bytes)}" for n in host.nodes)
+    nodes = ", ".join(
+        f"node{n.node}: {len(n.physical_cpus)} cores, {size(n.mem_total_bytes)}" for n in host.nodes
+    )
     out = [Finding("OK", "numa", f"{len(host.nodes)} NUMA node(s)" + (f" ({nodes})" if nodes else ""))]
     if host.numa_balancing == 1:
-        out.append(Finding("WARN", "numa_balancing", "automatic NUMA balancing is on: page migration stalls cost "
-                           "50-65% of decode speed on multi-node hosts (seed guide)",
-                           "sudo sysctl -w kernel.numa_balancing=0"))
+        out.append(
+            Finding(
+                "WARN",
+                "numa_balancing",
+                "automatic NUMA balancing is on: page migration stalls cost "
+                "50-65% of decode speed on multi-node hosts (seed guide)",
+                "sudo sysctl -w kernel.numa_balancing=0",
+            )
+        )
     elif host.numa_balancing == 0:
         out.append(Finding("OK", "numa_balancing", "automatic NUMA balancing is off"))
     return out
@@ -98,8 +171,12 @@ def _thp(host: HostFacts) -> Finding:
     if host.thp_mode is None:
         return Finding("OK", "thp", "transparent hugepages not exposed here")
     if host.thp_mode == "never":
-        return Finding("WARN", "thp", "transparent hugepages are off: expert weights stream through 4 KiB pages",
-                       "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled")
+        return Finding(
+            "WARN",
+            "thp",
+            "transparent hugepages are off: expert weights stream through 4 KiB pages",
+            "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled",
+        )
     return Finding("OK", "thp", f"transparent hugepages: {host.thp_mode}")
 
 
@@ -110,30 +187,62 @@ def _hugepages(host: HostFacts) -> Finding:
             if count:
                 pools.setdefault(page_kb, []).append(f"node{node.node}: {count}")
     if not pools:
-        return Finding("OK", "hugepages", "no hugepages reserved (reserve them with `sudo sysctl -w "
-                       "vm.nr_hugepages=N` for stacks with --hugepages (ik_llama.cpp -thp) or --hugetlbfs)")
-    text = "; ".join(f"{kb // 1024} MiB pages: {', '.join(per_node)}" for kb, per_node in sorted(pools.items()))
+        return Finding(
+            "OK",
+            "hugepages",
+            "no hugepages reserved (reserve them with `sudo sysctl -w "
+            "vm.nr_hugepages=N` for stacks with --hugepages (ik_llama.cpp -thp) or --hugetlbfs)",
+        )
+    text = "; ".join(
+        f"{kb // 1024} MiB pages: {', '.join(per_node)}" for kb, per_node in sorted(pools.items())
+    )
     return Finding("OK", "hugepages", f"reserved {text}")
 
 
 def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
     if not host.gpus:
-        return [Finding("WARN", "gpu", "no NVIDIA GPU (or no driver): only CPU images can run here",
-                        "install the NVIDIA driver, then re-run moe-stack doctor")]
+        return [
+            Finding(
+                "WARN",
+                "gpu",
+                "no NVIDIA GPU (or no driver): only CPU images can run here",
+                "install the NVIDIA driver, then re-run moe-stack doctor",
+            )
+        ]
     out = []
     for index, gpu in enumerate(host.gpus):
         cuda = highest_cuda(gpu.driver)
         if cuda is None:
-            out.append(Finding("FAIL", "gpu", f"GPU {index} {gpu.name}: driver {gpu.driver} is older than any "
-                               f"CUDA image here needs ({MIN_DRIVER['12.4'][0]}+)", "upgrade the NVIDIA driver"))
+            out.append(
+                Finding(
+                    "FAIL",
+                    "gpu",
+                    f"GPU {index} {gpu.name}: driver {gpu.driver} is older than any "
+                    f"CUDA image here needs ({MIN_DRIVER['12.4'][0]}+)",
+                    "upgrade the NVIDIA driver",
+                )
+            )
             continue
-        out.append(Finding("OK", "gpu", f"GPU {index} {gpu.name}: compute capability {gpu.compute_capability} "
-                           f"(arch {gpu.compute_capability.replace('.', '')}), {gpu.memory_mib // 1024} GiB, "
-                           f"driver {gpu.driver}: CUDA images up to {cuda}"))
-    out.append(Finding("OK", "gpu_runtime", "Docker can pass the GPU through (NVIDIA runtime or CDI)") if runtime_ok
-               else Finding("FAIL", "gpu_runtime", "Docker has no NVIDIA runtime and no CDI spec: containers can't "
-                            "see the GPU", "install nvidia-container-toolkit, then: sudo nvidia-ctk runtime configure "
-                            "--runtime=docker && sudo systemctl restart docker"))
+        out.append(
+            Finding(
+                "OK",
+                "gpu",
+                f"GPU {index} {gpu.name}: compute capability {gpu.compute_capability} "
+                f"(arch {gpu.compute_capability.replace('.', '')}), {gpu.memory_mib // 1024} GiB, "
+                f"driver {gpu.driver}: CUDA images up to {cuda}",
+            )
+        )
+    out.append(
+        Finding("OK", "gpu_runtime", "Docker can pass the GPU through (NVIDIA runtime or CDI)")
+        if runtime_ok
+        else Finding(
+            "FAIL",
+            "gpu_runtime",
+            "Docker has no NVIDIA runtime and no CDI spec: containers can't see the GPU",
+            "install nvidia-container-toolkit, then: sudo nvidia-ctk runtime configure "
+            "--runtime=docker && sudo systemctl restart docker",
+        )
+    )
     return out
 
 
@@ -141,8 +250,13 @@ def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
     vram = sum(gpu.memory_mib for gpu in host.gpus) * 1024**2
     room = host.mem_total_bytes + vram
     if model_bytes > room:
-        return Finding("FAIL", "model", f"the model ({size(model_bytes)}) is {size(model_bytes - room)} larger than "
-                       f"RAM + VRAM ({size(room)})", "use a smaller quant, or a host with more memory")
+        return Finding(
+            "FAIL",
+            "model",
+            f"the model ({size(model_bytes)}) is {size(model_bytes - room)} larger than "
+            f"RAM + VRAM ({size(room)})",
+            "use a smaller quant, or a host with more memory",
+        )
     return Finding("OK", "model", f"the model ({size(model_bytes)}) fits in RAM + VRAM ({size(room)})")
 
 

@@ -78,9 +78,14 @@ def start_period_for(model_bytes: int) -> int:
     return max(_MIN_START_PERIOD_S, 30 + model_bytes // _LOAD_BYTES_PER_S)
 
 
-def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, facts: ImageFacts | None = None,
-                     cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None,
-                     routed: tuple[StackSpec, ...] = ()) -> dict[str, object]:
+def compose_document(
+    stack: StackSpec,
+    generated_by: str,
+    files: StackFiles,
+    facts: ImageFacts | None = None,
+    cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None,
+    routed: tuple[StackSpec, ...] = (),
+) -> dict[str, object]:
     """The compose document for `stack` with its `files` as mounted; `generated_by` records the command
     that made it.
 
@@ -105,18 +110,33 @@ def compose_document(stack: StackSpec, generated_by: str, files: StackFiles, fac
         services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, files.mounts), "profiles": [CPU_PROFILE]}
     if stack.monitoring_port:
         if routed or not stack.metrics:
-            raise StackError("--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack")
-        services[MONITORING_SERVICE] = monitoring_service(stack.monitoring_port, list(services),
-                                                          files.api_key is not None)
+            raise StackError(
+                "--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack"
+            )
+        services[MONITORING_SERVICE] = monitoring_service(
+            stack.monitoring_port, list(services), files.api_key is not None
+        )
     record = StackRecord(
-        generated_by=generated_by, engine=stack.engine, image=stack.image, model=files.model,
-        served_name=stack.served_name, engine_options=engine_options(stack), flags_checked=facts is not None,
-        serves={SERVICE: serves(stack, services[SERVICE]["command"]),
-                **({CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {})},
-        models=tuple(str(model.served_name) for model in routed), cpu_weights_pinned=engine_pins(stack),
-        profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else ())
-    return stack_document(stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs,
-                          files.api_key)
+        generated_by=generated_by,
+        engine=stack.engine,
+        image=stack.image,
+        model=files.model,
+        served_name=stack.served_name,
+        engine_options=engine_options(stack),
+        flags_checked=facts is not None,
+        serves={
+            SERVICE: serves(stack, services[SERVICE]["command"]),
+            **(
+                {CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {}
+            ),
+        },
+        models=tuple(str(model.served_name) for model in routed),
+        cpu_weights_pinned=engine_pins(stack),
+        profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else (),
+    )
+    return stack_document(
+        stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs, files.api_key
+    )
 
 
 def serves(stack: StackSpec, command: object) -> Served:
@@ -124,19 +144,29 @@ def serves(stack: StackSpec, command: object) -> Served:
     parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
     engine = get_engine(stack.engine)
     args = command if isinstance(command, list) else []
-    return Served(threads=stack.threads, gpu_layers=stack.gpu_layers,
-                  metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
-                  tool_calls=engine.template_flag is not None and engine.template_flag in args)
+    return Served(
+        threads=stack.threads,
+        gpu_layers=stack.gpu_layers,
+        metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
+        tool_calls=engine.template_flag is not None and engine.template_flag in args,
+    )
 
 
-def stack_document(project: str, record: StackRecord, services: dict[str, dict[str, object]],
-                   page_size: str | None, api_key: Path | None) -> dict[str, object]:
+def stack_document(
+    project: str,
+    record: StackRecord,
+    services: dict[str, dict[str, object]],
+    page_size: str | None,
+    api_key: Path | None,
+) -> dict[str, object]:
     """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
     the services' lint exceptions, every `$` literal for compose (`load` rebuilds a bundle's through
     it too)."""
-    document: dict[str, object] = {"name": project, "x-moe-stack": {**record.as_dict(),
-                                                                  "lint-exceptions": lint_exceptions(services)},
-                                   "services": services}
+    document: dict[str, object] = {
+        "name": project,
+        "x-moe-stack": {**record.as_dict(), "lint-exceptions": lint_exceptions(services)},
+        "services": services,
+    }
     volumes: dict[str, object] = {}
     if page_size is not None:
         volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
@@ -152,8 +182,11 @@ def stack_document(project: str, record: StackRecord, services: dict[str, dict[s
 def monitoring_service(port: int, engines: list[str], api_key: bool) -> dict[str, object]:
     """Prometheus scraping each engine service's /metrics every 10 s (the one of the profile that runs
     answers), its data on a named volume, its UI on `port` of loopback."""
-    job: dict[str, object] = {"job_name": "moe-stack", "metrics_path": "/metrics",
-                              "static_configs": [{"targets": [f"{name}:{CONTAINER_PORT}" for name in engines]}]}
+    job: dict[str, object] = {
+        "job_name": "moe-stack",
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [f"{name}:{CONTAINER_PORT}" for name in engines]}],
+    }
     if api_key:
         job["authorization"] = {"credentials_file": API_KEY_PATH}
     config = yaml.safe_dump({"global": {"scrape_interval": "10s"}, "scrape_configs": [job]}, sort_keys=False)
@@ -166,8 +199,13 @@ def monitoring_service(port: int, engines: list[str], api_key: bool) -> dict[str
         "ports": [published(PROMETHEUS_PORT, port, "127.0.0.1")],
         "volumes": [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}],
         **_HARDENED,
-        "healthcheck": {"test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
-                        "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"},
+        "healthcheck": {
+            "test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
+            "interval": "10s",
+            "timeout": "5s",
+            "retries": 3,
+            "start_period": "30s",
+        },
         "restart": "unless-stopped",
         "logging": dict(LOGGING),
     }
@@ -186,14 +224,17 @@ def api_key_secret(path: Path) -> dict[str, object]:
     return {API_KEY_SECRET: {"file": str(path)}}
 
 
-def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],
-                    facts: ImageFacts | None) -> tuple[list[str], str]:
+def _router_command(
+    stack: StackSpec, routed: tuple[StackSpec, ...], facts: ImageFacts | None
+) -> tuple[list[str], str]:
     """The router's command and preset file; with the image's facts, every model's flags are checked."""
     engine = get_engine(stack.engine)
     names = [model.served_name for model in routed]
     if len(set(names)) != len(names):
-        raise StackError(f"two models would be served as the same name ({', '.join(map(str, names))}); give each "
-                         "its own --preset or file name")
+        raise StackError(
+            f"two models would be served as the same name ({', '.join(map(str, names))}); give each "
+            "its own --preset or file name"
+        )
     flags = facts.server_flags if facts else None
     command, preset = engine.router_command(stack, routed, flags)
     if facts is not None:
@@ -205,25 +246,34 @@ def _router_command(stack: StackSpec, routed: tuple[StackSpec, ...],
 
 def engine_options(stack: StackSpec) -> dict[str, object]:
     """The stack's neutral engine options that are set (preset or command line), as recorded."""
-    return {name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None}
+    return {
+        name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None
+    }
 
 
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
     """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
     departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
     caps = {cap for service in services.values() for cap in service.get("cap_add", [])}
-    reasons = {"SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU thread "
-                           "pools' memory to their NUMA nodes (mbind/set_mempolicy, which Docker's seccomp profile "
-                           "allows only with it); nothing in the image sets real-time priorities",
-               "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)"}
+    reasons = {
+        "SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU "
+        "thread "
+        "pools' memory to their NUMA nodes (mbind/set_mempolicy, which Docker's seccomp profile "
+        "allows only with it); nothing in the image sets real-time priorities",
+        "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)",
+    }
     exceptions = {}
     if caps:
         exceptions["CL-0029"] = "; ".join(reasons[cap] for cap in sorted(caps))
-    exceptions["CL-0026"] = ("no memory limit: the mmapped weights are page cache charged to the container, and a "
-                             "limit below the model evicts them; CPUs are bounded by cpuset/threads instead")
+    exceptions["CL-0026"] = (
+        "no memory limit: the mmapped weights are page cache charged to the container, and a "
+        "limit below the model evicts them; CPUs are bounded by cpuset/threads instead"
+    )
     if any("@sha256:" not in str(service["image"]) for service in services.values()):
-        exceptions["CL-0019"] = ("image by tag: it has no registry digest yet (built here, or not checked with "
-                                 "--skip-image-checks); stacks made from a pushed or pulled image pin the digest")
+        exceptions["CL-0019"] = (
+            "image by tag: it has no registry digest yet (built here, or not checked with "
+            "--skip-image-checks); stacks made from a pushed or pulled image pin the digest"
+        )
     return exceptions
 
 
@@ -235,8 +285,16 @@ def engine_pins(stack: StackSpec) -> bool:
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
     """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload;
     mmap as the engine does by default, since --no-mmap pays off through the GPU's pinned memory)."""
-    return stack.model_copy(update={"image": image, "gpu": "none", "gpu_layers": None, "override_tensors": (),
-                                    "moe_offload_batch": None, "mmap": None})
+    return stack.model_copy(
+        update={
+            "image": image,
+            "gpu": "none",
+            "gpu_layers": None,
+            "override_tensors": (),
+            "moe_offload_batch": None,
+            "mmap": None,
+        }
+    )
 
 
 def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
@@ -244,20 +302,28 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     against its flag contract when `facts` are known; the same for every output format."""
     engine = get_engine(stack.engine)
     if facts is not None and facts.engine != engine.name:
-        raise StackError(f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine")
+        raise StackError(
+            f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine"
+        )
     command = engine.server_args(stack, facts.server_flags if facts else None)
     if facts is not None and not facts.server_flags:
-        raise StackError(f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
-                         f"image); use a CUDA image of {engine.name}")
+        raise StackError(
+            f"image {facts.image} has no server (an empty flag contract: KTransformers' CPU-only kernel "
+            f"image); use a CUDA image of {engine.name}"
+        )
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
     # An extra argument in any spelling of a flag the adapter writes would set what a moe-stack option
     # sets (`--port=9000` is `--port 9000`: the flag part of every `--flag=value` counts too).
     reserved = set().union(*engine.flag_spellings)
-    clashing = sorted(reserved.intersection(arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-")))
+    clashing = sorted(
+        reserved.intersection(arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-"))
+    )
     if clashing:
-        raise StackError(f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
-                         "use the matching moe-stack option instead")
+        raise StackError(
+            f"extra engine args repeat flags the stack sets itself ({', '.join(clashing)}); "
+            "use the matching moe-stack option instead"
+        )
     return command
 
 
@@ -267,23 +333,47 @@ def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
     return f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image
 
 
-# What every service of a stack runs with: a read-only root (/tmp a tmpfs), no capabilities, no privilege gain.
-_HARDENED: dict[str, object] = {"read_only": True, "tmpfs": ["/tmp"], "cap_drop": ["ALL"],
-                                "security_opt": ["no-new-privileges:true"]}
+# What every service of a stack runs with: a read-only root (/tmp a tmpfs), no capabilities, no
+# privilege gain.
+_HARDENED: dict[str, object] = {
+    "read_only": True,
+    "tmpfs": ["/tmp"],
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges:true"],
+}
 
 
-def _service(stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]) -> dict[str, object]:
-    volumes = [*mounts, *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
-               *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else [])]
+def _service(
+    stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]
+) -> dict[str, object]:
+    volumes = [
+        *mounts,
+        *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
+        *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else []),
+    ]
     environment, caps = entrypoint_environment(stack)
-    return service_of(pinned_image(stack, facts), engine_command(stack, facts), published(CONTAINER_PORT, stack.port,
-                      stack.bind), volumes, stack.shm_size, stack.start_period_s,
-                      placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
-                      stack.api_key_file is not None)
+    return service_of(
+        pinned_image(stack, facts),
+        engine_command(stack, facts),
+        published(CONTAINER_PORT, stack.port, stack.bind),
+        volumes,
+        stack.shm_size,
+        stack.start_period_s,
+        placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
+        stack.api_key_file is not None,
+    )
 
 
-def service_of(image: str, command: list[str], port: dict[str, object], volumes: list[dict[str, object]],
-               shm_size: str, start_period_s: int, placed: dict[str, object], api_key: bool) -> dict[str, object]:
+def service_of(
+    image: str,
+    command: list[str],
+    port: dict[str, object],
+    volumes: list[dict[str, object]],
+    shm_size: str,
+    start_period_s: int,
+    placed: dict[str, object],
+    api_key: bool,
+) -> dict[str, object]:
     """An engine service: these values in moe-stack's one shape (`moe-stack load` rebuilds a bundle's
     stack through it too)."""
     service: dict[str, object] = {
@@ -336,8 +426,9 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     return environment, caps
 
 
-def placement(environment: dict[str, str], caps: list[str], cpuset: str | None,
-              device: dict[str, object] | None) -> dict[str, object]:
+def placement(
+    environment: dict[str, str], caps: list[str], cpuset: str | None, device: dict[str, object] | None
+) -> dict[str, object]:
     """The host-facing parts: the entrypoint's environment (NUMA policy, hugetlbfs staging) and the
     capabilities it needs, locked memory (unlimited memlock with IPC_LOCK), cpuset, GPU passthrough."""
     extra: dict[str, object] = {}
@@ -360,16 +451,29 @@ def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> dict[str, object] | None:
         return None
     ids = [str(i) for i in gpu_ids]
     if gpu == "nvidia":
-        return {"driver": "nvidia", **({"device_ids": ids} if ids else {"count": "all"}), "capabilities": ["gpu"]}
-    return {"driver": "cdi", "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]], "capabilities": ["gpu"]}
+        return {
+            "driver": "nvidia",
+            **({"device_ids": ids} if ids else {"count": "all"}),
+            "capabilities": ["gpu"],
+        }
+    return {
+        "driver": "cdi",
+        "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]],
+        "capabilities": ["gpu"],
+    }
 
 
 def hugetlbfs_volume(page_size: str) -> dict[str, object]:
     """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
     (its pages back to the pool) when the last container using it stops."""
-    return {"driver": "local",
-            "driver_opts": {"type": "hugetlbfs", "device": "hugetlbfs",
-                            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700"}}
+    return {
+        "driver": "local",
+        "driver_opts": {
+            "type": "hugetlbfs",
+            "device": "hugetlbfs",
+            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700",
+        },
+    }
 
 
 class _Dumper(yaml.SafeDumper):

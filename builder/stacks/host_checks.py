@@ -22,7 +22,9 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     """The model's mounts and the API key file as the stack mounts them, each checked readable by the
     engine's user; `check=False` (example stacks for another machine) takes the paths as given."""
     if not check:
-        return StackFiles(model=stack.model, mounts=[directory_mount(stack.model)], api_key=stack.api_key_file)
+        return StackFiles(
+            model=stack.model, mounts=[directory_mount(stack.model)], api_key=stack.api_key_file
+        )
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
     model = stack.model.parent.resolve() / stack.model.name
@@ -44,7 +46,9 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"
             if target in mounts and mounts[target]["source"] != str(source):
-                raise StackError(f"two models are named {part.name}; rename one (each is mounted as /models/NAME)")
+                raise StackError(
+                    f"two models are named {part.name}; rename one (each is mounted as /models/NAME)"
+                )
             mounts[target] = {"type": "bind", "source": str(source), "target": target, "read_only": True}
     single = stack_files(stack)
     return StackFiles(model=single.model, mounts=list(mounts.values()), api_key=single.api_key)
@@ -56,13 +60,21 @@ def model_mounts(model: Path) -> list[dict[str, object]]:
     target mounted under its own name, so the engine sees the names and nothing else of the cache."""
     parts = split_parts(model)
     if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
-        return [{"type": "bind", "source": str(part.resolve()), "target": f"{MODEL_DIR}/{part.name}", "read_only": True}
-                for part in parts]
+        return [
+            {
+                "type": "bind",
+                "source": str(part.resolve()),
+                "target": f"{MODEL_DIR}/{part.name}",
+                "read_only": True,
+            }
+            for part in parts
+        ]
     return [directory_mount(model)]
 
 
-def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: bool = True,
-                                private_fix: bool = False) -> None:
+def check_readable_in_container(
+    model: Path, uid: int = IMAGE_UID, parent_too: bool = True, private_fix: bool = False
+) -> None:
     """The engine runs as `uid` (and group `uid`), not as the file's owner: refuse a file it could not
     open (and the directory, where the directory is what gets mounted). `private_fix`: suggest the
     group-readable fix (for a secret, which must not be world-readable)."""
@@ -76,9 +88,14 @@ def check_readable_in_container(model: Path, uid: int = IMAGE_UID, parent_too: b
         info = path.stat()
         need = owner if info.st_uid == uid else group if info.st_gid == uid else other
         if (info.st_mode & need) != need:
-            how = (f"`chgrp {uid} {path} && chmod 0640 {path}` (readable by the engine's group, not by everyone)"
-                   if private_fix else f"`chmod {fix} {path}` (or chown it to {uid})")
-            raise StackError(f"{path} is not readable by the engine's user (uid {uid}) in the container; run {how}")
+            how = (
+                f"`chgrp {uid} {path} && chmod 0640 {path}` (readable by the engine's group, not by everyone)"
+                if private_fix
+                else f"`chmod {fix} {path}` (or chown it to {uid})"
+            )
+            raise StackError(
+                f"{path} is not readable by the engine's user (uid {uid}) in the container; run {how}"
+            )
 
 
 def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
@@ -88,16 +105,20 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
     if lacking:
         fits = best_cpu_target(cpu.flags)
         hint = f"use the {fits.name} image" if fits else "this CPU fits no target"
-        raise StackError(f"image {facts.image} (CPU target {facts.cpu_target}) needs CPU flags this host lacks: "
-                         f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine")
+        raise StackError(
+            f"image {facts.image} (CPU target {facts.cpu_target}) needs CPU flags this host lacks: "
+            f"{' '.join(lacking)}; {hint}, or pass --for-other-host to emit it for another machine"
+        )
 
 
 def check_config_dir(path: Path) -> Path:
     """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory."""
     path = path.expanduser().resolve()
     if not (path / "config.json").is_file():
-        raise StackError(f"--config-dir {path} has no config.json: give the model's Hugging Face directory "
-                         "(config.json and tokenizer files, no weights needed)")
+        raise StackError(
+            f"--config-dir {path} has no config.json: give the model's Hugging Face directory "
+            "(config.json and tokenizer files, no weights needed)"
+        )
     check_readable_in_container(path / "config.json")
     return path
 
@@ -118,9 +139,12 @@ def check_port_free(bind: str, port: int) -> None:
             probe.bind((bind, port))
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise StackError(f"port {port} on {bind} is already in use; stop what holds it or pick "
-                                 "another with --port") from None
+                raise StackError(
+                    f"port {port} on {bind} is already in use; stop what holds it or pick another with --port"
+                ) from None
             if err.errno == errno.EADDRNOTAVAIL:
-                raise StackError(f"--bind {bind} is not an address of this host; use 127.0.0.1 or an "
-                                 "address of one of its interfaces") from None
+                raise StackError(
+                    f"--bind {bind} is not an address of this host; use 127.0.0.1 or an "
+                    "address of one of its interfaces"
+                ) from None
             raise

@@ -25,13 +25,29 @@ from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_envi
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
 # NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).
 NFD_PREFIX = "feature.node.kubernetes.io/cpu-cpuid."
-NFD_CPUID = {"avx": "AVX", "avx2": "AVX2", "fma": "FMA3", "avx_vnni": "AVXVNNI", "avx512f": "AVX512F",
-             "avx512bw": "AVX512BW", "avx512cd": "AVX512CD", "avx512dq": "AVX512DQ", "avx512vl": "AVX512VL",
-             "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16", "avx512vbmi": "AVX512VBMI",
-             "avx512_vbmi2": "AVX512VBMI2", "avx512ifma": "AVX512IFMA", "avx512_bitalg": "AVX512BITALG",
-             "avx512_vpopcntdq": "AVX512VPOPCNTDQ", "avx512_fp16": "AVX512FP16",
-             "avx512_vp2intersect": "AVX512VP2INTERSECT", "amx_tile": "AMXTILE", "amx_int8": "AMXINT8",
-             "amx_bf16": "AMXBF16"}
+NFD_CPUID = {
+    "avx": "AVX",
+    "avx2": "AVX2",
+    "fma": "FMA3",
+    "avx_vnni": "AVXVNNI",
+    "avx512f": "AVX512F",
+    "avx512bw": "AVX512BW",
+    "avx512cd": "AVX512CD",
+    "avx512dq": "AVX512DQ",
+    "avx512vl": "AVX512VL",
+    "avx512_vnni": "AVX512VNNI",
+    "avx512_bf16": "AVX512BF16",
+    "avx512vbmi": "AVX512VBMI",
+    "avx512_vbmi2": "AVX512VBMI2",
+    "avx512ifma": "AVX512IFMA",
+    "avx512_bitalg": "AVX512BITALG",
+    "avx512_vpopcntdq": "AVX512VPOPCNTDQ",
+    "avx512_fp16": "AVX512FP16",
+    "avx512_vp2intersect": "AVX512VP2INTERSECT",
+    "amx_tile": "AMXTILE",
+    "amx_int8": "AMXINT8",
+    "amx_bf16": "AMXBF16",
+}
 # Memory beyond the model's files: the engine's CPU buffers, the KV cache of a CPU-only stack is added.
 OVERHEAD_BYTES = 8 * GIB
 KUBELET_NOTES = """\
@@ -58,23 +74,36 @@ class KubeOptions:
 def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) -> list[dict[str, object]]:
     """The Deployment and Service for `stack` (its command checked against the image's contract)."""
     if stack.monitoring_port:
-        raise StackError("--monitoring is compose's: on Kubernetes scrape the Service's /metrics with your "
-                         "Prometheus (a ServiceMonitor) instead")
+        raise StackError(
+            "--monitoring is compose's: on Kubernetes scrape the Service's /metrics with your "
+            "Prometheus (a ServiceMonitor) instead"
+        )
     if stack.mlock:
-        raise StackError("--mlock needs an unlimited memlock limit, which a pod spec can't set: drop it for "
-                         "Kubernetes (or raise the limit in the container runtime's defaults)")
+        raise StackError(
+            "--mlock needs an unlimited memlock limit, which a pod spec can't set: drop it for "
+            "Kubernetes (or raise the limit in the container runtime's defaults)"
+        )
     if options.replicas < 1:
         raise StackError(f"--replicas {options.replicas}: a Deployment runs at least 1")
     command = engine_command(stack, facts)
     name = resource_name(stack.project)
-    labels = {"app.kubernetes.io/name": "moe-stack", "app.kubernetes.io/instance": name,
-              "app.kubernetes.io/component": "engine", "app.kubernetes.io/managed-by": "moe-stack"}
+    labels = {
+        "app.kubernetes.io/name": "moe-stack",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": "moe-stack",
+    }
     deployment: dict[str, object] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels,
-                     "annotations": {"moe-stack/generator": f"moe-stack {__version__}",
-                                     "moe-stack/served-name": stack.served_name or ""}},
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                "moe-stack/generator": f"moe-stack {__version__}",
+                "moe-stack/served-name": stack.served_name or "",
+            },
+        },
         "spec": {
             "replicas": options.replicas,
             # A new pod needs the model's RAM again: never two on one node during a rollout.
@@ -87,8 +116,12 @@ def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) 
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"selector": {"app.kubernetes.io/instance": name},
-                 "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": CONTAINER_PORT, "protocol": "TCP"}]},
+        "spec": {
+            "selector": {"app.kubernetes.io/instance": name},
+            "ports": [
+                {"name": "http", "port": CONTAINER_PORT, "targetPort": CONTAINER_PORT, "protocol": "TCP"}
+            ],
+        },
     }
     return [deployment, service]
 
@@ -98,21 +131,35 @@ def resource_name(project: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", project.lower()).strip("-")[:63].rstrip("-") or "moe-stack"
 
 
-def _pod(stack: StackSpec, facts: ImageFacts | None, command: list[str], options: KubeOptions) -> dict[str, object]:
+def _pod(
+    stack: StackSpec, facts: ImageFacts | None, command: list[str], options: KubeOptions
+) -> dict[str, object]:
     environment, caps = entrypoint_environment(stack)
     volumes: list[dict[str, object]] = [
-        {"name": "models", **({"persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}
-                              if options.model_pvc else
-                              {"hostPath": {"path": str(stack.model.parent), "type": "Directory"}})},
+        {
+            "name": "models",
+            **(
+                {"persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}
+                if options.model_pvc
+                else {"hostPath": {"path": str(stack.model.parent), "type": "Directory"}}
+            ),
+        },
         {"name": "tmp", "emptyDir": {}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(stack.shm_size)}},
     ]
-    mounts: list[dict[str, object]] = [{"name": "models", "mountPath": MODEL_DIR, "readOnly": True},
-                                       {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}]
-    resources: dict[str, str] = {"cpu": str(stack.threads),
-                                 "memory": f"{(options.memory_bytes + OVERHEAD_BYTES + GIB - 1) // GIB}Gi"}
+    mounts: list[dict[str, object]] = [
+        {"name": "models", "mountPath": MODEL_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    resources: dict[str, str] = {
+        "cpu": str(stack.threads),
+        "memory": f"{(options.memory_bytes + OVERHEAD_BYTES + GIB - 1) // GIB}Gi",
+    }
     if stack.config_dir is not None:
-        volumes.append({"name": "model-config", "hostPath": {"path": str(stack.config_dir), "type": "Directory"}})
+        volumes.append(
+            {"name": "model-config", "hostPath": {"path": str(stack.config_dir), "type": "Directory"}}
+        )
         mounts.append({"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True})
     if stack.hugetlbfs != "off" or stack.hugepages:
         size = "1Gi" if stack.hugetlbfs == "1G" else "2Mi"
@@ -122,10 +169,20 @@ def _pod(stack: StackSpec, facts: ImageFacts | None, command: list[str], options
             mounts.append({"name": "hugepages", "mountPath": HUGETLBFS_DIR})
     if stack.api_key_file is not None:
         # The key is never in the manifest: a Secret the user creates (see the file's header).
-        volumes.append({"name": "api-key", "secret": {"secretName": f"{resource_name(stack.project)}-api-key",
-                                                      "defaultMode": 0o440}})
-        mounts.append({"name": "api-key", "mountPath": f"/run/secrets/{API_KEY_SECRET}", "subPath": "key",
-                       "readOnly": True})
+        volumes.append(
+            {
+                "name": "api-key",
+                "secret": {"secretName": f"{resource_name(stack.project)}-api-key", "defaultMode": 0o440},
+            }
+        )
+        mounts.append(
+            {
+                "name": "api-key",
+                "mountPath": f"/run/secrets/{API_KEY_SECRET}",
+                "subPath": "key",
+                "readOnly": True,
+            }
+        )
     limits = dict(resources)
     if stack.gpu != "none":
         limits["nvidia.com/gpu"] = str(options.gpus)
@@ -138,20 +195,34 @@ def _pod(stack: StackSpec, facts: ImageFacts | None, command: list[str], options
         # Guaranteed QoS: requests equal limits, whole CPUs (the static CPU manager pins them).
         "resources": {"requests": resources, "limits": limits},
         "volumeMounts": mounts,
-        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": max(3, stack.start_period_s // 10 + 1)},
+        "startupProbe": {
+            **health,
+            "periodSeconds": 10,
+            "failureThreshold": max(3, stack.start_period_s // 10 + 1),
+        },
         "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**health, "periodSeconds": 30, "failureThreshold": 3},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"], **({"add": caps} if caps else {})}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], **({"add": caps} if caps else {})},
+        },
     }
     if environment:
         container["env"] = [{"name": key, "value": str(value)} for key, value in environment.items()]
-    selector = {f"{NFD_PREFIX}{NFD_CPUID[flag]}": "true" for flag in _image_flags(stack, facts) if flag in NFD_CPUID}
+    selector = {
+        f"{NFD_PREFIX}{NFD_CPUID[flag]}": "true" for flag in _image_flags(stack, facts) if flag in NFD_CPUID
+    }
     if options.gpu_product and stack.gpu != "none":
         selector["nvidia.com/gpu.product"] = options.gpu_product
     pod: dict[str, object] = {
-        "securityContext": {"runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "runAsNonRoot": True,
-                            "fsGroup": IMAGE_UID, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "runAsNonRoot": True,
+            "fsGroup": IMAGE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "automountServiceAccountToken": False,
         "containers": [container],
         "volumes": volumes,
@@ -176,16 +247,21 @@ def _quantity(size: str) -> str:
     return f"{size[:-1]}{units[size[-1]]}" if size[-1] in units else size
 
 
-def to_kubernetes_yaml(documents: list[dict[str, object]], generated_by: str, api_key_secret: str | None) -> str:
+def to_kubernetes_yaml(
+    documents: list[dict[str, object]], generated_by: str, api_key_secret: str | None
+) -> str:
     """The manifests as one multi-document YAML file, the kubelet notes and the Secret to create first."""
     # One comment line whatever the command held: a newline in it would end the comment and start documents.
     printable = "".join(char if char.isprintable() else repr(char)[1:-1] for char in generated_by)
     header = f"# Generated by moe-stack {__version__}: {printable}\n" + KUBELET_NOTES
     if api_key_secret:
-        header += (f"# Create the API key's Secret first (the key is never in this file):\n"
-                   f"#   kubectl create secret generic {api_key_secret} --from-file=key=API_KEY_FILE\n")
-    return header + "---\n".join(yaml.dump(document, Dumper=_Plain, sort_keys=False, width=120)
-                                  for document in documents)
+        header += (
+            f"# Create the API key's Secret first (the key is never in this file):\n"
+            f"#   kubectl create secret generic {api_key_secret} --from-file=key=API_KEY_FILE\n"
+        )
+    return header + "---\n".join(
+        yaml.dump(document, Dumper=_Plain, sort_keys=False, width=120) for document in documents
+    )
 
 
 class _Plain(yaml.SafeDumper):

@@ -33,15 +33,19 @@ def pinning_fix(engine: str) -> str:
     """What avoids pinning, for `engine`."""
     if not get_engine(engine).pins_cpu_weights(True, gpu=True):
         return "keep the weights mapped (--mmap)"
-    return (f"no setting of {engine} avoids it: use a host with more RAM, a smaller quant, or mainline llama.cpp "
-            "(mapped weights, --mmap)")
+    return (
+        f"no setting of {engine} avoids it: use a host with more RAM, a smaller quant, or mainline llama.cpp "
+        "(mapped weights, --mmap)"
+    )
 
 
 def pinned_finding(model_bytes: int, ram_bytes: int) -> tuple[Literal["OK", "WARN", "FAIL"], str]:
     """(level, message) for a GPU host and a model: what ik_llama.cpp (always) and mainline with
     --no-mmap would pin, at most the whole model."""
-    pinned = f"ik_llama.cpp's CUDA build (always) and mainline llama.cpp with --no-mmap keep the CPU weights, up " \
-             f"to the model's {size(model_bytes)}, in page-locked memory; this host has {size(ram_bytes)} of RAM"
+    pinned = (
+        f"ik_llama.cpp's CUDA build (always) and mainline llama.cpp with --no-mmap keep the CPU weights, up "
+        f"to the model's {size(model_bytes)}, in page-locked memory; this host has {size(ram_bytes)} of RAM"
+    )
     if model_bytes > ram_bytes - HEADROOM_BYTES:
         return "FAIL", pinned
     return ("WARN" if model_bytes > WARN_SHARE * ram_bytes else "OK"), pinned
@@ -54,10 +58,14 @@ def check_pinned(stack: StackSpec, ram_bytes: int) -> str | None:
     if not pinned or not ram_bytes:
         return None
     if pinned > ram_bytes - HEADROOM_BYTES:
-        raise SpecError(f"{stack.engine} would keep {size(pinned)} of CPU weights in page-locked (pinned) memory and "
-                        f"this host has {size(ram_bytes)} of RAM ({size(HEADROOM_BYTES)} must stay free); "
-                        f"{pinning_fix(stack.engine)}")
+        raise SpecError(
+            f"{stack.engine} would keep {size(pinned)} of CPU weights in page-locked (pinned) memory and "
+            f"this host has {size(ram_bytes)} of RAM ({size(HEADROOM_BYTES)} must stay free); "
+            f"{pinning_fix(stack.engine)}"
+        )
     if pinned > WARN_SHARE * ram_bytes:
-        return (f"{stack.engine} keeps {size(pinned)} of CPU weights in page-locked (pinned) memory, "
-                f"{pinned / ram_bytes:.0%} of this host's RAM: it can't be swapped or shared with other processes")
+        return (
+            f"{stack.engine} keeps {size(pinned)} of CPU weights in page-locked (pinned) memory, "
+            f"{pinned / ram_bytes:.0%} of this host's RAM: it can't be swapped or shared with other processes"
+        )
     return None

@@ -25,8 +25,12 @@ class Served:
     tool_calls: bool  # chat is rendered with the model's own (Jinja) template, which tool calls need
 
     def as_dict(self) -> dict[str, object]:
-        return {"threads": self.threads, "gpu-layers": self.gpu_layers, "metrics": self.metrics,
-                "tool-calls": self.tool_calls}
+        return {
+            "threads": self.threads,
+            "gpu-layers": self.gpu_layers,
+            "metrics": self.metrics,
+            "tool-calls": self.tool_calls,
+        }
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,21 @@ def read_record(document: object, source: Path | str = "the stack file") -> Stac
     """The record of a stack file moe-stack wrote; StackError (one line, naming `source`) when it has
     none or one this moe-stack can't read."""
     raw = document.get("x-moe-stack") if isinstance(document, dict) else None
-    if not isinstance(raw, dict) or not isinstance(raw.get("engine"), str) or not isinstance(raw.get("model"), str):
-        raise StackError(f"{source} was not emitted by moe-stack (no x-moe-stack record); emit it with "
-                         "`moe-stack compose`")
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("engine"), str)
+        or not isinstance(raw.get("model"), str)
+    ):
+        raise StackError(
+            f"{source} was not emitted by moe-stack (no x-moe-stack record); emit it with `moe-stack compose`"
+        )
     meant = {key: unescaped(value) for key, value in raw.items()}
     given = meant.get("serves")
     served: dict = given if isinstance(given, dict) else {}
     return StackRecord(
-        generated_by=str(meant.get("generated-by", "")), engine=str(meant["engine"]), image=str(meant.get("image", "")),
+        generated_by=str(meant.get("generated-by", "")),
+        engine=str(meant["engine"]),
+        image=str(meant.get("image", "")),
         model=Path(str(meant["model"])),
         served_name=str(meant["served-name"]) if meant.get("served-name") is not None else None,
         engine_options=dict(meant["engine-options"]) if isinstance(meant.get("engine-options"), dict) else {},
@@ -85,14 +96,21 @@ def read_record(document: object, source: Path | str = "the stack file") -> Stac
         cpu_weights_pinned=meant.get("cpu-weights") == "pinned",
         profiles=tuple(map(str, meant["profiles"])) if isinstance(meant.get("profiles"), list) else (),
         loaded_from=str(meant["loaded-from"]) if meant.get("loaded-from") is not None else None,
-        generator=str(meant.get("generator", "")))
+        generator=str(meant.get("generator", "")),
+    )
 
 
 def _served(facts: object, source: Path | str) -> Served:
     values = facts if isinstance(facts, dict) else {}
     threads, layers = values.get("threads"), values.get("gpu-layers")
     if type(threads) is not int or not (layers is None or type(layers) is int):
-        raise StackError(f"{source}: x-moe-stack.serves is not threads, gpu-layers, metrics and tool-calls; emit it "
-                         "again with `moe-stack compose`")
-    return Served(threads=threads, gpu_layers=layers, metrics=values.get("metrics") is True,
-                  tool_calls=values.get("tool-calls") is True)
+        raise StackError(
+            f"{source}: x-moe-stack.serves is not threads, gpu-layers, metrics and tool-calls; emit it "
+            "again with `moe-stack compose`"
+        )
+    return Served(
+        threads=threads,
+        gpu_layers=layers,
+        metrics=values.get("metrics") is True,
+        tool_calls=values.get("tool-calls") is True,
+    )

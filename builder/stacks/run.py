@@ -39,8 +39,10 @@ def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[st
     if wanted is None:
         return offered[:1]
     if wanted not in offered:
-        raise StackError(f"{compose_file} has no profile {wanted!r} (it has: {', '.join(offered) or 'none'}); "
-                         "emit it with `moe-stack compose --gpu nvidia --cpu-image IMAGE` for gpu/cpu profiles")
+        raise StackError(
+            f"{compose_file} has no profile {wanted!r} (it has: {', '.join(offered) or 'none'}); "
+            "emit it with `moe-stack compose --gpu nvidia --cpu-image IMAGE` for gpu/cpu profiles"
+        )
     return [wanted]
 
 
@@ -85,19 +87,25 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
         client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
     except DockerException as err:
         log_tail = _service_log_tail(client)
-        raise StackError(f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}") from None
+        raise StackError(
+            f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}"
+        ) from None
 
 
 def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
     """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
     for name, service in (document.get("services") or {}).items():
         active = not service.get("profiles") or set(profiles) & set(service["profiles"])
-        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
+        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
+            "devices"
+        )
         if active and devices and not gpu_passthrough_available(docker()):
             other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
-            raise StackError(f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
-                             f"nor a CDI spec for one; install the NVIDIA Container Toolkit (`sudo nvidia-ctk runtime "
-                             f"configure --runtime=docker`){other}")
+            raise StackError(
+                f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
+                f"nor a CDI spec for one; install the NVIDIA Container Toolkit (`sudo nvidia-ctk runtime "
+                f"configure --runtime=docker`){other}"
+            )
 
 
 def _check_local_images(document: dict, profiles: list[str]) -> None:
@@ -107,9 +115,13 @@ def _check_local_images(document: dict, profiles: list[str]) -> None:
         active = not service.get("profiles") or set(profiles) & set(service["profiles"])
         image = unliteral(str(service.get("image", "")))
         if active and service.get("pull_policy") == "never" and not docker().image.exists(image):
-            how = "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
-            raise StackError(f"service {name} runs {image}, which is made on this host and is not here; make it "
-                             f"with `{how}` (it is never pulled: that name on Docker Hub is not moe-stack's)")
+            how = (
+                "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
+            )
+            raise StackError(
+                f"service {name} runs {image}, which is made on this host and is not here; make it "
+                f"with `{how}` (it is never pulled: that name on Docker Hub is not moe-stack's)"
+            )
 
 
 def down(compose_file: Path) -> None:

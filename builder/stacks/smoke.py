@@ -21,9 +21,14 @@ from builder.stacks.escaping import unliteral
 from builder.stacks.record import Served, StackRecord, read_record
 from builder.stacks.run import published_ports, stack_api_key, up
 
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -78,38 +83,66 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     name = CPU_SERVICE if profile == "cpu" else SERVICE
     service = (document.get("services") or {})[name]
     (bind, port), *_ = published_ports(compose_file, document)
-    api = EngineApi(port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300)
-    running = DockerClient(compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]).compose.ps()
-    container = next((c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None)
+    api = EngineApi(
+        port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300
+    )
+    running = DockerClient(
+        compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]
+    ).compose.ps()
+    container = next(
+        (c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None
+    )
     return StackUnderTest(document=document, name=name, service=service, api=api, container=container)
 
 
 def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
     wanted = stack.record.served_name
     listed = [str(model.get("id")) for model in _json(stack.api.get("/v1/models")).get("data", [])]
-    return (wanted in listed if wanted else bool(listed)), f"/v1/models lists {listed}; the file says {wanted}"
+    return (
+        wanted in listed if wanted else bool(listed)
+    ), f"/v1/models lists {listed}; the file says {wanted}"
 
 
 def _completion(stack: StackUnderTest) -> tuple[bool, str]:
-    reply = stack.api.post("/v1/completions", {"model": _model(stack), "prompt": "Paris is the capital of",
-                                               "max_tokens": 8, "temperature": 0})
+    reply = stack.api.post(
+        "/v1/completions",
+        {"model": _model(stack), "prompt": "Paris is the capital of", "max_tokens": 8, "temperature": 0},
+    )
     text = str(reply["choices"][0].get("text") or "")
-    return bool(reply["usage"]["completion_tokens"]), f"{reply['usage']['completion_tokens']} tokens: {text!r}"
+    return bool(
+        reply["usage"]["completion_tokens"]
+    ), f"{reply['usage']['completion_tokens']} tokens: {text!r}"
 
 
 def _chat(stack: StackUnderTest) -> tuple[bool, str]:
-    reply = stack.api.post("/v1/chat/completions", {"model": _model(stack), "max_tokens": 8, "temperature": 0,
-                                                    "messages": [{"role": "user", "content": "Say hello."}]})
+    reply = stack.api.post(
+        "/v1/chat/completions",
+        {
+            "model": _model(stack),
+            "max_tokens": 8,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello."}],
+        },
+    )
     message = reply["choices"][0]["message"]
-    return message.get("role") == "assistant", f"{reply['usage']['completion_tokens']} tokens: {message.get('content')!r}"
+    return message.get(
+        "role"
+    ) == "assistant", f"{reply['usage']['completion_tokens']} tokens: {message.get('content')!r}"
 
 
 def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
     if stack.served is None or not stack.served.tool_calls:
         return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
-    reply = stack.api.post("/v1/chat/completions", {
-        "model": _model(stack), "max_tokens": 16, "temperature": 0, "tools": [TOOL],
-        "messages": [{"role": "user", "content": "What is the weather in Paris?"}]})
+    reply = stack.api.post(
+        "/v1/chat/completions",
+        {
+            "model": _model(stack),
+            "max_tokens": 16,
+            "temperature": 0,
+            "tools": [TOOL],
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        },
+    )
     message = reply["choices"][0]["message"]
     calls = message.get("tool_calls") or []
     return message.get("role") == "assistant", f"answered a tools request ({len(calls)} tool calls)"
@@ -141,9 +174,17 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
     policy = str((stack.service.get("environment") or {}).get(NUMA_ENV, "none"))
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
-        kind = "interleave" if policy.startswith("interleave") else "bind" if policy.startswith("membind") else ""
+        kind = (
+            "interleave"
+            if policy.startswith("interleave")
+            else "bind"
+            if policy.startswith("membind")
+            else ""
+        )
         ok &= not kind or kind in maps
-        seen.append(f"NUMA {policy}: {'seen in' if not kind or kind in maps else 'missing from'} /proc/1/numa_maps")
+        seen.append(
+            f"NUMA {policy}: {'seen in' if not kind or kind in maps else 'missing from'} /proc/1/numa_maps"
+        )
     return ok, ", ".join(seen)
 
 
@@ -191,6 +232,12 @@ def _cpus_of(cpulist: str) -> set[int]:
 
 
 _CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
-    ("served-name", _served_name), ("completion", _completion), ("chat", _chat), ("tool-call", _tool_call),
-    ("flags", _flags), ("placement", _placement), ("gpu", _gpu), ("metrics", _metrics),
+    ("served-name", _served_name),
+    ("completion", _completion),
+    ("chat", _chat),
+    ("tool-call", _tool_call),
+    ("flags", _flags),
+    ("placement", _placement),
+    ("gpu", _gpu),
+    ("metrics", _metrics),
 ]

@@ -20,7 +20,6 @@ from builder.errors import StackError
 TOOLS = ("llama-bench", "sweep-bench")
 
 
-
 @dataclass(frozen=True)
 class ToolOutput:
     stdout: str
@@ -50,28 +49,39 @@ class NativeRunner:
 
     def _local(self, args: list[str]) -> list[str]:
         prefix = MODEL_DIR + "/"
-        return [str(self.model_dir / arg[len(prefix):]) if arg.startswith(prefix) else arg for arg in args]
+        return [str(self.model_dir / arg[len(prefix) :]) if arg.startswith(prefix) else arg for arg in args]
 
     def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
-        command = [*numactl_prefix((env or {}).get(NUMA_ENV, "none")), str(self.bin_dir / program),
-                   *self._local(args)]
+        command = [
+            *numactl_prefix((env or {}).get(NUMA_ENV, "none")),
+            str(self.bin_dir / program),
+            *self._local(args),
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise StackError(f"{program} failed (exit {done.returncode}): {last_error(done.stderr)}")
         return ToolOutput(done.stdout, done.stderr)
 
     def help(self, program: str) -> str:
-        done = subprocess.run([str(self.bin_dir / program), "--help"], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [str(self.bin_dir / program), "--help"], capture_output=True, text=True, check=False
+        )
         return done.stdout + done.stderr
 
 
 def numactl_prefix(policy: str) -> list[str]:
     """numactl's options for a stack's NUMA policy (what the image's entrypoint runs), natively."""
     kind, _, nodes = policy.partition(":")
-    options = {"none": [], "interleave": [f"--interleave={nodes or 'all'}"],
-               "membind": [f"--membind={nodes}", f"--cpunodebind={nodes}"], "cpunodebind": [f"--cpunodebind={nodes}"]}
+    options = {
+        "none": [],
+        "interleave": [f"--interleave={nodes or 'all'}"],
+        "membind": [f"--membind={nodes}", f"--cpunodebind={nodes}"],
+        "cpunodebind": [f"--cpunodebind={nodes}"],
+    }
     if kind not in options:
-        raise StackError(f"NUMA policy {policy!r}: none, interleave[:NODES], membind:NODES or cpunodebind:NODES")
+        raise StackError(
+            f"NUMA policy {policy!r}: none, interleave[:NODES], membind:NODES or cpunodebind:NODES"
+        )
     return ["numactl", *options[kind]] if options[kind] else []
 
 
@@ -108,21 +118,32 @@ def program(engine_name: str, tool: str) -> str:
         return "llama-bench"
     if tool == "sweep-bench":
         if engine.sweep_tool is None:
-            raise StackError(f"{engine.name} has no sweep-bench (ik_llama.cpp's llama-sweep-bench); use --tool llama-bench")
+            raise StackError(
+                f"{engine.name} has no sweep-bench (ik_llama.cpp's llama-sweep-bench); use --tool llama-bench"
+            )
         return engine.sweep_tool
     raise StackError(f"--tool {tool!r}: choose {' or '.join(TOOLS)}")
 
 
-def tool_args(engine_name: str, tool: str, server_args: list[str], tool_flags: dict[str, str],
-              prompt_tokens: int, generate: int, repetitions: int) -> ToolArgs:
+def tool_args(
+    engine_name: str,
+    tool: str,
+    server_args: list[str],
+    tool_flags: dict[str, str],
+    prompt_tokens: int,
+    generate: int,
+    repetitions: int,
+) -> ToolArgs:
     """The tool's full argument list for a stack running `server_args`; `tool_flags` is the tool's
     own flag contract (llama-bench's --help; for sweep-bench, the server's, whose parser it shares)."""
     engine = bench_engine(engine_name)
     if tool == "sweep-bench":
         translated = sweep_bench_args(server_args, tool_flags)
         # It measures each ubatch-sized window up to the context size, generating -n tokens in each.
-        return ToolArgs(args=[*translated.args, "-n", str(generate), "--output-format", "jsonl"],
-                        left_out=translated.left_out)
+        return ToolArgs(
+            args=[*translated.args, "-n", str(generate), "--output-format", "jsonl"],
+            left_out=translated.left_out,
+        )
     translated = llama_bench_args(server_args, tool_flags, engine.bench_rule_separator)
     tests = ["-p", str(prompt_tokens), "-n", str(generate), "-r", str(repetitions), "-o", "json"]
     return ToolArgs(args=[*translated.args, *tests], left_out=translated.left_out)
@@ -131,15 +152,19 @@ def tool_args(engine_name: str, tool: str, server_args: list[str], tool_flags: d
 def parse_llama_bench(text: str) -> list[BenchRow]:
     """llama-bench's `-o json` output: one row per test."""
     try:
-        tests = json.loads(text[text.index("["):])
+        tests = json.loads(text[text.index("[") :])
     except ValueError:
-        raise StackError(f"llama-bench printed no JSON result: {text.strip()[-200:] or '(nothing)'}") from None
+        raise StackError(
+            f"llama-bench printed no JSON result: {text.strip()[-200:] or '(nothing)'}"
+        ) from None
     rows = []
     for test in tests:
         prompt, gen = int(test.get("n_prompt", 0)), int(test.get("n_gen", 0))
         name = f"pp{prompt}" if gen == 0 else f"tg{gen}" if prompt == 0 else f"pp{prompt}+tg{gen}"
         samples = tuple(float(v) for v in test.get("samples_ts") or [test["avg_ts"]])
-        rows.append(BenchRow(test=name, tokens=prompt or gen, depth=int(test.get("n_depth", 0)), samples_tps=samples))
+        rows.append(
+            BenchRow(test=name, tokens=prompt or gen, depth=int(test.get("n_depth", 0)), samples_tps=samples)
+        )
     return rows
 
 
@@ -152,10 +177,22 @@ def parse_sweep_bench(text: str) -> list[BenchRow]:
             continue
         window = json.loads(line[start:])
         depth = int(window["n_kv"])
-        rows.append(BenchRow(test=f"pp{window['pp']}", tokens=int(window["pp"]), depth=depth,
-                             samples_tps=(float(window["speed_pp"]),)))
-        rows.append(BenchRow(test=f"tg{window['tg']}", tokens=int(window["tg"]), depth=depth,
-                             samples_tps=(float(window["speed_tg"]),)))
+        rows.append(
+            BenchRow(
+                test=f"pp{window['pp']}",
+                tokens=int(window["pp"]),
+                depth=depth,
+                samples_tps=(float(window["speed_pp"]),),
+            )
+        )
+        rows.append(
+            BenchRow(
+                test=f"tg{window['tg']}",
+                tokens=int(window["tg"]),
+                depth=depth,
+                samples_tps=(float(window["speed_tg"]),),
+            )
+        )
     if not rows:
         raise StackError(f"llama-sweep-bench printed no result: {text.strip()[-200:] or '(nothing)'}")
     return rows

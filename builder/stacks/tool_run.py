@@ -62,14 +62,18 @@ class ContainerRunner:
         """A running stack holds the model's memory and the cores the tool would measure."""
         docker()
         if DockerClient(compose_files=[self.compose_file], compose_profiles=["*"]).compose.ps():
-            raise StackError(f"the stack of {self.compose_file} is running: it holds the memory and cores the tool "
-                             f"would measure; stop it first (`moe-stack down {self.compose_file}`)")
+            raise StackError(
+                f"the stack of {self.compose_file} is running: it holds the memory and cores the tool "
+                f"would measure; stop it first (`moe-stack down {self.compose_file}`)"
+            )
 
     def check_image(self) -> None:
         client = docker()
         if not client.image.exists(self.image):
-            raise StackError(f"no tools image {self.image} here: build it with `moe-stack build --tools` (same "
-                             "engine, --cpu and --cuda as the stack's image), or pass --tools-image")
+            raise StackError(
+                f"no tools image {self.image} here: build it with `moe-stack build --tools` (same "
+                "engine, --cpu and --cuda as the stack's image), or pass --tools-image"
+            )
 
     def _run(self, command: list[str], env: dict[str, str] | None = None) -> ToolOutput:
         document = read_stack(self.compose_file)
@@ -81,12 +85,16 @@ class ContainerRunner:
         client = DockerClient(compose_files=[Path(path)])
         printed: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
-            lines = client.compose.run(name, remove=True, tty=False, dependencies=False, stream=True, envs=env or {})
+            lines = client.compose.run(
+                name, remove=True, tty=False, dependencies=False, stream=True, envs=env or {}
+            )
             if isinstance(lines, (str, Container)):  # stream=True yields (source, line) pairs
                 raise StackError(f"docker compose run returned {type(lines).__name__}, not the tool's output")
             for source, line in lines:
                 printed[source].append(line)
-            stdout, stderr = (b"".join(printed[source]).decode(errors="replace") for source in ("stdout", "stderr"))
+            stdout, stderr = (
+                b"".join(printed[source]).decode(errors="replace") for source in ("stdout", "stderr")
+            )
             return ToolOutput(stdout, stderr)
         finally:
             try:
@@ -127,13 +135,22 @@ def stack_server_args(document: dict, compose_file: Path, profile: str | None) -
     engine = read_record(document, compose_file).engine
     args = [unliteral(str(arg)) for arg in service.get("command") or []]
     if "--models-preset" in args:
-        raise StackError(f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)")
+        raise StackError(
+            f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)"
+        )
     return engine, str(service["image"]), args
 
 
-def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prompt_tokens: int, generate: int,
-                    repetitions: int, profile: str | None = None,
-                    starting: Callable[[str], None] = lambda line: None) -> ToolBench:
+def bench_with_tool(
+    compose_file: Path,
+    tool: str,
+    tools_image: str | None,
+    prompt_tokens: int,
+    generate: int,
+    repetitions: int,
+    profile: str | None = None,
+    starting: Callable[[str], None] = lambda line: None,
+) -> ToolBench:
     """Run `tool` from the tools image beside the stack's image, with the stack's flags; `starting`
     hears one line once everything is checked and the run begins."""
     document = read_stack(compose_file)
@@ -143,8 +160,14 @@ def bench_with_tool(compose_file: Path, tool: str, tools_image: str | None, prom
     runner.check_image()
     runner.check_stopped()
     # llama-bench parses its own flags; sweep-bench shares the server's parser (the image's contract).
-    flags = read_image_facts(runner.image).server_flags if tool == "sweep-bench" else parse_help(runner.help(name))
+    flags = (
+        read_image_facts(runner.image).server_flags
+        if tool == "sweep-bench"
+        else parse_help(runner.help(name))
+    )
     planned = tool_args(engine, tool, server_args, flags, prompt_tokens, generate, repetitions)
     starting(f"running {name} from {runner.image} with the stack's flags (the model loads first)")
     rows = parse(tool, runner.run(name, planned.args))
-    return ToolBench(image=runner.image, program=name, args=planned.args, left_out=planned.left_out, rows=rows)
+    return ToolBench(
+        image=runner.image, program=name, args=planned.args, left_out=planned.left_out, rows=rows
+    )

@@ -84,7 +84,10 @@ class TuneResult:
     @property
     def ratios(self) -> tuple[float, float]:
         """tuned ÷ baseline, prefill and decode (confirm-round medians)."""
-        return (_ratio(self.tuned_tps[0], self.baseline_tps[0]), _ratio(self.tuned_tps[1], self.baseline_tps[1]))
+        return (
+            _ratio(self.tuned_tps[0], self.baseline_tps[0]),
+            _ratio(self.tuned_tps[1], self.baseline_tps[1]),
+        )
 
 
 def _ratio(a: float, b: float) -> float:
@@ -117,13 +120,15 @@ def plan_search(dimensions: list[Dimension], budget_s: float, trial_s: float) ->
         while kept:
             needed = rounds * (sum(len(d.values) for d in kept) + 2)
             if needed <= affordable:
-                return Plan(kept, [d.name for d in dimensions[len(kept):]], rounds, needed)
+                return Plan(kept, [d.name for d in dimensions[len(kept) :]], rounds, needed)
             if rounds > MIN_ROUNDS:
                 break  # first try fewer rounds over every dimension
             kept.pop()
     one = MIN_ROUNDS * (len(dimensions[0].values) + 2) if dimensions else 0
-    raise StackError(f"--budget {budget_s:.0f}s is too small: one trial takes about {trial_s:.0f}s here and the first "
-                     f"dimension alone needs {one} trials; give --budget {math.ceil(one * trial_s / 60) + 1}m or more")
+    raise StackError(
+        f"--budget {budget_s:.0f}s is too small: one trial takes about {trial_s:.0f}s here and the first "
+        f"dimension alone needs {one} trials; give --budget {math.ceil(one * trial_s / 60) + 1}m or more"
+    )
 
 
 @dataclass
@@ -145,7 +150,9 @@ class Tuner:
     def measure(self, setting: Setting) -> tuple[float, float, float]:
         """(prefill, decode, seconds) of one llama-bench run of `setting`."""
         started = time.monotonic()
-        rows = parse_llama_bench(self.runner.run("llama-bench", self._bench_args(setting).args, setting.env).stdout)
+        rows = parse_llama_bench(
+            self.runner.run("llama-bench", self._bench_args(setting).args, setting.env).stdout
+        )
         took = time.monotonic() - started
         prefill = next((r.tps for r in rows if r.test.startswith("pp")), 0.0)
         decode = next((r.tps for r in rows if r.test.startswith("tg")), 0.0)
@@ -153,7 +160,9 @@ class Tuner:
 
     def _bench_args(self, setting: Setting) -> ToolArgs:
         """One llama-bench run of `setting`: its flags as the tool takes them, one repetition."""
-        return tool_args(self.engine, "llama-bench", setting.args, self.bench_flags, self.prompt_tokens, self.generate, 1)
+        return tool_args(
+            self.engine, "llama-bench", setting.args, self.bench_flags, self.prompt_tokens, self.generate, 1
+        )
 
     def _trial(self, result: TuneResult, dimension: str, value: str, setting: Setting) -> Trial:
         prefill, decode, took = self.measure(setting)
@@ -161,8 +170,10 @@ class Tuner:
         result.trials.append(trial)
         if setting is result.baseline and dimension != "warm-up":
             self._baseline_trials.append(trial)
-        self.progress(f"trial {len(result.trials)}: {dimension}={value}: prefill {prefill:.1f} t/s, "
-                      f"decode {decode:.1f} t/s ({took:.0f} s)")
+        self.progress(
+            f"trial {len(result.trials)}: {dimension}={value}: prefill {prefill:.1f} t/s, "
+            f"decode {decode:.1f} t/s ({took:.0f} s)"
+        )
         return trial
 
     def run(self, budget_s: float) -> TuneResult:
@@ -180,9 +191,11 @@ class Tuner:
                 measurable.append(dimension)
         plan = plan_search(measurable, budget_s - warm.seconds - timing.seconds, max(timing.seconds, 0.1))
         result.skipped = unmeasurable + plan.skipped
-        self.progress(f"searching {', '.join(d.name for d in plan.dimensions)}: {plan.trials} trials of about "
-                      f"{timing.seconds:.0f} s, {plan.rounds} rounds each"
-                      + (f" (left out for the budget: {', '.join(plan.skipped)})" if plan.skipped else ""))
+        self.progress(
+            f"searching {', '.join(d.name for d in plan.dimensions)}: {plan.trials} trials of about "
+            f"{timing.seconds:.0f} s, {plan.rounds} rounds each"
+            + (f" (left out for the budget: {', '.join(plan.skipped)})" if plan.skipped else "")
+        )
         best = baseline
         for dimension in plan.dimensions:
             best = self._dimension(result, dimension, best, plan.rounds)
@@ -205,7 +218,9 @@ class Tuner:
                 return ", ".join(sorted(extra))
         return ""
 
-    def _dimension(self, result: TuneResult, dimension: Dimension, incumbent: Setting, rounds: int) -> Setting:
+    def _dimension(
+        self, result: TuneResult, dimension: Dimension, incumbent: Setting, rounds: int
+    ) -> Setting:
         """Measure every value of `dimension` on top of `incumbent`; the winner's setting. A candidate that
         fails (a repack or a no-mmap load that doesn't fit, say) is out, and said; the incumbent failing
         is the stack failing, which ends the search."""
@@ -241,19 +256,34 @@ class Tuner:
             order = [("stack", baseline), ("tuned", best)]
             for name, setting in order if round_ % 2 == 0 else reversed(order):
                 samples[name].append(self._trial(result, "confirm", name, setting))
-        pre = [t.prefill_tps / b.prefill_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.prefill_tps]
-        dec = [t.decode_tps / b.decode_tps for t, b in zip(samples["tuned"], samples["stack"], strict=True) if b.decode_tps]
+        pre = [
+            t.prefill_tps / b.prefill_tps
+            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
+            if b.prefill_tps
+        ]
+        dec = [
+            t.decode_tps / b.decode_tps
+            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
+            if b.decode_tps
+        ]
         result.baseline_tps, result.tuned_tps = _medians(samples["stack"]), _medians(samples["tuned"])
-        gains = [score(self.objective, t.prefill_tps, t.decode_tps) / score(self.objective, b.prefill_tps, b.decode_tps)
-                 for t, b in zip(samples["tuned"], samples["stack"], strict=True)
-                 if score(self.objective, b.prefill_tps, b.decode_tps) > 0]
+        gains = [
+            score(self.objective, t.prefill_tps, t.decode_tps)
+            / score(self.objective, b.prefill_tps, b.decode_tps)
+            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
+            if score(self.objective, b.prefill_tps, b.decode_tps) > 0
+        ]
         if not gains or statistics.median(gains) < 1 + MIN_GAIN:  # a winner of the search's noise
-            result.not_confirmed = {name: value for name, value in best.values.items()
-                                    if value != baseline.values[name]}
+            result.not_confirmed = {
+                name: value for name, value in best.values.items() if value != baseline.values[name]
+            }
             result.best = baseline
             result.tuned_tps = result.baseline_tps
             result.ratio_spread = ((1.0, 1.0), (1.0, 1.0))
-        result.ratio_spread = ((min(pre, default=0.0), max(pre, default=0.0)), (min(dec, default=0.0), max(dec, default=0.0)))
+        result.ratio_spread = (
+            (min(pre, default=0.0), max(pre, default=0.0)),
+            (min(dec, default=0.0), max(dec, default=0.0)),
+        )
 
 
 def _medians(trials: list[Trial]) -> tuple[float, float]:

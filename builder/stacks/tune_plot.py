@@ -27,13 +27,19 @@ def plot(result: TuneResult, path: Path) -> Path:
         for trial in result.trials:
             value = (trial.prefill_tps, trial.decode_tps)[pick]
             tuned = trial.dimension == "confirm" and trial.value == "tuned"
-            axis.scatter(labels.index(f"{trial.dimension}={trial.value}"), value, s=18,
-                         color="tab:green" if tuned else "tab:blue")
+            axis.scatter(
+                labels.index(f"{trial.dimension}={trial.value}"),
+                value,
+                s=18,
+                color="tab:green" if tuned else "tab:blue",
+            )
         axis.set_ylabel(name)
         axis.grid(axis="y", alpha=0.3)
     axes[1].set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
     prefill, decode = result.ratios
-    axes[0].set_title(f"moe-stack tune ({result.objective}): tuned ÷ stack prefill {prefill:.2f}, decode {decode:.2f}")
+    axes[0].set_title(
+        f"moe-stack tune ({result.objective}): tuned ÷ stack prefill {prefill:.2f}, decode {decode:.2f}"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     pyplot.close(figure)

@@ -41,7 +41,11 @@ class Tuned:
     @property
     def bound_tps(self) -> float | None:
         """Decode's ceiling: read bandwidth ÷ bytes read per token."""
-        return self.bandwidth_gbps * 1e9 / self.bytes_per_token if self.bandwidth_gbps and self.bytes_per_token else None
+        return (
+            self.bandwidth_gbps * 1e9 / self.bytes_per_token
+            if self.bandwidth_gbps and self.bytes_per_token
+            else None
+        )
 
     def bound_ratio(self, decode_tps: float) -> float | None:
         bound = self.bound_tps
@@ -58,14 +62,24 @@ def read_bandwidth(runner: Runner, env: dict[str, str], progress: Callable[[str]
         return None
     found = re.search(r"read GB/s ([\d.]+)", printed)
     if found is None:
-        progress(f"no bandwidth figure, so no bound ratio: moe-stack-bandwidth printed {printed.strip()[-120:]!r}")
+        progress(
+            f"no bandwidth figure, so no bound ratio: moe-stack-bandwidth printed {printed.strip()[-120:]!r}"
+        )
     return float(found[1]) if found else None
 
 
-def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_image: str | None = None,
-               native_bin: Path | None = None, model_dir: Path | None = None, profile: str | None = None,
-               prompt_tokens: int = 512, generate: int = 64,
-               progress: Callable[[str], None] = lambda line: None) -> Tuned:
+def tune_stack(
+    compose_file: Path,
+    budget_s: float,
+    objective: Objective,
+    tools_image: str | None = None,
+    native_bin: Path | None = None,
+    model_dir: Path | None = None,
+    profile: str | None = None,
+    prompt_tokens: int = 512,
+    generate: int = 64,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Tuned:
     """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
     the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
     default the stack's), after probing the memory bandwidth the same way."""
@@ -76,12 +90,16 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
     record = read_record(document, compose_file)
     model = record.model
     if not model.is_file():
-        raise StackError(f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)")
+        raise StackError(
+            f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)"
+        )
     runner: Runner
     if native_bin is not None:
         if not (native_bin / "llama-bench").is_file():
-            raise StackError(f"no llama-bench in {native_bin}: build it with `cmake --build BUILD --target llama-bench` "
-                             "(configure with `moe-stack cmake-args`)")
+            raise StackError(
+                f"no llama-bench in {native_bin}: build it with `cmake --build BUILD --target llama-bench` "
+                "(configure with `moe-stack cmake-args`)"
+            )
         runner = NativeRunner(native_bin, model_dir or model.parent)
     else:
         container = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
@@ -90,26 +108,50 @@ def tune_stack(compose_file: Path, budget_s: float, objective: Objective, tools_
         runner = container
     bench_flags = parse_help(runner.help("llama-bench"))
     if "-m" not in bench_flags:
-        raise StackError("the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`")
+        raise StackError(
+            "the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`"
+        )
     environment = {str(k): unliteral(str(v)) for k, v in (service.get("environment") or {}).items()}
     env = {NUMA_ENV: environment.get(NUMA_ENV, "none")}
     served = record.serves.get(name)
     if served is None:
-        raise StackError(f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
-                         "this moe-stack's `compose`")
+        raise StackError(
+            f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
+            "this moe-stack's `compose`"
+        )
     hybrid = served.gpu_layers not in (None, 0)
     dimensions = bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
-    tuner = Tuner(engine=engine, runner=runner, bench_flags=bench_flags, args=args, env=env, dimensions=dimensions,
-                  objective=objective, prompt_tokens=prompt_tokens, generate=generate, progress=progress)
+    tuner = Tuner(
+        engine=engine,
+        runner=runner,
+        bench_flags=bench_flags,
+        args=args,
+        env=env,
+        dimensions=dimensions,
+        objective=objective,
+        prompt_tokens=prompt_tokens,
+        generate=generate,
+        progress=progress,
+    )
     progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
     bandwidth = read_bandwidth(runner, env, progress)
     result = tuner.run(budget_s)
-    return Tuned(result=result, bandwidth_gbps=bandwidth, bytes_per_token=read_facts(model).read_per_token(hybrid),
-                 hybrid=hybrid)
+    return Tuned(
+        result=result,
+        bandwidth_gbps=bandwidth,
+        bytes_per_token=read_facts(model).read_per_token(hybrid),
+        hybrid=hybrid,
+    )
 
 
-def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by: str,
-                   now: datetime | None = None, host: str | None = None) -> dict:
+def tuned_document(
+    document: dict,
+    service_name: str,
+    tuned: Tuned,
+    generated_by: str,
+    now: datetime | None = None,
+    host: str | None = None,
+) -> dict:
     """The stack's file with the winner's arguments and environment, and what tuning found recorded
     under `x-moe-stack.tuned`."""
     result = tuned.result
@@ -131,23 +173,34 @@ def tuned_document(document: dict, service_name: str, tuned: Tuned, generated_by
         "by": generated_by,
         "objective": result.objective,
         "settings": dict(result.best.values),
-        "changed": {name: f"{result.baseline.values[name]} -> {value}" for name, value in result.best.values.items()
-                    if value != result.baseline.values[name]},
+        "changed": {
+            name: f"{result.baseline.values[name]} -> {value}"
+            for name, value in result.best.values.items()
+            if value != result.baseline.values[name]
+        },
         "trials": len(result.trials),
         "seconds": round(result.seconds),
-        "stack-tps": {"prefill": round(result.baseline_tps[0], 1), "decode": round(result.baseline_tps[1], 2)},
+        "stack-tps": {
+            "prefill": round(result.baseline_tps[0], 1),
+            "decode": round(result.baseline_tps[1], 2),
+        },
         "tuned-tps": {"prefill": round(result.tuned_tps[0], 1), "decode": round(result.tuned_tps[1], 2)},
-        "tuned-over-stack": {"prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
-                             "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})"},
+        "tuned-over-stack": {
+            "prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
+            "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})",
+        },
         "left-out": list(result.skipped),
         "not-confirmed": dict(result.not_confirmed),
         "failed": dict(result.failed),
     }
     if tuned.bandwidth_gbps:
         ratio = tuned.bound_ratio(result.tuned_tps[1])
-        record["bound"] = {"read-gbps": tuned.bandwidth_gbps, "bytes-per-token": tuned.bytes_per_token,
-                           "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
-                           "bound-tps": round(tuned.bound_tps or 0, 2),
-                           "decode-over-bound": round(ratio, 3) if ratio is not None else None}
+        record["bound"] = {
+            "read-gbps": tuned.bandwidth_gbps,
+            "bytes-per-token": tuned.bytes_per_token,
+            "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
+            "bound-tps": round(tuned.bound_tps or 0, 2),
+            "decode-over-bound": round(ratio, 3) if ratio is not None else None,
+        }
     derived.setdefault("x-moe-stack", {})["tuned"] = literal(record)
     return derived

@@ -83,10 +83,20 @@ def build_engine_image(engine_name: str, cpu: str, base: str, tools: bool = Fals
     if (engine_name, cpu, tools) not in _built:
         engine = get_engine(engine_name)
         tree = resolve_local(engine, f"pypi:{engine.sdist}")
-        spec = image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base),
-                          registry="localhost", namespace="moe-stack-test", tools=tools)
+        spec = image_spec(
+            engine.name,
+            cpu,
+            tree=tree,
+            ref=engine.sdist_ref,
+            base=BaseImages(build=base, runtime=base),
+            registry="localhost",
+            namespace="moe-stack-test",
+            tools=tools,
+        )
         tag = build_image(spec, tree, show=lambda line: None)
-        _built[(engine_name, cpu, tools)] = BuiltImage(engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu)
+        _built[(engine_name, cpu, tools)] = BuiltImage(
+            engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu
+        )
     return _built[(engine_name, cpu, tools)]
 
 
@@ -146,8 +156,17 @@ def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: objec
     port and under a unique project name; (its compose file, its port)."""
     port = free_local_port()
     project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
-    stack = StackSpec.model_validate({"project": project, "engine": image.engine, "image": image.tag, "model": model,
-                                      "port": port, "threads": 2, **options})
+    stack = StackSpec.model_validate(
+        {
+            "project": project,
+            "engine": image.engine,
+            "image": image.tag,
+            "model": model,
+            "port": port,
+            "threads": 2,
+            **options,
+        }
+    )
     document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
     return write_stack(document, directory / project / "compose.yaml"), port
 
@@ -179,11 +198,19 @@ def serve_stack(running: contextlib.ExitStack, compose_file: Path, port: int, wa
     `running` closes; a failed `up` is cleaned before it is reported."""
     project = str(yaml.safe_load(compose_file.read_text())["name"])
     try:
-        services = running.enter_context(get_docker_services(
-            "docker compose", str(compose_file), project, [f"up --wait --wait-timeout {wait_s}"],
-            ["down --volumes --remove-orphans --timeout 10"]))
+        services = running.enter_context(
+            get_docker_services(
+                "docker compose",
+                str(compose_file),
+                project,
+                [f"up --wait --wait-timeout {wait_s}"],
+                ["down --volumes --remove-orphans --timeout 10"],
+            )
+        )
     except Exception:  # a failed `up` leaves its containers: remove them before reporting
         down(compose_file)
         raise
     services.wait_until_responsive(check=lambda: answers_health(port), timeout=wait_s, pause=1)
-    return RunningStack(compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file]))
+    return RunningStack(
+        compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file])
+    )

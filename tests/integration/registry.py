@@ -23,8 +23,10 @@ def running_registry(root: Path, users: dict[str, str] | None = None) -> Iterato
     """Start a registry serving from `root`; yields its address (127.0.0.1:PORT)."""
     binary = shutil.which("docker-registry")
     if binary is None:
-        raise FileNotFoundError("docker-registry is not installed (Debian package docker-registry; "
-                                "scripts/prepare-host.sh test installs it)")
+        raise FileNotFoundError(
+            "docker-registry is not installed (Debian package docker-registry; "
+            "scripts/prepare-host.sh test installs it)"
+        )
     address = f"127.0.0.1:{free_local_port()}"
     config: dict[str, object] = {
         "version": 0.1,
@@ -34,12 +36,18 @@ def running_registry(root: Path, users: dict[str, str] | None = None) -> Iterato
     }
     if users:
         htpasswd = root / "htpasswd"
-        htpasswd.write_text("".join(f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n"
-                                    for user, password in users.items()))
+        htpasswd.write_text(
+            "".join(
+                f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()}\n"
+                for user, password in users.items()
+            )
+        )
         config["auth"] = {"htpasswd": {"realm": "moe-stack-test", "path": str(htpasswd)}}
     (root / "config.yml").write_text(yaml.safe_dump(config))
     log = (root / "registry.log").open("w")
-    process = subprocess.Popen([binary, "serve", str(root / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [binary, "serve", str(root / "config.yml")], stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         _wait_until_up(address, process, root / "registry.log")
         yield address

@@ -14,12 +14,18 @@ from tests.integration.conftest import StackFactory, build_engine_image
 pytestmark = pytest.mark.integration
 
 
-def test_bench_reports_prefill_and_decode(base_image: str, gemma_model: Path, start_stack: StackFactory) -> None:
-    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), gemma_model,
-                        chat_template=DEMO_CHAT_TEMPLATE)
+def test_bench_reports_prefill_and_decode(
+    base_image: str, gemma_model: Path, start_stack: StackFactory
+) -> None:
+    stack = start_stack(
+        build_engine_image("llama.cpp", "avx2", base_image), gemma_model, chat_template=DEMO_CHAT_TEMPLATE
+    )
     result = run_cli("bench", str(stack.compose_file), "--prompt-words", "64", "-n", "16", "-r", "2")
     assert result.returncode == 0, result.stderr
-    rows = {m[0]: (int(m[1]), float(m[2])) for m in re.findall(r"^\s*(prefill|decode)\s+(\d+)\s+([\d.]+)", result.stdout, re.MULTILINE)}
+    rows = {
+        m[0]: (int(m[1]), float(m[2]))
+        for m in re.findall(r"^\s*(prefill|decode)\s+(\d+)\s+([\d.]+)", result.stdout, re.MULTILINE)
+    }
     assert set(rows) == {"prefill", "decode"}, result.stdout
     assert rows["prefill"][0] >= 64 and rows["decode"][0] == 16
     assert rows["prefill"][1] > 0 and rows["decode"][1] > 0

@@ -17,11 +17,23 @@ def test_build_failure_is_reported(docker_client: DockerClient, base_image: str,
     for rel in ("ggml", "tools/server"):
         (tree / rel).mkdir(parents=True)
     (tree / "CMakeLists.txt").write_text(
-        'cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n'
-        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n')
+        "cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n"
+        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n'
+    )
     log = tmp_path / "build.log"
-    result = run_cli("build", "--source", str(tree), "--ref", "broken", "--base-image", base_image,
-                     "--namespace", "moe-stack-test", "--log", str(log))
+    result = run_cli(
+        "build",
+        "--source",
+        str(tree),
+        "--ref",
+        "broken",
+        "--base-image",
+        base_image,
+        "--namespace",
+        "moe-stack-test",
+        "--log",
+        str(log),
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]

@@ -23,7 +23,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "compose").glob("*.*.ya
 def test_example_passes_compose_config(docker_client: DockerClient, path: Path) -> None:
     gpu = _config(path, "gpu")
     # KTransformers serves only on the GPU: its stacks have no profiles and one service.
-    profiles = (yaml.safe_load(path.read_text())["x-moe-stack"].get("profiles") or [])
+    profiles = yaml.safe_load(path.read_text())["x-moe-stack"].get("profiles") or []
     cpu = _config(path, "cpu") if "cpu" in profiles else {}
     assert list(gpu) == ["engine"] and list(cpu) in (["engine-cpu"], [])
     assert (_config(path, None) == {}) == bool(cpu), "a file with profiles starts nothing without one"
@@ -41,20 +41,39 @@ def test_example_passes_compose_config(docker_client: DockerClient, path: Path) 
 
 def _config(path: Path, profile: str | None) -> dict[str, dict]:
     chosen = ["--profile", profile] if profile else []
-    result = subprocess.run(["docker", "compose", "-f", str(path), *chosen, "config", "--format", "json"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["docker", "compose", "-f", str(path), *chosen, "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["services"]
 
 
 @pytest.mark.parametrize("gpu", ["nvidia", "cdi"])
-def test_a_multi_gpu_stack_passes_compose_config(docker_client: DockerClient, tmp_path: Path, gpu: str) -> None:
+def test_a_multi_gpu_stack_passes_compose_config(
+    docker_client: DockerClient, tmp_path: Path, gpu: str
+) -> None:
     """`--gpus 0,1` with a two-GPU plan: device ids instead of `count: all`, and -ts in the command."""
     model = tmp_path / "m" / "R1-00001-of-00009.gguf"
-    stack = StackSpec(project="multi-gpu", engine="ik_llama.cpp", image="ik:test", model=model, threads=32,
-                      gpu=gpu, gpu_ids=(0, 1), tensor_split=(24, 24), gpu_layers=99,
-                      override_tensors=(r"blk\.(3|4)\.ffn_.*_exps\.weight=CUDA0", r"blk\.(31)\.ffn_.*_exps\.weight=CUDA1",
-                                        EXPERTS_ON_CPU_RULE))
+    stack = StackSpec(
+        project="multi-gpu",
+        engine="ik_llama.cpp",
+        image="ik:test",
+        model=model,
+        threads=32,
+        gpu=gpu,
+        gpu_ids=(0, 1),
+        tensor_split=(24, 24),
+        gpu_layers=99,
+        override_tensors=(
+            r"blk\.(3|4)\.ffn_.*_exps\.weight=CUDA0",
+            r"blk\.(31)\.ffn_.*_exps\.weight=CUDA1",
+            EXPERTS_ON_CPU_RULE,
+        ),
+    )
     path = write_stack(compose_dict(stack, "pytest", check_files=False), tmp_path / "compose.yaml")
     engine = _config(path, None)["engine"]
     device = engine["deploy"]["resources"]["reservations"]["devices"][0]

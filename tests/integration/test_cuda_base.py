@@ -37,33 +37,55 @@ def cuda_base(docker_client: DockerClient, base_image: str) -> str:
     result = run_cli("base", "--cuda", "13.0")
     assert result.returncode == 0, result.stderr[-3000:]
     said = " ".join(result.stdout.split())
-    assert ("kept: moe-stack/cuda:13.0-devel" in said) if present else \
-        ("checked: a kernel + cuBLAS program built for sm_90" in said), said
+    assert (
+        ("kept: moe-stack/cuda:13.0-devel" in said)
+        if present
+        else ("checked: a kernel + cuBLAS program built for sm_90" in said)
+    ), said
     if present:
         assert docker_client.image.inspect(CUDA.image("devel")).id == before, "a kept base keeps its ID"
     return said
 
 
-def test_base_is_checked_laid_out_and_labelled(docker_client: DockerClient, cuda_base: str, base_image: str) -> None:
+def test_base_is_checked_laid_out_and_labelled(
+    docker_client: DockerClient, cuda_base: str, base_image: str
+) -> None:
     devel = docker_client.image.inspect(CUDA.image("devel"))
     runtime = docker_client.image.inspect(CUDA.image("runtime"))
     for wheel in CUDA.wheels:
         label = f"{wheel.version} sha256:{wheel.sha256}"
         assert devel.config.labels[f"io.moe-stack.wheel.{wheel.name}"] == label
-        assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (label if wheel.runtime else None)
+        assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (
+            label if wheel.runtime else None
+        )
     nvcc = docker_client.run(CUDA.image("devel"), ["nvcc", "--version"], remove=True)
     assert "release 13.0, V13.0.88" in str(nvcc)
-    layout = docker_client.run(CUDA.image("devel"), ["sh", "-c", ("readlink /usr/local/cuda /usr/local/cuda/lib64; ls "
-                                                     "/usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm")], remove=True)
+    layout = docker_client.run(
+        CUDA.image("devel"),
+        [
+            "sh",
+            "-c",
+            (
+                "readlink /usr/local/cuda /usr/local/cuda/lib64; ls "
+                "/usr/local/cuda/lib64/stubs; ls /usr/local/cuda/nvvm"
+            ),
+        ],
+        remove=True,
+    )
     assert str(layout).split() == ["cuda-13.0", "lib", "libcuda.so", "bin", "libdevice"]
     # The runtime base holds the libraries a server loads and no compiler: at most cuBLAS's 596.5 MB
     # (CUDA-FROM-PYPI.md) over the Debian base.
     added = runtime.size - docker_client.image.inspect(base_image).size
     assert 590e6 < added < 600e6, f"the runtime base adds {added / 1e6:.1f} MB"
     env = dict(item.split("=", 1) for item in runtime.config.env)
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
-    absent = docker_client.run(CUDA.image("runtime"), ["sh", "-c", ("ls /usr/local/cuda/bin 2>&1; ldconfig -p | "
-                                                       "grep -c libcublasLt.so.13")], remove=True)
+    assert (
+        env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
+    )
+    absent = docker_client.run(
+        CUDA.image("runtime"),
+        ["sh", "-c", ("ls /usr/local/cuda/bin 2>&1; ldconfig -p | grep -c libcublasLt.so.13")],
+        remove=True,
+    )
     assert "No such file" in str(absent) and str(absent).strip().endswith("1")
 
 
@@ -73,11 +95,21 @@ def configure_image(docker_client: DockerClient, cuda_base: str, tmp_path: Path)
     unique tag (removed afterwards)."""
     engine = get_engine("llama.cpp")
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
-    spec = image_spec("llama.cpp", "sapphirerapids", tree=tree, ref=engine.sdist_ref,
-                      cuda=cuda_target("13.0", [90]), base=BaseImages(cuda="pypi"))
+    spec = image_spec(
+        "llama.cpp",
+        "sapphirerapids",
+        tree=tree,
+        ref=engine.sdist_ref,
+        cuda=cuda_target("13.0", [90]),
+        base=BaseImages(cuda="pypi"),
+    )
     tag = f"moe-stack-test/cuda-configure:{uuid.uuid4().hex[:8]}"
-    plan = BuildPlan(context=render(spec, tmp_path / "ctx"), tags=(tag,), target="configure",
-                     build_contexts={"engine-src": str(tree)})
+    plan = BuildPlan(
+        context=render(spec, tmp_path / "ctx"),
+        tags=(tag,),
+        target="configure",
+        build_contexts={"engine-src": str(tree)},
+    )
     with (tmp_path / "build.log").open("w") as log:
         stream_build(docker_client, plan, log, tmp_path / "build.log", lambda line: None)
     yield tag
@@ -85,11 +117,25 @@ def configure_image(docker_client: DockerClient, cuda_base: str, tmp_path: Path)
 
 
 def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, configure_image: str) -> None:
-    cache = str(docker_client.run(configure_image, ["grep", "-E", ("^(CMAKE_CUDA_COMPILER|CMAKE_CUDA_ARCHITECTURES|"
-                                                    "GGML_CUDA):"), "/build/CMakeCache.txt"],
-                                  remove=True))
+    cache = str(
+        docker_client.run(
+            configure_image,
+            [
+                "grep",
+                "-E",
+                ("^(CMAKE_CUDA_COMPILER|CMAKE_CUDA_ARCHITECTURES|GGML_CUDA):"),
+                "/build/CMakeCache.txt",
+            ],
+            remove=True,
+        )
+    )
     assert "CMAKE_CUDA_COMPILER:FILEPATH=/usr/local/cuda/bin/nvcc" in cache
-    assert re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90$", cache, re.MULTILINE) and "GGML_CUDA:BOOL=ON" in cache
-    ninja = str(docker_client.run(configure_image, ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"],
-                                  remove=True))
+    assert (
+        re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90$", cache, re.MULTILINE) and "GGML_CUDA:BOOL=ON" in cache
+    )
+    ninja = str(
+        docker_client.run(
+            configure_image, ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"], remove=True
+        )
+    )
     assert int(ninja) > 50, "ggml's CUDA backend is in the build graph"

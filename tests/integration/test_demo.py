@@ -22,7 +22,10 @@ def test_demo_serves_the_small_model(base_image: str) -> None:
         assert result.returncode == 0, result.stderr[-2000:]
         assert "Paris is the capital of France" in " ".join(result.stdout.split())
         assert f"http://127.0.0.1:{port}" in result.stdout
-        assert f"published: '{port}'" in compose_file.read_text() and "host_ip: 127.0.0.1" in compose_file.read_text()
+        assert (
+            f"published: '{port}'" in compose_file.read_text()
+            and "host_ip: 127.0.0.1" in compose_file.read_text()
+        )
     finally:
         if Path(compose_file).is_file():
             down(compose_file)

@@ -54,8 +54,9 @@ def _untag(client: DockerClient, prefix: str) -> None:
                 client.image.remove(tag)
 
 
-def test_publish_then_pull_the_variant_for_this_host(registry: str, base_image: str, docker_client: DockerClient,
-                                                     start_stack: StackFactory, moe_model: Path) -> None:
+def test_publish_then_pull_the_variant_for_this_host(
+    registry: str, base_image: str, docker_client: DockerClient, start_stack: StackFactory, moe_model: Path
+) -> None:
     images = [build_engine_image("llama.cpp", cpu, base_image) for cpu in ("avx2", "zen4", "sapphirerapids")]
     prefix = f"{registry}/moe-stack"
     result = run_cli("publish", *(i.tag for i in images), "--to", prefix)
@@ -75,7 +76,9 @@ def test_publish_then_pull_the_variant_for_this_host(registry: str, base_image: 
     assert f"pulled {pulled} ({pushed[pulled]})" in result.stdout
     facts = read_image_facts(pulled)  # labels survived the round trip
     assert facts.engine == "llama.cpp" and "--override-tensor" in facts.server_flags
-    stack = start_stack(BuiltImage(engine="llama.cpp", tag=pulled, ref="0c1e57098", cpu=facts.cpu_target), moe_model)
+    stack = start_stack(
+        BuiltImage(engine="llama.cpp", tag=pulled, ref="0c1e57098", cpu=facts.cpu_target), moe_model
+    )
     service = yaml.safe_load(stack.compose_file.read_text())["services"]["engine"]
     assert service["image"] == f"{pulled}@{pushed[pulled]}", "a stack from a pulled image pins its digest"
     assert stack.client.compose.ps()[0].image == docker_client.image.inspect(pulled).id
@@ -92,13 +95,22 @@ def test_registry_unreachable_and_auth_refused(locked_registry: str, base_image:
     prefix = f"{locked_registry}/moe-stack"
     result = run_cli("publish", image.tag, "--to", prefix)
     assert result.returncode == 1, result.stdout
-    assert "pushed before it: nothing" in result.stderr and f"run `docker login {locked_registry}`" in result.stderr
+    assert (
+        "pushed before it: nothing" in result.stderr
+        and f"run `docker login {locked_registry}`" in result.stderr
+    )
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
     result = run_cli("pull", "--from", prefix)
     assert result.returncode == 1 and f"run `docker login {locked_registry}`" in result.stderr
 
-    login = subprocess.run(["docker", "login", "-u", "alice", "--password-stdin", locked_registry],
-                           input="s3cret-for-tests", capture_output=True, text=True, timeout=60, check=False)
+    login = subprocess.run(
+        ["docker", "login", "-u", "alice", "--password-stdin", locked_registry],
+        input="s3cret-for-tests",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert login.returncode == 0, login.stderr
     result = run_cli("publish", image.tag, "--to", prefix)
     assert result.returncode == 0, result.stderr
@@ -106,14 +118,19 @@ def test_registry_unreachable_and_auth_refused(locked_registry: str, base_image:
     assert result.returncode == 0, result.stderr
 
 
-def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_model: Path, tmp_path: Path) -> None:
+def test_bundle_round_trip(
+    base_image: str, docker_client: DockerClient, moe_model: Path, tmp_path: Path
+) -> None:
     built = build_engine_image("llama.cpp", "avx2", base_image)
     image = f"localhost/moe-stack-bundle/llama-cpp:{uuid.uuid4().hex[:8]}"  # a tag only this test holds
     docker_client.image.tag(built.tag, image)
     port = free_local_port()
-    stack = StackSpec(project=f"mst-bundle-{port}", engine="llama.cpp", image=image, model=moe_model, port=port,
-                      threads=2)
-    compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml")
+    stack = StackSpec(
+        project=f"mst-bundle-{port}", engine="llama.cpp", image=image, model=moe_model, port=port, threads=2
+    )
+    compose_file = write_stack(
+        compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml"
+    )
     archive = tmp_path / "stack.tar"
     result = run_cli("bundle", str(compose_file), "--out", str(archive), "--include-model")
     assert result.returncode == 0, result.stderr
@@ -126,8 +143,9 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
     data[len(data) // 2] ^= 0xFF  # inside images.tar, the largest member
     corrupt.write_bytes(bytes(data))
     result = run_cli("load", str(corrupt), "--dest", str(tmp_path / "bad"), "--unverified")
-    assert result.returncode == 1 and re.search(r"images\.tar is sha256:[0-9a-f]{64}, the manifest says sha256:",
-                                                result.stderr), result.stderr
+    assert result.returncode == 1 and re.search(
+        r"images\.tar is sha256:[0-9a-f]{64}, the manifest says sha256:", result.stderr
+    ), result.stderr
     truncated = tmp_path / "truncated.tar"
     truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 3])
     result = run_cli("load", str(truncated), "--dest", str(tmp_path / "bad"), "--unverified")
@@ -140,7 +158,9 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
     assert docker_client.image.inspect(image).id == image_id
     loaded_model = dest / "models" / moe_model.name
     assert loaded_model.read_bytes() == moe_model.read_bytes()
-    assert loaded_model.stat().st_mode & 0o777 == moe_model.stat().st_mode & 0o644 | 0o400  # no wider than it was
+    assert (
+        loaded_model.stat().st_mode & 0o777 == moe_model.stat().st_mode & 0o644 | 0o400
+    )  # no wider than it was
     dest.chmod(0o755)
     loaded = dest / "compose.yaml"
     try:
@@ -149,14 +169,16 @@ def test_bundle_round_trip(base_image: str, docker_client: DockerClient, moe_mod
             assert response.status == 200
         mounts = DockerClient(compose_files=[loaded]).compose.ps()[0].mounts
         assert [(m.destination, m.source) for m in mounts if m.destination.startswith("/models")] == [
-            (f"/models/{moe_model.name}", str(loaded_model.resolve()))]
+            (f"/models/{moe_model.name}", str(loaded_model.resolve()))
+        ]
     finally:
         down(loaded)
         docker_client.image.remove(image, force=True)
 
 
-def test_a_bundle_that_would_retag_local_images_is_refused(base_image: str, docker_client: DockerClient,
-                                                           moe_model: Path, tmp_path: Path) -> None:
+def test_a_bundle_that_would_retag_local_images_is_refused(
+    base_image: str, docker_client: DockerClient, moe_model: Path, tmp_path: Path
+) -> None:
     """images.tar holding a second tag (here: the local base image every build starts from) would
     replace that image on `docker load`; load refuses before loading anything, and --expect-sha256
     holds the archive to the hash `bundle` printed."""
@@ -165,7 +187,9 @@ def test_a_bundle_that_would_retag_local_images_is_refused(base_image: str, dock
     docker_client.image.tag(built.tag, image)
     try:
         stack = StackSpec(project="mst-retag", engine="llama.cpp", image=image, model=moe_model, threads=2)
-        compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml")
+        compose_file = write_stack(
+            compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml"
+        )
         archive = tmp_path / "stack.tar"
         result = run_cli("bundle", str(compose_file), "--out", str(archive))
         assert result.returncode == 0, result.stderr
@@ -186,23 +210,49 @@ def test_a_bundle_that_would_retag_local_images_is_refused(base_image: str, dock
             for name in ("manifest.json", "compose.yaml", "images.tar"):
                 tar.add(work / name, arcname=name)
         base_id = docker_client.image.inspect(base_image).id
-        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"), "--unverified",
-                         "--model-dir", str(moe_model.parent))
+        result = run_cli(
+            "load",
+            str(hostile),
+            "--dest",
+            str(tmp_path / "dest"),
+            "--unverified",
+            "--model-dir",
+            str(moe_model.parent),
+        )
         assert result.returncode == 1 and f"would also tag {base_image}" in result.stderr, result.stderr
         assert docker_client.image.inspect(base_image).id == base_id
-        result = run_cli("load", str(hostile), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1])
+        result = run_cli(
+            "load", str(hostile), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1]
+        )
         assert result.returncode == 1 and "you expect; don't load it" in result.stderr, result.stderr
         assert not (tmp_path / "dest" / "compose.yaml").exists()
         # The honest bundle, where this host has another image under the bundle's image name: replaced
         # only when asked.
         own_id = docker_client.image.inspect(image).id
         docker_client.image.tag(base_image, image)
-        result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1],
-                         "--model-dir", str(moe_model.parent))
+        result = run_cli(
+            "load",
+            str(archive),
+            "--dest",
+            str(tmp_path / "dest"),
+            "--expect-sha256",
+            printed[1],
+            "--model-dir",
+            str(moe_model.parent),
+        )
         assert result.returncode == 1 and f"replace the local image {image}" in result.stderr, result.stderr
         assert docker_client.image.inspect(image).id == base_id
-        result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), "--expect-sha256", printed[1],
-                         "--model-dir", str(moe_model.parent), "--replace-images")
+        result = run_cli(
+            "load",
+            str(archive),
+            "--dest",
+            str(tmp_path / "dest"),
+            "--expect-sha256",
+            printed[1],
+            "--model-dir",
+            str(moe_model.parent),
+            "--replace-images",
+        )
         assert result.returncode == 0, result.stderr
         assert docker_client.image.inspect(image).id == own_id
     finally:

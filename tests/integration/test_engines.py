@@ -29,7 +29,9 @@ pytestmark = pytest.mark.integration
 
 
 def _post(url: str, body: dict[str, object]) -> dict[str, object]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.load(response)
 
@@ -47,12 +49,15 @@ def test_image_metadata(docker_client: DockerClient, engine_image: BuiltImage) -
     assert labels["org.opencontainers.image.created"].endswith("Z")
 
 
-def test_binary_reports_the_pinned_ref_as_non_root(docker_client: DockerClient, engine_image: BuiltImage) -> None:
+def test_binary_reports_the_pinned_ref_as_non_root(
+    docker_client: DockerClient, engine_image: BuiltImage
+) -> None:
     identity = docker_client.run(engine_image.tag, ["-c", "id -u; id -g"], entrypoint="/bin/sh", remove=True)
     assert identity.split() == ["10001", "10001"]
     # --version prints to stderr: go through the real entrypoint with stderr folded into stdout
-    version = docker_client.run(engine_image.tag, ["-c", "moe-stack-entrypoint --version 2>&1"],
-                                entrypoint="/bin/sh", remove=True)
+    version = docker_client.run(
+        engine_image.tag, ["-c", "moe-stack-entrypoint --version 2>&1"], entrypoint="/bin/sh", remove=True
+    )
     assert engine_image.ref in version, version
 
 
@@ -60,20 +65,40 @@ def test_isa_guard_names_missing_flags(engine_image: BuiltImage, tmp_path: Path)
     flags = tmp_path / "required-cpu-flags"
     flags.write_text("avx2 moe_stack_no_such_flag\n")
     flags.chmod(0o644)
-    result = subprocess.run(["docker", "run", "--rm", "-v", f"{flags}:/etc/moe-stack/required-cpu-flags:ro",
-                             engine_image.tag, "--version"], capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "-v",
+            f"{flags}:/etc/moe-stack/required-cpu-flags:ro",
+            engine_image.tag,
+            "--version",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 78
     assert result.stderr.strip() == (
         "moe-stack: this image needs CPU flags this host lacks: moe_stack_no_such_flag; use an image built "
-        "for this CPU (moe-stack doctor names it)")
+        "for this CPU (moe-stack doctor names it)"
+    )
 
 
 def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start_stack: StackFactory) -> None:
     stack = start_stack(engine_image, gemma_model, chat_template=DEMO_CHAT_TEMPLATE)
-    config = subprocess.run(["docker", "compose", "-f", str(stack.compose_file), "config", "--quiet"],
-                            capture_output=True, text=True, check=False)
+    config = subprocess.run(
+        ["docker", "compose", "-f", str(stack.compose_file), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert config.returncode == 0, config.stderr
-    answer = chat(stack.port, prompt="What colour is the sky on a clear day? Answer in one word.", max_tokens=16)
+    answer = chat(
+        stack.port, prompt="What colour is the sky on a clear day? Answer in one word.", max_tokens=16
+    )
     assert answer.text.strip(), "empty answer"
     assert "<start_of_turn>" not in answer.text and "<|im_" not in answer.text, answer.text
     assert answer.completion_tokens > 0
@@ -87,39 +112,61 @@ def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start
     assert container.state.health.status == "healthy"
 
 
-def test_moe_serves_with_experts_on_cpu(engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory) -> None:
+def test_moe_serves_with_experts_on_cpu(
+    engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory
+) -> None:
     stack = start_stack(engine_image, moe_model, override_tensors=(EXPERTS_ON_CPU_RULE,))
-    reply = _post(f"{stack.url}/completion", {"prompt": "hello expert", "n_predict": 8, "ignore_eos": True,
-                                              "temperature": 0})
+    reply = _post(
+        f"{stack.url}/completion",
+        {"prompt": "hello expert", "n_predict": 8, "ignore_eos": True, "temperature": 0},
+    )
     assert reply["tokens_predicted"] == 8 and reply["content"], reply
     command = stack.client.compose.ps()[0].config.cmd
-    assert ["--override-tensor", EXPERTS_ON_CPU_RULE] == command[command.index("--override-tensor"):][:2]
+    assert ["--override-tensor", EXPERTS_ON_CPU_RULE] == command[command.index("--override-tensor") :][:2]
 
 
-def test_served_name_tool_calls_and_metrics(engine_image: BuiltImage, moe_model: Path,
-                                            start_stack: StackFactory) -> None:
+def test_served_name_tool_calls_and_metrics(
+    engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory
+) -> None:
     """What clients rely on: one model name whatever the engine, a `tools` request accepted (ik_llama.cpp
     needs --jinja for it; the synthetic model has no template, so the engines' ChatML one serves),
     and the Prometheus endpoint."""
     stack = start_stack(engine_image, moe_model, served_name="tiny-moe")
     with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as response:
         assert [model["id"] for model in json.load(response)["data"]] == ["tiny-moe"]
-    reply = _post(f"{stack.url}/v1/chat/completions", {
-        "model": "tiny-moe", "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        "tools": [TOOL], "max_tokens": 8, "temperature": 0})
+    reply = _post(
+        f"{stack.url}/v1/chat/completions",
+        {
+            "model": "tiny-moe",
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [TOOL],
+            "max_tokens": 8,
+            "temperature": 0,
+        },
+    )
     choices = reply["choices"]
     assert isinstance(choices, list) and choices[0]["message"]["role"] == "assistant", reply
     with urllib.request.urlopen(f"{stack.url}/metrics", timeout=30) as response:
         metrics = response.read().decode()
-    assert "llamacpp:prompt_tokens_total" in metrics and "llamacpp:tokens_predicted_total" in metrics, metrics[:500]
+    assert "llamacpp:prompt_tokens_total" in metrics and "llamacpp:tokens_predicted_total" in metrics, (
+        metrics[:500]
+    )
     command = stack.client.compose.ps()[0].config.cmd
-    assert "--jinja" in command and "--metrics" in command and command[command.index("--alias") + 1] == "tiny-moe"
+    assert (
+        "--jinja" in command
+        and "--metrics" in command
+        and command[command.index("--alias") + 1] == "tiny-moe"
+    )
 
 
-def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_model: Path, tmp_path: Path) -> None:
+def test_engine_rejects_an_unknown_buffer_type(
+    engine_image: BuiltImage, moe_model: Path, tmp_path: Path
+) -> None:
     """The -ot rule reaches the engine's parser: a bad buffer type stops the stack, and `moe-stack up`
     says so with the engine's log."""
-    compose_file, _ = emit_stack(tmp_path, engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",))
+    compose_file, _ = emit_stack(
+        tmp_path, engine_image, moe_model, override_tensors=("ffn_.*_exps=NO_SUCH_BUFFER",)
+    )
     try:
         with pytest.raises(StackError, match="did not become healthy.*(--override-tensor|NO_SUCH_BUFFER)"):
             up(compose_file, timeout_s=60)
@@ -127,7 +174,9 @@ def test_engine_rejects_an_unknown_buffer_type(engine_image: BuiltImage, moe_mod
         down(compose_file)
 
 
-def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_model: Path, tmp_path: Path) -> None:
+def test_two_models_behind_one_router(
+    base_image: str, gemma_model: Path, moe_model: Path, tmp_path: Path
+) -> None:
     """`compose --model A --model B`: mainline's router on one port serves both under their names,
     one loaded at a time (--models-max 1), each with its own flags from the preset the stack passes."""
     image = build_engine_image("llama.cpp", "avx2", base_image)
@@ -138,17 +187,38 @@ def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_mo
     second.chmod(0o644)
     port = free_local_port()
     compose_file = tmp_path / "compose.yaml"
-    emitted = run_cli("compose", "--model", str(gemma_model), "--model", str(second), "--image", image.tag,
-                      "--threads", "2", "--port", str(port), "--out", str(compose_file))
+    emitted = run_cli(
+        "compose",
+        "--model",
+        str(gemma_model),
+        "--model",
+        str(second),
+        "--image",
+        image.tag,
+        "--threads",
+        "2",
+        "--port",
+        str(port),
+        "--out",
+        str(compose_file),
+    )
     assert emitted.returncode == 0, emitted.stderr
     try:
         up(compose_file, timeout_s=180)
         url = f"http://127.0.0.1:{port}"
-        for name, prompt in (("gemma-3-270m-q4_k_m", DEMO_PROMPT), ("tiny-moe", "hello"), ("gemma-3-270m-q4_k_m", "x")):
-            reply = _post(f"{url}/v1/completions", {"model": name, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+        for name, prompt in (
+            ("gemma-3-270m-q4_k_m", DEMO_PROMPT),
+            ("tiny-moe", "hello"),
+            ("gemma-3-270m-q4_k_m", "x"),
+        ):
+            reply = _post(
+                f"{url}/v1/completions", {"model": name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+            )
             assert reply["usage"]["completion_tokens"] > 0, reply
         with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as response:
-            listed = {model["id"]: model.get("status", {}).get("value") for model in json.load(response)["data"]}
+            listed = {
+                model["id"]: model.get("status", {}).get("value") for model in json.load(response)["data"]
+            }
         assert set(listed) == {"gemma-3-270m-q4_k_m", "tiny-moe"}
         assert sorted(listed.values()).count("loaded") == 1, listed  # the last one asked for, alone
     finally:
@@ -158,10 +228,17 @@ def test_two_models_behind_one_router(base_image: str, gemma_model: Path, moe_mo
 def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
     """`compose --monitoring`: Prometheus (Debian's package, `moe-stack base --prometheus`) beside the
     engine has its token counters a scrape after a completion."""
-    make_prometheus(base_image, CPU_BASE_SUITE, cache_dir() / "contexts", show=lambda line: None,
-                    log_path=cache_dir() / "logs" / "prometheus-test.log")
+    make_prometheus(
+        base_image,
+        CPU_BASE_SUITE,
+        cache_dir() / "contexts",
+        show=lambda line: None,
+        log_path=cache_dir() / "logs" / "prometheus-test.log",
+    )
     monitoring_port = free_local_port()
-    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, monitoring_port=monitoring_port)
+    stack = start_stack(
+        build_engine_image("llama.cpp", "avx2", base_image), moe_model, monitoring_port=monitoring_port
+    )
     _post(f"{stack.url}/completion", {"prompt": "hello", "n_predict": 4, "ignore_eos": True})
     query = f"http://127.0.0.1:{monitoring_port}/api/v1/query?query=llamacpp:tokens_predicted_total"
     deadline, found = time.monotonic() + 60, []
@@ -179,12 +256,18 @@ def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_s
 def test_a_missing_local_image_is_never_pulled(base_image: str, moe_model: Path, tmp_path: Path) -> None:
     """The monitoring image is made here (`moe-stack base --prometheus`); its name would resolve to Docker
     Hub, so a missing one is named with the command that makes it, and nothing is pulled or started."""
-    compose_file, _ = emit_stack(tmp_path, build_engine_image("llama.cpp", "avx2", base_image), moe_model,
-                                 monitoring_port=free_local_port())
+    compose_file, _ = emit_stack(
+        tmp_path,
+        build_engine_image("llama.cpp", "avx2", base_image),
+        moe_model,
+        monitoring_port=free_local_port(),
+    )
     text = compose_file.read_text()
     missing = f"moe-stack/prometheus:absent-{tmp_path.name[-12:].lower()}"
     assert f"image: moe-stack/prometheus:{CPU_BASE_SUITE}\n    pull_policy: never" in text
     compose_file.write_text(text.replace(f"moe-stack/prometheus:{CPU_BASE_SUITE}", missing))
-    with pytest.raises(StackError, match=rf"{missing}, which is made on this host .*`moe-stack base --prometheus`"):
+    with pytest.raises(
+        StackError, match=rf"{missing}, which is made on this host .*`moe-stack base --prometheus`"
+    ):
         up(compose_file, timeout_s=30)
     assert not DockerClient(compose_files=[compose_file]).compose.ps()

@@ -27,7 +27,15 @@ from tests.cli import run_cli
 pytestmark = pytest.mark.integration
 
 # The stack's container settings (compose._service): no capabilities but the one kt-kernel needs.
-LOCKED_DOWN = ["--cap-drop", "ALL", "--security-opt", "no-new-privileges:true", "--read-only", "--tmpfs", "/tmp"]
+LOCKED_DOWN = [
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges:true",
+    "--read-only",
+    "--tmpfs",
+    "/tmp",
+]
 NUMA_DENIED = "Operation not permitted"
 
 
@@ -38,9 +46,15 @@ def kt_image(bookworm_base: str, kt_wheelhouse: Path) -> Callable[[str], str]:
 
     def build(cpu: str) -> str:
         if cpu not in built:
-            spec = image_spec("ktransformers", cpu, tree=kt_wheelhouse, ref="0.7.2",
-                              base=BaseImages(build=bookworm_base, runtime=bookworm_base),
-                              registry="localhost", namespace="moe-stack-test")
+            spec = image_spec(
+                "ktransformers",
+                cpu,
+                tree=kt_wheelhouse,
+                ref="0.7.2",
+                base=BaseImages(build=bookworm_base, runtime=bookworm_base),
+                registry="localhost",
+                namespace="moe-stack-test",
+            )
             built[cpu] = build_image(spec, kt_wheelhouse, show=lambda line: None)
         return built[cpu]
 
@@ -49,14 +63,21 @@ def kt_image(bookworm_base: str, kt_wheelhouse: Path) -> Callable[[str], str]:
 
 def run_check(image: str, *docker_args: str) -> tuple[int, dict | None, str]:
     """Run the image (its entrypoint runs moe-stack-kt-check): exit status, the JSON report, all output."""
-    result = subprocess.run(["docker", "run", "--rm", *docker_args, image], capture_output=True, text=True,
-                            timeout=300, check=False)
+    result = subprocess.run(
+        ["docker", "run", "--rm", *docker_args, image],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     output = result.stdout + result.stderr
     report = next((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), None)
     return result.returncode, report, output
 
 
-def test_kernel_image_is_the_wheel_not_a_server(kt_image: Callable[[str], str], docker_client: DockerClient) -> None:
+def test_kernel_image_is_the_wheel_not_a_server(
+    kt_image: Callable[[str], str], docker_client: DockerClient
+) -> None:
     image = kt_image("portable")
     facts = read_image_facts(image)
     assert facts.engine == "ktransformers" and facts.cpu_target == "portable"
@@ -64,13 +85,20 @@ def test_kernel_image_is_the_wheel_not_a_server(kt_image: Callable[[str], str], 
     config = docker_client.image.inspect(image).config
     assert config.user == "10001:10001"
     assert "KT_KERNEL_CPU_VARIANT" not in " ".join(config.env)  # portable: kt-kernel's loader chooses
-    listing = docker_client.run(image, ["-m", "pip", "list", "--format=json"], entrypoint="python3", remove=True)
+    listing = docker_client.run(
+        image, ["-m", "pip", "list", "--format=json"], entrypoint="python3", remove=True
+    )
     versions = {p["name"]: p["version"] for p in json.loads(str(listing))}
-    assert versions["kt-kernel"] == "0.7.2" and versions["torch"].endswith("+cpu") and "sglang-kt" not in versions
+    assert (
+        versions["kt-kernel"] == "0.7.2"
+        and versions["torch"].endswith("+cpu")
+        and "sglang-kt" not in versions
+    )
 
 
 def test_portable_image_loads_the_variant_this_cpu_has_and_matches_the_reference(
-        kt_image: Callable[[str], str]) -> None:
+    kt_image: Callable[[str], str],
+) -> None:
     code, report, output = run_check(kt_image("portable"), *LOCKED_DOWN, "--cap-add", "SYS_NICE")
     assert code == 0, output
     assert report is not None and report["kt_kernel"] == "0.7.2"
@@ -82,8 +110,9 @@ def test_portable_image_loads_the_variant_this_cpu_has_and_matches_the_reference
 
 
 def test_the_variant_override_works(kt_image: Callable[[str], str]) -> None:
-    code, report, output = run_check(kt_image("portable"), *LOCKED_DOWN, "--cap-add", "SYS_NICE",
-                                     "-e", "KT_KERNEL_CPU_VARIANT=avx2")
+    code, report, output = run_check(
+        kt_image("portable"), *LOCKED_DOWN, "--cap-add", "SYS_NICE", "-e", "KT_KERNEL_CPU_VARIANT=avx2"
+    )
     assert code == 0, output
     assert report is not None and report["cpu_variant"] == "avx2" and report["ok"] is True
 
@@ -102,8 +131,9 @@ def test_without_sys_nice_the_numa_binding_fails_quietly(kt_image: Callable[[str
     assert NUMA_DENIED in output
 
 
-def test_an_amx_image_refuses_this_cpu_at_start_and_at_emit_time(kt_image: Callable[[str], str],
-                                                                 tmp_path: Path, gemma_model: Path) -> None:
+def test_an_amx_image_refuses_this_cpu_at_start_and_at_emit_time(
+    kt_image: Callable[[str], str], tmp_path: Path, gemma_model: Path
+) -> None:
     if {"amx_tile", "amx_int8", "amx_bf16"} <= probe().cpu.flags:
         pytest.skip("this host has AMX")
     image = kt_image("sapphirerapids")
@@ -112,21 +142,46 @@ def test_an_amx_image_refuses_this_cpu_at_start_and_at_emit_time(kt_image: Calla
     config = tmp_path / "hf"
     config.mkdir()
     (config / "config.json").write_text("{}")
-    result = run_cli("compose", "--engine", "ktransformers", "--image", image, "--model", str(gemma_model),
-                     "--gpu", "nvidia", "--config-dir", str(config), "-o", str(tmp_path / "c.yaml"))
+    result = run_cli(
+        "compose",
+        "--engine",
+        "ktransformers",
+        "--image",
+        image,
+        "--model",
+        str(gemma_model),
+        "--gpu",
+        "nvidia",
+        "--config-dir",
+        str(config),
+        "-o",
+        str(tmp_path / "c.yaml"),
+    )
     assert result.returncode == 1
     assert "needs CPU flags this host lacks" in result.stderr and "amx_tile" in result.stderr
     assert not (tmp_path / "c.yaml").exists()
 
 
-def test_a_stack_from_the_kernel_image_is_refused_in_one_line(kt_image: Callable[[str], str],
-                                                              tmp_path: Path, gemma_model: Path) -> None:
+def test_a_stack_from_the_kernel_image_is_refused_in_one_line(
+    kt_image: Callable[[str], str], tmp_path: Path, gemma_model: Path
+) -> None:
     config = tmp_path / "hf"
     config.mkdir()
     (config / "config.json").write_text("{}")
     out = tmp_path / "c.yaml"
-    common = ["compose", "--engine", "ktransformers", "--image", kt_image("portable"), "--model", str(gemma_model),
-              "--config-dir", str(config), "-o", str(out)]
+    common = [
+        "compose",
+        "--engine",
+        "ktransformers",
+        "--image",
+        kt_image("portable"),
+        "--model",
+        str(gemma_model),
+        "--config-dir",
+        str(config),
+        "-o",
+        str(out),
+    ]
     no_gpu = run_cli(*common)
     assert no_gpu.returncode == 1 and "has no CPU-only server: give --gpu nvidia" in no_gpu.stderr
     assert len(no_gpu.stderr.strip().splitlines()) == 1

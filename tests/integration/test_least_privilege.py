@@ -16,28 +16,40 @@ from tests.integration.conftest import StackFactory, build_engine_image
 pytestmark = pytest.mark.integration
 
 SECRET_WORDS = re.compile(r"(?i)(token|secret|passw|api[_-]?key|credential)")
-TEST_IMAGES = [("llama.cpp", "avx2"), ("llama.cpp", "zen4"), ("llama.cpp", "sapphirerapids"),
-               ("ik_llama.cpp", "avx2"), ("ik_llama.cpp", "zen4")]
+TEST_IMAGES = [
+    ("llama.cpp", "avx2"),
+    ("llama.cpp", "zen4"),
+    ("llama.cpp", "sapphirerapids"),
+    ("ik_llama.cpp", "avx2"),
+    ("ik_llama.cpp", "zen4"),
+]
 
 
 @pytest.mark.parametrize(("engine", "cpu"), TEST_IMAGES, ids=[f"{e}-{c}" for e, c in TEST_IMAGES])
-def test_image_user_history_and_environment(engine: str, cpu: str, base_image: str,
-                                            docker_client: DockerClient) -> None:
+def test_image_user_history_and_environment(
+    engine: str, cpu: str, base_image: str, docker_client: DockerClient
+) -> None:
     image = docker_client.image.inspect(build_engine_image(engine, cpu, base_image).tag)
     assert image.config.user == "10001:10001"
     for variable in image.config.env or []:
         assert not SECRET_WORDS.search(variable.split("=", 1)[0]), variable
-    for label in (image.config.labels or {}):
+    for label in image.config.labels or {}:
         assert not SECRET_WORDS.search(label), label
-    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image.id],
-                             capture_output=True, text=True, check=True, timeout=60).stdout
+    history = subprocess.run(
+        ["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", image.id],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     assert history.count("\n") > 5
     for step in history.splitlines():
         assert not SECRET_WORDS.search(step), step
 
 
-def test_running_container_holds_no_more_than_asked(base_image: str, moe_model: Path, start_stack: StackFactory,
-                                                    tmp_path: Path) -> None:
+def test_running_container_holds_no_more_than_asked(
+    base_image: str, moe_model: Path, start_stack: StackFactory, tmp_path: Path
+) -> None:
     key = tmp_path / "api-key"
     key.write_text("k3y-that-must-not-leak\n")
     key.chmod(0o644)
@@ -50,7 +62,12 @@ def test_running_container_holds_no_more_than_asked(base_image: str, moe_model: 
     models = [m for m in container.mounts if m.destination == "/models"]
     assert len(models) == 1 and models[0].rw is False
     assert container.execute(["id", "-u"]).strip() == "10001"
-    seen = " ".join([*(container.config.env or []), *(container.config.cmd or []),
-                     *(f"{k}={v}" for k, v in (container.config.labels or {}).items())])
+    seen = " ".join(
+        [
+            *(container.config.env or []),
+            *(container.config.cmd or []),
+            *(f"{k}={v}" for k, v in (container.config.labels or {}).items()),
+        ]
+    )
     assert "k3y-that-must-not-leak" not in seen, "the API key leaked into the container's config"
     assert container.execute(["cat", "/run/secrets/moe-stack-api-key"]).strip() == "k3y-that-must-not-leak"

@@ -29,12 +29,17 @@ def _disassembly(docker_client: DockerClient, image: BuiltImage, tmp_path: Path)
         docker_client.container.copy((container, "/opt/engine/bin/llama-server"), tmp_path / "llama-server")
     finally:
         container.remove()
-    return subprocess.run([objdump, "-d", "--no-show-raw-insn", str(tmp_path / "llama-server")],
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [objdump, "-d", "--no-show-raw-insn", str(tmp_path / "llama-server")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
-def test_avx512_vnni_only_in_avx512_images(docker_client: DockerClient, zen4_image: BuiltImage,
-                                           base_image: str, tmp_path: Path) -> None:
+def test_avx512_vnni_only_in_avx512_images(
+    docker_client: DockerClient, zen4_image: BuiltImage, base_image: str, tmp_path: Path
+) -> None:
     avx2_image = build_engine_image(zen4_image.engine, "avx2", base_image)
     zen4 = _disassembly(docker_client, zen4_image, tmp_path / "zen4")
     avx2 = _disassembly(docker_client, avx2_image, tmp_path / "avx2")
@@ -43,7 +48,9 @@ def test_avx512_vnni_only_in_avx512_images(docker_client: DockerClient, zen4_ima
     assert avx2.count("vpdpbusd") == 0 and "zmm" not in avx2, "avx2 build uses instructions x86-64-v3 lacks"
 
 
-def test_ik_zen4_gets_the_fast_avx512_path(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
+def test_ik_zen4_gets_the_fast_avx512_path(
+    base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
     lacking = missing_flags(cpu_target("zen4").required_flags, read_cpu())
     if lacking:
         pytest.skip(f"this host can't run zen4 code (lacks {' '.join(lacking)})")
@@ -62,8 +69,13 @@ def test_guard_refuses_a_cpu_without_amx(amx_image: BuiltImage) -> None:
     lacking = missing_flags(cpu_target("sapphirerapids").required_flags, read_cpu())
     if not lacking:
         pytest.skip("this host has AMX: it can run the sapphirerapids image")
-    result = subprocess.run(["docker", "run", "--rm", amx_image.tag, "--version"], capture_output=True, text=True,
-                            timeout=120, check=False)
+    result = subprocess.run(
+        ["docker", "run", "--rm", amx_image.tag, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 78
     assert result.stderr.startswith("moe-stack: this image needs CPU flags this host lacks: ")
     for flag in lacking:
@@ -71,14 +83,29 @@ def test_guard_refuses_a_cpu_without_amx(amx_image: BuiltImage) -> None:
     assert "Illegal instruction" not in result.stderr
 
 
-def test_emitter_refuses_an_image_this_host_cannot_run(amx_image: BuiltImage, moe_model: Path, tmp_path: Path) -> None:
+def test_emitter_refuses_an_image_this_host_cannot_run(
+    amx_image: BuiltImage, moe_model: Path, tmp_path: Path
+) -> None:
     if not missing_flags(cpu_target("sapphirerapids").required_flags, read_cpu()):
         pytest.skip("this host has AMX")
     out = tmp_path / "compose.yaml"
-    args = ["compose", "--model", str(moe_model), "--image", amx_image.tag, "--port", str(free_port()),
-            "--out", str(out)]
+    args = [
+        "compose",
+        "--model",
+        str(moe_model),
+        "--image",
+        amx_image.tag,
+        "--port",
+        str(free_port()),
+        "--out",
+        str(out),
+    ]
     refused = run_cli(*args)
-    assert refused.returncode == 1 and "needs CPU flags this host lacks: " in refused.stderr and "amx_tile" in refused.stderr
+    assert (
+        refused.returncode == 1
+        and "needs CPU flags this host lacks: " in refused.stderr
+        and "amx_tile" in refused.stderr
+    )
     assert not out.exists()
     assert run_cli(*args, "--for-other-host").returncode == 0 and out.exists()
 
@@ -86,7 +113,9 @@ def test_emitter_refuses_an_image_this_host_cannot_run(amx_image: BuiltImage, mo
 def test_images_carry_their_flag_contract(docker_client: DockerClient, engine_image: BuiltImage) -> None:
     facts = read_image_facts(engine_image.tag)
     assert {"--model", "--host", "--port", "-ot", "-fa"} <= set(facts.server_flags)
-    help_text = docker_client.run(engine_image.tag, ["/etc/moe-stack/server-help.txt"], entrypoint="cat", remove=True)
+    help_text = docker_client.run(
+        engine_image.tag, ["/etc/moe-stack/server-help.txt"], entrypoint="cat", remove=True
+    )
     assert "--threads" in help_text
 
 
@@ -94,8 +123,19 @@ def test_emit_time_flag_contract(engine_image: BuiltImage, moe_model: Path, tmp_
     """The seed's `-fmoe` is refused at emit time by engines that lack it; neutral options are written
     in each engine version's syntax."""
     out = tmp_path / "compose.yaml"
-    base = ["compose", "--engine", engine_image.engine, "--model", str(moe_model), "--image", engine_image.tag,
-            "--port", str(free_port()), "--out", str(out)]
+    base = [
+        "compose",
+        "--engine",
+        engine_image.engine,
+        "--model",
+        str(moe_model),
+        "--image",
+        engine_image.tag,
+        "--port",
+        str(free_port()),
+        "--out",
+        str(out),
+    ]
     refused = run_cli(*base, "--", "-fmoe")
     assert refused.returncode == 1 and "does not accept -fmoe" in refused.stderr, refused.stderr
     assert not out.exists()
@@ -105,4 +145,6 @@ def test_emit_time_flag_contract(engine_image: BuiltImage, moe_model: Path, tmp_
         assert "-fmoe" not in out.read_text()
     else:
         refused = run_cli(*base, "--fused-moe")
-        assert refused.returncode == 1 and "llama.cpp does not read --fused-moe" in refused.stderr, refused.stderr
+        assert refused.returncode == 1 and "llama.cpp does not read --fused-moe" in refused.stderr, (
+            refused.stderr
+        )

@@ -33,14 +33,18 @@ def _status(url: str, key: str | None = None) -> int:
         return err.code
 
 
-def test_numa_cpuset_and_api_key(base_image: str, moe_model: Path, start_stack: StackFactory, tmp_path: Path) -> None:
+def test_numa_cpuset_and_api_key(
+    base_image: str, moe_model: Path, start_stack: StackFactory, tmp_path: Path
+) -> None:
     key = tmp_path / "api-key"
     key.write_text("moe-stack-test-key\n")
     key.chmod(0o644)
     image = build_engine_image("llama.cpp", "avx2", base_image)
     stack = start_stack(image, moe_model, numa="interleave", cpuset="0", threads=1, api_key_file=key)
     engine = stack.client.compose.ps()[0]
-    assert "interleave" in engine.execute(["cat", "/proc/1/numa_maps"]), "the engine's memory is not interleaved"
+    assert "interleave" in engine.execute(["cat", "/proc/1/numa_maps"]), (
+        "the engine's memory is not interleaved"
+    )
     status = engine.execute(["cat", "/proc/1/status"])
     assert "Cpus_allowed_list:\t0\n" in status + "\n", "the cpuset does not hold"
     assert _status(f"{stack.url}/v1/models") == 401
@@ -49,8 +53,13 @@ def test_numa_cpuset_and_api_key(base_image: str, moe_model: Path, start_stack: 
 
 def test_numa_policy_without_sys_nice_is_named(base_image: str) -> None:
     image = build_engine_image("llama.cpp", "avx2", base_image)
-    result = subprocess.run(["docker", "run", "--rm", "-e", "MOE_STACK_NUMA=interleave", image.tag, "--version"],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        ["docker", "run", "--rm", "-e", "MOE_STACK_NUMA=interleave", image.tag, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 71
     assert "needs cap_add: [SYS_NICE]" in result.stderr
 
@@ -73,12 +82,18 @@ def reserved_hugepages() -> Iterator[int]:
 
 
 def _free_hugepages() -> int:
-    return int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                    if line.startswith("HugePages_Free:")))
+    return int(
+        next(
+            line.split()[1]
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("HugePages_Free:")
+        )
+    )
 
 
-def test_ik_weights_come_from_reserved_hugepages(reserved_hugepages: int, base_image: str, moe_model: Path,
-                                                 start_stack: StackFactory) -> None:
+def test_ik_weights_come_from_reserved_hugepages(
+    reserved_hugepages: int, base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
     assert reserved_hugepages == 256 and _free_hugepages() == 256
     stack = start_stack(build_engine_image("ik_llama.cpp", "avx2", base_image), moe_model, hugepages=True)
     engine = stack.client.compose.ps()[0]
@@ -87,8 +102,9 @@ def test_ik_weights_come_from_reserved_hugepages(reserved_hugepages: int, base_i
     assert "-thp" in engine.config.cmd
 
 
-def test_llama_cpp_maps_a_model_staged_on_hugetlbfs(reserved_hugepages: int, base_image: str, moe_model: Path,
-                                                    start_stack: StackFactory) -> None:
+def test_llama_cpp_maps_a_model_staged_on_hugetlbfs(
+    reserved_hugepages: int, base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
     """Mainline has no -thp: the entrypoint copies the model onto the stack's hugetlbfs volume and the
     engine's mmap of that copy is backed by the reserved 2 MiB pages."""
     assert _free_hugepages() == reserved_hugepages
@@ -109,11 +125,19 @@ def test_cpu_profile_runs_where_there_is_no_gpu(base_image: str, moe_model: Path
     never touches the GPU service's image (which doesn't exist here)."""
     image = build_engine_image("llama.cpp", "avx2", base_image)
     port = free_local_port()
-    gpu_stack = StackSpec(project=f"mst-profiles-{port}", engine="llama.cpp", model=moe_model, port=port,
-                          threads=2, image="localhost/moe-stack-test/llama-cpp:absent-cuda12.8-avx2", gpu="nvidia",
-                          gpu_layers=99)
-    document = compose_dict(gpu_stack, "pytest", cpu_profile=(cpu_only(gpu_stack, image.tag),
-                                                              read_image_facts(image.tag)))
+    gpu_stack = StackSpec(
+        project=f"mst-profiles-{port}",
+        engine="llama.cpp",
+        model=moe_model,
+        port=port,
+        threads=2,
+        image="localhost/moe-stack-test/llama-cpp:absent-cuda12.8-avx2",
+        gpu="nvidia",
+        gpu_layers=99,
+    )
+    document = compose_dict(
+        gpu_stack, "pytest", cpu_profile=(cpu_only(gpu_stack, image.tag), read_image_facts(image.tag))
+    )
     compose_file = write_stack(document, tmp_path / "compose.yaml")
     try:
         up(compose_file, timeout_s=180, profile="cpu")

@@ -56,15 +56,26 @@ def arch_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize(("preset", "engine"), CASES, ids=[f"{p}-{e}" for p, e in CASES])
-def test_preset_serves_its_architecture(preset: str, engine: str, base_image: str, arch_models: dict[str, Path],
-                                        tmp_path: Path) -> None:
+def test_preset_serves_its_architecture(
+    preset: str, engine: str, base_image: str, arch_models: dict[str, Path], tmp_path: Path
+) -> None:
     engine_image = build_engine_image(engine, "avx2", base_image)
     chosen = next(p for p in PRESETS if p.name == preset)
     port = free_local_port()
     project = f"mst-preset-{uuid.uuid4().hex[:8]}"
-    verbose = ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()  # mainline's buffer log
-    options = StackOptions(model=arch_models[chosen.architecture], engine=engine, image=engine_image.tag,
-                           preset=preset, port=port, threads=2, project=project, engine_args=verbose)
+    verbose = (
+        ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()
+    )  # mainline's buffer log
+    options = StackOptions(
+        model=arch_models[chosen.architecture],
+        engine=engine,
+        image=engine_image.tag,
+        preset=preset,
+        port=port,
+        threads=2,
+        project=project,
+        engine_args=verbose,
+    )
     stack_plan = plan_stack(options, probe())
     assert stack_plan.facts is not None, "checked against the image's flag contract"
     document = compose_dict(stack_plan.stack, f"pytest: compose --preset {preset}", stack_plan.facts)
@@ -88,9 +99,16 @@ def test_preset_serves_its_architecture(preset: str, engine: str, base_image: st
     assert "exceeds the training context" not in logs
     # The plan's KV cache (the latent, the recurrent state) is what the engine allocated, within 10 %.
     stack = stack_plan.stack
-    planned = kv_cache_bytes(read_facts(stack.model), stack.ctx_size, stack.cache_type or "f16",
-                             get_engine(engine).caches_latent(stack.mla), stack.parallel)
-    logged = sum(float(mib) for mib in re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
+    planned = kv_cache_bytes(
+        read_facts(stack.model),
+        stack.ctx_size,
+        stack.cache_type or "f16",
+        get_engine(engine).caches_latent(stack.mla),
+        stack.parallel,
+    )
+    logged = (
+        sum(float(mib) for mib in re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
+    )
     assert logged and abs(planned - logged) <= 0.10 * logged, (planned, logged)
 
 
@@ -102,14 +120,27 @@ def test_recorded_contract_is_the_images(engine: str, base_image: str) -> None:
     facts = read_image_facts(engine_image.tag)
     source = f"pypi:{get_engine(engine).sdist}"
     if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
-        write_file_atomically(contract_path(engine), contract_text(
-            RecordedContract(engine=engine, ref=facts.engine_ref, source=source, flags=facts.server_flags,
-                             architectures=facts.architectures)))
+        write_file_atomically(
+            contract_path(engine),
+            contract_text(
+                RecordedContract(
+                    engine=engine,
+                    ref=facts.engine_ref,
+                    source=source,
+                    flags=facts.server_flags,
+                    architectures=facts.architectures,
+                )
+            ),
+        )
     recorded = recorded_contract(engine)
     assert recorded is not None, f"no contract recorded for {engine}: run with MOE_STACK_UPDATE_GOLDEN=1"
     assert (recorded.ref, recorded.source) == (facts.engine_ref, source)
-    assert recorded.architectures == facts.architectures, "the image's architectures label differs from the record"
+    assert recorded.architectures == facts.architectures, (
+        "the image's architectures label differs from the record"
+    )
     assert {"qwen3moe", "deepseek2", "qwen3next"} <= set(facts.architectures)
     missing = sorted(set(facts.server_flags) ^ set(recorded.flags))
-    assert recorded.flags == facts.server_flags, f"recorded contract differs ({json.dumps(missing[:20])}): rerun " \
+    assert recorded.flags == facts.server_flags, (
+        f"recorded contract differs ({json.dumps(missing[:20])}): rerun "
         "with MOE_STACK_UPDATE_GOLDEN=1 and re-emit compose/"
+    )

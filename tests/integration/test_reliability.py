@@ -38,9 +38,16 @@ def _need_root(what: str) -> None:
         pytest.skip(f"{what} needs root")
 
 
-def test_64_concurrent_chats_all_answered(base_image: str, gemma_model: Path, start_stack: StackFactory) -> None:
-    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), gemma_model, parallel=4,
-                        ctx_size=4096, chat_template=DEMO_CHAT_TEMPLATE)
+def test_64_concurrent_chats_all_answered(
+    base_image: str, gemma_model: Path, start_stack: StackFactory
+) -> None:
+    stack = start_stack(
+        build_engine_image("llama.cpp", "avx2", base_image),
+        gemma_model,
+        parallel=4,
+        ctx_size=4096,
+        chat_template=DEMO_CHAT_TEMPLATE,
+    )
 
     def one(index: int) -> tuple[float, str]:
         started = time.monotonic()
@@ -54,12 +61,17 @@ def test_64_concurrent_chats_all_answered(base_image: str, gemma_model: Path, st
     latencies = sorted(latency for latency, _ in results)
     assert len(results) == 64 and all(text.strip() for _, text in results), "a request went unanswered"
     p50, p90, p99 = (latencies[int(q * (len(latencies) - 1))] for q in (0.50, 0.90, 0.99))
-    print(f"\n64 concurrent chats, 4 slots, 2 threads: wall {wall:.1f} s, latency p50 {p50:.2f} s, p90 {p90:.2f} s, "
-          f"p99 {p99:.2f} s, max {latencies[-1]:.2f} s, mean {statistics.mean(latencies):.2f} s")
+    print(
+        f"\n64 concurrent chats, 4 slots, 2 threads: wall {wall:.1f} s, latency p50 {p50:.2f} s, "
+        f"p90 {p90:.2f} s, "
+        f"p99 {p99:.2f} s, max {latencies[-1]:.2f} s, mean {statistics.mean(latencies):.2f} s"
+    )
     assert stack.client.compose.ps()[0].restart_count == 0, "the engine restarted under load"
 
 
-def test_killed_engine_comes_back_healthy(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
+def test_killed_engine_comes_back_healthy(
+    base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
     _need_root("signal the engine's process from the host")
     stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model)
     container = stack.client.compose.ps()[0]
@@ -85,31 +97,55 @@ def test_missing_model_is_named_and_up_fails(base_image: str, moe_model: Path, t
     shutil.copy(moe_model, model)
     model.chmod(0o644)
     port = free_local_port()
-    stack = StackSpec(project=f"mst-missing-{port}", engine="llama.cpp", image=image.tag, model=model, port=port,
-                      threads=2, start_period_s=20)
-    compose_file = write_stack(compose_dict(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml")
+    stack = StackSpec(
+        project=f"mst-missing-{port}",
+        engine="llama.cpp",
+        image=image.tag,
+        model=model,
+        port=port,
+        threads=2,
+        start_period_s=20,
+    )
+    compose_file = write_stack(
+        compose_dict(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml"
+    )
     model.unlink()  # gone after the stack was made: a moved or unmounted model directory
     try:
         result = run_cli("up", str(compose_file), "--timeout", "60", timeout=180)
         assert result.returncode == 1, result.stdout
-        assert f"the model /models/{model.name} is missing or unreadable in the container" in result.stderr, result.stderr
+        assert f"the model /models/{model.name} is missing or unreadable in the container" in result.stderr, (
+            result.stderr
+        )
         assert len(result.stderr.strip().splitlines()) == 1
     finally:
         run_cli("down", str(compose_file))
 
 
-def test_gpu_stack_without_gpu_passthrough_is_refused(base_image: str, moe_model: Path, tmp_path: Path,
-                                                      docker_client: DockerClient) -> None:
+def test_gpu_stack_without_gpu_passthrough_is_refused(
+    base_image: str, moe_model: Path, tmp_path: Path, docker_client: DockerClient
+) -> None:
     if "nvidia" in (docker_client.system.info().runtimes or {}):
         pytest.skip("this Docker has the nvidia runtime")
     image = build_engine_image("llama.cpp", "avx2", base_image)
-    stack = StackSpec(project="mst-gpu-refused", engine="llama.cpp", image=image.tag, model=moe_model,
-                      port=free_local_port(), threads=2, gpu="nvidia")
+    stack = StackSpec(
+        project="mst-gpu-refused",
+        engine="llama.cpp",
+        image=image.tag,
+        model=moe_model,
+        port=free_local_port(),
+        threads=2,
+        gpu="nvidia",
+    )
     compose_file = write_stack(compose_dict(stack, "pytest"), tmp_path / "compose.yaml")
     result = run_cli("up", str(compose_file))
     assert result.returncode == 1
-    assert "service engine asks for an NVIDIA GPU and this Docker has neither the nvidia runtime" in result.stderr
-    assert not docker_client.container.list(all=True, filters=[("label", "com.docker.compose.project=mst-gpu-refused")])
+    assert (
+        "service engine asks for an NVIDIA GPU and this Docker has neither the nvidia runtime"
+        in result.stderr
+    )
+    assert not docker_client.container.list(
+        all=True, filters=[("label", "com.docker.compose.project=mst-gpu-refused")]
+    )
 
 
 def test_full_disk_during_render_leaves_nothing(tmp_path: Path) -> None:
@@ -127,7 +163,9 @@ def test_full_disk_during_render_leaves_nothing(tmp_path: Path) -> None:
             handle.flush()
         result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--out", str(disk / "ctx"))
         assert result.returncode == 1
-        assert "No space left on device" in result.stderr and "nothing was written" in result.stderr, result.stderr
+        assert "No space left on device" in result.stderr and "nothing was written" in result.stderr, (
+            result.stderr
+        )
         assert sorted(p.name for p in disk.iterdir()) == ["filler"], "a half-written context was left behind"
     finally:
         subprocess.run(["umount", str(disk)], check=False)
@@ -144,20 +182,41 @@ def test_interrupted_build_resumes_from_cache(base_image: str, tmp_path: Path) -
     shutil.copytree(resolve_local(adapter, f"pypi:{adapter.sdist}"), tree, symlinks=True)
     with (tree / "ggml/src/ggml-alloc.c").open("a") as source:  # a small file: one cache miss
         source.write(f"\n// moe-stack interrupted-build test {time.time_ns()}\n")
-    args = ["build", "--engine", "llama.cpp", "--cpu", "avx2", "--source", str(tree), "--ref", "interrupt-test",
-            "--base-image", base_image, "--registry", "localhost", "--namespace", "moe-stack-test"]
+    args = [
+        "build",
+        "--engine",
+        "llama.cpp",
+        "--cpu",
+        "avx2",
+        "--source",
+        str(tree),
+        "--ref",
+        "interrupt-test",
+        "--base-image",
+        base_image,
+        "--registry",
+        "localhost",
+        "--namespace",
+        "moe-stack-test",
+    ]
     log = tmp_path / "first.log"
     # Its own process group, which Ctrl-C signals as a whole: moe-stack and its docker buildx.
-    first = subprocess.Popen([sys.executable, "-m", "builder", *args, "--log", str(log)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "builder", *args, "--log", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and " Building C" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGINT)
     _, stderr = first.communicate(timeout=120)
     assert first.returncode == 130, stderr[-2000:]
-    assert stderr.strip().splitlines()[-1] == ("moe-stack: error: interrupted; rerun the same command: builds "
-                                               "resume from their cache")
+    assert stderr.strip().splitlines()[-1] == (
+        "moe-stack: error: interrupted; rerun the same command: builds resume from their cache"
+    )
     second = run_cli(*args, "--log", str(tmp_path / "second.log"))
     assert second.returncode == 0, second.stderr[-2000:]
     hits = re.search(r"Hits:\s+(\d+) /", (tmp_path / "second.log").read_text())

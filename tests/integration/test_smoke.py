@@ -26,8 +26,21 @@ def docker_compose_file(tmp_path_factory: pytest.TempPathFactory, base_image: st
     chat template, so the Jinja path and a tools request are exercised), two threads."""
     image = build_engine_image("llama.cpp", "avx2", base_image)
     compose_file = tmp_path_factory.mktemp("smoke") / "compose.yaml"
-    result = run_cli("compose", "--model", str(moe_model), "--image", image.tag, "--served-name", "tiny-moe",
-                     "--threads", "2", "--port", str(free_local_port()), "--out", str(compose_file))
+    result = run_cli(
+        "compose",
+        "--model",
+        str(moe_model),
+        "--image",
+        image.tag,
+        "--served-name",
+        "tiny-moe",
+        "--threads",
+        "2",
+        "--port",
+        str(free_local_port()),
+        "--out",
+        str(compose_file),
+    )
     assert result.returncode == 0, result.stderr
     return str(compose_file)
 
@@ -49,10 +62,14 @@ def test_smoke_passes_on_an_emitted_stack(docker_services: Services, docker_comp
     assert checks["placement"]["seen"].endswith("2 threads")
     assert checks["gpu"]["seen"].startswith("not asked")
     # From what the file records it serves, not from the engine's flags.
-    assert checks["metrics"]["seen"].startswith("/metrics holds") and "tool calls" in checks["tool-call"]["seen"]
+    assert (
+        checks["metrics"]["seen"].startswith("/metrics holds") and "tool calls" in checks["tool-call"]["seen"]
+    )
 
 
-def test_smoke_names_what_differs(docker_services: Services, docker_compose_file: str, tmp_path: Path) -> None:
+def test_smoke_names_what_differs(
+    docker_services: Services, docker_compose_file: str, tmp_path: Path
+) -> None:
     """The same running stack, checked against a file that names the model otherwise: that check fails."""
     document = yaml.safe_load(Path(docker_compose_file).read_text())
     document["x-moe-stack"]["served-name"] = "another-name"

@@ -31,28 +31,61 @@ def _rows(stdout: str) -> list[tuple[str, int, float]]:
 
 
 def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
-        base_image: str, gemma_model: Path, docker_client: DockerClient) -> None:
+    base_image: str, gemma_model: Path, docker_client: DockerClient
+) -> None:
     server = build_engine_image("llama.cpp", "avx2", base_image)
     tools = build_engine_image("llama.cpp", "avx2", base_image, tools=True)
     mount = [(gemma_model.parent, "/models", "ro")]
-    printed = docker_client.run(tools.tag, ["llama-bench", "-m", f"/models/{gemma_model.name}", "-t", "2", "-p", "32",
-                                            "-n", "8", "-r", "1", "-o", "json"], volumes=mount, remove=True,
-                                read_only=True)
+    printed = docker_client.run(
+        tools.tag,
+        [
+            "llama-bench",
+            "-m",
+            f"/models/{gemma_model.name}",
+            "-t",
+            "2",
+            "-p",
+            "32",
+            "-n",
+            "8",
+            "-r",
+            "1",
+            "-o",
+            "json",
+        ],
+        volumes=mount,
+        remove=True,
+        read_only=True,
+    )
     rows = parse_llama_bench(str(printed))
     assert [row.test for row in rows] == ["pp32", "tg8"] and all(row.tps > 0 for row in rows)
     # gguf-py from the same tree reads the model, as the README runs it (python3's -m is no model flag).
-    dump = docker_client.run(tools.tag, ["python3", "-m", "gguf.scripts.gguf_dump", "--json", "--no-tensors",
-                                         f"/models/{gemma_model.name}"], volumes=mount, remove=True, read_only=True)
+    dump = docker_client.run(
+        tools.tag,
+        ["python3", "-m", "gguf.scripts.gguf_dump", "--json", "--no-tensors", f"/models/{gemma_model.name}"],
+        volumes=mount,
+        remove=True,
+        read_only=True,
+    )
     assert json.loads(str(dump))["metadata"]["general.architecture"]["value"] == "gemma3"
     # The engine's tools get the entrypoint's model check: a missing model is one line, exit 66.
     probe = "moe-stack-entrypoint llama-bench -m /models/none.gguf 2>&1; echo exit=$?"
     missing = docker_client.run(tools.tag, ["-c", probe], entrypoint="/bin/sh", volumes=mount, remove=True)
     assert "the model /models/none.gguf is missing" in str(missing) and str(missing).endswith("exit=66")
     # Every tool is there, next to the server; the image runs unprivileged.
-    listing = str(docker_client.run(tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True))
+    listing = str(
+        docker_client.run(tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True)
+    )
     assert listing.split()[0] == str(IMAGE_UID)
-    assert {"llama-server", "llama-bench", "llama-quantize", "llama-gguf-split", "llama-perplexity", "llama-imatrix",
-            "llama-batched-bench"} <= set(listing.split()[1:])
+    assert {
+        "llama-server",
+        "llama-bench",
+        "llama-quantize",
+        "llama-gguf-split",
+        "llama-perplexity",
+        "llama-imatrix",
+        "llama-batched-bench",
+    } <= set(listing.split()[1:])
     # Same variant as the server image: the same flag contract and CPU needs, so the same ISA guard.
     server_facts, tools_facts = read_image_facts(server.tag), read_image_facts(tools.tag)
     assert tools_facts.server_flags == server_facts.server_flags
@@ -62,15 +95,19 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
     assert config.healthcheck.test == ["NONE"]
 
 
-def test_bench_tool_runs_llama_bench_with_the_stacks_flags(base_image: str, gemma_model: Path, tmp_path: Path,
-                                                          start_stack: StackFactory) -> None:
+def test_bench_tool_runs_llama_bench_with_the_stacks_flags(
+    base_image: str, gemma_model: Path, tmp_path: Path, start_stack: StackFactory
+) -> None:
     server = build_engine_image("llama.cpp", "avx2", base_image)
     build_engine_image("llama.cpp", "avx2", base_image, tools=True)
-    compose_file, _ = emit_stack(tmp_path, server, gemma_model, chat_template=DEMO_CHAT_TEMPLATE, ubatch_size=128)
+    compose_file, _ = emit_stack(
+        tmp_path, server, gemma_model, chat_template=DEMO_CHAT_TEMPLATE, ubatch_size=128
+    )
     result = run_cli("bench", str(compose_file), "--tool", "llama-bench", "-p", "32", "-n", "8", "-r", "2")
     assert result.returncode == 0, result.stderr
-    assert f"llama-bench -m /models/{gemma_model.name} -t 2 -ub 128 -p 32 -n 8 -r 2 -o json" in \
-        " ".join(result.stdout.split())
+    assert f"llama-bench -m /models/{gemma_model.name} -t 2 -ub 128 -p 32 -n 8 -r 2 -o json" in " ".join(
+        result.stdout.split()
+    )
     rows = _rows(result.stdout)
     assert [(test, depth) for test, depth, _ in rows] == [("pp32", 0), ("tg8", 0)]
     assert all(tps > 0 for _, _, tps in rows)
@@ -81,18 +118,27 @@ def test_bench_tool_runs_llama_bench_with_the_stacks_flags(base_image: str, gemm
 
 
 def test_bench_tool_runs_ik_sweep_bench_and_llama_bench_on_a_hybrid_style_moe_stack(
-        base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    base_image: str, moe_model: Path, tmp_path: Path
+) -> None:
     server = build_engine_image("ik_llama.cpp", "avx2", base_image)
     build_engine_image("ik_llama.cpp", "avx2", base_image, tools=True)
-    compose_file, _ = emit_stack(tmp_path, server, moe_model, ctx_size=512, ubatch_size=128,
-                                 override_tensors=(EXPERTS_ON_CPU_RULE,), extra_args=("-rtr",))
+    compose_file, _ = emit_stack(
+        tmp_path,
+        server,
+        moe_model,
+        ctx_size=512,
+        ubatch_size=128,
+        override_tensors=(EXPERTS_ON_CPU_RULE,),
+        extra_args=("-rtr",),
+    )
     sweep = run_cli("bench", str(compose_file), "--tool", "sweep-bench", "-n", "8")
     assert sweep.returncode == 0, sweep.stderr
     # The server's flags as they are, the context included (it sweeps over it in -ub windows).
     assert "--ctx-size 512" in sweep.stdout and "-rtr" in sweep.stdout and "--alias" not in sweep.stdout
     rows = _rows(sweep.stdout)
     assert [(test, depth) for test, depth, _ in rows] == [
-        (test, depth) for depth in (0, 128, 256, 384) for test in ("pp128", "tg8")]
+        (test, depth) for depth in (0, 128, 256, 384) for test in ("pp128", "tg8")
+    ]
     assert all(tps > 0 for _, _, tps in rows)
     bench = run_cli("bench", str(compose_file), "--tool", "llama-bench", "-p", "64", "-n", "8", "-r", "1")
     assert bench.returncode == 0, bench.stderr
@@ -101,7 +147,9 @@ def test_bench_tool_runs_ik_sweep_bench_and_llama_bench_on_a_hybrid_style_moe_st
     assert [test for test, _, _ in _rows(bench.stdout)] == ["pp64", "tg8"]
 
 
-def test_tune_searches_the_demo_stack_and_writes_the_winner(base_image: str, gemma_model: Path, tmp_path: Path) -> None:
+def test_tune_searches_the_demo_stack_and_writes_the_winner(
+    base_image: str, gemma_model: Path, tmp_path: Path
+) -> None:
     server = build_engine_image("llama.cpp", "avx2", base_image)
     build_engine_image("llama.cpp", "avx2", base_image, tools=True)
     compose_file, _ = emit_stack(tmp_path, server, gemma_model, chat_template=DEMO_CHAT_TEMPLATE)

@@ -14,7 +14,12 @@ from builder.files import cache_dir
 # torch 2.13.0's CPU build is the one on this kind of host (the pip find-links); kt-kernel pins
 # torch 2.9.1, whose CPU build only PyTorch's own index has.
 TORCH = "torch==2.13.0"
-_PLATFORMS = ("manylinux_2_35_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+_PLATFORMS = (
+    "manylinux_2_35_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+)
 
 
 def make_kt_wheelhouse() -> Path:
@@ -25,13 +30,32 @@ def make_kt_wheelhouse() -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".wheelhouse-", dir=target.parent))
-    common = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version", "3.11",
-              "--implementation", "cp", *(arg for p in _PLATFORMS for arg in ("--platform", p)), "--dest", str(staging)]
+    common = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        *(arg for p in _PLATFORMS for arg in ("--platform", p)),
+        "--dest",
+        str(staging),
+    ]
     try:
-        subprocess.run([*common, "--no-deps", f"kt-kernel=={version}"], check=True, capture_output=True, text=True)
-        subprocess.run([*common, TORCH, "numpy", "gguf", "safetensors"], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [*common, "--no-deps", f"kt-kernel=={version}"], check=True, capture_output=True, text=True
+        )
+        subprocess.run(
+            [*common, TORCH, "numpy", "gguf", "safetensors"], check=True, capture_output=True, text=True
+        )
         if not list(staging.glob("torch-*+cpu-*.whl")):
-            raise RuntimeError(f"pip found no CPU build of {TORCH} (it should come from this host's find-links)")
+            raise RuntimeError(
+                f"pip found no CPU build of {TORCH} (it should come from this host's find-links)"
+            )
         staging.rename(target)
     except subprocess.CalledProcessError as err:
         raise RuntimeError(f"pip download failed: {err.stderr.strip().splitlines()[-1:]}") from None

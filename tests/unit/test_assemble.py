@@ -34,8 +34,10 @@ from tests.hosts import EPYC_9554_FLAGS, fake_host
 @pytest.fixture
 def epyc(tmp_path: Path) -> HostFacts:
     """Two sockets of 32 Zen 4 cores with SMT, 288 GiB each."""
-    return probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
-                 nvidia_smi_text="")
+    return probe(
+        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
+        nvidia_smi_text="",
+    )
 
 
 @pytest.fixture
@@ -50,8 +52,13 @@ def deepseek_model(tmp_path: Path) -> Path:
 
 
 def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model: Path) -> None:
-    options = StackOptions(model=deepseek_model, engine="ik_llama.cpp", preset="deepseek-r1-671b", gpu="nvidia",
-                           engine_options=EngineOptions(ctx_size=8192, mla=None))
+    options = StackOptions(
+        model=deepseek_model,
+        engine="ik_llama.cpp",
+        preset="deepseek-r1-671b",
+        gpu="nvidia",
+        engine_options=EngineOptions(ctx_size=8192, mla=None),
+    )
     stack = assemble_stack(options, epyc)
     assert stack.ctx_size == 8192 and stack.mla is None  # given, even as None, wins over the preset's 3
     assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
@@ -62,8 +69,13 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
 
 
 def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> None:
-    options = StackOptions(model=model, override_tensors=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
-                           experts_on_cpu=True, numa_nodes=(1,), threads=8)
+    options = StackOptions(
+        model=model,
+        override_tensors=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
+        experts_on_cpu=True,
+        numa_nodes=(1,),
+        threads=8,
+    )
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE)
     assert (stack.numa, stack.numa_nodes, stack.threads, stack.numa_node_count) == ("cpunodebind", (1,), 8, 1)
@@ -90,37 +102,63 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
     with pytest.raises(SpecError, match="--cpu-image adds a CPU-only profile"):
         plan_stack(StackOptions(model=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
     with pytest.raises(StackError, match="runs on AMX, and this CPU lacks"):
-        assemble_stack(StackOptions(model=model, engine="ktransformers", gpu="nvidia",
-                                    engine_options=EngineOptions(kt_method="AMXINT8")), epyc)
+        assemble_stack(
+            StackOptions(
+                model=model,
+                engine="ktransformers",
+                gpu="nvidia",
+                engine_options=EngineOptions(kt_method="AMXINT8"),
+            ),
+            epyc,
+        )
     with pytest.raises(ValidationError, match="hugetlbfs"):
         StackOptions(model=model, hugetlbfs="3M")  # type: ignore[arg-type]
 
 
 def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:
-    plan = plan_stack(StackOptions(model=model, gpu="nvidia", cpu_image="img:cpu", skip_image_checks=True,
-                                   port=18123), epyc)
+    plan = plan_stack(
+        StackOptions(model=model, gpu="nvidia", cpu_image="img:cpu", skip_image_checks=True, port=18123), epyc
+    )
     assert plan.facts is None and plan.cpu_profile is not None
     cpu_stack, cpu_facts = plan.cpu_profile
     assert cpu_stack.image == "img:cpu" and cpu_stack.gpu == "none" and cpu_facts is None
 
 
-def test_served_name_defaults_to_the_preset_else_the_models_name(epyc: HostFacts, model: Path, tmp_path: Path) -> None:
+def test_served_name_defaults_to_the_preset_else_the_models_name(
+    epyc: HostFacts, model: Path, tmp_path: Path
+) -> None:
     assert assemble_stack(StackOptions(model=model), epyc).served_name == "moe"
-    assert assemble_stack(StackOptions(model=model, preset="qwen3-235b-a22b"), epyc).served_name == "qwen3-235b-a22b"
+    assert (
+        assemble_stack(StackOptions(model=model, preset="qwen3-235b-a22b"), epyc).served_name
+        == "qwen3-235b-a22b"
+    )
     assert assemble_stack(StackOptions(model=model, served_name="mine"), epyc).served_name == "mine"
     assert served_name_for(Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")) == "DeepSeek-R1-IQ4_XS"
     assert served_name_for(Path("/m/_odd name!.gguf")) == "odd-name-"
 
 
-def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(tmp_path: Path, deepseek_model: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """ik's CUDA build pins CPU-placed tensors (CUDA_Host) whatever mmap says; mainline only with --no-mmap."""
-    small = probe(fake_host(tmp_path / "small", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=4),
-                  nvidia_smi_text="")
-    ik = StackOptions(model=deepseek_model, engine="ik_llama.cpp", gpu="nvidia", image="ik:1", skip_image_checks=True,
-                      port=free_local_port())
-    with pytest.raises(SpecError, match=r"ik_llama.cpp would keep .* of CPU weights in page-locked \(pinned\) memory "
-                                        r"and this host has 8.0 GiB .*no setting of ik_llama.cpp avoids it"):
+def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(
+    tmp_path: Path, deepseek_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ik's CUDA build pins CPU-placed tensors (CUDA_Host) whatever mmap says; mainline only with
+    --no-mmap."""
+    small = probe(
+        fake_host(tmp_path / "small", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=4),
+        nvidia_smi_text="",
+    )
+    ik = StackOptions(
+        model=deepseek_model,
+        engine="ik_llama.cpp",
+        gpu="nvidia",
+        image="ik:1",
+        skip_image_checks=True,
+        port=free_local_port(),
+    )
+    with pytest.raises(
+        SpecError,
+        match=r"ik_llama.cpp would keep .* of CPU weights in page-locked \(pinned\) memory "
+        r"and this host has 8.0 GiB .*no setting of ik_llama.cpp avoids it",
+    ):
         plan_stack(ik, small)
     mainline = ik.model_copy(update={"engine": "llama.cpp", "engine_options": EngineOptions(mmap=False)})
     with pytest.raises(SpecError, match=r"keep the weights mapped \(--mmap\)"):
@@ -130,21 +168,37 @@ def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(tmp_path:
     assert compose_dict(mapped.stack, "x", check_files=False)["x-moe-stack"].get("cpu-weights") is None  # type: ignore[union-attr]
     # Over half the RAM: said, not refused.
     monkeypatch.setattr(pinned_memory, "HEADROOM_BYTES", 0)
-    stack = plan_stack(ik.model_copy(update={"gpu": "none"}), small).stack.model_copy(update={"gpu": "nvidia"})
+    stack = plan_stack(ik.model_copy(update={"gpu": "none"}), small).stack.model_copy(
+        update={"gpu": "nvidia"}
+    )
     pinned = pinned_bytes(stack)
     assert pinned == sum(read_facts(deepseek_model).expert_bytes) + read_facts(deepseek_model).embedding_bytes
     assert "keeps" in str(check_pinned(stack, int(pinned * 1.5))) and check_pinned(stack, pinned * 3) is None
     assert compose_dict(stack, "x", check_files=False)["x-moe-stack"]["cpu-weights"] == "pinned"  # type: ignore[index]
-    assert pinned_finding(400 * GIB, 576 * GIB)[0] == "WARN" and pinned_finding(400 * GIB, 384 * GIB)[0] == "FAIL"
+    assert (
+        pinned_finding(400 * GIB, 576 * GIB)[0] == "WARN"
+        and pinned_finding(400 * GIB, 384 * GIB)[0] == "FAIL"
+    )
 
 
 def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Path) -> None:
     """An image of an engine version whose tree has no loader for the model's architecture (its
     llama-arch.cpp names it not) is refused at emit time, saying whether the pinned version's does."""
-    old = ImageFacts(image="ik:9c4e21a", engine="ik_llama.cpp", engine_ref="9c4e21a", variant="9c4e21a-cpu-avx2",
-                     cpu_target="avx2", required_cpu_flags=(), server_flags={}, architectures=("llama", "qwen3moe"))
-    with pytest.raises(StackError, match=r"ik_llama.cpp 9c4e21a \(ik:9c4e21a\) can't load deepseek2 models like "
-                                         r"moe.gguf .*the image of ik_llama.cpp ikpy-0.1.5 does"):
+    old = ImageFacts(
+        image="ik:9c4e21a",
+        engine="ik_llama.cpp",
+        engine_ref="9c4e21a",
+        variant="9c4e21a-cpu-avx2",
+        cpu_target="avx2",
+        required_cpu_flags=(),
+        server_flags={},
+        architectures=("llama", "qwen3moe"),
+    )
+    with pytest.raises(
+        StackError,
+        match=r"ik_llama.cpp 9c4e21a \(ik:9c4e21a\) can't load deepseek2 models like "
+        r"moe.gguf .*the image of ik_llama.cpp ikpy-0.1.5 does",
+    ):
         check_architecture(old, deepseek_model)
     check_architecture(replace(old, architectures=("deepseek2",)), deepseek_model)
     check_architecture(replace(old, architectures=()), deepseek_model)  # not recorded: not refused

@@ -19,15 +19,46 @@ from tests.cli import run_cli_in_process
 
 # CI explores the same examples every run (a landing must not hinge on a lucky draw); elsewhere each run
 # draws new ones, and hypothesis keeps any failure it finds in .hypothesis/ to replay first.
-PROFILE = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                   derandomize=bool(os.environ.get("CI")))
+PROFILE = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=bool(os.environ.get("CI")),
+)
 # Text a user might type: printable words, odd characters, numbers, empty strings.
-WORD = st.one_of(st.sampled_from(["", "avx2", "zen4", "zen5", "12.8", "13.0", "llama.cpp", "ik_llama.cpp", "0",
-                                  "-1", "99", "a b", "../x", "89,120", "0,1", "interleave", "2M", "1g",
-                                  "ktransformers", "ktransformers-legacy", "portable", "sapphirerapids", "LLAMAFILE",
-                                  "AMXINT4", "nvidia", "/tmp"]),
-                 st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-                         max_size=20))
+WORD = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "avx2",
+            "zen4",
+            "zen5",
+            "12.8",
+            "13.0",
+            "llama.cpp",
+            "ik_llama.cpp",
+            "0",
+            "-1",
+            "99",
+            "a b",
+            "../x",
+            "89,120",
+            "0,1",
+            "interleave",
+            "2M",
+            "1g",
+            "ktransformers",
+            "ktransformers-legacy",
+            "portable",
+            "sapphirerapids",
+            "LLAMAFILE",
+            "AMXINT4",
+            "nvidia",
+            "/tmp",
+        ]
+    ),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20),
+)
 
 
 def _assert_clean(result, written: Path | None = None) -> None:
@@ -42,14 +73,22 @@ def _assert_clean(result, written: Path | None = None) -> None:
 
 
 @PROFILE
-@given(engine=WORD, cpu=WORD, cuda=st.one_of(st.none(), WORD), archs=st.one_of(st.none(), WORD),
-       ref=st.one_of(st.none(), WORD))
+@given(
+    engine=WORD,
+    cpu=WORD,
+    cuda=st.one_of(st.none(), WORD),
+    archs=st.one_of(st.none(), WORD),
+    ref=st.one_of(st.none(), WORD),
+)
 def test_render(engine: str, cpu: str, cuda: str | None, archs: str | None, ref: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ctx"
         args = ["render", "--engine", engine, "--cpu", cpu, "--out", str(out)]
-        args += [*(["--cuda", cuda] if cuda is not None else []), *(["--cuda-archs", archs] if archs is not None else []),
-                 *(["--ref", ref] if ref is not None else [])]
+        args += [
+            *(["--cuda", cuda] if cuda is not None else []),
+            *(["--cuda-archs", archs] if archs is not None else []),
+            *(["--ref", ref] if ref is not None else []),
+        ]
         result = run_cli_in_process(*args)
         _assert_clean(result, out)
         if result.returncode == 0:
@@ -57,18 +96,53 @@ def test_render(engine: str, cpu: str, cuda: str | None, archs: str | None, ref:
 
 
 @PROFILE
-@given(options=st.lists(st.tuples(st.sampled_from(["--ctx-size", "--threads", "--parallel", "--port", "--numa",
-                                                  "--numa-nodes", "--gpu", "--hugetlbfs", "--shm-size", "--mla",
-                                                  "--cache-type", "--flash-attention", "--override-tensor",
-                                                  "--preset", "--bind", "--project", "--start-period",
-                                                  "--engine", "--kt-method", "--gpu-experts", "--config-dir"]), WORD),
-                        max_size=4))
+@given(
+    options=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "--ctx-size",
+                    "--threads",
+                    "--parallel",
+                    "--port",
+                    "--numa",
+                    "--numa-nodes",
+                    "--gpu",
+                    "--hugetlbfs",
+                    "--shm-size",
+                    "--mla",
+                    "--cache-type",
+                    "--flash-attention",
+                    "--override-tensor",
+                    "--preset",
+                    "--bind",
+                    "--project",
+                    "--start-period",
+                    "--engine",
+                    "--kt-method",
+                    "--gpu-experts",
+                    "--config-dir",
+                ]
+            ),
+            WORD,
+        ),
+        max_size=4,
+    )
+)
 def test_compose(options: list[tuple[str, str]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "m.gguf"
         model.write_bytes(b"GGUF\x03\x00\x00\x00")
         out = Path(tmp) / "compose.yaml"
-        args = ["compose", "--model", str(model), "--out", str(out), "--skip-image-checks", "--for-other-host"]
+        args = [
+            "compose",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--skip-image-checks",
+            "--for-other-host",
+        ]
         for option, value in options:
             args += [option, value]
         _assert_clean(run_cli_in_process(*args), out)
@@ -97,16 +171,43 @@ def test_truncated_gguf_of_a_real_model(tmp_path: Path) -> None:
         assert result.returncode == 1, (cut, result.stdout)
         _assert_clean(result)
         # (the test's own directory name holds "truncated": match the messages, not the word)
-        assert any(said in result.stderr for said in ("header does not hold together", "not a readable GGUF",
-                                                      "is truncated: its tensors need")), result.stderr
+        assert any(
+            said in result.stderr
+            for said in (
+                "header does not hold together",
+                "not a readable GGUF",
+                "is truncated: its tensors need",
+            )
+        ), result.stderr
 
 
 @PROFILE
-@given(values=st.dictionaries(st.sampled_from(["ctx_size", "threads", "parallel", "port", "numa", "numa_nodes",
-                                               "cpuset", "gpu", "hugetlbfs", "shm_size", "mla", "cache_type",
-                                               "override_tensors", "project", "start_period_s", "flash_attention"]),
-                              st.one_of(WORD, st.integers(-10, 10**6), st.lists(st.integers(-2, 8), max_size=3)),
-                              max_size=5))
+@given(
+    values=st.dictionaries(
+        st.sampled_from(
+            [
+                "ctx_size",
+                "threads",
+                "parallel",
+                "port",
+                "numa",
+                "numa_nodes",
+                "cpuset",
+                "gpu",
+                "hugetlbfs",
+                "shm_size",
+                "mla",
+                "cache_type",
+                "override_tensors",
+                "project",
+                "start_period_s",
+                "flash_attention",
+            ]
+        ),
+        st.one_of(WORD, st.integers(-10, 10**6), st.lists(st.integers(-2, 8), max_size=3)),
+        max_size=5,
+    )
+)
 def test_stack_spec_accepts_or_explains(values: dict[str, object]) -> None:
     base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": Path("/m/x.gguf"), "threads": 4}
     try:
@@ -116,10 +217,29 @@ def test_stack_spec_accepts_or_explains(values: dict[str, object]) -> None:
 
 
 @PROFILE
-@given(members=st.lists(st.tuples(st.sampled_from(["manifest.json", "compose.yaml", "images.tar", "models/m.gguf",
-                                                   "models/../x.gguf", "../escape", "/abs", "models", "x"]),
-                                  st.sampled_from(["file", "sym", "dir"]), st.binary(max_size=40)), max_size=5),
-       expect=st.one_of(st.none(), WORD))
+@given(
+    members=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "manifest.json",
+                    "compose.yaml",
+                    "images.tar",
+                    "models/m.gguf",
+                    "models/../x.gguf",
+                    "../escape",
+                    "/abs",
+                    "models",
+                    "x",
+                ]
+            ),
+            st.sampled_from(["file", "sym", "dir"]),
+            st.binary(max_size=40),
+        ),
+        max_size=5,
+    ),
+    expect=st.one_of(st.none(), WORD),
+)
 def test_load_on_junk_bundles(members: list[tuple[str, str, bytes]], expect: str | None) -> None:
     """Whatever a bundle holds, `load` answers one line and writes nothing outside --dest."""
     import io
@@ -138,7 +258,13 @@ def test_load_on_junk_bundles(members: list[tuple[str, str, bytes]], expect: str
                     info.linkname = "/etc/passwd" if kind == "sym" else ""
                     tar.addfile(info)
         dest = Path(tmp) / "dest"
-        args = ["load", str(bundle), "--dest", str(dest), *(["--expect-sha256", expect] if expect is not None else ["--unverified"])]
+        args = [
+            "load",
+            str(bundle),
+            "--dest",
+            str(dest),
+            *(["--expect-sha256", expect] if expect is not None else ["--unverified"]),
+        ]
         _assert_clean(run_cli_in_process(*args))
         assert sorted(p.name for p in Path(tmp).iterdir()) in (["b.tar"], ["b.tar", "dest"])
         assert not (Path(tmp).parent / "escape").exists()
@@ -151,5 +277,7 @@ def test_pull_and_publish_on_junk_names(source: str, engine: str, ref: str | Non
     names; a name that parses is refused at connection, as one line too)."""
     if "." in source.partition("/")[0] or ":" in source.partition("/")[0] or source.startswith("localhost"):
         return  # a plausible host: this test must not send traffic anywhere
-    _assert_clean(run_cli_in_process("pull", "--from", source, "--engine", engine, *(["--ref", ref] if ref else [])))
+    _assert_clean(
+        run_cli_in_process("pull", "--from", source, "--engine", engine, *(["--ref", ref] if ref else []))
+    )
     _assert_clean(run_cli_in_process("publish", "img:1", "--to", source))

@@ -22,9 +22,16 @@ from tests.specs import default_spec
 
 
 def test_tag_format() -> None:
-    assert image_tag(image_spec("llama.cpp", ref="0c1e57098")) == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
-    spec = image_spec("ik_llama.cpp", ref="007d640098cbea95157d81846ada7fe50b9fed08", registry="localhost:5000",
-                      namespace="lab")
+    assert (
+        image_tag(image_spec("llama.cpp", ref="0c1e57098"))
+        == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
+    )
+    spec = image_spec(
+        "ik_llama.cpp",
+        ref="007d640098cbea95157d81846ada7fe50b9fed08",
+        registry="localhost:5000",
+        namespace="lab",
+    )
     assert image_tag(spec) == "localhost:5000/lab/ik-llama-cpp:007d640098cb-cpu-avx2"
 
 
@@ -45,7 +52,10 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
     assert plan.kwargs()["build_contexts"] == {SOURCE_CONTEXT: str(tree)}
     assert plan.tags == ("ghcr.io/moe-stack/llama-cpp:mine-cpu-avx2",)
     contract, line = plan.command_lines(tmp_path / "out")
-    assert contract.endswith(f"--target contract --build-context engine-src={tree} --output type=local,dest={tmp_path / 'out'} {tmp_path / 'ctx'}")
+    assert contract.endswith(
+        f"--target contract --build-context engine-src={tree} "
+        f"--output type=local,dest={tmp_path / 'out'} {tmp_path / 'ctx'}"
+    )
     assert "--load" not in contract and "--tag" not in contract
     assert line.startswith("docker buildx build --file ")
     assert "--label 'io.moe-stack.server-flags=<flags parsed from" in line
@@ -54,19 +64,33 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
 
 
 def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tmp_path: Path) -> None:
-    spec = image_spec("ik_llama.cpp", "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08", cuda=cuda_target("12.8"),
-                      registry="ghcr.io", namespace="acme")
-    plan = plan_build(spec, tmp_path, None).for_publishing(spec, gha_cache=True, metadata_file=tmp_path / "m.json")
+    spec = image_spec(
+        "ik_llama.cpp",
+        "zen4",
+        ref="007d640098cbea95157d81846ada7fe50b9fed08",
+        cuda=cuda_target("12.8"),
+        registry="ghcr.io",
+        namespace="acme",
+    )
+    plan = plan_build(spec, tmp_path, None).for_publishing(
+        spec, gha_cache=True, metadata_file=tmp_path / "m.json"
+    )
     kwargs = plan.kwargs()
-    assert kwargs["tags"] == ["ghcr.io/acme/ik-llama-cpp:007d640098cb-cuda12.8-zen4",
-                              "ghcr.io/acme/ik-llama-cpp:cuda12.8-zen4"]
+    assert kwargs["tags"] == [
+        "ghcr.io/acme/ik-llama-cpp:007d640098cb-cuda12.8-zen4",
+        "ghcr.io/acme/ik-llama-cpp:cuda12.8-zen4",
+    ]
     assert kwargs["push"] is True and kwargs["load"] is False
     assert kwargs["sbom"] is True and kwargs["provenance"] == {"mode": "max"}
     # One string: python-on-whales reads a list as dicts (a list of strings was an AttributeError)
     assert kwargs["cache_from"] == "type=gha,scope=ik-llama-cpp-cuda12.8-zen4"
     assert kwargs["cache_to"] == "type=gha,mode=max,scope=ik-llama-cpp-cuda12.8-zen4"
     contract = plan.contract_step(tmp_path / "c").kwargs()
-    assert "push" not in contract and "cache_to" not in contract and contract["cache_from"] == kwargs["cache_from"]
+    assert (
+        "push" not in contract
+        and "cache_to" not in contract
+        and contract["cache_from"] == kwargs["cache_from"]
+    )
 
 
 def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
@@ -75,20 +99,27 @@ def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:
     class CancelledBuildx:
         def build(self, **_: object):
             yield "#10 [build 3/5] RUN cmake ..."
-            raise DockerException(["docker", "buildx", "build"], 1, stderr=b"ERROR: failed to solve: Canceled: context canceled")
+            raise DockerException(
+                ["docker", "buildx", "build"], 1, stderr=b"ERROR: failed to solve: Canceled: context canceled"
+            )
 
     client = SimpleNamespace(buildx=CancelledBuildx())
     (tmp_path / "Dockerfile").write_text("FROM debian:trixie-slim\n")
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
-    with (tmp_path / "log").open("w") as log, pytest.raises(Interrupted, match="interrupted; rerun the same command"):
+    with (
+        (tmp_path / "log").open("w") as log,
+        pytest.raises(Interrupted, match="interrupted; rerun the same command"),
+    ):
         stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)
 
 
 def test_a_base_made_on_this_host_is_never_pulled(tmp_path: Path) -> None:
     """`moe-stack/...` would resolve to Docker Hub, where it is not moe-stack's: a missing one stops the
     build before buildx runs, with the command that makes it."""
-    dockerfile = ("FROM moe-stack/cuda:13.0-devel AS build\nFROM build AS contract\n"
-                  "FROM --platform=linux/amd64 moe-stack/debian:trixie AS runtime\nFROM debian:trixie-slim\n")
+    dockerfile = (
+        "FROM moe-stack/cuda:13.0-devel AS build\nFROM build AS contract\n"
+        "FROM --platform=linux/amd64 moe-stack/debian:trixie AS runtime\nFROM debian:trixie-slim\n"
+    )
     assert local_bases(dockerfile) == ["moe-stack/cuda:13.0-devel", "moe-stack/debian:trixie"]
     (tmp_path / "Dockerfile").write_text(dockerfile)
 
@@ -96,10 +127,18 @@ def test_a_base_made_on_this_host_is_never_pulled(tmp_path: Path) -> None:
         def build(self, **_: object):
             raise AssertionError("buildx ran")
 
-    client = SimpleNamespace(buildx=NoBuildx(), image=SimpleNamespace(exists=lambda name: name.endswith("-devel")))
+    client = SimpleNamespace(
+        buildx=NoBuildx(), image=SimpleNamespace(exists=lambda name: name.endswith("-devel"))
+    )
     plan = plan_build(default_spec("llama.cpp"), tmp_path, None)
-    with (tmp_path / "log").open("w") as log, pytest.raises(BuildFailed, match=r"moe-stack/debian:trixie is made on "
-                                                                              r"this host .*`moe-stack base`"):
+    with (
+        (tmp_path / "log").open("w") as log,
+        pytest.raises(
+            BuildFailed,
+            match=r"moe-stack/debian:trixie is made on "
+            r"this host .*`moe-stack base`",
+        ),
+    ):
         stream_build(client, plan, log, tmp_path / "log", show=lambda line: None)
 
 
@@ -114,9 +153,17 @@ def test_a_host_that_cannot_run_the_image_reads_the_contract_from_a_build_it_can
     zen4 = image_spec("llama.cpp", "zen4", tools=True)
     stand_in = contract_stand_in(zen4, avx2_host)
     assert stand_in is not None and stand_in.cpu.name == "avx2" and stand_in.tools is False
-    assert (stand_in.ref, stand_in.cuda, stand_in.base, stand_in.engine) == (zen4.ref, zen4.cuda, zen4.base, zen4.engine)
+    assert (stand_in.ref, stand_in.cuda, stand_in.base, stand_in.engine) == (
+        zen4.ref,
+        zen4.cuda,
+        zen4.base,
+        zen4.engine,
+    )
     assert contract_stand_in(zen4, _cpu(EPYC_9554_FLAGS)) is None  # it runs its own
     assert contract_stand_in(image_spec("llama.cpp", "portable"), avx2_host) is None  # dispatches at run time
-    assert contract_stand_in(image_spec("ik_llama.cpp", "sapphirerapids"), _cpu(EPYC_9554_FLAGS)).cpu.name == "zen4"  # type: ignore[union-attr]
+    assert (
+        contract_stand_in(image_spec("ik_llama.cpp", "sapphirerapids"), _cpu(EPYC_9554_FLAGS)).cpu.name
+        == "zen4"
+    )  # type: ignore[union-attr]
     with pytest.raises(BuildFailed, match="runs none of the CPU targets"):
         contract_stand_in(zen4, _cpu("sse2"))

@@ -48,8 +48,9 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
     mounted file by file from where load put it."""
     document = yaml.safe_load(path.read_text())
     config = Path("/srv/config") if "/model-config" in path.read_text() else None
-    rebuilt = rebuild_stack(document, _images(document), LoadChoices(model_files=(Path("/srv/m/a.gguf"),),
-                                                                     config_dir=config))
+    rebuilt = rebuild_stack(
+        document, _images(document), LoadChoices(model_files=(Path("/srv/m/a.gguf"),), config_dir=config)
+    )
     for service in document["services"].values():  # the emitted config mount's source is the example's
         for volume in service["volumes"]:
             if volume.get("target") == "/model-config":
@@ -57,7 +58,8 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
     assert _without_model_mounts(rebuilt) == _without_model_mounts(document)
     engine = rebuilt["services"]["engine"]
     assert [v for v in engine["volumes"] if str(v["target"]).startswith("/models")] == [
-        {"type": "bind", "source": "/srv/m/a.gguf", "target": "/models/a.gguf", "read_only": True}]
+        {"type": "bind", "source": "/srv/m/a.gguf", "target": "/models/a.gguf", "read_only": True}
+    ]
     assert rebuilt["x-moe-stack"]["model"] == "/srv/m/a.gguf"
 
 
@@ -71,38 +73,82 @@ def _top(change: dict[str, object]) -> dict:
     return {**copy.deepcopy(EMITTED), **change}
 
 
-@pytest.mark.parametrize(("document", "why"), [
-    (_with({"privileged": True}), "sets privileged"),
-    (_with({"network_mode": "host"}), "sets network_mode"),
-    (_with({"pid": "host"}), "sets pid"),
-    (_with({"devices": ["/dev/sda:/dev/sda"]}), "sets devices"),
-    (_with({"user": "0"}), "sets user"),
-    (_with({"cap_add": ["SYS_ADMIN"]}), "adds"),
-    (_with({"volumes": [{"type": "bind", "source": "/etc", "target": "/host-etc", "read_only": True}]}), "mounts /etc"),
-    (_with({"volumes": ["/:/host"]}), "moe-stack never writes"),
-    (_with({"volumes": [{"type": "volume", "source": "other-stack-data", "target": "/data"}]}), "mounts other-stack"),
-    (_with({"image": "evil/miner:latest"}), "doesn't list"),
-    (_with({"image": f"{EMITTED['services']['engine']['image']}@md5:0"}), "not a sha256 digest"),
-    (_with({"environment": {"LD_PRELOAD": "/models/evil.so"}}), "LD_PRELOAD"),
-    (_with({"environment": {"MOE_STACK_NUMA": "interleave; rm -rf /"}}), "NUMA policy"),
-    (_with({"cpuset": "0-3; true"}), "cpuset"),
-    (_with({"shm_size": "1g --privileged"}), "shm_size"),
-    (_with({"command": ["--alias", "a\nb"]}), "control character"),
-    (_with({"ports": [{"target": 8080, "published": "8080"}, {"target": 22, "published": "22"}]}), "single port"),
-    (_with({"deploy": {"resources": {"reservations": {"devices": [{"driver": "nvidia", "device_ids": ["/dev/mem"],
-                                                                   "capabilities": ["gpu"]}]}}}}), "GPU reservation"),
-    (_with({"secrets": ["moe-stack-api-key"]}), "pass --api-key-file"),
-    (_with({"volumes": [{"type": "bind", "source": "/home", "target": "/model-config", "read_only": True}]}),
-     "pass --config-dir"),
-    (_top({"x-moe-stack": {}}), "names the engine None"),
-    (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "served-name": "x\n  evil: 1"}}), "control character"),
-    (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "serves": {"engine": {"threads": "2; true"}}}}),
-     "serves.engine is not"),
-    (_top({"networks": {"default": {"external": True}}}), "top-level networks"),
-    (_top({"name": "../other"}), "project name"),
-    (_top({"services": {**EMITTED["services"], "miner": EMITTED["services"]["engine"]}}), "service miner"),
-    ("just text", "not written by `moe-stack compose`"),
-])
+@pytest.mark.parametrize(
+    ("document", "why"),
+    [
+        (_with({"privileged": True}), "sets privileged"),
+        (_with({"network_mode": "host"}), "sets network_mode"),
+        (_with({"pid": "host"}), "sets pid"),
+        (_with({"devices": ["/dev/sda:/dev/sda"]}), "sets devices"),
+        (_with({"user": "0"}), "sets user"),
+        (_with({"cap_add": ["SYS_ADMIN"]}), "adds"),
+        (
+            _with(
+                {"volumes": [{"type": "bind", "source": "/etc", "target": "/host-etc", "read_only": True}]}
+            ),
+            "mounts /etc",
+        ),
+        (_with({"volumes": ["/:/host"]}), "moe-stack never writes"),
+        (
+            _with({"volumes": [{"type": "volume", "source": "other-stack-data", "target": "/data"}]}),
+            "mounts other-stack",
+        ),
+        (_with({"image": "evil/miner:latest"}), "doesn't list"),
+        (_with({"image": f"{EMITTED['services']['engine']['image']}@md5:0"}), "not a sha256 digest"),
+        (_with({"environment": {"LD_PRELOAD": "/models/evil.so"}}), "LD_PRELOAD"),
+        (_with({"environment": {"MOE_STACK_NUMA": "interleave; rm -rf /"}}), "NUMA policy"),
+        (_with({"cpuset": "0-3; true"}), "cpuset"),
+        (_with({"shm_size": "1g --privileged"}), "shm_size"),
+        (_with({"command": ["--alias", "a\nb"]}), "control character"),
+        (
+            _with({"ports": [{"target": 8080, "published": "8080"}, {"target": 22, "published": "22"}]}),
+            "single port",
+        ),
+        (
+            _with(
+                {
+                    "deploy": {
+                        "resources": {
+                            "reservations": {
+                                "devices": [
+                                    {"driver": "nvidia", "device_ids": ["/dev/mem"], "capabilities": ["gpu"]}
+                                ]
+                            }
+                        }
+                    }
+                }
+            ),
+            "GPU reservation",
+        ),
+        (_with({"secrets": ["moe-stack-api-key"]}), "pass --api-key-file"),
+        (
+            _with(
+                {
+                    "volumes": [
+                        {"type": "bind", "source": "/home", "target": "/model-config", "read_only": True}
+                    ]
+                }
+            ),
+            "pass --config-dir",
+        ),
+        (_top({"x-moe-stack": {}}), "names the engine None"),
+        (
+            _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "served-name": "x\n  evil: 1"}}),
+            "control character",
+        ),
+        (
+            _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "serves": {"engine": {"threads": "2; true"}}}}),
+            "serves.engine is not",
+        ),
+        (_top({"networks": {"default": {"external": True}}}), "top-level networks"),
+        (_top({"name": "../other"}), "project name"),
+        (
+            _top({"services": {**EMITTED["services"], "miner": EMITTED["services"]["engine"]}}),
+            "service miner",
+        ),
+        ("just text", "not written by `moe-stack compose`"),
+    ],
+)
 def test_hostile_stacks_are_refused(document: object, why: str) -> None:
     with pytest.raises(UntrustedBundle, match=why):
         rebuild_stack(document, IMAGES, HERE)
@@ -113,12 +159,19 @@ def test_a_bundle_lists_exactly_its_stacks_images() -> None:
         rebuild_stack(EMITTED, {**IMAGES, "moe-stack/debian:trixie": "sha256:y"}, HERE)
 
 
-@pytest.mark.parametrize("change", [
-    {"read_only": False}, {"cap_drop": []}, {"security_opt": ["seccomp:unconfined"]}, {"tmpfs": ["/models"]},
-    {"logging": {"driver": "syslog", "options": {"syslog-address": "udp://203.0.113.9:514"}}},
-    {"healthcheck": {"test": ["CMD", "curl", "http://203.0.113.9/"], "start_period": "900s"}},
-    {"restart": "always"}, {"ulimits": {"nofile": 1}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"read_only": False},
+        {"cap_drop": []},
+        {"security_opt": ["seccomp:unconfined"]},
+        {"tmpfs": ["/models"]},
+        {"logging": {"driver": "syslog", "options": {"syslog-address": "udp://203.0.113.9:514"}}},
+        {"healthcheck": {"test": ["CMD", "curl", "http://203.0.113.9/"], "start_period": "900s"}},
+        {"restart": "always"},
+        {"ulimits": {"nofile": 1}},
+    ],
+)
 def test_what_a_bundle_loosens_is_written_back_as_moe_stack_writes_it(change: dict[str, object]) -> None:
     engine = rebuild_stack(_with(change), IMAGES, HERE)["services"]["engine"]
     original = rebuild_stack(EMITTED, IMAGES, HERE)["services"]["engine"]
@@ -131,17 +184,27 @@ def test_what_a_bundle_loosens_is_written_back_as_moe_stack_writes_it(change: di
 
 def test_the_host_side_is_the_users() -> None:
     """Published address, model, config directory, API key: set by load, whatever the bundle says."""
-    hostile = _with({"ports": [{"target": 8080, "published": "8080", "host_ip": "0.0.0.0", "protocol": "tcp"}],
-                     "volumes": [{"type": "bind", "source": "/", "target": "/models", "read_only": False}],
-                     "secrets": ["moe-stack-api-key"]})
+    hostile = _with(
+        {
+            "ports": [{"target": 8080, "published": "8080", "host_ip": "0.0.0.0", "protocol": "tcp"}],
+            "volumes": [{"type": "bind", "source": "/", "target": "/models", "read_only": False}],
+            "secrets": ["moe-stack-api-key"],
+        }
+    )
     hostile["secrets"] = {"moe-stack-api-key": {"file": "/etc/shadow"}}
     hostile["x-moe-stack"]["model"] = "/etc/shadow"
     key = Path("/srv/key")
     rebuilt = rebuild_stack(hostile, IMAGES, LoadChoices(model_files=HERE.model_files, api_key_file=key))
     engine = rebuilt["services"]["engine"]
     assert engine["ports"][0]["host_ip"] == "127.0.0.1"
-    assert engine["volumes"] == [{"type": "bind", "source": str(HERE.model_files[0]),
-                                  "target": f"/models/{HERE.model_files[0].name}", "read_only": True}]
+    assert engine["volumes"] == [
+        {
+            "type": "bind",
+            "source": str(HERE.model_files[0]),
+            "target": f"/models/{HERE.model_files[0].name}",
+            "read_only": True,
+        }
+    ]
     assert rebuilt["secrets"] == {"moe-stack-api-key": {"file": "/srv/key"}}
     assert rebuilt["x-moe-stack"]["model"] == str(HERE.model_files[0])
     wide = rebuild_stack(EMITTED, IMAGES, LoadChoices(model_files=HERE.model_files, bind="0.0.0.0"))
@@ -162,8 +225,18 @@ def _monitored(tmp_path: Path) -> dict:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
-    return compose_dict(StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model,
-                                  monitoring_port=9090, hugetlbfs="2M"), "x")
+    return compose_dict(
+        StackSpec(
+            project="p",
+            engine="llama.cpp",
+            image="img:1",
+            threads=4,
+            model=model,
+            monitoring_port=9090,
+            hugetlbfs="2M",
+        ),
+        "x",
+    )
 
 
 def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path) -> None:
@@ -173,8 +246,10 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
     assert rebuilt["services"]["prometheus"] == monitored["services"]["prometheus"]
     assert rebuilt["services"]["prometheus"]["pull_policy"] == "never"
     hostile = copy.deepcopy(monitored)
-    hostile["volumes"]["hugepages"] = {"driver": "local", "driver_opts": {"type": "hugetlbfs", "o": "bind",
-                                                                          "device": "/etc"}}
+    hostile["volumes"]["hugepages"] = {
+        "driver": "local",
+        "driver_opts": {"type": "hugetlbfs", "o": "bind", "device": "/etc"},
+    }
     with pytest.raises(UntrustedBundle, match="not moe-stack's hugetlbfs volume"):
         rebuild_stack(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
     hostile["volumes"]["hugepages"] = {**monitored["volumes"]["hugepages"], "name": "other-stack_data"}
@@ -183,8 +258,12 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
     spying = copy.deepcopy(monitored)
     spying["services"]["prometheus"]["environment"]["MOE_STACK_PROMETHEUS_CONFIG"] = "scrape_configs: [evil]"
     spying["services"]["prometheus"]["ports"][0]["host_ip"] = "0.0.0.0"
-    assert rebuild_stack(spying, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))[
-        "services"]["prometheus"] == monitored["services"]["prometheus"]
+    assert (
+        rebuild_stack(spying, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))[
+            "services"
+        ]["prometheus"]
+        == monitored["services"]["prometheus"]
+    )
 
 
 def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
@@ -195,7 +274,10 @@ def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
         (tmp_path / name).chmod(0o644)
         files.append(tmp_path / name)
     base = {"project": "p", "engine": "llama.cpp", "image": "img:1", "threads": 4}
-    routed = (StackSpec(**base, model=files[0], served_name="m"), StackSpec(**base, model=files[1], served_name="n"))
+    routed = (
+        StackSpec(**base, model=files[0], served_name="m"),
+        StackSpec(**base, model=files[1], served_name="n"),
+    )
     router = compose_dict(routed[0], "x", routed=routed)
     rebuilt = rebuild_stack(router, {"img:1": "sha256:x"}, LoadChoices(model_files=tuple(files)))
     assert _without_model_mounts(rebuilt) == _without_model_mounts(router)
@@ -209,16 +291,22 @@ def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> N
     model = where / "m.gguf"
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
-    document = compose_dict(StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model), "x")
+    document = compose_dict(
+        StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model), "x"
+    )
     assert "${X:?}" not in yaml.safe_dump(document).replace("$${X:?}", "")
     assert read_record(document).model == model
 
 
-def _save_tar(path: Path, repo_tags: list[str], repositories: dict | None = None, index: dict | None = None) -> Path:
+def _save_tar(
+    path: Path, repo_tags: list[str], repositories: dict | None = None, index: dict | None = None
+) -> Path:
     with tarfile.open(path, "w") as tar:
-        for name, data in (("manifest.json", [{"Config": "c.json", "RepoTags": repo_tags, "Layers": []}]),
-                           *((("repositories", repositories),) if repositories else ()),
-                           *((("index.json", index),) if index else ())):
+        for name, data in (
+            ("manifest.json", [{"Config": "c.json", "RepoTags": repo_tags, "Layers": []}]),
+            *((("repositories", repositories),) if repositories else ()),
+            *((("index.json", index),) if index else ()),
+        ):
             raw = json.dumps(data).encode()
             info = tarfile.TarInfo(name)
             info.size = len(raw)
@@ -228,8 +316,16 @@ def _save_tar(path: Path, repo_tags: list[str], repositories: dict | None = None
 
 def test_images_tar_may_name_only_the_listed_images(tmp_path: Path) -> None:
     listed = {"ghcr.io/moe-stack/llama-cpp:x-cpu-avx2": "sha256:1", "moe-stack/prometheus:trixie": "sha256:2"}
-    containerd = {"manifests": [{"annotations": {"io.containerd.image.name": "docker.io/moe-stack/prometheus:trixie",
-                                                 "org.opencontainers.image.ref.name": "trixie"}}]}
+    containerd = {
+        "manifests": [
+            {
+                "annotations": {
+                    "io.containerd.image.name": "docker.io/moe-stack/prometheus:trixie",
+                    "org.opencontainers.image.ref.name": "trixie",
+                }
+            }
+        ]
+    }
     honest = _save_tar(tmp_path / "ok.tar", list(listed), index=containerd)
     check_tags(saved_image_tags(honest), listed)
     retag = _save_tar(tmp_path / "retag.tar", [*listed, "moe-stack/debian:trixie"])
@@ -238,9 +334,13 @@ def test_images_tar_may_name_only_the_listed_images(tmp_path: Path) -> None:
     legacy = _save_tar(tmp_path / "legacy.tar", list(listed), {"debian": {"trixie-slim": "abc"}})
     with pytest.raises(UntrustedBundle, match="debian:trixie-slim"):
         check_tags(saved_image_tags(legacy), listed)
-    for annotation in ({"io.containerd.image.name": "docker.io/library/debian:trixie-slim"},
-                       {"org.opencontainers.image.ref.name": "docker.io/library/debian:trixie-slim"}):
-        index = _save_tar(tmp_path / "index.tar", list(listed), index={"manifests": [{"annotations": annotation}]})
+    for annotation in (
+        {"io.containerd.image.name": "docker.io/library/debian:trixie-slim"},
+        {"org.opencontainers.image.ref.name": "docker.io/library/debian:trixie-slim"},
+    ):
+        index = _save_tar(
+            tmp_path / "index.tar", list(listed), index={"manifests": [{"annotations": annotation}]}
+        )
         with pytest.raises(UntrustedBundle, match="would also tag debian:trixie-slim"):
             check_tags(saved_image_tags(index), listed)
         (tmp_path / "index.tar").unlink()
@@ -251,7 +351,9 @@ def test_images_tar_may_name_only_the_listed_images(tmp_path: Path) -> None:
 def test_a_local_image_of_the_same_name_is_replaced_only_when_asked() -> None:
     listed = {"moe-stack/prometheus:trixie": "sha256:bundle", "ghcr.io/moe-stack/llama-cpp:x": "sha256:same"}
     here = {"moe-stack/prometheus:trixie": "sha256:mine", "ghcr.io/moe-stack/llama-cpp:x": "sha256:same"}
-    with pytest.raises(UntrustedBundle, match="replace the local image moe-stack/prometheus:trixie .*--replace-images"):
+    with pytest.raises(
+        UntrustedBundle, match="replace the local image moe-stack/prometheus:trixie .*--replace-images"
+    ):
         check_local_names(listed, here, replace=False)
     check_local_names(listed, here, replace=True)
     check_local_names(listed, {name: None for name in listed}, replace=False)

@@ -30,7 +30,9 @@ def test_unknown_engine(tmp_path: Path) -> None:
 
 @pytest.mark.cli
 def test_unknown_isa(tmp_path: Path) -> None:
-    assert_one_line_error(run_cli("render", "--cpu", "avx9", "--out", str(tmp_path / "o")), "unknown CPU target 'avx9'")
+    assert_one_line_error(
+        run_cli("render", "--cpu", "avx9", "--out", str(tmp_path / "o")), "unknown CPU target 'avx9'"
+    )
 
 
 @pytest.mark.cli
@@ -65,7 +67,9 @@ def test_port_in_use(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        result = run_cli("compose", "--model", str(model), "--port", str(port), "--out", str(tmp_path / "c.yaml"))
+        result = run_cli(
+            "compose", "--model", str(model), "--port", str(port), "--out", str(tmp_path / "c.yaml")
+        )
     assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
     assert not (tmp_path / "c.yaml").exists()
 
@@ -90,24 +94,50 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF\x03\x00\x00\x00")
     model.chmod(0o644)
-    result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--experts-on-cpu",
-                     "--port", "18080", "--skip-image-checks", "--", "--no-warmup")
+    result = run_cli(
+        "compose",
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "c.yaml"),
+        "--experts-on-cpu",
+        "--port",
+        "18080",
+        "--skip-image-checks",
+        "--",
+        "--no-warmup",
+    )
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "c.yaml").read_text()
     assert "127.0.0.1" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text and "--no-warmup" in text
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("extra", "needle"), [
-    (["--cpu-image", "img:cpu"], "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia"),
-    (["--hugetlbfs", "3M"], "hugetlbfs: Input should be 'off', '2M' or '1G'"),
-    (["--shm-size", "lots"], "shm_size: 'lots' is not a size: give one like 1g"),
-])
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (
+            ["--cpu-image", "img:cpu"],
+            "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia",
+        ),
+        (["--hugetlbfs", "3M"], "hugetlbfs: Input should be 'off', '2M' or '1G'"),
+        (["--shm-size", "lots"], "shm_size: 'lots' is not a size: give one like 1g"),
+    ],
+)
 def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) -> None:
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF\x03\x00\x00\x00")
-    result = run_cli("compose", "--model", str(model), "--out", str(tmp_path / "c.yaml"), "--port", "18081",
-                     "--skip-image-checks", *extra)
+    result = run_cli(
+        "compose",
+        "--model",
+        str(model),
+        "--out",
+        str(tmp_path / "c.yaml"),
+        "--port",
+        "18081",
+        "--skip-image-checks",
+        *extra,
+    )
     assert_one_line_error(result, needle)
     assert not (tmp_path / "c.yaml").exists()
 
@@ -116,7 +146,9 @@ def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) ->
 def test_up_with_a_profile_the_file_lacks(tmp_path: Path) -> None:
     compose_file = tmp_path / "compose.yaml"
     compose_file.write_text("services: {engine: {image: x}}\n")
-    assert_one_line_error(run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)")
+    assert_one_line_error(
+        run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)"
+    )
 
 
 @pytest.mark.cli
@@ -129,10 +161,13 @@ def test_bundle_of_a_foreign_compose_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("content", "needle"), [
-    (None, "does not exist"),
-    (b"\x00" * 100, "is truncated or not a tar archive"),
-])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        (b"\x00" * 100, "is truncated or not a tar archive"),
+    ],
+)
 def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None, needle: str) -> None:
     archive = tmp_path / "b.tar"
     if content is not None:
@@ -143,22 +178,31 @@ def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("source", "needle"), [
-    ("acme", "does not start with a registry host"),
-    ("127.0.0.1:9/x", "registry 127.0.0.1:9 is unreachable"),  # port 9 (discard): nothing listens
-])
+@pytest.mark.parametrize(
+    ("source", "needle"),
+    [
+        ("acme", "does not start with a registry host"),
+        ("127.0.0.1:9/x", "registry 127.0.0.1:9 is unreachable"),  # port 9 (discard): nothing listens
+    ],
+)
 def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
     assert_one_line_error(run_cli("pull", "--from", source), needle)
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("args", "needles"), [
-    (["base", "--cuda", "12.8"], ["CUDA 12.8 has no compiler on PyPI", "--cuda-base nvidia"]),
-    (["render", "--cuda", "12.6", "--cuda-base", "pypi"], ["CUDA 12.6 has no compiler on PyPI"]),
-    (["render", "--cuda-base", "pypi"], ["goes with --cuda 13.0"]),
-    (["render", "--cuda", "13.0", "--cuda-base", "conda"], ["--cuda-base 'conda'", "nvidia", "pypi"]),
-    (["render", "--engine", "ktransformers", "--cuda", "13.0", "--cuda-base", "pypi"], ["drop --cuda-base pypi"]),
-])
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["base", "--cuda", "12.8"], ["CUDA 12.8 has no compiler on PyPI", "--cuda-base nvidia"]),
+        (["render", "--cuda", "12.6", "--cuda-base", "pypi"], ["CUDA 12.6 has no compiler on PyPI"]),
+        (["render", "--cuda-base", "pypi"], ["goes with --cuda 13.0"]),
+        (["render", "--cuda", "13.0", "--cuda-base", "conda"], ["--cuda-base 'conda'", "nvidia", "pypi"]),
+        (
+            ["render", "--engine", "ktransformers", "--cuda", "13.0", "--cuda-base", "pypi"],
+            ["drop --cuda-base pypi"],
+        ),
+    ],
+)
 def test_cuda_base_refusals(args: list[str], needles: list[str], tmp_path: Path) -> None:
     """Refused before any download, build or write."""
     if args[0] == "render":
@@ -177,13 +221,19 @@ def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("args", "needle"), [
-    (["build", "--channel", "edge"], "--channel go with --push"),
-    (["build", "--push", "--channel", "Edge Nightly"], "a lowercase word such as edge"),
-    (["build", "--tools", "--engine", "ktransformers", "--cuda", "12.8", "--dry-run"], "ktransformers has no tools image"),
-    (["bench", "missing.yaml", "--tool", "llama-bench"], "compose file missing.yaml does not exist"),
-    (["bench", "missing.yaml", "--tools-image", "x"], "--tools-image goes with --tool"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["build", "--channel", "edge"], "--channel go with --push"),
+        (["build", "--push", "--channel", "Edge Nightly"], "a lowercase word such as edge"),
+        (
+            ["build", "--tools", "--engine", "ktransformers", "--cuda", "12.8", "--dry-run"],
+            "ktransformers has no tools image",
+        ),
+        (["bench", "missing.yaml", "--tool", "llama-bench"], "compose file missing.yaml does not exist"),
+        (["bench", "missing.yaml", "--tools-image", "x"], "--tools-image goes with --tool"),
+    ],
+)
 def test_tools_and_channel_errors(args: list[str], needle: str) -> None:
     assert_one_line_error(run_cli(*args), needle)
 
@@ -194,20 +244,33 @@ def test_refs_without_upstream_or_pins(tmp_path: Path) -> None:
     # No network here (nor in CI's sandbox): the first upstream read fails in one line, nothing written.
     pins = tmp_path / "pins.yaml"
     pins.write_text("ik_llama.cpp:\n  ref: 007d640\n  track: branch main\n")
-    result = run_cli("refs", "--bump", "--pins", str(pins), env={"GIT_TERMINAL_PROMPT": "0",
-                                                                   "GIT_CONFIG_GLOBAL": str(tmp_path / "nogit"),
-                                                                   "https_proxy": "http://127.0.0.1:9"})
+    result = run_cli(
+        "refs",
+        "--bump",
+        "--pins",
+        str(pins),
+        env={
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_CONFIG_GLOBAL": str(tmp_path / "nogit"),
+            "https_proxy": "http://127.0.0.1:9",
+        },
+    )
     assert_one_line_error(result, "git ls-remote https://github.com/ikawrakow/ik_llama.cpp.git failed")
     assert pins.read_text() == "ik_llama.cpp:\n  ref: 007d640\n  track: branch main\n"
 
 
 @pytest.mark.cli
 def test_tune_refusals(tmp_path: Path) -> None:
-    assert_one_line_error(run_cli("tune", str(tmp_path / "none.yaml"), "--native-bin", str(tmp_path)),
-                          "compose file", "does not exist")
+    assert_one_line_error(
+        run_cli("tune", str(tmp_path / "none.yaml"), "--native-bin", str(tmp_path)),
+        "compose file",
+        "does not exist",
+    )
     assert_one_line_error(run_cli("tune", "x.yaml", "--decode", "--prefill"), "give one, or neither")
     assert_one_line_error(run_cli("tune", "x.yaml", "--budget", "soon"), "a duration such as 20m")
-    assert_one_line_error(run_cli("tune", "x.yaml", "--model-dir", str(tmp_path)), "--model-dir goes with --native-bin")
+    assert_one_line_error(
+        run_cli("tune", "x.yaml", "--model-dir", str(tmp_path)), "--model-dir goes with --native-bin"
+    )
     tmp_path.chmod(0o755)  # the stack checks uid 10001 could read the model
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
@@ -216,15 +279,20 @@ def test_tune_refusals(tmp_path: Path) -> None:
     assert run_cli("compose", "--model", str(model), "--skip-image-checks", "-o", str(stack)).returncode == 0
     assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "no llama-bench in")
     model.unlink()
-    assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is missing here; tune needs it")
+    assert_one_line_error(
+        run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is missing here; tune needs it"
+    )
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize(("args", "needle"), [
-    ((), "pass --expect-sha256 with the sha256 `moe-stack bundle` printed"),
-    (("--unverified", "--expect-sha256", "00"), "contradict each other"),
-    (("--unverified", "--bind", "everywhere"), "is not an IP address"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((), "pass --expect-sha256 with the sha256 `moe-stack bundle` printed"),
+        (("--unverified", "--expect-sha256", "00"), "contradict each other"),
+        (("--unverified", "--bind", "everywhere"), "is not an IP address"),
+    ],
+)
 def test_load_wants_a_digest_or_says_it_has_none(tmp_path: Path, args: tuple[str, ...], needle: str) -> None:
     archive = tmp_path / "b.tar"
     archive.write_bytes(b"")

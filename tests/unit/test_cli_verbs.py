@@ -18,26 +18,53 @@ from tests.specs import mainline_tree
 
 @pytest.mark.cli
 def test_render_writes_a_build_context(tmp_path: Path) -> None:
-    result = run_cli("render", "--engine", "ik_llama.cpp", "--cpu", "zen4", "--cuda", "12.8", "--out", str(tmp_path / "ctx"))
+    result = run_cli(
+        "render",
+        "--engine",
+        "ik_llama.cpp",
+        "--cpu",
+        "zen4",
+        "--cuda",
+        "12.8",
+        "--out",
+        str(tmp_path / "ctx"),
+    )
     assert result.returncode == 0, result.stderr
     names = sorted(p.name for p in (tmp_path / "ctx").iterdir())
-    assert names == ["Dockerfile", "build-info.sh", "image.json", "moe-stack-bandwidth.c", "moe-stack-entrypoint",
-                     "moe-stack-health", "moe-stack-hugecopy.c", "required-cpu-flags"]
+    assert names == [
+        "Dockerfile",
+        "build-info.sh",
+        "image.json",
+        "moe-stack-bandwidth.c",
+        "moe-stack-entrypoint",
+        "moe-stack-health",
+        "moe-stack-hugecopy.c",
+        "required-cpu-flags",
+    ]
     assert json.loads((tmp_path / "ctx/image.json").read_text())["cuda_archs"] == [86, 89, 90, 120]
 
 
 @pytest.mark.cli
 def test_dry_run_prints_both_build_calls(tmp_path: Path) -> None:
     tree = mainline_tree(tmp_path / "src")
-    result = run_cli("build", "--source", str(tree), "--ref", "mine", "--dry-run",
-                     env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    result = run_cli(
+        "build",
+        "--source",
+        str(tree),
+        "--ref",
+        "mine",
+        "--dry-run",
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
     assert result.returncode == 0, result.stderr
     contract, image = result.stdout.strip().splitlines()
     assert contract.startswith("docker buildx build ") and "--target contract" in contract
     assert f"--build-context engine-src={tree}" in image and "--load" in image
     context = image.split()[-1]
     assert Path(context).parent == tmp_path / "cache/moe-stack/contexts"
-    assert Path(context).name.startswith("llama-cpp-mine-cpu-avx2-") and (Path(context) / "Dockerfile").is_file()
+    assert (
+        Path(context).name.startswith("llama-cpp-mine-cpu-avx2-") and (Path(context) / "Dockerfile").is_file()
+    )
 
 
 @pytest.mark.cli
@@ -49,7 +76,9 @@ def test_a_render_never_changes_what_a_build_reads(tmp_path: Path) -> None:
     cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
     contexts = []
     for base in ("debian:trixie-slim", "mirror.local/debian:trixie-slim", "debian:trixie-slim"):
-        result = run_cli("build", "--source", str(tree), "--ref", "mine", "--dry-run", "--base-image", base, env=cache)
+        result = run_cli(
+            "build", "--source", str(tree), "--ref", "mine", "--dry-run", "--base-image", base, env=cache
+        )
         assert result.returncode == 0, result.stderr
         contexts.append(Path(result.stdout.strip().splitlines()[-1].split()[-1]))
         if len(contexts) == 1:
@@ -63,8 +92,18 @@ def test_a_render_never_changes_what_a_build_reads(tmp_path: Path) -> None:
 
 @pytest.mark.cli
 def test_cmake_args_match_the_image(tmp_path: Path) -> None:
-    result = run_cli("cmake-args", "--engine", "ik_llama.cpp", "--cpu", "sapphirerapids", "--cuda", "13.0",
-                     "--cuda-archs", "90", "--no-ccache")
+    result = run_cli(
+        "cmake-args",
+        "--engine",
+        "ik_llama.cpp",
+        "--cpu",
+        "sapphirerapids",
+        "--cuda",
+        "13.0",
+        "--cuda-archs",
+        "90",
+        "--no-ccache",
+    )
     assert result.returncode == 0, result.stderr
     spec = image_spec("ik_llama.cpp", "sapphirerapids", cuda=cuda_target("13.0", (90,)))
     assert result.stdout.splitlines() == [a for a in configure_args(spec) if "_COMPILER_LAUNCHER=" not in a]
@@ -94,11 +133,28 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     # cache (2 heads × 128 × 4096 × 4 layers × 2 B = 8,388,608 B) leaves 1,820,561 B: two expert layers
     # of 835,584 B fit, three do not
     out = tmp_path / "c.yaml"
-    result = run_cli("compose", "--model", str(model), "--skip-image-checks", "--out", str(out), "--port", "18558",
-                     "--fit-vram-gb", "2.0105", "-c", "4096", "--cache-type", "f16")
+    result = run_cli(
+        "compose",
+        "--model",
+        str(model),
+        "--skip-image-checks",
+        "--out",
+        str(out),
+        "--port",
+        "18558",
+        "--fit-vram-gb",
+        "2.0105",
+        "-c",
+        "4096",
+        "--cache-type",
+        "f16",
+    )
     assert result.returncode == 0, result.stderr
     text = out.read_text()
-    assert "blk\\.(0|1)\\.ffn_.*_exps\\.weight=CUDA0" in text and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text
+    assert (
+        "blk\\.(0|1)\\.ffn_.*_exps\\.weight=CUDA0" in text
+        and "blk\\.[0-9]+\\.ffn_.*_exps\\.weight=CPU" in text
+    )
 
 
 @pytest.mark.cli
@@ -112,10 +168,32 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
     (config / "config.json").write_text("{}")
     (config / "config.json").chmod(0o644)
     out = tmp_path / "c.yaml"
-    result = run_cli("compose", "--engine", "ktransformers", "--model", str(model), "--skip-image-checks",
-                     "--out", str(out), "--port", "18559", "--preset", "qwen3-235b-a22b", "--kt-method", "LLAMAFILE",
-                     "--config-dir", str(config), "--gpu", "nvidia", "--fit-vram-gb", "2.0105", "-c", "4096",
-                     "--numa", "none")
+    result = run_cli(
+        "compose",
+        "--engine",
+        "ktransformers",
+        "--model",
+        str(model),
+        "--skip-image-checks",
+        "--out",
+        str(out),
+        "--port",
+        "18559",
+        "--preset",
+        "qwen3-235b-a22b",
+        "--kt-method",
+        "LLAMAFILE",
+        "--config-dir",
+        str(config),
+        "--gpu",
+        "nvidia",
+        "--fit-vram-gb",
+        "2.0105",
+        "-c",
+        "4096",
+        "--numa",
+        "none",
+    )
     assert result.returncode == 0, result.stderr
     command = yaml.safe_load(out.read_text())["services"]["engine"]["command"]
     # The same 1,820,561 B the llama.cpp plan above fits two expert layers into, as experts of every

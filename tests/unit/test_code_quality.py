@@ -1,5 +1,6 @@
-"""The code's own checks, with no findings: ruff (its pinned default rule set) over everything Python
-here, and mypy (pyproject's [tool.mypy]: builder/ and bench/, every function typed)."""
+"""The code's own checks, with no findings: ruff (its pinned default rule set and the 110-column limit)
+over everything Python here, its formatter changing nothing, and mypy (pyproject's [tool.mypy]:
+builder/ and bench/, every function typed)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,44 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.lint
 def test_ruff_finds_nothing() -> None:
-    result = subprocess.run([dependency_command("ruff"), "check", "--no-cache", "builder", "tests", "bench", "scripts"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    result = subprocess.run(
+        [dependency_command("ruff"), "check", "--no-cache", "builder", "tests", "bench", "scripts"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.lint
+def test_ruff_format_changes_nothing() -> None:
+    result = subprocess.run(
+        [
+            dependency_command("ruff"),
+            "format",
+            "--check",
+            "--no-cache",
+            "builder",
+            "tests",
+            "bench",
+            "scripts",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.lint
 def test_mypy_finds_nothing() -> None:
-    result = subprocess.run([dependency_command("mypy")], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                            check=False)
-    assert result.returncode == 0 and "Success: no issues found" in result.stdout, result.stdout + result.stderr
+    result = subprocess.run(
+        [dependency_command("mypy")], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False
+    )
+    assert result.returncode == 0 and "Success: no issues found" in result.stdout, (
+        result.stdout + result.stderr
+    )

@@ -32,9 +32,12 @@ def _stack(tmp_path: Path, **update: object) -> StackSpec:
 def test_document_defaults(tmp_path: Path) -> None:
     doc = compose_dict(_stack(tmp_path), generated_by="moe-stack compose -m m.gguf")
     service = doc["services"]["engine"]
-    assert service["ports"] == [{"target": 8080, "published": "8080", "host_ip": "127.0.0.1", "protocol": "tcp"}]
-    assert service["volumes"] == [{"type": "bind", "source": str(tmp_path / "models"), "target": "/models",
-                                   "read_only": True}]
+    assert service["ports"] == [
+        {"target": 8080, "published": "8080", "host_ip": "127.0.0.1", "protocol": "tcp"}
+    ]
+    assert service["volumes"] == [
+        {"type": "bind", "source": str(tmp_path / "models"), "target": "/models", "read_only": True}
+    ]
     assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
     assert "privileged" not in service and "cap_add" not in service
     assert service["healthcheck"]["test"] == ["CMD", "/usr/local/bin/moe-stack-health"]
@@ -47,7 +50,9 @@ def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
     doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--swa-full",)), "x")
     command = doc["services"]["engine"]["command"]
     at = command.index("--override-tensor")
-    assert command[at:at + 2] == ["--override-tensor", rule] and command[-1] == "--swa-full"  # extra args last
+    assert (
+        command[at : at + 2] == ["--override-tensor", rule] and command[-1] == "--swa-full"
+    )  # extra args last
     assert yaml.safe_load(to_yaml(doc))["services"]["engine"]["command"] == command, "regex survives YAML"
 
 
@@ -70,7 +75,9 @@ def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
     service = doc["services"]["engine"]
     assert service["volumes"][0]["source"] == str(odd / "models").replace("$", "$$")
     assert rule.replace("$", "$$") in service["command"]
-    assert doc["x-moe-stack"]["model"] == str(odd / "models/m.gguf").replace("$", "$$"), "compose reads x- keys too"
+    assert doc["x-moe-stack"]["model"] == str(odd / "models/m.gguf").replace("$", "$$"), (
+        "compose reads x- keys too"
+    )
     assert read_record(doc).model == odd / "models/m.gguf", "and moe-stack reads it back as meant"
 
 
@@ -116,10 +123,26 @@ def test_project_name_from_model_file_and_directory() -> None:
 
 
 def _facts(**update: object) -> ImageFacts:
-    values = {"image": "img:1", "engine": "llama.cpp", "engine_ref": "r", "variant": "r-cpu-zen4", "cpu_target": "zen4",
-              "required_cpu_flags": cpu_target("zen4").required_flags,
-              "server_flags": {f: "" for f in ("--model", "--host", "--port", "--ctx-size", "--threads",
-                                               "--parallel", "--override-tensor")}}
+    values = {
+        "image": "img:1",
+        "engine": "llama.cpp",
+        "engine_ref": "r",
+        "variant": "r-cpu-zen4",
+        "cpu_target": "zen4",
+        "required_cpu_flags": cpu_target("zen4").required_flags,
+        "server_flags": {
+            f: ""
+            for f in (
+                "--model",
+                "--host",
+                "--port",
+                "--ctx-size",
+                "--threads",
+                "--parallel",
+                "--override-tensor",
+            )
+        },
+    }
     return ImageFacts(**(values | update))
 
 
@@ -128,7 +151,9 @@ def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --swa-full"):
         compose_dict(_stack(tmp_path, extra_args=("--swa-full",)), "x", _facts())
     # A neutral option the contract lacks: refused by the adapter, naming the option.
-    with pytest.raises(StackError, match="this llama.cpp build has neither --no-mmap nor --load-mode; drop --no-mmap"):
+    with pytest.raises(
+        StackError, match="this llama.cpp build has neither --no-mmap nor --load-mode; drop --no-mmap"
+    ):
         compose_dict(_stack(tmp_path, mmap=False), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
         compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
@@ -136,8 +161,11 @@ def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
 
 def test_host_without_the_image_flags_is_refused() -> None:
     avx2_host = CpuInfo(flags=frozenset(cpu_target("avx2").required_flags), logical_cpus=2, physical_cores=2)
-    with pytest.raises(StackError, match=r"needs CPU flags this host lacks: avx512f .*; use the avx2 image, "
-                                         r"or pass --for-other-host"):
+    with pytest.raises(
+        StackError,
+        match=r"needs CPU flags this host lacks: avx512f .*; use the avx2 image, "
+        r"or pass --for-other-host",
+    ):
         check_host_runs(_facts(), avx2_host)
     check_host_runs(_facts(required_cpu_flags=cpu_target("avx2").required_flags), avx2_host)
 
@@ -152,7 +180,9 @@ def test_gpu_and_cpu_profiles(tmp_path: Path) -> None:
     assert fallback["image"] == "img:cpu" and "deploy" not in fallback
     assert "--n-gpu-layers" not in fallback["command"] and rule not in fallback["command"]
     assert engine["ports"] == fallback["ports"], "one address, whichever profile runs"
-    assert "profiles" not in compose_dict(gpu, "x")["services"]["engine"], "a plain stack starts without --profile"
+    assert "profiles" not in compose_dict(gpu, "x")["services"]["engine"], (
+        "a plain stack starts without --profile"
+    )
 
 
 def test_shm_size(tmp_path: Path) -> None:
@@ -176,8 +206,19 @@ def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Pat
     stack = _stack(tmp_path).model_copy(update={"model": check_gguf(first)})
     service = compose_dict(stack, "x")["services"]["engine"]
     assert service["volumes"] == [
-        {"type": "bind", "source": str(blobs / "e3b0c4"), "target": "/models/M-00001-of-00002.gguf", "read_only": True},
-        {"type": "bind", "source": str(blobs / "5f70bf"), "target": "/models/M-00002-of-00002.gguf", "read_only": True}]
+        {
+            "type": "bind",
+            "source": str(blobs / "e3b0c4"),
+            "target": "/models/M-00001-of-00002.gguf",
+            "read_only": True,
+        },
+        {
+            "type": "bind",
+            "source": str(blobs / "5f70bf"),
+            "target": "/models/M-00002-of-00002.gguf",
+            "read_only": True,
+        },
+    ]
     assert service["command"][:2] == ["--model", "/models/M-00001-of-00002.gguf"]
 
 
@@ -188,8 +229,15 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     stack = _stack(tmp_path, monitoring_port=19090, gpu="nvidia", api_key_file=key)
     document = compose_dict(stack, "x", cpu_profile=(cpu_only(stack, "img:cpu"), None))
     prometheus = document["services"]["prometheus"]
-    assert prometheus["image"] == "moe-stack/prometheus:trixie" and "profiles" not in prometheus  # with either profile
-    assert prometheus["ports"][0] == {"target": 9090, "published": "19090", "host_ip": "127.0.0.1", "protocol": "tcp"}
+    assert (
+        prometheus["image"] == "moe-stack/prometheus:trixie" and "profiles" not in prometheus
+    )  # with either profile
+    assert prometheus["ports"][0] == {
+        "target": 9090,
+        "published": "19090",
+        "host_ip": "127.0.0.1",
+        "protocol": "tcp",
+    }
     assert prometheus["read_only"] is True and prometheus["cap_drop"] == ["ALL"] and prometheus["secrets"]
     config = yaml.safe_load(prometheus["environment"]["MOE_STACK_PROMETHEUS_CONFIG"])
     job = config["scrape_configs"][0]
@@ -207,8 +255,12 @@ def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--no-mmap reads the model into the engine's memory"):
         _stack(tmp_path, mmap=False, hugetlbfs="2M")
     with pytest.raises(StackError, match="ktransformers does not read --mmap/--no-mmap: drop it"):
-        compose_dict(_stack(tmp_path, engine="ktransformers", gpu="nvidia", mmap=False,
-                            config_dir=tmp_path / "models"), "x")
+        compose_dict(
+            _stack(
+                tmp_path, engine="ktransformers", gpu="nvidia", mmap=False, config_dir=tmp_path / "models"
+            ),
+            "x",
+        )
 
 
 def test_monitoring_stays_on_loopback_whatever_the_engine_binds(tmp_path: Path) -> None:

@@ -20,9 +20,22 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "compose").glob("*.*.ya
 
 
 def _lint(compose_file: Path, config: Path | None = None) -> subprocess.CompletedProcess[str]:
-    args = [dependency_command("compose-lint"), "check", "--format", "json", "--fail-on", "low", "--strict-config"]
-    return subprocess.run([*args, *(["--config", str(config)] if config else []), str(compose_file)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    args = [
+        dependency_command("compose-lint"),
+        "check",
+        "--format",
+        "json",
+        "--fail-on",
+        "low",
+        "--strict-config",
+    ]
+    return subprocess.run(
+        [*args, *(["--config", str(config)] if config else []), str(compose_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def _emitted(tmp_path: Path) -> list[Path]:
@@ -31,8 +44,15 @@ def _emitted(tmp_path: Path) -> list[Path]:
     base = {"project": "p", "image": "img:1", "model": model, "threads": 8}
     stacks = {
         "plain": StackSpec(engine="llama.cpp", **base),
-        "numa-mlock-gpu-key": StackSpec(engine="ik_llama.cpp", numa="interleave", mlock=True, gpu="nvidia",
-                                        hugepages=True, api_key_file=key, **base),
+        "numa-mlock-gpu-key": StackSpec(
+            engine="ik_llama.cpp",
+            numa="interleave",
+            mlock=True,
+            gpu="nvidia",
+            hugepages=True,
+            api_key_file=key,
+            **base,
+        ),
         "hugetlbfs": StackSpec(engine="llama.cpp", hugetlbfs="2M", **base),
     }
     files = []
@@ -52,10 +72,19 @@ def test_every_finding_is_justified_by_the_stack(which: str, tmp_path: Path) -> 
         reasons: dict[str, str] = document["x-moe-stack"]["lint-exceptions"]
         bare = _lint(compose_file)
         found = {finding["rule_id"] for finding in json.loads(bare.stdout)["findings"]}
-        assert found == set(reasons), f"{compose_file.name}: findings {sorted(found)}, reasons {sorted(reasons)}"
+        assert found == set(reasons), (
+            f"{compose_file.name}: findings {sorted(found)}, reasons {sorted(reasons)}"
+        )
         config = tmp_path / "compose-lint.yml"
-        config.write_text(yaml.safe_dump({"rules": {
-            rule: {"exclude_services": {name: reason for name in document["services"]}} for rule, reason in reasons.items()
-        }}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "rules": {
+                        rule: {"exclude_services": {name: reason for name in document["services"]}}
+                        for rule, reason in reasons.items()
+                    }
+                }
+            )
+        )
         justified = _lint(compose_file, config)
         assert justified.returncode == 0, justified.stdout + justified.stderr

@@ -10,13 +10,22 @@ from pathlib import Path
 from builder import contract
 
 ROOT = Path(__file__).resolve().parents[2]
-DECLARED = {contract.NUMA_ENV, contract.HUGETLBFS_ENV, contract.ROUTER_PRESET_ENV, contract.PROMETHEUS_CONFIG_ENV,
-            *contract.IMAGE_ENV}
+DECLARED = {
+    contract.NUMA_ENV,
+    contract.HUGETLBFS_ENV,
+    contract.ROUTER_PRESET_ENV,
+    contract.PROMETHEUS_CONFIG_ENV,
+    *contract.IMAGE_ENV,
+}
 
 
 def test_the_image_side_spells_exactly_the_declared_names() -> None:
-    spelled = {name for path in (ROOT / "dockerfiles").rglob("*") if path.is_file()
-               for name in re.findall(r"MOE_STACK_[A-Z_]+", path.read_text(errors="replace"))}
+    spelled = {
+        name
+        for path in (ROOT / "dockerfiles").rglob("*")
+        if path.is_file()
+        for name in re.findall(r"MOE_STACK_[A-Z_]+", path.read_text(errors="replace"))
+    }
     assert spelled == DECLARED
 
 
@@ -26,11 +35,20 @@ def test_no_module_but_the_contract_spells_one() -> None:
         if path.name == "contract.py":
             continue
         tree = ast.parse(path.read_text())
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and node.body
-                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings and \
-                    set(re.findall(r"\bMOE_STACK_[A-Z_]+\b", node.value)) & DECLARED:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and set(re.findall(r"\bMOE_STACK_[A-Z_]+\b", node.value)) & DECLARED
+            ):
                 spelling.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not spelling, spelling

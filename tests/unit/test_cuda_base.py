@@ -31,8 +31,10 @@ PYPI = BaseImages(cuda="pypi")
 
 
 def _wheel_files() -> dict[str, Path]:
-    return {w.name: Path(f"{w.name.replace('-', '_')}-{w.version}-py3-none-manylinux_2_27_x86_64.whl")
-            for w in CUDA13.wheels}
+    return {
+        w.name: Path(f"{w.name.replace('-', '_')}-{w.version}-py3-none-manylinux_2_27_x86_64.whl")
+        for w in CUDA13.wheels
+    }
 
 
 def _render() -> dict[str, str]:
@@ -51,8 +53,12 @@ def test_base_dockerfile_matches_golden() -> None:
 def test_base_dockerfile_is_hadolint_clean(tmp_path: Path) -> None:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(_render()["Dockerfile"])
-    result = subprocess.run([dependency_command("hadolint"), "--no-color", str(dockerfile)], capture_output=True,
-                            text=True, check=False)
+    result = subprocess.run(
+        [dependency_command("hadolint"), "--no-color", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -63,13 +69,15 @@ def test_every_wheel_is_pinned_checked_and_labelled() -> None:
     for wheel, line in zip(CUDA13.wheels, sums, strict=True):
         assert re.fullmatch(r"[0-9a-f]{64}", wheel.sha256)
         assert line == f"{wheel.sha256}  /wheels/{_wheel_files()[wheel.name].name}"
-        assert f'io.moe-stack.wheel.{wheel.name}="{wheel.version} sha256:{wheel.sha256}"' in files["Dockerfile"]
+        assert (
+            f'io.moe-stack.wheel.{wheel.name}="{wheel.version} sha256:{wheel.sha256}"' in files["Dockerfile"]
+        )
     assert "sha256sum --check --strict" in files["Dockerfile"]
 
 
 def test_runtime_base_carries_only_what_a_server_loads() -> None:
     text = _render()["Dockerfile"]
-    runtime = text[text.index("AS runtime"):text.index("AS check-build")]
+    runtime = text[text.index("AS runtime") : text.index("AS check-build")]
     # cudart and cuBLAS labelled, not the compiler's wheels; the toolkit reads NVIDIA_DRIVER_CAPABILITIES
     assert "io.moe-stack.wheel.nvidia-cublas=" in runtime and "nvidia-cuda-nvcc" not in runtime
     assert 'NVIDIA_DRIVER_CAPABILITIES="compute,utility"' in runtime
@@ -79,14 +87,14 @@ def test_runtime_base_carries_only_what_a_server_loads() -> None:
 
 
 def test_check_report_accepts_only_the_driver_library_missing() -> None:
-    good = ("\tlibcublas.so.13 => /usr/local/cuda/lib64/libcublas.so.13 (0x7f)\n"
-            "\tlibcuda.so.1 => not found\n")
+    good = "\tlibcublas.so.13 => /usr/local/cuda/lib64/libcublas.so.13 (0x7f)\n\tlibcuda.so.1 => not found\n"
     elf = "ELF file    1: moe-stack-cuda-check.1.sm_90.cubin\n"
     assert check_report(good, elf, 90) == []
     bad = good + "\tlibcublasLt.so.13 => not found\n"
     assert check_report(bad, elf, 90) == ["the runtime image can't resolve libcublasLt.so.13"]
     assert check_report(good, elf.replace("sm_90", "sm_89"), 90) == [
-        "the check program holds sm_89 code, not sm_90"]
+        "the check program holds sm_89 code, not sm_90"
+    ]
     assert check_report(good, "", CHECK_ARCH) == [f"the check program holds no code, not sm_{CHECK_ARCH}"]
 
 
@@ -102,7 +110,10 @@ def test_engine_on_the_pypi_base_builds_on_debian_with_its_gcc() -> None:
     tools = toolchain(spec.cpu, spec.cuda, spec.base)
     # trixie's GCC 14 knows znver5 and nvcc 13.0 takes it: no extra gcc-N, unlike Ubuntu 24.04's 13
     assert (tools.build_image, tools.runtime_image, tools.gcc_major) == (
-        "moe-stack/cuda:13.0-devel", "moe-stack/cuda:13.0-runtime", None)
+        "moe-stack/cuda:13.0-devel",
+        "moe-stack/cuda:13.0-runtime",
+        None,
+    )
     nvidia = toolchain(spec.cpu, spec.cuda, BaseImages())
     assert nvidia.build_image.startswith("nvidia/cuda:13.0") and nvidia.gcc_major == 14
     assert image_labels(spec)["io.moe-stack.cuda-base"] == "pypi"
@@ -126,17 +137,34 @@ def test_stub_script_defines_every_entry_point_and_refuses_other_headers(tmp_pat
     header = tmp_path / "cuda.h"
     # The shapes cuda.h uses: declarations, _v2 renames, per-thread-stream variants.
     lines = [f"CUresult CUDAAPI cuFunc{i}(int x);" for i in range(400)]
-    lines += ["#define cuCtxCreate cuCtxCreate_v2", "CUresult CUDAAPI cuCtxCreate(CUcontext *pctx);",
-              "    #define cuMemcpy __CUDA_API_PTDS(cuMemcpy)", "    #define cuMemsetD8 __CUDA_API_PTSZ(cuMemsetD8_v2)"]
+    lines += [
+        "#define cuCtxCreate cuCtxCreate_v2",
+        "CUresult CUDAAPI cuCtxCreate(CUcontext *pctx);",
+        "    #define cuMemcpy __CUDA_API_PTDS(cuMemcpy)",
+        "    #define cuMemsetD8 __CUDA_API_PTSZ(cuMemsetD8_v2)",
+    ]
     header.write_text("\n".join(lines) + "\n")
     stub = tmp_path / "libcuda.so"
-    result = subprocess.run(["sh", str(script), str(header), str(stub)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["sh", str(script), str(header), str(stub)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
-    symbols = subprocess.run(["nm", "-D", "--defined-only", str(stub)], capture_output=True, text=True, check=False).stdout
-    for name in ("cuFunc0", "cuFunc399", "cuCtxCreate", "cuCtxCreate_v2", "cuMemcpy_ptds", "cuMemsetD8_v2_ptsz"):
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(stub)], capture_output=True, text=True, check=False
+    ).stdout
+    for name in (
+        "cuFunc0",
+        "cuFunc399",
+        "cuCtxCreate",
+        "cuCtxCreate_v2",
+        "cuMemcpy_ptds",
+        "cuMemsetD8_v2_ptsz",
+    ):
         assert re.search(rf" T {name}$", symbols, re.MULTILINE), name
     soname = subprocess.run(["objdump", "-p", str(stub)], capture_output=True, text=True, check=False).stdout
     assert re.search(r"SONAME\s+libcuda\.so\.1", soname)
     header.write_text("int main(void);\n")
-    result = subprocess.run(["sh", str(script), str(header), str(tmp_path / "x.so")], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        ["sh", str(script), str(header), str(tmp_path / "x.so")], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 1 and "is it cuda.h?" in result.stderr

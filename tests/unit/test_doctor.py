@@ -28,13 +28,21 @@ def test_driver_to_cuda() -> None:
 
 
 def test_epyc_4090_with_numa_balancing_on(tmp_path: Path) -> None:
-    root = fake_host(tmp_path, EPYC_9554_FLAGS, sockets=2, cores=64, threads=2, node_gib=288, numa_balancing=1)
+    root = fake_host(
+        tmp_path, EPYC_9554_FLAGS, sockets=2, cores=64, threads=2, node_gib=288, numa_balancing=1
+    )
     host = probe(root, nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n")
-    found = _by_topic(diagnose(host, docker_ok=True, gpu_runtime_ok=False, free_disk_bytes=500 * GIB,
-                               model_bytes=355 * 10**9))
+    found = _by_topic(
+        diagnose(
+            host, docker_ok=True, gpu_runtime_ok=False, free_disk_bytes=500 * GIB, model_bytes=355 * 10**9
+        )
+    )
     assert found["cpu"].message.startswith("best CPU target: zen4")
     assert "-t 128" in found["cores"].message
-    assert found["numa_balancing"].level == "WARN" and found["numa_balancing"].fix == "sudo sysctl -w kernel.numa_balancing=0"
+    assert (
+        found["numa_balancing"].level == "WARN"
+        and found["numa_balancing"].fix == "sudo sysctl -w kernel.numa_balancing=0"
+    )
     assert "arch 89" in found["gpu"].message and "CUDA images up to 12.8" in found["gpu"].message
     assert found["gpu_runtime"].level == "FAIL" and "nvidia-ctk runtime configure" in found["gpu_runtime"].fix
     assert found["model"].level == "OK"
@@ -51,13 +59,23 @@ def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
     assert found["pinned-memory"].level == "FAIL" and "page-locked" in found["pinned-memory"].message
     r1 = _by_topic(diagnose(host, True, True, 500 * GIB, model_bytes=200 * GIB))["pinned-memory"]
     assert r1.level == "WARN" and "--mmap" in r1.fix
-    assert _by_topic(diagnose(host, True, True, 500 * GIB))["cpu"].message.startswith("best CPU target: sapphirerapids")
+    assert _by_topic(diagnose(host, True, True, 500 * GIB))["cpu"].message.startswith(
+        "best CPU target: sapphirerapids"
+    )
 
 
 @pytest.mark.cli
 def test_doctor_cli_on_a_recorded_tree(tmp_path: Path) -> None:
-    root = fake_host(tmp_path / "host", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288,
-                     numa_balancing=1, thp="never")
+    root = fake_host(
+        tmp_path / "host",
+        EPYC_9554_FLAGS,
+        sockets=2,
+        cores=32,
+        threads=2,
+        node_gib=288,
+        numa_balancing=1,
+        thp="never",
+    )
     result = run_cli("doctor", "--root", str(root), "--json")
     findings = {f["topic"]: f for f in json.loads(result.stdout)}
     assert findings["thp"]["level"] == "WARN" and "madvise" in findings["thp"]["fix"]
@@ -77,5 +95,9 @@ def test_cuda_bases_present_partial_or_absent(tmp_path: Path) -> None:
     half = finding({devel: True, runtime: False})
     assert half.level == "WARN" and f"{runtime} is not" in half.message and "base --cuda 13.0" in half.fix
     none = finding({devel: False, runtime: False})
-    assert none.level == "OK" and "nvidia/cuda" in none.message and none.fix.endswith("moe-stack base --cuda 13.0")
+    assert (
+        none.level == "OK"
+        and "nvidia/cuda" in none.message
+        and none.fix.endswith("moe-stack base --cuda 13.0")
+    )
     assert finding(None) is None, "without Docker there is nothing to say"

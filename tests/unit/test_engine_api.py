@@ -44,7 +44,9 @@ def _server(seen: list[str], redirect_to: str | None) -> Iterator[int]:
 def test_a_redirect_is_not_followed_with_the_key() -> None:
     seen: list[str] = []
     with _server(seen, None) as other, _server(seen, f"http://127.0.0.1:{other}/steal") as port:
-        with pytest.raises(StackError, match=r"with a redirect \(HTTP 302\) .*not followed, the API key stays here"):
+        with pytest.raises(
+            StackError, match=r"with a redirect \(HTTP 302\) .*not followed, the API key stays here"
+        ):
             EngineApi(port, api_key="s3cret").get("/health")
         assert EngineApi(other, api_key="s3cret").get("/health") == "ok"
     assert seen == ["/health Bearer s3cret", "/health Bearer s3cret"], "nothing reached /steal"

@@ -20,16 +20,57 @@ from builder.stacks.compose import compose_dict
 
 DATA = Path(__file__).parent / "data"
 # The stack's own fields (image, host side, placement): every other field is an engine option.
-STACK_OWN = {"project", "engine", "image", "model", "port", "bind", "monitoring_port", "numa", "numa_nodes",
-             "numa_node_count", "cpuset", "gpu", "gpu_ids", "shm_size", "start_period_s"}
+STACK_OWN = {
+    "project",
+    "engine",
+    "image",
+    "model",
+    "port",
+    "bind",
+    "monitoring_port",
+    "numa",
+    "numa_nodes",
+    "numa_node_count",
+    "cpuset",
+    "gpu",
+    "gpu_ids",
+    "shm_size",
+    "start_period_s",
+}
 # A value other than the default for each engine option (valid together with the base stack).
 CHANGED: dict[str, object] = {
-    "ctx_size": 8192, "threads": 8, "parallel": 2, "override_tensors": ("exps=CPU",), "chat_template": "chatml",
-    "served_name": "m", "jinja": False, "metrics": False, "flash_attention": "on", "fused_moe": False, "mla": 3,
-    "gpu_layers": 99, "cache_type": "q8_0", "moe_offload_batch": 2, "mmap": False, "temperature": 0.6, "top_p": 0.95,
-    "top_k": 20, "min_p": 0.0, "batch_size": 2048, "ubatch_size": 512, "kt_method": "AMXINT8", "gpu_experts": 4,
-    "config_dir": "other-config", "trust_remote_code": True, "tensor_split": (1, 1), "engine_fit": True, "mlock": True,
-    "hugepages": True, "hugetlbfs": "2M", "api_key_file": "key", "extra_args": ("--verbose",),
+    "ctx_size": 8192,
+    "threads": 8,
+    "parallel": 2,
+    "override_tensors": ("exps=CPU",),
+    "chat_template": "chatml",
+    "served_name": "m",
+    "jinja": False,
+    "metrics": False,
+    "flash_attention": "on",
+    "fused_moe": False,
+    "mla": 3,
+    "gpu_layers": 99,
+    "cache_type": "q8_0",
+    "moe_offload_batch": 2,
+    "mmap": False,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": 20,
+    "min_p": 0.0,
+    "batch_size": 2048,
+    "ubatch_size": 512,
+    "kt_method": "AMXINT8",
+    "gpu_experts": 4,
+    "config_dir": "other-config",
+    "trust_remote_code": True,
+    "tensor_split": (1, 1),
+    "engine_fit": True,
+    "mlock": True,
+    "hugepages": True,
+    "hugetlbfs": "2M",
+    "api_key_file": "key",
+    "extra_args": ("--verbose",),
 }
 # Flags an engine takes several times by design (one -ot rule each).
 REPEATED = {"--override-tensor"}
@@ -43,8 +84,15 @@ def _base(tmp_path: Path, engine: str) -> dict[str, object]:
     (tmp_path / "config").mkdir(mode=0o755, exist_ok=True)
     (tmp_path / "other-config").mkdir(mode=0o755, exist_ok=True)
     kt = engine.startswith("ktransformers")
-    return {"project": "p", "engine": engine, "image": "img:1", "model": tmp_path / "m.gguf", "threads": 4,
-            "gpu": "nvidia", **({"config_dir": tmp_path / "config"} if kt else {})}
+    return {
+        "project": "p",
+        "engine": engine,
+        "image": "img:1",
+        "model": tmp_path / "m.gguf",
+        "threads": 4,
+        "gpu": "nvidia",
+        **({"config_dir": tmp_path / "config"} if kt else {}),
+    }
 
 
 def _value(tmp_path: Path, name: str) -> object:
@@ -76,7 +124,9 @@ def test_an_option_changes_what_runs_or_is_refused(tmp_path: Path, engine: str, 
         if option not in get_engine(engine).honours:
             assert f"{engine} does not read {ENGINE_OPTIONS[option]}" in str(err)
         else:
-            assert any(flag in str(err) for flag in re.findall(r"--[a-z-]+", ENGINE_OPTIONS[option])), str(err)
+            assert any(flag in str(err) for flag in re.findall(r"--[a-z-]+", ENGINE_OPTIONS[option])), str(
+                err
+            )
         return
     assert option in get_engine(engine).honours, f"{engine} wrote a stack for {option} it doesn't declare"
     assert after != before, f"{engine} accepted {option} and ran the same"
@@ -93,11 +143,17 @@ def test_the_adapter_writes_only_declared_flags_and_none_twice(tmp_path: Path, e
             command = compose_dict(stack, "x")["services"]["engine"]["command"]
         except StackError:
             continue  # refused for another reason (an option this engine needs a GPU flag for, say)
-        written = [arg for arg in command[:len(command) - len(stack.extra_args)] if arg.startswith("--") or
-                   (arg.startswith("-") and not arg[1:2].isdigit())]
+        written = [
+            arg
+            for arg in command[: len(command) - len(stack.extra_args)]
+            if arg.startswith("--") or (arg.startswith("-") and not arg[1:2].isdigit())
+        ]
         assert set(written) <= declared, (option, set(written) - declared)
-        options = [next(names for names in adapter.flag_spellings if flag in names) for flag in written
-                   if flag not in REPEATED]
+        options = [
+            next(names for names in adapter.flag_spellings if flag in names)
+            for flag in written
+            if flag not in REPEATED
+        ]
         assert len(options) == len(set(options)), (option, command)
 
 
@@ -112,8 +168,10 @@ def test_no_spelling_of_a_stack_flag_passes_as_an_extra_argument(tmp_path: Path,
             compose_dict(StackSpec(**{**base, "extra_args": (f"{flag}=1",)}), "x")
 
 
-@pytest.mark.parametrize(("engine", "help_file"), [("llama.cpp", "llama.cpp-0c1e57098-help.txt"),
-                                                   ("ik_llama.cpp", "ik_llama.cpp-ikpy-0.1.5-help.txt")])
+@pytest.mark.parametrize(
+    ("engine", "help_file"),
+    [("llama.cpp", "llama.cpp-0c1e57098-help.txt"), ("ik_llama.cpp", "ik_llama.cpp-ikpy-0.1.5-help.txt")],
+)
 def test_the_declared_spellings_are_the_engines(engine: str, help_file: str) -> None:
     """Each option of the pinned server's --help that the adapter writes has all its spellings declared."""
     adapter = get_engine(engine)
@@ -137,8 +195,14 @@ def test_the_file_records_what_it_serves(tmp_path: Path, engine: str) -> None:
         served = document["x-moe-stack"]["serves"]["engine"]
         command = document["services"]["engine"]["command"]
         assert served["threads"] == 4 and served["gpu-layers"] is None
-        assert served["metrics"] == (adapter.metrics_flag in command) == (metrics and adapter.metrics_flag is not None)
-        assert served["tool-calls"] == (adapter.template_flag is not None and adapter.template_flag in command)
+        assert (
+            served["metrics"]
+            == (adapter.metrics_flag in command)
+            == (metrics and adapter.metrics_flag is not None)
+        )
+        assert served["tool-calls"] == (
+            adapter.template_flag is not None and adapter.template_flag in command
+        )
 
 
 def test_each_neutral_option_is_declared_once() -> None:

@@ -36,10 +36,12 @@ def test_ik_help_alone_misses_accepted_flags() -> None:
 
 
 def test_parse_alignment_and_continuations() -> None:
-    flags = parse_help("  -x,     --exa N      does x\n"
-                       "                        - a bullet, not a flag\n"
-                       "--solo\n"
-                       "-ab, --alpha-beta <a|b>   picks\n")
+    flags = parse_help(
+        "  -x,     --exa N      does x\n"
+        "                        - a bullet, not a flag\n"
+        "--solo\n"
+        "-ab, --alpha-beta <a|b>   picks\n"
+    )
     assert flags == {"-x": "N", "--exa": "N", "--solo": "", "-ab": "<a|b>", "--alpha-beta": "<a|b>"}
 
 
@@ -55,8 +57,18 @@ def test_check_args_names_the_unknown_flag() -> None:
 
 def _stack(engine: str, **options: object) -> StackSpec:
     """A stack without the on-by-default switches (tested on their own below), plus `options`."""
-    return StackSpec.model_validate({"project": "p", "engine": engine, "image": "i", "model": Path("/m/x.gguf"),
-                                     "threads": 8, "jinja": False, "metrics": False, **options})
+    return StackSpec.model_validate(
+        {
+            "project": "p",
+            "engine": engine,
+            "image": "i",
+            "model": Path("/m/x.gguf"),
+            "threads": 8,
+            "jinja": False,
+            "metrics": False,
+            **options,
+        }
+    )
 
 
 def _neutral(engine: str, flags: dict[str, str] | None, **options: object) -> list[str]:
@@ -86,8 +98,11 @@ def test_impossible_options_are_refused() -> None:
 def test_moe_offload_batch_is_an_ik_cuda_parameter() -> None:
     assert _neutral("ik_llama.cpp", IK, moe_offload_batch=2) == ["-cuda", "offload-batch-size=2"]
     with pytest.raises(StackError, match="has no -cuda parameters"):
-        _neutral("ik_llama.cpp", {k: v for k, v in IK.items() if k not in ("-cuda", "--cuda-params")},
-                 moe_offload_batch=2)
+        _neutral(
+            "ik_llama.cpp",
+            {k: v for k, v in IK.items() if k not in ("-cuda", "--cuda-params")},
+            moe_offload_batch=2,
+        )
     with pytest.raises(StackError, match="^llama.cpp does not read --moe-offload-batch"):
         _neutral("llama.cpp", MAINLINE, moe_offload_batch=2)
 
@@ -101,9 +116,28 @@ def test_served_name_jinja_and_metrics_where_the_image_has_them() -> None:
 
 
 def test_sampling_and_batches_in_each_engines_syntax() -> None:
-    options = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "batch_size": 4096, "ubatch_size": 2048}
-    written = ["--temp", "0.6", "--top-p", "0.95", "--top-k", "20", "--min-p", "0", "--batch-size", "4096",
-               "--ubatch-size", "2048"]
+    options = {
+        "temperature": 0.6,
+        "top_p": 0.95,
+        "top_k": 20,
+        "min_p": 0.0,
+        "batch_size": 4096,
+        "ubatch_size": 2048,
+    }
+    written = [
+        "--temp",
+        "0.6",
+        "--top-p",
+        "0.95",
+        "--top-k",
+        "20",
+        "--min-p",
+        "0",
+        "--batch-size",
+        "4096",
+        "--ubatch-size",
+        "2048",
+    ]
     assert _neutral("llama.cpp", MAINLINE, **options) == written
     assert _neutral("ik_llama.cpp", IK, **options) == written
     with pytest.raises(StackError, match="has no --min-p; drop --min-p"):
@@ -114,10 +148,16 @@ def test_sampling_and_batches_in_each_engines_syntax() -> None:
 
 def test_a_built_in_template_name_turns_jinja_off() -> None:
     """With Jinja on, `--chat-template gemma` would make the word "gemma" the template."""
-    assert _neutral("llama.cpp", MAINLINE, jinja=True, chat_template="gemma") == ["--chat-template", "gemma",
-                                                                                "--no-jinja"]
+    assert _neutral("llama.cpp", MAINLINE, jinja=True, chat_template="gemma") == [
+        "--chat-template",
+        "gemma",
+        "--no-jinja",
+    ]
     assert _neutral("llama.cpp", None, jinja=True, chat_template="gemma")[-1] == "--no-jinja"
-    assert _neutral("ik_llama.cpp", IK, jinja=True, chat_template="gemma") == ["--chat-template", "gemma"]  # off already
+    assert _neutral("ik_llama.cpp", IK, jinja=True, chat_template="gemma") == [
+        "--chat-template",
+        "gemma",
+    ]  # off already
 
 
 def test_load_mode_in_each_engines_syntax() -> None:

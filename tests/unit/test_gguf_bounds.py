@@ -34,35 +34,49 @@ def _kv(key: bytes, kind: int, value: bytes) -> bytes:
     return _string(key) + struct.pack("<I", kind) + value
 
 
-@pytest.mark.parametrize(("data", "why"), [
-    # An array of 2^63 u8 at the end of the file: the reader would advance 0 bytes per element.
-    (_header(0, [_kv(b"a", 9, struct.pack("<IQ", 0, 1 << 63))]), "array element count 9223372036854775808"),
-    (_header(0, [_kv(b"a", 9, struct.pack("<IQ", 8, 1 << 40))]), "array element count"),
-    (_header(1 << 40, []), "tensor count"),
-    (b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 62), "key count"),
-    (_header(0, [_kv(b"a", 8, struct.pack("<Q", 1 << 62))]), "string byte count"),
-    (_header(0, [_kv(b"a", 99, b"")]), "unknown value type 99"),
-    (_header(1, [], _string(b"t") + struct.pack("<I", 9) + b"\0" * 84), "9 dimensions"),
-    (b"GGUF" + struct.pack("<I", 7) + b"\0" * 16, "version 7"),
-    (b"GGUF\3\0", "ends inside a field"),
-])
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        # An array of 2^63 u8 at the end of the file: the reader would advance 0 bytes per element.
+        (
+            _header(0, [_kv(b"a", 9, struct.pack("<IQ", 0, 1 << 63))]),
+            "array element count 9223372036854775808",
+        ),
+        (_header(0, [_kv(b"a", 9, struct.pack("<IQ", 8, 1 << 40))]), "array element count"),
+        (_header(1 << 40, []), "tensor count"),
+        (b"GGUF" + struct.pack("<IQQ", 3, 0, 1 << 62), "key count"),
+        (_header(0, [_kv(b"a", 8, struct.pack("<Q", 1 << 62))]), "string byte count"),
+        (_header(0, [_kv(b"a", 99, b"")]), "unknown value type 99"),
+        (_header(1, [], _string(b"t") + struct.pack("<I", 9) + b"\0" * 84), "9 dimensions"),
+        (b"GGUF" + struct.pack("<I", 7) + b"\0" * 16, "version 7"),
+        (b"GGUF\3\0", "ends inside a field"),
+    ],
+)
 def test_hostile_headers_are_one_error_fast_and_flat(tmp_path: Path, data: bytes, why: str) -> None:
     """Read in a child held to 20 s and an address-space cap (four times its size at start, plus 1 GiB):
     the unchecked reader breaks the cap (MemoryError) or the time (it loops); the checked one answers
     in well under 0.5 s."""
     path = tmp_path / "hostile.gguf"
     path.write_bytes(data)
-    probe = ("import json, resource, sys, time\n"
-             "from builder.errors import ModelError\nfrom builder.models.planner import read_facts\n"
-             "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
-             "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
-             "resource.setrlimit(resource.RLIMIT_AS, (size * 4 + (1 << 30), hard))\n"
-             "started = time.monotonic()\n"
-             "try:\n    read_facts(__import__('pathlib').Path(sys.argv[1])); said = 'read'\n"
-             "except ModelError as error:\n    said = str(error)\n"
-             "print(json.dumps({'said': said, 'seconds': time.monotonic() - started}))\n")
-    result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=20,
-                            cwd=ROOT, check=False)
+    probe = (
+        "import json, resource, sys, time\n"
+        "from builder.errors import ModelError\nfrom builder.models.planner import read_facts\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size * 4 + (1 << 30), hard))\n"
+        "started = time.monotonic()\n"
+        "try:\n    read_facts(__import__('pathlib').Path(sys.argv[1])); said = 'read'\n"
+        "except ModelError as error:\n    said = str(error)\n"
+        "print(json.dumps({'said': said, 'seconds': time.monotonic() - started}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)
     assert re.search(why, answer["said"]) and answer["seconds"] < 0.5, answer
@@ -70,8 +84,12 @@ def test_hostile_headers_are_one_error_fast_and_flat(tmp_path: Path, data: bytes
 
 def _model_with(tmp_path: Path, **overrides: object) -> Path:
     """A real synthetic model, then one field of its header rewritten by gguf's own writer."""
-    source = write_moe_gguf(tmp_path / "ok.gguf", MoeShape(layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32,
-                                                           expert_ffn=32, experts=4, experts_used=2))
+    source = write_moe_gguf(
+        tmp_path / "ok.gguf",
+        MoeShape(
+            layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, expert_ffn=32, experts=4, experts_used=2
+        ),
+    )
     reader = gguf.GGUFReader(str(source), "r+")
     for key, value in overrides.items():
         field = reader.fields[key]
@@ -79,12 +97,15 @@ def _model_with(tmp_path: Path, **overrides: object) -> Path:
     return source
 
 
-@pytest.mark.parametrize(("key", "value", "why"), [
-    ("qwen3moe.block_count", 1 << 28, "268435456 layers"),
-    ("qwen3moe.block_count", 1, "is in layer 1, but the model has 1 layers"),
-    ("qwen3moe.attention.head_count", 0, "0 attention heads"),
-    ("qwen3moe.expert_count", 1 << 30, "1073741824 experts"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("qwen3moe.block_count", 1 << 28, "268435456 layers"),
+        ("qwen3moe.block_count", 1, "is in layer 1, but the model has 1 layers"),
+        ("qwen3moe.attention.head_count", 0, "0 attention heads"),
+        ("qwen3moe.expert_count", 1 << 30, "1073741824 experts"),
+    ],
+)
 def test_crafted_model_fields(tmp_path: Path, key: str, value: int, why: str) -> None:
     path = _model_with(tmp_path, **{key: value})
     with pytest.raises(ModelError, match=why):

@@ -31,9 +31,13 @@ def test_render_matches_golden(name: str) -> None:
         replace_rendered_dir(rendered, directory)
     assert directory.is_dir(), f"no golden render for {name}: run with MOE_STACK_UPDATE_GOLDEN=1"
     on_disk = {p.name: p.read_text() for p in directory.iterdir() if p.is_file()}
-    assert sorted(on_disk) == sorted(rendered), "golden file set differs: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+    assert sorted(on_disk) == sorted(rendered), (
+        "golden file set differs: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+    )
     for filename, text in rendered.items():
-        assert on_disk[filename] == text, f"{name}/{filename} is stale: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+        assert on_disk[filename] == text, (
+            f"{name}/{filename} is stale: re-render with MOE_STACK_UPDATE_GOLDEN=1"
+        )
 
 
 def test_no_stale_golden_directories() -> None:

@@ -10,7 +10,9 @@ from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 
 
 def test_two_socket_epyc_with_smt(tmp_path: Path) -> None:
-    root = fake_host(tmp_path, EPYC_9554_FLAGS, sockets=2, cores=64, threads=2, node_gib=384, numa_balancing=1)
+    root = fake_host(
+        tmp_path, EPYC_9554_FLAGS, sockets=2, cores=64, threads=2, node_gib=384, numa_balancing=1
+    )
     host = probe(root, nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n")
     assert (host.cpu.logical_cpus, host.cpu.physical_cores) == (256, 128)
     assert [len(n.cpus) for n in host.nodes] == [128, 128]
@@ -20,8 +22,16 @@ def test_two_socket_epyc_with_smt(tmp_path: Path) -> None:
 
 
 def test_xeon_with_amx(tmp_path: Path) -> None:
-    root = fake_host(tmp_path, XEON_EMR_FLAGS, sockets=1, cores=56, threads=2, node_gib=512, hugepages_2m=4096,
-                     thp="always")
+    root = fake_host(
+        tmp_path,
+        XEON_EMR_FLAGS,
+        sockets=1,
+        cores=56,
+        threads=2,
+        node_gib=512,
+        hugepages_2m=4096,
+        thp="always",
+    )
     host = probe(root, nvidia_smi_text="")
     assert missing_flags(cpu_target("sapphirerapids").required_flags, host.cpu) == []
     assert host.nodes[0].hugepages == {2048: 4096, 1048576: 0}

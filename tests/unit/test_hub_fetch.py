@@ -18,14 +18,31 @@ from tests.cli import run_cli
 from tests.hub_server import COMMIT, Hub, serve
 
 REPO = "unsloth/Tiny-MoE-GGUF"
-SHARDS = {f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": b"GGUF\x03\0\0\0" + os.urandom(300_000 + i) for i in (1, 2)}
+SHARDS = {
+    f"Q4_K_M/Tiny-MoE-Q4_K_M-0000{i}-of-00002.gguf": b"GGUF\x03\0\0\0" + os.urandom(300_000 + i)
+    for i in (1, 2)
+}
 FILES = {**SHARDS, "Q8_0/Tiny-MoE-Q8_0.gguf": os.urandom(1000), "README.md": b"# tiny\n"}
 
 
 def _fetch(hub: Hub, dest: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    result = run_cli("fetch-model", "--hf", REPO, "--include", "Q4_K_M/*", "--dest", str(dest), *extra,
-                     env={"HF_ENDPOINT": hub.url, "HF_HOME": str(dest.parent / "hf-home"),
-                          "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", **(env or {})})
+    result = run_cli(
+        "fetch-model",
+        "--hf",
+        REPO,
+        "--include",
+        "Q4_K_M/*",
+        "--dest",
+        str(dest),
+        *extra,
+        env={
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(dest.parent / "hf-home"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_XET": "1",
+            **(env or {}),
+        },
+    )
     return result.returncode, result.stdout, result.stderr
 
 
@@ -41,7 +58,11 @@ def test_shards_by_pattern_into_a_plain_directory(tmp_path: Path) -> None:
         assert not path.is_symlink() and path.read_bytes() == data
     assert not (tmp_path / "models/Q8_0").exists() and not (tmp_path / "models/README.md").exists()
     manifest = json.loads((tmp_path / "models/moe-stack-model.json").read_text())
-    assert manifest["commit"] == COMMIT and len(manifest["files"]) == 2 and all(f["sha256"] for f in manifest["files"])
+    assert (
+        manifest["commit"] == COMMIT
+        and len(manifest["files"]) == 2
+        and all(f["sha256"] for f in manifest["files"])
+    )
 
 
 @pytest.mark.cli
@@ -53,7 +74,9 @@ def test_a_cut_download_resumes(tmp_path: Path) -> None:
         status, _, stderr = _fetch(hub, tmp_path / "models")
     assert status == 0, stderr
     assert max(hub.ranges) >= 10 << 20, hub.ranges  # resumed, not started over
-    assert (tmp_path / "models/Q4_K_M/Big-00001-of-00001.gguf").read_bytes() == files["Q4_K_M/Big-00001-of-00001.gguf"]
+    assert (tmp_path / "models/Q4_K_M/Big-00001-of-00001.gguf").read_bytes() == files[
+        "Q4_K_M/Big-00001-of-00001.gguf"
+    ]
 
 
 @pytest.mark.cli
@@ -71,14 +94,24 @@ def test_a_corrupted_file_is_refused(tmp_path: Path) -> None:
         status, _, stderr = _fetch(hub, tmp_path / "models")
     assert status == 1 and "does not have the sha256 the repository lists" in stderr, stderr
     assert len([line for line in stderr.splitlines() if line.strip()]) == 1
-    assert not (tmp_path / "models" / name).exists() and not (tmp_path / "models/moe-stack-model.json").exists()
+    assert (
+        not (tmp_path / "models" / name).exists() and not (tmp_path / "models/moe-stack-model.json").exists()
+    )
 
 
 @pytest.mark.cli
 def test_nothing_matches(tmp_path: Path) -> None:
     with serve(Hub(REPO, dict(FILES))) as hub:
-        result = run_cli("fetch-model", "--hf", REPO, "--include", "Q2_K/*", "--dest", str(tmp_path / "m"),
-                         env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")})
+        result = run_cli(
+            "fetch-model",
+            "--hf",
+            REPO,
+            "--include",
+            "Q2_K/*",
+            "--dest",
+            str(tmp_path / "m"),
+            env={"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")},
+        )
     assert result.returncode == 1 and f"no file of {REPO} matches Q2_K/*" in result.stderr
 
 
@@ -88,8 +121,11 @@ def test_doctor_checks_a_fetched_model_against_its_record(tmp_path: Path) -> Non
         status, stdout, stderr = _fetch(hub, tmp_path / "models")
     assert status == 0, stderr
     first = Path(stdout.strip())
-    assert recorded(first) == HubFile(str(first.relative_to(tmp_path / "models")), len(SHARDS[next(iter(SHARDS))]),
-                                      hashlib.sha256(SHARDS[next(iter(SHARDS))]).hexdigest())
+    assert recorded(first) == HubFile(
+        str(first.relative_to(tmp_path / "models")),
+        len(SHARDS[next(iter(SHARDS))]),
+        hashlib.sha256(SHARDS[next(iter(SHARDS))]).hexdigest(),
+    )
 
     def model_finding() -> dict[str, str]:
         doctor = run_cli("doctor", "--model", str(first), "--json")
@@ -107,7 +143,9 @@ def _written(root: Path) -> set[str]:
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize("commit", ["../../../../escaped", "main", "0123456789abcdef0123456789abcdef0123456\n"])
+@pytest.mark.parametrize(
+    "commit", ["../../../../escaped", "main", "0123456789abcdef0123456789abcdef0123456\n"]
+)
 def test_a_hostile_commit_from_the_hub_is_refused(tmp_path: Path, commit: str) -> None:
     """huggingface_hub files a revision under refs/<revision> in its cache: `../` chose a path, and a
     second answer its content. Only a 40-hex commit goes on."""
@@ -118,8 +156,16 @@ def test_a_hostile_commit_from_the_hub_is_refused(tmp_path: Path, commit: str) -
 
 
 @pytest.mark.cli
-@pytest.mark.parametrize("name", ["/tmp/moe-stack-hostile.gguf", "Q4_K_M/../../outside.gguf", "Q4_K_M/a\nb.gguf",
-                                  "Q4_K_M/[ab].gguf", "Q4_K_M//x.gguf"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/tmp/moe-stack-hostile.gguf",
+        "Q4_K_M/../../outside.gguf",
+        "Q4_K_M/a\nb.gguf",
+        "Q4_K_M/[ab].gguf",
+        "Q4_K_M//x.gguf",
+    ],
+)
 def test_a_hostile_file_name_from_the_hub_is_refused(tmp_path: Path, name: str) -> None:
     """Listed names became paths under --dest unchecked: an absolute one or `X/../../y` with a wrong sha256
     was hashed (a FIFO hangs it) and deleted."""
@@ -133,7 +179,9 @@ def test_a_hostile_file_name_from_the_hub_is_refused(tmp_path: Path, name: str) 
     assert not Path("/tmp/moe-stack-hostile.gguf").exists()
 
 
-def test_a_file_the_download_did_not_write_is_not_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_file_the_download_did_not_write_is_not_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only what the download wrote is removed on a sha256 mismatch: a file it left as it was (huggingface_hub
     skips what its own records call complete) is the user's to remove. At the module boundary: the hub's
     listing from the stand-in, the download step a no-op."""
@@ -163,7 +211,9 @@ def test_a_bad_revision_is_refused_before_asking(tmp_path: Path, revision: str) 
 def test_an_answer_that_is_not_json_is_one_line(tmp_path: Path) -> None:
     with serve(Hub(REPO, dict(FILES), raw_listing=b"<html>captive portal</html>")) as hub:
         status, _, stderr = _fetch(hub, tmp_path / "models")
-    assert status == 1 and "is not a model listing" in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert status == 1 and "is not a model listing" in stderr and len(stderr.strip().splitlines()) == 1, (
+        stderr
+    )
 
 
 @pytest.mark.cli
@@ -185,7 +235,15 @@ def test_the_stored_login_is_not_sent_to_a_mirror(tmp_path: Path) -> None:
 @pytest.mark.cli
 @pytest.mark.parametrize("endpoint", ["http://hub.mirror.example", "http://10.0.0.7:8080", "ftp://127.0.0.1"])
 def test_plain_http_is_refused_off_loopback(tmp_path: Path, endpoint: str) -> None:
-    result = run_cli("fetch-model", "--hf", REPO, "--include", "*", "--dest", str(tmp_path / "m"),
-                     env={"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home")})
+    result = run_cli(
+        "fetch-model",
+        "--hf",
+        REPO,
+        "--include",
+        "*",
+        "--dest",
+        str(tmp_path / "m"),
+        env={"HF_ENDPOINT": endpoint, "HF_HOME": str(tmp_path / "hf-home")},
+    )
     assert result.returncode == 1 and "is not https" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "m").exists()

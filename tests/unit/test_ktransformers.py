@@ -46,8 +46,11 @@ def test_kt_kernel_variant_per_cpu() -> None:
 
 def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -> None:
     def env(cpu: str) -> dict[str, str]:
-        return KT.template_values(image_spec("ktransformers", cpu, cuda=cuda_target("12.8")),
-                                  KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))))["engine_env"]
+        return KT.template_values(
+            image_spec("ktransformers", cpu, cuda=cuda_target("12.8")),
+            KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))),
+        )["engine_env"]
+
     assert env("sapphirerapids") == {"KT_KERNEL_CPU_VARIANT": "amx"}
     assert env("zen4") == {"KT_KERNEL_CPU_VARIANT": "avx512_bf16"}
     assert env("portable") == {}
@@ -56,15 +59,30 @@ def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -
 def test_source_builds_name_the_cpu_target_never_native() -> None:
     def build_env(spec_name: str) -> dict[str, str]:
         spec = UNPUBLISHED[spec_name]
-        return dict(item.split("=", 1) for item in
-                    get_engine(spec.engine).template_values(spec, get_engine(spec.engine).toolchain(spec))["build_env"])
+        return dict(
+            item.split("=", 1)
+            for item in get_engine(spec.engine).template_values(
+                spec, get_engine(spec.engine).toolchain(spec)
+            )["build_env"]
+        )
+
     assert build_env("ktransformers-source-cuda12.8-sapphirerapids") == {
-        "CPUINFER_CPU_INSTRUCT": "AVX512", "CPUINFER_ENABLE_AMX": "ON"}
+        "CPUINFER_CPU_INSTRUCT": "AVX512",
+        "CPUINFER_ENABLE_AMX": "ON",
+    }
     assert build_env("ktransformers-source-cuda12.8-portable") == {"CPUINFER_BUILD_ALL_VARIANTS": "1"}
     legacy = image_spec("ktransformers-legacy", "zen5", cuda=cuda_target("12.8"))
-    env = dict(item.split("=", 1) for item in LEGACY.template_values(legacy, LEGACY.toolchain(legacy))["build_env"])
-    assert env == {"CC": "gcc-14", "CXX": "g++-14", "USE_NUMA": "1", "CPU_INSTRUCT": "AVX512",
-                   "TORCH_CUDA_ARCH_LIST": "'8.6;8.9;9.0;12.0'", "KTRANSFORMERS_FORCE_BUILD": "TRUE"}
+    env = dict(
+        item.split("=", 1) for item in LEGACY.template_values(legacy, LEGACY.toolchain(legacy))["build_env"]
+    )
+    assert env == {
+        "CC": "gcc-14",
+        "CXX": "g++-14",
+        "USE_NUMA": "1",
+        "CPU_INSTRUCT": "AVX512",
+        "TORCH_CUDA_ARCH_LIST": "'8.6;8.9;9.0;12.0'",
+        "KTRANSFORMERS_FORCE_BUILD": "TRUE",
+    }
     avx2 = image_spec("ktransformers-legacy", "avx2", cuda=cuda_target("12.8"))
     assert "CPU_INSTRUCT=AVX2" in LEGACY.template_values(avx2, LEGACY.toolchain(avx2))["build_env"]
 
@@ -74,7 +92,9 @@ def test_torch_comes_from_the_index_for_its_cuda() -> None:
     assert torch_index(cuda_target("13.0"), "12.8") == "https://download.pytorch.org/whl/cu130"
     assert torch_index(cuda_target("12.8"), "12.8") is None  # PyPI's own torch is that build
     assert KT.extra_index(cuda_target("12.8")) == ""
-    assert LEGACY.extra_index(cuda_target("12.8")) == " --extra-index-url https://download.pytorch.org/whl/cu128"
+    assert (
+        LEGACY.extra_index(cuda_target("12.8")) == " --extra-index-url https://download.pytorch.org/whl/cu128"
+    )
     assert torch_arch_list(cuda_target("12.6")) == "8.6;8.9;9.0"
 
 
@@ -82,8 +102,9 @@ def test_what_a_kt_image_can_be_built_from() -> None:
     assert image_spec("ktransformers", "zen4").source.kind == "pypi"
     with pytest.raises(SpecError, match="has no CPU-only image"):
         image_spec("ktransformers-legacy", "zen4")
-    from_pypi = ImageSpec.model_validate(image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi",
-                                                                                                   "ref": "1"}})
+    from_pypi = ImageSpec.model_validate(
+        image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi", "ref": "1"}}
+    )
     with pytest.raises(SpecError, match="not installed from PyPI wheels"):
         get_engine("llama.cpp").check_image(from_pypi)
     with pytest.raises(SpecError, match="not installed from PyPI wheels"):
@@ -102,38 +123,82 @@ def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Pa
 
 def _stack(tmp_path: Path, engine: str = "ktransformers", **update: object) -> StackSpec:
     model = tmp_path / "DeepSeek-R1-IQ4_XS-00001-of-00009.gguf"
-    values: dict[str, object] = {"project": "kt", "engine": engine, "image": "kt:test", "model": model, "threads": 32,
-                                     "numa_node_count": 2, "gpu": "nvidia", "config_dir": tmp_path / "hf", "ctx_size": 8192}
+    values: dict[str, object] = {
+        "project": "kt",
+        "engine": engine,
+        "image": "kt:test",
+        "model": model,
+        "threads": 32,
+        "numa_node_count": 2,
+        "gpu": "nvidia",
+        "config_dir": tmp_path / "hf",
+        "ctx_size": 8192,
+    }
     return StackSpec(**(values | update))
 
 
 def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
     args = KT.server_args(_stack(tmp_path, gpu_experts=6), None)
-    assert args == ["--model-path", "/model-config", "--kt-weight-path", "/models", "--kt-method", "LLAMAFILE",
-                    "--kt-cpuinfer", "32", "--kt-threadpool-count", "2", "--host", "0.0.0.0", "--port", "8080",
-                    "--context-length", "8192", "--max-running-requests", "1", "--kt-num-gpu-experts", "6",
-                    "--enable-metrics"]
+    assert args == [
+        "--model-path",
+        "/model-config",
+        "--kt-weight-path",
+        "/models",
+        "--kt-method",
+        "LLAMAFILE",
+        "--kt-cpuinfer",
+        "32",
+        "--kt-threadpool-count",
+        "2",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+        "--context-length",
+        "8192",
+        "--max-running-requests",
+        "1",
+        "--kt-num-gpu-experts",
+        "6",
+        "--enable-metrics",
+    ]
     # Python from the model's directory runs only when asked for (security review: it was always on).
     trusting = KT.server_args(_stack(tmp_path, trust_remote_code=True), None)
     assert trusting[-1] == "--trust-remote-code" and "--trust-remote-code" not in args
-    with pytest.raises(StackError, match="llama.cpp does not read --config-dir, --trust-remote-code: drop them"):
+    with pytest.raises(
+        StackError, match="llama.cpp does not read --config-dir, --trust-remote-code: drop them"
+    ):
         LlamaCpp().server_args(_stack(tmp_path, engine="llama.cpp", gpu="none", trust_remote_code=True), None)
     bound = KT.server_args(_stack(tmp_path, numa="membind", numa_nodes=(1, 3), numa_node_count=2), None)
-    assert bound[bound.index("--kt-threadpool-count"):][:2] == ["--kt-threadpool-count", "2"]
-    assert bound[bound.index("--kt-numa-nodes"):][:3] == ["--kt-numa-nodes", "1", "3"]
+    assert bound[bound.index("--kt-threadpool-count") :][:2] == ["--kt-threadpool-count", "2"]
+    assert bound[bound.index("--kt-numa-nodes") :][:3] == ["--kt-numa-nodes", "1", "3"]
     assert LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy"), None) == [
-        "--model_path", "/model-config", "--gguf_path", "/models", "--cpu_infer", "32", "--cache_lens", "8192",
-        "--host", "0.0.0.0", "--port", "8080"]
+        "--model_path",
+        "/model-config",
+        "--gguf_path",
+        "/models",
+        "--cpu_infer",
+        "32",
+        "--cache_lens",
+        "8192",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+    ]
 
 
-@pytest.mark.parametrize(("update", "message"), [
-    ({"gpu": "none"}, "has no CPU-only server: give --gpu nvidia"),
-    ({"config_dir": None}, "give --config-dir DIR"),
-    ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights from kt-kernel's converter, not a GGUF file"),
-    ({"kt_method": "FP8"}, "FP8 reads weights from a safetensors checkpoint, not a GGUF file"),
-    ({"cache_type": "q8_0", "mlock": True}, "does not read --cache-type, --mlock: drop them"),
-    ({"override_tensors": ("exps=CPU",)}, "does not read --override-tensor/--experts-on-cpu: drop it"),
-])
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        ({"gpu": "none"}, "has no CPU-only server: give --gpu nvidia"),
+        ({"config_dir": None}, "give --config-dir DIR"),
+        ({"kt_method": "AMXINT4"}, "AMXINT4 reads weights from kt-kernel's converter, not a GGUF file"),
+        ({"kt_method": "FP8"}, "FP8 reads weights from a safetensors checkpoint, not a GGUF file"),
+        ({"cache_type": "q8_0", "mlock": True}, "does not read --cache-type, --mlock: drop them"),
+        ({"override_tensors": ("exps=CPU",)}, "does not read --override-tensor/--experts-on-cpu: drop it"),
+    ],
+)
 def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], message: str) -> None:
     with pytest.raises(StackError, match=message.replace("(", r"\(").replace(")", r"\)")):
         KT.server_args(_stack(tmp_path, **update), None)
@@ -141,23 +206,40 @@ def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], m
 
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
     zen4 = CpuInfo(flags=flags_of("zen4"), logical_cpus=64, physical_cores=32)
-    with pytest.raises(StackError, match="AMXINT8 runs on AMX, and this CPU lacks amx_tile amx_int8 amx_bf16"):
+    with pytest.raises(
+        StackError, match="AMXINT8 runs on AMX, and this CPU lacks amx_tile amx_int8 amx_bf16"
+    ):
         get_engine("ktransformers").check_host(_stack(tmp_path, kt_method="AMXINT8"), zen4)
-    get_engine("ktransformers").check_host(_stack(tmp_path, kt_method="AMXINT8"),
-                         CpuInfo(flags=flags_of("sapphirerapids"), logical_cpus=64, physical_cores=32))
+    get_engine("ktransformers").check_host(
+        _stack(tmp_path, kt_method="AMXINT8"),
+        CpuInfo(flags=flags_of("sapphirerapids"), logical_cpus=64, physical_cores=32),
+    )
     get_engine("ktransformers").check_host(_stack(tmp_path), zen4)  # LLAMAFILE runs anywhere
 
 
 def test_the_stack_binds_numa_memory_and_mounts_the_config(tmp_path: Path) -> None:
     service = compose_dict(_stack(tmp_path), "test", check_files=False)["services"]["engine"]
     assert service["cap_add"] == ["SYS_NICE"] and "environment" not in service  # no numactl policy asked for
-    assert {"type": "bind", "source": str(tmp_path / "hf"), "target": "/model-config", "read_only": True} \
-        in service["volumes"]
+    assert {
+        "type": "bind",
+        "source": str(tmp_path / "hf"),
+        "target": "/model-config",
+        "read_only": True,
+    } in service["volumes"]
 
 
 def test_gpu_experts_from_the_vram_plan() -> None:
-    r1 = ModelFacts(arch="deepseek2", layers=58, expert_bytes=(6 * GIB,) * 58, other_bytes=14 * GIB, kv_heads=128,
-                    key_dim=192, value_dim=128, mla_dim=576, expert_count=256)
+    r1 = ModelFacts(
+        arch="deepseek2",
+        layers=58,
+        expert_bytes=(6 * GIB,) * 58,
+        other_bytes=14 * GIB,
+        kv_heads=128,
+        key_dim=192,
+        value_dim=128,
+        mla_dim=576,
+        expert_count=256,
+    )
     fitted = make_plan(r1, 24 * GIB, 512 * GIB, 16384, "q8_0", mla=True)
     spare = 24 * GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", True) - 2 * GIB
     one_expert_all_layers = 58 * 6 * GIB // 256
@@ -180,17 +262,28 @@ def test_server_wrapper_runs_the_named_module_with_the_python_on_path(tmp_path: 
     (tmp_path / "python3").chmod(0o755)
     wrapper = Path(__file__).resolve().parents[2] / "dockerfiles/ktransformers/moe-stack-server"
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "MOE_STACK_SERVER_MODULE": "sglang.launch_server"}
-    ran = subprocess.run(["sh", str(wrapper), "--port", "8080"], env=env, capture_output=True, text=True, check=False)
+    ran = subprocess.run(
+        ["sh", str(wrapper), "--port", "8080"], env=env, capture_output=True, text=True, check=False
+    )
     assert ran.returncode == 0 and ran.stdout == "-m sglang.launch_server --port 8080\n", ran.stderr
-    unset = subprocess.run(["sh", str(wrapper)], env={"PATH": env["PATH"]}, capture_output=True, text=True, check=False)
+    unset = subprocess.run(
+        ["sh", str(wrapper)], env={"PATH": env["PATH"]}, capture_output=True, text=True, check=False
+    )
     assert unset.returncode != 0 and "MOE_STACK_SERVER_MODULE is not set" in unset.stderr
 
 
 def test_served_name_metrics_and_sampling_in_ktransformers(tmp_path: Path) -> None:
     args = KT.server_args(_stack(tmp_path, served_name="deepseek-r1-671b"), None)
-    assert args[args.index("--served-model-name"):][:3] == ["--served-model-name", "deepseek-r1-671b", "--enable-metrics"]
-    legacy = LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy", served_name="r1", temperature=0.6,
-                                       top_p=0.95), None)
+    assert args[args.index("--served-model-name") :][:3] == [
+        "--served-model-name",
+        "deepseek-r1-671b",
+        "--enable-metrics",
+    ]
+    legacy = LEGACY.server_args(
+        _stack(tmp_path, engine="ktransformers-legacy", served_name="r1", temperature=0.6, top_p=0.95), None
+    )
     assert legacy[-6:] == ["--model_name", "r1", "--temperature", "0.6", "--top_p", "0.95"]
     with pytest.raises(StackError, match="ktransformers does not read --temperature, --top-k: drop them"):
-        KT.server_args(_stack(tmp_path, temperature=0.6, top_k=20), None)  # SGLang: the model's generation config
+        KT.server_args(
+            _stack(tmp_path, temperature=0.6, top_k=20), None
+        )  # SGLang: the model's generation config

@@ -20,16 +20,41 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "builder"
-CORE = {"builder", "builder.errors", "builder.files", "builder.spec", "builder.contract", "builder.safe_tar",
-        "builder.docker_client"}
-LAYER = {"core": 0, "host": 1, "models": 1, "platform": 2, "engines": 3, "images": 4, "stacks": 5, "distribute": 5,
-         "cli": 6}
+CORE = {
+    "builder",
+    "builder.errors",
+    "builder.files",
+    "builder.spec",
+    "builder.contract",
+    "builder.safe_tar",
+    "builder.docker_client",
+}
+LAYER = {
+    "core": 0,
+    "host": 1,
+    "models": 1,
+    "platform": 2,
+    "engines": 3,
+    "images": 4,
+    "stacks": 5,
+    "distribute": 5,
+    "cli": 6,
+}
 DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish (and the CLI's doctor, which asks whether Docker answers).
-TALK_TO_DOCKER = {"builder.images.build", "builder.images.baseimage", "builder.images.cuda_base",
-                  "builder.images.image_facts", "builder.stacks.run", "builder.stacks.smoke", "builder.distribute.publish",
-                  "builder.images.prometheus", "builder.stacks.tool_run",
-                  "builder.distribute.bundle", "builder.cli.main"}
+TALK_TO_DOCKER = {
+    "builder.images.build",
+    "builder.images.baseimage",
+    "builder.images.cuda_base",
+    "builder.images.image_facts",
+    "builder.stacks.run",
+    "builder.stacks.smoke",
+    "builder.distribute.publish",
+    "builder.images.prometheus",
+    "builder.stacks.tool_run",
+    "builder.distribute.bundle",
+    "builder.cli.main",
+}
 
 
 def _module(path: Path) -> str:
@@ -95,15 +120,25 @@ def test_imports_point_down_or_across_their_own_layer() -> None:
 def test_only_building_running_and_publishing_talk_to_docker() -> None:
     talking = {m for m in MODULES if GRAPH[m] & DOCKER} - {"builder.docker_client"}
     assert talking == TALK_TO_DOCKER
-    for module in ("builder.spec", "builder.images.naming", "builder.images.render", "builder.engines",
-                   "builder.stacks.tool_bench",
-                   *(m for m in MODULES if m.startswith("builder.engines."))):
+    for module in (
+        "builder.spec",
+        "builder.images.naming",
+        "builder.images.render",
+        "builder.engines",
+        "builder.stacks.tool_bench",
+        *(m for m in MODULES if m.startswith("builder.engines.")),
+    ):
         assert not _closure(module) & DOCKER, f"{module} reaches the Docker client"
 
 
-@pytest.mark.parametrize(("module", "target"), [("builder.host.probe", "builder.images.render"),
-                                                ("builder.engines.base", "builder.images.naming"),
-                                                ("builder.platform.targets", "builder.engines.base")])
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        ("builder.host.probe", "builder.images.render"),
+        ("builder.engines.base", "builder.images.naming"),
+        ("builder.platform.targets", "builder.engines.base"),
+    ],
+)
 def test_the_rule_catches_a_wrong_import(module: str, target: str) -> None:
     """The check itself can fail: a leaf importing upwards, an adapter importing images/, the floor
     importing an adapter are reported."""

@@ -1,4 +1,5 @@
-"""Least privilege in every variant's Dockerfile (published or built by users): hadolint clean, a non-root final user,
+"""Least privilege in every variant's Dockerfile (published or built by users): hadolint clean, a
+non-root final user,
 no secrets in build arguments, environment or labels; every shell script shellcheck-clean."""
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ def _dockerfiles(tmp_path: Path) -> dict[str, Path]:
 def test_every_variant_is_hadolint_clean(tmp_path: Path) -> None:
     files = _dockerfiles(tmp_path)
     assert len(files) == 94 + len(UNPUBLISHED)  # 71 llama.cpp-family, 23 KTransformers published
-    result = subprocess.run([dependency_command("hadolint"), "--no-color", *map(str, files.values())],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [dependency_command("hadolint"), "--no-color", *map(str, files.values())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -44,8 +49,9 @@ def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_
                 continue
             users = re.findall(r"^USER (\S+)", stage, re.MULTILINE)
             assert users and users[-1] == f"{IMAGE_UID}:{IMAGE_UID}", f"{name}: stage users {users}"
-        assert not re.search(r"^ARG ", text.replace("ARG DEBIAN_FRONTEND=noninteractive", ""), re.MULTILINE), \
-            f"{name}: build arguments could carry secrets into the image history"
+        assert not re.search(
+            r"^ARG ", text.replace("ARG DEBIAN_FRONTEND=noninteractive", ""), re.MULTILINE
+        ), f"{name}: build arguments could carry secrets into the image history"
         for line in re.findall(r"^(?:ENV|LABEL)\b.*(?:\n\s+.*)*", text, re.MULTILINE):
             assert not SECRET_WORDS.search(line.replace("moe-stack-api-key", "")), f"{name}: {line[:80]}"
 
@@ -53,10 +59,20 @@ def test_every_variant_runs_as_the_unprivileged_user_and_carries_no_secrets(tmp_
 @pytest.mark.lint
 def test_shell_scripts_pass_shellcheck() -> None:
     root = Path(__file__).resolve().parents[2]
-    scripts = [root / ".ci/run", *sorted(root.glob("scripts/**/*.sh")), *sorted(root.glob("bench/**/*.sh")),
-               root / "dockerfiles/llama-cpp-family/build-info.sh", *sorted(root.glob("dockerfiles/cuda-base/*.sh")),
-               root / "dockerfiles/common/moe-stack-entrypoint", root / "dockerfiles/common/moe-stack-health",
-               root / "dockerfiles/ktransformers/moe-stack-server"]
-    result = subprocess.run([dependency_command("shellcheck"), "--severity=warning", *map(str, scripts)],
-                            capture_output=True, text=True, check=False)
+    scripts = [
+        root / ".ci/run",
+        *sorted(root.glob("scripts/**/*.sh")),
+        *sorted(root.glob("bench/**/*.sh")),
+        root / "dockerfiles/llama-cpp-family/build-info.sh",
+        *sorted(root.glob("dockerfiles/cuda-base/*.sh")),
+        root / "dockerfiles/common/moe-stack-entrypoint",
+        root / "dockerfiles/common/moe-stack-health",
+        root / "dockerfiles/ktransformers/moe-stack-server",
+    ]
+    result = subprocess.run(
+        [dependency_command("shellcheck"), "--severity=warning", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert len(scripts) > 8 and result.returncode == 0, result.stdout + result.stderr

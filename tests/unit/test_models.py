@@ -33,7 +33,9 @@ def test_check_gguf(tmp_path: Path) -> None:
 
 
 def test_synthetic_moe_has_routed_experts_and_byte_vocab(tmp_path: Path) -> None:
-    shape = MoeShape(layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, expert_ffn=64, experts=4, experts_used=2)
+    shape = MoeShape(
+        layers=2, hidden=64, heads=2, kv_heads=1, head_dim=32, expert_ffn=64, experts=4, experts_used=2
+    )
     path = write_moe_gguf(tmp_path / "moe.gguf", shape)
     assert check_gguf(path) == path
     reader = gguf.GGUFReader(str(path))
@@ -75,22 +77,42 @@ def test_output_head_mutes_tokens_that_are_not_text(tmp_path: Path) -> None:
 
 
 def _fields(reader: gguf.GGUFReader) -> dict[str, object]:
-    return {name: (bytes(f.parts[-1]).decode() if f.types[0] == gguf.GGUFValueType.STRING else f.parts[-1][0])
-            for name, f in reader.fields.items() if f.types and f.types[0] != gguf.GGUFValueType.ARRAY}
+    return {
+        name: (bytes(f.parts[-1]).decode() if f.types[0] == gguf.GGUFValueType.STRING else f.parts[-1][0])
+        for name, f in reader.fields.items()
+        if f.types and f.types[0] != gguf.GGUFValueType.ARRAY
+    }
 
 
 def test_deepseek2_is_written_in_mainlines_mla_form(tmp_path: Path) -> None:
     shape = TINY_SHAPES["deepseek2"]
     reader = gguf.GGUFReader(str(write_moe_gguf(tmp_path / "ds.gguf", shape)))
     names = {t.name for t in reader.tensors}
-    assert {"blk.0.ffn_gate.weight", "blk.1.attn_k_b.weight", "blk.1.attn_v_b.weight", "blk.2.exp_probs_b.bias",
-            "blk.2.ffn_up_shexp.weight", "blk.2.attn_q_a.weight", "blk.2.attn_kv_a_mqa.weight"} <= names
-    assert "blk.0.ffn_gate_exps.weight" not in names and "blk.1.attn_kv_b.weight" not in names  # dense lead; no kv_b
+    assert {
+        "blk.0.ffn_gate.weight",
+        "blk.1.attn_k_b.weight",
+        "blk.1.attn_v_b.weight",
+        "blk.2.exp_probs_b.bias",
+        "blk.2.ffn_up_shexp.weight",
+        "blk.2.attn_q_a.weight",
+        "blk.2.attn_kv_a_mqa.weight",
+    } <= names
+    assert (
+        "blk.0.ffn_gate_exps.weight" not in names and "blk.1.attn_kv_b.weight" not in names
+    )  # dense lead; no kv_b
     fields = _fields(reader)
-    # What ik_llama.cpp checks before it converts the mainline form (llama-hparams.cpp): 1 KV head, 576/512, rope 64.
-    assert (fields["deepseek2.attention.head_count_kv"], fields["deepseek2.attention.key_length"],
-            fields["deepseek2.attention.value_length"], fields["deepseek2.rope.dimension_count"]) == (1, 576, 512, 64)
-    assert (fields["deepseek2.attention.key_length_mla"], fields["deepseek2.attention.value_length_mla"]) == (192, 128)
+    # What ik_llama.cpp checks before it converts the mainline form (llama-hparams.cpp): 1 KV head,
+    # 576/512, rope 64.
+    assert (
+        fields["deepseek2.attention.head_count_kv"],
+        fields["deepseek2.attention.key_length"],
+        fields["deepseek2.attention.value_length"],
+        fields["deepseek2.rope.dimension_count"],
+    ) == (1, 576, 512, 64)
+    assert (fields["deepseek2.attention.key_length_mla"], fields["deepseek2.attention.value_length_mla"]) == (
+        192,
+        128,
+    )
     assert fields["deepseek2.leading_dense_block_count"] == 1 and fields["deepseek2.expert_gating_func"] == 2
     assert fields["deepseek2.expert_group_count"] == 4 and fields["deepseek2.expert_group_used_count"] == 2
     k_b = next(t for t in reader.tensors if t.name == "blk.1.attn_k_b.weight")
@@ -115,7 +137,8 @@ def test_qwen3next_alternates_recurrent_and_attention_layers(tmp_path: Path) -> 
 
 
 def test_q4_0_weights_are_unbiased(tmp_path: Path) -> None:
-    """Nibbles 0..15 gave every weight a mean of -0.5 scale (a model that repeats one token at real widths)."""
+    """Nibbles 0..15 gave every weight a mean of -0.5 scale (a model that repeats one token at real
+    widths)."""
     path = write_moe_gguf(tmp_path / "q4.gguf", MoeShape(layers=1, quant="Q4_0", experts=16))
     up = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_up_exps.weight")
     values = gguf.quants.dequantize(up.data, up.tensor_type)

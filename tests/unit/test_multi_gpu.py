@@ -19,13 +19,24 @@ from tests.hosts import EPYC_9554_FLAGS, fake_host
 TWO_4090 = "NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n" * 2
 FOUR_H200 = "NVIDIA H200, 9.0, 580.159.04, 143771\n" * 4
 # DeepSeek-R1's shape, sizes rounded: 61 layers, 58 of them MoE with 5.7 GB of IQ4_XS experts each.
-R1 = ModelFacts(arch="deepseek2", layers=61, expert_bytes=(0,) * 3 + (int(5.7e9),) * 58, other_bytes=int(16e9),
-                kv_heads=128, key_dim=192, value_dim=128, mla_dim=576, expert_count=256)
+R1 = ModelFacts(
+    arch="deepseek2",
+    layers=61,
+    expert_bytes=(0,) * 3 + (int(5.7e9),) * 58,
+    other_bytes=int(16e9),
+    kv_heads=128,
+    key_dim=192,
+    value_dim=128,
+    mla_dim=576,
+    expert_count=256,
+)
 
 
 def _host(tmp_path: Path, smi: str) -> HostFacts:
-    return probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=768),
-                 nvidia_smi_text=smi)
+    return probe(
+        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=768),
+        nvidia_smi_text=smi,
+    )
 
 
 def test_layer_split_is_llama_cpps() -> None:
@@ -41,14 +52,19 @@ def test_a_plan_over_two_gpus_fills_each_with_its_own_layers() -> None:
     result = plan(R1, [24 * GIB, 24 * GIB], 768 * GIB, 32768, "q8_0", mla=True)
     first, second = result.devices
     assert first.layers == range(31) and second.layers == range(31, 61)
-    assert first.expert_layers[0] == 0 and second.expert_layers[0] == 31  # each fills from its own first layer
+    assert (
+        first.expert_layers[0] == 0 and second.expert_layers[0] == 31
+    )  # each fills from its own first layer
     assert all(d.used_bytes <= d.vram_bytes for d in result.devices)
     assert result.tensor_split == (24, 24)
     assert result.override_rules[0].endswith("=CUDA0") and result.override_rules[1].endswith("=CUDA1")
     assert result.override_rules[-1] == EXPERTS_ON_CPU_RULE
     single = plan(R1, 24 * GIB, 768 * GIB, 32768, "q8_0", mla=True)
-    assert single.tensor_split == () and len(single.override_rules) == 2 and result.gpu_expert_layers > \
-        single.gpu_expert_layers
+    assert (
+        single.tensor_split == ()
+        and len(single.override_rules) == 2
+        and result.gpu_expert_layers > single.gpu_expert_layers
+    )
     with pytest.raises(SpecError, match=r"on GPU 1 \(3 of 61 layers\), 0.8 GiB more"):
         plan(R1, [24 * GIB, 2 * GIB], 768 * GIB, 32768, "q8_0", mla=True)
 
@@ -62,8 +78,14 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     host = _host(tmp_path, FOUR_H200)
     # 2.003 GiB each: the 2 GiB reserve, the layers' share of attention and a 512-token cache, and the
     # experts of layers 0 and 1 on the first GPU (layer 2's stay in RAM), of layer 3 on the second
-    options = StackOptions(model=model, gpu="nvidia", gpus=(2, 3), fit_vram_gb=(2.003, 2.003), port=18432,
-                           engine_options=EngineOptions(ctx_size=512, cache_type="q8_0", gpu_layers=99))
+    options = StackOptions(
+        model=model,
+        gpu="nvidia",
+        gpus=(2, 3),
+        fit_vram_gb=(2.003, 2.003),
+        port=18432,
+        engine_options=EngineOptions(ctx_size=512, cache_type="q8_0", gpu_layers=99),
+    )
     stack = assemble_stack(options, host)
     assert stack.gpu_ids == (2, 3) and stack.tensor_split == (2, 2)
     service = compose_dict(stack, "x")["services"]["engine"]
@@ -72,11 +94,16 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     command = service["command"]
     assert command[command.index("--tensor-split") + 1] == "2,2"
     # CUDA numbering is the container's: its two GPUs are CUDA0 and CUDA1
-    assert stack.override_tensors == (r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0", r"blk\.(3)\.ffn_.*_exps\.weight=CUDA1",
-                                      EXPERTS_ON_CPU_RULE)
+    assert stack.override_tensors == (
+        r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0",
+        r"blk\.(3)\.ffn_.*_exps\.weight=CUDA1",
+        EXPERTS_ON_CPU_RULE,
+    )
     cdi = compose_dict(stack.model_copy(update={"gpu": "cdi"}), "x")["services"]["engine"]
-    assert cdi["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["nvidia.com/gpu=2",
-                                                                                     "nvidia.com/gpu=3"]
+    assert cdi["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [
+        "nvidia.com/gpu=2",
+        "nvidia.com/gpu=3",
+    ]
 
 
 def test_refusals(tmp_path: Path, model: Path) -> None:
@@ -86,7 +113,9 @@ def test_refusals(tmp_path: Path, model: Path) -> None:
     with pytest.raises(SpecError, match="names 2 GPUs and --fit-vram-gb sizes 1"):
         assemble_stack(StackOptions(model=model, gpu="nvidia", gpus=(0, 1), fit_vram_gb=(24,)), host)
     with pytest.raises(SpecError, match="keeps its GPU experts on one GPU"):
-        assemble_stack(StackOptions(model=model, engine="ktransformers", gpu="nvidia", fit_vram_gb=(24, 24)), host)
+        assemble_stack(
+            StackOptions(model=model, engine="ktransformers", gpu="nvidia", fit_vram_gb=(24, 24)), host
+        )
 
 
 def test_mainline_may_place_everything_itself(tmp_path: Path, model: Path) -> None:

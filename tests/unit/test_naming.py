@@ -23,15 +23,23 @@ def test_every_variant_round_trips() -> None:
         tag = variant_tag(spec)
         parsed = parse_variant(tag)
         assert parsed is not None, tag
-        assert (parsed.ref, parsed.cuda, parsed.cpu) == (short_ref(spec.ref), spec.cuda.version, spec.cpu.name)
+        assert (parsed.ref, parsed.cuda, parsed.cpu) == (
+            short_ref(spec.ref),
+            spec.cuda.version,
+            spec.cpu.name,
+        )
         assert image_tag(spec).endswith(f":{tag}") and alias_image_tag(spec).endswith(f":{parsed.alias}")
         assert image_tag(spec).rpartition(":")[0] == alias_image_tag(spec).rpartition(":")[0]
-        assert publish_tags(spec.engine, parsed, f"{spec.registry}/{spec.namespace}") == \
-            [image_tag(spec), alias_image_tag(spec)]
+        assert publish_tags(spec.engine, parsed, f"{spec.registry}/{spec.namespace}") == [
+            image_tag(spec),
+            alias_image_tag(spec),
+        ]
 
 
 def test_the_scheme_itself() -> None:
-    spec = image_spec("ik_llama.cpp", "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08")  # shortened to 12
+    spec = image_spec(
+        "ik_llama.cpp", "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08"
+    )  # shortened to 12
     assert image_tag(spec) == "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cpu-zen4"
     assert alias_image_tag(spec) == "ghcr.io/moe-stack/ik-llama-cpp:cpu-zen4"
     assert cache_key(spec) == "ik-llama-cpp-cpu-zen4"

@@ -46,28 +46,67 @@ def test_a_pin_bump_keeps_the_suite_green(tmp_path: Path) -> None:
     pins_file = repo / "dockerfiles/pins.yaml"
     pins = load_pins()
     new = {"llama.cpp": "b99999", "ik_llama.cpp": "a" * 40, "ktransformers": "0.9.9"}
-    pins_file.write_text(bump_pins(pins_file.read_text(), [Bump(engine, pins[engine].ref, ref, "test")
-                                                           for engine, ref in new.items()]))
+    pins_file.write_text(
+        bump_pins(
+            pins_file.read_text(),
+            [Bump(engine, pins[engine].ref, ref, "test") for engine, ref in new.items()],
+        )
+    )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
     step = _step("Re-render the golden files for the new refs")
-    rerender = subprocess.run([sys.executable, *step["run"].split()[1:], "-p", "no:cacheprovider"], cwd=repo,
-                              env={**env, **step["env"]}, capture_output=True, text=True, check=False)
+    rerender = subprocess.run(
+        [sys.executable, *step["run"].split()[1:], "-p", "no:cacheprovider"],
+        cwd=repo,
+        env={**env, **step["env"]},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert step["run"].startswith("python "), step["run"]
     assert rerender.returncode == 0, rerender.stdout[-3000:] + rerender.stderr[-1000:]
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo, capture_output=True,
-                            text=True, check=True).stdout
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     moved = [line[3:] for line in status.splitlines()]
     committed = _step_paths()
-    assert moved and all(any(fnmatch.fnmatch(path, pattern) for pattern in committed) for path in moved), moved
+    assert moved and all(any(fnmatch.fnmatch(path, pattern) for pattern in committed) for path in moved), (
+        moved
+    )
     assert any(path.startswith("compose/") for path in moved), "the example stacks name the pinned images"
-    suite = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/unit", "-m", "not cli and not lint",
-                            "-p", "no:cacheprovider", "-x"], cwd=repo, env=env, capture_output=True, text=True,
-                           check=False)
+    suite = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "tests/unit",
+            "-m",
+            "not cli and not lint",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert suite.returncode == 0, suite.stdout[-3000:]
 
 
 def _step_paths() -> list[str]:
     """The paths the workflow's pull request commits (create-pull-request's add-paths)."""
     steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["bump"]["steps"]
-    pull_request = next(step for step in steps if str(step.get("uses", "")).startswith("peter-evans/create-pull-request"))
-    return [line.strip().replace("/**", "/*") for line in pull_request["with"]["add-paths"].splitlines() if line.strip()]
+    pull_request = next(
+        step for step in steps if str(step.get("uses", "")).startswith("peter-evans/create-pull-request")
+    )
+    return [
+        line.strip().replace("/**", "/*")
+        for line in pull_request["with"]["add-paths"].splitlines()
+        if line.strip()
+    ]

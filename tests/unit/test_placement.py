@@ -18,8 +18,10 @@ from tests.specs import readable_file
 
 @pytest.fixture
 def epyc(tmp_path: Path):
-    return probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
-                 nvidia_smi_text="")
+    return probe(
+        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
+        nvidia_smi_text="",
+    )
 
 
 def test_defaults_interleave_on_physical_cores(epyc) -> None:
@@ -41,7 +43,9 @@ def test_impossible_requests(epyc) -> None:
 
 
 def test_single_node_host_without_smt_needs_no_cpuset(tmp_path: Path) -> None:
-    host = probe(fake_host(tmp_path, EPYC_9554_FLAGS, sockets=1, cores=8, threads=1, node_gib=64), nvidia_smi_text="")
+    host = probe(
+        fake_host(tmp_path, EPYC_9554_FLAGS, sockets=1, cores=8, threads=1, node_gib=64), nvidia_smi_text=""
+    )
     assert place(host) == place(host, "auto", (), 8)
     assert place(host).cpuset is None and place(host).numa == "none"
 
@@ -56,27 +60,48 @@ def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None
     base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": model, "threads": 4}
     plain = compose_dict(StackSpec(**base), "x")["services"]["engine"]
     assert "cap_add" not in plain and "environment" not in plain and "deploy" not in plain
-    full = compose_dict(StackSpec(**base, numa="membind", numa_nodes=(0, 1), cpuset="0-31", gpu="cdi", mlock=True,
-                                  api_key_file=key), "x")
+    full = compose_dict(
+        StackSpec(
+            **base, numa="membind", numa_nodes=(0, 1), cpuset="0-31", gpu="cdi", mlock=True, api_key_file=key
+        ),
+        "x",
+    )
     service = full["services"]["engine"]
     assert service["cap_add"] == ["SYS_NICE", "IPC_LOCK"] and service["cap_drop"] == ["ALL"]
     assert service["environment"] == {"MOE_STACK_NUMA": "membind:0,1"} and service["cpuset"] == "0-31"
     assert service["ulimits"] == {"memlock": {"soft": -1, "hard": -1}}
     assert service["deploy"]["resources"]["reservations"]["devices"] == [
-        {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]}]
-    assert full["secrets"] == {"moe-stack-api-key": {"file": str(key)}} and service["secrets"] == ["moe-stack-api-key"]
-    assert service["command"][-4:] == ["--load-mode", "mmap+mlock", "--api-key-file", "/run/secrets/moe-stack-api-key"]
+        {"driver": "cdi", "device_ids": ["nvidia.com/gpu=all"], "capabilities": ["gpu"]}
+    ]
+    assert full["secrets"] == {"moe-stack-api-key": {"file": str(key)}} and service["secrets"] == [
+        "moe-stack-api-key"
+    ]
+    assert service["command"][-4:] == [
+        "--load-mode",
+        "mmap+mlock",
+        "--api-key-file",
+        "/run/secrets/moe-stack-api-key",
+    ]
     assert "k3y-v4lue" not in str(full), "the key itself never enters the compose file"
     with pytest.raises(ValueError, match="needs the nodes to bind to"):
         StackSpec(**base, numa="membind")
 
 
 def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
-    none = probe(fake_host(tmp_path / "a", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1, node_gib=8), nvidia_smi_text="")
+    none = probe(
+        fake_host(tmp_path / "a", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1, node_gib=8),
+        nvidia_smi_text="",
+    )
     with pytest.raises(SpecError, match="--hugepages needs hugepages reserved on the host and none are"):
         check_hugepages_reserved(none)
-    check_hugepages_reserved(probe(fake_host(tmp_path / "b", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1,
-                                             node_gib=8, hugepages_2m=512), nvidia_smi_text=""))
+    check_hugepages_reserved(
+        probe(
+            fake_host(
+                tmp_path / "b", EPYC_9554_FLAGS, sockets=1, cores=4, threads=1, node_gib=8, hugepages_2m=512
+            ),
+            nvidia_smi_text="",
+        )
+    )
     stack = {"project": "p", "image": "i", "model": Path("/m/x.gguf"), "threads": 4, "hugepages": True}
     assert "-thp" in get_engine("ik_llama.cpp").server_args(StackSpec(engine="ik_llama.cpp", **stack), None)
     with pytest.raises(StackError, match="^llama.cpp does not read --hugepages: drop it"):
@@ -84,27 +109,48 @@ def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
 
 
 def test_hugetlbfs_pool_must_hold_the_model(tmp_path: Path) -> None:
-    host = probe(fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=4, threads=1, node_gib=8,
-                           hugepages_2m=100), nvidia_smi_text="")
+    host = probe(
+        fake_host(
+            tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=4, threads=1, node_gib=8, hugepages_2m=100
+        ),
+        nvidia_smi_text="",
+    )
     check_hugepages_reserved(host, 2048, 400 * 2**20)  # 200 pages on two nodes: a 400 MiB model fits exactly
-    with pytest.raises(SpecError, match=r"needs 201 reserved 2 MiB hugepages for the model and the host has 200: "
-                                        r"run `sudo sysctl -w vm.nr_hugepages=201`"):
+    with pytest.raises(
+        SpecError,
+        match=r"needs 201 reserved 2 MiB hugepages for the model and the host has 200: "
+        r"run `sudo sysctl -w vm.nr_hugepages=201`",
+    ):
         check_hugepages_reserved(host, 2048, 400 * 2**20 + 1)
-    with pytest.raises(SpecError, match=r"needs 1 reserved 1024 MiB .* has 0: run `echo 1 \| sudo tee "
-                                        r"/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`"):
+    with pytest.raises(
+        SpecError,
+        match=r"needs 1 reserved 1024 MiB .* has 0: run `echo 1 \| sudo tee "
+        r"/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`",
+    ):
         check_hugepages_reserved(host, 1024 * 1024, 2**20)
 
 
 def test_hugetlbfs_volume_is_the_engine_users(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
-    doc = compose_dict(StackSpec(project="p", engine="llama.cpp", image="i", model=model, threads=4,
-                                 hugetlbfs="1G"), "x")
+    doc = compose_dict(
+        StackSpec(project="p", engine="llama.cpp", image="i", model=model, threads=4, hugetlbfs="1G"), "x"
+    )
     service = doc["services"]["engine"]
     assert service["environment"] == {"MOE_STACK_HUGETLBFS": "/hugepages"}
     assert service["volumes"][1] == {"type": "volume", "source": "hugepages", "target": "/hugepages"}
     assert doc["volumes"]["hugepages"]["driver_opts"] == {
-        "type": "hugetlbfs", "device": "hugetlbfs", "o": "pagesize=1G,uid=10001,gid=10001,mode=0700"}
+        "type": "hugetlbfs",
+        "device": "hugetlbfs",
+        "o": "pagesize=1G,uid=10001,gid=10001,mode=0700",
+    }
     assert "cap_add" not in service, "Docker mounts the volume: the engine needs no capability for it"
     with pytest.raises(ValueError, match="two ways to the same pool: pick one"):
-        StackSpec(project="p", engine="ik_llama.cpp", image="i", model=model, threads=4, hugetlbfs="2M",
-                  hugepages=True)
+        StackSpec(
+            project="p",
+            engine="ik_llama.cpp",
+            image="i",
+            model=model,
+            threads=4,
+            hugetlbfs="2M",
+            hugepages=True,
+        )

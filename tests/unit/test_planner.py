@@ -35,8 +35,16 @@ EXPERT_LAYER_BYTES = 3 * 8 * 128 * 256 * 34 // 32
 
 # DeepSeek-R1 shapes (config.json): 61 layers, 128 heads, qk head dim 192 (128 nope + 64 rope), v 128,
 # kv_lora_rank 512. The routed-expert and other sizes are only placeholders here.
-R1 = ModelFacts(arch="deepseek2", layers=61, expert_bytes=(5 * GIB,) * 61, other_bytes=14 * GIB, kv_heads=128,
-                key_dim=192, value_dim=128, mla_dim=512 + 64)
+R1 = ModelFacts(
+    arch="deepseek2",
+    layers=61,
+    expert_bytes=(5 * GIB,) * 61,
+    other_bytes=14 * GIB,
+    kv_heads=128,
+    key_dim=192,
+    value_dim=128,
+    mla_dim=512 + 64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -68,21 +76,30 @@ def test_leftover_vram_takes_the_first_layers_experts(moe: Path) -> None:
     two_layers = plan(facts, fixed + 2 * EXPERT_LAYER_BYTES + 100, GIB, 4096, "f16")
     assert two_layers.gpu_expert_layers == 2
     assert two_layers.cpu_bytes == 2 * EXPERT_LAYER_BYTES + facts.embedding_bytes
-    assert two_layers.override_rules == (r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0", r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU")
-    assert plan(facts, fixed + 100, GIB, 4096, "f16").override_rules == (r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU",)
+    assert two_layers.override_rules == (
+        r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0",
+        r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU",
+    )
+    assert plan(facts, fixed + 100, GIB, 4096, "f16").override_rules == (
+        r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU",
+    )
 
 
 def test_rules_route_tensors_as_planned() -> None:
     rules = device_rules([DevicePlan(0, 24 * GIB, range(61), 0, (0, 1, 2))], 61)
+
     def where(name: str) -> str:
         return next(rule.rsplit("=", 1)[1] for rule in rules if re.search(rule.rsplit("=", 1)[0], name))
+
     assert where("blk.2.ffn_up_exps.weight") == "CUDA0"
     assert where("blk.12.ffn_down_exps.weight") == "CPU"  # "1" alone must not catch layer 12
     assert where("blk.3.ffn_gate_exps.weight") == "CPU"
 
 
 def test_too_large_says_by_how_much() -> None:
-    with pytest.raises(SpecError, match=r"routed experts need 305.0 GiB of RAM, 49.0 GiB more than the 256.0 GiB"):
+    with pytest.raises(
+        SpecError, match=r"routed experts need 305.0 GiB of RAM, 49.0 GiB more than the 256.0 GiB"
+    ):
         plan(R1, 24 * GIB, 256 * GIB, 32768, "q8_0", mla=True)
     with pytest.raises(SpecError, match=r"need 17.1 GiB of VRAM, 1.1 GiB more than the 16.0 GiB given"):
         plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True)
@@ -119,8 +136,12 @@ def test_every_cache_type_a_stack_takes_has_a_size() -> None:
 
 DEVICE_RUNS = Path(__file__).resolve().parents[2] / "bench/results/seed-models-2026-12-01"
 # The slices bench/device/seed_models.py wrote on the H200: real widths, fewer experts and layers.
-DEVICE_MODELS = {"r1-8": ("deepseek2", {"layers": 8, "experts": 32}), "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),
-                 "qn-8": ("qwen3next", {"layers": 8, "experts": 128}), "qn-16": ("qwen3next", {"layers": 16, "experts": 128})}
+DEVICE_MODELS = {
+    "r1-8": ("deepseek2", {"layers": 8, "experts": 32}),
+    "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),
+    "qn-8": ("qwen3next", {"layers": 8, "experts": 128}),
+    "qn-16": ("qwen3next", {"layers": 16, "experts": 128}),
+}
 
 
 def _device_runs() -> list[dict]:
@@ -145,10 +166,17 @@ def test_kv_cache_is_what_the_cpu_build_logs(tmp_path: Path) -> None:
     tiny qwen3next `KV 8.50 MiB ( 32768 cells, 1 layers ...)`, `RS 3.14 MiB (4 cells ...)`: 4 sequences."""
     r1 = read_facts(write_moe_gguf(tmp_path / "ds.gguf", TINY_SHAPES["deepseek2"]))
     assert kv_cache_bytes(r1, 32768, "q8_0", mla=True) == 576 * 32768 * 3 * 34 // 32  # 57.375 MiB
-    assert (r1.kv_heads, r1.key_dim, r1.value_dim) == (8, 192, 128)  # without the latent: every head's K and V
+    assert (r1.kv_heads, r1.key_dim, r1.value_dim) == (
+        8,
+        192,
+        128,
+    )  # without the latent: every head's K and V
     qn = read_facts(write_moe_gguf(tmp_path / "qn.gguf", TINY_SHAPES["qwen3next"]))
     assert qn.cached_layers == 1
-    assert kv_cache_bytes(qn, 32768, "q8_0", mla=False, sequences=4) - 4 * qn.recurrent_state_bytes == 8.5 * 1024**2
+    assert (
+        kv_cache_bytes(qn, 32768, "q8_0", mla=False, sequences=4) - 4 * qn.recurrent_state_bytes
+        == 8.5 * 1024**2
+    )
     assert round(4 * qn.recurrent_state_bytes / 1024**2, 2) == 3.14
 
 
@@ -162,13 +190,21 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
         facts = shape_facts(seed_shape(arch, **changes))
         command = run["command"]
         ctx = int(command[command.index("--ctx-size") + 1])
-        ubatch = int(command[command.index("--ubatch-size") + 1]) if "--ubatch-size" in command else DEFAULT_UBATCH
+        ubatch = (
+            int(command[command.index("--ubatch-size") + 1]) if "--ubatch-size" in command else DEFAULT_UBATCH
+        )
         adapter = get_engine(run["engine"])
         latent = adapter.caches_latent(int(command[command.index("-mla") + 1]) if "-mla" in command else None)
-        planned = {"weights": facts.gpu_weight_bytes, "kv": kv_cache_bytes(facts, ctx, "q8_0", latent),
-                   "compute": gpu_compute(run["engine"], facts, ctx, ubatch, latent).bytes}
-        logged = {"weights": _logged(run, "CUDA0", ("model",)), "kv": _logged(run, "CUDA0", ("KV", "RS")),
-                  "compute": _logged(run, "CUDA0", ("compute",))}
+        planned = {
+            "weights": facts.gpu_weight_bytes,
+            "kv": kv_cache_bytes(facts, ctx, "q8_0", latent),
+            "compute": gpu_compute(run["engine"], facts, ctx, ubatch, latent).bytes,
+        }
+        logged = {
+            "weights": _logged(run, "CUDA0", ("model",)),
+            "kv": _logged(run, "CUDA0", ("KV", "RS")),
+            "compute": _logged(run, "CUDA0", ("compute",)),
+        }
         for part, value in planned.items():
             assert abs(value - logged[part]) <= 0.10 * logged[part], (run["case"], part, value, logged[part])
         assert gpu_compute(run["engine"], facts, ctx, ubatch, latent).measured
@@ -179,7 +215,8 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
 
 
 def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
-    """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB, not 2."""
+    """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB,
+    not 2."""
     facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
     estimate = gpu_compute("ik_llama.cpp", facts, 32768, 2048, latent=True)
     assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB

@@ -53,16 +53,31 @@ def test_api_key_readable_by_the_engines_group_only(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler")
 def test_hugecopy_creates_nothing_off_hugetlbfs(tmp_path: Path) -> None:
     helper = tmp_path / "moe-stack-hugecopy"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(helper),
-                    str(ROOT / "dockerfiles/common/moe-stack-hugecopy.c")], check=True)
+    subprocess.run(
+        [
+            "gcc",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(helper),
+            str(ROOT / "dockerfiles/common/moe-stack-hugecopy.c"),
+        ],
+        check=True,
+    )
     source = tmp_path / "m.gguf"
     source.write_bytes(b"GGUF")
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     planted = tmp_path / "dst.gguf"
     planted.symlink_to(victim)
-    result = subprocess.run([str(helper), str(source), str(planted)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(helper), str(source), str(planted)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 1 and "is not on a hugetlbfs mount" in result.stderr
     assert planted.is_symlink() and victim.read_text() == "keep me", "nothing unlinked, nothing written"
-    result = subprocess.run([str(helper), str(source), str(tmp_path / "new.gguf")], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [str(helper), str(source), str(tmp_path / "new.gguf")], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 1 and not (tmp_path / "new.gguf").exists()

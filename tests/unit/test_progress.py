@@ -10,9 +10,12 @@ from builder.cli.common import raw_stderr
 from builder.cli.progress import LiveBuild, Step, build_display, parse_step
 
 LINES = [
-    "#0 building with \"default\" instance using docker driver",
+    '#0 building with "default" instance using docker driver',
     "#5 [internal] load metadata for docker.io/moe-stack/debian:trixie",
-    "#12 [configure 4/6] RUN --mount=type=cache,id=moe-stack-ccache-llama-cpp-cpu-avx2,target=/ccache cmake -S /src",
+    (
+        "#12 [configure 4/6] RUN --mount=type=cache,id=moe-stack-ccache-llama-cpp-cpu-avx2,target=/ccache "
+        "cmake -S /src"
+    ),
     "#12 0.512 -- The C compiler identification is GNU 14.2.0",
     "#14 [build 1/1] RUN --mount=type=cache,id=x,target=/ccache cmake --build /build --target llama-server",
     "#14 201.3 [93/212] Building CXX object src/CMakeFiles/llama.dir/llama-model.cpp.o",

@@ -32,10 +32,12 @@ IK_HEAD = "5f3c2a1b9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
 MAINLINE_HEAD = "a1b2c3d4e5f60718293a4b5c6d7e8f9011223344"
 # `git ls-remote --tags URL 'refs/tags/b*'` output in git's format: lightweight tags, and an annotated
 # one whose peeled `^{}` line names the commit. b10000 sorts above b9999 by number, not text.
-TAGS = (f"{'1' * 40}\trefs/tags/b9999\n"
-        f"{'2' * 40}\trefs/tags/b10000\n"
-        f"{'3' * 40}\trefs/tags/b10000^{{}}\n"
-        f"{'4' * 40}\trefs/tags/b9998\n")
+TAGS = (
+    f"{'1' * 40}\trefs/tags/b9999\n"
+    f"{'2' * 40}\trefs/tags/b10000\n"
+    f"{'3' * 40}\trefs/tags/b10000^{{}}\n"
+    f"{'4' * 40}\trefs/tags/b9998\n"
+)
 
 
 class RecordedUpstream:
@@ -121,11 +123,17 @@ def test_the_pins_file_changes_only_in_its_ref_lines() -> None:
     bumps = plan_bumps(parse_pins(text), RecordedUpstream())
     moved = bump_pins(text, bumps)
     changed = [(a, b) for a, b in zip(text.splitlines(), moved.splitlines(), strict=True) if a != b]
-    assert changed == [("  ref: 0c1e57098", "  ref: b10000"),
-                       ("  ref: 007d640098cbea95157d81846ada7fe50b9fed08", f"  ref: {IK_HEAD}"),
-                       ("  ref: 0.7.2", "  ref: 0.7.3")]
+    assert changed == [
+        ("  ref: 0c1e57098", "  ref: b10000"),
+        ("  ref: 007d640098cbea95157d81846ada7fe50b9fed08", f"  ref: {IK_HEAD}"),
+        ("  ref: 0.7.2", "  ref: 0.7.3"),
+    ]
     assert {name: pin.ref for name, pin in parse_pins(moved).items()} == {
-        "llama.cpp": "b10000", "ik_llama.cpp": IK_HEAD, "ktransformers": "0.7.3", "ktransformers-legacy": "v0.2.4"}
+        "llama.cpp": "b10000",
+        "ik_llama.cpp": IK_HEAD,
+        "ktransformers": "0.7.3",
+        "ktransformers-legacy": "v0.2.4",
+    }
     with pytest.raises(SpecError, match="no `ref: 1.0` under ktransformers"):
         bump_pins(text, [Bump("ktransformers", "1.0", "1.1", "")])
 
@@ -147,12 +155,21 @@ def test_edge_images_build_upstream_heads_under_the_edge_alias(tmp_path: Path) -
     assert heads == {"llama.cpp": MAINLINE_HEAD, "ik_llama.cpp": IK_HEAD}
     specs = edge_specs(heads)
     assert {(s.engine, s.cuda.version, s.cpu.name) for s in specs} == {
-        (engine, cuda, cpu) for engine in heads for cuda in (None, "13.0") for cpu in ("avx2", "zen4", "sapphirerapids")}
+        (engine, cuda, cpu)
+        for engine in heads
+        for cuda in (None, "13.0")
+        for cpu in ("avx2", "zen4", "sapphirerapids")
+    }
     rows = ci_rows(specs)
-    assert {row["ref"] for row in rows} == {MAINLINE_HEAD, IK_HEAD} and {row["tools"] for row in rows} == {"true"}
+    assert {row["ref"] for row in rows} == {MAINLINE_HEAD, IK_HEAD} and {row["tools"] for row in rows} == {
+        "true"
+    }
     assert rows[0]["tag"] == f"ghcr.io/moe-stack/llama-cpp:{MAINLINE_HEAD[:12]}-cpu-avx2"
     plan = build_plan(specs[0], tmp_path, None, Publishing(channel="edge"))
-    assert plan.tags == (f"ghcr.io/moe-stack/llama-cpp:{MAINLINE_HEAD[:12]}-cpu-avx2", "ghcr.io/moe-stack/llama-cpp:edge-cpu-avx2")
+    assert plan.tags == (
+        f"ghcr.io/moe-stack/llama-cpp:{MAINLINE_HEAD[:12]}-cpu-avx2",
+        "ghcr.io/moe-stack/llama-cpp:edge-cpu-avx2",
+    )
     # The published matrix says which rows get a tools image beside them.
     published = ci_rows()
     assert {row["engine"] for row in published if row["tools"] == "true"} == {"llama.cpp", "ik_llama.cpp"}
@@ -168,7 +185,8 @@ def test_a_hostile_index_version_never_reaches_the_pins(version: str) -> None:
 
 
 def test_anchored_checks_take_no_trailing_newline() -> None:
-    """`re.match` with `$` accepted "b123\\n" and a commit with a newline; every anchored check full-matches."""
+    """`re.match` with `$` accepted "b123\\n" and a commit with a newline; every anchored check
+    full-matches."""
     tag, _ = newest_release_tag("a" * 40 + "\trefs/tags/b9000\n" + "b" * 40 + "\trefs/tags/b9001\\n\n")
     assert tag == "b9000"
     with pytest.raises(SpecError, match="no branch main"):

@@ -68,8 +68,9 @@ def _tags(body: list[str], extra: dict[str, str] | None = None) -> tuple[int, di
     return 200, {"Content-Type": "application/json", **(extra or {})}, json.dumps({"tags": body}).encode()
 
 
-def test_basic_login_never_goes_to_a_plain_http_realm_elsewhere(servers: list[Server], tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_basic_login_never_goes_to_a_plain_http_realm_elsewhere(
+    servers: list[Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     realm = Server("127.0.0.2", lambda h: (200, {}, b'{"token": "anonymous"}'))
     servers.append(realm)
 
@@ -77,6 +78,7 @@ def test_basic_login_never_goes_to_a_plain_http_realm_elsewhere(servers: list[Se
         if h.headers.get("Authorization") == "Bearer anonymous":
             return _tags(["a"])
         return 401, {"WWW-Authenticate": f'Bearer realm="{realm.origin}/token",service="reg"'}, b""
+
     reg = Server("127.0.0.1", handle)
     servers.append(reg)
     _login_for(reg.host, tmp_path, monkeypatch)
@@ -84,14 +86,16 @@ def test_basic_login_never_goes_to_a_plain_http_realm_elsewhere(servers: list[Se
     assert realm.seen and realm.authorizations() == [], "the login went to another origin over plain http"
 
 
-def test_basic_login_goes_to_the_registrys_own_realm(servers: list[Server], tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_basic_login_goes_to_the_registrys_own_realm(
+    servers: list[Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def handle(h: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
         if h.path.startswith("/token"):
             return 200, {}, b'{"token": "granted"}'
         if h.headers.get("Authorization") == "Bearer granted":
             return _tags(["b"])
         return 401, {"WWW-Authenticate": f'Bearer realm="{reg.origin}/token"'}, b""
+
     reg = Server("127.0.0.1", handle)
     servers.append(reg)
     _login_for(reg.host, tmp_path, monkeypatch)
@@ -99,8 +103,9 @@ def test_basic_login_goes_to_the_registrys_own_realm(servers: list[Server], tmp_
     assert f"Basic {LOGIN}" in reg.authorizations()
 
 
-def test_credentials_are_not_carried_across_a_redirect(servers: list[Server], tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_are_not_carried_across_a_redirect(
+    servers: list[Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     elsewhere = Server("127.0.0.3", lambda h: _tags(["c"]))
     servers.append(elsewhere)
 
@@ -108,6 +113,7 @@ def test_credentials_are_not_carried_across_a_redirect(servers: list[Server], tm
         if "Authorization" not in h.headers:
             return 401, {"WWW-Authenticate": 'Basic realm="reg"'}, b""
         return 302, {"Location": f"{elsewhere.origin}/v2/ns/repo/tags/list"}, b""
+
     reg = Server("127.0.0.1", handle)
     servers.append(reg)
     _login_for(reg.host, tmp_path, monkeypatch)
@@ -117,20 +123,26 @@ def test_credentials_are_not_carried_across_a_redirect(servers: list[Server], tm
 
 
 def test_tag_pages_stay_on_the_registry(servers: list[Server]) -> None:
-    reg = Server("127.0.0.1", lambda h: _tags(["d"], {"Link": '<http://127.0.0.4:9/v2/x/tags/list>; rel="next"'}))
+    reg = Server(
+        "127.0.0.1", lambda h: _tags(["d"], {"Link": '<http://127.0.0.4:9/v2/x/tags/list>; rel="next"'})
+    )
     servers.append(reg)
     with pytest.raises(RegistryError, match="next page of tags to another host"):
         list_tags(repository(f"{reg.host}/ns/repo"))
 
 
-def test_tag_pages_stop_on_a_loop_and_at_the_cap(servers: list[Server], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tag_pages_stop_on_a_loop_and_at_the_cap(
+    servers: list[Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
     looping = Server("127.0.0.1", lambda h: _tags(["e"], {"Link": f'<{h.path}>; rel="next"'}))
     servers.append(looping)
     assert list_tags(repository(f"{looping.host}/ns/repo")) == ["e"]
     assert len(looping.seen) == 1
     counter = iter(range(10_000))
-    endless = Server("127.0.0.1", lambda h: _tags(["f"], {"Link": f'</v2/ns/repo/tags/list?last={next(counter)}>; '
-                                                                     'rel="next"'}))
+    endless = Server(
+        "127.0.0.1",
+        lambda h: _tags(["f"], {"Link": f'</v2/ns/repo/tags/list?last={next(counter)}>; rel="next"'}),
+    )
     servers.append(endless)
     monkeypatch.setattr(registry, "_MAX_TAG_PAGES", 5)
     assert list_tags(repository(f"{endless.host}/ns/repo")) == ["f"] * 5

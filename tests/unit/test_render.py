@@ -28,10 +28,22 @@ def test_render_is_deterministic(engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_stages_in_cache_order_and_labels_last(engine: str) -> None:
     dockerfile = render_files(default_spec(engine))["Dockerfile"]
-    assert not re.search(r"^#\s*syntax=", dockerfile, re.MULTILINE), "a syntax line needs the frontend image pulled"
+    assert not re.search(r"^#\s*syntax=", dockerfile, re.MULTILINE), (
+        "a syntax line needs the frontend image pulled"
+    )
     stages = re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.MULTILINE)
-    assert stages == ["toolchain", "engine-src-git", "engine-src", "configure", "build", "contract", "helpers", "runtime",
-                      "tools-build", "tools"]
+    assert stages == [
+        "toolchain",
+        "engine-src-git",
+        "engine-src",
+        "configure",
+        "build",
+        "contract",
+        "helpers",
+        "runtime",
+        "tools-build",
+        "tools",
+    ]
     instructions = [line.split()[0] for line in dockerfile.splitlines() if re.match(r"^[A-Z]+\s", line)]
     assert instructions[-1] == "LABEL"
     assert "USER 10001:10001" in dockerfile
@@ -55,7 +67,9 @@ def test_ik_gets_examples_and_build_info_shim() -> None:
 
 
 def test_base_images_are_placed_per_stage() -> None:
-    spec = default_spec("llama.cpp").model_copy(update={"base": BaseImages(build="mirror/b:1", runtime="mirror/r:2")})
+    spec = default_spec("llama.cpp").model_copy(
+        update={"base": BaseImages(build="mirror/b:1", runtime="mirror/r:2")}
+    )
     dockerfile = render_files(spec)["Dockerfile"]
     assert "FROM mirror/b:1 AS toolchain" in dockerfile and "FROM mirror/r:2 AS runtime" in dockerfile
 
@@ -64,7 +78,9 @@ def test_manifest_and_flags_file_agree_with_labels() -> None:
     files = render_files(default_spec("llama.cpp"))
     manifest = json.loads(files["image.json"])
     assert manifest["required_cpu_flags"] == files["required-cpu-flags"].split()
-    assert f'io.moe-stack.required-cpu-flags="{" ".join(manifest["required_cpu_flags"])}"' in files["Dockerfile"]
+    assert (
+        f'io.moe-stack.required-cpu-flags="{" ".join(manifest["required_cpu_flags"])}"' in files["Dockerfile"]
+    )
     assert manifest["engine_ref"] == pinned_ref("llama.cpp") and manifest["cuda"] is None
 
 
@@ -93,7 +109,9 @@ def test_hadolint_clean(engine: str, tmp_path: Path) -> None:
     hadolint = dependency_command("hadolint")
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(render_files(default_spec(engine))["Dockerfile"])
-    result = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -103,8 +121,21 @@ def test_the_wheel_ships_the_templates(tmp_path: Path) -> None:
     import zipfile
 
     root = Path(__file__).resolve().parents[2]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp_path),
-                    str(root)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path),
+            str(root),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("moe_stack-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {str(p.relative_to(root)) for p in (root / "dockerfiles").rglob("*") if p.is_file()}

@@ -27,35 +27,44 @@ def _tar(path: Path, members: list[tuple[str, str, bytes | str]]) -> Path:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
                 continue
-            info.type = {"sym": tarfile.SYMTYPE, "hard": tarfile.LNKTYPE, "dir": tarfile.DIRTYPE,
-                         "fifo": tarfile.FIFOTYPE}[kind]
+            info.type = {
+                "sym": tarfile.SYMTYPE,
+                "hard": tarfile.LNKTYPE,
+                "dir": tarfile.DIRTYPE,
+                "fifo": tarfile.FIFOTYPE,
+            }[kind]
             info.linkname = data if isinstance(data, str) else ""
             tar.addfile(info)
     return path
 
 
-@pytest.mark.parametrize(("members", "why"), [
-    ([("file", "../evil", b"x")], "not a plain relative path"),
-    ([("file", "/etc/evil", b"x")], "not a plain relative path"),
-    ([("sym", "l", "/etc"), ("file", "l/evil", b"x")], "absolute path"),
-    ([("sym", "l", "../.."), ("file", "l/evil", b"x")], "leaves the tree"),
-    ([("dir", "d", ""), ("sym", "d/l", "../../x")], "leaves the tree"),
-    # `a -> .` is inside; `b -> a/..` would be too, lexically, but really is the tree's parent.
-    ([("sym", "a", "."), ("sym", "b", "a/..")], "climbs after descending"),
-    # A link written first, then a file through it: never written through a link.
-    ([("dir", "d", ""), ("sym", "d/up", ".."), ("file", "d/up/x", b"x")], "through the link"),
-    ([("hard", "h", "/etc/passwd")], "not a plain relative path"),
-    ([("hard", "h", "missing")], "not to a file of the tree"),
-    ([("hard", "h", "nodir/x")], "link target 'nodir/x' is not in the tree"),
-    ([("fifo", "f", "")], "special file"),
-    ([("file", "x", b"1"), ("file", "x", b"2")], "appears twice"),
-])
+@pytest.mark.parametrize(
+    ("members", "why"),
+    [
+        ([("file", "../evil", b"x")], "not a plain relative path"),
+        ([("file", "/etc/evil", b"x")], "not a plain relative path"),
+        ([("sym", "l", "/etc"), ("file", "l/evil", b"x")], "absolute path"),
+        ([("sym", "l", "../.."), ("file", "l/evil", b"x")], "leaves the tree"),
+        ([("dir", "d", ""), ("sym", "d/l", "../../x")], "leaves the tree"),
+        # `a -> .` is inside; `b -> a/..` would be too, lexically, but really is the tree's parent.
+        ([("sym", "a", "."), ("sym", "b", "a/..")], "climbs after descending"),
+        # A link written first, then a file through it: never written through a link.
+        ([("dir", "d", ""), ("sym", "d/up", ".."), ("file", "d/up/x", b"x")], "through the link"),
+        ([("hard", "h", "/etc/passwd")], "not a plain relative path"),
+        ([("hard", "h", "missing")], "not to a file of the tree"),
+        ([("hard", "h", "nodir/x")], "link target 'nodir/x' is not in the tree"),
+        ([("fifo", "f", "")], "special file"),
+        ([("file", "x", b"1"), ("file", "x", b"2")], "appears twice"),
+    ],
+)
 def test_source_tarball_refusals(tmp_path: Path, members: list, why: str) -> None:
     archive = _tar(tmp_path / "src.tar", members)
     (tmp_path / "tree").mkdir()
     with pytest.raises(UnsafeArchive, match=why):
         extract_tree(archive, tmp_path / "tree")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.tar", "tree"], "nothing written beside the tree"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.tar", "tree"], (
+        "nothing written beside the tree"
+    )
 
 
 def test_a_long_link_chain_is_judged_without_realpath(tmp_path: Path) -> None:
@@ -75,10 +84,18 @@ def test_a_long_link_chain_is_judged_without_realpath(tmp_path: Path) -> None:
 
 
 def test_an_honest_tree_with_inner_links_extracts(tmp_path: Path) -> None:
-    archive = _tar(tmp_path / "ok.tar", [("dir", "pkg", ""), ("dir", "pkg/include", ""),
-                                         ("file", "pkg/include/a.h", b"int a;"), ("sym", "pkg/b.h", "include/a.h"),
-                                         ("dir", "pkg/sub", ""), ("sym", "pkg/sub/c.h", "../include/a.h"),
-                                         ("hard", "pkg/d.h", "pkg/include/a.h")])
+    archive = _tar(
+        tmp_path / "ok.tar",
+        [
+            ("dir", "pkg", ""),
+            ("dir", "pkg/include", ""),
+            ("file", "pkg/include/a.h", b"int a;"),
+            ("sym", "pkg/b.h", "include/a.h"),
+            ("dir", "pkg/sub", ""),
+            ("sym", "pkg/sub/c.h", "../include/a.h"),
+            ("hard", "pkg/d.h", "pkg/include/a.h"),
+        ],
+    )
     (tmp_path / "tree").mkdir()
     extract_tree(archive, tmp_path / "tree")
     for name in ("b.h", "sub/c.h", "d.h"):
@@ -95,32 +112,79 @@ MODEL = {"name": "m.gguf", "bytes": 1, "sha256": "s", "included": False}
 
 
 def _bundle(path: Path, manifest: dict | None, extra: list | None = None) -> Path:
-    manifest = manifest if manifest is not None else {
-        "format": 1, "files": {COMPOSE: "sha256:0", IMAGES: "sha256:0"}, "images": {}, "models": [MODEL]}
-    members = [("file", MANIFEST, json.dumps(manifest).encode()), ("file", COMPOSE, b"services: {}\n"),
-               ("file", IMAGES, b"")]
+    manifest = (
+        manifest
+        if manifest is not None
+        else {
+            "format": 1,
+            "files": {COMPOSE: "sha256:0", IMAGES: "sha256:0"},
+            "images": {},
+            "models": [MODEL],
+        }
+    )
+    members = [
+        ("file", MANIFEST, json.dumps(manifest).encode()),
+        ("file", COMPOSE, b"services: {}\n"),
+        ("file", IMAGES, b""),
+    ]
     return _tar(path, members + (extra or []))
 
 
-@pytest.mark.parametrize(("manifest", "extra", "why"), [
-    # The reported attack: a model name of ../ steps (and a models/ member that is a link).
-    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {},
-      "models": [{"name": "../../../../tmp/owned.gguf", "bytes": 1, "sha256": "s", "included": True}]},
-     [], "not a plain \\*.gguf file name"),
-    (None, [("sym", "models/a.gguf", "/etc/passwd")], "is a link or special file"),
-    (None, [("dir", "models", ""), ("sym", "models/x", "..")], "not one a moe-stack bundle holds"),
-    (None, [("file", "run-me.sh", b"#!/bin/sh\n")], "'run-me.sh' is not one a moe-stack bundle holds"),
-    (None, [("file", "models/../../x.gguf", b"")], "not a plain relative path"),
-    (None, [("file", MANIFEST, b"{}")], "appears twice"),
-    (None, [("file", "models/big.gguf", b"")], None),  # fine so far: fails later, on its checksum
-    ({"format": 1, "files": {"/etc/shadow": "s", COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": [MODEL]}, [],
-     "must list exactly compose.yaml and images.tar"),
-    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": ["x"], "models": [MODEL]}, [], "map each image"),
-    # `models: []` would leave /models to whatever the record points at.
-    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": []}, [], "lists no model file"),
-    ({"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {},
-      "models": [{"name": "m.gguf", "included": True}]}, [], "lacks bytes, sha256 or included"),
-])
+@pytest.mark.parametrize(
+    ("manifest", "extra", "why"),
+    [
+        # The reported attack: a model name of ../ steps (and a models/ member that is a link).
+        (
+            {
+                "format": 1,
+                "files": {COMPOSE: "s", IMAGES: "s"},
+                "images": {},
+                "models": [
+                    {"name": "../../../../tmp/owned.gguf", "bytes": 1, "sha256": "s", "included": True}
+                ],
+            },
+            [],
+            "not a plain \\*.gguf file name",
+        ),
+        (None, [("sym", "models/a.gguf", "/etc/passwd")], "is a link or special file"),
+        (None, [("dir", "models", ""), ("sym", "models/x", "..")], "not one a moe-stack bundle holds"),
+        (None, [("file", "run-me.sh", b"#!/bin/sh\n")], "'run-me.sh' is not one a moe-stack bundle holds"),
+        (None, [("file", "models/../../x.gguf", b"")], "not a plain relative path"),
+        (None, [("file", MANIFEST, b"{}")], "appears twice"),
+        (None, [("file", "models/big.gguf", b"")], None),  # fine so far: fails later, on its checksum
+        (
+            {
+                "format": 1,
+                "files": {"/etc/shadow": "s", COMPOSE: "s", IMAGES: "s"},
+                "images": {},
+                "models": [MODEL],
+            },
+            [],
+            "must list exactly compose.yaml and images.tar",
+        ),
+        (
+            {"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": ["x"], "models": [MODEL]},
+            [],
+            "map each image",
+        ),
+        # `models: []` would leave /models to whatever the record points at.
+        (
+            {"format": 1, "files": {COMPOSE: "s", IMAGES: "s"}, "images": {}, "models": []},
+            [],
+            "lists no model file",
+        ),
+        (
+            {
+                "format": 1,
+                "files": {COMPOSE: "s", IMAGES: "s"},
+                "images": {},
+                "models": [{"name": "m.gguf", "included": True}],
+            },
+            [],
+            "lacks bytes, sha256 or included",
+        ),
+    ],
+)
 def test_bundle_refusals(tmp_path: Path, manifest: dict | None, extra: list, why: str | None) -> None:
     bundle = _bundle(tmp_path / "b.tar", manifest, extra)
     dest = tmp_path / "dest"

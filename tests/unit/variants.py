@@ -15,11 +15,12 @@ _CHECKOUT = Path("/src/ktransformers")
 UNPUBLISHED: dict[str, ImageSpec] = {
     "ktransformers-kernels-cpu-portable": image_spec("ktransformers", "portable"),
     "ktransformers-kernels-cpu-avx2": image_spec("ktransformers", "avx2"),
-    "ktransformers-source-cuda12.8-sapphirerapids": image_spec("ktransformers", "sapphirerapids",
-                                                               cuda=cuda_target("12.8")).model_copy(
-        update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
-    "ktransformers-source-cuda12.8-portable": image_spec("ktransformers", "portable", cuda=cuda_target("12.8")).model_copy(
-        update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
+    "ktransformers-source-cuda12.8-sapphirerapids": image_spec(
+        "ktransformers", "sapphirerapids", cuda=cuda_target("12.8")
+    ).model_copy(update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
+    "ktransformers-source-cuda12.8-portable": image_spec(
+        "ktransformers", "portable", cuda=cuda_target("12.8")
+    ).model_copy(update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
 }
 
 
