@@ -127,9 +127,7 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
     engines = [name for name in (SERVICE, CPU_SERVICE) if name in given]
     services: dict[str, dict[str, object]] = {}
     for name in engines:
-        services[name] = _engine_service(
-            name, given[name], document, listed_images, choices, len(engines) > 1
-        )
+        services[name] = _engine_service(name, given[name], listed_images, choices, len(engines) > 1)
     if MONITORING_SERVICE in given:
         services[MONITORING_SERVICE] = _monitoring(given[MONITORING_SERVICE], engines, choices)
     ran = {_image_name(service["image"]) for service in services.values()}
@@ -151,7 +149,6 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
 def _engine_service(
     name: str,
     service: object,
-    document: dict,
     listed_images: dict[str, str],
     choices: LoadChoices,
     profiled: bool,
