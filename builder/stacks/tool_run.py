@@ -132,13 +132,13 @@ class ToolBench:
 def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
     _, service = engine_service(document, compose_file, profile)
-    engine = read_record(document, compose_file).engine
+    record = read_record(document, compose_file)
     args = [unliteral(str(arg)) for arg in service.get("command") or []]
-    if "--models-preset" in args:
+    if record.models:
         raise StackError(
             f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)"
         )
-    return engine, str(service["image"]), args
+    return record.engine, str(service["image"]), args
 
 
 def bench_with_tool(

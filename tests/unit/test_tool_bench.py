@@ -15,6 +15,8 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files
 from builder.platform.flags import parse_contract, parse_help
+from builder.spec import StackSpec
+from builder.stacks.compose import compose_dict
 from builder.stacks.tool_bench import (
     ToolOutput,
     parse,
@@ -23,7 +25,7 @@ from builder.stacks.tool_bench import (
     program,
     tool_args,
 )
-from builder.stacks.tool_run import tool_document
+from builder.stacks.tool_run import stack_server_args, tool_document
 
 DATA = Path(__file__).parent / "data"
 MAINLINE_BENCH = parse_help((DATA / "llama.cpp-0c1e57098-llama-bench-help.txt").read_text())
@@ -338,3 +340,23 @@ def test_the_tools_container_is_the_stacks_service_without_serving() -> None:
     assert service["cpuset"] == "0-15" and service["environment"] == {"MOE_STACK_NUMA": "interleave"}
     assert derived["volumes"] == document["volumes"]
     assert document["services"]["engine"]["image"] == "r/llama-cpp:x"  # the stack's own document is untouched
+
+
+def test_a_router_stack_is_not_benchmarked_as_one_model(tmp_path: Path) -> None:
+    """Read from the record's models, not from the router's flags."""
+    tmp_path.chmod(0o755)
+    files = []
+    for name in ("m.gguf", "n.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+        (tmp_path / name).chmod(0o644)
+        files.append(tmp_path / name)
+    base = {"project": "p", "engine": "llama.cpp", "image": "img:1", "threads": 4}
+    routed = (
+        StackSpec(**base, model=files[0], served_name="m"),
+        StackSpec(**base, model=files[1], served_name="n"),
+    )
+    router = compose_dict(routed[0], "x", routed=routed)
+    with pytest.raises(StackError, match="routes several models; benchmark one model's stack"):
+        stack_server_args(router, tmp_path / "compose.yaml", None)
+    single = compose_dict(routed[0], "x")
+    assert stack_server_args(single, tmp_path / "compose.yaml", None)[0] == "llama.cpp"
