@@ -141,6 +141,12 @@ def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tu
         raise ModelError(
             f"the hub's answer for {repo} is not a model listing ({type(err).__name__}); check HF_ENDPOINT"
         ) from None
+    except Exception as err:  # noqa: BLE001 - its HTTP stack's transport errors (httpx's in 2.x), not OSError
+        reason = str(err).splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ModelError(
+            f"can't reach the hub at {constants.ENDPOINT} ({reason}); check the network, or set HF_ENDPOINT "
+            "to a mirror this host reaches"
+        ) from None
     commit = str(info.sha)
     if not _COMMIT.fullmatch(commit):
         raise ModelError(

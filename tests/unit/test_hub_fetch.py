@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from huggingface_hub import HfApi
@@ -214,6 +216,19 @@ def test_an_answer_that_is_not_json_is_one_line(tmp_path: Path) -> None:
     assert status == 1 and "is not a model listing" in stderr and len(stderr.strip().splitlines()) == 1, (
         stderr
     )
+
+
+@pytest.mark.cli
+def test_a_hub_that_refuses_connections_is_one_line(tmp_path: Path) -> None:
+    """An air-gapped site's normal state, or a typo in HF_ENDPOINT: huggingface_hub 2.x raises its HTTP
+    stack's ConnectError (not an OSError), which printed a 60-line traceback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once it is closed
+    status, _, stderr = _fetch(SimpleNamespace(url=f"http://127.0.0.1:{port}"), tmp_path / "models")  # type: ignore[arg-type]
+    assert status == 1 and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"can't reach the hub at http://127.0.0.1:{port}" in stderr and "HF_ENDPOINT" in stderr, stderr
+    assert not (tmp_path / "models").exists()
 
 
 @pytest.mark.cli
