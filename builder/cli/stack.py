@@ -708,9 +708,9 @@ def smoke(
 def down(
     compose_file: Annotated[Path, typer.Argument(help="compose file of the stack")] = Path("compose.yaml"),
 ) -> None:
-    """Stop and remove a stack."""
+    """Stop and remove a stack's containers, network and volumes (the file stays)."""
     stack_down(compose_file)
-    out.print(f"removed: {compose_file}")
+    out.print(f"stopped and removed the stack of {compose_file} (the file stays)")
 
 
 def demo(

@@ -86,20 +86,40 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     try:
         client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
     except DockerException as err:
+        missing = _missing_images(document, profiles)
+        if missing:
+            raise StackError(
+                f"image {missing[0]} is not here and compose could not pull it ({describe(err)}); build it "
+                "(`moe-stack build`) or get it from its registry (`moe-stack pull`)"
+            ) from None
         log_tail = _service_log_tail(client)
         raise StackError(
             f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}"
         ) from None
 
 
+def _active(document: dict, profiles: list[str]) -> dict[str, dict]:
+    """The services that run under `profiles` (those without a profile always do)."""
+    return {
+        name: service
+        for name, service in (document.get("services") or {}).items()
+        if not service.get("profiles") or set(profiles) & set(service["profiles"])
+    }
+
+
+def _missing_images(document: dict, profiles: list[str]) -> list[str]:
+    """The images of the services `profiles` run that this Docker doesn't have."""
+    images = [unliteral(str(service.get("image", ""))) for service in _active(document, profiles).values()]
+    return [image for image in dict.fromkeys(images) if not docker().image.exists(image)]
+
+
 def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
     """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
-    for name, service in (document.get("services") or {}).items():
-        active = not service.get("profiles") or set(profiles) & set(service["profiles"])
+    for name, service in _active(document, profiles).items():
         devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
             "devices"
         )
-        if active and devices and not gpu_passthrough_available(docker()):
+        if devices and not gpu_passthrough_available(docker()):
             other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
             raise StackError(
                 f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
@@ -111,10 +131,9 @@ def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
 def _check_local_images(document: dict, profiles: list[str]) -> None:
     """An image made on this host is never pulled (its name would resolve to Docker Hub): say how to
     make a missing one, rather than let compose fail on `pull_policy: never`."""
-    for name, service in (document.get("services") or {}).items():
-        active = not service.get("profiles") or set(profiles) & set(service["profiles"])
+    for name, service in _active(document, profiles).items():
         image = unliteral(str(service.get("image", "")))
-        if active and service.get("pull_policy") == "never" and not docker().image.exists(image):
+        if service.get("pull_policy") == "never" and not docker().image.exists(image):
             how = (
                 "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
             )

@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 from python_on_whales import DockerClient
 
 from builder.errors import StackError
@@ -271,3 +272,20 @@ def test_a_missing_local_image_is_never_pulled(base_image: str, moe_model: Path,
     ):
         up(compose_file, timeout_s=30)
     assert not DockerClient(compose_files=[compose_file]).compose.ps()
+
+
+def test_an_image_that_cannot_be_pulled_is_named(base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    """`up` of a stack whose image is neither here nor pullable said "did not become healthy … engine
+    log: (empty)"; it names the image and what to run."""
+    compose_file, _ = emit_stack(tmp_path, build_engine_image("llama.cpp", "avx2", base_image), moe_model)
+    document = yaml.safe_load(compose_file.read_text())
+    absent = "127.0.0.1:9/moe-stack-test/llama-cpp:absent"  # port 9 (discard): no registry answers
+    document["services"]["engine"]["image"] = absent
+    compose_file.write_text(yaml.safe_dump(document, sort_keys=False))
+    try:
+        with pytest.raises(
+            StackError, match=rf"image {absent} is not here and compose could not pull it .*`moe-stack pull`"
+        ):
+            up(compose_file, timeout_s=60)
+    finally:
+        down(compose_file)
