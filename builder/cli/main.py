@@ -53,7 +53,7 @@ from builder.models.planner import GIB, model_bytes, read_facts, size, split_par
 from builder.models.planner import plan as make_plan
 from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
-from builder.spec import BaseImages, CudaTarget
+from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
 
 app = typer.Typer(
@@ -151,8 +151,10 @@ def _usage_error(error: TyperException) -> None:
 
 
 def _validation_line(error: ValidationError) -> str:
+    """The first problem, named by the option the user gave (`--ctx-size`, not `ctx_size`)."""
     first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
+    field = next((str(part) for part in reversed(first["loc"]) if isinstance(part, str)), "")
+    where = ENGINE_OPTIONS.get(field, f"--{field.replace('_', '-')}") if field else ""
     message = first["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
 

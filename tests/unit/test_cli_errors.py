@@ -120,8 +120,10 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
             ["--cpu-image", "img:cpu"],
             "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia",
         ),
-        (["--hugetlbfs", "3M"], "hugetlbfs: Input should be 'off', '2M' or '1G'"),
-        (["--shm-size", "lots"], "shm_size: 'lots' is not a size: give one like 1g"),
+        (["--hugetlbfs", "3M"], "--hugetlbfs: Input should be 'off', '2M' or '1G'"),
+        (["--shm-size", "lots"], "--shm-size: 'lots' is not a size: give one like 1g"),
+        # Named by the option given, not the model's field (ctx_size).
+        (["--ctx-size", "5"], "--ctx-size: Input should be greater than or equal to 128"),
     ],
 )
 def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) -> None:
