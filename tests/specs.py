@@ -6,7 +6,7 @@ from pathlib import Path
 
 from builder.engines import get_engine
 from builder.platform.targets import cpu_target
-from builder.spec import GitSource, ImageSpec
+from builder.spec import GitSource, ImageSpec, StackSpec
 
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
@@ -41,3 +41,19 @@ def readable_file(path: Path, content: bytes) -> Path:
     path.write_bytes(content)
     path.chmod(0o644)
     return path
+
+
+def routed_stacks(directory: Path) -> tuple[StackSpec, StackSpec]:
+    """Two one-file models in `directory` (readable by the engine's user), as the stacks a router serves."""
+    directory.chmod(0o755)
+    stacks = []
+    for name in ("m", "n"):
+        model = directory / f"{name}.gguf"
+        model.write_bytes(b"GGUF")
+        model.chmod(0o644)
+        stacks.append(
+            StackSpec(
+                project="p", engine="llama.cpp", image="img:1", threads=4, model=model, served_name=name
+            )
+        )
+    return stacks[0], stacks[1]

@@ -21,6 +21,7 @@ from builder.safe_tar import extract_files
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.record import read_record
+from tests.specs import routed_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())
@@ -267,17 +268,8 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
 
 
 def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
-    files = []
-    for name in ("m.gguf", "n.gguf"):
-        (tmp_path / name).write_bytes(b"GGUF")
-        (tmp_path / name).chmod(0o644)
-        files.append(tmp_path / name)
-    base = {"project": "p", "engine": "llama.cpp", "image": "img:1", "threads": 4}
-    routed = (
-        StackSpec(**base, model=files[0], served_name="m"),
-        StackSpec(**base, model=files[1], served_name="n"),
-    )
+    routed = routed_stacks(tmp_path)
+    files = [stack.model for stack in routed]
     router = compose_dict(routed[0], "x", routed=routed)
     rebuilt = rebuild_stack(router, {"img:1": "sha256:x"}, LoadChoices(model_files=tuple(files)))
     assert _without_model_mounts(rebuilt) == _without_model_mounts(router)

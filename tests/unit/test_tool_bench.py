@@ -15,7 +15,6 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files
 from builder.platform.flags import parse_contract, parse_help
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.tool_bench import (
     ToolOutput,
@@ -26,6 +25,7 @@ from builder.stacks.tool_bench import (
     tool_args,
 )
 from builder.stacks.tool_run import stack_server_args, tool_document
+from tests.specs import routed_stacks
 
 DATA = Path(__file__).parent / "data"
 MAINLINE_BENCH = parse_help((DATA / "llama.cpp-0c1e57098-llama-bench-help.txt").read_text())
@@ -344,17 +344,7 @@ def test_the_tools_container_is_the_stacks_service_without_serving() -> None:
 
 def test_a_router_stack_is_not_benchmarked_as_one_model(tmp_path: Path) -> None:
     """Read from the record's models, not from the router's flags."""
-    tmp_path.chmod(0o755)
-    files = []
-    for name in ("m.gguf", "n.gguf"):
-        (tmp_path / name).write_bytes(b"GGUF")
-        (tmp_path / name).chmod(0o644)
-        files.append(tmp_path / name)
-    base = {"project": "p", "engine": "llama.cpp", "image": "img:1", "threads": 4}
-    routed = (
-        StackSpec(**base, model=files[0], served_name="m"),
-        StackSpec(**base, model=files[1], served_name="n"),
-    )
+    routed = routed_stacks(tmp_path)
     router = compose_dict(routed[0], "x", routed=routed)
     with pytest.raises(StackError, match="routes several models; benchmark one model's stack"):
         stack_server_args(router, tmp_path / "compose.yaml", None)
