@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_shapes import seed_shape
 
 SHAPES = {
     "a3b": MoeShape(
@@ -25,17 +26,8 @@ SHAPES = {
         experts_used=8,
         quant="Q4_0",
     ),
-    "q235b": MoeShape(
-        layers=8,
-        hidden=4096,
-        heads=64,
-        kv_heads=4,
-        head_dim=128,
-        expert_ffn=1536,
-        experts=128,
-        experts_used=8,
-        quant="Q4_0",
-    ),
+    # Qwen3-235B-A22B's widths (synth_shapes), 8 layers, at the writer's default context.
+    "q235b": seed_shape("qwen3moe", layers=8, context=4096),
 }
 
 

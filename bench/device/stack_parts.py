@@ -17,19 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_moe import write_moe_gguf
+from builder.models.synth_shapes import seed_shape
 
-SHAPE = MoeShape(
-    layers=4,
-    hidden=4096,
-    heads=64,
-    kv_heads=4,
-    head_dim=128,
-    expert_ffn=1536,
-    experts=128,
-    experts_used=8,
-    quant="Q4_0",
-)
+SHAPE = seed_shape("qwen3moe", layers=4, context=4096)  # Qwen3-235B-A22B's widths, 4 layers
 MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"
 
 
