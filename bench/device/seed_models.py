@@ -4,11 +4,14 @@ engines (the builder's configure arguments), on synthetic models of the real per
 shapes at two depths. Per run: healthy, a completion, the engine's logged buffers, GPU memory in use,
 prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth bound.
 
-  seed_models.py write DIR                  the four models (R1 and Qwen3-Next slices, 8 and 16 layers)
-  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N]; results as JSON lines
+  seed_models.py write DIR [MODEL…]         the models (default all: R1 and Qwen3-Next slices of 8 and
+                                            16 layers, a Qwen3-235B slice of 8)
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1]; results as
+                                            JSON lines; each case waits for its engine's build
 
-BIN_ROOT/<engine>/build/bin/llama-server are the builds, BIN_ROOT/<engine>/common/common.cpp ik's parser
-(its --help leaves flags out, as in the images' contract stage).
+BIN_ROOT/<engine>/build/bin/llama-server are the builds (BIN_ROOT/<engine>.done says "ok" once one is
+built), BIN_ROOT/<engine>/common/common.cpp ik's parser (its --help leaves flags out, as in the images'
+contract stage).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "r1-16": ("deepseek-r1-671b", seed_shape("deepseek2", layers=16, experts=32)),
     "qn-8": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=8, experts=128)),
     "qn-16": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=16, experts=128)),
+    "q235-8": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
@@ -47,9 +51,10 @@ PROMPT = " ".join(["the expert model reads a token from memory and the cache"] *
 BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
 
 
-def write(directory: Path) -> None:
+def write(directory: Path, names: list[str]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    for name, (_preset, shape) in MODELS.items():
+    for name in names or list(MODELS):
+        shape = MODELS[name][1]
         path = directory / f"{name}.gguf"
         if not path.is_file():
             started = time.time()
@@ -197,10 +202,18 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
     return result
 
 
+def wait_built(engine: str, root: Path, deadline: float) -> str:
+    """ "ok" once `engine`'s build has finished, "failed", or "building" at the deadline."""
+    done = root / f"{engine}.done"
+    while not done.is_file() and time.time() < deadline:
+        time.sleep(5)
+    return done.read_text().strip() if done.is_file() else "still building"
+
+
 def main() -> None:
     verb = sys.argv[1]
     if verb == "write":
-        write(Path(sys.argv[2]))
+        write(Path(sys.argv[2]), sys.argv[3:])
         return
     directory, root, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     deadline = time.time() + float(os.environ.get("CASES_S", "480"))
@@ -208,6 +221,10 @@ def main() -> None:
         for number, case in enumerate(sys.argv[5:]):
             if time.time() > deadline:
                 print(f"deadline: {case} not run", flush=True)
+                continue
+            built = wait_built(case.split(":")[0], root, deadline)
+            if built != "ok":
+                print(f"{case} not run: its engine is {built}", flush=True)
                 continue
             result = run_case(case, directory, root, out, 18700 + number)
             results.write(json.dumps(result) + "\n")

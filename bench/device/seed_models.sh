@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The seed's presets on the GPU machine (issue 24, point 4), in two device calls within the machine's
-# warm window (see bench/device/seed_models.py for what is measured):
+# The seed's presets on the GPU machine (issue 24, point 4), in device calls within the machine's warm
+# window (see bench/device/seed_models.py for what is measured):
 #
-#   seed_models.sh start   wheels, facts, both engines' llama-server built in the background with the
-#                          builder's configure arguments (carried in .device/seed/ENGINE.cmake-args with
-#                          the engine trees), the four models written; waits for the builds until its budget
-#   seed_models.sh run CASE…  waits for the builds, the bandwidth probe, then each case's server
+#   seed_models.sh start [CASE…]  wheels, facts, both engines' llama-server and llama-bench built in the
+#                          background with the builder's configure arguments (carried in
+#                          .device/seed/ENGINE.cmake-args with the engine trees), the models written
+#                          ($MODELS: names, default all); then the CASEs, each once its engine is built
+#                          (beside the other's build: for buffer sizes, not speed), until its budget
+#   seed_models.sh run CASE…      waits for the builds, the bandwidth probe, then each case's server
+#   seed_models.sh tune ENGINE MODEL BUDGET [TUNE OPTIONS]
+#                          the stack `moe-stack compose --preset P --gpu nvidia` emits for MODEL here,
+#                          searched by `moe-stack tune --native-bin` for BUDGET seconds
 #
 # Made on the development machine:
 #   moe-stack cmake-args --engine E --cuda 13.0 --cuda-archs 90 --cpu sapphirerapids --no-ccache
@@ -32,8 +37,15 @@ build() {  # ENGINE JOBS
   sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$src" seed  # ik's sdist lacks its build-info step
   mapfile -t args <"$carried/$1.cmake-args"
   { cmake -S "$src" -B "$src/build" -G Ninja "${args[@]}" &&
-    cmake --build "$src/build" --target llama-server --parallel "$2" && echo ok >"$work/$1.done"; } \
+    cmake --build "$src/build" --target llama-server llama-bench --parallel "$2" &&
+    gcc -O3 -fopenmp -ffast-math -o "$src/build/bin/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
+    echo ok >"$work/$1.done"; } \
     >"$work/$1.build.log" 2>&1 || echo failed >"$work/$1.done"
+}
+archive_logs() {  # eight files at most come back: the servers' logs travel in one archive
+  local logs=() log
+  for log in "$out"/*.log; do [ -e "$log" ] && [ "${log##*/}" != run.log ] && logs+=("${log##*/}"); done
+  [ "${#logs[@]}" -eq 0 ] || tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files "${logs[@]}"
 }
 wait_builds() {
   while [ "$(date +%s)" -lt "$deadline" ] && [ "$(ls "$work"/*.done 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; done
@@ -51,10 +63,14 @@ start)
     grep -E 'MemTotal' /proc/meminfo; gcc --version | head -1; nvcc --version | tail -1; df -h /tmp | tail -1
   } >"$out/facts.txt" 2>&1
   # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
-  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 11" </dev/null >/dev/null 2>&1 &
-  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 5" </dev/null >/dev/null 2>&1 &
-  time python3 "$repo/bench/device/seed_models.py" write "$work/models" 2>&1 | tee "$out/models.jsonl"
+  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 10" </dev/null >/dev/null 2>&1 &
+  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 6" </dev/null >/dev/null 2>&1 &
+  # shellcheck disable=SC2086  # MODELS: names, split
+  time python3 "$repo/bench/device/seed_models.py" write "$work/models" ${MODELS:-} 2>&1 | tee "$out/models.jsonl"
+  [ "$#" -eq 0 ] || CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run \
+    "$work/models" "$work" "$out" "$@" 2>&1 | tee -a "$out/run.log"
   wait_builds
+  archive_logs
   ;;
 run)
   wait_builds
@@ -66,9 +82,20 @@ run)
   fi
   CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run "$work/models" "$work" \
     "$out" "$@" 2>&1 | tee -a "$out/run.log"
-  # Eight files at most come back: the servers' logs travel in one archive.
-  logs=()
-  for log in "$out"/*.log; do [ "${log##*/}" = run.log ] || logs+=("${log##*/}"); done
-  [ "${#logs[@]}" -eq 0 ] || tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files "${logs[@]}"
+  archive_logs
+  ;;
+tune)
+  engine=${1:?ENGINE} name=${2:?MODEL} budget=${3:?BUDGET}
+  shift 3  # the rest goes to moe-stack tune (e.g. --prefill)
+  preset=$(python3 -c "import sys; sys.path.insert(0, '$repo/bench/device'); from seed_models import MODELS; print(MODELS['$name'][0])")
+  wait_builds
+  [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; exit 1; }
+  stack=$work/$engine-$name.yaml
+  python3 -m builder compose --engine "$engine" --model "$work/models/$name.gguf" --preset "$preset" --gpu nvidia \
+    --skip-image-checks --for-other-host --port 18080 -o "$stack" >"$out/tune-$engine-$name.txt" 2>&1 ||
+    { cat "$out/tune-$engine-$name.txt"; exit 1; }
+  python3 -m builder tune "$stack" --native-bin "$work/$engine/build/bin" --budget "${budget}s" \
+    --plot "$out/tune-$engine-$name.png" "$@" 2>&1 | tee -a "$out/tune-$engine-$name.txt"
+  cp "$work/$engine-$name.tuned.yaml" "$out/tune-$engine-$name.tuned.yaml" 2>/dev/null
   ;;
 esac
