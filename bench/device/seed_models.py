@@ -44,6 +44,8 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "qn-8": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=8, experts=128)),
     "qn-16": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=16, experts=128)),
     "q235-8": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32)),
+    # Twice the experts of r1-8, else the same: the growth of prefill's expert copy in the compute buffer.
+    "r1-8-e64": ("deepseek-r1-671b", seed_shape("deepseek2", layers=8, experts=64)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
@@ -226,7 +228,10 @@ def main() -> None:
             if built != "ok":
                 print(f"{case} not run: its engine is {built}", flush=True)
                 continue
-            result = run_case(case, directory, root, out, 18700 + number)
+            try:
+                result = run_case(case, directory, root, out, 18700 + number)
+            except StackError as err:  # e.g. the server died on a request: the next case still runs
+                result = {"case": case, "error": str(err)}
             results.write(json.dumps(result) + "\n")
             results.flush()
             print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)

@@ -14,6 +14,7 @@ from builder.distribute.publish import publish as publish_images
 from builder.distribute.publish import pull as pull_image
 from builder.errors import SpecError
 from builder.host.probe import probe
+from builder.images.naming import DEFAULT_PREFIX
 from builder.models.planner import size
 
 ToOpt = Annotated[
@@ -35,7 +36,7 @@ def publish(
 
 
 def pull(
-    source: FromOpt = "ghcr.io/moe-stack",
+    source: FromOpt = DEFAULT_PREFIX,
     engine: EngineOpt = "llama.cpp",
     ref: Annotated[
         str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")

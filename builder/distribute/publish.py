@@ -87,9 +87,7 @@ def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_
     wanted = ref or short_ref(image_spec(adapter.name).ref)
     at_ref = [o for o in offered if o.ref == wanted]
     if not offered:
-        raise RegistryError(
-            f"{repo.name} holds no moe-stack variants; publish some (`moe-stack publish`) or check --from"
-        )
+        raise RegistryError(no_variants(repo.name, prefix))
     if not at_ref:
         refs = ", ".join(sorted({o.ref for o in offered}))
         raise RegistryError(f"{repo.name} holds no variant of ref {wanted} (it has: {refs}); pass --ref")
@@ -106,6 +104,18 @@ def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_
     if lacking:  # the tag said one target, the labels another
         raise RegistryError(f"{image} is labelled as needing {' '.join(lacking)}, which this host lacks")
     return Pulled(image=image, digest=digest, choice=choice)
+
+
+def no_variants(repository_name: str, prefix: str) -> str:
+    """What `pull` says when the repository holds no variant tag."""
+    if prefix.rstrip("/") == naming.DEFAULT_PREFIX:
+        return (
+            f"{repository_name} holds no moe-stack images: none has been published yet (images.yml has not "
+            "run); build one here with `moe-stack build`, or pull --from a registry you published to"
+        )
+    return (
+        f"{repository_name} holds no moe-stack variants; publish some (`moe-stack publish`) or check --from"
+    )
 
 
 def offered_variants(repo: Repository) -> list[Variant]:

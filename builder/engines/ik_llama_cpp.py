@@ -67,8 +67,11 @@ class IkLlamaCpp(LlamaFamilyEngine):
 
     def engine_dimensions(self, args: list[str], gpu: bool) -> list[Dimension]:
         """With a GPU, first the batch from which CPU experts go to the GPU for prefill (measured 511 →
-        5572 t/s at 2); then run-time repacking (-rtr: it disables mmap, so the model's RAM must fit
-        twice over while it loads), fused MoE, and MLA's attention batch (-amb, DeepSeek)."""
+        5572 t/s at 2); then run-time repacking (-rtr: mmap off, the CPU weights repacked in place after
+        loading for the CPU's kernels; the repacked types, e.g. Q4_0_R8 and IQ4_XS_R8, have no CUDA
+        matmul, so prefill can no longer take those experts to the GPU: on an R1 slice decode went 45.8
+        -> 54-66 t/s, bench/results/seed-models-2026-12-01b), fused MoE, and MLA's attention batch
+        (-amb, DeepSeek)."""
         dimensions = []
         if gpu:
             current = value_of(args, ("-cuda", "--cuda-params")) or "default"

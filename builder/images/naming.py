@@ -20,6 +20,7 @@ from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarge
 
 DEFAULT_REGISTRY = "ghcr.io"
 DEFAULT_NAMESPACE = "moe-stack"
+DEFAULT_PREFIX = f"{DEFAULT_REGISTRY}/{DEFAULT_NAMESPACE}"  # where images.yml publishes (not yet run)
 TOOLS_SUFFIX = "-tools"
 _VARIANT_TAG = re.compile(r"^(?P<ref>[A-Za-z0-9_.-]+)-(?P<accel>cpu|cuda[0-9]+\.[0-9]+)-(?P<cpu>[a-z0-9]+)$")
 

@@ -63,6 +63,8 @@ class ModelFacts:
     recurrent_state_bytes: int = 0  # the recurrent layers' conv and SSM state, f32, per sequence
     heads: int = 0  # query heads
     embedding_bytes: int = 0  # token_embd: both engines keep it in RAM (only one row a token is read)
+    vocab: int = 0  # tokens of the vocabulary (token_embd's rows): the logits a token outputs
+    hidden: int = 0  # the embedding length
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -214,7 +216,9 @@ def read_facts(path: Path) -> ModelFacts:
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
     cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
-    embedding = sum(int(t.n_bytes) for t in reader.tensors if t.name == "token_embd.weight")
+    embeddings = [t for t in reader.tensors if t.name == "token_embd.weight"]
+    embedding = sum(int(t.n_bytes) for t in embeddings)
+    vocab = int(embeddings[0].shape[1]) if embeddings and len(embeddings[0].shape) > 1 else 0
     return ModelFacts(
         arch=arch,
         layers=layers,
@@ -230,6 +234,8 @@ def read_facts(path: Path) -> ModelFacts:
         recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
         heads=heads,
         embedding_bytes=embedding,
+        vocab=vocab,
+        hidden=embd,
     )
 
 

@@ -205,6 +205,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         recurrent_state_bytes=state,
         heads=shape.heads,
         embedding_bytes=embedding,
+        vocab=len(vocabulary()[0]),
+        hidden=shape.hidden,
     )
 
 

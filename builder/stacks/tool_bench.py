@@ -6,6 +6,7 @@ its output; `tool_run` runs it (in a container shaped like the stack's, or a nat
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -149,14 +150,31 @@ def tool_args(
     return ToolArgs(args=[*translated.args, *tests], left_out=translated.left_out)
 
 
+def last_json_array(text: str) -> list | None:
+    """The last JSON array of objects that starts a line of `text`, or of its JSON lines alone (indented,
+    or a bracket by itself): ik_llama.cpp's llama-bench prints its model-load messages ("Computed
+    blk.0.attn_kv_b.weight ...") on stdout in the middle of its pretty-printed array."""
+    json_lines = [line for line in text.splitlines() if line.strip() in ("[", "]") or line[:1].isspace()]
+    decoder = json.JSONDecoder()
+    for candidate in (text, "\n".join(json_lines)):
+        found = None
+        for match in re.finditer(r"^\[", candidate, re.MULTILINE):
+            try:
+                value, _ = decoder.raw_decode(candidate, match.start())
+            except ValueError:
+                continue
+            if isinstance(value, list) and all(isinstance(row, dict) for row in value):
+                found = value
+        if found is not None:
+            return found
+    return None
+
+
 def parse_llama_bench(text: str) -> list[BenchRow]:
     """llama-bench's `-o json` output: one row per test."""
-    try:
-        tests = json.loads(text[text.index("[") :])
-    except ValueError:
-        raise StackError(
-            f"llama-bench printed no JSON result: {text.strip()[-200:] or '(nothing)'}"
-        ) from None
+    tests = last_json_array(text)
+    if tests is None:
+        raise StackError(f"llama-bench printed no JSON result: {text.strip()[-200:] or '(nothing)'}")
     rows = []
     for test in tests:
         prompt, gen = int(test.get("n_prompt", 0)), int(test.get("n_gen", 0))

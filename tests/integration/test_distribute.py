@@ -57,6 +57,9 @@ def _untag(client: DockerClient, prefix: str) -> None:
 def test_publish_then_pull_the_variant_for_this_host(
     registry: str, base_image: str, docker_client: DockerClient, start_stack: StackFactory, moe_model: Path
 ) -> None:
+    empty = run_cli("pull", "--from", f"{registry}/nobody-published-here")
+    assert empty.returncode == 1 and "holds no moe-stack variants" in empty.stderr
+    assert len(empty.stderr.strip().splitlines()) == 1, empty.stderr
     images = [build_engine_image("llama.cpp", cpu, base_image) for cpu in ("avx2", "zen4", "sapphirerapids")]
     prefix = f"{registry}/moe-stack"
     result = run_cli("publish", *(i.tag for i in images), "--to", prefix)

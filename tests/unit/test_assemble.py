@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import short_ref
-from builder.models.planner import GIB, read_facts
+from builder.models.planner import GIB, kv_cache_bytes, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.pins import pinned_ref
@@ -82,8 +83,16 @@ def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> 
 
 
 def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> None:
-    # 2.02 GiB: the 2 GiB compute reserve, attention and a 16k q8_0 cache, and 3 of the 4 layers' experts
-    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(2.02,), gpu="nvidia")
+    # The engine's compute reserve (llama.cpp at the preset's 16k and -ub 2048), attention and a 16k
+    # q8_0 cache, and 3 of the 4 layers' experts, with half a layer's to spare
+    facts = read_facts(model)
+    held = (
+        facts.gpu_weight_bytes
+        + kv_cache_bytes(facts, 16384, "q8_0", mla=False)
+        + gpu_reserve("llama.cpp", facts, 16384, 2048, latent=False)
+    )
+    vram_gb = (held + 3.5 * facts.expert_bytes[0]) / GIB
+    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
     # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.

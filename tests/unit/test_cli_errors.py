@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.distribute.publish import no_variants
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 
@@ -189,6 +190,13 @@ def test_load_refuses_what_is_not_a_bundle(tmp_path: Path, content: bytes | None
 )
 def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
     assert_one_line_error(run_cli("pull", "--from", source), needle)
+
+
+def test_the_default_registry_is_said_to_hold_nothing_yet() -> None:
+    """Nothing is published to ghcr.io/moe-stack until images.yml has run: `pull` says so, and what to do."""
+    said = no_variants("ghcr.io/moe-stack/llama-cpp", "ghcr.io/moe-stack")
+    assert "none has been published yet" in said and "moe-stack build" in said
+    assert "published yet" not in no_variants("127.0.0.1:5000/me/llama-cpp", "127.0.0.1:5000/me")
 
 
 @pytest.mark.cli

@@ -9,9 +9,11 @@ import gguf
 import pytest
 import yaml
 
+from builder.engines.compute_buffers import gpu_reserve
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import configure_args
+from builder.models.planner import GIB, read_facts
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 
@@ -129,9 +131,10 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     run_cli("synth-moe", str(model), "--tiny")
     model.chmod(0o644)
-    # 0.0105 GiB over the 2 GiB reserve = 11,274,289 B; minus other weights (1,065,120 B) and the f16 KV
-    # cache (2 heads × 128 × 4096 × 4 layers × 2 B = 8,388,608 B) leaves 1,820,561 B: two expert layers
-    # of 835,584 B fit, three do not
+    # 0.0105 GiB over llama.cpp's compute reserve for this model (-ub 512, 4096 tokens) = 11,274,289 B;
+    # minus other weights (1,065,120 B) and the f16 KV cache (2 heads × 128 × 4096 × 4 layers × 2 B =
+    # 8,388,608 B) leaves 1,820,561 B: two expert layers of 835,584 B fit, three do not
+    reserve = gpu_reserve("llama.cpp", read_facts(model), 4096, 512, latent=False)
     out = tmp_path / "c.yaml"
     result = run_cli(
         "compose",
@@ -143,7 +146,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
         "--port",
         "18558",
         "--fit-vram-gb",
-        "2.0105",
+        str((reserve + 0.0105 * GIB) / GIB),
         "-c",
         "4096",
         "--cache-type",

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
-from builder.models.planner import GIB, ModelFacts, layer_split, plan
+from builder.models.planner import GIB, ModelFacts, layer_split, plan, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
@@ -76,23 +77,26 @@ def model(tmp_path: Path) -> Path:
 
 def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     host = _host(tmp_path, FOUR_H200)
-    # 2.003 GiB each: the 2 GiB reserve, the layers' share of attention and a 512-token cache, and the
-    # experts of layers 0 and 1 on the first GPU (layer 2's stay in RAM), of layer 3 on the second
+    # Each: llama.cpp's compute reserve for this model (-ub 512, 512 tokens) and 0.003 GiB: the layers'
+    # share of attention and a 512-token cache, and the experts of layers 0 and 1 on the first GPU
+    # (layer 2's stay in RAM), of layer 3 on the second
+    vram_gb = (gpu_reserve("llama.cpp", read_facts(model), 512, 512, latent=False) + 0.003 * GIB) / GIB
     options = StackOptions(
         model=model,
         gpu="nvidia",
         gpus=(2, 3),
-        fit_vram_gb=(2.003, 2.003),
+        fit_vram_gb=(vram_gb, vram_gb),
         port=18432,
         engine_options=EngineOptions(ctx_size=512, cache_type="q8_0", gpu_layers=99),
     )
     stack = assemble_stack(options, host)
-    assert stack.gpu_ids == (2, 3) and stack.tensor_split == (2, 2)
+    share = max(1, round(vram_gb))  # -ts: each GPU's VRAM in whole GiB
+    assert stack.gpu_ids == (2, 3) and stack.tensor_split == (share, share)
     service = compose_dict(stack, "x")["services"]["engine"]
     device = service["deploy"]["resources"]["reservations"]["devices"][0]
     assert device == {"driver": "nvidia", "device_ids": ["2", "3"], "capabilities": ["gpu"]}
     command = service["command"]
-    assert command[command.index("--tensor-split") + 1] == "2,2"
+    assert command[command.index("--tensor-split") + 1] == f"{share},{share}"
     # CUDA numbering is the container's: its two GPUs are CUDA0 and CUDA1
     assert stack.override_tensors == (
         r"blk\.(0|1)\.ffn_.*_exps\.weight=CUDA0",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import get_args
 
@@ -134,19 +135,21 @@ def test_every_cache_type_a_stack_takes_has_a_size() -> None:
     assert set(CACHE_BYTES) == set(get_args(CacheType))
 
 
-DEVICE_RUNS = Path(__file__).resolve().parents[2] / "bench/results/seed-models-2026-12-01"
+RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
+DEVICE_RUNS = (RESULTS / "seed-models-2026-12-01", RESULTS / "seed-models-2026-12-01b")
 # The slices bench/device/seed_models.py wrote on the H200: real widths, fewer experts and layers.
 DEVICE_MODELS = {
     "r1-8": ("deepseek2", {"layers": 8, "experts": 32}),
     "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),
     "qn-8": ("qwen3next", {"layers": 8, "experts": 128}),
     "qn-16": ("qwen3next", {"layers": 16, "experts": 128}),
+    "q235-8": ("qwen3moe", {"layers": 8, "experts": 32}),
 }
 
 
 def _device_runs() -> list[dict]:
     runs = []
-    for path in sorted(DEVICE_RUNS.glob("call*-results.jsonl")):
+    for path in sorted(path for runs in DEVICE_RUNS for path in runs.glob("call*-results.jsonl")):
         runs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [run for run in runs if "error" not in run]
 
@@ -181,10 +184,12 @@ def test_kv_cache_is_what_the_cpu_build_logs(tmp_path: Path) -> None:
 
 
 def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
-    """Each preset run on the H200 (bench/results/seed-models-2026-12-01): the plan's GPU weights, KV cache
-    (with the recurrent state) and compute buffer against the engine's own CUDA0 buffer lines, within 10 %."""
+    """Each preset run on the H200 (bench/results/seed-models-2026-12-01 and -01b): the plan's GPU weights,
+    KV cache (with the recurrent state) and compute buffer against the engine's own CUDA0 buffer lines,
+    within 10 %: R1 at 8k-32k and -ub 512-2048, Qwen3-Next at 8k-131k, Qwen3-235B at 16k-32k."""
     runs = _device_runs()
-    assert len(runs) >= 18 and {run["engine"] for run in runs} == {"llama.cpp", "ik_llama.cpp"}
+    assert len(runs) >= 27 and {run["engine"] for run in runs} == {"llama.cpp", "ik_llama.cpp"}
+    assert {run["model"] for run in runs} == set(DEVICE_MODELS)
     for run in runs:
         arch, changes = DEVICE_MODELS[run["model"]]
         facts = shape_facts(seed_shape(arch, **changes))
@@ -208,10 +213,17 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
         for part, value in planned.items():
             assert abs(value - logged[part]) <= 0.10 * logged[part], (run["case"], part, value, logged[part])
         assert gpu_compute(run["engine"], facts, ctx, ubatch, latent).measured
-        # Where the CPU experts sat: pinned (CUDA_Host) or mapped, as the adapter says.
+        # Where the CPU experts sat: pinned (CUDA_Host) or mapped, as the adapter says; the RAM the plan
+        # gives them (routed experts and token embeddings) is the pinned buffer, to the MiB, or within
+        # the mapped span (mainline maps the file from the first CPU tensor to the last, GPU ones between).
         mmap = False if "--load-mode" in command else None
-        pinned = _logged(run, "CUDA_Host", ("model",)) > 0
-        assert adapter.pins_cpu_weights(mmap, gpu=True) == pinned, run["case"]
+        pinned = _logged(run, "CUDA_Host", ("model",))
+        assert adapter.pins_cpu_weights(mmap, gpu=True) == (pinned > 0), run["case"]
+        ram = sum(facts.expert_bytes) + facts.embedding_bytes
+        if pinned:
+            assert abs(ram - pinned) <= 0.01 * pinned, (run["case"], ram, pinned)
+        else:
+            assert ram <= _logged(run, "CPU_Mapped", ("model",)), run["case"]
 
 
 def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
@@ -220,6 +232,32 @@ def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
     facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
     estimate = gpu_compute("ik_llama.cpp", facts, 32768, 2048, latent=True)
     assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB
-    # Mainline on Qwen3-235B widths was never measured: the estimate says so.
-    qwen3 = shape_facts(seed_shape("qwen3moe", layers=4, experts=8))
-    assert not gpu_compute("llama.cpp", qwen3, 16384, 2048, latent=False).measured
+    # R1 without the latent cache was never measured: the estimate says so.
+    assert not gpu_compute("llama.cpp", facts, 32768, 2048, latent=False).measured
+
+
+def test_a_real_vocabulary_makes_the_output_stage_the_larger() -> None:
+    """Both engines reserve every token's logits: Qwen3-Next's 151936 tokens x -ub 2048 in f32 (1.2 GiB)
+    outweigh its layers' 0.2-0.3 GiB; the slices (341 tokens) never showed it."""
+    slice_facts = shape_facts(seed_shape("qwen3next", layers=8, experts=128))
+    layers = gpu_compute("llama.cpp", slice_facts, 32768, 2048, latent=False)
+    real_vocab = replace(slice_facts, vocab=151936)
+    estimate = gpu_compute("llama.cpp", real_vocab, 32768, 2048, latent=False)
+    assert layers.bytes < 0.3 * GIB and layers.measured
+    assert estimate.bytes == 2048 * (151936 + 2048) * 4 and not estimate.measured
+    assert "output stage" in estimate.basis
+    # ik's R1 layers (6.7 GiB) stay the larger with R1's 129280 tokens.
+    r1 = replace(shape_facts(seed_shape("deepseek2", layers=8, experts=32)), vocab=129280)
+    assert gpu_compute("ik_llama.cpp", r1, 32768, 2048, latent=True).measured
+
+
+def test_the_real_expert_count_moves_prefills_expert_copy() -> None:
+    """The slices had 32 experts; the full R1 has 256: the expert tensor prefill's offload copies to the
+    GPU grows from 252 MiB to 2016 MiB (Q4_0), twice for ik's fused up/gate, once for mainline."""
+    slice_facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
+    full = shape_facts(seed_shape("deepseek2"))
+    growth = (max(full.expert_bytes) - max(slice_facts.expert_bytes)) // 3
+    assert growth == (256 - 32) * 7168 * 2048 * 18 // 32
+    for engine, tensors in (("ik_llama.cpp", 2), ("llama.cpp", 1)):
+        sliced = gpu_compute(engine, slice_facts, 32768, 2048, latent=True).bytes
+        assert gpu_compute(engine, full, 32768, 2048, latent=True).bytes - sliced == tensors * growth

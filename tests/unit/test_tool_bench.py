@@ -272,6 +272,16 @@ def test_llama_bench_json_reads_back_as_prefill_and_decode_rows() -> None:
         parse_llama_bench("error: unknown argument: -q\n")
 
 
+def test_llama_bench_json_is_read_around_ik_llama_cpps_load_lines() -> None:
+    """ik_llama.cpp prints "Computed blk.0.attn_kv_b.weight ..." on stdout between the JSON's "[" and its
+    first row (a deepseek2 model in mainline's MLA form, on the H200): `tune` failed on it before."""
+    text = (DATA / "ik-llama-bench-mla-stdout.txt").read_text()
+    assert "Computed blk.0.attn_kv_b.weight" in text.split("{", 1)[0]
+    rows = parse_llama_bench(text)
+    assert [(row.test, row.tokens) for row in rows] == [("pp512", 512), ("tg64", 64)]
+    assert rows[1].samples_tps == (34.8783,)
+
+
 def test_sweep_bench_log_reads_back_per_window() -> None:
     log = (DATA / "ik_llama.cpp-ikpy-0.1.5-sweep-bench-output.txt").read_text()
     rows = parse(tool="sweep-bench", output=ToolOutput(stdout="", stderr=log))
