@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -224,35 +224,93 @@ FlashAttention = Literal["on", "off", "auto"]
 NumaPolicy = Literal["none", "interleave", "membind", "cpunodebind"]
 
 
-class NeutralOptions(_Spec):
-    """The neutral engine options, declared once with their limits (None: the engine's default): a
-    preset and the command line give them as EngineOptions, a stack holds them (StackSpec); each
-    engine's adapter writes them in its own version's syntax."""
+def option(
+    default: int | None, *flags: str, help: str, ge: float | None = None, le: float | None = None
+) -> Any:
+    """A neutral option's one declaration: its default and limits, and how the command line spells it
+    (`flags`: typer's declarations, e.g. "--ctx-size", "-c" or "--mmap/--no-mmap") with its help."""
+    spelled: dict[str, Any] = {"flags": list(flags)}
+    return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le)
 
-    ctx_size: int = Field(default=4096, ge=128)
-    cache_type: CacheType | None = None
-    gpu_layers: int | None = Field(default=None, ge=0)  # -ngl: 99 puts every layer's attention on the GPU
-    flash_attention: FlashAttention | None = None
-    fused_moe: bool | None = None
-    mla: int | None = Field(default=None, ge=0, le=3)
+
+def option_flags(name: str) -> tuple[str, ...]:
+    """The command-line spellings of NeutralOptions' field `name`."""
+    extra = NeutralOptions.model_fields[name].json_schema_extra
+    assert isinstance(extra, dict)
+    return tuple(str(flag) for flag in extra["flags"])  # type: ignore[union-attr]
+
+
+class NeutralOptions(_Spec):
+    """The neutral engine options, declared once with their limits and command-line spellings (None:
+    the engine's default): a preset and the command line give them as EngineOptions, a stack holds
+    them (StackSpec); each engine's adapter writes them in its own version's syntax."""
+
+    ctx_size: int = option(
+        4096, "--ctx-size", "-c", help="context length (default: the preset's, else 4096)", ge=128
+    )
+    cache_type: CacheType | None = option(None, "--cache-type", help="KV cache type for K and V, e.g. q8_0")
+    # -ngl: 99 puts every layer's attention on the GPU
+    gpu_layers: int | None = option(None, "--gpu-layers", "-ngl", help="layers on the GPU (99: all)", ge=0)
+    flash_attention: FlashAttention | None = option(
+        None, "--flash-attention", help="on, off or auto (written as this engine version wants it)"
+    )
+    fused_moe: bool | None = option(
+        None, "--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)"
+    )
+    mla: int | None = option(None, "--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)", ge=0, le=3)
     # ik_llama.cpp: move a batch's CPU-resident expert matmuls to the GPU once batch × used experts ≥
     # this × all experts (its default 32 needs 512-token batches at 8 of 128 experts; 2 matches mainline).
-    moe_offload_batch: int | None = Field(default=None, ge=1)
+    moe_offload_batch: int | None = option(
+        None,
+        "--moe-offload-batch",
+        help="ik_llama.cpp: prefill batches of CPU experts go to the GPU from this size (32 × used / all "
+        "experts matches mainline)",
+        ge=1,
+    )
     # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
     # read weights converted by kt-kernel).
-    kt_method: KtMethod | None = None
+    kt_method: KtMethod | None = option(
+        None,
+        "--kt-method",
+        help="KTransformers CPU expert backend: LLAMAFILE (GGUF, any AVX2+ CPU; default), AMXINT4 or "
+        "AMXINT8 (converted weights, AMX)",
+    )
     # False: read the weights into the engine's own memory instead of mmapping the file (mainline
     # llama.cpp then keeps the CPU-side weights in the GPU's pinned host memory: faster prefill offload).
-    mmap: bool | None = None
+    mmap: bool | None = option(
+        None,
+        "--mmap/--no-mmap",
+        help="map the model file (the engine's default) or read it into the engine's memory; mainline "
+        "llama.cpp then keeps CPU weights in pinned memory: hybrid prefill 2.4-3x on the device "
+        "(default: the preset's)",
+    )
     # Server-side sampling defaults (a request's own values still win; model cards: R1 0.6 / top-p
     # 0.95; Qwen3 0.6 / 0.95 / top-k 20 / min-p 0) and batch sizes (larger -ub speeds hybrid prefill,
     # ik PR #728).
-    temperature: float | None = Field(default=None, ge=0, le=5)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    batch_size: int | None = Field(default=None, ge=1)
-    ubatch_size: int | None = Field(default=None, ge=1)
+    temperature: float | None = option(
+        None,
+        "--temperature",
+        help="server-side default temperature (default: the preset's, else the engine's)",
+        ge=0,
+        le=5,
+    )
+    top_p: float | None = option(None, "--top-p", help="server-side default top-p", ge=0, le=1)
+    top_k: int | None = option(None, "--top-k", help="server-side default top-k", ge=0)
+    min_p: float | None = option(None, "--min-p", help="server-side default min-p", ge=0, le=1)
+    batch_size: int | None = option(
+        None,
+        "--batch-size",
+        "-b",
+        help="logical batch size (default: the preset's, else the engine's)",
+        ge=1,
+    )
+    ubatch_size: int | None = option(
+        None,
+        "--ubatch-size",
+        "-ub",
+        help="physical batch size; larger speeds hybrid prefill and takes more VRAM",
+        ge=1,
+    )
 
 
 class EngineOptions(NeutralOptions):
@@ -267,7 +325,7 @@ class EngineOptions(NeutralOptions):
 # honours (Engine.honours); any other one set to other than its default is refused, never dropped.
 # The rest of StackSpec is the stack's own (image, ports, placement on the host).
 ENGINE_OPTIONS: dict[str, str] = {
-    "ctx_size": "--ctx-size",
+    **{name: option_flags(name)[0] for name in NeutralOptions.model_fields},
     "threads": "--threads",
     "parallel": "--parallel",
     "override_tensors": "--override-tensor/--experts-on-cpu",
@@ -275,20 +333,6 @@ ENGINE_OPTIONS: dict[str, str] = {
     "served_name": "--served-name",
     "jinja": "--no-jinja",
     "metrics": "--no-metrics",
-    "flash_attention": "--flash-attention",
-    "fused_moe": "--fused-moe/--no-fused-moe",
-    "mla": "--mla",
-    "gpu_layers": "--gpu-layers",
-    "cache_type": "--cache-type",
-    "moe_offload_batch": "--moe-offload-batch",
-    "mmap": "--mmap/--no-mmap",
-    "temperature": "--temperature",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "min_p": "--min-p",
-    "batch_size": "--batch-size",
-    "ubatch_size": "--ubatch-size",
-    "kt_method": "--kt-method",
     "gpu_experts": "--gpu-experts",
     "config_dir": "--config-dir",
     "trust_remote_code": "--trust-remote-code",

@@ -21,6 +21,7 @@ from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
 from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
+from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
@@ -511,7 +512,7 @@ def plan_memory(
         typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24"),
     ] = "24",
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
-    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", min=1)] = 32768,
+    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="context length")] = 32768,
     cache_type: Annotated[
         str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")
     ] = "q8_0",
@@ -520,7 +521,7 @@ def plan_memory(
     ] = False,
     engine: EngineOpt = "llama.cpp",
     ubatch_size: Annotated[
-        int, typer.Option("--ubatch-size", "-ub", min=1, help="the stack's -ub (the presets: 2048)")
+        int, typer.Option("--ubatch-size", "-ub", help="the stack's -ub (the presets: 2048)")
     ] = 512,
     mmap: Annotated[
         bool | None,
@@ -530,6 +531,8 @@ def plan_memory(
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
     weights, the KV cache (MLA latent, recurrent state), the engine's measured compute buffer."""
+    # The limits of the options a stack shares are the stack's (spec.NeutralOptions), named by flag.
+    given_options({"ctx_size": ctx_size, "cache_type": cache_type, "ubatch_size": ubatch_size, "mmap": mmap})
     vrams = float_list(vram_gb, "--vram-gb")
     facts = read_facts(check_gguf(model))
     adapter = get_engine(engine)

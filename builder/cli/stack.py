@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from builder.cli.common import EngineOpt, float_list, int_list, out
+from builder.cli.neutral import given_options, takes_neutral_options
 from builder.cli.progress import build_display
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
@@ -28,7 +29,7 @@ from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.spec import BaseImages, EngineOptions
+from builder.spec import BaseImages
 from builder.stacks.assemble import StackOptions, memory_for, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
@@ -45,6 +46,7 @@ from builder.stacks.tune_plot import plot
 from builder.stacks.tune_stack import tune_stack, tuned_document
 
 
+@takes_neutral_options
 def compose(
     model: Annotated[
         list[Path],
@@ -103,9 +105,6 @@ def compose(
             help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b; with several --model, one "
             "per model in the same order",
         ),
-    ] = None,
-    ctx_size: Annotated[
-        int | None, typer.Option("--ctx-size", "-c", help="context length (default: the preset's, else 4096)")
     ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")
@@ -174,63 +173,6 @@ def compose(
     monitoring_port: Annotated[
         int, typer.Option("--monitoring-port", help="host port of Prometheus' UI, with --monitoring")
     ] = 9090,
-    temperature: Annotated[
-        float | None,
-        typer.Option(
-            "--temperature", help="server-side default temperature (default: the preset's, else the engine's)"
-        ),
-    ] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", help="server-side default top-p")] = None,
-    top_k: Annotated[int | None, typer.Option("--top-k", help="server-side default top-k")] = None,
-    min_p: Annotated[float | None, typer.Option("--min-p", help="server-side default min-p")] = None,
-    batch_size: Annotated[
-        int | None,
-        typer.Option(
-            "--batch-size", "-b", help="logical batch size (default: the preset's, else the engine's)"
-        ),
-    ] = None,
-    ubatch_size: Annotated[
-        int | None,
-        typer.Option(
-            "--ubatch-size",
-            "-ub",
-            help="physical batch size; larger speeds hybrid prefill and takes more VRAM",
-        ),
-    ] = None,
-    flash_attention: Annotated[
-        str | None,
-        typer.Option("--flash-attention", help="on, off or auto (written as this engine version wants it)"),
-    ] = None,
-    fused_moe: Annotated[
-        bool | None,
-        typer.Option("--fused-moe/--no-fused-moe", help="ik_llama.cpp's fused MoE (default: the engine's)"),
-    ] = None,
-    moe_offload_batch: Annotated[
-        int | None,
-        typer.Option(
-            "--moe-offload-batch",
-            help="ik_llama.cpp: prefill batches of CPU experts go to the GPU from this size (32 × used / all "
-            "experts matches mainline)",
-        ),
-    ] = None,
-    mmap: Annotated[
-        bool | None,
-        typer.Option(
-            "--mmap/--no-mmap",
-            help="map the model file (the engine's default) or read it into the engine's memory; mainline "
-            "llama.cpp then keeps CPU weights in pinned memory: hybrid prefill 2.4-3x on the device "
-            "(default: the preset's)",
-        ),
-    ] = None,
-    mla: Annotated[
-        int | None, typer.Option("--mla", help="ik_llama.cpp MLA mode 0-3 (DeepSeek models)")
-    ] = None,
-    gpu_layers: Annotated[
-        int | None, typer.Option("--gpu-layers", "-ngl", help="layers on the GPU (99: all)")
-    ] = None,
-    cache_type: Annotated[
-        str | None, typer.Option("--cache-type", help="KV cache type for K and V, e.g. q8_0")
-    ] = None,
     numa: Annotated[
         str,
         typer.Option(
@@ -248,14 +190,6 @@ def compose(
             "--config-dir",
             help="KTransformers: the model's Hugging Face directory (config.json, tokenizer), mounted "
             "read-only",
-        ),
-    ] = None,
-    kt_method: Annotated[
-        str | None,
-        typer.Option(
-            "--kt-method",
-            help="KTransformers CPU expert backend: LLAMAFILE (GGUF, any AVX2+ CPU; default), AMXINT4 or "
-            "AMXINT8 (converted weights, AMX)",
         ),
     ] = None,
     trust_remote_code: Annotated[
@@ -316,25 +250,9 @@ def compose(
         typer.Option("--start-period", help="seconds the model may take to load (default: from its size)"),
     ] = None,
     engine_args: Annotated[list[str] | None, typer.Argument(help="extra engine flags, after --")] = None,
+    **neutral: Any,
 ) -> None:
     """Emit a compose file that serves MODEL with ENGINE's image."""
-    given = {
-        "ctx_size": ctx_size,
-        "flash_attention": flash_attention,
-        "fused_moe": fused_moe,
-        "mla": mla,
-        "mmap": mmap,
-        "moe_offload_batch": moe_offload_batch,
-        "kt_method": kt_method,
-        "gpu_layers": gpu_layers,
-        "cache_type": cache_type,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "min_p": min_p,
-        "batch_size": batch_size,
-        "ubatch_size": ubatch_size,
-    }
     presets = list(preset or [])
     if presets and len(presets) != len(model):
         raise SpecError(
@@ -357,9 +275,7 @@ def compose(
                 "port": port,
                 "bind": bind,
                 "preset": presets[index] if presets else None,
-                "engine_options": EngineOptions.model_validate(
-                    {k: v for k, v in given.items() if v is not None}
-                ),
+                "engine_options": given_options(neutral),
                 "threads": threads,
                 "parallel": parallel,
                 "override_tensors": tuple(override_tensor or ()),

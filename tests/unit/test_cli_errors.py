@@ -192,6 +192,22 @@ def test_pull_from_nowhere_says_so(source: str, needle: str) -> None:
     assert_one_line_error(run_cli("pull", "--from", source), needle)
 
 
+@pytest.mark.cli
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--ctx-size", "64"], "--ctx-size: Input should be greater than or equal to 128"),
+        (["--cache-type", "q9"], "--cache-type: Input should be 'f32'"),
+        (["--ubatch-size", "0"], "--ubatch-size: Input should be greater than or equal to 1"),
+    ],
+)
+def test_plan_holds_the_limits_a_stack_has(tmp_path: Path, args: list[str], needle: str) -> None:
+    """`plan` takes its options' limits from the same declaration as `compose` (spec.NeutralOptions)."""
+    model = tmp_path / "m.gguf"
+    run_cli("synth-moe", str(model), "--tiny")
+    assert_one_line_error(run_cli("plan", str(model), *args), needle)
+
+
 def test_the_default_registry_is_said_to_hold_nothing_yet() -> None:
     """Nothing is published to ghcr.io/moe-stack until images.yml has run: `pull` says so, and what to do."""
     said = no_variants("ghcr.io/moe-stack/llama-cpp", "ghcr.io/moe-stack")

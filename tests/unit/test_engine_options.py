@@ -11,7 +11,9 @@ import pytest
 import typer
 
 from builder import spec
+from builder.cli import stack as cli_stack
 from builder.cli.main import app
+from builder.cli.neutral import PANEL
 from builder.engines import engine_names, get_engine
 from builder.errors import StackError
 from builder.platform.flags import option_names
@@ -218,6 +220,24 @@ def test_each_neutral_option_is_declared_once() -> None:
     for name in spec.NeutralOptions.model_fields:
         assert declared[name] == ["NeutralOptions"], (name, declared[name])
         assert repr(spec.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
+
+
+def test_compose_takes_each_neutral_option_from_its_declaration() -> None:
+    """The compose verb declares none of them itself: each typer option is made from NeutralOptions'
+    field (its spellings and help), in one help panel; a value is checked by the field's limits."""
+    tree = ast.parse(Path(cli_stack.__file__).read_text())
+    verb = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "compose")
+    written = {arg.arg for arg in (*verb.args.args, *verb.args.kwonlyargs)}
+    by_hand = written & set(spec.NeutralOptions.model_fields)
+    assert not by_hand, by_hand
+    command = typer.main.get_command(app).commands["compose"]  # type: ignore[attr-defined]
+    params = {param.name: param for param in command.params}
+    for name, field in spec.NeutralOptions.model_fields.items():
+        param = params[name]
+        spelled = tuple(flag for declared in spec.option_flags(name) for flag in declared.split("/"))
+        assert (*param.opts, *param.secondary_opts) == spelled, name
+        assert param.help == field.description and param.default is None, name
+        assert getattr(param, "rich_help_panel", None) == PANEL, name
 
 
 def test_every_spelling_an_error_names_is_an_option_of_compose() -> None:
