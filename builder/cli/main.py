@@ -47,10 +47,11 @@ from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
+from builder.models.formats import GGUF
 from builder.models.hub import fetch as fetch_from_hub
 from builder.models.hub import size_problems
-from builder.models.model_files import check_gguf, fetch_demo_model
-from builder.models.planner import GIB, model_bytes, read_facts, size, split_parts
+from builder.models.model_files import fetch_demo_model
+from builder.models.planner import GIB, size
 from builder.models.planner import plan as make_plan
 from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
@@ -534,8 +535,8 @@ def plan_memory(
     # The limits of the options a stack shares are the stack's (spec.NeutralOptions), named by flag.
     given_options({"ctx_size": ctx_size, "cache_type": cache_type, "ubatch_size": ubatch_size, "mmap": mmap})
     vrams = float_list(vram_gb, "--vram-gb")
-    facts = read_facts(check_gguf(model))
     adapter = get_engine(engine)
+    facts = adapter.model_format.facts(adapter.check_model(model))
     latent = adapter.caches_latent(3 if mla else None)
     compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
     result = make_plan(
@@ -650,8 +651,8 @@ def doctor(
         docker_ok=client is not None,
         gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
         free_disk_bytes=shutil.disk_usage(Path.home()).free,
-        model_bytes=model_bytes(check_gguf(model)) if model else None,
-        model_problems=size_problems(split_parts(check_gguf(model))) if model else None,
+        model_bytes=GGUF.size(GGUF.check(model)) if model else None,
+        model_problems=size_problems(GGUF.parts(GGUF.check(model))) if model else None,
         cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None,
     )
     if as_json:

@@ -23,10 +23,11 @@ from builder.contract import MODEL_DIR
 from builder.distribute.bundle_trust import check_local_names, check_tags, saved_image_tags
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.docker_client import describe, docker
+from builder.engines import get_engine
 from builder.errors import MoeStackError, StackError
 from builder.files import write_file_atomically
+from builder.models.formats import FORMATS
 from builder.models.hub import recorded
-from builder.models.planner import split_parts
 from builder.safe_tar import UnsafeArchive, extract_files
 from builder.stacks.document import to_yaml
 from builder.stacks.escaping import unliteral
@@ -38,7 +39,9 @@ MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
 _CHUNK = 16 << 20
 _SMALL_MEMBER = 1 << 20  # manifest.json and compose.yaml
 # A model part's file name: no directories, no leading dot, nothing a path could be made of.
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.gguf")
+_MODEL_NAME = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}(?:" + "|".join(re.escape(f.suffix) for f in FORMATS) + ")"
+)
 
 
 class BundleError(MoeStackError):
@@ -66,12 +69,13 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         raise BundleError(
             f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
         )
-    model = read_record(document, compose_file).model
+    record = read_record(document, compose_file)
+    model = record.model
     if not model.is_file():
         raise BundleError(
             f"model {model} named by {compose_file} does not exist here; the bundle records its checksum"
         )
-    parts = {part.name: part for part in split_parts(model)}
+    parts = {part.name: part for part in get_engine(record.engine).model_format.parts(model)}
     for name, source in _model_sources(document):  # a router's other models, a cache's links
         if parts.setdefault(name, source).resolve() != source.resolve():
             raise BundleError(
@@ -296,7 +300,10 @@ def _manifest(bundle: Path, staging: Path) -> dict:
         isinstance(m, dict) and isinstance(m.get("name"), str) and _MODEL_NAME.fullmatch(m["name"])
         for m in models
     ):
-        raise BundleError(f"bundle {bundle}: its manifest names a model that is not a plain *.gguf file name")
+        suffixes = ", ".join("*" + f.suffix for f in FORMATS)
+        raise BundleError(
+            f"bundle {bundle}: its manifest names a model that is not a plain model file name ({suffixes})"
+        )
     if not all(
         isinstance(m.get("bytes"), int)
         and isinstance(m.get("sha256"), str)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
-from builder.models.model_files import check_gguf
+from builder.models.formats import GGUF, ModelFormat
 from builder.platform.pins import pinned_ref
 from builder.platform.toolchain import Toolchain, toolchain
 from builder.spec import (
@@ -45,6 +45,7 @@ class Engine(ABC):
     server_label: str  # what the image serves, for its description
     source_hint: str  # what else --source accepts for it, for error messages
     sdist_subdir: str = ""  # the engine tree inside an sdist that vendors it
+    model_format: ModelFormat = GGUF  # the files it loads (every engine here reads GGUF)
     # Whether llama.cpp-style -ot rules place its tensors (KTransformers places experts itself).
     takes_override_rules: bool = True
     # Whether it binds its own threads' memory to NUMA nodes (kt-kernel's thread pools, through hwloc):
@@ -173,9 +174,9 @@ class Engine(ABC):
         )
 
     def check_model(self, path: Path) -> Path:
-        """The model file this engine loads, checked (every engine here reads GGUF; the path resolved
-        as model_files.check_gguf does); SpecError when it is not one."""
-        return check_gguf(path)
+        """The model file this engine loads, checked and resolved by its format; ModelError when it is
+        not one."""
+        return self.model_format.check(path)
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""

@@ -23,7 +23,7 @@ from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
-from builder.models.planner import GIB, kv_cache_bytes, model_bytes, read_facts
+from builder.models.planner import GIB, kv_cache_bytes
 from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
@@ -94,7 +94,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     adapter = get_engine(options.engine)
     model = adapter.check_model(options.model)
     if options.preset is not None:
-        check_model_architecture(options.preset, read_facts(model).arch, model)
+        check_model_architecture(options.preset, adapter.model_format.facts(model).arch, model)
     engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()
@@ -113,7 +113,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
             )
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-        facts, latent = read_facts(model), adapter.caches_latent(engine_options.mla)
+        facts, latent = adapter.model_format.facts(model), adapter.caches_latent(engine_options.mla)
         reserve = gpu_reserve(
             adapter.name, facts, engine_options.ctx_size, engine_options.ubatch_size or DEFAULT_UBATCH, latent
         )
@@ -151,7 +151,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         parallel=options.parallel,
         override_tensors=tuple(dict.fromkeys(rules)),
         chat_template=options.chat_template,
-        served_name=options.served_name or options.preset or served_name_for(model),
+        served_name=options.served_name
+        or options.preset
+        or served_name_for(adapter.model_format.stem(model)),
         jinja=options.jinja,
         metrics=options.metrics,
         monitoring_port=options.monitoring_port,
@@ -172,7 +174,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         api_key_file=options.api_key_file,
         trust_remote_code=options.trust_remote_code,
         extra_args=options.engine_args,
-        start_period_s=options.start_period_s or start_period_for(model_bytes(model)),
+        start_period_s=options.start_period_s or start_period_for(adapter.model_format.size(model)),
     ).with_options(engine_options)
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
@@ -181,22 +183,22 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
 
 def memory_for(stack: StackSpec) -> int:
     """RAM the stack's model takes on its host: every file of it, and the KV cache where no GPU holds it."""
-    needed = model_bytes(stack.model)
+    adapter = get_engine(stack.engine)
+    needed = adapter.model_format.size(stack.model)
     if stack.gpu == "none":
         needed += kv_cache_bytes(
-            read_facts(stack.model),
+            adapter.model_format.facts(stack.model),
             stack.ctx_size,
             stack.cache_type or "f16",
-            get_engine(stack.engine).caches_latent(stack.mla),
+            adapter.caches_latent(stack.mla),
             stack.parallel,
         )
     return needed
 
 
-def served_name_for(model: Path) -> str:
-    """The model's name in the API when none is given: its file name without `.gguf` and the split
-    suffix (`DeepSeek-R1-IQ4_XS-00001-of-00009.gguf` → `DeepSeek-R1-IQ4_XS`)."""
-    stem = re.sub(r"-\d{5}-of-\d{5}$", "", model.name.removesuffix(".gguf"))
+def served_name_for(stem: str) -> str:
+    """The model's name in the API when none is given: its file's stem (the format's, without suffix and
+    split numbering), in the characters an API name takes."""
     return re.sub(r"[^A-Za-z0-9._:/+-]", "-", stem).lstrip("._:/+-")[:128] or "model"
 
 
@@ -256,14 +258,15 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     if options.hugepages:
         check_hugepages_reserved(host)
     if options.hugetlbfs != "off":
-        check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], model_bytes(model))
+        size = get_engine(options.engine).model_format.size(model)
+        check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], size)
     return where
 
 
 def check_architecture(facts: ImageFacts, model: Path) -> None:
     """StackError when the image's engine can't load `model`'s architecture (its tree names no such one),
     saying whether the pinned version's image can."""
-    arch = read_facts(model).arch
+    arch = get_engine(facts.engine).model_format.facts(model).arch
     if not facts.architectures or arch in facts.architectures:
         return
     pinned = recorded_contract(facts.engine)

@@ -9,10 +9,10 @@ import stat
 from pathlib import Path
 
 from builder.contract import IMAGE_UID, MODEL_DIR
+from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
-from builder.models.planner import split_parts
 from builder.platform.targets import best_cpu_target
 from builder.spec import StackSpec
 from builder.stacks.document import StackFiles, directory_mount
@@ -28,7 +28,7 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
     model = stack.model.parent.resolve() / stack.model.name
-    mounts = model_mounts(model)
+    mounts = model_mounts(model, get_engine(stack.engine).model_format.parts(model))
     check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
@@ -41,7 +41,8 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     refused), checked readable by the engine's user; the API key as for one model."""
     mounts: dict[str, dict[str, object]] = {}
     for model in models:
-        for part in split_parts(model.model.parent.resolve() / model.model.name):
+        named = model.model.parent.resolve() / model.model.name
+        for part in get_engine(model.engine).model_format.parts(named):
             source = part.resolve()
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"
@@ -54,11 +55,10 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     return StackFiles(model=single.model, mounts=list(mounts.values()), api_key=single.api_key)
 
 
-def model_mounts(model: Path) -> list[dict[str, object]]:
-    """The model's mounts: its directory at /models, read-only; or, where its (split) files are links
-    out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each file's
-    target mounted under its own name, so the engine sees the names and nothing else of the cache."""
-    parts = split_parts(model)
+def model_mounts(model: Path, parts: list[Path]) -> list[dict[str, object]]:
+    """The mounts of `model` (its files: `parts`): its directory at /models, read-only; or, where its
+    files are links out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each
+    file's target mounted under its own name, so the engine sees the names and nothing else of the cache."""
     if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
         return [
             {

@@ -10,7 +10,7 @@ from typing import Literal
 
 from builder.engines import get_engine
 from builder.errors import SpecError
-from builder.models.planner import read_facts, size
+from builder.models.planner import size
 from builder.spec import StackSpec
 from builder.stacks.document import engine_pins
 
@@ -25,7 +25,7 @@ def pinned_bytes(stack: StackSpec) -> int:
     routed experts and the token embeddings."""
     if not engine_pins(stack):
         return 0
-    facts = read_facts(stack.model)
+    facts = get_engine(stack.engine).model_format.facts(stack.model)
     return sum(facts.expert_bytes) + facts.embedding_bytes
 
 

@@ -17,7 +17,6 @@ from builder.engines import bench_engine
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
-from builder.models.planner import read_facts
 from builder.platform.flags import parse_help
 from builder.stacks.escaping import literal, unliteral
 from builder.stacks.record import read_record
@@ -139,7 +138,7 @@ def tune_stack(
     return Tuned(
         result=result,
         bandwidth_gbps=bandwidth,
-        bytes_per_token=read_facts(model).read_per_token(hybrid),
+        bytes_per_token=bench_engine(engine).model_format.facts(model).read_per_token(hybrid),
         hybrid=hybrid,
     )
 

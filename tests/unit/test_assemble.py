@@ -13,6 +13,7 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import short_ref
+from builder.models.formats import GGUF
 from builder.models.planner import GIB, kv_cache_bytes, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
@@ -142,8 +143,9 @@ def test_served_name_defaults_to_the_preset_else_the_models_name(
         == "qwen3-235b-a22b"
     )
     assert assemble_stack(StackOptions(model=model, served_name="mine"), epyc).served_name == "mine"
-    assert served_name_for(Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")) == "DeepSeek-R1-IQ4_XS"
-    assert served_name_for(Path("/m/_odd name!.gguf")) == "odd-name-"
+    split = Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")
+    assert served_name_for(GGUF.stem(split)) == "DeepSeek-R1-IQ4_XS"
+    assert served_name_for(GGUF.stem(Path("/m/_odd name!.gguf"))) == "odd-name-"
 
 
 def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(

@@ -152,3 +152,36 @@ def test_the_rule_catches_a_wrong_import(module: str, target: str) -> None:
             raise AssertionError(f"{module} importing {target} was not reported")
     finally:
         GRAPH[module].discard(target)
+
+
+# What reads a model file's own format: an adapter's ModelFormat (builder.models.formats) is the way
+# above the engines; the CLI's `doctor` names GGUF itself (its --model is "a GGUF").
+FORMAT_READERS = {
+    "builder.models.planner.read_facts",
+    "builder.models.planner.split_parts",
+    "builder.models.planner.model_bytes",
+    "builder.models.model_files.check_gguf",
+}
+
+
+def test_above_the_engines_a_model_is_read_through_its_adapters_format() -> None:
+    """stacks/ and distribute/ ask the engine's adapter (Engine.model_format) for a model's facts, files,
+    size and name; none imports a GGUF reader or spells the suffix."""
+    wrong = []
+    for module in MODULES:
+        if _group(module) not in ("stacks", "distribute"):
+            continue
+        wrong += [f"{module} imports {name}" for name in GRAPH[module] & FORMAT_READERS]
+        path = ROOT.parent / module.replace(".", "/")
+        source = (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
+        wrong += [f"{module} spells .gguf"] if '.gguf"' in source or ".gguf'" in source else []
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_the_format_rule_catches_a_direct_reader() -> None:
+    GRAPH["builder.stacks.assemble"].add("builder.models.planner.read_facts")
+    try:
+        with pytest.raises(AssertionError, match="builder.stacks.assemble imports builder.models.planner"):
+            test_above_the_engines_a_model_is_read_through_its_adapters_format()
+    finally:
+        GRAPH["builder.stacks.assemble"].discard("builder.models.planner.read_facts")

@@ -144,7 +144,7 @@ def _bundle(path: Path, manifest: dict | None, extra: list | None = None) -> Pat
                 ],
             },
             [],
-            "not a plain \\*.gguf file name",
+            "not a plain model file name \\(\\*.gguf\\)",
         ),
         (None, [("sym", "models/a.gguf", "/etc/passwd")], "is a link or special file"),
         (None, [("dir", "models", ""), ("sym", "models/x", "..")], "not one a moe-stack bundle holds"),
