@@ -573,7 +573,7 @@ def tune(
             highlight=False,
         )
     document = yaml.safe_load(compose_file.read_text())
-    name, _ = engine_service(document, compose_file, profile)
+    name = engine_service(document, compose_file, profile).name
     target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
     path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
     out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)

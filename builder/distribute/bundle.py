@@ -19,7 +19,6 @@ from pathlib import Path
 import yaml
 from python_on_whales.exceptions import DockerException
 
-from builder.contract import MODEL_DIR
 from builder.distribute.bundle_trust import check_local_names, check_tags, saved_image_tags
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.docker_client import describe, docker
@@ -30,9 +29,9 @@ from builder.models.formats import FORMATS
 from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
 from builder.stacks.document import to_yaml
-from builder.stacks.escaping import unliteral
 from builder.stacks.host_checks import check_readable_in_container
 from builder.stacks.record import read_record
+from builder.stacks.services import read_services
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -61,7 +60,7 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
     document = _stack_document(compose_file)
     # By name: a pinned digest is the registry's, and the manifest records the local ID.
     images = sorted(
-        {unliteral(str(service["image"])).split("@")[0] for service in document["services"].values()}
+        {service.image.split("@")[0] for service in read_services(document, compose_file).values()}
     )
     client = docker()
     absent = [image for image in images if not client.image.exists(image)]
@@ -234,13 +233,8 @@ def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadCho
 
 def _model_sources(document: dict) -> list[tuple[str, Path]]:
     """The model files a stack mounts one by one, as (NAME of /models/NAME, host file)."""
-    sources = []
-    for service in (document.get("services") or {}).values():
-        for volume in service.get("volumes") or []:
-            target = str(volume.get("target", "")) if isinstance(volume, dict) else ""
-            if target.startswith(f"{MODEL_DIR}/"):
-                sources.append((target.removeprefix(f"{MODEL_DIR}/"), Path(unliteral(str(volume["source"])))))
-    return list(dict.fromkeys(sources))
+    services = read_services(document).values()
+    return list(dict.fromkeys(file for service in services for file in service.model_files))
 
 
 def _stack_document(compose_file: Path) -> dict:

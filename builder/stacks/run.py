@@ -15,6 +15,7 @@ from builder.errors import StackError
 from builder.stacks.escaping import unliteral
 from builder.stacks.host_checks import check_port_free
 from builder.stacks.record import read_record
+from builder.stacks.services import Service, read_services
 
 
 def _require(compose_file: Path) -> Path:
@@ -53,12 +54,8 @@ def _offered(document: dict) -> list[str]:
 def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:
     """(host address, port) pairs the stack publishes."""
     document = document if document is not None else read_stack(compose_file)
-    pairs = []
-    for service in (document.get("services") or {}).values():
-        for port in service.get("ports") or []:
-            if isinstance(port, dict) and port.get("published"):
-                pairs.append((port.get("host_ip") or "0.0.0.0", int(port["published"])))
-    return sorted(set(pairs))  # the gpu and cpu profiles publish the same port
+    services = read_services(document, compose_file).values()
+    return sorted({pair for service in services for pair in service.ports})  # gpu and cpu: the same port
 
 
 def stack_api_key(compose_file: Path) -> str | None:
@@ -98,28 +95,22 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
         ) from None
 
 
-def _active(document: dict, profiles: list[str]) -> dict[str, dict]:
+def _active(document: dict, profiles: list[str]) -> list[Service]:
     """The services that run under `profiles` (those without a profile always do)."""
-    return {
-        name: service
-        for name, service in (document.get("services") or {}).items()
-        if not service.get("profiles") or set(profiles) & set(service["profiles"])
-    }
+    return [service for service in read_services(document).values() if service.runs_under(profiles)]
 
 
 def _missing_images(document: dict, profiles: list[str]) -> list[str]:
     """The images of the services `profiles` run that this Docker doesn't have."""
-    images = [unliteral(str(service.get("image", ""))) for service in _active(document, profiles).values()]
+    images = [service.image for service in _active(document, profiles)]
     return [image for image in dict.fromkeys(images) if not docker().image.exists(image)]
 
 
 def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
     """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
-    for name, service in _active(document, profiles).items():
-        devices = (((service.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get(
-            "devices"
-        )
-        if devices and not gpu_passthrough_available(docker()):
+    for service in _active(document, profiles):
+        name = service.name
+        if service.wants_gpu and not gpu_passthrough_available(docker()):
             other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
             raise StackError(
                 f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
@@ -131,9 +122,9 @@ def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
 def _check_local_images(document: dict, profiles: list[str]) -> None:
     """An image made on this host is never pulled (its name would resolve to Docker Hub): say how to
     make a missing one, rather than let compose fail on `pull_policy: never`."""
-    for name, service in _active(document, profiles).items():
-        image = unliteral(str(service.get("image", "")))
-        if service.get("pull_policy") == "never" and not docker().image.exists(image):
+    for service in _active(document, profiles):
+        name, image = service.name, service.image
+        if service.pull_never and not docker().image.exists(image):
             how = (
                 "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
             )

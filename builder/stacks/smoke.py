@@ -17,9 +17,9 @@ from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.document import CPU_SERVICE, SERVICE
-from builder.stacks.escaping import unliteral
 from builder.stacks.record import Served, StackRecord, read_record
 from builder.stacks.run import published_ports, stack_api_key, up
+from builder.stacks.services import Service, service_named
 
 TOOL = {
     "type": "function",
@@ -44,13 +44,13 @@ class StackUnderTest:
 
     document: dict
     name: str
-    service: dict
+    service: Service
     api: EngineApi
     container: Container | None
 
     @property
     def command(self) -> list[str]:
-        return [unliteral(str(arg)) for arg in self.service.get("command") or []]
+        return list(self.service.command)
 
     @property
     def record(self) -> StackRecord:
@@ -81,7 +81,7 @@ def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int =
 def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     document = yaml.safe_load(compose_file.read_text()) or {}
     name = CPU_SERVICE if profile == "cpu" else SERVICE
-    service = (document.get("services") or {})[name]
+    service = service_named(document, name, compose_file)
     (bind, port), *_ = published_ports(compose_file, document)
     api = EngineApi(
         port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300
@@ -164,14 +164,14 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
     allowed = _cpus(re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.MULTILINE))
     seen = [f"{len(allowed)} CPUs allowed"]
     ok = True
-    if stack.service.get("cpuset"):
-        wanted = _cpus_of(str(stack.service["cpuset"]))
+    if stack.service.cpuset:
+        wanted = _cpus_of(stack.service.cpuset)
         ok &= allowed == wanted
-        seen.append(f"cpuset {stack.service['cpuset']} {'holds' if allowed == wanted else 'differs'}")
+        seen.append(f"cpuset {stack.service.cpuset} {'holds' if allowed == wanted else 'differs'}")
     if stack.served is not None:
         ok &= stack.served.threads <= len(allowed)
         seen.append(f"{stack.served.threads} threads")
-    policy = str((stack.service.get("environment") or {}).get(NUMA_ENV, "none"))
+    policy = stack.service.environment.get(NUMA_ENV, "none")
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
         kind = (
@@ -189,7 +189,7 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
-    if not (stack.service.get("deploy") or {}).get("resources"):
+    if not stack.service.wants_gpu:
         return True, "not asked: a CPU-only stack"
     if stack.container is None:
         return False, "no running container of the service"

@@ -22,24 +22,21 @@ from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
 from builder.stacks.document import CPU_SERVICE, SERVICE, to_yaml
-from builder.stacks.escaping import literal, unliteral
+from builder.stacks.escaping import literal
 from builder.stacks.record import read_record
 from builder.stacks.run import read_stack
+from builder.stacks.services import Service, service_named
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 
 
-def engine_service(document: dict, compose_file: Path, profile: str | None) -> tuple[str, dict]:
+def engine_service(document: dict, compose_file: Path, profile: str | None) -> Service:
     """The engine service of a stack file (its CPU-only one for `profile` cpu)."""
-    name = CPU_SERVICE if profile == "cpu" else SERVICE
-    service = (document.get("services") or {}).get(name)
-    if service is None:
-        raise StackError(f"{compose_file} has no {name} service; emit it with `moe-stack compose`")
-    return name, service
+    return service_named(document, CPU_SERVICE if profile == "cpu" else SERVICE, compose_file)
 
 
 def tool_document(document: dict, service_name: str, image: str, command: list[str]) -> dict:
     """The stack's file reduced to its engine service running `command` from `image`."""
-    service = copy.deepcopy(document["services"][service_name])
+    service = copy.deepcopy(service_named(document, service_name).document)
     for key in ("ports", "depends_on", "profiles", "restart"):
         service.pop(key, None)
     service.update(image=image, command=[literal(arg) for arg in command], healthcheck={"disable": True})
@@ -77,7 +74,7 @@ class ContainerRunner:
 
     def _run(self, command: list[str], env: dict[str, str] | None = None) -> ToolOutput:
         document = read_stack(self.compose_file)
-        name, _ = engine_service(document, self.compose_file, self.profile)
+        name = engine_service(document, self.compose_file, self.profile).name
         derived = to_yaml(tool_document(document, name, self.image, command))
         fd, path = tempfile.mkstemp(prefix=".moe-stack-tool-", suffix=".yaml", dir=self.compose_file.parent)
         with os.fdopen(fd, "w") as handle:
@@ -131,14 +128,14 @@ class ToolBench:
 
 def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
-    _, service = engine_service(document, compose_file, profile)
+    service = engine_service(document, compose_file, profile)
     record = read_record(document, compose_file)
-    args = [unliteral(str(arg)) for arg in service.get("command") or []]
+    args = list(service.command)
     if record.models:
         raise StackError(
             f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)"
         )
-    return record.engine, str(service["image"]), args
+    return record.engine, service.image, args
 
 
 def bench_with_tool(

@@ -18,9 +18,10 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.escaping import literal, unliteral
+from builder.stacks.escaping import literal
 from builder.stacks.record import read_record
 from builder.stacks.run import read_stack
+from builder.stacks.services import service_named
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
 from builder.stacks.tune import Objective, Tuner, TuneResult
@@ -85,7 +86,8 @@ def tune_stack(
     document = read_stack(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
     bench_engine(engine)  # an engine with llama-bench, else one line
-    name, service = engine_service(document, compose_file, profile)
+    service = engine_service(document, compose_file, profile)
+    name = service.name
     record = read_record(document, compose_file)
     model = record.model
     if not model.is_file():
@@ -110,8 +112,7 @@ def tune_stack(
         raise StackError(
             "the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`"
         )
-    environment = {str(k): unliteral(str(v)) for k, v in (service.get("environment") or {}).items()}
-    env = {NUMA_ENV: environment.get(NUMA_ENV, "none")}
+    env = {NUMA_ENV: service.environment.get(NUMA_ENV, "none")}
     served = record.serves.get(name)
     if served is None:
         raise StackError(
@@ -158,7 +159,7 @@ def tuned_document(
     service = derived["services"][service_name]
     service["command"] = [literal(arg) for arg in result.best.args]
     numa = result.best.env.get(NUMA_ENV)
-    if numa is not None and numa != (service.get("environment") or {}).get(NUMA_ENV, "none"):
+    if numa is not None and numa != service_named(document, service_name).environment.get(NUMA_ENV, "none"):
         service.setdefault("environment", {})[NUMA_ENV] = numa
     served = read_record(document).serves.get(service_name)
     if served is not None and str(result.best.values.get("threads", "")).isdigit():  # the winner's --threads
