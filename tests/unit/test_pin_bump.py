@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from builder.platform.pins import Bump, bump_pins, load_pins
+from tests.repo_copy import tracked_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github/workflows/refs.yml"
@@ -25,24 +25,9 @@ def _step(name: str) -> dict:
     return next(step for step in steps if step.get("name") == name)
 
 
-def _copy(into: Path) -> Path:
-    """The repository's tracked files (what the workflow checks out)."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
-        source, target = ROOT / name, into / name
-        if source.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], cwd=into, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=into, check=True)
-    subprocess.run([*git, "commit", "-qm", "as checked out"], cwd=into, check=True)
-    return into
-
-
 @pytest.mark.lint  # slow: it runs the unit suite again, in the copy
 def test_a_pin_bump_keeps_the_suite_green(tmp_path: Path) -> None:
-    repo = _copy(tmp_path / "repo")
+    repo = tracked_copy(tmp_path / "repo")
     pins_file = repo / "dockerfiles/pins.yaml"
     pins = load_pins()
     new = {"llama.cpp": "b99999", "ik_llama.cpp": "a" * 40, "ktransformers": "0.9.9"}

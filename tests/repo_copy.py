@@ -1,0 +1,24 @@
+"""A copy of the repository's tracked files (what a workflow checks out), committed in a fresh git
+repository, for tests that change the project itself and run it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+
+
+def tracked_copy(into: Path) -> Path:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        source, target = ROOT / name, into / name
+        if source.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    subprocess.run([*GIT, "init", "-q"], cwd=into, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=into, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "as checked out"], cwd=into, check=True)
+    return into
