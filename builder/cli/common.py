@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,14 @@ from builder.errors import SpecError
 # as a tag and fail); the few styled cells build their Text explicitly (Text.from_markup + escape).
 out = Console(markup=False)
 EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=f"one of {', '.join(engine_names())}")]
+PresetsFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--presets",
+        help="your own presets file (the schema of compose/presets.yaml), merged over the packaged presets: "
+        "new names added, a packaged name's keys changed (default: $MOE_STACK_PRESETS)",
+    ),
+]
 
 
 def raw_stderr(line: str) -> None:

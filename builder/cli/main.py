@@ -20,7 +20,7 @@ from typer.exceptions import TyperException
 from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
-from builder.cli.common import EngineOpt, float_list, int_list, out, raw_stderr
+from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, raw_stderr
 from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
@@ -57,6 +57,7 @@ from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
+from builder.stacks.presets import load_presets
 
 app = typer.Typer(
     name="moe-stack",
@@ -501,6 +502,23 @@ def synth_moe(
         f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
         "other weights from VRAM (all experts on the CPU)"
     )
+
+
+@app.command("presets")
+def list_presets(
+    presets_file: PresetsFileOpt = None,
+) -> None:
+    """List the model presets `compose --preset` takes: the packaged ones and your own."""
+    table = Table("preset", "architecture", "engines", "model", "from", box=None)
+    for preset in load_presets(presets_file).values():
+        table.add_row(
+            preset.name,
+            preset.architecture,
+            ", ".join(preset.engines),
+            escape(preset.description),
+            escape(str(preset.source)),
+        )
+    out.print(table)
 
 
 @app.command("plan")

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from builder.cli.common import EngineOpt, float_list, int_list, out
+from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out
 from builder.cli.neutral import given_options, takes_neutral_options
 from builder.cli.progress import build_display
 from builder.engines import engine_names, get_engine
@@ -106,6 +106,7 @@ def compose(
             "per model in the same order",
         ),
     ] = None,
+    presets_file: PresetsFileOpt = None,
     threads: Annotated[
         int | None, typer.Option("--threads", "-t", help="engine threads (default: physical cores)")
     ] = None,
@@ -275,6 +276,7 @@ def compose(
                 "port": port,
                 "bind": bind,
                 "preset": presets[index] if presets else None,
+                "presets_file": presets_file,
                 "engine_options": given_options(neutral),
                 "threads": threads,
                 "parallel": parallel,

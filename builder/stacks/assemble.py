@@ -45,6 +45,7 @@ class StackOptions(BaseModel):
     port: int = 8080
     bind: str = "127.0.0.1"
     preset: str | None = None
+    presets_file: Path | None = None  # the user's presets, merged over the packaged ones
     engine_options: EngineOptions = EngineOptions()  # the fields set here override the preset's
     threads: int | None = None
     parallel: int = 1
@@ -94,8 +95,11 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     adapter = get_engine(options.engine)
     model = adapter.check_model(options.model)
     if options.preset is not None:
-        check_model_architecture(options.preset, adapter.model_format.facts(model).arch, model)
-    engine_options, preset_rules = merge_options(options.preset, adapter.name, options.engine_options)
+        arch = adapter.model_format.facts(model).arch
+        check_model_architecture(options.preset, arch, model, options.presets_file)
+    engine_options, preset_rules = merge_options(
+        options.preset, adapter.name, options.engine_options, options.presets_file
+    )
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()
     if options.placement == "fit":

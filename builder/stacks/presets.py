@@ -3,6 +3,7 @@ stacks emitted from them into compose/ (an EPYC 9374F, 32 Zen 4 cores with SMT, 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,12 @@ from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.document import cpu_only, start_period_for, to_yaml
 
+# A presets file of the user's own (the packaged one's schema), merged over the packaged presets: by
+# `compose --presets FILE`, else this variable.
+PRESETS_ENV = "MOE_STACK_PRESETS"
+# A preset's keys that describe its model rather than set a stack option.
+_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -29,6 +36,7 @@ class Preset:
     example_size_gb: int
     options: dict[str, object]  # neutral engine options common to all engines, and experts_on_cpu
     engines: dict[str, dict[str, object]]  # per-engine additions (ik_llama.cpp's fused MoE, MLA)
+    source: Path  # the file it came from (the last one that set a key of it)
 
     def _check_engine(self, engine: str) -> None:
         if engine not in self.engines:
@@ -38,17 +46,9 @@ class Preset:
 
     def engine_options(self, engine: str) -> EngineOptions:
         """The engine options for `engine` (its entry may null a common one); SpecError if the preset
-        has no such engine or its file holds a wrong value."""
+        has no such engine."""
         self._check_engine(engine)
-        values = {key: value for key, value in self.options.items() if key in EngineOptions.model_fields}
-        values.update(self.engines[engine])
-        try:
-            return EngineOptions.model_validate(values)
-        except ValidationError as error:
-            raise SpecError(
-                f"preset {self.name} ({presets_file()}): {error.errors()[0]['loc'][0]}: "
-                f"{error.errors()[0]['msg']}"
-            ) from None
+        return _engine_options(self.name, self.options, self.engines[engine], engine, self.source)
 
     def override_rules(self, engine: str) -> tuple[str, ...]:
         """The preset's -ot rules for `engine`: all routed experts on the CPU, where it takes rules."""
@@ -58,25 +58,22 @@ class Preset:
 
 
 def merge_options(
-    preset: str | None, engine: str, given: EngineOptions
+    preset: str | None, engine: str, given: EngineOptions, user_file: Path | None = None
 ) -> tuple[EngineOptions, tuple[str, ...]]:
     """The engine options: the preset's for `engine`, overridden by those `given` (the fields set in
     it); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
     if preset is None:
         return given, ()
-    chosen = get_preset(preset)
+    chosen = get_preset(preset, user_file)
     return given.over(chosen.engine_options(engine)), chosen.override_rules(engine)
 
 
-# A preset's keys that describe its model rather than set a stack option.
-_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
-
-
-def check_model_architecture(preset: str, arch: str, model: Path) -> None:
+def check_model_architecture(preset: str, arch: str, model: Path, user_file: Path | None = None) -> None:
     """SpecError when `model` (of architecture `arch`) is not a model the preset is made for."""
-    wanted = get_preset(preset).architecture
+    presets = load_presets(user_file)
+    wanted = get_preset(preset, user_file).architecture
     if arch != wanted:
-        fitting = [p.name for p in load_presets().values() if p.architecture == arch]
+        fitting = [p.name for p in presets.values() if p.architecture == arch]
         raise SpecError(
             f"preset {preset} is for {wanted} models and {model.name} is {arch}: drop --preset, or pick "
             f"the preset of a {arch} model ({', '.join(fitting) or 'no preset has one'})"
@@ -84,33 +81,110 @@ def check_model_architecture(preset: str, arch: str, model: Path) -> None:
 
 
 def presets_file() -> Path:
+    """The packaged presets (compose/presets.yaml in a checkout)."""
     packaged = Path(str(resources.files("builder"))) / "presets.yaml"
     return (
         packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "compose" / "presets.yaml"
     )
 
 
-def load_presets() -> dict[str, Preset]:
-    data = yaml.safe_load(presets_file().read_text())
-    return {
-        name: Preset(
-            name=name,
-            description=entry["description"],
-            architecture=entry["architecture"],
-            example_model=entry["example_model"],
-            example_size_gb=entry["example_size_gb"],
-            options={k: v for k, v in entry.items() if k not in _DESCRIPTIVE},
-            engines={engine: dict(extra or {}) for engine, extra in entry["engines"].items()},
-        )
-        for name, entry in data.items()
-    }
+def user_presets_file(given: Path | None) -> Path | None:
+    """The user's presets file: `given`, else $MOE_STACK_PRESETS, else none."""
+    if given is not None:
+        return given
+    named = os.environ.get(PRESETS_ENV)
+    return Path(named) if named else None
 
 
-def get_preset(name: str) -> Preset:
-    presets = load_presets()
+def load_presets(user_file: Path | None = None) -> dict[str, Preset]:
+    """The packaged presets with the user's file (or $MOE_STACK_PRESETS) merged over them: a preset of
+    a new name is added whole, one of a packaged name changes the keys it gives (`engines` per engine).
+    Every entry is checked as the packaged ones are; SpecError names the file, the preset and the key."""
+    entries = {name: (entry, presets_file()) for name, entry in _read(presets_file()).items()}
+    chosen = user_presets_file(user_file)
+    if chosen is not None:
+        for name, entry in _read(chosen).items():
+            base = entries.get(name, ({}, chosen))[0]
+            engines = dict(base.get("engines") or {})
+            for engine, extra in (entry.get("engines") or {}).items():
+                known = engines.get(engine)
+                if isinstance(known, dict) and isinstance(extra, dict):
+                    extra = {**known, **extra}
+                engines[engine] = extra
+            entries[name] = ({**base, **entry, "engines": engines}, chosen)
+    return {name: _preset(name, entry, source) for name, (entry, source) in entries.items()}
+
+
+def get_preset(name: str, user_file: Path | None = None) -> Preset:
+    presets = load_presets(user_file)
     if name not in presets:
         raise SpecError(f"unknown preset {name!r}: choose one of {', '.join(presets)}")
     return presets[name]
+
+
+def _read(path: Path) -> dict[str, dict]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise SpecError(f"presets file {path}: {err.strerror}; give a readable YAML file") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise SpecError(f"presets file {path} is not valid YAML{where}; fix it") from None
+    if not isinstance(data, dict) or not all(isinstance(entry, dict) for entry in data.values()):
+        raise SpecError(
+            f"presets file {path}: each preset is a mapping of its name to its keys (see {presets_file()})"
+        )
+    return {str(name): entry for name, entry in data.items()}
+
+
+def _preset(name: str, entry: dict, source: Path) -> Preset:
+    def wrong(key: str, problem: str) -> SpecError:
+        return SpecError(f"presets file {source}: preset {name}: {key}: {problem}")
+
+    for key, kind in (("description", str), ("architecture", str), ("engines", dict)):
+        if not isinstance(entry.get(key), kind):
+            raise wrong(key, f"missing, or not a {'mapping' if kind is dict else 'text'}")
+    engines = {}
+    for engine, extra in entry["engines"].items():
+        if engine not in engine_names():
+            raise wrong(f"engines.{engine}", f"no such engine; choose of {', '.join(engine_names())}")
+        if extra is not None and not isinstance(extra, dict):
+            raise wrong(f"engines.{engine}", "a mapping of options (or nothing)")
+        engines[str(engine)] = dict(extra or {})
+    options = {k: v for k, v in entry.items() if k not in _DESCRIPTIVE}
+    if not isinstance(options.get("experts_on_cpu", False), bool):
+        raise wrong("experts_on_cpu", "true or false")
+    size = entry.get("example_size_gb", 0)
+    if not isinstance(size, int) or size < 0:
+        raise wrong("example_size_gb", "a whole number of GB")
+    preset = Preset(
+        name=name,
+        description=entry["description"],
+        architecture=entry["architecture"],
+        example_model=str(entry.get("example_model", "")),
+        example_size_gb=size,
+        options=options,
+        engines=engines,
+        source=source,
+    )
+    for engine in engines:  # every engine's options valid now, not when a stack asks for them
+        preset.engine_options(engine)
+    return preset
+
+
+def _engine_options(
+    name: str, common: dict[str, object], extra: dict[str, object], engine: str, source: Path
+) -> EngineOptions:
+    values = {key: value for key, value in common.items() if key != "experts_on_cpu"}
+    values.update(extra)
+    try:
+        return EngineOptions.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        where = key if key in common else f"engines.{engine}.{key}"
+        raise SpecError(f"presets file {source}: preset {name}: {where}: {first['msg']}") from None
 
 
 # The example host: the seed's EPYC 9374F (32 Zen 4 cores, SMT siblings 32-63, NPS=1) and one RTX 4090
