@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 # An engine's name (its adapter, builder.engines, says which exist and what each can build).
 EngineName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
@@ -224,6 +224,31 @@ FlashAttention = Literal["on", "off", "auto"]
 NumaPolicy = Literal["none", "interleave", "membind", "cpunodebind"]
 
 
+_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?")
+
+
+def duration_seconds(text: str) -> int | None:
+    """`20m`, `90s`, `1h`, `1h30m` or plain seconds → seconds (None: not a duration)."""
+    found = _DURATION.fullmatch(text.strip())
+    if not text.strip() or found is None:
+        return None
+    hours, minutes, seconds = (int(part or 0) for part in found.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _seconds(value: object) -> object:
+    if isinstance(value, str):
+        seconds = duration_seconds(value)
+        if seconds is None:
+            raise ValueError(f"{value!r} is not a duration such as 90s, 10m or 1h30m")
+        return seconds
+    return value
+
+
+# A duration as the user writes it (10m, 90s, 1h30m or seconds), held as whole seconds.
+Seconds = Annotated[int, BeforeValidator(_seconds)]
+
+
 def option(
     default: int | None, *flags: str, help: str, ge: float | None = None, le: float | None = None
 ) -> Any:
@@ -309,6 +334,15 @@ class NeutralOptions(_Spec):
         "--ubatch-size",
         "-ub",
         help="physical batch size; larger speeds hybrid prefill and takes more VRAM",
+        ge=1,
+    )
+    # Mainline llama.cpp's --sleep-idle-seconds: the server frees the model and its context when idle
+    # (in a router stack, each model's server does), and loads it again on the next request.
+    idle_unload: Seconds | None = option(
+        None,
+        "--idle-unload",
+        help="free the model after this long without a request (e.g. 10m; mainline llama.cpp); the next "
+        "request loads it again",
         ge=1,
     )
 

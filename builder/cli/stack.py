@@ -5,7 +5,6 @@ benchmark.py or demo.py."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -29,7 +28,7 @@ from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.spec import BaseImages
+from builder.spec import BaseImages, duration_seconds
 from builder.stacks.assemble import StackOptions, memory_for, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
@@ -585,11 +584,10 @@ def tune(
 
 def parse_duration(text: str) -> float:
     """`20m`, `90s`, `1h`, `1h30m` or plain seconds → seconds."""
-    found = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?", text.strip())
-    if not text.strip() or found is None:
+    seconds = duration_seconds(text)
+    if seconds is None:
         raise SpecError(f"--budget {text!r}: a duration such as 20m, 90s or 1h30m")
-    hours, minutes, seconds = (int(part or 0) for part in found.groups())
-    return float(hours * 3600 + minutes * 60 + seconds)
+    return float(seconds)
 
 
 def smoke(

@@ -7,7 +7,7 @@ from pathlib import Path
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
-from builder.platform.flags import takes_value
+from builder.platform.flags import has_flag, takes_value
 from builder.spec import StackSpec
 
 
@@ -24,7 +24,8 @@ class LlamaCpp(LlamaFamilyEngine):
     runtime_dispatch = True
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref.
-    honours = LlamaFamilyEngine.honours | {"engine_fit"}
+    honours = LlamaFamilyEngine.honours | {"engine_fit", "idle_unload"}
+    flag_spellings = (*LlamaFamilyEngine.flag_spellings, frozenset({"--sleep-idle-seconds"}))
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
     tool_targets = (
@@ -37,6 +38,18 @@ class LlamaCpp(LlamaFamilyEngine):
     )
     # llama-bench's -ot: `;` joins one run's rules, `,` separates runs to compare (tools/llama-bench).
     bench_rule_separator = ";"
+
+    def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """Idle unload: `--sleep-idle-seconds N` (the server frees the model, and loads it again on the
+        next request; at the pinned ref, tools/server)."""
+        if stack.idle_unload is None:
+            return []
+        if not has_flag(flags, "--sleep-idle-seconds"):
+            raise StackError(
+                f"this {self.name} build has no --sleep-idle-seconds; drop --idle-unload, or build the "
+                "pinned ref (`moe-stack build --engine llama.cpp`)"
+            )
+        return ["--sleep-idle-seconds", str(stack.idle_unload)]
 
     def caches_latent(self, mla: int | None) -> bool:
         """It always caches the latent of a DeepSeek model in the form its converter writes (K 576, V a view

@@ -226,6 +226,29 @@ def test_two_models_behind_one_router(
         down(compose_file)
 
 
+def test_an_idle_model_is_freed_and_loaded_again(
+    base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
+    """`--idle-unload`: mainline's server frees the model once idle that long (its /props says it
+    sleeps, its log says so) and the next request loads it again."""
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, idle_unload=2)
+
+    def sleeping() -> bool:
+        with urllib.request.urlopen(f"{stack.url}/props", timeout=30) as response:
+            return bool(json.load(response)["is_sleeping"])
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not sleeping():
+        time.sleep(1)
+    assert sleeping(), "the server never went to sleep"
+    reply = _post(f"{stack.url}/completion", {"prompt": "hello", "n_predict": 4, "ignore_eos": True})
+    assert reply["tokens_predicted"] == 4, reply
+    logs = str(stack.client.compose.logs())
+    assert "entering sleeping state" in logs and "exiting sleeping state" in logs, logs[-2000:]
+    command = stack.client.compose.ps()[0].config.cmd
+    assert command[command.index("--sleep-idle-seconds") + 1] == "2"
+
+
 def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_stack: StackFactory) -> None:
     """`compose --monitoring`: Prometheus (Debian's package, `moe-stack base --prometheus`) beside the
     engine has its token counters a scrape after a completion."""

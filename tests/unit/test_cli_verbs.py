@@ -204,3 +204,21 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
     assert command[command.index("--kt-num-gpu-experts") + 1] == str(1_820_561 // (4 * 835_584 // 8)) == "4"
     assert command[command.index("--context-length") + 1] == "4096"
     assert "--override-tensor" not in command and "--cache-type-k" not in command
+
+
+@pytest.mark.cli
+def test_idle_unload_is_a_duration_mainline_reads_and_others_refuse(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    model = tmp_path / "m.gguf"
+    run_cli("synth-moe", str(model), "--tiny")
+    model.chmod(0o644)
+    out = tmp_path / "c.yaml"
+    common = ["compose", "--model", str(model), "--skip-image-checks", "--port", "18562", "-o", str(out)]
+    emitted = run_cli(*common, "--idle-unload", "10m")
+    assert emitted.returncode == 0, emitted.stderr
+    command = yaml.safe_load(out.read_text())["services"]["engine"]["command"]
+    assert command[command.index("--sleep-idle-seconds") + 1] == "600"
+    refused = run_cli(*common, "--engine", "ik_llama.cpp", "--idle-unload", "10m")
+    assert refused.returncode == 1 and "does not read --idle-unload" in refused.stderr, refused.stderr
+    bad = run_cli(*common, "--idle-unload", "soon")
+    assert bad.returncode == 1 and "--idle-unload: 'soon' is not a duration" in bad.stderr, bad.stderr

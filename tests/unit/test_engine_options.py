@@ -62,6 +62,7 @@ CHANGED: dict[str, object] = {
     "min_p": 0.0,
     "batch_size": 2048,
     "ubatch_size": 512,
+    "idle_unload": "10m",
     "kt_method": "AMXINT8",
     "gpu_experts": 4,
     "config_dir": "other-config",
