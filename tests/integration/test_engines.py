@@ -198,6 +198,8 @@ def test_two_models_behind_one_router(
         image.tag,
         "--threads",
         "2",
+        "--idle-unload",
+        "3s",
         "--port",
         str(port),
         "--out",
@@ -222,6 +224,13 @@ def test_two_models_behind_one_router(
             }
         assert set(listed) == {"gemma-3-270m-q4_k_m", "tiny-moe"}
         assert sorted(listed.values()).count("loaded") == 1, listed  # the last one asked for, alone
+        # --idle-unload reaches each model's server: the loaded one goes to sleep when left alone
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "sleeping" not in listed.values():
+            time.sleep(1)
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as response:
+                listed = {m["id"]: m.get("status", {}).get("value") for m in json.load(response)["data"]}
+        assert "sleeping" in listed.values(), listed
     finally:
         down(compose_file)
 
