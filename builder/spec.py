@@ -197,8 +197,9 @@ class ImageSpec(_Spec):
         return self.source.ref
 
 
-# KV cache element types llama.cpp's engines take (-ctk/-ctv); their sizes are in models.planner.
-CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
+# KV cache element types either llama.cpp engine takes (-ctk/-ctv); each adapter says which its engine
+# has (Engine.cache_types); their sizes are in models.planner.
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl", "q6_0", "q8_KV"]
 # kt-kernel 0.7.2's inference backends (sglang-kt --kt-method; kt_kernel/experts.py): only LLAMAFILE
 # reads GGUF; AMXINT4/AMXINT8 read weights converted by kt-kernel and need AMX; the others read
 # safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
@@ -274,6 +275,9 @@ class NeutralOptions(_Spec):
         4096, "--ctx-size", "-c", help="context length (default: the preset's, else 4096)", ge=128
     )
     cache_type: CacheType | None = option(None, "--cache-type", help="KV cache type for K and V, e.g. q8_0")
+    cache_type_v: CacheType | None = option(
+        None, "--cache-type-v", help="V's cache type where it differs from K's (--cache-type)"
+    )
     # -ngl: 99 puts every layer's attention on the GPU
     gpu_layers: int | None = option(None, "--gpu-layers", "-ngl", help="layers on the GPU (99: all)", ge=0)
     flash_attention: FlashAttention | None = option(

@@ -52,6 +52,9 @@ class IkLlamaCpp(LlamaFamilyEngine):
             and (path / "examples/server").is_dir()
         )
 
+    # Its common.cpp's kv_cache_type_from_str at the pinned ref: mainline's and q6_0, q8_KV.
+    cache_types = LlamaFamilyEngine.cache_types | {"q6_0", "q8_KV"}
+
     def extra_cmake_args(self, ref: str) -> list[str]:
         return [
             "-DLLAMA_BUILD_TESTS=OFF",

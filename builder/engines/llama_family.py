@@ -42,6 +42,10 @@ class LlamaFamilyEngine(Engine):
         False  # whether its server renders chat with the Jinja template unless told not to
     )
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
+    # The KV cache types its -ctk/-ctv take at the pinned ref (mainline's: its --help's "allowed values").
+    cache_types: frozenset[str] = frozenset(
+        {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
+    )
     needs_build_info_shim: bool = False
     metrics_flag, template_flag = "--metrics", "--jinja"
     honours = frozenset(
@@ -57,6 +61,7 @@ class LlamaFamilyEngine(Engine):
             "gpu_layers",
             "tensor_split",
             "cache_type",
+            "cache_type_v",
             "flash_attention",
             "temperature",
             "top_p",
@@ -274,8 +279,7 @@ class LlamaFamilyEngine(Engine):
             if not has_flag(flags, "--tensor-split"):
                 raise StackError(f"this {self.name} build has no --tensor-split; plan for one GPU")
             args += ["--tensor-split", ",".join(map(str, stack.tensor_split))]
-        if stack.cache_type is not None:
-            args += ["--cache-type-k", stack.cache_type, "--cache-type-v", stack.cache_type]
+        args += self.cache_type_args(stack.cache_type, stack.cache_type_v)
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
@@ -373,3 +377,12 @@ class LlamaFamilyEngine(Engine):
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The arguments of the options only this engine of the family honours (mainline: none)."""
         return []
+
+    def cache_type_args(self, k: str | None, v: str | None) -> list[str]:
+        """-ctk/-ctv: K's type (V's too unless `v` differs); a type this engine lacks is refused."""
+        for given in (k, v):
+            if given is not None and given not in self.cache_types:
+                takes = ", ".join(sorted(self.cache_types))
+                raise StackError(f"{self.name} has no KV cache type {given}; it takes {takes}")
+        v = v or k
+        return (["--cache-type-k", k] if k else []) + (["--cache-type-v", v] if v else [])

@@ -36,7 +36,13 @@ CACHE_BYTES: dict[CacheType, float] = {
     "q5_0": 22 / 32,
     "q4_1": 20 / 32,
     "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+    "q6_0": 26 / 32,  # ik_llama.cpp's: 16 + 8 bytes of 4 + 2 bits and an f16 scale per 32
+    "q8_KV": 1.0,  # ik_llama.cpp's: a byte an element, and ROW_META_BYTES a row (one head's K or V)
 }
+# ik_llama.cpp's row-wise types carry metadata per row (ggml.c's row_meta_size): q8_KV 8 bytes. Its CPU
+# build logged `K (q8_KV): 2.25 MiB` for 2 Mi elements in rows of 64: (64 + 8) / 64 bytes an element.
+ROW_META_BYTES = {"q8_KV": 8}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
@@ -289,15 +295,32 @@ def _number(reader: gguf.GGUFReader, key: str, default: int | None = None) -> in
     return int(value[0])
 
 
-def kv_cache_bytes(facts: ModelFacts, ctx: int, cache_type: str, mla: bool, sequences: int = 1) -> int:
-    """KV cache bytes for `ctx` tokens: per attention layer K and V rows, or with MLA (`mla`: the engine
-    caches the latent, see its adapter's `caches_latent`) the compressed latent and rope part; plus the
-    recurrent layers' state for each sequence."""
-    per_token = (
-        facts.mla_dim if (mla and facts.mla_dim) else facts.kv_heads * (facts.key_dim + facts.value_dim)
-    )
-    cache = int(per_token * ctx * facts.cached_layers * cache_element_bytes(cache_type))
+def kv_cache_bytes(
+    facts: ModelFacts,
+    ctx: int,
+    cache_type: str,
+    mla: bool,
+    sequences: int = 1,
+    cache_type_v: str | None = None,
+) -> int:
+    """KV cache bytes for `ctx` tokens: per attention layer K rows of `cache_type` and V rows of
+    `cache_type_v` (default: the same), or with MLA (`mla`: the engine caches the latent, see its adapter's
+    `caches_latent`) the compressed latent and rope part, of K's type; plus the recurrent layers' state for
+    each sequence."""
+    v_type = cache_type_v or cache_type
+    if mla and facts.mla_dim:
+        per_token = row_bytes(cache_type, facts.mla_dim)
+    else:
+        per_token = facts.kv_heads * (
+            row_bytes(cache_type, facts.key_dim) + row_bytes(v_type, facts.value_dim)
+        )
+    cache = int(per_token * ctx * facts.cached_layers)
     return cache + facts.recurrent_state_bytes * sequences
+
+
+def row_bytes(cache_type: str, elements: int) -> float:
+    """Bytes of one cached row of `elements` (a head's K or V for one token, or the MLA latent)."""
+    return elements * cache_element_bytes(cache_type) + ROW_META_BYTES.get(cache_type, 0)
 
 
 def cache_element_bytes(cache_type: str) -> float:
@@ -316,13 +339,14 @@ def plan(
     cache_type: str = "f16",
     mla: bool = False,
     gpu_reserve: int = DEFAULT_GPU_RESERVE,
+    cache_type_v: str | None = None,
 ) -> Plan:
     """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM filled with the experts of its
     own first layers (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
     vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
     if not vrams:
         raise SpecError("no GPU memory given: name each GPU's VRAM, e.g. --vram-gb 24 or 24,24")
-    kv = kv_cache_bytes(facts, ctx, cache_type, mla)
+    kv = kv_cache_bytes(facts, ctx, cache_type, mla, cache_type_v=cache_type_v)
     cpu = sum(facts.expert_bytes)
     devices = []
     for index, (vram, layers) in enumerate(zip(vrams, layer_split(facts.layers, vrams), strict=True)):

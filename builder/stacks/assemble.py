@@ -129,6 +129,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
             engine_options.cache_type or "f16",
             mla=latent,
             gpu_reserve=reserve,
+            cache_type_v=engine_options.cache_type_v,
         )
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
@@ -196,6 +197,7 @@ def memory_for(stack: StackSpec) -> int:
             stack.cache_type or "f16",
             adapter.caches_latent(stack.mla),
             stack.parallel,
+            stack.cache_type_v,
         )
     return needed
 

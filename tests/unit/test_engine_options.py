@@ -54,6 +54,7 @@ CHANGED: dict[str, object] = {
     "mla": 3,
     "gpu_layers": 99,
     "cache_type": "q8_0",
+    "cache_type_v": "q4_0",
     "moe_offload_batch": 2,
     "mmap": False,
     "temperature": 0.6,
@@ -248,3 +249,21 @@ def test_every_spelling_an_error_names_is_an_option_of_compose() -> None:
         flags = re.findall(r"--[a-z][a-z-]*", spelling)
         assert name == "extra_args" or flags, name
         assert set(flags) <= options, (name, set(flags) - options)
+
+
+def test_kv_cache_types_are_each_engines_own_and_k_and_v_may_differ(tmp_path: Path) -> None:
+    """ik_llama.cpp's q6_0 and q8_KV are written for it and refused for mainline in one line naming the
+    types mainline takes; K and V get their own types."""
+    ik = StackSpec(**{**_base(tmp_path, "ik_llama.cpp"), "cache_type": "q8_KV", "cache_type_v": "q6_0"})
+    args = get_engine("ik_llama.cpp").server_args(ik, None)
+    assert (
+        args[args.index("--cache-type-k") + 1] == "q8_KV" and args[args.index("--cache-type-v") + 1] == "q6_0"
+    )
+    mainline = StackSpec(**{**_base(tmp_path, "llama.cpp"), "cache_type": "q8_0", "cache_type_v": "q6_0"})
+    with pytest.raises(
+        StackError, match="llama.cpp has no KV cache type q6_0; it takes bf16, f16, f32, iq4_nl"
+    ):
+        get_engine("llama.cpp").server_args(mainline, None)
+    only_v = StackSpec(**{**_base(tmp_path, "llama.cpp"), "cache_type_v": "q8_0"})
+    args = get_engine("llama.cpp").server_args(only_v, None)
+    assert "--cache-type-k" not in args and args[args.index("--cache-type-v") + 1] == "q8_0"

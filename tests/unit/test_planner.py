@@ -261,3 +261,24 @@ def test_the_real_expert_count_moves_prefills_expert_copy() -> None:
     for engine, tensors in (("ik_llama.cpp", 2), ("llama.cpp", 1)):
         sliced = gpu_compute(engine, slice_facts, 32768, 2048, latent=True).bytes
         assert gpu_compute(engine, full, 32768, 2048, latent=True).bytes - sliced == tensors * growth
+
+
+def test_k_and_v_of_different_types_are_sized_apart() -> None:
+    """Per attention layer and token: K rows of K's type, V rows of V's (the MLA latent: K's alone)."""
+    facts = shape_facts(seed_shape("qwen3moe", layers=4, experts=8))
+    same = kv_cache_bytes(facts, 4096, "q8_0", mla=False)
+    mixed = kv_cache_bytes(facts, 4096, "q8_0", mla=False, cache_type_v="q4_0")
+    rows = facts.kv_heads * 4096 * facts.cached_layers
+    assert same - mixed == int(rows * facts.value_dim * (34 - 18) / 32)
+    r1 = shape_facts(seed_shape("deepseek2", layers=4, experts=8))
+    assert kv_cache_bytes(r1, 4096, "q8_0", mla=True, cache_type_v="q4_0") == kv_cache_bytes(
+        r1, 4096, "q8_0", True
+    )
+
+
+def test_ik_only_cache_types_are_what_its_cpu_build_logs(tmp_path: Path) -> None:
+    """ik_llama.cpp's CPU image (ikpy-0.1.5), the tiny qwen3moe, -c 4096 -ctk q8_KV -ctv q6_0 (this
+    machine, 2026-12-01): `KV self size = 3.88 MiB, K (q8_KV): 2.25 MiB, V (q6_0): 1.62 MiB`."""
+    facts = read_facts(write_moe_gguf(tmp_path / "t.gguf", TINY_SHAPES["qwen3moe"]))
+    assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q8_KV") == 2 * 2.25 * 1024**2
+    assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q6_0") == 3.875 * 1024**2
