@@ -248,6 +248,20 @@ def _seconds(value: object) -> object:
 
 # A duration as the user writes it (10m, 90s, 1h30m or seconds), held as whole seconds.
 Seconds = Annotated[int, BeforeValidator(_seconds)]
+_SIZE = re.compile(r"(\d+)([mg]?)i?b?", re.IGNORECASE)
+
+
+def _mebibytes(value: object) -> object:
+    if isinstance(value, str):
+        found = _SIZE.fullmatch(value.strip())
+        if found is None:
+            raise ValueError(f"{value!r} is not a size such as 8g, 512m or 0")
+        return int(found[1]) * (1024 if found[2].lower() == "g" else 1)
+    return value
+
+
+# A size as the user writes it (8g, 512m; a bare number is MiB), held as MiB.
+Mebibytes = Annotated[int, BeforeValidator(_mebibytes)]
 
 
 def option(
@@ -339,6 +353,13 @@ class NeutralOptions(_Spec):
         "-ub",
         help="physical batch size; larger speeds hybrid prefill and takes more VRAM",
         ge=1,
+    )
+    # Both llama.cpp engines keep prompts' KV state in host RAM for reuse, 8 GiB unless told (-cram).
+    cache_ram: Mebibytes | None = option(
+        None,
+        "--cache-ram",
+        help="host RAM for the engine's prompt cache, e.g. 8g (both llama.cpp engines' default) or 0 (none)",
+        ge=0,
     )
     # Mainline llama.cpp's --sleep-idle-seconds: the server frees the model and its context when idle
     # (in a router stack, each model's server does), and loads it again on the next request.

@@ -29,12 +29,13 @@ from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.spec import BaseImages, duration_seconds
-from builder.stacks.assemble import StackOptions, memory_for, plan_models
+from builder.stacks.assemble import StackOptions, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
 from builder.stacks.host_checks import check_port_free
 from builder.stacks.kubernetes import KubeOptions, manifests, resource_name, to_kubernetes_yaml
+from builder.stacks.memory_use import memory_use
 from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
@@ -320,7 +321,7 @@ def compose(
         stack = plan.stack
         kube = KubeOptions(
             replicas=replicas,
-            memory_bytes=memory_for(stack),
+            memory=memory_use(stack),
             model_pvc=model_pvc,
             gpu_product=gpu_product,
             gpus=len(stack.gpu_ids) or 1,

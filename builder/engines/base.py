@@ -46,6 +46,7 @@ class Engine(ABC):
     source_hint: str  # what else --source accepts for it, for error messages
     sdist_subdir: str = ""  # the engine tree inside an sdist that vendors it
     model_format: ModelFormat = GGUF  # the files it loads (every engine here reads GGUF)
+    prompt_cache_default_mib: int = 0  # host RAM its server keeps for a prompt cache, unless told
     # Whether llama.cpp-style -ot rules place its tensors (KTransformers places experts itself).
     takes_override_rules: bool = True
     # Whether it binds its own threads' memory to NUMA nodes (kt-kernel's thread pools, through hwloc):

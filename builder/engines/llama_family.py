@@ -42,6 +42,8 @@ class LlamaFamilyEngine(Engine):
         False  # whether its server renders chat with the Jinja template unless told not to
     )
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
+    # Its host prompt cache when the stack doesn't size one (-cram's default at both pinned refs, MiB).
+    prompt_cache_default_mib: int = 8192
     # The KV cache types its -ctk/-ctv take at the pinned ref (mainline's: its --help's "allowed values").
     cache_types: frozenset[str] = frozenset(
         {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
@@ -62,6 +64,7 @@ class LlamaFamilyEngine(Engine):
             "tensor_split",
             "cache_type",
             "cache_type_v",
+            "cache_ram",
             "flash_attention",
             "temperature",
             "top_p",
@@ -104,6 +107,7 @@ class LlamaFamilyEngine(Engine):
             ("--min-p",),
             ("-b", "--batch-size"),
             ("-ub", "--ubatch-size"),
+            ("-cram", "--cache-ram"),
             ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
             ("--api-key", "--api-key-file"),
         )
@@ -116,6 +120,7 @@ class LlamaFamilyEngine(Engine):
         ("min_p", "--min-p"),
         ("batch_size", "--batch-size"),
         ("ubatch_size", "--ubatch-size"),
+        ("cache_ram", "--cache-ram"),
     )
     model_flags = ("-m", "--model")
     # Sources of the server's argument parser, scanned for flag literals when --help is incomplete.

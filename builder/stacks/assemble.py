@@ -23,7 +23,7 @@ from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
-from builder.models.planner import GIB, kv_cache_bytes
+from builder.models.planner import GIB
 from builder.models.planner import plan as make_plan
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
@@ -184,22 +184,6 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
-
-
-def memory_for(stack: StackSpec) -> int:
-    """RAM the stack's model takes on its host: every file of it, and the KV cache where no GPU holds it."""
-    adapter = get_engine(stack.engine)
-    needed = adapter.model_format.size(stack.model)
-    if stack.gpu == "none":
-        needed += kv_cache_bytes(
-            adapter.model_format.facts(stack.model),
-            stack.ctx_size,
-            stack.cache_type or "f16",
-            adapter.caches_latent(stack.mla),
-            stack.parallel,
-            stack.cache_type_v,
-        )
-    return needed
 
 
 def served_name_for(stem: str) -> str:

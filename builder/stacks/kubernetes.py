@@ -21,6 +21,7 @@ from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import StackSpec
 from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_environment, pinned_image
+from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
 
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
 # NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).
@@ -48,8 +49,6 @@ NFD_CPUID = {
     "amx_int8": "AMXINT8",
     "amx_bf16": "AMXBF16",
 }
-# Memory beyond the model's files: the engine's CPU buffers, the KV cache of a CPU-only stack is added.
-OVERHEAD_BYTES = 8 * GIB
 KUBELET_NOTES = """\
 # Kubelet settings this placement relies on (each node that may run it):
 #   cpuManagerPolicy: static          integer CPU requests = limits (Guaranteed QoS) pin physical cores
@@ -65,10 +64,14 @@ KUBELET_NOTES = """\
 @dataclass(frozen=True)
 class KubeOptions:
     replicas: int = 1
-    memory_bytes: int = 0  # the model's files (all parts); the request adds OVERHEAD_BYTES
+    memory: MemoryUse = NOTHING_KNOWN  # what the stack takes of the node's memory (memory_use)
     model_pvc: str | None = None  # a PersistentVolumeClaim holding the model; default: the node's path
     gpu_product: str | None = None  # nvidia.com/gpu.product (GPU feature discovery), e.g. NVIDIA-H200
     gpus: int = 1  # nvidia.com/gpu per pod
+
+
+def _gibibytes(n_bytes: int) -> str:
+    return f"{(n_bytes + GIB - 1) // GIB}Gi"
 
 
 def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) -> list[dict[str, object]]:
@@ -152,10 +155,8 @@ def _pod(
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
-    resources: dict[str, str] = {
-        "cpu": str(stack.threads),
-        "memory": f"{(options.memory_bytes + OVERHEAD_BYTES + GIB - 1) // GIB}Gi",
-    }
+    use = options.memory
+    resources: dict[str, str] = {"cpu": str(stack.threads), "memory": _gibibytes(use.memory_bytes)}
     if stack.config_dir is not None:
         volumes.append(
             {"name": "model-config", "hostPath": {"path": str(stack.config_dir), "type": "Directory"}}
@@ -163,7 +164,7 @@ def _pod(
         mounts.append({"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True})
     if stack.hugetlbfs != "off" or stack.hugepages:
         size = "1Gi" if stack.hugetlbfs == "1G" else "2Mi"
-        resources[f"hugepages-{size}"] = f"{(options.memory_bytes + GIB - 1) // GIB}Gi"
+        resources[f"hugepages-{size}"] = _gibibytes(use.hugepage_bytes)
         if stack.hugetlbfs != "off":
             volumes.append({"name": "hugepages", "emptyDir": {"medium": f"HugePages-{size}"}})
             mounts.append({"name": "hugepages", "mountPath": HUGETLBFS_DIR})

@@ -64,6 +64,7 @@ CHANGED: dict[str, object] = {
     "batch_size": 2048,
     "ubatch_size": 512,
     "idle_unload": "10m",
+    "cache_ram": "2g",
     "kt_method": "AMXINT8",
     "gpu_experts": 4,
     "config_dir": "other-config",

@@ -20,6 +20,7 @@ from builder.spec import CudaTarget, StackSpec
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.compose import compose_dict
 from builder.stacks.kubernetes import NFD_CPUID, KubeOptions, manifests, resource_name, to_kubernetes_yaml
+from builder.stacks.memory_use import MemoryUse, memory_use
 from builder.stacks.presets import load_presets
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
@@ -81,7 +82,7 @@ def test_every_preset_gives_valid_manifests(tmp_path: Path, engine: str) -> None
                 skip_image_checks=True,
             )
             stack = assemble_stack(options, host)
-            documents = manifests(stack, None, KubeOptions(memory_bytes=preset.example_size_gb * 10**9))
+            documents = manifests(stack, None, KubeOptions(memory=memory_use(stack)))
             _validate(documents)
             selector = documents[0]["spec"]["template"]["spec"]["nodeSelector"]  # type: ignore[index]
             if cpu == "sapphirerapids":
@@ -118,7 +119,13 @@ def test_the_mapping_field_by_field(tmp_path: Path, deepseek_model: Path) -> Non
         stack,
         None,
         KubeOptions(
-            replicas=2, memory_bytes=355 * 10**9, gpus=2, model_pvc="r1-weights", gpu_product="NVIDIA-H200"
+            replicas=2,
+            memory=MemoryUse(
+                model_bytes=355 * 10**9, on_hugepages=False, kv_bytes=0, prompt_cache_bytes=8 * 2**30
+            ),
+            gpus=2,
+            model_pvc="r1-weights",
+            gpu_product="NVIDIA-H200",
         ),
     )
     _validate([deployment, service])
@@ -130,7 +137,8 @@ def test_the_mapping_field_by_field(tmp_path: Path, deepseek_model: Path) -> Non
     resources = container["resources"]
     assert resources["requests"] == {
         "cpu": "48",
-        "memory": f"{(355 * 10**9 + 8 * 2**30 + 2**30 - 1) // 2**30}Gi",
+        # the model, ik's 8 GiB prompt cache and 2 GiB of the engine's own buffers
+        "memory": f"{(355 * 10**9 + 10 * 2**30 + 2**30 - 1) // 2**30}Gi",
     }
     assert resources["limits"] == {**resources["requests"], "nvidia.com/gpu": "2"}
     assert pod["securityContext"]["runAsUser"] == 10001 and pod["securityContext"]["runAsNonRoot"] is True
@@ -168,7 +176,7 @@ def test_the_same_command_as_the_compose_file(tmp_path: Path, model: Path) -> No
         ),
         host,
     )
-    deployment, _ = manifests(stack, None, KubeOptions(memory_bytes=10**9))
+    deployment, _ = manifests(stack, None, KubeOptions(memory=memory_use(stack)))
     compose_command = compose_dict(stack, "x")["services"]["engine"]["command"]  # type: ignore[index]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"] == compose_command  # type: ignore[index]
 
@@ -176,10 +184,13 @@ def test_the_same_command_as_the_compose_file(tmp_path: Path, model: Path) -> No
 def test_hugepages_and_refusals(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
     stack = StackSpec(project="p_q", engine="llama.cpp", image="i:1", model=model, threads=8, hugetlbfs="1G")
-    deployment, _ = manifests(stack, None, KubeOptions(memory_bytes=100 * 2**30))
+    use = MemoryUse(model_bytes=100 * 2**30, on_hugepages=True, kv_bytes=0, prompt_cache_bytes=8 * 2**30)
+    deployment, _ = manifests(stack, None, KubeOptions(memory=use))
     _validate([deployment])
     container = deployment["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    # the model once, as hugepages; memory: the prompt cache and the engine's buffers, not the model again
     assert container["resources"]["limits"]["hugepages-1Gi"] == "100Gi"
+    assert container["resources"]["limits"]["memory"] == "10Gi"
     assert {"name": "hugepages", "mountPath": "/hugepages"} in container["volumeMounts"]
     assert resource_name("p_q") == "p-q"
     with pytest.raises(StackError, match="--mlock needs an unlimited memlock"):

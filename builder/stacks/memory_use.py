@@ -1,0 +1,59 @@
+"""What a stack takes of its host's memory, summed once: the model's files (page cache, or the engine's
+own or pinned memory, or hugepages where the stack stages it there), a CPU-only stack's KV cache, the
+engine's host prompt cache and its own CPU buffers. The Kubernetes requests are made from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.engines import get_engine
+from builder.models.planner import GIB, kv_cache_bytes
+from builder.spec import StackSpec
+
+MIB = 1024**2
+# The engine's CPU compute buffers and its process beside the weights and caches (ik_llama.cpp's CPU
+# build logged 0.5-5.8 GB of compute buffer for the seed's shapes: bench/results).
+BUFFERS_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    model_bytes: int  # the model's files
+    on_hugepages: bool  # staged onto hugetlbfs, or read from reserved hugepages: not counted as memory
+    kv_bytes: int  # the KV cache a CPU-only stack keeps in RAM (a GPU stack's is on the GPU)
+    prompt_cache_bytes: int  # the engine's host prompt cache (--cache-ram, or the engine's default)
+    buffers_bytes: int = BUFFERS_BYTES
+
+    @property
+    def memory_bytes(self) -> int:
+        """Ordinary memory: everything but the hugepages."""
+        model = 0 if self.on_hugepages else self.model_bytes
+        return model + self.kv_bytes + self.prompt_cache_bytes + self.buffers_bytes
+
+    @property
+    def hugepage_bytes(self) -> int:
+        return self.model_bytes if self.on_hugepages else 0
+
+
+NOTHING_KNOWN = MemoryUse(model_bytes=0, on_hugepages=False, kv_bytes=0, prompt_cache_bytes=0)
+
+
+def memory_use(stack: StackSpec) -> MemoryUse:
+    adapter = get_engine(stack.engine)
+    kv = 0
+    if stack.gpu == "none":
+        kv = kv_cache_bytes(
+            adapter.model_format.facts(stack.model),
+            stack.ctx_size,
+            stack.cache_type or "f16",
+            adapter.caches_latent(stack.mla),
+            stack.parallel,
+            stack.cache_type_v,
+        )
+    cache_mib = stack.cache_ram if stack.cache_ram is not None else adapter.prompt_cache_default_mib
+    return MemoryUse(
+        model_bytes=adapter.model_format.size(stack.model),
+        on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
+        kv_bytes=kv,
+        prompt_cache_bytes=max(cache_mib, 0) * MIB,
+    )
