@@ -57,6 +57,7 @@ from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
+from builder.stacks.memory_use import BUFFERS_BYTES
 from builder.stacks.presets import load_presets
 
 app = typer.Typer(
@@ -567,6 +568,9 @@ def plan_memory(
         gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES,
     )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
+    # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
+    # it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).
+    beside = adapter.prompt_cache_default_mib * 1024**2 + BUFFERS_BYTES
     if as_json:
         sys.stdout.write(
             json.dumps(
@@ -593,6 +597,8 @@ def plan_memory(
                     "compute_bytes": compute.bytes,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
+                    "prompt_cache_bytes": adapter.prompt_cache_default_mib * 1024**2,
+                    "ram_total_bytes": result.cpu_bytes + beside,
                 }
             )
             + "\n"
@@ -632,11 +638,16 @@ def plan_memory(
                 f"of {device.vram_bytes / GIB:g} GiB",
             )
     table.add_row(
-        "total in RAM",
+        "weights in RAM",
         size(result.cpu_bytes),
-        f"of {ram_gb:g} GiB, "
-        + ("pinned (page-locked CUDA_Host buffers)" if pinned else "mapped page cache"),
+        "pinned (page-locked CUDA_Host buffers)" if pinned else "mapped page cache",
     )
+    table.add_row(
+        "prompt cache and engine buffers",
+        size(beside),
+        f"{adapter.name}'s default prompt cache (compose --cache-ram sizes it)",
+    )
+    table.add_row("total in RAM", size(result.cpu_bytes + beside), f"of {ram_gb:g} GiB")
     out.print(f"{model.name}: {facts.arch}, {facts.layers} layers")
     out.print(table)
     if result.tensor_split:

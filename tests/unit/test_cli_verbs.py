@@ -121,6 +121,9 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
     assert planned.returncode == 0, planned.stderr
     doc = json.loads(planned.stdout)
     assert doc["layers"] == 2 and doc["gpu_expert_layers"] == 2 and doc["override_tensor"] == []
+    # RAM: the weights left there, the engine's 8 GiB prompt cache and 2 GiB of its own buffers
+    assert doc["prompt_cache_bytes"] == 8 * 2**30
+    assert doc["ram_total_bytes"] == doc["cpu_bytes"] + 10 * 2**30
     refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--tiny", "--hidden", "100")
     assert refused.returncode == 1 and "multiple of 32" in refused.stderr
 
