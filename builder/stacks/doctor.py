@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from builder.engines import get_engine
 from builder.host.probe import HostFacts
 from builder.models.planner import size
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
+from builder.stacks.memory_use import BUFFERS_BYTES
 from builder.stacks.pinned_memory import pinned_finding
 
 Level = Literal["OK", "WARN", "FAIL"]
@@ -247,17 +249,21 @@ def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
 
 
 def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
+    """The model with what a llama.cpp engine's server keeps beside it (its default prompt cache and
+    its buffers, as a stack's memory sum counts them) against RAM + VRAM."""
     vram = sum(gpu.memory_mib for gpu in host.gpus) * 1024**2
     room = host.mem_total_bytes + vram
-    if model_bytes > room:
+    beside = get_engine("llama.cpp").prompt_cache_default_mib * 1024**2 + BUFFERS_BYTES
+    needed = model_bytes + beside
+    what = f"the model ({size(model_bytes)}) and the server's prompt cache and buffers ({size(beside)})"
+    if needed > room:
         return Finding(
             "FAIL",
             "model",
-            f"the model ({size(model_bytes)}) is {size(model_bytes - room)} larger than "
-            f"RAM + VRAM ({size(room)})",
-            "use a smaller quant, or a host with more memory",
+            f"{what} need {size(needed)}, {size(needed - room)} more than RAM + VRAM ({size(room)})",
+            "use a smaller quant, a host with more memory, or a smaller prompt cache (compose --cache-ram)",
         )
-    return Finding("OK", "model", f"the model ({size(model_bytes)}) fits in RAM + VRAM ({size(room)})")
+    return Finding("OK", "model", f"{what} fit in RAM + VRAM ({size(room)})")
 
 
 def as_dicts(findings: list[Finding]) -> list[dict[str, str]]:

@@ -52,9 +52,13 @@ def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
     root = fake_host(tmp_path, XEON_EMR_FLAGS, sockets=1, cores=56, threads=2, node_gib=256)
     host = probe(root, nvidia_smi_text="NVIDIA H200, 9.0, 580.159.04, 143771\n")
     found = _by_topic(diagnose(host, True, True, 500 * GIB, model_bytes=500 * GIB))
-    # RAM 256 GiB + VRAM 143771 MiB (140.4 GiB) = 396.4 GiB; 500 - 396.4 = 103.6 GiB short
+    # RAM 256 GiB + VRAM 143771 MiB (140.4 GiB) = 396.4 GiB; the model and the server's 8 GiB prompt
+    # cache and 2 GiB of buffers: 510 - 396.4 = 113.6 GiB short
     model = found["model"]
-    assert model.level == "FAIL" and "is 103.6 GiB larger than RAM + VRAM (396.4 GiB)" in model.message
+    assert (
+        model.level == "FAIL"
+        and "need 510.0 GiB, 113.6 GiB more than RAM + VRAM (396.4 GiB)" in model.message
+    )
     # With a GPU: what ik_llama.cpp and mainline's --no-mmap would pin, against the RAM
     assert found["pinned-memory"].level == "FAIL" and "page-locked" in found["pinned-memory"].message
     r1 = _by_topic(diagnose(host, True, True, 500 * GIB, model_bytes=200 * GIB))["pinned-memory"]
