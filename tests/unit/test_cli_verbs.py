@@ -18,6 +18,15 @@ from tests.cli import run_cli
 from tests.specs import mainline_tree
 
 
+def _tiny_model(directory: Path) -> Path:
+    """`synth-moe --tiny` into `directory`, readable by the image's user."""
+    directory.chmod(0o755)
+    model = directory / "m.gguf"
+    run_cli("synth-moe", str(model), "--tiny")
+    model.chmod(0o644)
+    return model
+
+
 @pytest.mark.cli
 def test_render_writes_a_build_context(tmp_path: Path) -> None:
     result = run_cli(
@@ -130,10 +139,7 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
 
 @pytest.mark.cli
 def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    run_cli("synth-moe", str(model), "--tiny")
-    model.chmod(0o644)
+    model = _tiny_model(tmp_path)
     # 0.0105 GiB over llama.cpp's compute reserve for this model (-ub 512, 4096 tokens) = 11,274,289 B;
     # minus other weights (1,065,120 B) and the f16 KV cache (2 heads × 128 × 4096 × 4 layers × 2 B =
     # 8,388,608 B) leaves 1,820,561 B: two expert layers of 835,584 B fit, three do not
@@ -165,10 +171,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
 
 @pytest.mark.cli
 def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    run_cli("synth-moe", str(model), "--tiny")
-    model.chmod(0o644)
+    model = _tiny_model(tmp_path)
     config = tmp_path / "hf"
     config.mkdir(mode=0o755)
     (config / "config.json").write_text("{}")
@@ -211,10 +214,7 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
 
 @pytest.mark.cli
 def test_idle_unload_is_a_duration_mainline_reads_and_others_refuse(tmp_path: Path) -> None:
-    tmp_path.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    run_cli("synth-moe", str(model), "--tiny")
-    model.chmod(0o644)
+    model = _tiny_model(tmp_path)
     out = tmp_path / "c.yaml"
     common = ["compose", "--model", str(model), "--skip-image-checks", "--port", "18562", "-o", str(out)]
     emitted = run_cli(*common, "--idle-unload", "10m")
