@@ -57,7 +57,7 @@ from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
-from builder.stacks.memory_use import BUFFERS_BYTES
+from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.presets import load_presets
 
 app = typer.Typer(
@@ -570,7 +570,7 @@ def plan_memory(
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
     # it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).
-    beside = adapter.prompt_cache_default_mib * 1024**2 + BUFFERS_BYTES
+    beside = beside_model_bytes(adapter.name)
     if as_json:
         sys.stdout.write(
             json.dumps(
@@ -597,7 +597,7 @@ def plan_memory(
                     "compute_bytes": compute.bytes,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
-                    "prompt_cache_bytes": adapter.prompt_cache_default_mib * 1024**2,
+                    "prompt_cache_bytes": prompt_cache_bytes(adapter.name),
                     "ram_total_bytes": result.cpu_bytes + beside,
                 }
             )

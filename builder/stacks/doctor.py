@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from builder.engines import get_engine
 from builder.host.probe import HostFacts
 from builder.models.planner import size
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
-from builder.stacks.memory_use import BUFFERS_BYTES
+from builder.stacks.memory_use import beside_model_bytes
 from builder.stacks.pinned_memory import pinned_finding
 
 Level = Literal["OK", "WARN", "FAIL"]
@@ -253,7 +252,7 @@ def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
     its buffers, as a stack's memory sum counts them) against RAM + VRAM."""
     vram = sum(gpu.memory_mib for gpu in host.gpus) * 1024**2
     room = host.mem_total_bytes + vram
-    beside = get_engine("llama.cpp").prompt_cache_default_mib * 1024**2 + BUFFERS_BYTES
+    beside = beside_model_bytes("llama.cpp")
     needed = model_bytes + beside
     what = f"the model ({size(model_bytes)}) and the server's prompt cache and buffers ({size(beside)})"
     if needed > room:

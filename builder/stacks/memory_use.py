@@ -38,6 +38,18 @@ class MemoryUse:
 NOTHING_KNOWN = MemoryUse(model_bytes=0, on_hugepages=False, kv_bytes=0, prompt_cache_bytes=0)
 
 
+def prompt_cache_bytes(engine: str, cache_ram_mib: int | None = None) -> int:
+    """The engine's host prompt cache: `cache_ram_mib` where the stack sizes it, else its default."""
+    mib = cache_ram_mib if cache_ram_mib is not None else get_engine(engine).prompt_cache_default_mib
+    return max(mib, 0) * MIB
+
+
+def beside_model_bytes(engine: str) -> int:
+    """What `engine`'s server keeps in RAM beside the weights, unless told otherwise: its default prompt
+    cache and its buffers (for plan and doctor, which have no stack)."""
+    return prompt_cache_bytes(engine) + BUFFERS_BYTES
+
+
 def memory_use(stack: StackSpec) -> MemoryUse:
     adapter = get_engine(stack.engine)
     kv = 0
@@ -50,10 +62,9 @@ def memory_use(stack: StackSpec) -> MemoryUse:
             stack.parallel,
             stack.cache_type_v,
         )
-    cache_mib = stack.cache_ram if stack.cache_ram is not None else adapter.prompt_cache_default_mib
     return MemoryUse(
         model_bytes=adapter.model_format.size(stack.model),
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=kv,
-        prompt_cache_bytes=max(cache_mib, 0) * MIB,
+        prompt_cache_bytes=prompt_cache_bytes(stack.engine, stack.cache_ram),
     )
