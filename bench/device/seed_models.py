@@ -6,8 +6,9 @@ prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth 
 
   seed_models.py write DIR [MODEL…]         the models (default all: R1 and Qwen3-Next slices of 8 and
                                             16 layers, a Qwen3-235B slice of 8)
-  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1]; results as
-                                            JSON lines; each case waits for its engine's build
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:OPTION=N]
+                                            (OPTION: an EngineOptions field, e.g. fused_moe=0); results
+                                            as JSON lines; each case waits for its engine's build
 
 BIN_ROOT/<engine>/build/bin/llama-server are the builds (BIN_ROOT/<engine>.done says "ok" once one is
 built), BIN_ROOT/<engine>/common/common.cpp ik's parser (its --help leaves flags out, as in the images'
@@ -46,6 +47,8 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "q235-8": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32)),
     # Twice the experts of r1-8, else the same: the growth of prefill's expert copy in the compute buffer.
     "r1-8-e64": ("deepseek-r1-671b", seed_shape("deepseek2", layers=8, experts=64)),
+    # q235-8 with Qwen3's real vocabulary (151936): the compute buffer's output stage at its real width.
+    "q235-8-v": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32, vocab=151936)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
@@ -96,7 +99,7 @@ def contract(engine: str, root: Path) -> dict[str, str]:
 
 
 def command(
-    engine: str, model: Path, preset: str, flags: dict[str, str], port: int, changes: dict[str, int]
+    engine: str, model: Path, preset: str, flags: dict[str, str], port: int, changes: dict[str, object]
 ) -> list[str]:
     """The stack's engine arguments as `moe-stack compose --preset P --gpu nvidia` writes them for this
     host (its physical cores), checked against the build's contract, pointed at the model and a local port."""
@@ -140,9 +143,44 @@ def _gpu_used_mib() -> int:
     return int(text.split()[0]) if text.strip() else -1
 
 
+def measure(
+    api_port: int,
+    server: subprocess.Popen,
+    started: float,
+    changes: dict[str, object],
+    shape: MoeShape,
+    result: dict[str, object],
+) -> None:
+    """Healthy, a completion, prefill and decode rounds, GPU memory after load and after the prefills
+    (prefill's offload may allocate beyond the buffers logged at load), into `result`."""
+    if not _healthy(api_port, started + 240, server):
+        result["error"] = f"not healthy (exit {server.poll()})"
+        return
+    result["load_s"] = round(time.time() - started, 1)
+    result["gpu_used_mib"] = _gpu_used_mib()
+    api = EngineApi(api_port, timeout_s=120)  # an engine that aborts mid-request may never answer
+    warm = api.post("/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
+    result["completion"] = warm.get("content")
+    rounds = 3 if not changes or "mmap" in changes else 1
+    prefill, decode = [], []
+    for _ in range(rounds):
+        reply = api.post(
+            "/completion", {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False}
+        )
+        timings = reply["timings"]
+        prefill.append(timings["prompt_per_second"])
+        decode.append(timings["predicted_per_second"])
+    result["gpu_used_after_prefill_mib"] = _gpu_used_mib()
+    result["prompt_tokens"] = reply["timings"]["prompt_n"]
+    result["prefill_tps"] = [round(v, 1) for v in prefill]
+    result["decode_tps"] = [round(v, 2) for v in decode]
+    result["decode_median"] = round(statistics.median(decode), 2)
+    result["token_ram_bytes"], result["token_vram_bytes"] = token_read_bytes(shape)
+
+
 def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> dict[str, object]:
     engine, name, *rest = case.split(":")
-    changes = {key: int(value) for key, value in (item.split("=") for item in rest)}
+    changes: dict[str, object] = {key: int(value) for key, value in (item.split("=") for item in rest)}
     if "ub" in changes:
         changes = {"ubatch_size": changes.pop("ub"), **changes}
     if "ctx" in changes:
@@ -169,28 +207,9 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
             start_new_session=True,
         )
     try:
-        if not _healthy(port, started + 240, server):
-            result["error"] = f"not healthy (exit {server.poll()})"
-            return result
-        result["load_s"] = round(time.time() - started, 1)
-        result["gpu_used_mib"] = _gpu_used_mib()
-        api = EngineApi(port)
-        warm = api.post("/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
-        result["completion"] = warm.get("content")
-        rounds = 3 if not changes or "mmap" in changes else 1
-        prefill, decode = [], []
-        for _ in range(rounds):
-            reply = api.post(
-                "/completion", {"prompt": PROMPT, "n_predict": 64, "ignore_eos": True, "cache_prompt": False}
-            )
-            timings = reply["timings"]
-            prefill.append(timings["prompt_per_second"])
-            decode.append(timings["predicted_per_second"])
-        result["prompt_tokens"] = reply["timings"]["prompt_n"]
-        result["prefill_tps"] = [round(v, 1) for v in prefill]
-        result["decode_tps"] = [round(v, 2) for v in decode]
-        result["decode_median"] = round(statistics.median(decode), 2)
-        result["token_ram_bytes"], result["token_vram_bytes"] = token_read_bytes(shape)
+        measure(api_port=port, server=server, started=started, changes=changes, shape=shape, result=result)
+    except StackError as err:  # e.g. the server died on a request: its buffers are still in the log
+        result["error"] = str(err)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -228,10 +247,7 @@ def main() -> None:
             if built != "ok":
                 print(f"{case} not run: its engine is {built}", flush=True)
                 continue
-            try:
-                result = run_case(case, directory, root, out, 18700 + number)
-            except StackError as err:  # e.g. the server died on a request: the next case still runs
-                result = {"case": case, "error": str(err)}
+            result = run_case(case, directory, root, out, 18700 + number)
             results.write(json.dumps(result) + "\n")
             results.flush()
             print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)

@@ -91,11 +91,12 @@ tune)
   wait_builds
   [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; exit 1; }
   stack=$work/$engine-$name.yaml
+  tag=$engine-$name$(printf '%s' "$*" | tr -c 'a-z0-9' '-')  # one file per tune: decode, prefill
   python3 -m builder compose --engine "$engine" --model "$work/models/$name.gguf" --preset "$preset" --gpu nvidia \
-    --skip-image-checks --for-other-host --port 18080 -o "$stack" >"$out/tune-$engine-$name.txt" 2>&1 ||
-    { cat "$out/tune-$engine-$name.txt"; exit 1; }
+    --skip-image-checks --for-other-host --port 18080 -o "$stack" >"$out/tune-$tag.txt" 2>&1 ||
+    { cat "$out/tune-$tag.txt"; exit 1; }
   python3 -m builder tune "$stack" --native-bin "$work/$engine/build/bin" --budget "${budget}s" \
-    --plot "$out/tune-$engine-$name.png" "$@" 2>&1 | tee -a "$out/tune-$engine-$name.txt"
-  cp "$work/$engine-$name.tuned.yaml" "$out/tune-$engine-$name.tuned.yaml" 2>/dev/null
+    --plot "$out/tune-$tag.png" "$@" 2>&1 | tee -a "$out/tune-$tag.txt"
+  cp "$work/$engine-$name.tuned.yaml" "$out/tune-$tag.tuned.yaml" 2>/dev/null
   ;;
 esac

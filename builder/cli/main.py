@@ -461,6 +461,12 @@ def synth_moe(
     experts_used: Annotated[int | None, typer.Option(min=1)] = None,
     hidden: Annotated[int | None, typer.Option(min=32)] = None,
     expert_ffn: Annotated[int | None, typer.Option(min=32)] = None,
+    vocab: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="pad the vocabulary with unused tokens to this size (a real model's: Qwen3 151936)"
+        ),
+    ] = None,
     quant: Annotated[
         str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
     ] = None,
@@ -479,6 +485,7 @@ def synth_moe(
         "experts_used": experts_used,
         "hidden": hidden,
         "expert_ffn": expert_ffn,
+        "vocab": vocab,
         "quant": quant,
     }
     try:

@@ -1,20 +1,23 @@
 """The GPU compute buffer each llama.cpp-family engine allocates for a hybrid stack (all layers on the
 GPU, routed experts on the CPU).
 
-Both engines size it by reserving their worst-case graph: a full micro-batch (`-ub`) of tokens, every
-one of them an output. Its peak is the larger of two stages:
-- the layers': attention (the mask, MLA's decompression), the activations per micro-batch token, and
-  the copy of the routed-expert weights that prefill's offload takes to the GPU (the scheduler copies a
-  CPU-resident weight into the GPU's compute buffer for the op it offloads: one tensor per op, so one
-  expert tensor for mainline's MUL_MAT_ID and two for ik_llama.cpp's fused up/gate; ggml-backend.cpp's
-  split inputs). Fitted here to the sizes the engines logged on the H200 for slices of the real widths
-  (bench/results/seed-models-2026-12-01 and -01b: native builds with the images' configure arguments,
-  the presets' stacks, `CUDA0 compute buffer size`). The slices did not depend on depth (8 and 16 layers
-  logged the same), but had fewer experts than the real models, so the expert copy is moved from the
-  slice's tensor size to the model's (from the sources: the slices could not show it);
-- the output: every token's logits and the final hidden state, f32 (both engines' reserve; ik_llama.cpp
-  prints the same `n_vocab * n_ubatch * 4` as its output layer's size). The slices' vocabulary is 341
-  tokens, a real one 129280 (R1) or 151936 (Qwen3): there the output stage can be the larger.
+Both engines size it by reserving their worst-case graph, a full micro-batch (`-ub`) of tokens; ggml's
+allocator reuses memory along the graph, so the buffer is its largest stage, not a sum:
+- attention's: the mask, MLA's decompression, the activations per micro-batch token. Fitted to the sizes
+  the engines logged on the H200 for slices of the real widths (bench/results/seed-models-2026-12-01,
+  -01b and -01c: native builds with the images' configure arguments, the presets' stacks, `CUDA0
+  compute buffer size`). Depth does not move it (8 and 16 layers logged the same).
+- prefill's MoE stage: the scheduler copies a CPU-resident weight into the GPU's compute buffer for the
+  op it offloads (ggml-backend.cpp, the split inputs), one expert tensor for mainline's MUL_MAT_ID, two
+  for ik_llama.cpp's fused up/gate, beside the experts' activations. The copy grows with the experts a
+  layer has, and the slices had fewer than the real models: on Qwen3-235B widths it is ik's peak (32
+  experts 288 MiB, 128 experts 936 MiB at 16k/512: the difference is the two tensors' growth), on R1
+  widths it is not (32 and 64 experts logged the same on both engines), so there the plan takes the
+  larger of the fitted stage and this one, moved to the model's expert count (an estimate).
+- the output: ik_llama.cpp reserves every micro-batch token's logits and two hidden-state rows, f32
+  (2048 x (151936 + 2 x 4096) x 4 B = 1251.0 MiB, logged to the MiB with Qwen3's vocabulary); mainline's
+  server reserves its slots' outputs only (`n_outputs_max = 1`: its buffer did not move, 341 or 151936
+  tokens).
 Where nothing was measured, a flat reserve stands and the plan says it is an estimate.
 """
 
@@ -36,7 +39,8 @@ R1_HEADS = 128
 DEFAULT_UBATCH = 512  # both engines' -ub when a stack doesn't set one
 F16_MASK_BYTES = 2  # the attention mask: ubatch x context, f16 (mainline's fits show exactly this term)
 # Expert tensors copied at once for an offloaded op: mainline's MUL_MAT_ID takes one weight, ik's fused
-# up/gate two.
+# up/gate two (ik's CPU build, which copies nothing, logged the 544 MiB of activations that ik's CUDA
+# 760 MiB less two 108 MiB tensors leaves; Qwen3-235B widths, 32 experts, 16k/2048).
 COPIED_EXPERT_TENSORS = {"llama.cpp": 1, "ik_llama.cpp": 2}
 # One routed-expert tensor (ffn_up/gate/down_exps of a layer) of the slices the fits were measured on:
 # 32 (R1, Qwen3-235B) or 128 (Qwen3-Next) experts of the real widths, Q4_0 (18 bytes per 32 weights).
@@ -45,6 +49,12 @@ SLICE_EXPERT_TENSOR_BYTES = {
     "qwen3moe": 32 * 4096 * 1536 * 18 // 32,  # 108 MiB
     "qwen3next": 128 * 2048 * 512 * 18 // 32,  # 72 MiB
 }
+# Architectures whose slices peaked in the MoE stage (their fit holds the slice's copy), and those whose
+# peak was attention (R1: 32 → 64 experts moved neither engine's buffer, 1158.1 / 3412 MiB at 16k/1024).
+PEAKS_IN_MOE = {"qwen3moe": True, "qwen3next": True, "deepseek2": False}
+# ik's MoE activations on Qwen3-235B widths (hidden 4096): 72 MiB at -ub 512, 544 at 2048 (above).
+MOE_ACTIVATIONS_MIB = ((512, 72.0), (2048, 544.0))
+MOE_ACTIVATIONS_HIDDEN = 4096
 # Mainline on R1 widths, the layers' stage less the mask, at the micro-batches measured (MiB): 622 at
 # 32k/512, 1158 at 16k/1024, 1644 at 32k/2048 (and 1548 at 8k/2048, which the mask term predicts).
 # It is not linear in -ub (+536 MiB from 512 to 1024, +390 from 1024 to 2048): interpolated.
@@ -69,19 +79,28 @@ def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: b
     logged, measured, basis = fitted
     slice_copy = expert_copy(engine, facts.arch, SLICE_EXPERT_TENSOR_BYTES[facts.arch])
     model_copy = expert_copy(engine, facts.arch, max(facts.expert_bytes, default=0) // 3)
-    layers = max(0, logged - slice_copy) + model_copy
-    if model_copy != slice_copy:  # from the sources: the slices had the one size
+    stage = logged
+    if PEAKS_IN_MOE[facts.arch] and model_copy != slice_copy:
+        stage = max(0, logged - slice_copy) + model_copy
         measured = False
         basis += f", prefill's expert copy moved to this model's {size_mib(model_copy)} (from the sources)"
-    output = output_stage(facts, ubatch)
-    if output > layers:
-        return ComputeEstimate(
+    elif not PEAKS_IN_MOE[facts.arch]:
+        moe = model_copy + moe_activations(facts, ubatch)
+        if moe > stage:
+            stage, measured = moe, False
+            basis = (
+                f"prefill's MoE stage: this model's expert copy ({size_mib(model_copy)}) and activations, "
+                f"from the sources, larger than attention's ({basis})"
+            )
+    output = output_stage(engine, facts, ubatch)
+    if output > stage:
+        return ComputeEstimate(  # its form held to the MiB (Qwen3's vocabulary, -ub 2048, H200)
             output,
-            False,
-            f"the output stage ({facts.vocab}-token vocabulary x {ubatch}-token micro-batch, f32, from the "
-            f"engines' sources), larger than the layers' ({basis})",
+            True,
+            f"the output stage ({facts.vocab}-token vocabulary x {ubatch}-token micro-batch, f32), larger "
+            f"than the layers' ({basis})",
         )
-    return ComputeEstimate(layers, measured, basis)
+    return ComputeEstimate(stage, measured, basis)
 
 
 def layer_stage(
@@ -114,9 +133,10 @@ def layer_stage(
         # 760 MiB at 16k/2048 with 32 experts; 936 at 16k/512 with 128 (two 432 MiB tensors copied,
         # bench/results/cuda-images-2026-11-30): less their copies, 544 and 72 MiB of activations (ik's
         # CPU build, which copies nothing, logged 544.02 MiB for the 32-expert file at 16k/2048).
-        activations = max(0.0, 72 + (ubatch - 512) * (544 - 72) / (2048 - 512)) * MIB
+        # 288 MiB at 16k/512 with 32 experts checks it (bench/results/seed-models-2026-12-01c).
+        activations = max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * MIB
         size = activations + expert_copy(engine, facts.arch, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
-        return int(size), False, "ik_llama.cpp on Qwen3-235B widths (H200, 2 points of unlike models)"
+        return int(size), 512 <= ubatch <= 2048, "ik_llama.cpp on Qwen3-235B widths (H200, 3 points)"
     return None
 
 
@@ -132,9 +152,19 @@ def size_mib(n_bytes: int) -> str:
     return f"{n_bytes / MIB:.0f} MiB"
 
 
-def output_stage(facts: ModelFacts, ubatch: int) -> int:
-    """Every token's logits and the final hidden state of a full micro-batch, f32."""
-    return ubatch * (facts.vocab + facts.hidden) * 4
+def output_stage(engine: str, facts: ModelFacts, ubatch: int) -> int:
+    """ik_llama.cpp: a full micro-batch's logits and two hidden-state rows a token, f32. Mainline's server
+    reserves one output a slot: nothing the other stages don't hold."""
+    if engine != "ik_llama.cpp":
+        return 0
+    return ubatch * (facts.vocab + 2 * facts.hidden) * 4
+
+
+def moe_activations(facts: ModelFacts, ubatch: int) -> int:
+    """The routed experts' activations in prefill's MoE stage: ik's on Qwen3-235B widths, scaled by the
+    hidden width (an estimate beyond those widths)."""
+    scale = (facts.hidden or MOE_ACTIVATIONS_HIDDEN) / MOE_ACTIVATIONS_HIDDEN
+    return int(max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * scale * MIB)
 
 
 def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:

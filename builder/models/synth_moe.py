@@ -79,8 +79,9 @@ _WORDS = [
 ]
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and types: specials, the 256 byte tokens, then a few whole words."""
+def vocabulary(size: int = 0) -> tuple[list[str], list[float], list[int]]:
+    """Tokens, scores and types: specials, the 256 byte tokens, a few whole words, then unused tokens up
+    to `size` (0: none; ValueError when `size` is smaller than the tokens before them)."""
     tt = gguf.TokenType
     tokens = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     types = [tt.UNKNOWN, tt.CONTROL, tt.CONTROL, tt.CONTROL, tt.CONTROL]
@@ -90,13 +91,24 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     tokens += pieces
     types += [tt.NORMAL] * len(pieces)
     scores = [0.0] * (len(tokens) - len(pieces)) + [-float(i) for i in range(len(pieces))]
+    if size and size < len(tokens):
+        raise ValueError(f"vocab must be 0 or at least {len(tokens)} (the byte-level tokens and words)")
+    padding = max(0, size - len(tokens))
+    tokens += [f"<|unused_{i}|>" for i in range(padding)]
+    types += [tt.UNUSED] * padding
+    scores += [-1e9] * padding
     return tokens, scores, [int(t) for t in types]
 
 
-def unprintable_token_ids() -> list[int]:
-    """Control tokens and the bytes 0x80-0xFF: alone they are not valid UTF-8 text."""
-    tokens, _, types = vocabulary()
-    control = [i for i, kind in enumerate(types) if kind == int(gguf.TokenType.CONTROL)]
+def vocab_size(shape: MoeShape) -> int:
+    return shape.vocab or len(vocabulary()[0])
+
+
+def unprintable_token_ids(size: int = 0) -> list[int]:
+    """Control and unused tokens and the bytes 0x80-0xFF: alone they are not valid UTF-8 text."""
+    tokens, _, types = vocabulary(size)
+    silent = (int(gguf.TokenType.CONTROL), int(gguf.TokenType.UNUSED))
+    control = [i for i, kind in enumerate(types) if kind in silent]
     return control + [tokens.index(f"<0x{b:02X}>") for b in range(0x80, 0x100)]
 
 
@@ -125,7 +137,7 @@ def _quant_blocks(
     return data.reshape(*reversed(ne[1:]), -1)
 
 
-def _array(rng: np.random.Generator, ne: tuple[int, ...], kind: str, quant: str) -> np.ndarray:
+def _array(rng: np.random.Generator, ne: tuple[int, ...], kind: str, model: MoeShape) -> np.ndarray:
     shape = tuple(reversed(ne))
     if kind == "norm":
         return np.ones(shape, dtype=np.float32)
@@ -135,7 +147,7 @@ def _array(rng: np.random.Generator, ne: tuple[int, ...], kind: str, quant: str)
         return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if kind == "conv":
         return rng.normal(0.0, 0.3, shape).astype(np.float32)
-    return _quant_blocks(rng, ne, quant, unprintable_token_ids() if kind == "head" else [])
+    return _quant_blocks(rng, ne, model.quant, unprintable_token_ids(model.vocab) if kind == "head" else [])
 
 
 def _is_quantized(kind: str) -> bool:
@@ -153,7 +165,7 @@ def tensor_bytes(ne: tuple[int, ...], kind: str, quant: str) -> int:
 def token_read_bytes(shape: MoeShape) -> tuple[int, int]:
     """Weight bytes one decoded token reads in a hybrid stack: (from RAM: the routed experts it runs
     through; from VRAM: every other weight, one row of the embeddings)."""
-    n_vocab = len(vocabulary()[0])
+    n_vocab = vocab_size(shape)
     ram = vram = 0
     for name, ne, kind in shape.tensors(n_vocab):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
@@ -170,7 +182,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     experts = [0] * shape.layers
     other = embedding = 0
     cached = set()
-    for name, ne, kind in shape.tensors(len(vocabulary()[0])):
+    for name, ne, kind in shape.tensors(vocab_size(shape)):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
         if ROUTED_EXPERT.match(name):
             experts[int(name.split(".")[1])] += n_bytes
@@ -205,14 +217,14 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         recurrent_state_bytes=state,
         heads=shape.heads,
         embedding_bytes=embedding,
-        vocab=len(vocabulary()[0]),
+        vocab=vocab_size(shape),
         hidden=shape.hidden,
     )
 
 
 def model_file_bytes(shape: MoeShape) -> int:
     """The tensor data's size (the file is this plus its header and vocabulary)."""
-    return sum(tensor_bytes(ne, kind, shape.quant) for _name, ne, kind in shape.tensors(len(vocabulary()[0])))
+    return sum(tensor_bytes(ne, kind, shape.quant) for _name, ne, kind in shape.tensors(vocab_size(shape)))
 
 
 DEFAULT_SHAPE = MoeShape()  # a tiny qwen3moe
@@ -223,7 +235,7 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
     path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(shape.vocab)
     writer = gguf.GGUFWriter(str(tmp), shape.arch)
     writer.add_name(f"moe-stack synthetic {shape.arch}")
     shape.metadata(writer)
@@ -260,7 +272,7 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for _name, ne, kind in specs:  # then the data, one tensor at a time
-        writer.write_tensor_data(_array(rng, ne, kind, shape.quant))
+        writer.write_tensor_data(_array(rng, ne, kind, shape))
     writer.close()
     tmp.replace(path)
     return path

@@ -24,6 +24,7 @@ QUANTS = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationT
 # "quant" (random blocks), "head" (the output matrix), "norm" (F32 ones), "f32" (small F32 values),
 # "decay" (F32, negative: the recurrent layers' A), "conv" (F32 convolution taps).
 Tensor = tuple[str, tuple[int, ...], str]
+MIN_VOCAB = 512  # room for the byte-level vocabulary synth_moe writes before any padding
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class MoeShape:
     context: int = 4096
     quant: str = "Q8_0"
     rope_base: float = 1_000_000.0
+    # The vocabulary's size: 0 is the byte-level one synth_moe writes (a few hundred tokens); more pads it
+    # with unused tokens to a real model's width (Qwen3's 151936, R1's 129280), so the embeddings, the
+    # output head and the compute buffer's output stage have their real sizes.
+    vocab: int = 0
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -53,6 +58,8 @@ class MoeShape:
             raise ValueError("heads*head_dim must be a multiple of 32 and experts_used <= experts")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.vocab and self.vocab < MIN_VOCAB:
+            raise ValueError(f"vocab must be 0 (the byte-level vocabulary) or at least {MIN_VOCAB}")
 
     @property
     def dense_width(self) -> int:

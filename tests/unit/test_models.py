@@ -13,6 +13,7 @@ from builder.models.planner import read_facts
 from builder.models.synth_moe import (
     MoeShape,
     model_file_bytes,
+    shape_facts,
     token_read_bytes,
     unprintable_token_ids,
     vocabulary,
@@ -74,6 +75,21 @@ def test_output_head_mutes_tokens_that_are_not_text(tmp_path: Path) -> None:
     assert len(muted) == 4 + 128  # <s>, </s>, <|im_start|>, <|im_end|> and bytes 0x80-0xFF
     assert not rows[muted].any()
     assert (abs(rows).sum(axis=1) > 0).sum() == len(rows) - len(muted)
+
+
+def test_a_padded_vocabulary_has_the_real_width_and_stays_silent(tmp_path: Path) -> None:
+    shape = MoeShape(layers=1, vocab=2048)
+    path = write_moe_gguf(tmp_path / "v.gguf", shape)
+    reader = gguf.GGUFReader(str(path))
+    head = next(t for t in reader.tensors if t.name == "output.weight")
+    assert [int(n) for n in head.shape] == [shape.hidden, 2048]
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 2048
+    rows = gguf.quants.dequantize(head.data, head.tensor_type)
+    spoken = len(vocabulary()[0]) - len(unprintable_token_ids())
+    assert (abs(rows).sum(axis=1) > 0).sum() == spoken, "the padding's rows are zero: never sampled"
+    assert shape_facts(shape) == read_facts(path)
+    with pytest.raises(ValueError, match="vocab must be 0"):
+        MoeShape(vocab=300)
 
 
 def _fields(reader: gguf.GGUFReader) -> dict[str, object]:

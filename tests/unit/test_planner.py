@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 from typing import get_args
@@ -136,7 +137,7 @@ def test_every_cache_type_a_stack_takes_has_a_size() -> None:
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
-DEVICE_RUNS = (RESULTS / "seed-models-2026-12-01", RESULTS / "seed-models-2026-12-01b")
+DEVICE_RUNS = tuple(RESULTS / f"seed-models-2026-12-01{run}" for run in ("", "b", "c"))
 # The slices bench/device/seed_models.py wrote on the H200: real widths, fewer experts and layers.
 DEVICE_MODELS = {
     "r1-8": ("deepseek2", {"layers": 8, "experts": 32}),
@@ -144,6 +145,8 @@ DEVICE_MODELS = {
     "qn-8": ("qwen3next", {"layers": 8, "experts": 128}),
     "qn-16": ("qwen3next", {"layers": 16, "experts": 128}),
     "q235-8": ("qwen3moe", {"layers": 8, "experts": 32}),
+    "r1-8-e64": ("deepseek2", {"layers": 8, "experts": 64}),
+    "q235-8-v": ("qwen3moe", {"layers": 8, "experts": 32, "vocab": 151936}),
 }
 
 
@@ -188,7 +191,7 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
     KV cache (with the recurrent state) and compute buffer against the engine's own CUDA0 buffer lines,
     within 10 %: R1 at 8k-32k and -ub 512-2048, Qwen3-Next at 8k-131k, Qwen3-235B at 16k-32k."""
     runs = _device_runs()
-    assert len(runs) >= 27 and {run["engine"] for run in runs} == {"llama.cpp", "ik_llama.cpp"}
+    assert len(runs) >= 31 and {run["engine"] for run in runs} == {"llama.cpp", "ik_llama.cpp"}
     assert {run["model"] for run in runs} == set(DEVICE_MODELS)
     for run in runs:
         arch, changes = DEVICE_MODELS[run["model"]]
@@ -236,31 +239,71 @@ def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
     assert not gpu_compute("llama.cpp", facts, 32768, 2048, latent=False).measured
 
 
-def test_a_real_vocabulary_makes_the_output_stage_the_larger() -> None:
-    """Both engines reserve every token's logits: Qwen3-Next's 151936 tokens x -ub 2048 in f32 (1.2 GiB)
-    outweigh its layers' 0.2-0.3 GiB; the slices (341 tokens) never showed it."""
-    slice_facts = shape_facts(seed_shape("qwen3next", layers=8, experts=128))
-    layers = gpu_compute("llama.cpp", slice_facts, 32768, 2048, latent=False)
-    real_vocab = replace(slice_facts, vocab=151936)
-    estimate = gpu_compute("llama.cpp", real_vocab, 32768, 2048, latent=False)
-    assert layers.bytes < 0.3 * GIB and layers.measured
-    assert estimate.bytes == 2048 * (151936 + 2048) * 4 and not estimate.measured
-    assert "output stage" in estimate.basis
-    # ik's R1 layers (6.7 GiB) stay the larger with R1's 129280 tokens.
+def _logged_line(archive: Path, log: str, pattern: str) -> float:
+    """A MiB figure from a server log in a results archive."""
+    with tarfile.open(archive) as logs:
+        member = logs.extractfile(log)
+        assert member is not None
+        found = re.search(pattern, member.read().decode(errors="replace"))
+    assert found, (archive, log, pattern)
+    return float(found.group(1)) * 1024**2
+
+
+def test_a_real_vocabulary_is_iks_output_stage_and_not_mainlines() -> None:
+    """The 32-expert Qwen3-235B slice with Qwen3's 151936 tokens (H200, -01c): ik's buffer went from 760
+    to 1251.0 MiB, its output stage to the MiB; mainline's stayed at 908.1 (its server reserves one output
+    a slot). ik's Qwen3-Next layers (0.25 GiB) are below that stage; ik's R1 attention (6.7 GiB) above."""
+    runs = {run["case"]: run for run in _device_runs()}
+    ik = _logged(runs["ik_llama.cpp:q235-8-v:ctx=16384"], "CUDA0", ("compute",))
+    assert ik == 2048 * (151936 + 2 * 4096) * 4
+    byte_level = _logged(runs["llama.cpp:q235-8:ctx=16384"], "CUDA0", ("compute",))
+    assert _logged(runs["llama.cpp:q235-8-v:ctx=16384"], "CUDA0", ("compute",)) == byte_level
+    qn = replace(shape_facts(seed_shape("qwen3next", layers=8, experts=128)), vocab=151936)
+    estimate = gpu_compute("ik_llama.cpp", qn, 32768, 2048, latent=False)
+    assert estimate.bytes == 2048 * (151936 + 2 * 2048) * 4 and "output stage" in estimate.basis
+    assert gpu_compute("llama.cpp", qn, 32768, 2048, latent=False).bytes < 0.3 * GIB
     r1 = replace(shape_facts(seed_shape("deepseek2", layers=8, experts=32)), vocab=129280)
-    assert gpu_compute("ik_llama.cpp", r1, 32768, 2048, latent=True).measured
+    assert gpu_compute("ik_llama.cpp", r1, 32768, 2048, latent=True).bytes > 6.5 * GIB
 
 
-def test_the_real_expert_count_moves_prefills_expert_copy() -> None:
-    """The slices had 32 experts; the full R1 has 256: the expert tensor prefill's offload copies to the
-    GPU grows from 252 MiB to 2016 MiB (Q4_0), twice for ik's fused up/gate, once for mainline."""
-    slice_facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
+def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
+    """ik on the Qwen3-235B slice at 16k/512: 288 MiB with 32 experts (-01c, a server log: that run then
+    aborted), 936 with 128 (cuda-images-2026-11-30): the two copied tensors' growth, 2 x 324 MiB. R1
+    widths, 32 and 64 experts at 16k/1024, the same buffer on both engines: there the copy sits below
+    attention, and for the full 256 experts the plan takes the larger of the two stages."""
+    ik_32 = _logged_line(
+        RESULTS / "seed-models-2026-12-01c/call4-server-logs.tar.xz",
+        "ik_llama.cpp_q235-8_ub512.log",
+        r"CUDA0 compute buffer size =\s+([\d.]+) MiB",
+    )
+    assert ik_32 == 288 * 1024**2
+    q235 = shape_facts(seed_shape("qwen3moe", layers=8, experts=32))
+    assert gpu_compute("ik_llama.cpp", q235, 16384, 512, latent=False).bytes == pytest.approx(ik_32, rel=0.01)
+    q235_128 = shape_facts(seed_shape("qwen3moe", layers=8, experts=128))
+    growth = gpu_compute("ik_llama.cpp", q235_128, 16384, 512, latent=False).bytes - ik_32
+    assert growth == pytest.approx(2 * 96 * 4096 * 1536 * 18 // 32, rel=0.01)
+    runs = {run["case"]: run for run in _device_runs()}
+    for engine in ("llama.cpp", "ik_llama.cpp"):
+        logged = [
+            _logged(runs[f"{engine}:{model}:ub=1024:ctx=16384"], "CUDA0", ("compute",))
+            for model in ("r1-8", "r1-8-e64")
+        ]
+        assert abs(logged[0] - logged[1]) < 1024**2, (engine, logged)
     full = shape_facts(seed_shape("deepseek2"))
-    growth = (max(full.expert_bytes) - max(slice_facts.expert_bytes)) // 3
-    assert growth == (256 - 32) * 7168 * 2048 * 18 // 32
-    for engine, tensors in (("ik_llama.cpp", 2), ("llama.cpp", 1)):
-        sliced = gpu_compute(engine, slice_facts, 32768, 2048, latent=True).bytes
-        assert gpu_compute(engine, full, 32768, 2048, latent=True).bytes - sliced == tensors * growth
+    mainline = gpu_compute("llama.cpp", full, 32768, 2048, latent=True)
+    assert mainline.bytes > 2016 * 1024**2 and not mainline.measured and "MoE stage" in mainline.basis
+    ik = gpu_compute("ik_llama.cpp", full, 32768, 2048, latent=True)
+    assert (
+        ik.measured
+        and ik.bytes
+        == gpu_compute(
+            "ik_llama.cpp",
+            shape_facts(seed_shape("deepseek2", layers=8, experts=32)),
+            32768,
+            2048,
+            latent=True,
+        ).bytes
+    )
 
 
 def test_k_and_v_of_different_types_are_sized_apart() -> None:
