@@ -265,12 +265,17 @@ Mebibytes = Annotated[int, BeforeValidator(_mebibytes)]
 
 
 def option(
-    default: int | None, *flags: str, help: str, ge: float | None = None, le: float | None = None
+    default: int | None,
+    *flags: str,
+    help: str,
+    ge: float | None = None,
+    le: float | None = None,
+    pattern: str | None = None,
 ) -> Any:
     """A neutral option's one declaration: its default and limits, and how the command line spells it
     (`flags`: typer's declarations, e.g. "--ctx-size", "-c" or "--mmap/--no-mmap") with its help."""
     spelled: dict[str, Any] = {"flags": list(flags)}
-    return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le)
+    return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le, pattern=pattern)
 
 
 def option_flags(name: str) -> tuple[str, ...]:
@@ -317,6 +322,21 @@ class NeutralOptions(_Spec):
         "--kt-method",
         help="KTransformers CPU expert backend: LLAMAFILE (GGUF, any AVX2+ CPU; default), AMXINT4 or "
         "AMXINT8 (converted weights, AMX)",
+    )
+    # KTransformers (SGLang): the parsers that split a reply's reasoning (`<think>`) into
+    # reasoning_content and its tool calls into tool_calls (server_args.py's --reasoning-parser and
+    # --tool-call-parser of sglang-kt 0.7.2; its --help lists the choices, which compose checks).
+    reasoning_parser: str | None = option(
+        None,
+        "--reasoning-parser",
+        help="KTransformers: the reasoning parser, e.g. deepseek-r1, qwen3 (default: the preset's)",
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
+    )
+    tool_call_parser: str | None = option(
+        None,
+        "--tool-call-parser",
+        help="KTransformers: the tool-call parser, e.g. deepseekv3, qwen25 (default: the preset's)",
+        pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
     )
     # False: read the weights into the engine's own memory instead of mmapping the file (mainline
     # llama.cpp then keeps the CPU-side weights in the GPU's pinned host memory: faster prefill offload).

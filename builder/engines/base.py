@@ -55,6 +55,8 @@ class Engine(ABC):
     serves_on_cpu: bool = True  # a CPU-only stack exists (KTransformers' server needs the GPU)
     # Whether it reads the model's config and tokenizer from a Hugging Face directory (--config-dir).
     needs_config_dir: bool = False
+    # Whether that directory must hold the checkpoint's weights too (SGLang loads the non-expert ones).
+    config_dir_weights: bool = False
     # Whether it picks its CPU code path at run time, so the `portable` target exists for it.
     runtime_dispatch: bool = False
     cuda_only: bool = False  # no CPU-only image (it compiles CUDA kernels)

@@ -13,7 +13,7 @@ from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.platform.clone import clone_commands
-from builder.platform.flags import has_flag
+from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
 from builder.spec import (
     BaseImages,
@@ -84,6 +84,11 @@ def torch_index(cuda: CudaTarget, pypi_cuda: str) -> str | None:
 def torch_arch_list(cuda: CudaTarget) -> str:
     """TORCH_CUDA_ARCH_LIST for the GPU archs: 86 → 8.6, 120 → 12.0."""
     return ";".join(f"{arch // 10}.{arch % 10}" for arch in cuda.archs)
+
+
+def _words(names: list[str]) -> str:
+    """Requirements as shell words ("ktransformers[sglang]" would be a glob)."""
+    return " ".join(shlex.quote(name) for name in names)
 
 
 def _cpu_instruct(cpu: CpuTarget) -> str:
@@ -168,6 +173,7 @@ class _PythonEngine(Engine):
     package_dir: str  # the directory of the source tree that pip builds
     pypi_torch_cuda: str  # the CUDA release PyPI's x86-64 build of the torch it pins is for
     health_path = "/health"  # what answers 200 once the model is loaded
+    carries_sgl_kernel = False  # SGLang's CUDA kernels, placed and checked per arch at build time
 
     def extra_index(self, cuda: CudaTarget) -> str:
         """pip's option for PyTorch's index, where this CUDA target needs it."""
@@ -221,12 +227,15 @@ class _PythonEngine(Engine):
             "engine_bin": SERVER_WRAPPER if has_server else KT_CHECK,
             "engine_env": self.engine_env(spec),
             "health_path": self.health_path,
+            "gpu_libs_archs": ",".join(map(str, spec.cuda.archs))
+            if has_server and self.carries_sgl_kernel
+            else "",
         }
 
     def context_files(self, root: Path) -> dict[str, str]:
         return {
             name: (root / "ktransformers" / name).read_text()
-            for name in ("moe-stack-kt-check", "moe-stack-server")
+            for name in ("moe-stack-kt-check", "moe-stack-server", "moe-stack-kt-gpu-libs")
         }
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
@@ -258,9 +267,13 @@ class _PythonEngine(Engine):
                 "llama.cpp/ik_llama.cpp for a CPU-only stack"
             )
         if stack.config_dir is None:
+            what = (
+                "checkpoint (config.json, tokenizer, *.safetensors)"
+                if self.config_dir_weights
+                else ("directory (config.json, tokenizer files)")
+            )
             raise StackError(
-                f"{self.name} reads the model's config and tokenizer from its Hugging Face directory "
-                "(config.json, tokenizer files): give --config-dir DIR"
+                f"{self.name} reads the model from its Hugging Face {what}: give --config-dir DIR"
             )
 
 
@@ -287,6 +300,8 @@ class KTransformers(_PythonEngine):
             "served_name",
             "metrics",
             "kt_method",
+            "reasoning_parser",
+            "tool_call_parser",
             "gpu_experts",
             "config_dir",
             "trust_remote_code",
@@ -310,14 +325,30 @@ class KTransformers(_PythonEngine):
             "--port",
             "--served-model-name",
             "--enable-metrics",
+            "--reasoning-parser",
+            "--tool-call-parser",
         )
     )
     model_flags = ("--model-path", "--kt-weight-path")
+    carries_sgl_kernel = True
+    # SGLang loads attention, embeddings, norms and router from --model-path ("Cannot find any model
+    # weights" without them); kt-kernel only the routed experts from --kt-weight-path.
+    config_dir_weights = True
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
     def caches_latent(self, mla: int | None) -> bool:
         """SGLang serves DeepSeek with MLA: its cache holds the latent."""
         return True
+
+    def check_image(self, spec: ImageSpec) -> None:
+        """sgl_kernel 0.3.21.post2's CUDA libraries link CUDA 12's (libcudart.so.12, libcublas.so.12:
+        readelf of the wheels' common_ops): a CUDA 13 venv has neither, so its server could not start."""
+        super().check_image(spec)
+        if spec.cuda.version is not None and not spec.cuda.version.startswith("12."):
+            raise SpecError(
+                f"{self.name} {spec.ref}'s SGLang kernels (sgl_kernel) link CUDA 12 (libcudart.so.12, "
+                f"libcublas.so.12), which a CUDA {spec.cuda.version} image lacks: build it with --cuda 12.8"
+            )
 
     def default_source(self, ref: str | None) -> EngineSource:
         return PypiSource(ref=ref or self.default_ref)
@@ -334,11 +365,18 @@ class KTransformers(_PythonEngine):
         return frozenset({"--model-path", "--host", "--port", "--kt-weight-path", "--kt-cpuinfer"})
 
     def _packages(self, spec: ImageSpec, pinned: bool) -> list[str]:
-        names = ["kt-kernel"] + (["sglang-kt"] if spec.cuda.version is not None else [])
-        return [f"{name}=={spec.ref}" for name in names] if pinned else names
+        """kt-kernel alone for a CPU kernel image; with a server the documented `ktransformers[sglang]`:
+        its meta wheel alone carries sgl_kernel's Hopper library, and it and four of its dependencies
+        one part each of the library every other GPU loads (KT-ON-THE-GPU: without it `import
+        sgl_kernel` fails on sm_90 and sm_120)."""
+        if spec.cuda.version is None:
+            return [f"kt-kernel=={spec.ref}" if pinned else "kt-kernel"]
+        return [f"ktransformers[sglang]=={spec.ref}" if pinned else "ktransformers[sglang]"]
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
-        return self._packages(spec, pinned=True)
+        """What the wheelhouse stage downloads (no dependencies: the install resolves those)."""
+        names = ["kt-kernel"] + (["sglang-kt", "ktransformers"] if spec.cuda.version is not None else [])
+        return [f"{name}=={spec.ref}" for name in names]
 
     def build_env(self, spec: ImageSpec, tools: Toolchain) -> dict[str, str]:
         env = super().build_env(spec, tools)
@@ -360,14 +398,12 @@ class KTransformers(_PythonEngine):
                 f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}",
             ]
         if mode == "wheels":
-            return [
-                f"{pip} --no-index --find-links /wheelhouse {' '.join(self._packages(spec, pinned=False))}"
-            ]
+            return [f"{pip} --no-index --find-links /wheelhouse {_words(self._packages(spec, pinned=False))}"]
         # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
         return [
             (
                 f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
-                f"{' '.join(self._packages(spec, pinned=mode == 'pypi'))}"
+                f"{_words(self._packages(spec, pinned=mode == 'pypi'))}"
             )
         ]
 
@@ -431,6 +467,13 @@ class KTransformers(_PythonEngine):
             args.append("--enable-metrics")
         if stack.trust_remote_code:
             args.append("--trust-remote-code")
+        for flag, value in (
+            ("--reasoning-parser", stack.reasoning_parser),
+            ("--tool-call-parser", stack.tool_call_parser),
+        ):
+            if value is not None:  # written even where the contract lacks it: compose then refuses it
+                check_choice(flags, flag, value, self.name)
+                args += [flag, value]
         return args
 
 

@@ -99,6 +99,16 @@ def takes_value(flags: dict[str, str], flag: str) -> bool:
     return bool(flags.get(flag))
 
 
+def check_choice(flags: dict[str, str] | None, flag: str, value: str, who: str) -> None:
+    """Fail where the contract lists `flag`'s choices (argparse's `{a,b,c}`) and `value` is not one."""
+    placeholder = (flags or {}).get(flag, "")
+    if not (placeholder.startswith("{") and placeholder.endswith("}")):
+        return
+    choices = placeholder[1:-1].split(",")
+    if value not in choices:
+        raise StackError(f"{who} takes {flag} {' | '.join(choices)}, not {value!r}: give one of them")
+
+
 def has_flag(flags: dict[str, str] | None, flag: str) -> bool:
     """Whether the image's contract lists `flag`; an unknown contract (None) is taken to have it, and
     the adapter writes its engine's current syntax."""

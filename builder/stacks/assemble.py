@@ -166,7 +166,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         numa_nodes=where.numa_nodes,
         numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
         cpuset=where.cpuset,
-        config_dir=check_config_dir(options.config_dir) if options.config_dir is not None else None,
+        config_dir=check_config_dir(options.config_dir, adapter.config_dir_weights)
+        if options.config_dir is not None
+        else None,
         gpu_experts=gpu_experts,
         gpu=options.gpu,
         gpu_ids=options.gpus,

@@ -111,15 +111,31 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
         )
 
 
-def check_config_dir(path: Path) -> Path:
-    """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory."""
+# The weight files a Hugging Face checkpoint holds (SGLang's loader takes these).
+CHECKPOINT_WEIGHTS = ("*.safetensors", "*.bin")
+
+
+def check_config_dir(path: Path, weights: bool) -> Path:
+    """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory, and
+    (`weights`: its SGLang server) the non-expert weights too."""
     path = path.expanduser().resolve()
     if not (path / "config.json").is_file():
+        needs = (
+            "config.json, tokenizer files and the *.safetensors weights"
+            if weights
+            else ("config.json and tokenizer files, no weights needed")
+        )
         raise StackError(
-            f"--config-dir {path} has no config.json: give the model's Hugging Face directory "
-            "(config.json and tokenizer files, no weights needed)"
+            f"--config-dir {path} has no config.json: give the model's Hugging Face directory ({needs})"
         )
     check_readable_in_container(path / "config.json")
+    if weights and not any(next(path.glob(pattern), None) for pattern in CHECKPOINT_WEIGHTS):
+        raise StackError(
+            f"--config-dir {path} has config.json but no weights (*.safetensors): KTransformers' SGLang "
+            "server loads attention, embeddings and router from the model's Hugging Face checkpoint and "
+            "kt-kernel only the experts from --model; fetch the checkpoint into it (moe-stack fetch-model "
+            "--hf ORG/MODEL --dest DIR)"
+        )
     return path
 
 

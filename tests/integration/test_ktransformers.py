@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -188,3 +190,27 @@ def test_a_stack_from_the_kernel_image_is_refused_in_one_line(
     no_server = run_cli(*common, "--gpu", "nvidia")
     assert no_server.returncode == 1 and "has no server" in no_server.stderr
     assert not out.exists()
+
+
+def test_kt_kernel_alone_lacks_the_gpu_kernels_the_build_step_needs(
+    kt_wheelhouse: Path, tmp_path: Path
+) -> None:
+    """The released kt-kernel wheel, unpacked as pip would: sgl_kernel's payload manifest is read from
+    it, and the GPU library step refuses it in one line, naming the parts only `ktransformers[sglang]`
+    brings (what the CUDA images installed before: kt-kernel and sglang-kt, no meta wheel)."""
+    wheel = next(kt_wheelhouse.glob("kt_kernel-*.whl"))
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as unpacked:
+        unpacked.extractall(site)
+    script = Path(__file__).parents[2] / "dockerfiles/ktransformers/moe-stack-kt-gpu-libs"
+    result = subprocess.run(
+        [sys.executable, str(script), "--archs", "90", "--site-packages", str(site)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for part in ("transformers_kt_sgl_kernel_payload", "sglang_kt_sgl_kernel_payload"):
+        assert part in result.stderr
+    assert "ktransformers_sgl_kernel_payload" in result.stderr and "ktransformers[sglang]" in result.stderr
+    assert (site / "sgl_kernel_kt_payload_core/payload.part").is_file()  # kt-kernel's own part is there

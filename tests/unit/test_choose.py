@@ -118,7 +118,7 @@ def test_ktransformers_picks_the_amx_pin_on_a_xeon_and_needs_a_gpu(tmp_path: Pat
     xeon = _host(tmp_path / "x", XEON_EMR_FLAGS, "NVIDIA H200, 9.0, 580.159.04, 143771\n")
     assert (
         choose_variant(xeon, _matrix("ktransformers")).offered.tag
-        == f"{pinned_ref('ktransformers')}-cuda13.0-sapphirerapids"
+        == f"{pinned_ref('ktransformers')}-cuda12.8-sapphirerapids"
     )
     assert (
         choose_variant(xeon, _matrix("ktransformers-legacy")).offered.tag == "v0.2.4-cuda12.8-sapphirerapids"

@@ -224,8 +224,12 @@ def test_the_default_registry_is_said_to_hold_nothing_yet() -> None:
         (["render", "--cuda-base", "pypi"], ["goes with --cuda 13.0"]),
         (["render", "--cuda", "13.0", "--cuda-base", "conda"], ["--cuda-base 'conda'", "nvidia", "pypi"]),
         (
-            ["render", "--engine", "ktransformers", "--cuda", "13.0", "--cuda-base", "pypi"],
+            ["render", "--engine", "ktransformers-legacy", "--cuda", "13.0", "--cuda-base", "pypi"],
             ["drop --cuda-base pypi"],
+        ),
+        (
+            ["render", "--engine", "ktransformers", "--cuda", "13.0"],
+            ["sgl_kernel", "link CUDA 12 (libcudart.so.12", "--cuda 12.8"],
         ),
     ],
 )

@@ -176,6 +176,7 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
     config.mkdir(mode=0o755)
     (config / "config.json").write_text("{}")
     (config / "config.json").chmod(0o644)
+    (config / "model.safetensors").write_bytes(b"")  # SGLang loads the non-expert weights from here
     out = tmp_path / "c.yaml"
     result = run_cli(
         "compose",

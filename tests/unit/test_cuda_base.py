@@ -128,6 +128,8 @@ def test_pypi_base_needs_cuda_and_is_refused_for_ktransformers() -> None:
     with pytest.raises(ValueError, match="goes with --cuda 13.0"):
         image_spec("llama.cpp", "zen4", base=PYPI)
     with pytest.raises(SpecError, match="drop --cuda-base pypi"):
+        render_engine(image_spec("ktransformers-legacy", "zen4", cuda=cuda_target("13.0"), base=PYPI))
+    with pytest.raises(SpecError, match="link CUDA 12"):  # and the current one has no CUDA 13 image
         render_engine(image_spec("ktransformers", "zen4", cuda=cuda_target("13.0"), base=PYPI))
 
 

@@ -66,6 +66,8 @@ CHANGED: dict[str, object] = {
     "idle_unload": "10m",
     "cache_ram": "2g",
     "kt_method": "AMXINT8",
+    "reasoning_parser": "qwen3",
+    "tool_call_parser": "qwen25",
     "gpu_experts": 4,
     "config_dir": "other-config",
     "trust_remote_code": True,

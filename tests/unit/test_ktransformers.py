@@ -24,6 +24,7 @@ from builder.platform.targets import cpu_target
 from builder.spec import ImageSpec, LocalSource, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
+from tests.cli import run_cli_in_process
 from tests.unit.variants import UNPUBLISHED
 
 KT = get_engine("ktransformers")
@@ -204,6 +205,47 @@ def test_what_ktransformers_refuses(tmp_path: Path, update: dict[str, object], m
         KT.server_args(_stack(tmp_path, **update), None)
 
 
+def test_sglang_needs_the_checkpoints_weights_in_the_config_dir(tmp_path: Path) -> None:
+    """SGLang loads attention, embeddings and router from --model-path ("Cannot find any model weights"
+    without them); the legacy server reads only config and tokenizer there."""
+    tmp_path.chmod(0o755)  # the engine's user reads the model and the directory in the container
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model.chmod(0o644)
+    hf = tmp_path / "hf"
+    hf.mkdir(mode=0o755)
+    (hf / "config.json").write_text("{}")
+    (hf / "config.json").chmod(0o644)
+
+    def compose(engine: str) -> tuple[int, str]:
+        result = run_cli_in_process(
+            "compose",
+            "--engine",
+            engine,
+            "--model",
+            str(model),
+            "--config-dir",
+            str(hf),
+            "--gpu",
+            "nvidia",
+            "--image",
+            f"ghcr.io/moe-stack/{engine}:test-cuda12.8-avx2",
+            "--skip-image-checks",
+            "--for-other-host",
+            "--out",
+            str(tmp_path / f"{engine}.yaml"),
+        )
+        return result.returncode, result.stdout + result.stderr
+
+    code, output = compose("ktransformers")
+    assert code != 0 and "has config.json but no weights (*.safetensors)" in output
+    assert "fetch-model --hf" in output and "Traceback" not in output
+    assert not (tmp_path / "ktransformers.yaml").exists()
+    assert compose("ktransformers-legacy")[0] == 0
+    (hf / "model-00001-of-00002.safetensors").write_bytes(b"")
+    assert compose("ktransformers")[0] == 0
+
+
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
     zen4 = CpuInfo(flags=flags_of("zen4"), logical_cpus=64, physical_cores=32)
     with pytest.raises(
@@ -287,3 +329,24 @@ def test_served_name_metrics_and_sampling_in_ktransformers(tmp_path: Path) -> No
         KT.server_args(
             _stack(tmp_path, temperature=0.6, top_k=20), None
         )  # SGLang: the model's generation config
+
+
+def test_each_preset_gives_sglang_its_reasoning_and_tool_call_parsers(tmp_path: Path) -> None:
+    """R1's <think> and V3-format tool calls, Qwen3's <think> and <tool_call> JSON, Qwen3-Next Instruct's
+    tool calls only; a value the image's --help does not list is refused in one line."""
+    expected = {
+        "deepseek-r1-671b": ("deepseek-r1", "deepseekv3"),
+        "qwen3-235b-a22b": ("qwen3", "qwen25"),
+        "qwen3-next-80b-a3b": (None, "qwen25"),
+    }
+    for name, (reasoning, tools) in expected.items():
+        stack = _stack(tmp_path).with_options(get_preset(name).engine_options("ktransformers"))
+        args = KT.server_args(stack, None)
+        got = args[args.index("--reasoning-parser") + 1] if "--reasoning-parser" in args else None
+        assert (got, args[args.index("--tool-call-parser") + 1]) == (reasoning, tools), name
+    # sglang-kt 0.7.2's --help writes argparse's choices as the placeholder
+    flags = {flag: "" for spelling in KT.flag_spellings for flag in spelling}
+    flags["--reasoning-parser"] = "{deepseek-r1,deepseek-v3,qwen3,qwen3-thinking}"
+    with pytest.raises(StackError, match=r"takes --reasoning-parser deepseek-r1 \| .* not 'qwen4'"):
+        KT.server_args(_stack(tmp_path, reasoning_parser="qwen4"), flags)
+    assert "qwen3" in KT.server_args(_stack(tmp_path, reasoning_parser="qwen3"), flags)

@@ -30,7 +30,7 @@ def _dockerfiles(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.lint
 def test_every_variant_is_hadolint_clean(tmp_path: Path) -> None:
     files = _dockerfiles(tmp_path)
-    assert len(files) == 94 + len(UNPUBLISHED)  # 71 llama.cpp-family, 23 KTransformers published
+    assert len(files) == 86 + len(UNPUBLISHED)  # 71 llama.cpp-family, 15 KTransformers published
     result = subprocess.run(
         [dependency_command("hadolint"), "--no-color", *map(str, files.values())],
         capture_output=True,
