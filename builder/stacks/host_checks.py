@@ -134,7 +134,7 @@ def check_config_dir(path: Path, weights: bool) -> Path:
             f"--config-dir {path} has config.json but no weights (*.safetensors): KTransformers' SGLang "
             "server loads attention, embeddings and router from the model's Hugging Face checkpoint and "
             "kt-kernel only the experts from --model; fetch the checkpoint into it (moe-stack fetch-model "
-            "--hf ORG/MODEL --dest DIR)"
+            "--hf ORG/MODEL --checkpoint --dest DIR)"
         )
     return path
 

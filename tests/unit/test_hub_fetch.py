@@ -262,3 +262,47 @@ def test_plain_http_is_refused_off_loopback(tmp_path: Path, endpoint: str) -> No
     )
     assert result.returncode == 1 and "is not https" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "m").exists()
+
+
+@pytest.mark.cli
+def test_a_checkpoint_is_fetched_for_the_config_dir_and_a_gguf_repository_is_refused(tmp_path: Path) -> None:
+    """KTransformers' pair: the model's own checkpoint for SGLang (--config-dir), its GGUF for kt-kernel."""
+    checkpoint = {
+        "config.json": b"{}",
+        "generation_config.json": b"{}",
+        "tokenizer.json": b"{}",
+        "tokenizer_config.json": b"{}",
+        "model-00001-of-00002.safetensors": os.urandom(2000),
+        "model-00002-of-00002.safetensors": os.urandom(1000),
+        "README.md": b"# the model\n",
+        "original/consolidated.pth": os.urandom(500),
+    }
+    env = {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(tmp_path / "hf-home")}
+    with serve(Hub("Org/Tiny-MoE", checkpoint)) as hub:
+        result = run_cli(
+            "fetch-model",
+            "--hf",
+            "Org/Tiny-MoE",
+            "--checkpoint",
+            "--dest",
+            str(tmp_path / "hf"),
+            env={"HF_ENDPOINT": hub.url, **env},
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str((tmp_path / "hf").resolve())
+    fetched = sorted(  # huggingface_hub's .cache and moe-stack's record beside the checkpoint's files
+        p.name for p in (tmp_path / "hf").iterdir() if p.name != "moe-stack-model.json" and p.name[0] != "."
+    )
+    assert fetched == sorted(name for name in checkpoint if name.endswith((".json", ".safetensors")))
+    with serve(Hub(REPO, dict(FILES))) as hub:
+        refused = run_cli(
+            "fetch-model",
+            "--hf",
+            REPO,
+            "--checkpoint",
+            "--dest",
+            str(tmp_path / "gguf"),
+            env={"HF_ENDPOINT": hub.url, **env},
+        )
+    assert refused.returncode != 0 and "holds no Hugging Face checkpoint" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "gguf").exists()
