@@ -35,6 +35,7 @@ PROMETHEUS_CONFIG_ENV = "MOE_STACK_PROMETHEUS_CONFIG"  # the scrape configuratio
 # what a stack sets...
 NUMA_ENV = "MOE_STACK_NUMA"  # the numactl policy: interleave[:NODES] | membind:NODES | cpunodebind:NODES
 HUGETLBFS_ENV = "MOE_STACK_HUGETLBFS"  # where the entrypoint stages the model (a hugetlbfs mount)
+API_KEY_FILE_ENV = "MOE_STACK_API_KEY_FILE"  # the key's file, for a server that takes no key file flag
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
 IMAGE_ENV = (

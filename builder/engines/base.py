@@ -57,6 +57,9 @@ class Engine(ABC):
     needs_config_dir: bool = False
     # Whether that directory must hold the checkpoint's weights too (SGLang loads the non-expert ones).
     config_dir_weights: bool = False
+    # Whether its server reads the API key file named in the environment (API_KEY_FILE_ENV) rather
+    # than from a flag (llama.cpp's --api-key-file).
+    key_file_from_env: bool = False
     # Whether it picks its CPU code path at run time, so the `portable` target exists for it.
     runtime_dispatch: bool = False
     cuda_only: bool = False  # no CPU-only image (it compiles CUDA kernels)

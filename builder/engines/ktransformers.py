@@ -217,7 +217,6 @@ class _PythonEngine(Engine):
             "prebuild_install": self.prebuild_install(spec),
             "install_commands": self.install_commands(spec, mode),
             "server_module": self.server_module if has_server else None,
-            "server_wrapper": SERVER_WRAPPER,
             "server_dir": str(Path(SERVER_WRAPPER).parent),
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
             # The wrapper as the runtime runs it: the venv's Python first on PATH, the module named.
@@ -235,7 +234,12 @@ class _PythonEngine(Engine):
     def context_files(self, root: Path) -> dict[str, str]:
         return {
             name: (root / "ktransformers" / name).read_text()
-            for name in ("moe-stack-kt-check", "moe-stack-server", "moe-stack-kt-gpu-libs")
+            for name in (
+                "moe-stack-kt-check",
+                "moe-stack-server",
+                "moe-stack-kt-gpu-libs",
+                "moe-stack-sglang-with-key",
+            )
         }
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
@@ -299,6 +303,7 @@ class KTransformers(_PythonEngine):
             "parallel",
             "served_name",
             "metrics",
+            "api_key_file",
             "kt_method",
             "reasoning_parser",
             "tool_call_parser",
@@ -331,6 +336,9 @@ class KTransformers(_PythonEngine):
     )
     model_flags = ("--model-path", "--kt-weight-path")
     carries_sgl_kernel = True
+    # SGLang takes the key only as `--api-key VALUE`: the image's launcher reads the stack's secret file
+    # (dockerfiles/ktransformers/moe-stack-sglang-with-key), so the key is on no command line.
+    key_file_from_env = True
     # SGLang loads attention, embeddings, norms and router from --model-path ("Cannot find any model
     # weights" without them); kt-kernel only the routed experts from --kt-weight-path.
     config_dir_weights = True

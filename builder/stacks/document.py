@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from builder.contract import (
+    API_KEY_FILE_ENV,
     API_KEY_PATH,
     API_KEY_SECRET,
     CONFIG_DIR,
@@ -423,6 +424,8 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
         environment[HUGETLBFS_ENV] = HUGETLBFS_DIR
     if stack.mlock:
         caps.append("IPC_LOCK")
+    if stack.api_key_file is not None and get_engine(stack.engine).key_file_from_env:
+        environment[API_KEY_FILE_ENV] = API_KEY_PATH
     return environment, caps
 
 
