@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from builder.host.probe import HostFacts
+from builder.engines.ktransformers import AMX_FLAGS
+from builder.host.probe import HostFacts, missing_flags
 from builder.models.planner import size
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
@@ -41,6 +42,7 @@ def diagnose(
     fetched model's files differ from their record (None: no record)."""
     findings = [
         _cpu(host),
+        *_amx(host),
         _cores(host),
         *_numa(host),
         _thp(host),
@@ -134,6 +136,23 @@ def _cpu(host: HostFacts) -> Finding:
         f"best CPU target: {target.name} ({target.description})"
         f"{'; an avx2 image here leaves ' + cost if cost else ''}",
     )
+
+
+def _amx(host: HostFacts) -> list[Finding]:
+    """A Xeon with AMX could run KTransformers' AMX expert backends, which read converted weights."""
+    if missing_flags(AMX_FLAGS, host.cpu):
+        return []
+    return [
+        Finding(
+            "OK",
+            "amx",
+            "this CPU has AMX: KTransformers' kt-kernel runs its experts as AMXINT4/AMXINT8 here, from "
+            "weights converted from the model's BF16/FP8 checkpoint (a GGUF serves only LLAMAFILE, its "
+            "AVX-512 path); the PyPI kt-kernel has no converter, its source tree does "
+            "(kt-kernel/scripts/convert_cpu_weights.py)",
+            "convert the checkpoint, then compose --engine ktransformers --kt-method AMXINT4 --model DIR",
+        )
+    ]
 
 
 def _cores(host: HostFacts) -> Finding:

@@ -105,3 +105,16 @@ def test_cuda_bases_present_partial_or_absent(tmp_path: Path) -> None:
         and none.fix.endswith("moe-stack base --cuda 13.0")
     )
     assert finding(None) is None, "without Docker there is nothing to say"
+
+
+def test_an_amx_xeon_is_told_about_ktransformers_amx_weights_and_an_epyc_is_not(tmp_path: Path) -> None:
+    findings = {}
+    for name, flags in (("xeon", XEON_EMR_FLAGS), ("epyc", EPYC_9554_FLAGS)):
+        host = probe(fake_host(tmp_path / name, flags, sockets=1, cores=32, threads=2, node_gib=256))
+        findings[name] = _by_topic(
+            diagnose(host, docker_ok=True, gpu_runtime_ok=False, free_disk_bytes=500 * GIB)
+        )
+    amx = findings["xeon"]["amx"]
+    assert "AMXINT4/AMXINT8" in amx.message and "convert_cpu_weights.py" in amx.message
+    assert "--kt-method AMXINT4" in amx.fix
+    assert "amx" not in findings["epyc"]
