@@ -7,7 +7,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 from pydantic import ValidationError
@@ -59,6 +59,9 @@ from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.presets import load_presets
+
+if TYPE_CHECKING:
+    from builder.models.synth_shapes import MoeShape
 
 app = typer.Typer(
     name="moe-stack",
@@ -456,9 +459,31 @@ def fetch_model(
     out.print(str(dest.resolve() if checkpoint else fetched.first_model), highlight=False, soft_wrap=True)
 
 
+def write_checkpoint(directory: Path, shape: MoeShape, seed: int, vocab: int | None) -> None:
+    """synth-moe --format hf: the checkpoint, or one line saying why not."""
+    from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
+
+    if vocab is not None:
+        raise SpecError("synth-moe --format hf writes its own byte-level vocabulary: drop --vocab")
+    free = shutil.disk_usage(directory.resolve().parent if directory.resolve().parent.exists() else ".").free
+    if checkpoint_bytes(shape) > free:
+        raise SpecError(
+            f"synth-moe: this checkpoint needs {size(checkpoint_bytes(shape))} and there is {size(free)} "
+            "free; give fewer --layers or --experts"
+        )
+    try:
+        path = write_hf_checkpoint(directory, shape, seed)
+    except ValueError as error:
+        raise SpecError(f"synth-moe: {error}") from None
+    out.print(
+        f"wrote {path} (Hugging Face checkpoint, {shape.arch}, {shape.layers} layers, "
+        f"{shape.experts} experts)"
+    )
+
+
 @app.command("synth-moe")
 def synth_moe(
-    out_file: Annotated[Path, typer.Argument(help="GGUF file to write")],
+    out_file: Annotated[Path, typer.Argument(help="GGUF file to write (with --format hf: a new directory)")],
     arch: Annotated[
         str,
         typer.Option(
@@ -486,6 +511,14 @@ def synth_moe(
         str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
     ] = None,
     seed: int = 0,
+    file_format: Annotated[
+        Literal["gguf", "hf"],
+        typer.Option(
+            "--format",
+            help="gguf, or hf: a Hugging Face checkpoint directory (config, tokenizer, F16 safetensors; "
+            "qwen3moe) for KTransformers' --config-dir",
+        ),
+    ] = "gguf",
 ) -> None:
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
@@ -507,6 +540,9 @@ def synth_moe(
         shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
+    if file_format == "hf":
+        write_checkpoint(out_file, shape, seed, vocab)
+        return
     needed, directory = model_file_bytes(shape), out_file.resolve().parent
     directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
