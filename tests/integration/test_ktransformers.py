@@ -144,6 +144,7 @@ def test_an_amx_image_refuses_this_cpu_at_start_and_at_emit_time(
     config = tmp_path / "hf"
     config.mkdir()
     (config / "config.json").write_text("{}")
+    (config / "model.safetensors").write_bytes(b"")  # SGLang's weights: a complete --config-dir
     result = run_cli(
         "compose",
         "--engine",
@@ -170,6 +171,7 @@ def test_a_stack_from_the_kernel_image_is_refused_in_one_line(
     config = tmp_path / "hf"
     config.mkdir()
     (config / "config.json").write_text("{}")
+    (config / "model.safetensors").write_bytes(b"")  # SGLang's weights: a complete --config-dir
     out = tmp_path / "c.yaml"
     common = [
         "compose",
