@@ -86,11 +86,6 @@ def torch_arch_list(cuda: CudaTarget) -> str:
     return ";".join(f"{arch // 10}.{arch % 10}" for arch in cuda.archs)
 
 
-def _words(names: list[str]) -> str:
-    """Requirements as shell words ("ktransformers[sglang]" would be a glob)."""
-    return " ".join(shlex.quote(name) for name in names)
-
-
 def _cpu_instruct(cpu: CpuTarget) -> str:
     """The CPU_INSTRUCT/CPUINFER_CPU_INSTRUCT value for a target, never NATIVE (it means the build
     host's CPU: the "Illegal instruction" of the official 0.2.x images). AVX512 is the baseline
@@ -274,7 +269,7 @@ class _PythonEngine(Engine):
             what = (
                 "checkpoint (config.json, tokenizer, *.safetensors)"
                 if self.config_dir_weights
-                else ("directory (config.json, tokenizer files)")
+                else "directory"
             )
             raise StackError(
                 f"{self.name} reads the model from its Hugging Face {what}: give --config-dir DIR"
@@ -372,14 +367,13 @@ class KTransformers(_PythonEngine):
             return frozenset()
         return frozenset({"--model-path", "--host", "--port", "--kt-weight-path", "--kt-cpuinfer"})
 
-    def _packages(self, spec: ImageSpec, pinned: bool) -> list[str]:
+    def _requirement(self, spec: ImageSpec, pinned: bool) -> str:
         """kt-kernel alone for a CPU kernel image; with a server the documented `ktransformers[sglang]`:
         its meta wheel alone carries sgl_kernel's Hopper library, and it and four of its dependencies
         one part each of the library every other GPU loads (KT-ON-THE-GPU: without it `import
-        sgl_kernel` fails on sm_90 and sm_120)."""
-        if spec.cuda.version is None:
-            return [f"kt-kernel=={spec.ref}" if pinned else "kt-kernel"]
-        return [f"ktransformers[sglang]=={spec.ref}" if pinned else "ktransformers[sglang]"]
+        sgl_kernel` fails on sm_90 and sm_120). Quoted: the brackets would be a shell glob."""
+        name = "kt-kernel" if spec.cuda.version is None else "ktransformers[sglang]"
+        return shlex.quote(f"{name}=={spec.ref}" if pinned else name)
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
         """What the wheelhouse stage downloads (no dependencies: the install resolves those)."""
@@ -406,12 +400,12 @@ class KTransformers(_PythonEngine):
                 f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}",
             ]
         if mode == "wheels":
-            return [f"{pip} --no-index --find-links /wheelhouse {_words(self._packages(spec, pinned=False))}"]
+            return [f"{pip} --no-index --find-links /wheelhouse {self._requirement(spec, pinned=False)}"]
         # Released or source-built kt-kernel with its pinned torch, from PyTorch's index for this CUDA.
         return [
             (
                 f"{pip} --find-links /wheelhouse{self.extra_index(spec.cuda)} "
-                f"{_words(self._packages(spec, pinned=mode == 'pypi'))}"
+                f"{self._requirement(spec, pinned=mode == 'pypi')}"
             )
         ]
 

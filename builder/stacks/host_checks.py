@@ -123,7 +123,7 @@ def check_config_dir(path: Path, weights: bool) -> Path:
         needs = (
             "config.json, tokenizer files and the *.safetensors weights"
             if weights
-            else ("config.json and tokenizer files, no weights needed")
+            else "config.json and tokenizer files"
         )
         raise StackError(
             f"--config-dir {path} has no config.json: give the model's Hugging Face directory ({needs})"
