@@ -10,7 +10,7 @@ from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
-from builder.platform.toolchain import CUDA_RELEASES
+from builder.platform.toolchain import CUDA_RELEASES, driver_runs
 from builder.spec import CudaTarget, ImageSpec
 
 
@@ -56,6 +56,23 @@ def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
                     continue
                 out.append(Variant(spec, engine, cuda, cpu))
     return out
+
+
+def engine_cuda_versions(engine: str) -> list[str]:
+    """The CUDA releases the matrix builds `engine` for, oldest first."""
+    matrix = load_matrix()
+    return list(matrix["engines"][engine].get("cuda_versions", matrix["cuda_versions"]))
+
+
+def default_image_spec(engine: str, gpu: bool, driver: str | None = None) -> ImageSpec:
+    """The image a stack names when given none: the avx2 CPU image, or for a GPU stack the engine's
+    CUDA image of the newest release the matrix has and the host's `driver` runs (the newest the
+    matrix has, where the driver is not known; its oldest, where the driver runs none of them)."""
+    if not gpu:
+        return image_spec(engine)
+    versions = engine_cuda_versions(engine)
+    runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
+    return image_spec(engine, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
 
 
 def published() -> list[ImageSpec]:

@@ -21,7 +21,8 @@ from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
-from builder.images.naming import image_spec, image_tag
+from builder.images.matrix import default_image_spec
+from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import GIB
 from builder.models.planner import plan as make_plan
@@ -145,10 +146,11 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
         rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
     where = _placement(options, host, model)
+    driver = host.gpus[0].driver if host.gpus and not options.for_other_host else None
     stack = StackSpec(
         project=options.project or project_name_for(model),
         engine=adapter.name,
-        image=options.image or image_tag(image_spec(adapter.name)),
+        image=options.image or image_tag(default_image_spec(adapter.name, options.gpu != "none", driver)),
         model=model,
         port=options.port,
         bind=options.bind,

@@ -66,7 +66,10 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
     assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
     assert stack.override_tensors == (EXPERTS_ON_CPU_RULE,)
     assert stack.threads == 64 and stack.numa == "interleave" and stack.numa_node_count == 2  # physical cores
-    assert stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cpu-avx2"
+    # no --image: the engine's CUDA image (a GPU stack on its CPU image would never use the GPU)
+    assert (
+        stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cuda13.0-avx2"
+    )
     assert stack.start_period_s >= 60 and stack.project.startswith("moe-stack-moe-")
 
 
@@ -123,6 +126,26 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
         )
     with pytest.raises(ValidationError, match="hugetlbfs"):
         StackOptions(model=model, hugetlbfs="3M")  # type: ignore[arg-type]
+
+
+def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, model: Path) -> None:
+    """No --image: the CPU image for a CPU stack; for a GPU stack the newest CUDA image of the engine's
+    matrix that the host's driver runs (570.x: CUDA 12.8), KTransformers' 12.8."""
+    host = probe(
+        fake_host(tmp_path / "g", EPYC_9554_FLAGS, sockets=1, cores=8, threads=2, node_gib=64),
+        nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n",
+    )
+    tag = short_ref(pinned_ref("llama.cpp"))
+    images = {
+        gpu: assemble_stack(StackOptions(model=model, gpu=gpu, skip_image_checks=True), host).image
+        for gpu in ("none", "nvidia")
+    }
+    assert images == {
+        "none": f"ghcr.io/moe-stack/llama-cpp:{tag}-cpu-avx2",
+        "nvidia": f"ghcr.io/moe-stack/llama-cpp:{tag}-cuda12.8-avx2",
+    }
+    elsewhere = StackOptions(model=model, gpu="nvidia", skip_image_checks=True, for_other_host=True)
+    assert assemble_stack(elsewhere, host).image.endswith("-cuda13.0-avx2")  # this driver says nothing there
 
 
 def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DECLARED = {
     contract.NUMA_ENV,
     contract.HUGETLBFS_ENV,
+    contract.API_KEY_FILE_ENV,
     contract.ROUTER_PRESET_ENV,
     contract.PROMETHEUS_CONFIG_ENV,
     *contract.IMAGE_ENV,
