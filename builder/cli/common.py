@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Column, Table
 
 from builder.engines import engine_names
 from builder.errors import SpecError
@@ -24,6 +25,12 @@ PresetsFileOpt = Annotated[
         "new names added, a packaged name's keys changed (default: $MOE_STACK_PRESETS)",
     ),
 ]
+
+
+def text_table(*headers: str) -> Table:
+    """A borderless table whose long cells (image tags, paths) wrap onto more lines instead of being cut
+    with an ellipsis at the terminal's width."""
+    return Table(*(Column(header, overflow="fold") for header in headers), box=None)
 
 
 def raw_stderr(line: str) -> None:

@@ -13,14 +13,13 @@ import typer
 from pydantic import ValidationError
 from python_on_whales.exceptions import DockerException
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 from typer.exceptions import TyperException
 
 from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
-from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, raw_stderr
+from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, raw_stderr, text_table
 from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
@@ -568,7 +567,7 @@ def list_presets(
     presets_file: PresetsFileOpt = None,
 ) -> None:
     """List the model presets `compose --preset` takes: the packaged ones and your own."""
-    table = Table("preset", "architecture", "engines", "model", "from", box=None)
+    table = text_table("preset", "architecture", "engines", "model", "from")
     for preset in load_presets(presets_file).values():
         table.add_row(
             preset.name,
@@ -662,7 +661,7 @@ def plan_memory(
             + "\n"
         )
         return
-    table = Table("", "bytes", "where", box=None)
+    table = text_table("", "bytes", "where")
     on_gpu = result.gpu_expert_layers
     where = (
         "CPU"
@@ -746,7 +745,7 @@ def doctor(
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
     else:
         colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
-        table = Table("", "topic", "finding / fix", box=None)
+        table = text_table("", "topic", "finding / fix")
         for finding in findings:
             text = escape(finding.message) + (
                 f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else ""
@@ -780,7 +779,7 @@ def matrix(
     if as_json:
         sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
         return
-    table = Table("engine", "cuda", "archs", "cpu", "tag, or why not built", box=None)
+    table = text_table("engine", "cuda", "archs", "cpu", "tag, or why not built")
     for variant in (
         variants()
         if specs is None

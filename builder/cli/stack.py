@@ -14,10 +14,9 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
-from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out
+from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, text_table
 from builder.cli.neutral import given_options, takes_neutral_options
 from builder.cli.progress import build_display
 from builder.engines import engine_names, get_engine
@@ -410,7 +409,7 @@ def bench(
         host="127.0.0.1" if bind == "0.0.0.0" else bind,
         api_key=stack_api_key(compose_file),
     )
-    table = Table("", "tokens", "median t/s", "runs t/s", box=None)
+    table = text_table("", "tokens", "median t/s", "runs t/s")
     table.add_row(
         "prefill",
         str(speed.prompt_tokens),
@@ -445,7 +444,7 @@ def _bench_with_tool(
     out.print(Text(f"{result.image}: {result.program} {' '.join(result.args)}", style="dim"), soft_wrap=True)
     for note in result.left_out:
         out.print(Text(f"not given to {result.program}: {note}", style="yellow"), soft_wrap=True)
-    table = Table("test", "depth", "mean t/s", "± sd", "runs t/s", box=None)
+    table = text_table("test", "depth", "mean t/s", "± sd", "runs t/s")
     for row in result.rows:
         table.add_row(
             row.test,
@@ -524,7 +523,7 @@ def tune(
         progress=_say,
     )
     result = tuned.result
-    table = Table("#", "setting", "prefill t/s", "decode t/s", "s", box=None)
+    table = text_table("#", "setting", "prefill t/s", "decode t/s", "s")
     for number, trial in enumerate(result.trials, 1):
         table.add_row(
             str(number),
@@ -610,7 +609,7 @@ def smoke(
     if as_json:
         sys.stdout.write(json.dumps([asdict(check) for check in checks], indent=2) + "\n")
     else:
-        table = Table("check", "", "seen", box=None)
+        table = text_table("check", "", "seen")
         for check in checks:
             table.add_row(
                 check.name,

@@ -10,7 +10,7 @@ import pytest
 from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
 from builder.images.matrix import ci_rows, cuda_target, published, variants
-from builder.images.naming import image_spec
+from builder.images.naming import image_spec, short_ref
 from builder.images.render import configure_args
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
@@ -105,6 +105,17 @@ def test_matrix_json_for_ci() -> None:
     result = run_cli("matrix", "--json")
     assert result.returncode == 0
     assert json.loads(result.stdout)["include"] == ci_rows()
+
+
+@pytest.mark.cli
+def test_the_matrix_table_at_80_columns_cuts_no_tag() -> None:
+    """Long cells fold onto more lines instead of ending in an ellipsis (`<ref>-cpu-porta…` before)."""
+    result = run_cli("matrix", env={"COLUMNS": "80"})
+    assert result.returncode == 0 and "…" not in result.stdout
+    assert max(map(len, result.stdout.splitlines())) <= 80
+    rows = result.stdout.splitlines()
+    tag = f"{short_ref(pinned_ref('llama.cpp'))}-cpu-avx2"
+    assert any(row.split()[-1:] == [tag] for row in rows)
 
 
 RECORDED = {
