@@ -49,8 +49,9 @@ SLICE_EXPERT_TENSOR_BYTES = {
     "qwen3moe": 32 * 4096 * 1536 * 18 // 32,  # 108 MiB
     "qwen3next": 128 * 2048 * 512 * 18 // 32,  # 72 MiB
 }
-# Architectures whose slices peaked in the MoE stage (their fit holds the slice's copy), and those whose
-# peak was attention (R1: 32 → 64 experts moved neither engine's buffer, 1158.1 / 3412 MiB at 16k/1024).
+# Whether a slice's logged peak was the MoE stage (its fit then holds the slice's copy): measured for
+# Qwen3-235B (ik: 32 vs 128 experts differ by the copies) and R1 (attention: 32 → 64 experts moved neither
+# engine's buffer, 1158.1 / 3412 MiB at 16k/1024); assumed for Qwen3-Next, whose expert count never varied.
 PEAKS_IN_MOE = {"qwen3moe": True, "qwen3next": True, "deepseek2": False}
 # ik's MoE activations on Qwen3-235B widths (hidden 4096): 72 MiB at -ub 512, 544 at 2048 (above).
 MOE_ACTIVATIONS_MIB = ((512, 72.0), (2048, 544.0))
