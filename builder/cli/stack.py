@@ -58,7 +58,12 @@ def compose(
     ],
     engine: EngineOpt = "llama.cpp",
     image: Annotated[
-        str | None, typer.Option("--image", help="image to run (default: the pinned avx2 CPU image)")
+        str | None,
+        typer.Option(
+            "--image",
+            help="image to run (default: the pinned image of the engine's default CPU target: avx2; "
+            "KTransformers: portable)",
+        ),
     ] = None,
     out_file: Annotated[
         Path | None,

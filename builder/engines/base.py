@@ -67,10 +67,10 @@ class Engine(ABC):
     # A PyPI sdist vendoring the engine (hosts without GitHub build from it), and the ref its image gets.
     sdist: str | None = None
     sdist_ref: str | None = None
-    # The flag that turns its /metrics on, and the one that renders chat with the model's own (Jinja)
-    # template, which tool calls need (None: it has none); what the stack file records it serves.
+    # The flag that turns its /metrics on, and the one without which it answers no tool calls (None:
+    # it has none); what the stack file records it serves.
     metrics_flag: str | None = None
-    template_flag: str | None = None
+    tool_calls_flag: str | None = None
     # The stack options it reads (spec.ENGINE_OPTIONS); any other one a stack sets is refused.
     honours: frozenset[str] = frozenset()
     # Every flag the adapter writes, with its other spellings (`-c, --ctx-size`) and flags that set the

@@ -289,6 +289,9 @@ class KTransformers(_PythonEngine):
     installs_wheels = True
     runtime_dispatch = True  # kt-kernel loads one of its _kt_kernel_ext_* variants at run time
     metrics_flag = "--enable-metrics"
+    # SGLang renders chat with the model's own template (its tokenizer_config.json) and returns tool
+    # calls as tool_calls only with a parser.
+    tool_calls_flag = "--tool-call-parser"
     # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
     # rules, layer counts, cache types or llama.cpp's load and sampling switches.
     honours = frozenset(

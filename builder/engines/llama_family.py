@@ -49,7 +49,8 @@ class LlamaFamilyEngine(Engine):
         {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
     )
     needs_build_info_shim: bool = False
-    metrics_flag, template_flag = "--metrics", "--jinja"
+    metrics_flag = "--metrics"
+    tool_calls_flag = "--jinja"  # chat rendered with the model's own template, which tool calls need
     honours = frozenset(
         {
             "ctx_size",

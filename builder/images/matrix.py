@@ -65,14 +65,16 @@ def engine_cuda_versions(engine: str) -> list[str]:
 
 
 def default_image_spec(engine: str, gpu: bool, driver: str | None = None) -> ImageSpec:
-    """The image a stack names when given none: the avx2 CPU image, or for a GPU stack the engine's
-    CUDA image of the newest release the matrix has and the host's `driver` runs (the newest the
-    matrix has, where the driver is not known; its oldest, where the driver runs none of them)."""
+    """The image a stack names when given none, for the engine's default CPU target (avx2, unless
+    matrix.yaml names another): CPU-only, or for a GPU stack the engine's CUDA image of the newest
+    release the matrix has and the host's `driver` runs (the newest the matrix has, where the driver
+    is not known; its oldest, where the driver runs none of them)."""
+    cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
     if not gpu:
-        return image_spec(engine)
+        return image_spec(engine, cpu)
     versions = engine_cuda_versions(engine)
     runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
-    return image_spec(engine, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
+    return image_spec(engine, cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
 
 
 def published() -> list[ImageSpec]:

@@ -149,7 +149,7 @@ def serves(stack: StackSpec, command: object) -> Served:
         threads=stack.threads,
         gpu_layers=stack.gpu_layers,
         metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
-        tool_calls=engine.template_flag is not None and engine.template_flag in args,
+        tool_calls=engine.tool_calls_flag is not None and engine.tool_calls_flag in args,
     )
 
 

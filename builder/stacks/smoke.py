@@ -69,13 +69,31 @@ def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int =
     except MoeStackError as err:
         return [Check("healthy", False, str(err))]
     stack = _under_test(compose_file, profile)
-    checks = [Check("healthy", True, "the engine's healthcheck passed")]
-    for name, check in _CHECKS:
+    return [
+        Check("healthy", True, "the engine's healthcheck passed"),
+        *_run_checks(stack, _API_CHECKS + _CONTAINER_CHECKS),
+    ]
+
+
+def api_checks(compose_file: Path, api: EngineApi) -> list[Check]:
+    """The checks a client can make, against the stack's engine served at `api` by something other
+    than Docker (bench/device/kt_gpu.py: the GPU machine runs the image's Python packages natively)."""
+    document = yaml.safe_load(compose_file.read_text()) or {}
+    service = service_named(document, SERVICE, compose_file)
+    stack = StackUnderTest(document=document, name=SERVICE, service=service, api=api, container=None)
+    return _run_checks(stack, _API_CHECKS)
+
+
+def _run_checks(
+    stack: StackUnderTest, checks: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]]
+) -> list[Check]:
+    out = []
+    for name, check in checks:
         try:
-            checks.append(Check(name, *check(stack)))
+            out.append(Check(name, *check(stack)))
         except (MoeStackError, DockerException, KeyError, IndexError, TypeError, ValueError) as err:
-            checks.append(Check(name, False, f"{type(err).__name__}: {err}"))
-    return checks
+            out.append(Check(name, False, f"{type(err).__name__}: {err}"))
+    return out
 
 
 def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
@@ -231,13 +249,17 @@ def _cpus_of(cpulist: str) -> set[int]:
     return cpus
 
 
-_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
+# What a client sees (no Docker needed: `api_checks` runs them where the engine runs without it) ...
+_API_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
     ("served-name", _served_name),
     ("completion", _completion),
     ("chat", _chat),
     ("tool-call", _tool_call),
+    ("metrics", _metrics),
+]
+# ... and what only the running container shows.
+_CONTAINER_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
     ("flags", _flags),
     ("placement", _placement),
     ("gpu", _gpu),
-    ("metrics", _metrics),
 ]

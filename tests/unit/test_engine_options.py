@@ -208,7 +208,7 @@ def test_the_file_records_what_it_serves(tmp_path: Path, engine: str) -> None:
             == (metrics and adapter.metrics_flag is not None)
         )
         assert served["tool-calls"] == (
-            adapter.template_flag is not None and adapter.template_flag in command
+            adapter.tool_calls_flag is not None and adapter.tool_calls_flag in command
         )
 
 

@@ -14,8 +14,8 @@ from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.build import plan_build
-from builder.images.matrix import cuda_target
-from builder.images.naming import image_spec
+from builder.images.matrix import cuda_target, default_image_spec
+from builder.images.naming import image_spec, image_tag
 from builder.images.render import render_files
 from builder.images.source import resolve_local
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
@@ -350,3 +350,15 @@ def test_each_preset_gives_sglang_its_reasoning_and_tool_call_parsers(tmp_path: 
     with pytest.raises(StackError, match=r"takes --reasoning-parser deepseek-r1 \| .* not 'qwen4'"):
         KT.server_args(_stack(tmp_path, reasoning_parser="qwen4"), flags)
     assert "qwen3" in KT.server_args(_stack(tmp_path, reasoning_parser="qwen3"), flags)
+
+
+def test_a_stack_without_image_lets_kt_kernel_choose_its_variant() -> None:
+    """A named CPU target pins kt-kernel's variant (the avx2 image runs AVX2 experts on an AMX Xeon):
+    the image a KTransformers stack names without --image is the portable one, which pins none."""
+    engine = get_engine("ktransformers")
+    spec = default_image_spec("ktransformers", gpu=True)
+    assert image_tag(spec).endswith("-cuda12.8-portable")
+    assert engine.engine_env(spec) == {}
+    pinned = image_spec("ktransformers", "avx2", cuda=cuda_target("12.8"))
+    assert engine.engine_env(pinned) == {"KT_KERNEL_CPU_VARIANT": "avx2"}
+    assert default_image_spec("llama.cpp", gpu=False).cpu.name == "avx2"  # other engines: unchanged

@@ -1,0 +1,255 @@
+"""KTransformers' server on the GPU machine (issue 27), with the product's own command line.
+
+That machine has no Docker and a 64 MiB carry, and the CUDA image is ~10 GB, so the image's own
+Python packages run natively (bench/device/kt_gpu.sh unpacks them over the machine's torch), and
+what could not travel is substituted, each substitution written to the results:
+
+  1. the stand-ins for sgl_kernel's compiled ops pass their checks on the GPU (sgl_kernel_torch/);
+  2. the server's --help is captured (SGLang's flag contract, as the image's build records it);
+  3. a random-weight Qwen3-MoE is written twice, as `moe-stack synth-moe` writes it: the GGUF
+     kt-kernel's LLAMAFILE experts read, and the Hugging Face directory SGLang reads the rest from;
+  4. `moe-stack compose --engine ktransformers --preset qwen3-235b-a22b --gpu nvidia` is run for this
+     host, and its command checked against the captured --help;
+  5. the image's entrypoint runs the file's exact command (container paths mapped onto this
+     machine's), with the image's environment and the stack's, plus the substitutions;
+  6. once healthy: smoke's client checks (served name, completion, chat, tool call, metrics), a
+     request without the stack's API key refused, GPU memory in use, kt-kernel's variant as logged.
+
+Usage: kt_gpu.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-gpu.json, server.log, sglang-help.txt, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
+from builder.engines import get_engine
+from builder.errors import StackError
+from builder.images.matrix import cuda_target
+from builder.images.naming import image_spec
+from builder.platform.flags import check_args, check_choice, parse_contract
+from builder.stacks.api import EngineApi
+from builder.stacks.smoke import api_checks
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = get_engine("ktransformers")
+PORT = 8080
+# What the GPU machine can't run as the image does, and what stands in (KT-ON-THE-GPU.md):
+# sgl_kernel's FA3 and CUDA-graph paths are compiled for torch 2.9.1; flashinfer's sampling and
+# xgrammar were not carried; the machine is offline; deep_gemm was left out of the carry.
+DEVICE_ARGS = [
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--disable-cuda-graph",
+]  # fmt: skip
+DEVICE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+}
+# The machine's rule: NVLink multicast stays off in every process (device README).
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+SHAPE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--experts", "16"]  # 235B widths, 2 layers, 16 experts
+
+
+def cli(*args: str, timeout: int = 600) -> str:
+    """`moe-stack ARGS` (this checkout's), its output; a failure ends the run with it."""
+    run = subprocess.run(
+        [sys.executable, "-c", "from builder.cli.main import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if run.returncode:
+        raise SystemExit(f"moe-stack {' '.join(args)} failed ({run.returncode}): {run.stdout}{run.stderr}")
+    return run.stdout
+
+
+def install_server(bin_dir: Path) -> Path:
+    """The image's server wrapper and key launcher, as its Dockerfile copies them (mode 0755)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("moe-stack-server", "moe-stack-sglang-with-key"):
+        shutil.copy(REPO / "dockerfiles/ktransformers" / name, bin_dir / name)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir / "moe-stack-server"
+
+
+def image_env(image: str, server: Path) -> dict[str, str]:
+    """The environment the stack's image sets (its Dockerfile's ENV), for the variant its tag names."""
+    cpu = image.rsplit("-", 1)[-1]
+    spec = image_spec(ENGINE.name, cpu, cuda=cuda_target("12.8"))
+    return {
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MOE_STACK_ENGINE_BIN": str(server),
+        "MOE_STACK_MODEL_FLAGS": " ".join(ENGINE.model_flags),
+        "MOE_STACK_SERVER_MODULE": ENGINE.server_module,
+        "MOE_STACK_HEALTH_PATH": ENGINE.health_path,
+        **ENGINE.engine_env(spec),
+    }
+
+
+def mapped(value: str, mounts: dict[str, str]) -> str:
+    for inside, outside in mounts.items():
+        if value == inside or value.startswith(inside + "/"):
+            return outside + value[len(inside) :]
+    return value
+
+
+def gpu_used_mib() -> int:
+    text = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return int(text.split()[0]) if text.strip() else -1
+
+
+def status_without_key(path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=30) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def healthy(server: subprocess.Popen, deadline: float) -> bool:
+    while time.time() < deadline and server.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=5) as reply:
+                if reply.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(2)
+    return False
+
+
+def main(out: Path, work: Path) -> None:
+    result: dict[str, object] = {"substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV}}
+    started = time.time()
+
+    def note(step: str) -> None:
+        print(f"[{time.time() - started:.0f}s] {step}", flush=True)
+
+    env = {**os.environ, **MULTICAST_OFF}
+    ops = subprocess.run(
+        [sys.executable, str(REPO / "bench/device/sgl_kernel_torch/check_ops.py"), "cuda"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    result["stand_in_checks"] = (ops.stdout + ops.stderr).strip().splitlines()[-1:]
+    note(f"stand-ins: {result['stand_in_checks']}")
+    if ops.returncode:
+        raise SystemExit(ops.stdout + ops.stderr)
+
+    server_bin = install_server(work / "bin")
+    server_env = {**env, "MOE_STACK_SERVER_MODULE": ENGINE.server_module}
+    help_run = subprocess.run(
+        [str(server_bin), "--help"],
+        capture_output=True, text=True, env=server_env, timeout=300, check=False,
+    )  # fmt: skip
+    (out / "sglang-help.txt").write_text(help_run.stdout)
+    flags = parse_contract(help_run.stdout, None)
+    note(f"--help: exit {help_run.returncode}, {len(flags)} flags")
+    if not flags:
+        raise SystemExit(f"SGLang's --help listed no flags: {help_run.stderr[-3000:]}")
+
+    gguf_dir, hf_dir = work / "gguf", work / "hf"
+    gguf_dir.mkdir(parents=True, exist_ok=True)
+    result["model"] = {
+        "gguf": cli("synth-moe", *SHAPE_ARGS, str(gguf_dir / "qwen3moe-2l-16e-q4_0.gguf"))
+        .strip()
+        .splitlines(),
+        "hf": cli("synth-moe", *SHAPE_ARGS, "--format", "hf", str(hf_dir)).strip().splitlines(),
+    }
+    note("models written")
+
+    key_file = work / "api-key"
+    key_file.write_text("kt-gpu-run-key\n")
+    stack_file = out / "kt-stack.yaml"
+    compose_args = [
+        "compose", "--engine", ENGINE.name, "--preset", "qwen3-235b-a22b", "--gpu", "nvidia",
+        "--model", str(next(gguf_dir.glob("*.gguf"))), "--config-dir", str(hf_dir),
+        "--api-key-file", str(key_file), "--skip-image-checks", "--out", str(stack_file),
+    ]  # fmt: skip
+    cli(*compose_args)
+    result["compose"] = "moe-stack " + " ".join(compose_args)
+    service = yaml.safe_load(stack_file.read_text())["services"]["engine"]
+    command = [str(arg) for arg in service["command"]]
+    result["image"], result["command"] = service["image"], command
+    try:
+        check_args(command, flags, "sglang-kt 0.7.2 (this run's --help)")
+        for flag in ("--kt-method", "--reasoning-parser", "--tool-call-parser"):
+            if flag in command:
+                check_choice(flags, flag, command[command.index(flag) + 1], "sglang-kt 0.7.2")
+        result["command_checked"] = "every flag and parser choice is in the server's --help"
+    except StackError as err:
+        result["command_checked"] = f"REFUSED: {err}"
+    note(f"stack: {service['image']}, {len(command)} arguments; {result['command_checked']}")
+
+    mounts = {MODEL_DIR: str(gguf_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
+    args = [mapped(arg, mounts) for arg in command] + DEVICE_ARGS
+    args[args.index("--host") + 1] = "127.0.0.1"
+    stack_env = {key: mapped(str(value), mounts) for key, value in (service.get("environment") or {}).items()}
+    run_env = {
+        **env,
+        **image_env(service["image"], server_bin),
+        **stack_env,
+        **DEVICE_ENV,
+        "HOME": str(work / "home"),
+        "XDG_CACHE_HOME": str(work / "home/.cache"),
+    }
+    result["image_env"] = image_env(service["image"], server_bin)
+    result["stack_env"] = stack_env
+    log = (out / "server.log").open("w")
+    server = subprocess.Popen(
+        ["sh", str(REPO / "dockerfiles/common/moe-stack-entrypoint"), *args],
+        stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True,
+    )  # fmt: skip
+    start = time.time()
+    try:
+        if not healthy(server, start + float(os.environ.get("KT_GPU_START_S", "300"))):
+            result["error"] = f"not healthy (exit {server.poll()})"
+            return
+        result["load_s"] = round(time.time() - start, 1)
+        result["gpu_used_mib"] = gpu_used_mib()
+        note(f"healthy after {result['load_s']} s")
+        result["without_key"] = {"/v1/models": status_without_key("/v1/models")}
+        api = EngineApi(PORT, api_key=key_file.read_text().strip(), timeout_s=300)
+        result["smoke"] = [
+            {"check": c.name, "passed": c.passed, "seen": c.seen} for c in api_checks(stack_file, api)
+        ]
+        result["gpu_used_after_requests_mib"] = gpu_used_mib()
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+        log.close()
+        text = (out / "server.log").read_text(errors="replace")
+        result["kt_kernel_logged"] = sorted(set(re.findall(r".*backend=\w+.*", text)))[:8]
+        result["seconds"] = round(time.time() - started, 1)
+        (out / "kt-gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+        note(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
