@@ -335,7 +335,7 @@ class NeutralOptions(_Spec):
     tool_call_parser: str | None = option(
         None,
         "--tool-call-parser",
-        help="KTransformers: the tool-call parser, e.g. deepseekv3, qwen25 (default: the preset's)",
+        help="KTransformers: the tool-call parser, e.g. deepseekv3, qwen (default: the preset's)",
         pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
     )
     # False: read the weights into the engine's own memory instead of mmapping the file (mainline

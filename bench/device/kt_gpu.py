@@ -142,6 +142,19 @@ def healthy(server: subprocess.Popen, deadline: float) -> bool:
     return False
 
 
+def stop(server: subprocess.Popen) -> None:
+    """The server's whole process group (SGLang's scheduler and detokenizer processes too)."""
+    for signal, wait_s in ((15, 30), (9, 10)):
+        try:
+            os.killpg(server.pid, signal)
+            server.wait(wait_s)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {"substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV}}
     started = time.time()
@@ -238,11 +251,7 @@ def main(out: Path, work: Path) -> None:
         ]
         result["gpu_used_after_requests_mib"] = gpu_used_mib()
     finally:
-        os.killpg(server.pid, 15)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, 9)
+        stop(server)
         log.close()
         text = (out / "server.log").read_text(errors="replace")
         result["kt_kernel_logged"] = sorted(set(re.findall(r".*backend=\w+.*", text)))[:8]

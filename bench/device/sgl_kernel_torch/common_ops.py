@@ -21,19 +21,41 @@ STANDS_IN_FOR: list[str] = []
 
 
 def _op(schema: str):
-    """Define `schema` and register the decorated function for CUDA and CPU (and a no-op Meta
-    kernel, so code traced by torch.compile around an op sees its in-place outputs unchanged)."""
+    """Define `schema` and register the decorated function for CUDA and CPU. No Meta kernel: SGLang
+    registers fake (tracing) kernels for some sgl_kernel ops itself, which fails where one exists."""
 
     def register(fn):
         name = schema.split("(", 1)[0]
         _LIB.define(schema)
         _LIB.impl(name, fn, "CUDA")
         _LIB.impl(name, fn, "CPU")
-        _LIB.impl(name, lambda *args: None, "Meta")
         STANDS_IN_FOR.append(name)
         return fn
 
     return register
+
+
+def _absent(name: str):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(
+            f"sgl_kernel::{name} has no PyTorch stand-in (bench/device/sgl_kernel_torch)"
+        )
+
+    return refuse
+
+
+# Ops SGLang registers fake kernels for when its modules load (`torch.library.register_fake(
+# "sgl_kernel::NAME")`, sglang-kt 0.7.2: quantized GEMMs, CPU-backend kernels), which needs the op
+# to exist: defined without arguments, each refuses by name if anything calls it.
+for _name in (
+    "biased_grouped_topk_cpu fp8_blockwise_scaled_mm fp8_scaled_mm fp8_scaled_mm_cpu grouped_topk_cpu "
+    "int8_scaled_mm_cpu int8_scaled_mm_with_quant moe_fused_gate per_token_quant_int8_cpu "
+    "qkv_proj_with_rope qkv_proj_with_rope_fused_weight rotary_embedding_cpu "
+    "sgl_per_token_group_quant_8bit sgl_per_token_group_quant_fp8 sgl_per_token_quant_fp8 "
+    "shm_allgather silu_and_mul_cpu topk_sigmoid_cpu topk_softmax_cpu weight_packed_linear"
+).split():
+    _LIB.define(f"{_name}() -> ()")
+    _LIB.impl(_name, _absent(_name), "CompositeExplicitAutograd")
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
