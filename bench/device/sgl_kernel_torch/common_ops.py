@@ -47,13 +47,7 @@ def _absent(name: str):
 # Ops SGLang registers fake kernels for when its modules load (`torch.library.register_fake(
 # "sgl_kernel::NAME")`, sglang-kt 0.7.2: quantized GEMMs, CPU-backend kernels), which needs the op
 # to exist: defined without arguments, each refuses by name if anything calls it.
-for _name in (
-    "biased_grouped_topk_cpu fp8_blockwise_scaled_mm fp8_scaled_mm fp8_scaled_mm_cpu grouped_topk_cpu "
-    "int8_scaled_mm_cpu int8_scaled_mm_with_quant moe_fused_gate per_token_quant_int8_cpu "
-    "qkv_proj_with_rope qkv_proj_with_rope_fused_weight rotary_embedding_cpu "
-    "sgl_per_token_group_quant_8bit sgl_per_token_group_quant_fp8 sgl_per_token_quant_fp8 "
-    "shm_allgather silu_and_mul_cpu topk_sigmoid_cpu topk_softmax_cpu weight_packed_linear"
-).split():
+for _name in ["biased_grouped_topk_cpu", "fp8_blockwise_scaled_mm", "fp8_scaled_mm", "fp8_scaled_mm_cpu", "grouped_topk_cpu", "int8_scaled_mm_cpu", "int8_scaled_mm_with_quant", "moe_fused_gate", "per_token_quant_int8_cpu", "qkv_proj_with_rope", "qkv_proj_with_rope_fused_weight", "rotary_embedding_cpu", "sgl_per_token_group_quant_8bit", "sgl_per_token_group_quant_fp8", "sgl_per_token_quant_fp8", "shm_allgather", "silu_and_mul_cpu", "topk_sigmoid_cpu", "topk_softmax_cpu", "weight_packed_linear"]:
     _LIB.define(f"{_name}() -> ()")
     _LIB.impl(_name, _absent(_name), "CompositeExplicitAutograd")
 
