@@ -464,8 +464,10 @@ class KTransformers(_PythonEngine):
         ]
         if stack.numa_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
             args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
-        if stack.gpu_experts is not None:
-            args += ["--kt-num-gpu-experts", str(stack.gpu_experts)]
+        # Always written: without it (or a ratio) sglang-kt 0.7.2 configures no kt-kernel experts at
+        # all and runs every expert on the GPU from --model-path's checkpoint (kt_ep_wrapper.py's
+        # "Either kt_num_gpu_experts or kt_gpu_experts_ratio is required but not set", seen on the H200).
+        args += ["--kt-num-gpu-experts", str(stack.gpu_experts or 0)]
         if stack.served_name is not None and has_flag(flags, "--served-model-name"):
             args += ["--served-model-name", stack.served_name]
         if stack.metrics and has_flag(flags, "--enable-metrics"):

@@ -163,6 +163,10 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
         "6",
         "--enable-metrics",
     ]
+    # No GPU experts asked for: still written, as 0. Without it sglang-kt configures no kt-kernel
+    # experts and runs all of them on the GPU (seen on the H200: bench/results/kt-gpu-2026-12-01).
+    unasked = KT.server_args(_stack(tmp_path), None)
+    assert unasked[unasked.index("--kt-num-gpu-experts") + 1] == "0"
     # Python from the model's directory runs only when asked for (security review: it was always on).
     trusting = KT.server_args(_stack(tmp_path, trust_remote_code=True), None)
     assert trusting[-1] == "--trust-remote-code" and "--trust-remote-code" not in args
