@@ -340,8 +340,8 @@ def test_each_preset_gives_sglang_its_reasoning_and_tool_call_parsers(tmp_path: 
     tool calls only; a value the image's --help does not list is refused in one line."""
     expected = {
         "deepseek-r1-671b": ("deepseek-r1", "deepseekv3"),
-        "qwen3-235b-a22b": ("qwen3", "qwen25"),
-        "qwen3-next-80b-a3b": (None, "qwen25"),
+        "qwen3-235b-a22b": ("qwen3", "qwen"),
+        "qwen3-next-80b-a3b": (None, "qwen"),
     }
     for name, (reasoning, tools) in expected.items():
         stack = _stack(tmp_path).with_options(get_preset(name).engine_options("ktransformers"))
