@@ -58,6 +58,7 @@ DEVICE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    "KT_KERNEL_DEBUG": "1",  # kt-kernel then prints the CPU variant it loads (a log line, no behaviour)
 }
 # The machine's rule: NVLink multicast stays off in every process (device README).
 MULTICAST_OFF = {
@@ -254,7 +255,10 @@ def main(out: Path, work: Path) -> None:
         stop(server)
         log.close()
         text = (out / "server.log").read_text(errors="replace")
-        result["kt_kernel_logged"] = sorted(set(re.findall(r".*backend=\w+.*", text)))[:8]
+        kt_lines = re.findall(
+            r"^.*(?:\[kt-kernel\]|backend=|kt_num_gpu_experts|KTConfig).*$", text, re.MULTILINE
+        )
+        result["kt_kernel_logged"] = [line[:300] for line in dict.fromkeys(kt_lines)][:16]
         result["seconds"] = round(time.time() - started, 1)
         (out / "kt-gpu.json").write_text(json.dumps(result, indent=2) + "\n")
         note(json.dumps(result, indent=2))
