@@ -34,7 +34,7 @@ from pathlib import Path
 import yaml
 
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
-from builder.engines import get_engine
+from builder.engines.ktransformers import KTransformers
 from builder.errors import StackError
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
@@ -43,7 +43,7 @@ from builder.stacks.api import EngineApi
 from builder.stacks.smoke import api_checks
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE = get_engine("ktransformers")
+ENGINE = KTransformers()
 PORT = 8080
 # What the GPU machine can't run as the image does, and what stands in (KT-ON-THE-GPU.md):
 # sgl_kernel's FA3 and CUDA-graph paths are compiled for torch 2.9.1; flashinfer's sampling and

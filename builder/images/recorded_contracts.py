@@ -41,8 +41,9 @@ def contract_path(engine: str) -> Path:
 
 
 def recorded_contract(engine: str) -> RecordedContract | None:
-    """The contract recorded for `engine`, None where none is (KTransformers' server has no --help
-    contract)."""
+    """The contract recorded for `engine`, None where none is (the legacy KTransformers server has no
+    --help contract). KTransformers' is SGLang's --help as read on the GPU machine
+    (bench/results/kt-gpu-2026-12-01): no image of it is built where the tests run."""
     path = contract_path(engine)
     if not path.is_file():
         return None

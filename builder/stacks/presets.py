@@ -219,7 +219,7 @@ def example_stacks() -> dict[str, str]:
             generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (
                 f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""
             )
-            # Checked against the flags recorded from a built image of the engine (none for KTransformers).
+            # Checked against the flags recorded from the engine's server (none: KTransformers' legacy one).
             contract = recorded_contract(engine)
             facts = contract.facts_for(image, "zen4", image.rpartition(":")[2]) if contract else None
             cpu_profile = None

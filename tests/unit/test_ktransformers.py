@@ -16,16 +16,20 @@ from builder.host.probe import CpuInfo
 from builder.images.build import plan_build
 from builder.images.matrix import cuda_target, default_image_spec
 from builder.images.naming import image_spec, image_tag
+from builder.images.recorded_contracts import recorded_contract
 from builder.images.render import render_files
 from builder.images.source import resolve_local
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.models.planner import plan as make_plan
+from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
 from builder.spec import ImageSpec, LocalSource, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
 from tests.unit.variants import UNPUBLISHED
+
+REPO = Path(__file__).resolve().parents[2]
 
 KT = get_engine("ktransformers")
 LEGACY = get_engine("ktransformers-legacy")
@@ -366,3 +370,19 @@ def test_a_stack_without_image_lets_kt_kernel_choose_its_variant() -> None:
     pinned = image_spec("ktransformers", "avx2", cuda=cuda_target("12.8"))
     assert engine.engine_env(pinned) == {"KT_KERNEL_CPU_VARIANT": "avx2"}
     assert default_image_spec("llama.cpp", gpu=False).cpu.name == "avx2"  # other engines: unchanged
+
+
+def test_the_recorded_sglang_contract_is_the_help_read_on_the_gpu() -> None:
+    """dockerfiles/contracts/ktransformers.json (what compose/'s KTransformers stacks are checked
+    against) is sglang-kt 0.7.2's --help as the H200 run printed it, parsed as an image build parses it."""
+    help_text = (REPO / "bench/results/kt-gpu-2026-12-01/sglang-help.txt").read_text()
+    recorded = recorded_contract("ktransformers")
+    assert recorded is not None and recorded.ref == "0.7.2"
+    assert recorded.flags == parse_contract(help_text, None)
+    assert {"--kt-num-gpu-experts", "--reasoning-parser", "--tool-call-parser", "--api-key"} <= set(
+        recorded.flags
+    )
+    assert (
+        "qwen" in recorded.flags["--tool-call-parser"]
+        and "deepseek-r1" in recorded.flags["--reasoning-parser"]
+    )

@@ -13,6 +13,9 @@ this file's own. An op not here fails by name (`torch.ops.sgl_kernel has no attr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -20,11 +23,11 @@ _LIB = torch.library.Library("sgl_kernel", "DEF")  # kept alive for the process:
 STANDS_IN_FOR: list[str] = []
 
 
-def _op(schema: str):
+def _op(schema: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Define `schema` and register the decorated function for CUDA and CPU. No Meta kernel: SGLang
     registers fake (tracing) kernels for some sgl_kernel ops itself, which fails where one exists."""
 
-    def register(fn):
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
         name = schema.split("(", 1)[0]
         _LIB.define(schema)
         _LIB.impl(name, fn, "CUDA")
@@ -35,8 +38,8 @@ def _op(schema: str):
     return register
 
 
-def _absent(name: str):
-    def refuse(*args, **kwargs):
+def _absent(name: str) -> Callable[..., None]:
+    def refuse(*args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
             f"sgl_kernel::{name} has no PyTorch stand-in (bench/device/sgl_kernel_torch)"
         )
@@ -47,7 +50,29 @@ def _absent(name: str):
 # Ops SGLang registers fake kernels for when its modules load (`torch.library.register_fake(
 # "sgl_kernel::NAME")`, sglang-kt 0.7.2: quantized GEMMs, CPU-backend kernels), which needs the op
 # to exist: defined without arguments, each refuses by name if anything calls it.
-for _name in ["biased_grouped_topk_cpu", "fp8_blockwise_scaled_mm", "fp8_scaled_mm", "fp8_scaled_mm_cpu", "grouped_topk_cpu", "int8_scaled_mm_cpu", "int8_scaled_mm_with_quant", "moe_fused_gate", "per_token_quant_int8_cpu", "qkv_proj_with_rope", "qkv_proj_with_rope_fused_weight", "rotary_embedding_cpu", "sgl_per_token_group_quant_8bit", "sgl_per_token_group_quant_fp8", "sgl_per_token_quant_fp8", "shm_allgather", "silu_and_mul_cpu", "topk_sigmoid_cpu", "topk_softmax_cpu", "weight_packed_linear"]:
+FAKED_BY_SGLANG = (
+    "biased_grouped_topk_cpu",
+    "fp8_blockwise_scaled_mm",
+    "fp8_scaled_mm",
+    "fp8_scaled_mm_cpu",
+    "grouped_topk_cpu",
+    "int8_scaled_mm_cpu",
+    "int8_scaled_mm_with_quant",
+    "moe_fused_gate",
+    "per_token_quant_int8_cpu",
+    "qkv_proj_with_rope",
+    "qkv_proj_with_rope_fused_weight",
+    "rotary_embedding_cpu",
+    "sgl_per_token_group_quant_8bit",
+    "sgl_per_token_group_quant_fp8",
+    "sgl_per_token_quant_fp8",
+    "shm_allgather",
+    "silu_and_mul_cpu",
+    "topk_sigmoid_cpu",
+    "topk_softmax_cpu",
+    "weight_packed_linear",
+)
+for _name in FAKED_BY_SGLANG:
     _LIB.define(f"{_name}() -> ()")
     _LIB.impl(_name, _absent(_name), "CompositeExplicitAutograd")
 
@@ -59,7 +84,7 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0)
 
 
 @_op("rmsnorm(Tensor(a!) output, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()")
-def rmsnorm(output, input, weight, eps, enable_pdl):
+def rmsnorm(output: Any, input: Any, weight: Any, eps: Any, enable_pdl: Any) -> None:
     output.copy_(_rms(input, weight, eps))
 
 
@@ -67,13 +92,13 @@ def rmsnorm(output, input, weight, eps, enable_pdl):
     "fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
     "bool enable_pdl) -> ()"
 )
-def fused_add_rmsnorm(input, residual, weight, eps, enable_pdl):
+def fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any) -> None:
     residual.add_(input)
     input.copy_(_rms(residual, weight, eps))
 
 
 @_op("gemma_rmsnorm(Tensor(a!) output, Tensor input, Tensor weight, float eps, bool enable_pdl) -> ()")
-def gemma_rmsnorm(output, input, weight, eps, enable_pdl):
+def gemma_rmsnorm(output: Any, input: Any, weight: Any, eps: Any, enable_pdl: Any) -> None:
     output.copy_(_rms(input, weight, eps, offset=1.0))
 
 
@@ -81,28 +106,28 @@ def gemma_rmsnorm(output, input, weight, eps, enable_pdl):
     "gemma_fused_add_rmsnorm(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps, "
     "bool enable_pdl) -> ()"
 )
-def gemma_fused_add_rmsnorm(input, residual, weight, eps, enable_pdl):
+def gemma_fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any) -> None:
     residual.add_(input)
     input.copy_(_rms(residual, weight, eps, offset=1.0))
 
 
-def _gated(out: torch.Tensor, input: torch.Tensor, act) -> None:
+def _gated(out: torch.Tensor, input: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
     gate, up = input.chunk(2, dim=-1)
     out.copy_((act(gate.float()) * up.float()).to(out.dtype))
 
 
 @_op("silu_and_mul(Tensor(a!) out, Tensor input) -> ()")
-def silu_and_mul(out, input):
+def silu_and_mul(out: Any, input: Any) -> None:
     _gated(out, input, F.silu)
 
 
 @_op("gelu_and_mul(Tensor(a!) out, Tensor input) -> ()")
-def gelu_and_mul(out, input):
+def gelu_and_mul(out: Any, input: Any) -> None:
     _gated(out, input, F.gelu)
 
 
 @_op("gelu_tanh_and_mul(Tensor(a!) out, Tensor input) -> ()")
-def gelu_tanh_and_mul(out, input):
+def gelu_tanh_and_mul(out: Any, input: Any) -> None:
     _gated(out, input, lambda x: F.gelu(x, approximate="tanh"))
 
 
@@ -127,8 +152,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: b
     "Tensor(c!)? k_buffer, Tensor(d!)? v_buffer, Tensor? kv_cache_loc) -> ()"
 )
 def apply_rope_pos_ids_cos_sin_cache(
-    q, k, q_rope, k_rope, cos_sin_cache, pos_ids, interleave, enable_pdl, v, k_buffer, v_buffer, kv_cache_loc
-):
+    q: Any,
+    k: Any,
+    q_rope: Any,
+    k_rope: Any,
+    cos_sin_cache: Any,
+    pos_ids: Any,
+    interleave: Any,
+    enable_pdl: Any,
+    v: Any,
+    k_buffer: Any,
+    v_buffer: Any,
+    kv_cache_loc: Any,
+) -> None:
     cos, sin = cos_sin_cache[pos_ids].chunk(2, dim=-1)  # the cache is float32 [cos | sin] per position
     q_rope.copy_(_rotate(q, cos, sin, interleave))
     k_rope.copy_(_rotate(k, cos, sin, interleave))
@@ -141,7 +177,9 @@ def apply_rope_pos_ids_cos_sin_cache(
     "rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
     "Tensor cos_sin_cache, bool is_neox) -> ()"
 )
-def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
+def rotary_embedding(
+    positions: Any, query: Any, key: Any, head_size: Any, cos_sin_cache: Any, is_neox: Any
+) -> None:
     cos, sin = cos_sin_cache[positions.flatten().long()].float().chunk(2, dim=-1)
     for x in (query, key):
         heads = x.view(x.shape[0], -1, head_size)
@@ -152,7 +190,14 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox):
     "topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_ids, Tensor gating_output, "
     "bool renormalize, float moe_softcapping, Tensor? correction_bias) -> ()"
 )
-def topk_softmax(topk_weights, topk_ids, gating_output, renormalize, moe_softcapping, correction_bias):
+def topk_softmax(
+    topk_weights: Any,
+    topk_ids: Any,
+    gating_output: Any,
+    renormalize: Any,
+    moe_softcapping: Any,
+    correction_bias: Any,
+) -> None:
     logits = gating_output.float()
     if moe_softcapping > 0:
         logits = torch.tanh(logits / moe_softcapping) * moe_softcapping
@@ -172,15 +217,15 @@ def topk_softmax(topk_weights, topk_ids, gating_output, renormalize, moe_softcap
     "Tensor(d!) cumsum_buffer, bool pad_sorted_token_ids) -> ()"
 )
 def moe_align_block_size(
-    topk_ids,
-    num_experts,
-    block_size,
-    sorted_token_ids,
-    experts_ids,
-    num_tokens_post_pad,
-    cumsum_buffer,
-    pad_sorted_token_ids,
-):
+    topk_ids: Any,
+    num_experts: Any,
+    block_size: Any,
+    sorted_token_ids: Any,
+    experts_ids: Any,
+    num_tokens_post_pad: Any,
+    cumsum_buffer: Any,
+    pad_sorted_token_ids: Any,
+) -> None:
     """Group the (token, slot) pairs by expert, each group padded to whole blocks: the padding holds
     topk_ids.numel() (no token), and each block's expert in experts_ids. SGLang passes its expert
     count + 1: ids outside [0, num_experts - 1) (-1 or that sentinel: experts this GPU doesn't hold)
@@ -210,22 +255,22 @@ def moe_align_block_size(
 
 
 @_op("moe_sum(Tensor input, Tensor(a!) output) -> ()")
-def moe_sum(input, output):
+def moe_sum(input: Any, output: Any) -> None:
     output.copy_(input.float().sum(dim=1).to(output.dtype))
 
 
 @_op("moe_sum_reduce(Tensor input, Tensor(a!) output, float routed_scaling_factor) -> ()")
-def moe_sum_reduce(input, output, routed_scaling_factor):
+def moe_sum_reduce(input: Any, output: Any, routed_scaling_factor: Any) -> None:
     scale = routed_scaling_factor or 1.0  # the wrapper's default 0 means unscaled
     output.copy_((input.float().sum(dim=1) * scale).to(output.dtype))
 
 
-def _per_row(values: torch.Tensor | None, scalar, rows: int, device) -> torch.Tensor:
+def _per_row(values: torch.Tensor | None, scalar: float, rows: int, device: torch.device) -> torch.Tensor:
     return values if values is not None else torch.full((rows,), scalar, device=device)
 
 
 @_op("top_k_renorm_probs(Tensor probs, Tensor(a!) renorm_probs, Tensor? top_k_arr, int top_k_val) -> ()")
-def top_k_renorm_probs(probs, renorm_probs, top_k_arr, top_k_val):
+def top_k_renorm_probs(probs: Any, renorm_probs: Any, top_k_arr: Any, top_k_val: Any) -> None:
     k = _per_row(top_k_arr, top_k_val, probs.shape[0], probs.device).long().clamp(1, probs.shape[-1])
     kth = probs.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
     kept = torch.where(probs >= kth, probs, torch.zeros_like(probs))
@@ -233,7 +278,7 @@ def top_k_renorm_probs(probs, renorm_probs, top_k_arr, top_k_val):
 
 
 @_op("top_p_renorm_probs(Tensor probs, Tensor(a!) renorm_probs, Tensor? top_p_arr, float top_p_val) -> ()")
-def top_p_renorm_probs(probs, renorm_probs, top_p_arr, top_p_val):
+def top_p_renorm_probs(probs: Any, renorm_probs: Any, top_p_arr: Any, top_p_val: Any) -> None:
     p = _per_row(top_p_arr, top_p_val, probs.shape[0], probs.device).float()[:, None]
     ordered, index = probs.sort(dim=-1, descending=True)
     before = ordered.cumsum(dim=-1) - ordered  # mass of the larger ones: keep while it is under p
@@ -243,7 +288,7 @@ def top_p_renorm_probs(probs, renorm_probs, top_p_arr, top_p_val):
 
 
 @_op("top_k_mask_logits(Tensor logits, Tensor(a!) mask_logits, Tensor? top_k_arr, int top_k_val) -> ()")
-def top_k_mask_logits(logits, mask_logits, top_k_arr, top_k_val):
+def top_k_mask_logits(logits: Any, mask_logits: Any, top_k_arr: Any, top_k_val: Any) -> None:
     k = _per_row(top_k_arr, top_k_val, logits.shape[0], logits.device).long().clamp(1, logits.shape[-1])
     kth = logits.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
     mask_logits.copy_(torch.where(logits >= kth, logits, torch.full_like(logits, float("-inf"))))
