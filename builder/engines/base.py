@@ -71,6 +71,8 @@ class Engine(ABC):
     # it has none); what the stack file records it serves.
     metrics_flag: str | None = None
     tool_calls_flag: str | None = None
+    # The GGUF architectures it loads, where its image has no label that says (None: the label's).
+    gguf_architectures: frozenset[str] | None = None
     # The stack options it reads (spec.ENGINE_OPTIONS); any other one a stack sets is refused.
     honours: frozenset[str] = frozenset()
     # Every flag the adapter writes, with its other spellings (`-c, --ctx-size`) and flags that set the

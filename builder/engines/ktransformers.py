@@ -512,6 +512,9 @@ class KTransformersLegacy(_PythonEngine):
         )
     )
     model_flags = ("--model_path", "--gguf_path")
+    # 0.2.4's model classes: DeepseekV2/V3 (GGUF deepseek2), Qwen2-MoE, Llama and Mixtral (GGUF llama);
+    # not Qwen3-MoE or Qwen3-Next (its ktransformers/models/ and optimize rules, v0.2.4).
+    gguf_architectures = frozenset({"deepseek2", "qwen2moe", "llama"})
     health_path = "/v1/models"  # its OpenAI-compatible model list (0.2.x documents no /health)
     # torch for 0.2.4 with CUDA 12.8: the first torch with cu128 wheels (Blackwell, the seed's RTX 5090);
     # PyPI's 2.7 wheels are CUDA 12.6 builds, so 12.8 comes from PyTorch's index.

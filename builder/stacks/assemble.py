@@ -207,6 +207,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     check_port_free(stack.bind, stack.port)
     if stack.monitoring_port:
         check_port_free(stack.bind, stack.monitoring_port)
+    check_engine_loads(stack.engine, stack.model)
     facts = _checked_facts(stack.image, options, host)
     if facts is not None:
         check_architecture(facts, stack.model)
@@ -255,6 +256,21 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
         size = get_engine(options.engine).model_format.size(model)
         check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], size)
     return where
+
+
+def check_engine_loads(engine: str, model: Path) -> None:
+    """StackError when an engine that names the architectures it loads (no image label does) can't
+    load `model`'s."""
+    adapter = get_engine(engine)
+    if adapter.gguf_architectures is None:
+        return
+    arch = adapter.model_format.facts(model).arch
+    if arch not in adapter.gguf_architectures:
+        raise StackError(
+            f"{adapter.name} can't load {arch} models like {model.name} (it loads "
+            f"{', '.join(sorted(adapter.gguf_architectures))}): "
+            "use --engine ktransformers or a llama.cpp engine"
+        )
 
 
 def check_architecture(facts: ImageFacts, model: Path) -> None:

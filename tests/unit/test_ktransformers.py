@@ -21,6 +21,8 @@ from builder.images.render import render_files
 from builder.images.source import resolve_local
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.models.planner import plan as make_plan
+from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
 from builder.spec import ImageSpec, LocalSource, StackSpec
@@ -217,21 +219,20 @@ def test_sglang_needs_the_checkpoints_weights_in_the_config_dir(tmp_path: Path) 
     """SGLang loads attention, embeddings and router from --model-path ("Cannot find any model weights"
     without them); the legacy server reads only config and tokenizer there."""
     tmp_path.chmod(0o755)  # the engine's user reads the model and the directory in the container
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model = write_moe_gguf(tmp_path / "m.gguf", TINY_SHAPES["deepseek2"])  # what both servers load
     model.chmod(0o644)
     hf = tmp_path / "hf"
     hf.mkdir(mode=0o755)
     (hf / "config.json").write_text("{}")
     (hf / "config.json").chmod(0o644)
 
-    def compose(engine: str) -> tuple[int, str]:
+    def compose(engine: str, served: Path = model) -> tuple[int, str]:
         result = run_cli_in_process(
             "compose",
             "--engine",
             engine,
             "--model",
-            str(model),
+            str(served),
             "--config-dir",
             str(hf),
             "--gpu",
@@ -252,6 +253,14 @@ def test_sglang_needs_the_checkpoints_weights_in_the_config_dir(tmp_path: Path) 
     assert compose("ktransformers-legacy")[0] == 0
     (hf / "model-00001-of-00002.safetensors").write_bytes(b"")
     assert compose("ktransformers")[0] == 0
+    # 0.2.4 has no Qwen3-MoE model class: refused in one line, 0.7.2 takes it.
+    qwen3 = write_moe_gguf(tmp_path / "q.gguf", MoeShape(layers=2))
+    qwen3.chmod(0o644)
+    code, output = compose("ktransformers-legacy", qwen3)
+    assert code != 0 and "Traceback" not in output
+    assert "ktransformers-legacy can't load qwen3moe models like q.gguf" in output
+    assert "deepseek2, llama, qwen2moe" in output
+    assert compose("ktransformers", qwen3)[0] == 0
 
 
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
