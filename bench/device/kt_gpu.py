@@ -15,7 +15,14 @@ what could not travel is substituted, each substitution written to the results:
   6. once healthy: smoke's client checks (served name, completion, chat, tool call, metrics), a
      request without the stack's API key refused, GPU memory in use, kt-kernel's variant as logged.
 
-Usage: kt_gpu.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-gpu.json, server.log, sglang-help.txt, ...)
+With KT_GPU_WEIGHTS=amx the experts are kt-kernel's AMXINT4 instead of the GGUF's: step 3 converts the
+checkpoint with kt-kernel's converter (carried from a ktransformers tree in .device/kt/ktransformers)
+on the command line `moe-stack kt-convert` plans for this host, run natively where the verb runs it in
+the image, then checked, recorded and renamed by the verb's own code (finish_conversion); step 4's
+stack serves that directory.
+
+Usage: kt_gpu.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-gpu.json or kt-amx.json, the server's log,
+sglang-help.txt, ...)
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ import yaml
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
 from builder.engines.ktransformers import KTransformers
 from builder.errors import StackError
+from builder.host.probe import probe
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
+from builder.models.kt_convert import finish_conversion, plan_conversion
+from builder.models.kt_weights import converted_facts, read_checkpoint
 from builder.platform.flags import check_args, check_choice, parse_contract
 from builder.stacks.api import EngineApi
 from builder.stacks.smoke import api_checks
@@ -67,6 +77,9 @@ MULTICAST_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 SHAPE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--experts", "16"]  # 235B widths, 2 layers, 16 experts
+AMX = os.environ.get("KT_GPU_WEIGHTS", "gguf") == "amx"
+NAME = "kt-amx" if AMX else "kt-gpu"
+KT_TREE = REPO / ".device/kt/ktransformers"  # kt-kernel/scripts/convert_cpu_weights.py, version.py
 
 
 def cli(*args: str, timeout: int = 600) -> str:
@@ -156,6 +169,40 @@ def stop(server: subprocess.Popen) -> None:
             continue
 
 
+def convert(hf_dir: Path, work: Path, out: Path, env: dict[str, str], result: dict[str, object]) -> Path:
+    """The checkpoint converted to AMXINT4 as `moe-stack kt-convert` plans it for this host."""
+    checkpoint = read_checkpoint(hf_dir)
+    plan = plan_conversion(checkpoint, KT_TREE, "AMXINT4", probe(), image="(this run's packages)")
+    staging = work / f".{plan.output.name}.staging"
+    staging.mkdir()
+    args = plan.converter_args(str(hf_dir), str(staging), str(plan.script))
+    started = time.time()
+    run = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=300, check=False,
+        env={**env, "KT_KERNEL_CPU_VARIANT": "amx"},
+    )  # fmt: skip
+    (out / "kt-convert.log").write_text(run.stdout + run.stderr)
+    if run.returncode:
+        raise SystemExit(f"the converter failed ({run.returncode}): {(run.stdout + run.stderr)[-3000:]}")
+    weights = finish_conversion(staging, plan, KT_TREE, run.stdout.splitlines())
+    facts = converted_facts(weights.path)
+    result["conversion"] = {
+        "converter_args": ["python3", *args],
+        "seconds": round(time.time() - started, 1),
+        "output": str(weights.path),
+        "numa_pools": weights.numa_pools,
+        "moe_layers": weights.moe_layers,
+        "record": weights.record,
+        "files": {p.name: p.stat().st_size for p in sorted(weights.path.iterdir())},
+        "facts": {
+            "arch": facts.arch, "layers": facts.layers, "expert_bytes": facts.expert_bytes,
+            "other_bytes": facts.other_bytes, "vocab": facts.vocab, "kv_heads": facts.kv_heads,
+        },
+        "checkpoint_expert_bytes_per_layer_f16": 2 * 16 * 3 * 4096 * 1536,
+    }  # fmt: skip
+    return weights.path
+
+
 def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {"substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV}}
     started = time.time()
@@ -194,13 +241,19 @@ def main(out: Path, work: Path) -> None:
         "hf": cli("synth-moe", *SHAPE_ARGS, "--format", "hf", str(hf_dir)).strip().splitlines(),
     }
     note("models written")
+    weights_dir = gguf_dir
+    model_arg = next(gguf_dir.glob("*.gguf"))
+    if AMX:
+        model_arg = convert(hf_dir, work, out, env, result)
+        weights_dir = model_arg.parent  # the stack mounts a converted directory's parent at /models
+        note(f"converted: {result['conversion']}")
 
     key_file = work / "api-key"
     key_file.write_text("kt-gpu-run-key\n")
-    stack_file = out / "kt-stack.yaml"
+    stack_file = out / f"{NAME}-stack.yaml"
     compose_args = [
         "compose", "--engine", ENGINE.name, "--preset", "qwen3-235b-a22b", "--gpu", "nvidia",
-        "--model", str(next(gguf_dir.glob("*.gguf"))), "--config-dir", str(hf_dir),
+        "--model", str(model_arg), "--config-dir", str(hf_dir),
         "--api-key-file", str(key_file), "--skip-image-checks", "--out", str(stack_file),
     ]  # fmt: skip
     cli(*compose_args)
@@ -218,7 +271,7 @@ def main(out: Path, work: Path) -> None:
         result["command_checked"] = f"REFUSED: {err}"
     note(f"stack: {service['image']}, {len(command)} arguments; {result['command_checked']}")
 
-    mounts = {MODEL_DIR: str(gguf_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
+    mounts = {MODEL_DIR: str(weights_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
     args = [mapped(arg, mounts) for arg in command] + DEVICE_ARGS
     args[args.index("--host") + 1] = "127.0.0.1"
     stack_env = {key: mapped(str(value), mounts) for key, value in (service.get("environment") or {}).items()}
@@ -232,7 +285,7 @@ def main(out: Path, work: Path) -> None:
     }
     result["image_env"] = image_env(service["image"], server_bin)
     result["stack_env"] = stack_env
-    log = (out / "server.log").open("w")
+    log = (out / f"{NAME}-server.log").open("w")
     server = subprocess.Popen(
         ["sh", str(REPO / "dockerfiles/common/moe-stack-entrypoint"), *args],
         stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True,
@@ -254,13 +307,13 @@ def main(out: Path, work: Path) -> None:
     finally:
         stop(server)
         log.close()
-        text = (out / "server.log").read_text(errors="replace")
+        text = (out / f"{NAME}-server.log").read_text(errors="replace")
         kt_lines = re.findall(
             r"^.*(?:\[kt-kernel\]|backend=|kt_num_gpu_experts|KTConfig).*$", text, re.MULTILINE
         )
         result["kt_kernel_logged"] = [line[:300] for line in dict.fromkeys(kt_lines)][:16]
         result["seconds"] = round(time.time() - started, 1)
-        (out / "kt-gpu.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / f"{NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
         note(json.dumps(result, indent=2))
 
 

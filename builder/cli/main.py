@@ -39,8 +39,8 @@ from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.matrix import Variant as MatrixVariant
-from builder.images.matrix import ci_rows, cuda_target, edge_specs, variants
-from builder.images.naming import build_name, image_spec, variant_tag
+from builder.images.matrix import ci_rows, cuda_target, default_image_spec, edge_specs, variants
+from builder.images.naming import build_name, image_spec, image_tag, variant_tag
 from builder.images.prometheus import make_prometheus
 from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.images.render import configure_args
@@ -559,6 +559,62 @@ def synth_moe(
     out.print(
         f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
         "other weights from VRAM (all experts on the CPU)"
+    )
+
+
+@app.command("kt-convert")
+def kt_convert(
+    model: Annotated[
+        Path, typer.Option("--model", "-m", help="the model's Hugging Face checkpoint (BF16, F16 or FP8)")
+    ],
+    source: Annotated[
+        Path,
+        typer.Option(
+            "--source", help="a ktransformers checkout: its kt-kernel/scripts/convert_cpu_weights.py runs"
+        ),
+    ],
+    method: Annotated[
+        Literal["AMXINT4", "AMXINT8"], typer.Option("--method", help="kt-kernel's AMX backend to convert for")
+    ] = "AMXINT4",
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="new directory (default: beside the model, MODEL-METHOD)")
+    ] = None,
+    numa_pools: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="thread pools to split experts over: the stack's NUMA nodes (default: this host's)"
+        ),
+    ] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="default: this host's physical cores")] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="KTransformers image (default: the one a GPU stack names)")
+    ] = None,
+) -> None:
+    """Convert a checkpoint's routed experts into kt-kernel's AMXINT4/AMXINT8 weights with kt-kernel's
+    own converter, run in the KTransformers image on this AMX host; then serve them with `compose
+    --engine ktransformers --model OUT --config-dir MODEL`."""
+    from builder.models.kt_convert import plan_conversion, run_conversion
+    from builder.models.kt_weights import read_checkpoint
+
+    host = probe()
+    driver = host.gpus[0].driver if host.gpus else None
+    name = image or image_tag(default_image_spec("ktransformers", True, driver))
+    checkpoint = read_checkpoint(model.expanduser().resolve())
+    plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
+    client = docker()
+    if not client.image.exists(plan.image):
+        raise SpecError(
+            f"no image {plan.image} here: build it (`moe-stack build --engine ktransformers --cuda 12.8 "
+            "--cpu portable`) or pass --image"
+        )
+    out.print(
+        f"converting {checkpoint.moe_layers} MoE layers of {checkpoint.path} ({checkpoint.input_type}) to "
+        f"{plan.method} for {plan.numa_pools} NUMA pool(s) with {plan.threads} threads, in {plan.image}"
+    )
+    weights = run_conversion(plan, source.expanduser().resolve(), client, raw_stderr)
+    out.print(
+        f"wrote {weights.path}; serve it with: moe-stack compose --engine ktransformers --gpu nvidia "
+        f"--model {weights.path} --config-dir {checkpoint.path}"
     )
 
 

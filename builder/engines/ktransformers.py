@@ -12,6 +12,8 @@ from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_D
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
+from builder.models.formats import KT_WEIGHTS, ModelFormat
+from builder.models.kt_weights import read_converted
 from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
@@ -333,6 +335,7 @@ class KTransformers(_PythonEngine):
         )
     )
     model_flags = ("--model-path", "--kt-weight-path")
+    model_format: ModelFormat = KT_WEIGHTS  # a GGUF (LLAMAFILE) or kt-kernel's converted directory (AMX)
     carries_sgl_kernel = True
     # SGLang takes the key only as `--api-key VALUE`: the image's launcher reads the stack's secret file
     # (dockerfiles/ktransformers/moe-stack-sglang-with-key), so the key is on no command line.
@@ -421,32 +424,64 @@ class KTransformers(_PythonEngine):
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """An AMX expert backend on a CPU without AMX would fail only when the model loads: say it now."""
-        if stack.kt_method in AMX_KT_METHODS:
+        method = self.kt_method(stack)
+        if method in AMX_KT_METHODS:
             lacking = missing_flags(AMX_FLAGS, cpu)
             if lacking:
                 raise StackError(
-                    f"--kt-method {stack.kt_method} runs on AMX, and this CPU lacks {' '.join(lacking)}: "
+                    f"--kt-method {method} runs on AMX, and this CPU lacks {' '.join(lacking)}: "
                     "use --kt-method LLAMAFILE (GGUF weights, AVX2/AVX-512), or --for-other-host to emit "
                     "it for an AMX Xeon"
                 )
 
-    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """sglang-kt: the GGUF directory as kt-kernel's weights (LLAMAFILE), one CPU thread pool per
-        NUMA node with the stack's physical cores, attention and KV cache on the GPU."""
-        self._refuse_unsupported(stack)
-        method = stack.kt_method or "LLAMAFILE"
-        if method not in GGUF_KT_METHODS and stack.model.suffix == ".gguf":
-            made_by = "kt-kernel's converter" if method in AMX_KT_METHODS else "a safetensors checkpoint"
+    def kt_method(self, stack: StackSpec) -> str:
+        """The expert backend: the one asked for, else what the weights are (a GGUF: LLAMAFILE; kt-kernel's
+        converted weights: the method moe-stack recorded converting them with), checked against them."""
+        if not stack.model.is_dir():
+            method: str = stack.kt_method or "LLAMAFILE"
+            if method not in GGUF_KT_METHODS:
+                made_by = "kt-kernel's converter" if method in AMX_KT_METHODS else "a safetensors checkpoint"
+                raise StackError(
+                    f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
+                    f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
+                    "GGUF), or give the directory `moe-stack kt-convert` wrote"
+                )
+            return method
+        weights = read_converted(stack.model)
+        named = stack.kt_method or weights.method
+        if named is None:
             raise StackError(
-                f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
-                f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
-                "GGUF)"
+                f"{stack.model} was converted outside moe-stack, so its method is unrecorded: pass "
+                "--kt-method AMXINT4 or AMXINT8, as it was converted"
             )
+        method = named
+        if method not in AMX_KT_METHODS or (weights.method is not None and method != weights.method):
+            raise StackError(
+                f"{stack.model} holds kt-kernel's converted {weights.method or 'AMX'} experts, which "
+                f"--kt-method {method} does not read: drop --kt-method (or give a GGUF for LLAMAFILE)"
+            )
+        if weights.numa_pools != stack.numa_node_count:
+            raise StackError(
+                f"{stack.model} was converted for {weights.numa_pools} CPU thread pool(s) (NUMA nodes) and "
+                f"this stack runs {stack.numa_node_count} (--kt-threadpool-count): kt-kernel would load "
+                "the wrong slices; convert again with `moe-stack kt-convert --numa-pools "
+                f"{stack.numa_node_count}`, or run on {weights.numa_pools} nodes (--numa-nodes)"
+            )
+        return method
+
+    def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """sglang-kt: kt-kernel's expert weights (a GGUF's directory for LLAMAFILE, the converted
+        directory for AMXINT4/8), one CPU thread pool per NUMA node with the stack's physical cores,
+        attention and KV cache on the GPU from the checkpoint in the config directory."""
+        self._refuse_unsupported(stack)
+        method = self.kt_method(stack)
+        # A GGUF's directory is mounted at /models; a converted directory's parent is (directory_mount).
+        weights = f"{MODEL_DIR}/{stack.model.name}" if stack.model.is_dir() else MODEL_DIR
         args = [
             "--model-path",
             CONFIG_DIR,
             "--kt-weight-path",
-            MODEL_DIR,
+            weights,
             "--kt-method",
             method,
             "--kt-cpuinfer",

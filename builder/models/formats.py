@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from builder.models.kt_weights import converted_bytes, converted_facts, converted_files, read_converted
 from builder.models.model_files import check_gguf
 from builder.models.planner import ModelFacts, model_bytes, read_facts, split_parts
 
@@ -42,4 +43,33 @@ class ModelFormat:
 
 
 GGUF = ModelFormat()
-FORMATS = (GGUF,)  # every format an engine here loads
+FORMATS = (GGUF,)  # every single-file format an engine here loads (bundles carry these)
+
+
+class KtWeightsFormat(ModelFormat):
+    """KTransformers' expert weights: a GGUF (its LLAMAFILE backend), or a directory of kt-kernel's
+    converted AMXINT4/AMXINT8 experts (kt_weights), told apart by the path."""
+
+    name = "GGUF or kt-kernel's converted weights"
+
+    def check(self, path: Path) -> Path:
+        path = path.expanduser()
+        if not path.is_dir():
+            return super().check(path)
+        read_converted(path)
+        return path.resolve()
+
+    def facts(self, path: Path) -> ModelFacts:
+        return converted_facts(path) if path.is_dir() else super().facts(path)
+
+    def parts(self, path: Path) -> list[Path]:
+        return converted_files(path) if path.is_dir() else super().parts(path)
+
+    def size(self, path: Path) -> int:
+        return converted_bytes(path) if path.is_dir() else super().size(path)
+
+    def stem(self, path: Path) -> str:
+        return path.name if path.is_dir() else super().stem(path)
+
+
+KT_WEIGHTS = KtWeightsFormat()

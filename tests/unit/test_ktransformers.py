@@ -29,6 +29,7 @@ from builder.spec import ImageSpec, LocalSource, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
+from tests.kt_layout import write_converted
 from tests.unit.variants import UNPUBLISHED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -265,12 +266,13 @@ def test_sglang_needs_the_checkpoints_weights_in_the_config_dir(tmp_path: Path) 
 
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:
     zen4 = CpuInfo(flags=flags_of("zen4"), logical_cpus=64, physical_cores=32)
+    converted = write_converted(tmp_path / "Qwen3-AMXINT8", pools=2, method="AMXINT8")
     with pytest.raises(
         StackError, match="AMXINT8 runs on AMX, and this CPU lacks amx_tile amx_int8 amx_bf16"
     ):
-        get_engine("ktransformers").check_host(_stack(tmp_path, kt_method="AMXINT8"), zen4)
+        get_engine("ktransformers").check_host(_stack(tmp_path, model=converted), zen4)
     get_engine("ktransformers").check_host(
-        _stack(tmp_path, kt_method="AMXINT8"),
+        _stack(tmp_path, model=converted),
         CpuInfo(flags=flags_of("sapphirerapids"), logical_cpus=64, physical_cores=32),
     )
     get_engine("ktransformers").check_host(_stack(tmp_path), zen4)  # LLAMAFILE runs anywhere
