@@ -311,7 +311,8 @@ def test_gpu_experts_from_the_vram_plan() -> None:
 def test_presets_carry_ktransformers_without_llama_cpp_options() -> None:
     preset = get_preset("qwen3-235b-a22b")
     options = preset.engine_options("ktransformers")
-    assert options.kt_method == "LLAMAFILE" and preset.override_rules("ktransformers") == ()
+    # No expert backend: the weights name it (a GGUF: LLAMAFILE; a kt-convert directory: its method).
+    assert options.kt_method is None and preset.override_rules("ktransformers") == ()
     assert options.cache_type is None and options.gpu_layers is None and options.ctx_size == 16384
     assert "ktransformers-legacy" in get_preset("deepseek-r1-671b").engines
     assert "ktransformers-legacy" not in get_preset("qwen3-next-80b-a3b").engines
