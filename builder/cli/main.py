@@ -49,6 +49,7 @@ from builder.images.source import resolve_local
 from builder.models.formats import GGUF
 from builder.models.hub import CHECKPOINT_FILES, check_checkpoint, plan_fetch, size_problems
 from builder.models.hub import fetch as fetch_from_hub
+from builder.models.kt_weights import read_checkpoint
 from builder.models.model_files import fetch_demo_model
 from builder.models.planner import GIB, size
 from builder.models.planner import plan as make_plan
@@ -774,7 +775,13 @@ def plan_memory(
 @app.command()
 def doctor(
     model: Annotated[
-        Path | None, typer.Option("--model", "-m", help="also check this GGUF fits in RAM + VRAM")
+        Path | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="also check this GGUF fits in RAM + VRAM; or, for a Hugging Face checkpoint directory, "
+            "whether kt-kernel's AMX weights are converted beside it",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="findings as JSON")] = False,
     root: Annotated[
@@ -784,6 +791,8 @@ def doctor(
     """Check this host for hybrid MoE inference: CPU target, cores, NUMA, hugepages, GPU, Docker. Exit 1
     on FAIL."""
     host = probe(root)
+    gguf = model if model is not None and not model.is_dir() else None
+    checkpoint = model if model is not None and model.is_dir() else None
     try:
         client = docker()
     except DockerUnavailable:
@@ -793,8 +802,9 @@ def doctor(
         docker_ok=client is not None,
         gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
         free_disk_bytes=shutil.disk_usage(Path.home()).free,
-        model_bytes=GGUF.size(GGUF.check(model)) if model else None,
-        model_problems=size_problems(GGUF.parts(GGUF.check(model))) if model else None,
+        model_bytes=GGUF.size(GGUF.check(gguf)) if gguf else None,
+        model_problems=size_problems(GGUF.parts(GGUF.check(gguf))) if gguf else None,
+        checkpoint=read_checkpoint(checkpoint.resolve()).path if checkpoint else None,
         cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None,
     )
     if as_json:

@@ -7,10 +7,13 @@ in tests exactly as a live one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
+from builder.models.kt_convert import default_output
+from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
 from builder.models.planner import size
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
@@ -36,13 +39,15 @@ def diagnose(
     model_bytes: int | None = None,
     cuda_bases: dict[str, bool] | None = None,
     model_problems: list[str] | None = None,
+    checkpoint: Path | None = None,
 ) -> list[Finding]:
     """Every finding for `host`. `cuda_bases`: each registry-free CUDA base image (`moe-stack base
     --cuda`) and whether the Docker store has it (None: Docker wasn't asked). `model_problems`: how a
-    fetched model's files differ from their record (None: no record)."""
+    fetched model's files differ from their record (None: no record). `checkpoint`: a Hugging Face
+    checkpoint to look for kt-kernel's converted weights beside."""
     findings = [
         _cpu(host),
-        *_amx(host),
+        *_amx(host, checkpoint),
         _cores(host),
         *_numa(host),
         _thp(host),
@@ -138,19 +143,53 @@ def _cpu(host: HostFacts) -> Finding:
     )
 
 
-def _amx(host: HostFacts) -> list[Finding]:
-    """A Xeon with AMX could run KTransformers' AMX expert backends, which read converted weights."""
+def _amx(host: HostFacts, checkpoint: Path | None) -> list[Finding]:
+    """A Xeon with AMX could run KTransformers' AMX expert backends, from weights kt-kernel's converter
+    makes out of the model's checkpoint: said for the checkpoint given (converted beside it or not)."""
     if missing_flags(AMX_FLAGS, host.cpu):
         return []
+    convert = "moe-stack kt-convert --model CHECKPOINT --source KT_TREE (a ktransformers checkout)"
+    if checkpoint is None:
+        return [
+            Finding(
+                "OK",
+                "amx",
+                "this CPU has AMX: KTransformers' kt-kernel runs its experts as AMXINT4/AMXINT8 here, from "
+                "weights converted from the model's BF16/FP8 checkpoint (a GGUF serves only LLAMAFILE, its "
+                "AVX-512 path)",
+                f"{convert}, then compose --engine ktransformers --model CONVERTED --config-dir CHECKPOINT",
+            )
+        ]
+    pools = max(1, len(host.nodes))
+    for method in AMX_BITS:
+        converted = default_output(checkpoint, method)
+        if not is_converted(converted):
+            continue
+        weights = read_converted(converted)
+        if weights.numa_pools != pools:
+            return [
+                Finding(
+                    "WARN",
+                    "amx",
+                    f"{converted} was converted for {weights.numa_pools} NUMA pool(s); this host has {pools}",
+                    f"{convert.replace('CHECKPOINT', str(checkpoint))} --numa-pools {pools} --out NEW_DIR",
+                )
+            ]
+        return [
+            Finding(
+                "OK",
+                "amx",
+                f"this CPU has AMX and {checkpoint}'s experts are converted for it: {converted} "
+                f"({weights.method or method}, {weights.numa_pools} NUMA pool(s))",
+            )
+        ]
     return [
         Finding(
-            "OK",
+            "WARN",
             "amx",
-            "this CPU has AMX: KTransformers' kt-kernel runs its experts as AMXINT4/AMXINT8 here, from "
-            "weights converted from the model's BF16/FP8 checkpoint (a GGUF serves only LLAMAFILE, its "
-            "AVX-512 path); the PyPI kt-kernel has no converter, its source tree does "
-            "(kt-kernel/scripts/convert_cpu_weights.py)",
-            "convert the checkpoint, then compose --engine ktransformers --kt-method AMXINT4 --model DIR",
+            f"this CPU has AMX and {checkpoint} has no converted weights beside it: KTransformers would "
+            "run its experts as LLAMAFILE from a GGUF (AVX-512), not on AMX",
+            f"{convert.replace('CHECKPOINT', str(checkpoint))}",
         )
     ]
 

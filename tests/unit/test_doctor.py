@@ -9,9 +9,10 @@ import pytest
 
 from builder.host.probe import probe
 from builder.platform.toolchain import highest_cuda
-from builder.stacks.doctor import diagnose
+from builder.stacks.doctor import Finding, diagnose
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
+from tests.kt_layout import write_converted
 
 GIB = 1024**3
 
@@ -115,6 +116,25 @@ def test_an_amx_xeon_is_told_about_ktransformers_amx_weights_and_an_epyc_is_not(
             diagnose(host, docker_ok=True, gpu_runtime_ok=False, free_disk_bytes=500 * GIB)
         )
     amx = findings["xeon"]["amx"]
-    assert "AMXINT4/AMXINT8" in amx.message and "convert_cpu_weights.py" in amx.message
-    assert "--kt-method AMXINT4" in amx.fix
+    assert "AMXINT4/AMXINT8" in amx.message and amx.fix.startswith("moe-stack kt-convert --model CHECKPOINT")
     assert "amx" not in findings["epyc"]
+
+
+def test_the_doctor_says_whether_a_checkpoints_amx_weights_are_converted(tmp_path: Path) -> None:
+    host = probe(fake_host(tmp_path / "xeon", XEON_EMR_FLAGS, sockets=2, cores=32, threads=2, node_gib=256))
+    checkpoint = tmp_path / "Qwen3-235B-A22B"
+
+    def amx() -> Finding:
+        findings = diagnose(host, True, False, 500 * GIB, checkpoint=checkpoint)
+        return _by_topic(findings)["amx"]
+
+    missing = amx()
+    assert missing.level == "WARN" and "has no converted weights beside it" in missing.message
+    assert missing.fix.startswith(f"moe-stack kt-convert --model {checkpoint} --source")
+    write_converted(tmp_path / "Qwen3-235B-A22B-AMXINT8", pools=1, method="AMXINT8")
+    wrong = amx()
+    assert wrong.level == "WARN" and "converted for 1 NUMA pool(s); this host has 2" in wrong.message
+    assert "--numa-pools 2" in wrong.fix
+    write_converted(tmp_path / "Qwen3-235B-A22B-AMXINT4", pools=2)
+    ready = amx()
+    assert ready.level == "OK" and "Qwen3-235B-A22B-AMXINT4 (AMXINT4, 2 NUMA pool(s))" in ready.message
