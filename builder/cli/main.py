@@ -590,6 +590,9 @@ def kt_convert(
     image: Annotated[
         str | None, typer.Option("--image", help="KTransformers image (default: the one a GPU stack names)")
     ] = None,
+    root: Annotated[
+        Path, typer.Option("--root", hidden=True, help="read a recorded host tree instead of /")
+    ] = Path("/"),
 ) -> None:
     """Convert a checkpoint's routed experts into kt-kernel's AMXINT4/AMXINT8 weights with kt-kernel's
     own converter, run in the KTransformers image on this AMX host; then serve them with `compose
@@ -597,7 +600,7 @@ def kt_convert(
     from builder.models.kt_convert import plan_conversion, run_conversion
     from builder.models.kt_weights import read_checkpoint
 
-    host = probe()
+    host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
     name = image or image_tag(default_image_spec("ktransformers", True, driver))
     checkpoint = read_checkpoint(model.expanduser().resolve())

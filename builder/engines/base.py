@@ -189,6 +189,11 @@ class Engine(ABC):
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
 
+    def gpu_use(self, log: str) -> tuple[bool | None, str]:
+        """What the engine's log says of the GPU: True and what it placed there, False and why it runs on
+        the CPU (a GPU stack that fell back), or None where the log says neither."""
+        return None, f"{self.name}'s log is not read for what it places on a GPU"
+
     def caches_latent(self, mla: int | None) -> bool:
         """Whether a DeepSeek (MLA) model's KV cache holds the compressed latent with this `mla` setting."""
         return bool(mla)

@@ -4,6 +4,7 @@ into the runtime image, and the stack runs `python -m <server module>` through a
 
 from __future__ import annotations
 
+import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
@@ -278,6 +279,12 @@ class _PythonEngine(Engine):
             )
 
 
+# SGLang's loader and memory pool on the GPU (sglang-kt 0.7.2, seen on the H200: bench/results/kt-*):
+# `Load weight end. ... mem usage=0.38 GB.` and `KV Cache is allocated. #tokens: 32978591, ...`.
+_SGLANG_WEIGHTS = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
+_SGLANG_KV = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
+
+
 class KTransformers(_PythonEngine):
     name = "ktransformers"
     slug = "ktransformers"
@@ -348,6 +355,12 @@ class KTransformers(_PythonEngine):
     def caches_latent(self, mla: int | None) -> bool:
         """SGLang serves DeepSeek with MLA: its cache holds the latent."""
         return True
+
+    def gpu_use(self, log: str) -> tuple[bool | None, str]:
+        weights, kv = _SGLANG_WEIGHTS.findall(log), _SGLANG_KV.findall(log)
+        if not weights or not kv:
+            return None, "SGLang's log shows no weights loaded and no KV cache allocated yet"
+        return True, f"weights {float(weights[-1]):.2f} GB on the GPU, KV cache of {int(kv[-1])} tokens"
 
     def check_image(self, spec: ImageSpec) -> None:
         """sgl_kernel 0.3.21.post2's CUDA libraries link CUDA 12's (libcudart.so.12, libcublas.so.12:

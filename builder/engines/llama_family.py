@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
@@ -30,6 +31,15 @@ from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
 GGUF_PY_PACKAGES = ("python3", "python3-numpy", "python3-yaml", "python3-tqdm", "python3-requests")
+
+
+# The loader's lines (both engines; seen on the H200 in bench/results): `offloaded 9/9 layers to GPU`,
+# mainline's `CUDA0 model buffer size =  1565.18 MiB`, ik's `CUDA0 buffer size =   161.89 MiB` (the
+# weights; not the KV or compute buffers). A restarted engine logs them again: the last ones count.
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_GPU_BUFFER = re.compile(r"\b(CUDA\d+) (?:model )?buffer size =\s*([\d.]+) MiB")
+# common's argument parsing, at every verbosity, when a GPU build finds no GPU (and a CPU build always).
+_NO_GPU = "no usable GPU found"
 
 
 class LlamaFamilyEngine(Engine):
@@ -130,6 +140,19 @@ class LlamaFamilyEngine(Engine):
     bench_rule_separator: str = ";"
     # Its benchmark over the context's depth (PP and TG per window), if it has one.
     sweep_tool: str | None = None
+
+    def gpu_use(self, log: str) -> tuple[bool | None, str]:
+        if _NO_GPU in log:
+            return False, f"its log says {_NO_GPU!r}"
+        offloaded = _OFFLOADED.findall(log)
+        buffers = {device: float(mib) for device, mib in _GPU_BUFFER.findall(log)}
+        if offloaded or buffers:
+            layers = int(offloaded[-1][0]) if offloaded else 0
+            placed = [f"offloaded {offloaded[-1][0]}/{offloaded[-1][1]} layers"] if offloaded else []
+            placed += [f"{device} weights {mib:.0f} MiB" for device, mib in buffers.items()]
+            seen = ", ".join(placed)
+            return bool(layers or any(buffers.values())), seen
+        return None, "its log names no offload (mainline logs its buffers from -lv 4)"
 
     @property
     def source_hint(self) -> str:  # type: ignore[override]

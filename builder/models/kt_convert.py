@@ -31,6 +31,7 @@ from builder.errors import ModelError, SourceError, StackError
 from builder.files import write_file_atomically
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import RECORD, Checkpoint, ConvertedWeights, read_converted
+from builder.stacks.host_checks import check_readable_in_container
 from builder.stacks.tool_bench import last_error
 
 CONVERTER = "kt-kernel/scripts/convert_cpu_weights.py"
@@ -173,6 +174,9 @@ def run_conversion(
     staging = Path(tempfile.mkdtemp(prefix=f".{plan.output.name}.", dir=plan.output.parent))
     # As the invoking user, whose files these become; root hands the run to the image's user instead.
     uid, gid = (os.getuid(), os.getgid()) if os.getuid() else (IMAGE_UID, IMAGE_UID)
+    if not os.getuid():
+        for path in [*plan.checkpoint.path.iterdir(), plan.script]:
+            check_readable_in_container(path)
     printed: list[str] = []
     try:
         if not os.getuid():

@@ -14,6 +14,7 @@ from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import NUMA_ENV
+from builder.engines import get_engine
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.document import CPU_SERVICE, SERVICE
@@ -21,12 +22,18 @@ from builder.stacks.record import Served, StackRecord, read_record
 from builder.stacks.run import published_ports, stack_api_key, up
 from builder.stacks.services import Service, service_named
 
+TOOL_NAME = "get_weather"
 TOOL = {
     "type": "function",
     "function": {
-        "name": "get_weather",
+        "name": TOOL_NAME,
         "description": "The weather in a city now",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        # A closed choice: a model that calls it can't run to max_tokens inside the string.
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+            "required": ["city"],
+        },
     },
 }
 
@@ -149,21 +156,34 @@ def _chat(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
+    """A call of the tool, with JSON arguments, must be in the reply (`tool_choice: required`): a
+    server that renders no tools, drops them or can't parse its model's call fails, and so does a model
+    that answers in prose. A random-weight model fails it: llama.cpp 0c1e57098's grammar for a required
+    call still lets content come first (its autoparser's `until <tool_call>`), and such a model never
+    writes the marker."""
     if stack.served is None or not stack.served.tool_calls:
         return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
     reply = stack.api.post(
         "/v1/chat/completions",
         {
             "model": _model(stack),
-            "max_tokens": 16,
+            "max_tokens": 64,
             "temperature": 0,
             "tools": [TOOL],
+            "tool_choice": "required",
             "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
         },
     )
-    message = reply["choices"][0]["message"]
-    calls = message.get("tool_calls") or []
-    return message.get("role") == "assistant", f"answered a tools request ({len(calls)} tool calls)"
+    calls = reply["choices"][0]["message"].get("tool_calls") or []
+    named = [call for call in calls if call.get("function", {}).get("name") == TOOL_NAME]
+    if not named:
+        return False, f"no call of {TOOL_NAME} in the reply ({len(calls)} tool calls)"
+    arguments = named[0]["function"].get("arguments")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return False, f"{TOOL_NAME} called with arguments that are not JSON: {arguments!r}"
+    return isinstance(parsed, dict), f"{TOOL_NAME}({json.dumps(parsed)})"
 
 
 def _flags(stack: StackUnderTest) -> tuple[bool, str]:
@@ -207,12 +227,27 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
+    """The GPU in the container and the engine's own log saying it placed weights there (where the log
+    says neither, the driver's figure of the GPU's memory in use): a stack whose engine fell back to
+    the CPU (no driver in the container, -ngl 0, a CPU build) fails."""
     if not stack.service.wants_gpu:
         return True, "not asked: a CPU-only stack"
     if stack.container is None:
         return False, "no running container of the service"
     nodes = _run(stack.container, ["sh", "-c", "ls /dev/nvidia[0-9]* 2>/dev/null || true"]).split()
-    return bool(nodes), f"GPU device nodes in the container: {nodes or 'none'}"
+    if not nodes:
+        return False, "no GPU device nodes in the container"
+    placed, seen = get_engine(stack.record.engine).gpu_use(str(stack.container.logs()))
+    if placed is None:  # the log says neither: ask the driver what the GPU holds
+        used = _run(stack.container, ["sh", "-c", _GPU_MEMORY]).split()
+        placed = any(mib.isdigit() and int(mib) > _IDLE_GPU_MIB for mib in used)
+        seen += f"; nvidia-smi in the container: {' + '.join(used) or 'no answer'} MiB in use"
+    return placed, f"{seen} ({' '.join(nodes)})"
+
+
+# More than an idle GPU's few MiB: a CUDA context alone is some 500 MiB.
+_IDLE_GPU_MIB = 256
+_GPU_MEMORY = "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null || true"
 
 
 def _metrics(stack: StackUnderTest) -> tuple[bool, str]:

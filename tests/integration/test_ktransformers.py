@@ -9,6 +9,7 @@ CPU MoE forward on a tiny random expert set matches a NumPy float64 reference.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -23,8 +24,12 @@ from builder.host.probe import probe
 from builder.images.build import build_image
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import image_spec
+from builder.models.kt_weights import read_checkpoint, read_converted
+from builder.models.synth_hf import write_hf_checkpoint
+from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import BaseImages
 from tests.cli import run_cli
+from tests.hosts import XEON_EMR_FLAGS, fake_host
 
 pytestmark = pytest.mark.integration
 
@@ -216,3 +221,57 @@ def test_kt_kernel_alone_lacks_the_gpu_kernels_the_build_step_needs(
         assert part in result.stderr
     assert "ktransformers_sgl_kernel_payload" in result.stderr and "ktransformers[sglang]" in result.stderr
     assert (site / "sgl_kernel_kt_payload_core/payload.part").is_file()  # kt-kernel's own part is there
+
+
+STANDIN_TREE = Path(__file__).parent / "data/kt-converter-standin"
+
+
+def test_kt_convert_runs_the_converter_in_the_image_and_renames_what_it_wrote(
+    kt_image: Callable[[str], str], tmp_path: Path
+) -> None:
+    """`moe-stack kt-convert` for real through Docker, with a stand-in for kt-kernel's converter (which no
+    package ships: see the stand-in's docstring) on a recorded two-node AMX host."""
+    tmp_path.chmod(0o755)  # as root, the run is the image's user, which reads the checkpoint
+    image = kt_image("portable")
+    root = fake_host(tmp_path / "host", XEON_EMR_FLAGS, sockets=2, cores=4, threads=1, node_gib=64)
+    checkpoint = write_hf_checkpoint(tmp_path / "Qwen3-tiny", TINY_SHAPES["qwen3moe"])
+    for path in [checkpoint, *checkpoint.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    args = ["kt-convert", "--model", str(checkpoint), "--source", str(STANDIN_TREE), "--image", image]
+    result = run_cli(*args, "--root", str(root))
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(next(line for line in result.stderr.splitlines() if line.startswith("{")))
+    assert seen["uid"] == (os.getuid() or 10001) and seen["network"] == "none" and seen["variant"] == "amx"
+    assert seen["args"] == [
+        "--input-path", "/model", "--input-type", "fp16", "--output", "/out", "--quant-method", "int4",
+        "--cpuinfer-threads", "8", "--threadpool-count", "2",
+    ]  # fmt: skip
+    assert "config.json" in seen["model_files"] and "model.safetensors" in seen["model_files"]
+    layer = read_checkpoint(checkpoint).layer_bytes("AMXINT4")
+    assert abs(seen["shm_bytes"] - (2 * layer + 1024**3)) < 4096  # Docker's 64 MiB would not hold a layer
+    output = tmp_path / "Qwen3-tiny-AMXINT4"
+    weights = read_converted(output)
+    assert (weights.numa_pools, weights.moe_layers, weights.method) == (
+        2,
+        TINY_SHAPES["qwen3moe"].layers,
+        "AMXINT4",
+    )
+    assert (
+        output.stat().st_uid == os.getuid()
+        and (output / "moe-stack-kt-weights.json").stat().st_uid == os.getuid()
+    )
+    assert "serve it with: moe-stack compose --engine ktransformers" in result.stdout
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".Qwen3-tiny-AMXINT4")]  # no staging left
+    again = run_cli(*args, "--root", str(root))
+    assert again.returncode == 1 and "exists; remove it or give another --out" in again.stderr
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**config, "moe_stack_standin_fail": "out of memory"}))
+    failed = run_cli(*args, "--root", str(root), "--out", str(tmp_path / "failed"))
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines()[-1] == (
+        f"moe-stack: error: kt-kernel's converter failed in {image}: Error during conversion: out of memory"
+    )
+    assert not (tmp_path / "failed").exists() and not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".failed")
+    ]

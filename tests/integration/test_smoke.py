@@ -51,26 +51,31 @@ def docker_compose_project_name(docker_compose_file: str) -> str:
     return str(yaml.safe_load(Path(docker_compose_file).read_text())["name"])
 
 
-def test_smoke_passes_on_an_emitted_stack(docker_services: Services, docker_compose_file: str) -> None:
+def test_smoke_passes_on_an_emitted_stack_but_the_random_model_makes_no_tool_call(
+    docker_services: Services, docker_compose_file: str
+) -> None:
     port = docker_services.port_for(SERVICE, CONTAINER_PORT)
     docker_services.wait_until_responsive(check=lambda: answers_health(port), timeout=120, pause=1)
     result = run_cli("smoke", docker_compose_file, "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert set(checks) == CHECKS and all(check["passed"] for check in checks.values())
+    assert set(checks) == CHECKS
+    # The tools request is rendered (Jinja) and answered, but random weights write prose, not a call:
+    # the check fails, as it must for any stack whose model can't call tools, and smoke exits 1.
+    assert result.returncode == 1 and not checks["tool-call"]["passed"]
+    assert checks["tool-call"]["seen"].startswith("no call of get_weather in the reply (0 tool calls)")
+    assert all(check["passed"] for name, check in checks.items() if name != "tool-call"), result.stdout
     assert "['tiny-moe']" in checks["served-name"]["seen"]
     assert checks["placement"]["seen"].endswith("2 threads")
     assert checks["gpu"]["seen"].startswith("not asked")
     # From what the file records it serves, not from the engine's flags.
-    assert (
-        checks["metrics"]["seen"].startswith("/metrics holds") and "tool calls" in checks["tool-call"]["seen"]
-    )
+    assert checks["metrics"]["seen"].startswith("/metrics holds")
 
 
 def test_smoke_names_what_differs(
     docker_services: Services, docker_compose_file: str, tmp_path: Path
 ) -> None:
-    """The same running stack, checked against a file that names the model otherwise: that check fails."""
+    """The same running stack, checked against a file that names the model otherwise: that check fails
+    (beside the tool call, which the random weights never make)."""
     document = yaml.safe_load(Path(docker_compose_file).read_text())
     document["x-moe-stack"]["served-name"] = "another-name"
     edited = tmp_path / "compose.yaml"
@@ -78,4 +83,4 @@ def test_smoke_names_what_differs(
     result = run_cli("smoke", str(edited))
     assert result.returncode == 1
     failed = [line for line in result.stdout.splitlines() if "FAIL" in line]
-    assert len(failed) == 1 and failed[0].split()[0] == "served-name", result.stdout
+    assert sorted(line.split()[0] for line in failed) == ["served-name", "tool-call"], result.stdout

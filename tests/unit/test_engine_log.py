@@ -1,6 +1,12 @@
 """What `moe-stack up` quotes of an engine's log when the stack does not become healthy."""
 
+from pathlib import Path
+
+from builder.engines import get_engine
 from builder.stacks.run import log_error_summary
+
+DATA = Path(__file__).parent / "data"
+RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
 
 # ik_llama.cpp 0.1.5 on `-ot ffn_.*_exps=NO_SUCH_BUFFER`: two error lines, then the engine restarts.
 IK_ATTEMPT = (
@@ -30,3 +36,20 @@ def test_the_error_is_found_before_a_usage_text_and_without_terminal_codes() -> 
 def test_a_log_without_an_error_gives_its_last_line() -> None:
     assert log_error_summary("main: loading model\nkilled\n") == "killed"
     assert log_error_summary("") == "(empty)"
+
+
+def test_each_engine_log_says_what_it_put_on_the_gpu() -> None:
+    """Recorded logs: mainline (-lv 4) and ik on the H200, mainline's CPU image given -ngl 99, SGLang."""
+    mainline, ik, kt = get_engine("llama.cpp"), get_engine("ik_llama.cpp"), get_engine("ktransformers")
+    h200 = (DATA / "llama.cpp-0c1e57098-h200-lv4-load.txt").read_text()
+    assert mainline.gpu_use(h200) == (True, "offloaded 9/9 layers, CUDA0 weights 1565 MiB")
+    fell_back = (DATA / "llama.cpp-0c1e57098-cpu-image-ngl99.txt").read_text()
+    assert mainline.gpu_use(fell_back) == (False, "its log says 'no usable GPU found'")
+    assert mainline.gpu_use("0.01.182.790 I srv  llama_server: model loaded\n")[0] is None  # default -lv
+    assert mainline.gpu_use("load_tensors: offloaded 0/9 layers to GPU\n")[0] is False
+    ik_log = (RESULTS / "cuda-images-2026-11-30/ik_llama.cpp-p1-run1/image-server-log.txt").read_text()
+    assert ik.gpu_use(ik_log) == (True, "offloaded 5/5 layers, CUDA0 weights 162 MiB")
+    sglang = (RESULTS / "kt-amx-2026-12-01/kt-amx-server.log").read_text()
+    assert kt.gpu_use(sglang) == (True, "weights 0.38 GB on the GPU, KV cache of 32978591 tokens")
+    assert kt.gpu_use("KTransformers EP is enabled.\n")[0] is None
+    assert get_engine("ktransformers-legacy").gpu_use(sglang)[0] is None  # its log is not read
