@@ -46,10 +46,10 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
-from builder.models.kt_convert import finish_conversion, plan_conversion
 from builder.models.kt_weights import converted_facts, read_checkpoint
 from builder.platform.flags import check_args, check_choice, parse_contract
 from builder.stacks.api import EngineApi
+from builder.stacks.kt_convert import finish_conversion, plan_conversion
 from builder.stacks.smoke import api_checks
 
 REPO = Path(__file__).resolve().parents[2]

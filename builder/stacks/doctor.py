@@ -12,11 +12,11 @@ from typing import Literal
 
 from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
-from builder.models.kt_convert import default_output
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
 from builder.models.planner import size
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
+from builder.stacks.kt_convert import default_output
 from builder.stacks.memory_use import beside_model_bytes
 from builder.stacks.pinned_memory import pinned_finding
 

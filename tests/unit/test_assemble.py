@@ -31,6 +31,7 @@ from builder.stacks.compose import compose_dict
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.kt_layout import write_converted
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
         assemble_stack(StackOptions(model=model, threads=65), epyc)
     with pytest.raises(SpecError, match="--cpu-image adds a CPU-only profile"):
         plan_stack(StackOptions(model=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
-    with pytest.raises(StackError, match="runs on AMX, and this CPU lacks"):
+    with pytest.raises(StackError, match="AMXINT8 reads weights from kt-kernel's converter, not a GGUF"):
         assemble_stack(
             StackOptions(
                 model=model,
@@ -124,6 +125,9 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
             ),
             epyc,
         )
+    converted = write_converted(model.parent / "moe-AMXINT8", pools=2, method="AMXINT8")
+    with pytest.raises(StackError, match="AMXINT8 runs on AMX, and this CPU lacks"):
+        assemble_stack(StackOptions(model=converted, engine="ktransformers", gpu="nvidia"), epyc)
     with pytest.raises(ValidationError, match="hugetlbfs"):
         StackOptions(model=model, hugetlbfs="3M")  # type: ignore[arg-type]
 

@@ -12,11 +12,11 @@ import yaml
 from builder.engines import get_engine
 from builder.errors import ModelError, SourceError, StackError
 from builder.host.probe import probe
-from builder.models.kt_convert import CONVERTER, default_output, plan_conversion
 from builder.models.kt_weights import converted_facts, read_checkpoint, read_converted
 from builder.models.synth_hf import write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import StackSpec
+from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
 from tests.cli import run_cli_in_process
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted, write_safetensors

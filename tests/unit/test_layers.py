@@ -52,6 +52,7 @@ TALK_TO_DOCKER = {
     "builder.distribute.publish",
     "builder.images.prometheus",
     "builder.stacks.tool_run",
+    "builder.stacks.kt_convert",
     "builder.distribute.bundle",
     "builder.cli.main",
 }
