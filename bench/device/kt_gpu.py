@@ -184,7 +184,7 @@ def convert(hf_dir: Path, work: Path, out: Path, env: dict[str, str], result: di
     (out / "kt-convert.log").write_text(run.stdout + run.stderr)
     if run.returncode:
         raise SystemExit(f"the converter failed ({run.returncode}): {(run.stdout + run.stderr)[-3000:]}")
-    weights = finish_conversion(staging, plan, KT_TREE, run.stdout.splitlines())
+    weights = finish_conversion(staging, plan, run.stdout.splitlines())
     facts = converted_facts(weights.path)
     result["conversion"] = {
         "converter_args": ["python3", *args],

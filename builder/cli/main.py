@@ -615,7 +615,7 @@ def kt_convert(
         f"converting {checkpoint.moe_layers} MoE layers of {checkpoint.path} ({checkpoint.input_type}) to "
         f"{plan.method} for {plan.numa_pools} NUMA pool(s) with {plan.threads} threads, in {plan.image}"
     )
-    weights = run_conversion(plan, source.expanduser().resolve(), client, raw_stderr)
+    weights = run_conversion(plan, client, raw_stderr)
     out.print(
         f"wrote {weights.path}; serve it with: moe-stack compose --engine ktransformers --gpu nvidia "
         f"--model {weights.path} --config-dir {checkpoint.path}"

@@ -31,6 +31,7 @@ from builder.errors import ModelError, SourceError, StackError
 from builder.files import write_file_atomically
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import RECORD, Checkpoint, ConvertedWeights, read_converted
+from builder.models.planner import size
 from builder.stacks.host_checks import check_readable_in_container
 from builder.stacks.tool_bench import last_error
 
@@ -71,6 +72,7 @@ class Conversion:
     """One conversion, planned: what is read, what runs, what is written."""
 
     checkpoint: Checkpoint
+    source: Path  # the ktransformers tree the converter comes from
     script: Path
     output: Path
     method: str
@@ -106,7 +108,7 @@ class Conversion:
     def needs_gpu(self) -> bool:
         return self.checkpoint.input_type == "fp8"
 
-    def record(self, source: Path) -> dict[str, object]:
+    def record(self) -> dict[str, object]:
         return {
             "method": self.method,
             "numa_pools": self.numa_pools,
@@ -114,7 +116,7 @@ class Conversion:
             "checkpoint": str(self.checkpoint.path),
             "image": self.image,
             "converter": CONVERTER,
-            "converter_version": source_version(source),
+            "converter_version": source_version(self.source),
             "converted_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 
@@ -140,8 +142,14 @@ def plan_conversion(
     target = (output or default_output(checkpoint.path, method)).expanduser().resolve()
     if target.exists():
         raise ModelError(f"{target} exists; remove it or give another --out")
-    if not os.access(target.parent, os.W_OK):
-        raise ModelError(f"{target.parent} is not writable; give an --out in a directory you can write")
+    if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+        raise ModelError(f"{target.parent} is not a directory you can write; give another --out")
+    needed, free = checkpoint.converted_bytes(method), shutil.disk_usage(target.parent).free
+    if needed > free:
+        raise ModelError(
+            f"{method} weights of {checkpoint.path.name} need about {size(needed)} and {target.parent} has "
+            f"{size(free)} free; free some space or give an --out on another disk"
+        )
     if checkpoint.input_type == "fp8" and not host.gpus:
         raise StackError(
             f"{checkpoint.path} is FP8: kt-kernel's converter dequantizes it on a GPU (Triton), and this "
@@ -149,6 +157,7 @@ def plan_conversion(
         )
     return Conversion(
         checkpoint=checkpoint,
+        source=source.expanduser().resolve(),
         script=script,
         output=target,
         method=method,
@@ -167,9 +176,7 @@ def _model_volumes(checkpoint: Path) -> list[tuple[Path, str, str]]:
     return [(checkpoint.resolve(), MODEL_MOUNT, "ro")]
 
 
-def run_conversion(
-    plan: Conversion, source: Path, client: DockerClient, say: Callable[[str], None]
-) -> ConvertedWeights:
+def run_conversion(plan: Conversion, client: DockerClient, say: Callable[[str], None]) -> ConvertedWeights:
     """Run the converter in `plan.image`, check what it wrote and rename it to `plan.output`."""
     staging = Path(tempfile.mkdtemp(prefix=f".{plan.output.name}.", dir=plan.output.parent))
     # As the invoking user, whose files these become; root hands the run to the image's user instead.
@@ -207,7 +214,7 @@ def run_conversion(
             line = raw.decode(errors="replace").rstrip()
             printed.append(line)
             say(line)
-        return finish_conversion(staging, plan, source, printed)
+        return finish_conversion(staging, plan, printed)
     except DockerException as err:
         said = last_error("\n".join([*printed, err.stderr or ""]))
         raise ModelError(f"kt-kernel's converter failed in {plan.image}: {said}") from None
@@ -216,7 +223,7 @@ def run_conversion(
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def finish_conversion(staging: Path, plan: Conversion, source: Path, printed: list[str]) -> ConvertedWeights:
+def finish_conversion(staging: Path, plan: Conversion, printed: list[str]) -> ConvertedWeights:
     """What the converter wrote into `staging`, checked to be every MoE layer for the planned pools (it
     exits 0 on 'No MoE expert layers found in input!'), recorded, and renamed to `plan.output`."""
     try:
@@ -232,7 +239,7 @@ def finish_conversion(staging: Path, plan: Conversion, source: Path, printed: li
     if not os.getuid():  # the image's user wrote them for root: root's, like the rest of its files
         for path in [staging, *staging.rglob("*")]:
             os.chown(path, 0, 0, follow_symlinks=False)
-    record = plan.record(source)
+    record = plan.record()
     write_file_atomically(staging / RECORD, json.dumps(record, indent=2) + "\n")
     staging.rename(plan.output)
     return ConvertedWeights(plan.output, weights.numa_pools, weights.moe_layers, plan.method, record)

@@ -4,6 +4,8 @@ recorded hosts), the converted directory a KTransformers stack serves, and what 
 from __future__ import annotations
 
 import json
+import shutil
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from builder.engines import get_engine
 from builder.errors import ModelError, SourceError, StackError
 from builder.host.probe import probe
 from builder.models.kt_weights import converted_facts, read_checkpoint, read_converted
-from builder.models.synth_hf import write_hf_checkpoint
+from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import StackSpec
 from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
@@ -22,6 +24,7 @@ from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted, write_safetensors
 
 KT = get_engine("ktransformers")
+DiskUsage = namedtuple("DiskUsage", "total used free")
 SHAPE = TINY_SHAPES["qwen3moe"]
 
 
@@ -46,6 +49,11 @@ def test_the_checkpoint_as_the_converter_reads_it(checkpoint: Path) -> None:
     # One layer's experts at 4 bits: gate, up and down of every expert.
     assert read.layer_bytes("AMXINT4") == SHAPE.experts * 3 * SHAPE.hidden * SHAPE.expert_ffn // 2
     assert read.layer_bytes("AMXINT8") == 2 * read.layer_bytes("AMXINT4")
+    experts_f16 = SHAPE.layers * SHAPE.experts * 3 * SHAPE.hidden * SHAPE.expert_ffn * 2
+    assert read.other_bytes == checkpoint_bytes(SHAPE) - experts_f16  # copied by the converter as is
+    assert read.converted_bytes("AMXINT4") == SHAPE.layers * read.layer_bytes("AMXINT4") * 101 // 100 + (
+        read.other_bytes
+    )
 
 
 def test_what_the_converter_cannot_read_is_one_line(tmp_path: Path, checkpoint: Path) -> None:
@@ -65,6 +73,13 @@ def test_what_the_converter_cannot_read_is_one_line(tmp_path: Path, checkpoint: 
     )
     with pytest.raises(ModelError, match="experts are F32; kt-kernel's converter reads BF16, F16 or FP8"):
         read_checkpoint(f32)
+    fp8 = {
+        f"model.layers.0.mlp.experts.0.{proj}_proj.{part}": (dtype, (4,), 4)
+        for proj in ("gate", "up", "down")
+        for part, dtype in (("weight", "F8_E4M3"), ("weight_scale_inv", "F32"))
+    }
+    write_safetensors(f32 / "model.safetensors", fp8)
+    assert read_checkpoint(f32).input_type == "fp8"  # the scales beside the weights are not its type
     (f32 / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(ModelError, match="is not a safetensors file"):
         read_checkpoint(f32)
@@ -93,14 +108,16 @@ def test_the_conversion_on_a_two_socket_amx_host(tmp_path: Path, checkpoint: Pat
     # Docker's /dev/shm is 64 MiB by default; the converter stages a layer there.
     assert plan.shm_bytes == 2 * read_checkpoint(checkpoint).layer_bytes("AMXINT4") + 1024**3
     assert not plan.needs_gpu
-    assert plan.record(source)["converter_version"] == "0.7.0"
+    assert plan.record()["converter_version"] == "0.7.0"
     one = plan_conversion(
         read_checkpoint(checkpoint), source, "AMXINT8", host, "kt:img", numa_pools=1, threads=8
     )
     assert (one.numa_pools, one.threads, one.converter_args("m", "o", "s")[8]) == (1, 8, "int8")
 
 
-def test_what_the_conversion_refuses(tmp_path: Path, checkpoint: Path, source: Path) -> None:
+def test_what_the_conversion_refuses(
+    tmp_path: Path, checkpoint: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     epyc = probe(fake_host(tmp_path / "epyc", EPYC_9554_FLAGS, 1, 64, 2, 384), nvidia_smi_text="")
     emr = probe(fake_host(tmp_path / "emr", XEON_EMR_FLAGS, 1, 32, 2, 256), nvidia_smi_text="")
     read = read_checkpoint(checkpoint)
@@ -113,6 +130,14 @@ def test_what_the_conversion_refuses(tmp_path: Path, checkpoint: Path, source: P
     (tmp_path / "taken").mkdir()
     with pytest.raises(ModelError, match="taken exists; remove it or give another --out"):
         plan_conversion(read, source, "AMXINT4", emr, "kt:img", output=tmp_path / "taken")
+    with monkeypatch.context() as patched:
+        patched.setattr(shutil, "disk_usage", lambda path: DiskUsage(total=10**12, used=10**12, free=1))
+        with pytest.raises(
+            ModelError, match="AMXINT4 weights of Qwen3-tiny need about 3.3 MiB and .* has 0.0 MiB free"
+        ):
+            plan_conversion(read, source, "AMXINT4", emr, "kt:img")
+    with pytest.raises(ModelError, match="is not a directory you can write"):
+        plan_conversion(read, source, "AMXINT4", emr, "kt:img", output=tmp_path / "no/such/out")
     fp8 = read.__class__(**{**read.__dict__, "input_type": "fp8"})
     with pytest.raises(StackError, match="is FP8: kt-kernel's converter dequantizes it on a GPU"):
         plan_conversion(fp8, source, "AMXINT4", emr, "kt:img")
