@@ -28,8 +28,13 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
     model = stack.model.parent.resolve() / stack.model.name
-    mounts = model_mounts(model, get_engine(stack.engine).model_format.parts(model))
-    check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
+    parts = get_engine(stack.engine).model_format.parts(model)
+    mounts = model_mounts(model, parts)
+    if model.is_dir():  # a directory of weights (kt-kernel's converted ones): it and each of its files
+        for part in parts:
+            check_readable_in_container(part)
+    else:
+        check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)

@@ -18,6 +18,7 @@ from builder.models.kt_weights import converted_facts, read_checkpoint, read_con
 from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import StackSpec
+from builder.stacks.host_checks import stack_files
 from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
 from tests.cli import run_cli_in_process
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
@@ -237,3 +238,13 @@ def test_compose_emits_the_converted_stack(tmp_path: Path, checkpoint: Path) -> 
     assert len(refused.stderr.splitlines()) == 1
     assert not (tmp_path / "d.yaml").exists()
     assert json.loads((model / "moe-stack-kt-weights.json").read_text())["method"] == "AMXINT4"
+
+
+def test_the_engines_user_must_read_the_converted_directory(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    model = write_converted(tmp_path / "Qwen3-AMXINT4", pools=2)
+    files = stack_files(_stack(model))
+    assert files.mounts == [{"type": "bind", "source": str(tmp_path), "target": "/models", "read_only": True}]
+    (model / "model.safetensors.index.json").chmod(0o600)
+    with pytest.raises(StackError, match="index.json is not readable by the engine's user \\(uid 10001\\)"):
+        stack_files(_stack(model))
