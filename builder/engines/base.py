@@ -15,6 +15,7 @@ from builder.platform.pins import pinned_ref
 from builder.platform.toolchain import Toolchain, toolchain
 from builder.spec import (
     ENGINE_OPTIONS,
+    CpuTarget,
     CudaTarget,
     EngineSource,
     GitSource,
@@ -188,6 +189,9 @@ class Engine(ABC):
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
+
+    def check_image_target(self, stack: StackSpec, cpu_target: CpuTarget) -> None:
+        """StackError when `stack`'s options can't run in an image built for `cpu_target`."""
 
     def gpu_use(self, log: str) -> tuple[bool | None, str]:
         """What the engine's log says of the GPU: True and what it placed there, False and why it runs on

@@ -447,6 +447,18 @@ class KTransformers(_PythonEngine):
                     "it for an AMX Xeon"
                 )
 
+    def check_image_target(self, stack: StackSpec, cpu_target: CpuTarget) -> None:
+        """A named target's image pins its kt-kernel variant (engine_env): an AMX backend needs `amx`."""
+        method = self.kt_method(stack)
+        if method not in AMX_KT_METHODS or cpu_target.runtime_dispatch:
+            return
+        pinned = kt_variant(frozenset(cpu_target.required_flags))
+        if pinned != "amx":
+            raise StackError(
+                f"image {stack.image} pins kt-kernel's {pinned} variant (CPU target {cpu_target.name}) and "
+                f"--kt-method {method} runs on its amx variant: use the portable or sapphirerapids image"
+            )
+
     def kt_method(self, stack: StackSpec) -> str:
         """The expert backend: the one asked for, else what the weights are (a GGUF: LLAMAFILE; kt-kernel's
         converted weights: the method moe-stack recorded converting them with), checked against them."""

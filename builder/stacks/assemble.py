@@ -26,6 +26,7 @@ from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import GIB
 from builder.models.planner import plan as make_plan
+from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
@@ -211,6 +212,8 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     facts = _checked_facts(stack.image, options, host)
     if facts is not None:
         check_architecture(facts, stack.model)
+        if facts.cpu_target in CPU_TARGETS:
+            get_engine(stack.engine).check_image_target(stack, CPU_TARGETS[facts.cpu_target])
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))

@@ -17,6 +17,7 @@ from builder.host.probe import probe
 from builder.models.kt_weights import converted_facts, read_checkpoint, read_converted
 from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
+from builder.platform.targets import cpu_target
 from builder.spec import StackSpec
 from builder.stacks.host_checks import stack_files
 from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
@@ -248,3 +249,18 @@ def test_the_engines_user_must_read_the_converted_directory(tmp_path: Path) -> N
     (model / "model.safetensors.index.json").chmod(0o600)
     with pytest.raises(StackError, match="index.json is not readable by the engine's user \\(uid 10001\\)"):
         stack_files(_stack(model))
+
+
+def test_amx_weights_need_an_image_that_loads_kt_kernels_amx_variant(tmp_path: Path) -> None:
+    """A named target's image pins its variant (the avx2 image: AVX2 kernels even on an AMX Xeon)."""
+    stack = _stack(write_converted(tmp_path / "w", pools=2), image="kt:0.7.2-cuda12.8-avx2")
+    with pytest.raises(
+        StackError, match="pins kt-kernel's avx2 variant .* use the portable or sapphirerapids"
+    ):
+        KT.check_image_target(stack, cpu_target("avx2"))
+    with pytest.raises(StackError, match="pins kt-kernel's avx512_bf16 variant"):
+        KT.check_image_target(stack, cpu_target("zen4"))
+    KT.check_image_target(stack, cpu_target("portable"))  # kt-kernel's loader picks amx on the host
+    KT.check_image_target(stack, cpu_target("sapphirerapids"))
+    gguf = _stack(tmp_path / "m.gguf")
+    KT.check_image_target(gguf, cpu_target("avx2"))  # LLAMAFILE runs in every variant
