@@ -24,7 +24,7 @@ from builder.engines.tune_space import (
 )
 from builder.errors import StackError
 from builder.platform.clone import clone_commands
-from builder.platform.flags import has_flag, takes_value
+from builder.platform.flags import check_choice, has_choices, has_flag, takes_value
 from builder.platform.targets import GGML_X86_FEATURES
 from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
@@ -308,7 +308,7 @@ class LlamaFamilyEngine(Engine):
             if not has_flag(flags, "--tensor-split"):
                 raise StackError(f"this {self.name} build has no --tensor-split; plan for one GPU")
             args += ["--tensor-split", ",".join(map(str, stack.tensor_split))]
-        args += self.cache_type_args(stack.cache_type, stack.cache_type_v)
+        args += self.cache_type_args(stack.cache_type, stack.cache_type_v, flags)
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
@@ -407,11 +407,15 @@ class LlamaFamilyEngine(Engine):
         """The arguments of the options only this engine of the family honours (mainline: none)."""
         return []
 
-    def cache_type_args(self, k: str | None, v: str | None) -> list[str]:
-        """-ctk/-ctv: K's type (V's too unless `v` differs); a type this engine lacks is refused."""
-        for given in (k, v):
-            if given is not None and given not in self.cache_types:
+    def cache_type_args(self, k: str | None, v: str | None, flags: dict[str, str] | None) -> list[str]:
+        """-ctk/-ctv: K's type (V's too unless `v` differs); a type the image's engine lacks is refused:
+        by the choices its --help lists (mainline's `allowed values`), else by the adapter's list."""
+        v = v or k
+        for flag, given in (("--cache-type-k", k), ("--cache-type-v", v)):
+            if given is None:
+                continue
+            check_choice(flags, flag, given, f"this {self.name} build")
+            if not has_choices(flags, flag) and given not in self.cache_types:
                 takes = ", ".join(sorted(self.cache_types))
                 raise StackError(f"{self.name} has no KV cache type {given}; it takes {takes}")
-        v = v or k
         return (["--cache-type-k", k] if k else []) + (["--cache-type-v", v] if v else [])

@@ -20,6 +20,7 @@ LABEL = "io.moe-stack.server-flags"
 # "--long-name"). Description continuation lines are indented further (col 34 or 40).
 _OPTION_LINE = re.compile(r"^\s{0,12}(-{1,2}[A-Za-z][\w.-]*.*)$")
 _FLAG = re.compile(r"^-{1,2}[A-Za-z][\w.-]*$")
+_ALLOWED = re.compile(r"allowed values:\s*([\w.]+(?:,\s*[\w.]+)*)\s*$")
 # A token that is a flag, not a value such as "-1" or "-0.5".
 _LOOKS_LIKE_FLAG = re.compile(r"^-{1,2}[A-Za-z]")
 
@@ -39,9 +40,11 @@ def option_names(text: str) -> list[tuple[str, ...]]:
 
 
 def _options(text: str) -> list[tuple[tuple[str, ...], str]]:
-    """(spellings, argument placeholder) of each option line."""
+    """(spellings, argument placeholder) of each option line; a placeholder whose description lists
+    its `allowed values: a, b, c` (mainline's -ctk/-ctv) becomes argparse's `{a,b,c}` (check_choice)."""
     options = []
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
         match = _OPTION_LINE.match(line)
         if not match:
             continue
@@ -59,8 +62,20 @@ def _options(text: str) -> list[tuple[tuple[str, ...], str]]:
             names.append(name)
             metavar = rest.strip() or metavar
         if names:
-            options.append((tuple(names), metavar))
+            options.append((tuple(names), metavar and (_choices(lines[index + 1 :]) or metavar)))
     return options
+
+
+def _choices(description: list[str]) -> str:
+    """`{a,b,c}` from the `allowed values:` line of an option's description (the lines up to the next
+    option); '' where it lists none."""
+    for line in description:
+        if _OPTION_LINE.match(line):
+            break
+        listed = _ALLOWED.search(line)
+        if listed:
+            return "{" + ",".join(value.strip() for value in listed.group(1).split(",")) + "}"
+    return ""
 
 
 def parse_parser_literals(text: str) -> dict[str, str]:
@@ -99,12 +114,17 @@ def takes_value(flags: dict[str, str], flag: str) -> bool:
     return bool(flags.get(flag))
 
 
-def check_choice(flags: dict[str, str] | None, flag: str, value: str, who: str) -> None:
-    """Fail where the contract lists `flag`'s choices (argparse's `{a,b,c}`) and `value` is not one."""
+def has_choices(flags: dict[str, str] | None, flag: str) -> bool:
+    """Whether the contract lists `flag`'s choices (argparse's `{a,b,c}`)."""
     placeholder = (flags or {}).get(flag, "")
-    if not (placeholder.startswith("{") and placeholder.endswith("}")):
+    return placeholder.startswith("{") and placeholder.endswith("}")
+
+
+def check_choice(flags: dict[str, str] | None, flag: str, value: str, who: str) -> None:
+    """Fail where the contract lists `flag`'s choices and `value` is not one."""
+    if not has_choices(flags, flag):
         return
-    choices = placeholder[1:-1].split(",")
+    choices = (flags or {})[flag][1:-1].split(",")
     if value not in choices:
         raise StackError(f"{who} takes {flag} {' | '.join(choices)}, not {value!r}: give one of them")
 

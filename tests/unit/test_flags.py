@@ -175,3 +175,32 @@ def test_load_mode_in_each_engines_syntax() -> None:
         _neutral("ik_llama.cpp", {k: v for k, v in IK.items() if k != "--mlock"}, mlock=True)
     args = get_engine("llama.cpp").server_args(_stack("llama.cpp", mmap=False, mlock=True), MAINLINE)
     check_args(args, MAINLINE, "llama.cpp 0c1e57098")
+
+
+def test_kv_cache_types_come_from_the_images_help_where_it_lists_them() -> None:
+    """Mainline's --help lists `allowed values` for -ctk/-ctv: the contract holds them as choices and a
+    stack is checked against the image's own list; ik's lists none, so its adapter's list decides."""
+    mainline = MAINLINE
+    choices = "{f32,f16,bf16,q8_0,q4_0,q4_1,iq4_nl,q5_0,q5_1}"
+    assert mainline["--cache-type-k"] == mainline["-ctv"] == choices
+    assert mainline["--numa"] == "TYPE" and mainline["-ngl"] == "N"  # other placeholders as they were
+    adapter = get_engine("llama.cpp")
+    assert adapter.cache_type_args("q8_0", "q4_0", mainline) == [
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q4_0",
+    ]
+    with pytest.raises(
+        StackError, match="this llama.cpp build takes --cache-type-v f32 | f16 .*, not 'q6_0'"
+    ):
+        adapter.cache_type_args("q8_0", "q6_0", mainline)
+    # A build whose help listed q6_0 would take it: the image's list, not the adapter's, decides.
+    assert adapter.cache_type_args(
+        "q6_0", None, {**mainline, "--cache-type-k": "{q6_0}", "--cache-type-v": "{q6_0}"}
+    )
+    ik = get_engine("ik_llama.cpp")
+    assert IK["--cache-type-k"] == "TYPE"
+    assert ik.cache_type_args("q8_KV", None, IK) == ["--cache-type-k", "q8_KV", "--cache-type-v", "q8_KV"]
+    with pytest.raises(StackError, match="ik_llama.cpp has no KV cache type q4_9"):
+        ik.cache_type_args("q4_9", None, IK)
