@@ -463,23 +463,22 @@ class KTransformers(_PythonEngine):
         """The expert backend: the one asked for, else what the weights are (a GGUF: LLAMAFILE; kt-kernel's
         converted weights: the method moe-stack recorded converting them with), checked against them."""
         if not stack.model.is_dir():
-            method: str = stack.kt_method or "LLAMAFILE"
-            if method not in GGUF_KT_METHODS:
-                made_by = "kt-kernel's converter" if method in AMX_KT_METHODS else "a safetensors checkpoint"
+            asked = stack.kt_method or "LLAMAFILE"
+            if asked not in GGUF_KT_METHODS:
+                made_by = "kt-kernel's converter" if asked in AMX_KT_METHODS else "a safetensors checkpoint"
                 raise StackError(
-                    f"--kt-method {method} reads weights from {made_by}, not a GGUF file like "
+                    f"--kt-method {asked} reads weights from {made_by}, not a GGUF file like "
                     f"{stack.model.name}: use --kt-method LLAMAFILE (the one kt-kernel backend that reads "
                     "GGUF), or give the directory `moe-stack kt-convert` wrote"
                 )
-            return method
+            return asked
         weights = read_converted(stack.model)
-        named = stack.kt_method or weights.method
-        if named is None:
+        method = stack.kt_method or weights.method
+        if method is None:
             raise StackError(
                 f"{stack.model} was converted outside moe-stack, so its method is unrecorded: pass "
                 "--kt-method AMXINT4 or AMXINT8, as it was converted"
             )
-        method = named
         if method not in AMX_KT_METHODS or (weights.method is not None and method != weights.method):
             raise StackError(
                 f"{stack.model} holds kt-kernel's converted {weights.method or 'AMX'} experts, which "
