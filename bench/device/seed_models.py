@@ -6,8 +6,9 @@ prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth 
 
   seed_models.py write DIR [MODEL…]         the models (default all: R1 and Qwen3-Next slices of 8 and
                                             16 layers, a Qwen3-235B slice of 8)
-  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:OPTION=N]
-                                            (OPTION: an EngineOptions field, e.g. fused_moe=0); results
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:OPTION=V]
+                                            (OPTION: an EngineOptions field, e.g. fused_moe=0,
+                                            cache_type=f16); results
                                             as JSON lines; each case waits for its engine's build
 
 BIN_ROOT/<engine>/build/bin/llama-server are the builds (BIN_ROOT/<engine>.done says "ok" once one is
@@ -151,16 +152,20 @@ def measure(
     shape: MoeShape,
     result: dict[str, object],
 ) -> None:
-    """Healthy, a completion, prefill and decode rounds, GPU memory after load and after the prefills
-    (prefill's offload may allocate beyond the buffers logged at load), into `result`."""
+    """Healthy, a completion, prefill and decode rounds, GPU memory after load, after the prefills and
+    after one prompt longer than the presets' -ub (prefill's offload may allocate beyond the buffers
+    logged at load), into `result`."""
     if not _healthy(api_port, started + 240, server):
         result["error"] = f"not healthy (exit {server.poll()})"
         return
     result["load_s"] = round(time.time() - started, 1)
     result["gpu_used_mib"] = _gpu_used_mib()
-    api = EngineApi(api_port, timeout_s=120)  # an engine that aborts mid-request may never answer
-    warm = api.post("/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False})
+    # An engine that aborts mid-request may never answer: 16 tokens take well under 30 s on any case here.
+    warm = EngineApi(api_port, timeout_s=30).post(
+        "/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False}
+    )
     result["completion"] = warm.get("content")
+    api = EngineApi(api_port, timeout_s=120)
     rounds = 3 if not changes or "mmap" in changes else 1
     prefill, decode = [], []
     for _ in range(rounds):
@@ -171,6 +176,11 @@ def measure(
         prefill.append(timings["prompt_per_second"])
         decode.append(timings["predicted_per_second"])
     result["gpu_used_after_prefill_mib"] = _gpu_used_mib()
+    # A prompt longer than the presets' -ub 2048: every micro-batch full, the offload's copies widest.
+    long = api.post("/completion", {"prompt": PROMPT * 8, "n_predict": 4, "cache_prompt": False})
+    result["long_prompt_tokens"] = long["timings"]["prompt_n"]
+    result["long_prefill_tps"] = round(long["timings"]["prompt_per_second"], 1)
+    result["gpu_used_after_long_prefill_mib"] = _gpu_used_mib()
     result["prompt_tokens"] = reply["timings"]["prompt_n"]
     result["prefill_tps"] = [round(v, 1) for v in prefill]
     result["decode_tps"] = [round(v, 2) for v in decode]
@@ -180,7 +190,9 @@ def measure(
 
 def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> dict[str, object]:
     engine, name, *rest = case.split(":")
-    changes: dict[str, object] = {key: int(value) for key, value in (item.split("=") for item in rest)}
+    changes: dict[str, object] = {
+        key: int(value) if value.isdigit() else value for key, value in (item.split("=") for item in rest)
+    }
     if "ub" in changes:
         changes = {"ubatch_size": changes.pop("ub"), **changes}
     if "ctx" in changes:

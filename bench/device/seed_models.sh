@@ -10,7 +10,12 @@
 #   seed_models.sh run CASE…      waits for the builds, the bandwidth probe, then each case's server
 #   seed_models.sh tune ENGINE MODEL BUDGET [TUNE OPTIONS]
 #                          the stack `moe-stack compose --preset P --gpu nvidia` emits for MODEL here,
-#                          searched by `moe-stack tune --native-bin` for BUDGET seconds
+#                          searched by `moe-stack tune --native-bin` for BUDGET seconds (e.g. --decode
+#                          --only fmoe,amb,no-mmap)
+#
+# The builds outlast one call (2026-12-02: after 557 s mainline had 143 of 355 objects, ik 117 of 309), and
+# they live only on the machine that `start` ran on: the next call must come within the machine's idle
+# release time, or it starts bare (`run` and `tune` then say so and stop).
 #
 # Made on the development machine:
 #   moe-stack cmake-args --engine E --cuda 13.0 --cuda-archs 90 --cpu sapphirerapids --no-ccache
@@ -54,9 +59,21 @@ wait_builds() {
   done
 }
 
+wheels() {
+  [ -d "$work/site/builder_deps_installed" ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$carried"/whl/*.whl &&
+    mkdir -p "$work/site/builder_deps_installed"
+}
+builds_here() {  # a machine handed back between calls (idle past its release time) starts bare
+  ls "$work"/*.build.log >/dev/null 2>&1 && return
+  echo "no engine builds on this machine: it was handed back since \`start\` (calls must follow within" \
+    "the machine's idle release time); run \`seed_models.sh start\` again" >&2
+  exit 1
+}
+
 case "$phase" in
 start)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/site" "$carried"/whl/*.whl
+  wheels
   {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node)'
@@ -73,6 +90,8 @@ start)
   archive_logs
   ;;
 run)
+  builds_here
+  wheels
   wait_builds
   for engine in "${engines[@]}"; do [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; }; done
   if [ ! -s "$out/bandwidth.txt" ]; then
@@ -87,6 +106,8 @@ run)
 tune)
   engine=${1:?ENGINE} name=${2:?MODEL} budget=${3:?BUDGET}
   shift 3  # the rest goes to moe-stack tune (e.g. --prefill)
+  builds_here
+  wheels
   preset=$(python3 -c "import sys; sys.path.insert(0, '$repo/bench/device'); from seed_models import MODELS; print(MODELS['$name'][0])")
   wait_builds
   [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; exit 1; }

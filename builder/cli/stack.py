@@ -482,6 +482,12 @@ def tune(
     plot_file: Annotated[Path | None, typer.Option("--plot", help="also a PNG chart of every trial")] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", help="prefill test length")] = 512,
     generate: Annotated[int, typer.Option("--generate", "-n", help="decode test length")] = 64,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only", help="tune these settings alone, comma-separated (e.g. fmoe,amb; default: all)"
+        ),
+    ] = None,
     tools_image: Annotated[
         str | None,
         typer.Option(
@@ -525,6 +531,7 @@ def tune(
         profile,
         prompt_tokens,
         generate,
+        tuple(name.strip() for name in only.split(",") if name.strip()) if only else (),
         progress=_say,
     )
     result = tuned.result

@@ -107,6 +107,20 @@ def searched(dimensions: list[Dimension], objective: Objective) -> list[Dimensio
     return [d for d in dimensions if d.affects in ("both", objective) or objective == "both"]
 
 
+def chosen(dimensions: list[Dimension], names: tuple[str, ...]) -> list[Dimension]:
+    """The dimensions `names` asks for, in the search's own order (none asked: all); a name the stack
+    has no dimension for is refused in one line that lists those it has."""
+    if not names:
+        return dimensions
+    known = [d.name for d in dimensions]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise StackError(
+            f"--only {','.join(unknown)}: this stack has no such setting to tune; it has {', '.join(known)}"
+        )
+    return [d for d in dimensions if d.name in names]
+
+
 def plan_search(dimensions: list[Dimension], budget_s: float, trial_s: float) -> Plan:
     """The rounds and dimensions that fit `budget_s` at `trial_s` a trial (warm-up done), confirm
     round included; dimensions that don't fit are dropped from the end and named."""

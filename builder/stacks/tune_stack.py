@@ -24,7 +24,7 @@ from builder.stacks.run import read_stack
 from builder.stacks.services import service_named
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
-from builder.stacks.tune import Objective, Tuner, TuneResult
+from builder.stacks.tune import Objective, Tuner, TuneResult, chosen
 
 BANDWIDTH_MIB = 2048  # per array: far beyond any L3 (Genoa-X has 1152 MB)
 
@@ -78,11 +78,13 @@ def tune_stack(
     profile: str | None = None,
     prompt_tokens: int = 512,
     generate: int = 64,
+    only: tuple[str, ...] = (),
     progress: Callable[[str], None] = lambda line: None,
 ) -> Tuned:
     """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
     the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
-    default the stack's), after probing the memory bandwidth the same way."""
+    default the stack's), after probing the memory bandwidth the same way; `only`: these dimensions
+    alone (none: all)."""
     document = read_stack(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
     bench_engine(engine)  # an engine with llama-bench, else one line
@@ -120,7 +122,7 @@ def tune_stack(
             "this moe-stack's `compose`"
         )
     hybrid = served.gpu_layers not in (None, 0)
-    dimensions = bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid)
+    dimensions = chosen(bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid), only)
     tuner = Tuner(
         engine=engine,
         runner=runner,

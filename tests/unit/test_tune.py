@@ -17,7 +17,7 @@ from builder.errors import SpecError, StackError
 from builder.models.planner import ModelFacts
 from builder.platform.flags import parse_help
 from builder.stacks.tool_bench import ToolOutput, numactl_prefix
-from builder.stacks.tune import MIN_GAIN, Tuner, plan_search, searched, winner
+from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
 
 DATA = Path(__file__).parent / "data"
@@ -245,6 +245,16 @@ def test_search_spaces_per_engine_and_host() -> None:
     assert searched(list(dims.values()), "decode") == [
         d for d in dims.values() if d.name not in ("ubatch", "offload")
     ]
+
+
+def test_only_keeps_the_named_settings_in_the_searchs_order() -> None:
+    ik = get_engine("ik_llama.cpp")
+    assert isinstance(ik, LlamaFamilyEngine)
+    dims = ik.tune_dimensions([*STACK, "-mla", "3"], numa_nodes=1, gpu=True)
+    assert [d.name for d in chosen(dims, ("no-mmap", "fmoe", "amb"))] == ["fmoe", "amb", "no-mmap"]
+    assert chosen(dims, ()) == dims
+    with pytest.raises(StackError, match=r"--only fmoee: this stack has no such setting to tune; it has thr"):
+        chosen(dims, ("fmoe", "fmoee"))
 
 
 def test_settings_rewrite_the_servers_arguments() -> None:
