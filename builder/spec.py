@@ -391,6 +391,26 @@ class NeutralOptions(_Spec):
         ge=1,
     )
 
+    # Speculative decoding: a small draft model of the model's vocabulary proposes tokens that the model
+    # checks in one batch (both llama.cpp engines' -md), or the model's own multi-token-prediction
+    # layer drafts them (mainline's --spec-type draft-mtp: DeepSeek-V3/R1 and Qwen3-Next GGUFs that
+    # carry it; ik_llama.cpp's -mtp is GLM-4.5's only).
+    draft_model: Path | None = option(
+        None,
+        "--draft-model",
+        help="a small GGUF of the same vocabulary, in the model's directory, that drafts tokens for "
+        "the model to verify (speculative decoding; on the GPU with the attention)",
+    )
+    mtp: bool | None = option(
+        None,
+        "--mtp/--no-mtp",
+        help="draft with the model's own multi-token-prediction layer (a GGUF that carries it; mainline "
+        "llama.cpp)",
+    )
+    draft_max: int | None = option(
+        None, "--draft-max", help="most tokens drafted a step (default: the engine's)", ge=1, le=64
+    )
+
 
 class EngineOptions(NeutralOptions):
     """The neutral options a preset or the command line gives."""

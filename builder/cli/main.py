@@ -59,6 +59,7 @@ from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.presets import load_presets
+from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 
 if TYPE_CHECKING:
     from builder.models.synth_shapes import MoeShape
@@ -511,6 +512,13 @@ def synth_moe(
         str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
     ] = None,
     seed: int = 0,
+    mtp: Annotated[
+        bool,
+        typer.Option(
+            "--mtp",
+            help="deepseek2: with DeepSeek's multi-token-prediction layer (mainline's --spec-type draft-mtp)",
+        ),
+    ] = False,
     file_format: Annotated[
         Literal["gguf", "hf"],
         typer.Option(
@@ -535,7 +543,12 @@ def synth_moe(
         "expert_ffn": expert_ffn,
         "vocab": vocab,
         "quant": quant,
+        "mtp_layers": 1 if mtp else None,
     }
+    if mtp and arch != "deepseek2":
+        raise SpecError(
+            "synth-moe --mtp writes DeepSeek's multi-token-prediction layer: give --arch deepseek2"
+        )
     try:
         shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
@@ -664,17 +677,32 @@ def plan_memory(
         bool | None,
         typer.Option("--mmap/--no-mmap", help="the stack's mmap setting (the engine's default: mapped)"),
     ] = None,
+    draft_model: Annotated[
+        Path | None,
+        typer.Option("--draft-model", help="the stack's draft model (its weights, KV and buffer on the GPU)"),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
-    weights, the KV cache (MLA latent, recurrent state), the engine's measured compute buffer."""
+    weights, the KV cache (MLA latent, recurrent state), the engine's measured compute buffer, a draft
+    model's share."""
     # The limits of the options a stack shares are the stack's (spec.NeutralOptions), named by flag.
-    given_options({"ctx_size": ctx_size, "cache_type": cache_type, "ubatch_size": ubatch_size, "mmap": mmap})
+    given = given_options(
+        {
+            "ctx_size": ctx_size,
+            "cache_type": cache_type,
+            "ubatch_size": ubatch_size,
+            "mmap": mmap,
+            "draft_model": draft_model,
+        }
+    )
     vrams = float_list(vram_gb, "--vram-gb")
     adapter = get_engine(engine)
-    facts = adapter.model_format.facts(adapter.check_model(model))
+    model = adapter.check_model(model)
+    facts = adapter.model_format.facts(model)
     latent = adapter.caches_latent(3 if mla else None)
     compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
+    draft = draft_vram_bytes(checked_speculative(given, model, adapter), adapter, ctx_size, ubatch_size)
     result = make_plan(
         facts,
         [int(v * GIB) for v in vrams],
@@ -682,7 +710,7 @@ def plan_memory(
         ctx_size,
         cache_type,
         latent,
-        gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES,
+        gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES + draft,
     )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
@@ -712,6 +740,7 @@ def plan_memory(
                     "tensor_split": list(result.tensor_split),
                     "override_tensor": list(result.override_rules),
                     "compute_bytes": compute.bytes,
+                    "draft_bytes": draft,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
                     "prompt_cache_bytes": prompt_cache_bytes(adapter.name),
@@ -745,6 +774,12 @@ def plan_memory(
         size(compute.bytes + CUDA_CONTEXT_BYTES),
         compute.basis,
     )
+    if draft:
+        table.add_row(
+            f"draft model {draft_model.name if draft_model else ''} (weights, f16 KV, buffer)",
+            size(draft),
+            "GPU (-ngld 99)",
+        )
     table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {sum(vrams):g} GiB")
     if len(result.devices) > 1:
         for device in result.devices:

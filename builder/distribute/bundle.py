@@ -41,6 +41,8 @@ _SMALL_MEMBER = 1 << 20  # manifest.json and compose.yaml
 _MODEL_NAME = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}(?:" + "|".join(re.escape(f.suffix) for f in FORMATS) + ")"
 )
+# The draft model options of both llama.cpp engines (see stacks/speculative.py).
+DRAFT_FLAGS = frozenset({"-md", "--model-draft", "--spec-draft-model"})
 
 
 class BundleError(MoeStackError):
@@ -67,6 +69,13 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
     if absent:
         raise BundleError(
             f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
+        )
+    services = read_services(document, compose_file).values()
+    drafting = [service.name for service in services if DRAFT_FLAGS & set(service.command)]
+    if drafting:
+        raise BundleError(
+            f"{compose_file} serves with a draft model (service {drafting[0]}); a bundle carries the "
+            "model's own files only: emit the stack without --draft-model to bundle it"
         )
     record = read_record(document, compose_file)
     model = record.model

@@ -187,6 +187,9 @@ class Engine(ABC):
         not one."""
         return self.model_format.check(path)
 
+    def check_layout(self, model: Path) -> None:
+        """StackError when this engine can't load `model`'s tensor layout (of an architecture it loads)."""
+
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
 

@@ -9,6 +9,9 @@ from builder.engines.tune_space import Dimension, has_switch, setting_value, swi
 from builder.errors import StackError
 from builder.spec import StackSpec
 
+# The architectures whose NextN (MTP) tensors its loader knows (llama-load-tensors.cpp at 007d640).
+NEXTN_ARCHITECTURES = frozenset({"glm4moe", "glm-dsa", "bailingmoe2"})
+
 
 class IkLlamaCpp(LlamaFamilyEngine):
     name = "ik_llama.cpp"
@@ -107,6 +110,27 @@ class IkLlamaCpp(LlamaFamilyEngine):
                 )
             )
         return dimensions
+
+    def check_layout(self, model: Path) -> None:
+        """A DeepSeek or Qwen3-Next GGUF that carries its multi-token-prediction layer (mainline's converter
+        keeps it unless --no-mtp) stops its loader: it knows NextN tensors for GLM-4.5 and Ling only, and
+        at 007d640 a deepseek2 file with one exited 139 after `wrong number of tensors; expected 74, got
+        70` (the four NextN tensors; tests/integration/test_speculative.py)."""
+        facts = self.model_format.facts(model)
+        if facts.nextn_layers and facts.arch not in NEXTN_ARCHITECTURES:
+            raise StackError(
+                f"{self.name} can't load {model.name}: its {facts.arch} multi-token-prediction layer "
+                "(nextn_predict_layers) stops ik's loader; serve it with mainline llama.cpp, or convert "
+                "the model with convert_hf_to_gguf.py --no-mtp"
+            )
+
+    def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
+        """Its -mtp drafts with GLM-4.5's NextN layer only (llama-load-tensors.cpp at 007d640: glm4_moe and
+        glm_dsa build it, bailingmoe2 keeps it unused, deepseek2 and qwen3next load none)."""
+        raise StackError(
+            f"{self.name} drafts with a model's MTP layer for GLM-4.5 only; drop --mtp, or use "
+            "--draft-model, or mainline llama.cpp (--spec-type draft-mtp)"
+        )
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """Fused MoE, MLA, the GPU offload batch and hugepages: ik_llama.cpp's own."""

@@ -51,6 +51,31 @@ class LlamaCpp(LlamaFamilyEngine):
             )
         return ["--sleep-idle-seconds", str(stack.idle_unload)]
 
+    def draft_type_args(self, flags: dict[str, str] | None) -> list[str]:
+        """`--spec-type draft-simple`: with -md alone the pinned server only drafts if the file names an
+        MTP, EAGLE-3 or DFlash kind (common/arg.cpp, common_speculative_types_from_gguf)."""
+        return ["--spec-type", self._spec_type(flags, "draft-simple", "--draft-model")]
+
+    def draft_max_flag(self, flags: dict[str, str] | None) -> str:
+        """`--spec-draft-n-max`: its --help still lists `--draft-max`, which the pinned server rejects
+        ("the argument has been removed"); older builds have only `--draft-max`."""
+        if has_flag(flags, "--spec-draft-n-max"):
+            return "--spec-draft-n-max"
+        return super().draft_max_flag(flags)
+
+    def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
+        """`--spec-type draft-mtp`: the model's own NextN layer drafts (DeepSeek-V3/R1 and Qwen3-Next at
+        the pinned ref; loaded only when asked for)."""
+        return ["--spec-type", self._spec_type(flags, "draft-mtp", "--mtp")]
+
+    def _spec_type(self, flags: dict[str, str] | None, kind: str, option: str) -> str:
+        if flags is not None and kind not in flags.get("--spec-type", "").split(","):
+            raise StackError(
+                f"this {self.name} build has no --spec-type {kind}; drop {option}, or build the pinned ref "
+                "(`moe-stack build --engine llama.cpp`)"
+            )
+        return kind
+
     def caches_latent(self, mla: int | None) -> bool:
         """It always caches the latent of a DeepSeek model in the form its converter writes (K 576, V a view
         of it: the CPU and CUDA logs show `V (q8_0): 0.00 MiB`); it has no -mla."""

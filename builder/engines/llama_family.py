@@ -88,6 +88,9 @@ class LlamaFamilyEngine(Engine):
             "hugetlbfs",
             "api_key_file",
             "extra_args",
+            "draft_model",
+            "mtp",
+            "draft_max",
         }
     )
     # Every flag the adapter writes, with its other spellings in the --help of both (tests/unit/data;
@@ -121,6 +124,10 @@ class LlamaFamilyEngine(Engine):
             ("-cram", "--cache-ram"),
             ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
             ("--api-key", "--api-key-file"),
+            ("-md", "--model-draft", "--spec-draft-model"),
+            ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),
+            ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
+            ("--spec-type",),
         )
     )
     # The neutral sampling and batch options, and the flag each is written as.
@@ -312,6 +319,7 @@ class LlamaFamilyEngine(Engine):
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
+        args += self.speculative_args(stack, flags)
         for field, flag in self.option_flags:
             value = getattr(stack, field)
             if value is not None:
@@ -406,6 +414,38 @@ class LlamaFamilyEngine(Engine):
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The arguments of the options only this engine of the family honours (mainline: none)."""
         return []
+
+    def speculative_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """A draft model (`-md /models/NAME`, every layer on the GPU with a GPU) or the model's MTP layer,
+        and the draft length, in this build's spellings."""
+        args: list[str] = []
+        if stack.draft_model is not None:
+            draft = f"{MODEL_DIR}/{stack.draft_model.name}"
+            args += [self._draft_flag(flags, "--model-draft", "--draft-model"), draft]
+            args += self.draft_type_args(flags)
+            if stack.gpu != "none":
+                args += [self._draft_flag(flags, "--n-gpu-layers-draft", "--draft-model"), "99"]
+        if stack.mtp:
+            args += self.mtp_args(flags)
+        if stack.draft_max is not None:
+            args += [self.draft_max_flag(flags), str(stack.draft_max)]
+        return args
+
+    def _draft_flag(self, flags: dict[str, str] | None, flag: str, option: str) -> str:
+        if not has_flag(flags, flag):
+            raise StackError(f"this {self.name} build has no {flag}; drop {option}")
+        return flag
+
+    def draft_type_args(self, flags: dict[str, str] | None) -> list[str]:
+        """What names a plain draft model's kind, where the engine needs it (ik_llama.cpp: nothing)."""
+        return []
+
+    def draft_max_flag(self, flags: dict[str, str] | None) -> str:
+        return self._draft_flag(flags, "--draft-max", "--draft-max")
+
+    def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
+        """Drafting with the model's own MTP layer (refused where the engine has none for these models)."""
+        raise StackError(f"this {self.name} build drafts with no MTP layer; drop --mtp")
 
     def cache_type_args(self, k: str | None, v: str | None, flags: dict[str, str] | None) -> list[str]:
         """-ctk/-ctv: K's type (V's too unless `v` differs); a type the image's engine lacks is refused:

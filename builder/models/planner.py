@@ -71,6 +71,9 @@ class ModelFacts:
     embedding_bytes: int = 0  # token_embd: both engines keep it in RAM (only one row a token is read)
     vocab: int = 0  # tokens of the vocabulary (token_embd's rows): the logits a token outputs
     hidden: int = 0  # the embedding length
+    # Multi-token-prediction layers (DeepSeek's and Qwen3-Next's NextN): the last `nextn_layers` of
+    # `layers`, whose weights and KV cache the plan counts as any layer's.
+    nextn_layers: int = 0
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -221,6 +224,11 @@ def read_facts(path: Path) -> ModelFacts:
     used = _number(reader, f"{arch}.expert_used_count", default=0)
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
+    nextn = _number(reader, f"{arch}.nextn_predict_layers", default=0)
+    if not 0 <= nextn < layers:
+        raise ModelError(
+            f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
+        )
     cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
     embeddings = [t for t in reader.tensors if t.name == "token_embd.weight"]
     embedding = sum(int(t.n_bytes) for t in embeddings)
@@ -242,6 +250,7 @@ def read_facts(path: Path) -> ModelFacts:
         embedding_bytes=embedding,
         vocab=vocab,
         hidden=embd,
+        nextn_layers=nextn,
     )
 
 

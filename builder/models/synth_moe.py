@@ -179,7 +179,7 @@ def token_read_bytes(shape: MoeShape) -> tuple[int, int]:
 def shape_facts(shape: MoeShape) -> ModelFacts:
     """What the planner reads from the file `write_moe_gguf` writes for `shape`, without writing it (a
     test holds the two together): plans for full-size shapes that would take hundreds of GB to write."""
-    experts = [0] * shape.layers
+    experts = [0] * shape.blocks
     other = embedding = 0
     cached = set()
     for name, ne, kind in shape.tensors(vocab_size(shape)):
@@ -204,7 +204,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         )
     return ModelFacts(
         arch=shape.arch,
-        layers=shape.layers,
+        layers=shape.blocks,
         expert_bytes=tuple(experts),
         other_bytes=other,
         kv_heads=kv_heads,
@@ -219,6 +219,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         embedding_bytes=embedding,
         vocab=vocab_size(shape),
         hidden=shape.hidden,
+        nextn_layers=shape.blocks - shape.layers,
     )
 
 

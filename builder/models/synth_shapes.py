@@ -71,9 +71,14 @@ class MoeShape:
         """key_length and value_length: per KV head, what the cache holds."""
         return self.head_dim, self.head_dim
 
+    @property
+    def blocks(self) -> int:
+        """block_count: the layers, and the multi-token-prediction layers after them."""
+        return self.layers
+
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         """The architecture's keys beyond the vocabulary."""
-        writer.add_block_count(self.layers)
+        writer.add_block_count(self.blocks)
         writer.add_context_length(self.context)
         writer.add_embedding_length(self.hidden)
         writer.add_feed_forward_length(self.dense_width)
@@ -135,6 +140,10 @@ class DeepSeek2Shape(MoeShape):
     expert_groups: int = 0  # 0: no groups
     groups_used: int = 0
     rope_base: float = 10_000.0
+    # DeepSeek-V3/R1's multi-token-prediction layer, as mainline's converter keeps it: one more MoE
+    # block after the others (block_count counts it, nextn_predict_layers says so) with its NextN
+    # projections; mainline's --spec-type draft-mtp drafts with it.
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -152,6 +161,8 @@ class DeepSeek2Shape(MoeShape):
                 "both engines take a 26- or 27-layer deepseek2 for a Lite model without q_lora: "
                 "pick another layer count"
             )
+        if not 0 <= self.mtp_layers <= 1:
+            raise ValueError("mtp_layers must be 0 or 1 (DeepSeek-V3/R1 have one)")
         if self.expert_groups and (
             self.experts % self.expert_groups
             or not 0 < self.groups_used <= self.expert_groups
@@ -165,6 +176,20 @@ class DeepSeek2Shape(MoeShape):
     @property
     def dense_width(self) -> int:
         return self.dense_ffn
+
+    @property
+    def blocks(self) -> int:
+        return self.layers + self.mtp_layers
+
+    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
+        yield from super().tensors(n_vocab)
+        h = self.hidden
+        for i in range(self.layers, self.blocks):  # the NextN layer: a MoE block and its projections
+            yield from self.layer(i)
+            yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
+            yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
+            yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
+            yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
 
     @property
     def cached_lengths(self) -> tuple[int, int]:
@@ -185,6 +210,8 @@ class DeepSeek2Shape(MoeShape):
         writer.add_expert_weights_scale(2.5)
         writer.add_expert_weights_norm(True)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if self.mtp_layers:
+            writer.add_uint32(f"{arch}.nextn_predict_layers", self.mtp_layers)
         if self.expert_groups:
             writer.add_uint32(f"{arch}.expert_group_count", self.expert_groups)
             writer.add_uint32(f"{arch}.expert_group_used_count", self.groups_used)

@@ -32,6 +32,7 @@ from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
+from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 
 
 class StackOptions(BaseModel):
@@ -102,6 +103,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     engine_options, preset_rules = merge_options(
         options.preset, adapter.name, options.engine_options, options.presets_file
     )
+    if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
+        engine_options = checked_speculative(engine_options, model, adapter)
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()
     if options.placement == "fit":
@@ -120,9 +123,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
         facts, latent = adapter.model_format.facts(model), adapter.caches_latent(engine_options.mla)
-        reserve = gpu_reserve(
-            adapter.name, facts, engine_options.ctx_size, engine_options.ubatch_size or DEFAULT_UBATCH, latent
-        )
+        ubatch = engine_options.ubatch_size or DEFAULT_UBATCH
+        reserve = gpu_reserve(adapter.name, facts, engine_options.ctx_size, ubatch, latent)
+        reserve += draft_vram_bytes(engine_options, adapter, engine_options.ctx_size, ubatch)
         fitted = make_plan(
             facts,
             [int(gb * GIB) for gb in options.fit_vram_gb],
@@ -235,6 +238,11 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
             "whose server routes between models (mainline llama.cpp)"
         )
     routed = tuple(assemble_stack(options, host) for options in models)
+    if any(model.draft_model is not None or model.mtp for model in routed):
+        raise SpecError(
+            "speculative decoding (--draft-model, --mtp) is for a stack of one model: emit that model's "
+            "stack on its own"
+        )
     base = routed[0]
     check_port_free(base.bind, base.port)
     facts = _checked_facts(base.image, first, host)
@@ -262,9 +270,10 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
 
 
 def check_engine_loads(engine: str, model: Path) -> None:
-    """StackError when an engine that names the architectures it loads (no image label does) can't
-    load `model`'s."""
+    """StackError when the engine can't load `model`'s tensor layout, or when an engine that names the
+    architectures it loads (no image label does) can't load `model`'s."""
     adapter = get_engine(engine)
+    adapter.check_layout(model)
     if adapter.gguf_architectures is None:
         return
     arch = adapter.model_format.facts(model).arch

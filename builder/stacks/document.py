@@ -247,9 +247,8 @@ def _router_command(
 
 def engine_options(stack: StackSpec) -> dict[str, object]:
     """The stack's neutral engine options that are set (preset or command line), as recorded."""
-    return {
-        name: getattr(stack, name) for name in EngineOptions.model_fields if getattr(stack, name) is not None
-    }
+    dumped = stack.model_dump(mode="json", include=set(EngineOptions.model_fields))  # a path as text
+    return {name: value for name, value in dumped.items() if value is not None}
 
 
 def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:

@@ -35,6 +35,13 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
             check_readable_in_container(part)
     else:
         check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
+    if stack.draft_model is not None:  # beside the model (stacks/speculative.py): in its mount
+        draft = stack.draft_model.parent.resolve() / stack.draft_model.name
+        check_readable_in_container(draft.resolve(), parent_too=False)
+        if mounts[0]["target"] != MODEL_DIR:  # the model's files mounted one by one: the draft's too
+            target = f"{MODEL_DIR}/{draft.name}"
+            source = str(draft.resolve())
+            mounts.append({"type": "bind", "source": source, "target": target, "read_only": True})
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)

@@ -78,6 +78,9 @@ CHANGED: dict[str, object] = {
     "hugetlbfs": "2M",
     "api_key_file": "key",
     "extra_args": ("--verbose",),
+    "draft_model": "d.gguf",
+    "mtp": True,
+    "draft_max": 4,
 }
 # Flags an engine takes several times by design (one -ot rule each).
 REPEATED = {"--override-tensor"}
@@ -85,7 +88,7 @@ REPEATED = {"--override-tensor"}
 
 def _base(tmp_path: Path, engine: str) -> dict[str, object]:
     tmp_path.chmod(0o755)
-    for name in ("m.gguf", "key"):
+    for name in ("m.gguf", "key", "d.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
         (tmp_path / name).chmod(0o644)
     (tmp_path / "config").mkdir(mode=0o755, exist_ok=True)
@@ -104,7 +107,8 @@ def _base(tmp_path: Path, engine: str) -> dict[str, object]:
 
 def _value(tmp_path: Path, name: str) -> object:
     value = CHANGED[name]
-    return tmp_path / value if name in ("config_dir", "api_key_file") and isinstance(value, str) else value
+    paths = ("config_dir", "api_key_file", "draft_model")
+    return tmp_path / value if name in paths and isinstance(value, str) else value
 
 
 def test_every_stack_field_is_an_engine_option_or_the_stacks_own() -> None:

@@ -1,0 +1,72 @@
+"""Speculative decoding in a stack: a draft model (a small GGUF of the model's vocabulary, beside the
+model in its directory, so the stack's one read-only mount carries both) or the model's own
+multi-token-prediction layer; checked against the model before anything is written, and the VRAM a
+draft takes counted by the plan.
+
+With a draft, each step the draft proposes up to `--draft-max` tokens and the model verifies them in one
+batch. For a hybrid stack that batch is not free: its tokens route to more experts than one token does,
+and those are read from RAM (bench/speculative_cost.py measures the draft path's cost with a draft that
+is never accepted). Random-weight models accept nothing, so no acceptance rate is measured here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.engines.base import Engine
+from builder.engines.compute_buffers import gpu_compute
+from builder.errors import SpecError
+from builder.models.planner import kv_cache_bytes
+from builder.spec import EngineOptions
+
+# Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
+# SPEC_VOCAB_MAX_SIZE_DIFFERENCE, in llama.cpp 0c1e57098 and ik_llama.cpp 007d640).
+VOCAB_MAX_DIFFERENCE = 128
+
+
+def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) -> EngineOptions:
+    """`options` with the draft model's path resolved, once the draft fits `model`: one line naming
+    the problem otherwise (both asked for, a draft length without a draft, a draft elsewhere than the
+    model's directory or of another vocabulary, MTP for a file without its layer)."""
+    if options.draft_model is not None and options.mtp:
+        raise SpecError("--draft-model and --mtp are two ways to draft tokens: give one")
+    if options.draft_max is not None and options.draft_model is None and not options.mtp:
+        raise SpecError("--draft-max sets how many tokens a draft proposes: give --draft-model or --mtp too")
+    if options.mtp:
+        layers = adapter.model_format.facts(model).nextn_layers
+        if layers == 0:
+            raise SpecError(
+                f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "
+                "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
+                "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
+            )
+    if options.draft_model is None:
+        return options
+    draft = adapter.check_model(options.draft_model.expanduser())
+    if draft.parent.resolve() != model.parent.resolve():
+        raise SpecError(
+            f"the draft model {draft} is not in the model's directory {model.parent.resolve()}, which the "
+            "stack mounts read-only: put it (or a link to it) there"
+        )
+    draft_vocab = adapter.model_format.facts(draft).vocab
+    vocab = adapter.model_format.facts(model).vocab
+    if abs(draft_vocab - vocab) > VOCAB_MAX_DIFFERENCE:
+        raise SpecError(
+            f"the draft model {draft.name} has {draft_vocab} tokens and {model.name} {vocab}: a draft must "
+            f"share the model's vocabulary (the engines refuse more than {VOCAB_MAX_DIFFERENCE} apart); "
+            "use a smaller model of the same family"
+        )
+    return options.model_copy(update={"draft_model": draft})
+
+
+def draft_vram_bytes(options: EngineOptions, adapter: Engine, ctx: int, ubatch: int) -> int:
+    """VRAM a draft model takes beside the model's plan: its weights but the token embeddings (every
+    layer on the GPU: -ngld 99), its f16 KV cache of the stack's context, and its own compute buffer (the
+    engine's estimate for its architecture). An MTP layer is one of the model's own layers: the plan
+    counts it already (0 here)."""
+    if options.draft_model is None:
+        return 0
+    facts = adapter.model_format.facts(options.draft_model)
+    weights = facts.total_bytes - facts.embedding_bytes
+    cache = kv_cache_bytes(facts, ctx, "f16", mla=False)
+    return weights + cache + gpu_compute(adapter.name, facts, ctx, ubatch, latent=False).bytes

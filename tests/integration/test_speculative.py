@@ -1,0 +1,122 @@
+"""Speculative decoding served for real: `moe-stack compose --draft-model` on both llama.cpp engines'
+CPU images and `--mtp` on mainline's, each stack emitted against its image's flag contract and brought
+up with `up --wait`; the engine drafted (its timings or its log count drafted tokens). Random weights
+accept no draft, so acceptance is not asserted; bench/speculative_cost.py measures what drafting costs.
+ik_llama.cpp's loader stops at a deepseek2 file that carries the MTP layer (exit 139 at 007d640), which
+compose refuses before any file is written."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from builder.errors import StackError
+from builder.host.probe import probe
+from builder.models.synth_moe import write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
+from builder.spec import EngineOptions
+from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.host_checks import free_local_port
+from tests.integration.conftest import build_engine_image, serve_stack
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny qwen3moe, a one-layer draft of the same vocabulary (another seed), and a tiny deepseek2 with
+    its MTP layer, readable by the engine's user."""
+    directory = tmp_path_factory.mktemp("speculative")
+    directory.chmod(0o755)
+    written = {
+        "model": write_moe_gguf(directory / "tiny-qwen3moe.gguf", TINY_SHAPES["qwen3moe"]),
+        "draft": write_moe_gguf(
+            directory / "draft-qwen3moe.gguf", dataclasses.replace(TINY_SHAPES["qwen3moe"], layers=1), seed=7
+        ),
+        "mtp": write_moe_gguf(
+            directory / "tiny-deepseek2-mtp.gguf", dataclasses.replace(TINY_SHAPES["deepseek2"], mtp_layers=1)
+        ),
+    }
+    for path in written.values():
+        path.chmod(0o644)
+    return written
+
+
+def _completion(port: int) -> dict:
+    body = json.dumps({"prompt": "hello the model", "n_predict": 24, "cache_prompt": False}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/completion", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return json.load(reply)
+
+
+def _served(
+    engine: str, model: Path, image: str, options: EngineOptions, tmp_path: Path
+) -> tuple[dict, str, list]:
+    port = free_local_port()
+    stack_options = StackOptions(
+        model=model,
+        engine=engine,
+        image=image,
+        port=port,
+        threads=2,
+        project=f"mst-spec-{uuid.uuid4().hex[:8]}",
+        engine_options=options,
+    )
+    planned = plan_stack(stack_options, probe())
+    assert planned.facts is not None, "checked against the image's flag contract"
+    document = compose_dict(planned.stack, "pytest: compose --draft-model", planned.facts)
+    compose_file = write_stack(document, tmp_path / "compose.yaml")
+    command = document["services"]["engine"]["command"]  # type: ignore[index]
+    with contextlib.ExitStack() as running:
+        serve_stack(running, compose_file, port, wait_s=180)
+        reply = _completion(port)
+        logs = DockerClient(compose_files=[compose_file]).compose.logs()
+    return reply, logs, command
+
+
+def test_mainline_drafts_with_a_draft_model(models: dict[str, Path], base_image: str, tmp_path: Path) -> None:
+    image = build_engine_image("llama.cpp", "avx2", base_image).tag
+    options = EngineOptions(draft_model=models["draft"], draft_max=4)
+    reply, logs, command = _served("llama.cpp", models["model"], image, options, tmp_path)
+    assert command[command.index("--model-draft") + 1] == "/models/draft-qwen3moe.gguf"
+    assert command[command.index("--spec-type") + 1] == "draft-simple"
+    assert command[command.index("--spec-draft-n-max") + 1] == "4"
+    assert "loading draft model '/models/draft-qwen3moe.gguf'" in logs, logs[-2000:]
+    assert reply["timings"]["predicted_n"] == 24 and reply["timings"]["draft_n"] > 0, reply["timings"]
+
+
+def test_mainline_drafts_with_the_models_mtp_layer(
+    models: dict[str, Path], base_image: str, tmp_path: Path
+) -> None:
+    image = build_engine_image("llama.cpp", "avx2", base_image).tag
+    reply, logs, command = _served(
+        "llama.cpp", models["mtp"], image, EngineOptions(mtp=True, draft_max=3), tmp_path
+    )
+    assert command[command.index("--spec-type") + 1] == "draft-mtp"
+    assert "creating MTP draft context" in logs, logs[-2000:]
+    assert reply["timings"]["draft_n"] > 0, reply["timings"]
+
+
+def test_ik_drafts_with_a_draft_model_and_refuses_an_mtp_file(
+    models: dict[str, Path], base_image: str, tmp_path: Path
+) -> None:
+    image = build_engine_image("ik_llama.cpp", "avx2", base_image).tag
+    options = EngineOptions(draft_model=models["draft"], draft_max=4)
+    reply, logs, command = _served("ik_llama.cpp", models["model"], image, options, tmp_path)
+    assert command[command.index("--draft-max") + 1] == "4"
+    assert "speculative decoding context initialized" in logs, logs[-2000:]
+    assert reply["timings"]["predicted_n"] == 24
+    assert "draft acceptance rate" in logs, logs[-2000:]  # ik counts its drafts in the log, not timings
+    refused = StackOptions(model=models["mtp"], engine="ik_llama.cpp", image=image, port=free_local_port())
+    with pytest.raises(StackError, match="multi-token-prediction layer .* stops ik's loader"):
+        plan_stack(refused, probe())

@@ -1,0 +1,133 @@
+"""Speculative decoding's options: written in each engine's syntax against its recorded flag contract,
+refused in one line where they can't work (checked on real GGUFs written by synth-moe), and counted by
+the VRAM plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from builder.engines import get_engine
+from builder.engines.compute_buffers import gpu_compute
+from builder.errors import SpecError, StackError
+from builder.images.recorded_contracts import recorded_contract
+from builder.models.planner import kv_cache_bytes, read_facts
+from builder.models.synth_moe import shape_facts, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
+from builder.spec import EngineOptions, StackSpec
+from builder.stacks.speculative import checked_speculative, draft_vram_bytes
+
+QWEN = TINY_SHAPES["qwen3moe"]
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("spec")
+    return {
+        "model": write_moe_gguf(directory / "m.gguf", QWEN),
+        "draft": write_moe_gguf(directory / "d.gguf", dataclasses.replace(QWEN, layers=1), seed=3),
+        "wide": write_moe_gguf(directory / "wide.gguf", dataclasses.replace(QWEN, layers=1, vocab=1024)),
+        "mtp": write_moe_gguf(
+            directory / "r1.gguf", dataclasses.replace(TINY_SHAPES["deepseek2"], mtp_layers=1)
+        ),
+    }
+
+
+def _args(engine: str, model: Path, gpu: str = "none", **options: object) -> list[str]:
+    stack = StackSpec(project="p", engine=engine, image="i:1", model=model, threads=2, gpu=gpu, **options)  # type: ignore[arg-type]
+    contract = recorded_contract(engine)
+    assert contract is not None
+    return get_engine(engine).server_args(stack, contract.flags)
+
+
+def test_each_engine_writes_a_draft_in_its_own_syntax(ggufs: dict[str, Path]) -> None:
+    mainline = _args("llama.cpp", ggufs["model"], "nvidia", draft_model=ggufs["draft"], draft_max=4)
+    # The pinned server lists --draft-max in --help and rejects it ("the argument has been removed").
+    assert "--draft-max" not in mainline
+    assert mainline[mainline.index("--model-draft") :][:8] == [
+        "--model-draft",
+        "/models/d.gguf",
+        "--spec-type",
+        "draft-simple",
+        "--n-gpu-layers-draft",
+        "99",
+        "--spec-draft-n-max",
+        "4",
+    ]
+    ik = _args("ik_llama.cpp", ggufs["model"], draft_model=ggufs["draft"], draft_max=4)
+    assert ik[ik.index("--model-draft") :][:4] == ["--model-draft", "/models/d.gguf", "--draft-max", "4"]
+    assert "--n-gpu-layers-draft" not in ik and "--spec-type" not in ik  # CPU stack; ik has no draft kind
+    mtp = _args("llama.cpp", ggufs["mtp"], mtp=True)
+    assert mtp[mtp.index("--spec-type") + 1] == "draft-mtp"
+
+
+def test_an_older_mainline_without_the_new_spellings_gets_the_old_or_a_refusal(
+    ggufs: dict[str, Path],
+) -> None:
+    contract = recorded_contract("llama.cpp")
+    assert contract is not None
+    older = {k: v for k, v in contract.flags.items() if not k.startswith("--spec-draft")}
+    older["--spec-type"] = "none,ngram-cache"
+    stack = StackSpec(project="p", engine="llama.cpp", image="i:1", model=ggufs["model"], threads=2)
+    adapter = get_engine("llama.cpp")
+    assert adapter.draft_max_flag(older) == "--draft-max"  # type: ignore[attr-defined]
+    with pytest.raises(StackError, match="no --spec-type draft-mtp; drop --mtp"):
+        adapter.server_args(stack.model_copy(update={"mtp": True}), older)
+
+
+def test_ik_refuses_mtp_and_a_file_that_carries_the_layer(ggufs: dict[str, Path]) -> None:
+    with pytest.raises(StackError, match="MTP layer for GLM-4.5 only; drop --mtp"):
+        _args("ik_llama.cpp", ggufs["model"], mtp=True)
+    with pytest.raises(StackError, match="r1.gguf: its deepseek2 multi-token-prediction layer"):
+        get_engine("ik_llama.cpp").check_layout(ggufs["mtp"])
+    get_engine("ik_llama.cpp").check_layout(ggufs["model"])
+    get_engine("llama.cpp").check_layout(ggufs["mtp"])
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"draft_model": "d.gguf", "mtp": True}, "--draft-model and --mtp are two ways"),
+        ({"draft_max": 4}, "--draft-max sets how many tokens a draft proposes"),
+        ({"mtp": True}, "m.gguf carries no multi-token-prediction layer"),
+        ({"draft_model": "wide.gguf"}, "wide.gguf has 1024 tokens and m.gguf 341"),
+    ],
+)
+def test_a_draft_that_cannot_work_is_refused_in_one_line(
+    ggufs: dict[str, Path], options: dict[str, object], message: str
+) -> None:
+    given = {k: ggufs["model"].parent / v if k == "draft_model" else v for k, v in options.items()}
+    with pytest.raises(SpecError, match=message):
+        checked_speculative(EngineOptions(**given), ggufs["model"], get_engine("llama.cpp"))  # type: ignore[arg-type]
+
+
+def test_a_draft_elsewhere_than_the_models_directory_is_refused(
+    ggufs: dict[str, Path], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "d.gguf"
+    elsewhere.write_bytes(ggufs["draft"].read_bytes())
+    with pytest.raises(
+        SpecError, match="is not in the model's directory .* put it \\(or a link to it\\) there"
+    ):
+        checked_speculative(EngineOptions(draft_model=elsewhere), ggufs["model"], get_engine("llama.cpp"))
+
+
+def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> None:
+    adapter = get_engine("llama.cpp")
+    options = checked_speculative(EngineOptions(draft_model=ggufs["draft"]), ggufs["model"], adapter)
+    facts = read_facts(ggufs["draft"])
+    expected = (
+        facts.total_bytes
+        - facts.embedding_bytes
+        + kv_cache_bytes(facts, 8192, "f16", mla=False)
+        + gpu_compute("llama.cpp", facts, 8192, 512, latent=False).bytes
+    )
+    assert draft_vram_bytes(options, adapter, 8192, 512) == expected > 0
+    assert draft_vram_bytes(EngineOptions(mtp=True), adapter, 8192, 512) == 0
+    # The MTP layer is one of the file's layers: its weights and KV are in the model's plan already.
+    mtp_shape = dataclasses.replace(TINY_SHAPES["deepseek2"], mtp_layers=1)
+    read = read_facts(ggufs["mtp"])
+    assert (read.layers, read.nextn_layers) == (mtp_shape.layers + 1, 1)
+    assert shape_facts(mtp_shape) == read
