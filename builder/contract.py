@@ -5,6 +5,8 @@ from __future__ import annotations
 
 IMAGE_UID = 10001  # the image's non-root user and group (a fixed id, so mounts and policies can name it)
 CONTAINER_PORT = 8080  # the engine listens here inside the container; a stack maps a host port onto it
+# The named build context that carries a built chat page into an engine image (images/chat_page.py).
+CHAT_PAGE_CONTEXT = "chat-page"
 MODEL_DIR = "/models"  # the model's directory (or its files), read-only
 CONFIG_DIR = "/model-config"  # KTransformers: the model's Hugging Face directory, beside the weights
 HUGETLBFS_DIR = "/hugepages"  # where the entrypoint stages a model onto a hugetlbfs volume

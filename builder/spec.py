@@ -458,7 +458,7 @@ class StackSpec(NeutralOptions):
     threads: int = Field(ge=1)
     parallel: int = Field(default=1, ge=1, le=256)
     override_tensors: tuple[str, ...] = ()
-    chat_template: str | None = None  # a built-in template name, for GGUFs that carry none
+    chat_template: str | None = None  # a built-in name or Jinja text, for GGUFs that carry none
     # The model's name in the API (/v1/models, a request's "model"): the same whatever the engine.
     served_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")
     jinja: bool = True  # the model's own (Jinja) chat template: tool calls and the thinking switch need it

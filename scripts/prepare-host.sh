@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Get a host ready for moe-stack: a Docker engine with buildx and compose (installed and started from
 # Debian when none answers and we are root), debootstrap (for `moe-stack base` where no registry is
-# reachable), and the project in .venv. Usage: prepare-host.sh [EXTRAS], e.g. `test`; the tests also
-# get Debian's docker-registry (distribution v2), which they start on 127.0.0.1 themselves.
+# reachable), npm (the chat page mainline's image embeds), and the project in .venv. Usage:
+# prepare-host.sh [EXTRAS], e.g. `test`; the tests also get Debian's docker-registry (distribution v2),
+# which they start on 127.0.0.1 themselves, and Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +13,10 @@ if ! docker info >/dev/null 2>&1 || ! docker buildx version >/dev/null 2>&1 \
 fi
 missing=()
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v npm >/dev/null || missing+=(npm)  # builds mainline's chat page (builder/images/chat_page.py)
 if [ "${1:-}" = test ] && ! command -v docker-registry >/dev/null; then missing+=(docker-registry); fi
+# The chat page's browser test drives Debian's Chromium (Playwright's own browser download needs a network).
+if [ "${1:-}" = test ] && ! command -v chromium >/dev/null; then missing+=(chromium); fi
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # A policy-rc.d of our own (where there is none): the package must not start a registry on :5000.
   own_policy=0

@@ -143,7 +143,8 @@ def compose(
     chat_template: Annotated[
         str | None,
         typer.Option(
-            "--chat-template", help="built-in chat template name, for GGUFs without one (e.g. gemma)"
+            "--chat-template",
+            help="built-in chat template name (e.g. gemma) or a Jinja template, for GGUFs without one",
         ),
     ] = None,
     served_name: Annotated[

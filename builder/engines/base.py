@@ -65,6 +65,8 @@ class Engine(ABC):
     runtime_dispatch: bool = False
     cuda_only: bool = False  # no CPU-only image (it compiles CUDA kernels)
     installs_wheels: bool = False  # installed from PyPI wheels or a wheelhouse, not built from a tree
+    # The tree's directory of the chat page its server embeds, built by images/chat_page.py (None: none).
+    chat_page_dir: str | None = None
     # A PyPI sdist vendoring the engine (hosts without GitHub build from it), and the ref its image gets.
     sdist: str | None = None
     sdist_ref: str | None = None

@@ -28,6 +28,7 @@ class LlamaCpp(LlamaFamilyEngine):
     flag_spellings = (*LlamaFamilyEngine.flag_spellings, frozenset({"--sleep-idle-seconds"}))
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
+    chat_page_dir = "tools/ui"  # a Svelte app; its CMake embeds tools/ui/dist when it is there
     tool_targets = (
         "llama-bench",
         "llama-batched-bench",
@@ -97,6 +98,8 @@ class LlamaCpp(LlamaFamilyEngine):
 
     def extra_cmake_args(self, ref: str) -> list[str]:
         return [
+            # The chat page is the one built from the tree (the chat-page context), never a download.
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=OFF",
             "-DLLAMA_BUILD_TOOLS=ON",

@@ -7,7 +7,14 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.contract import API_KEY_PATH, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, TOOLS_LABEL
+from builder.contract import (
+    API_KEY_PATH,
+    CHAT_PAGE_CONTEXT,
+    CONTAINER_PORT,
+    ENGINE_BIN_DIR,
+    MODEL_DIR,
+    TOOLS_LABEL,
+)
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.tune_space import (
     LOAD_MODE,
@@ -256,6 +263,8 @@ class LlamaFamilyEngine(Engine):
             "engine_bin": self.server_path(spec),
             "build_info_shim": self.needs_build_info_shim,
             "tool_targets": list(self.tool_targets),
+            "chat_page_context": CHAT_PAGE_CONTEXT if self.chat_page_dir else None,
+            "chat_page_dir": self.chat_page_dir,
             "gguf_py_packages": list(GGUF_PY_PACKAGES),
             "tools_label": TOOLS_LABEL,
         }
@@ -299,14 +308,17 @@ class LlamaFamilyEngine(Engine):
             args += ["--alias", stack.served_name]
         if stack.metrics and has_flag(flags, "--metrics"):
             args.append("--metrics")
-        if stack.chat_template:
+        if stack.chat_template and not is_jinja(stack.chat_template):
             # A built-in template's name is read by the non-Jinja path only: with Jinja on, the name
             # itself would be the template (every prompt rendered as the word "gemma").
             args += ["--chat-template", stack.chat_template]
             if (flags is None and self.jinja_by_default) or (flags is not None and "--no-jinja" in flags):
                 args.append("--no-jinja")
-        elif stack.jinja and has_flag(flags, "--jinja"):
-            args.append("--jinja")
+        else:
+            if stack.chat_template:  # a Jinja template's text: the Jinja path renders it
+                args += ["--chat-template", stack.chat_template]
+            if stack.jinja and has_flag(flags, "--jinja"):
+                args.append("--jinja")
         if stack.engine_fit:
             args += self.fit_args(flags)
         if stack.gpu_layers is not None:
@@ -459,3 +471,9 @@ class LlamaFamilyEngine(Engine):
                 takes = ", ".join(sorted(self.cache_types))
                 raise StackError(f"{self.name} has no KV cache type {given}; it takes {takes}")
         return (["--cache-type-k", k] if k else []) + (["--cache-type-v", v] if v else [])
+
+
+def is_jinja(template: str) -> bool:
+    """Whether a --chat-template value is a Jinja template's text rather than a built-in template's name
+    (the engines' own test: a name has no Jinja tags)."""
+    return "{%" in template or "{{" in template

@@ -20,6 +20,7 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import (
     ARCHITECTURES_FILE,
     ARCHITECTURES_LABEL,
+    CHAT_PAGE_CONTEXT,
     HELP_FILE,
     LABEL_PREFIX,
     PARSER_FLAGS_FILE,
@@ -30,6 +31,7 @@ from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
+from builder.images.chat_page import chat_page
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render_files
 from builder.platform.flags import LABEL as FLAGS_LABEL
@@ -180,14 +182,21 @@ class BuildPlan:
 
 
 def plan_build(
-    spec: ImageSpec, context: Path, source_tree: Path | None, created: datetime | None = None
+    spec: ImageSpec,
+    context: Path,
+    source_tree: Path | None,
+    created: datetime | None = None,
+    page: Path | None = None,
 ) -> BuildPlan:
-    """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone."""
+    """The build of `spec` from its rendered `context`; `source_tree` replaces the git clone, `page` is
+    the built chat page the image embeds (chat_page.py)."""
     created = created or datetime.now(UTC)
     holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
     contexts = (
         {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
     )
+    if page is not None:
+        contexts[CHAT_PAGE_CONTEXT] = str(page)
     return BuildPlan(
         context=context,
         tags=(image_tag(spec),),
@@ -326,8 +335,10 @@ class Publishing:
     channel: str | None = None  # the moving alias' prefix: `edge` for upstream heads
 
 
-def build_plan(spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None) -> BuildPlan:
-    plan = plan_build(spec, context, tree)
+def build_plan(
+    spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None, page: Path | None = None
+) -> BuildPlan:
+    plan = plan_build(spec, context, tree, page=page)
     return (
         plan
         if publishing is None
@@ -345,12 +356,25 @@ def build_image(
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take."""
     context = build_context(spec)
+    page = page_for(spec, tree, show)
     stand_in = contract_stand_in(spec, read_cpu())
-    contract_plan = plan_build(stand_in, build_context(stand_in), tree) if stand_in else None
+    contract_plan = plan_build(stand_in, build_context(stand_in), tree, page=page) if stand_in else None
     return run_build(
-        build_plan(spec, context, tree, publishing),
+        build_plan(spec, context, tree, publishing, page),
         get_engine(spec.engine).required_flags(spec.cuda),
         log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log",
         show,
         contract_plan,
     )
+
+
+def page_for(spec: ImageSpec, tree: Path | None, show: Callable[[str], None]) -> Path | None:
+    """The chat page an image of `spec` embeds: built from the local engine tree (none from a git ref:
+    the tree is cloned inside the build, and the image then has no page, which `show` says)."""
+    ui = get_engine(spec.engine).chat_page_dir
+    if ui is None or spec.tools:
+        return None
+    if tree is None:
+        show("no chat page in this image: it is built from a local tree (`--source` or the PyPI sdist)")
+        return None
+    return chat_page(tree / ui, show)

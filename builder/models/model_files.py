@@ -20,6 +20,16 @@ DEMO_FILE = "gemma-3-270m-q4_k_m.gguf"
 # That GGUF carries no tokenizer.chat_template, so engines would fall back to ChatML and the model
 # would echo turn markers; both engines know Gemma's format by this built-in name.
 DEMO_CHAT_TEMPLATE = "gemma"
+# The same turns as a Jinja template (moe-stack's own, of Gemma's documented format: user and model
+# turns, a system message as a user turn): a server with Jinja on takes chat requests with `tools`,
+# which mainline's chat page sends by default (its built-in get_datetime tool); the name above runs
+# with --no-jinja, which answers those with "tools param requires --jinja flag".
+DEMO_JINJA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 
 
 def check_gguf(path: Path) -> Path:

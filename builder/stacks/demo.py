@@ -8,7 +8,7 @@ from pathlib import Path
 from builder.engines import get_engine
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
-from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
+from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
 from builder.stacks.api import EngineApi
 from builder.stacks.compose import compose_dict, write_stack
@@ -35,7 +35,8 @@ def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Pa
         model=model,
         port=port,
         threads=read_cpu().physical_cores,
-        chat_template=DEMO_CHAT_TEMPLATE,
+        # Where the image has the chat page, the template that lets it send its tools.
+        chat_template=DEMO_JINJA_TEMPLATE if get_engine(engine_name).chat_page_dir else DEMO_CHAT_TEMPLATE,
         start_period_s=start_period_for(model.stat().st_size),
     )
     compose_file = write_stack(

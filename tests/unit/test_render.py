@@ -32,10 +32,12 @@ def test_stages_in_cache_order_and_labels_last(engine: str) -> None:
         "a syntax line needs the frontend image pulled"
     )
     stages = re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.MULTILINE)
+    page = ["chat-page"] if engine == "llama.cpp" else []  # the built chat page's context (chat_page.py)
     assert stages == [
         "toolchain",
         "engine-src-git",
         "engine-src",
+        *page,
         "configure",
         "build",
         "contract",
