@@ -370,9 +370,10 @@ def build_image(
 
 def page_for(spec: ImageSpec, tree: Path | None, show: Callable[[str], None]) -> Path | None:
     """The chat page an image of `spec` embeds: built from the local engine tree (none from a git ref:
-    the tree is cloned inside the build, and the image then has no page, which `show` says)."""
+    the tree is cloned inside the build, and the image then has no page, which `show` says). A tools
+    image gets it too: its build shares the configure stage, and so the compile, with the server's."""
     ui = get_engine(spec.engine).chat_page_dir
-    if ui is None or spec.tools:
+    if ui is None:
         return None
     if tree is None:
         show("no chat page in this image: it is built from a local tree (`--source` or the PyPI sdist)")

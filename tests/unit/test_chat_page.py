@@ -28,11 +28,10 @@ def test_the_built_page_travels_as_its_own_context(tmp_path: Path) -> None:
     assert plan.kwargs()["build_contexts"] == {CHAT_PAGE_CONTEXT: str(page)}
 
 
-def test_no_page_for_ik_a_tools_image_or_a_git_build(tmp_path: Path) -> None:
+def test_no_page_for_ik_or_a_git_build(tmp_path: Path) -> None:
     said: list[str] = []
     spec = default_image_spec("llama.cpp", gpu=False)
     assert page_for(default_image_spec("ik_llama.cpp", gpu=False), tmp_path, said.append) is None
-    assert page_for(spec.model_copy(update={"tools": True}), tmp_path, said.append) is None
     assert said == []
     assert page_for(spec, None, said.append) is None
     assert said == [
