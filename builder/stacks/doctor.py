@@ -78,6 +78,7 @@ def diagnose(
         findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
         findings.append(_model_fits(host, model_bytes))
+        findings += _numa_policies(host, model_bytes)
         if host.gpus and host.mem_total_bytes:
             level, message = pinned_finding(model_bytes, host.mem_total_bytes)
             findings.append(
@@ -321,6 +322,55 @@ def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
             "use a smaller quant, a host with more memory, or a smaller prompt cache (compose --cache-ram)",
         )
     return Finding("OK", "model", f"{what} fit in RAM + VRAM ({size(room)})")
+
+
+def _numa_policies(host: HostFacts, model_bytes: int) -> list[Finding]:
+    """On a multi-node host, what each way of placing the weights costs in RAM: interleaved over every
+    node (compose's default here), bound to one node, or one copy per node (mirror). Which is faster is
+    the host's to say: `moe-stack tune` compares interleave, none and membind:0 (its numa dimension)."""
+    if len(host.nodes) < 2:
+        return []
+    count, smallest = len(host.nodes), min(node.mem_total_bytes for node in host.nodes)
+    findings = [
+        Finding(
+            "OK",
+            "numa-interleave",
+            f"interleaved (compose's default on this {count}-node host): {size(model_bytes // count)} of "
+            f"the weights on each node; every token reads all {count} nodes' memory, half of it across "
+            "the socket link; `moe-stack tune` compares it with membind:0",
+        )
+    ]
+    if model_bytes > smallest:
+        findings.append(
+            Finding(
+                "WARN",
+                "numa-membind",
+                f"bound to one node (--numa membind --numa-nodes N) the weights ({size(model_bytes)}) exceed "
+                f"a node's RAM ({size(smallest)}): the kernel would spill them to the other nodes",
+                "keep interleave, or use a smaller quant to bind to one node",
+            )
+        )
+    else:
+        findings.append(
+            Finding(
+                "OK",
+                "numa-membind",
+                f"bound to one node the weights ({size(model_bytes)}) fit its RAM ({size(smallest)}), using "
+                "that node's memory bandwidth alone (--numa membind --numa-nodes N)",
+            )
+        )
+    mirrored = model_bytes * count
+    findings.append(
+        Finding(
+            "OK" if mirrored <= host.mem_total_bytes else "WARN",
+            "numa-mirror",
+            f"one copy of the weights per node (each socket reading its own) would take {size(mirrored)} of "
+            f"the {size(host.mem_total_bytes)} RAM; neither pinned engine has it (llama.cpp 0c1e57098's and "
+            "ik_llama.cpp 007d640's --numa take distribute, isolate or numactl only)",
+            "" if mirrored <= host.mem_total_bytes else "a mirror needs a smaller quant or more RAM",
+        )
+    )
+    return findings
 
 
 def as_dicts(findings: list[Finding]) -> list[dict[str, str]]:

@@ -69,6 +69,29 @@ def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
     )
 
 
+def test_two_sockets_say_what_each_placement_costs(tmp_path: Path) -> None:
+    """The seed's dual-EPYC question: interleave, bind to one node, or a copy per node (2x the weights)."""
+    root = fake_host(tmp_path, EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=384)
+    host = probe(root, nvidia_smi_text="")
+    r1 = _by_topic(diagnose(host, True, True, 500 * GIB, model_bytes=355 * GIB))
+    assert "177.5 GiB of the weights on each node" in r1["numa-interleave"].message
+    assert r1["numa-membind"].level == "OK" and "fit its RAM (384.0 GiB)" in r1["numa-membind"].message
+    mirror = r1["numa-mirror"]
+    assert mirror.level == "OK" and "would take 710.0 GiB of the 768.0 GiB RAM" in mirror.message
+    assert "neither pinned engine has it" in mirror.message
+    big = _by_topic(diagnose(host, True, True, 500 * GIB, model_bytes=400 * GIB))
+    assert (
+        big["numa-membind"].level == "WARN"
+        and "exceed a node's RAM (384.0 GiB)" in big["numa-membind"].message
+    )
+    assert big["numa-mirror"].level == "WARN" and "more RAM" in big["numa-mirror"].fix
+    one = probe(
+        fake_host(tmp_path / "one", XEON_EMR_FLAGS, sockets=1, cores=56, threads=2, node_gib=256),
+        nvidia_smi_text="",
+    )
+    assert not any(f.topic.startswith("numa-") for f in diagnose(one, True, True, 500 * GIB, model_bytes=GIB))
+
+
 @pytest.mark.cli
 def test_doctor_cli_on_a_recorded_tree(tmp_path: Path) -> None:
     root = fake_host(
