@@ -20,7 +20,8 @@ from tests.cli import run_cli
 from tests.integration.conftest import free_port
 
 pytestmark = pytest.mark.integration
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Debian's Chromium (scripts/prepare-host.sh), else the Google Chrome GitHub's runners carry.
+CHROMIUM = shutil.which("chromium") or shutil.which("google-chrome") or "/usr/bin/chromium"
 # As root Chromium needs --no-sandbox; the rest keep it off a network this machine doesn't have.
 CHROMIUM_ARGS = [
     "--no-sandbox",
