@@ -31,13 +31,13 @@ from builder.engines import get_engine
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
-from builder.images.chat_page import chat_page
+from builder.images.chat_page import chat_page, fetched_ui
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render_files
 from builder.platform.flags import LABEL as FLAGS_LABEL
 from builder.platform.flags import parse_contract, to_label
 from builder.platform.targets import best_cpu_target
-from builder.spec import ImageSpec, LocalSource
+from builder.spec import GitSource, ImageSpec, LocalSource
 
 # The stage the image is; the others only build it. A tools image is the stage after it.
 RUNTIME_STAGE = "runtime"
@@ -369,13 +369,15 @@ def build_image(
 
 
 def page_for(spec: ImageSpec, tree: Path | None, show: Callable[[str], None]) -> Path | None:
-    """The chat page an image of `spec` embeds: built from the local engine tree (none from a git ref:
-    the tree is cloned inside the build, and the image then has no page, which `show` says). A tools
-    image gets it too: its build shares the configure stage, and so the compile, with the server's."""
+    """The chat page an image of `spec` embeds: built from the local engine tree, or for a git ref (the
+    tree is cloned inside the build) from the page's directory fetched at that ref. A tools image gets
+    it too: its build shares the configure stage, and so the compile, with the server's."""
     ui = get_engine(spec.engine).chat_page_dir
     if ui is None:
         return None
-    if tree is None:
-        show("no chat page in this image: it is built from a local tree (`--source` or the PyPI sdist)")
-        return None
-    return chat_page(tree / ui, show)
+    if tree is not None:
+        return chat_page(tree / ui, show)
+    if isinstance(spec.source, GitSource):
+        fetched = fetched_ui(spec.source.url, spec.source.ref, ui, show)
+        return chat_page(fetched, show) if fetched is not None else None
+    return None

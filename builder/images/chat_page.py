@@ -6,8 +6,9 @@ looks first for prebuilt assets (`tools/ui/dist`).
 
 Left to itself the pinned tree fetches prebuilt assets from a Hugging Face bucket at build time (an
 offline build then has no page: "UI: no assets available"), or runs npm inside the build; the images
-configure with LLAMA_USE_PREBUILT_UI=OFF, so what they embed is what was built here. A host without npm,
-or a build from a git ref (no tree here), gets an image without the page, and says so.
+configure with LLAMA_USE_PREBUILT_UI=OFF, so what they embed is what was built here. A build from a git
+ref fetches the page's directory at that ref first (`fetched_ui`). A host without npm, or one that can't
+reach the repository, gets an image without the page, and says so.
 """
 
 from __future__ import annotations
@@ -61,6 +62,41 @@ def chat_page(ui: Path, show: Callable[[str], None]) -> Path | None:
         except OSError:  # another build finished it first: theirs is the same page
             pass
     return built
+
+
+def fetched_ui(url: str, ref: str, ui_dir: str, show: Callable[[str], None]) -> Path | None:
+    """`ui_dir` of the git repository `url` at `ref`, fetched into the cache for a build from a git ref
+    (whose tree is cloned inside the build, out of reach here): a partial clone that fetches the
+    history's commits and trees but only that directory's files. None (and why, to `show`) when git
+    can't reach `url` or has no such ref."""
+    digest = hashlib.sha256(f"{url}\0{ref}".encode()).hexdigest()[:16]
+    checkout = cache_dir() / "chat-page" / "git" / digest
+    if (checkout / ui_dir / "package-lock.json").is_file():
+        return checkout / ui_dir
+    git = shutil.which("git")
+    if git is None:
+        show("no chat page in this image: git is not installed here, to fetch its sources")
+        return None
+    checkout.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=checkout.parent) as tmp:
+        work = Path(tmp) / "repo"
+        steps = [
+            ["clone", "--quiet", "--filter=blob:none", "--no-checkout", url, str(work)],
+            ["-C", str(work), "checkout", "--quiet", ref, "--", ui_dir],
+        ]
+        try:
+            for step in steps:
+                subprocess.run(
+                    [git, *step], check=True, capture_output=True, text=True, timeout=NPM_TIMEOUT_S
+                )
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as err:
+            show(f"no chat page in this image: git could not fetch {ui_dir} of {url} at {ref} ({_why(err)})")
+            return None
+        try:
+            work.rename(checkout)
+        except OSError:  # fetched by another build meanwhile
+            pass
+    return checkout / ui_dir
 
 
 def sources_hash(ui: Path) -> str:

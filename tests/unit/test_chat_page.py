@@ -4,14 +4,17 @@ tests/integration/test_chat_page.py)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from builder.contract import CHAT_PAGE_CONTEXT
 from builder.images.build import page_for, plan_build
-from builder.images.chat_page import chat_page, sources_hash
+from builder.images.chat_page import chat_page, fetched_ui, sources_hash
 from builder.images.matrix import default_image_spec
+from builder.spec import GitSource
 
 
 def _ui(root: Path) -> Path:
@@ -28,15 +31,10 @@ def test_the_built_page_travels_as_its_own_context(tmp_path: Path) -> None:
     assert plan.kwargs()["build_contexts"] == {CHAT_PAGE_CONTEXT: str(page)}
 
 
-def test_no_page_for_ik_or_a_git_build(tmp_path: Path) -> None:
+def test_no_page_for_ik(tmp_path: Path) -> None:
     said: list[str] = []
-    spec = default_image_spec("llama.cpp", gpu=False)
     assert page_for(default_image_spec("ik_llama.cpp", gpu=False), tmp_path, said.append) is None
     assert said == []
-    assert page_for(spec, None, said.append) is None
-    assert said == [
-        "no chat page in this image: it is built from a local tree (`--source` or the PyPI sdist)"
-    ]
 
 
 def test_the_page_is_cached_by_its_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +64,33 @@ def test_without_npm_the_image_goes_without_and_says_so(
     assert chat_page(_ui(tmp_path / "tree"), said.append) is None
     assert said == ["no chat page in this image: npm is not installed here (Debian: apt-get install npm)"]
     assert chat_page(tmp_path / "no-ui", said.append) is None and len(said) == 1
+
+
+def test_a_git_build_fetches_the_pages_directory_at_its_ref(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    repo = tmp_path / "upstream"
+    _ui(repo)
+    (repo / "src.c").write_text("int main(void) { return 0; }")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "ui"], check=True)
+    short = subprocess.run(
+        [*git, "rev-parse", "--short=9", "HEAD"], capture_output=True, text=True, check=True
+    )
+    said: list[str] = []
+    fetched = fetched_ui(f"file://{repo}", short.stdout.strip(), "tools/ui", said.append)
+    assert fetched is not None and (fetched / "src/app.svelte").read_text() == "<p>hello</p>"
+    assert not (fetched.parent.parent / "src.c").exists(), "only the page's directory is checked out"
+    assert fetched_ui(f"file://{repo}", short.stdout.strip(), "tools/ui", said.append) == fetched  # cached
+    assert fetched_ui(f"file://{repo}", "no-such-ref", "tools/ui", said.append) is None
+    assert said and said[-1].startswith(
+        f"no chat page in this image: git could not fetch tools/ui of file://{repo}"
+    )
+    spec = default_image_spec("llama.cpp", gpu=False)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'no-npm-here'}:/usr/bin:/bin")
+    git_spec = spec.model_copy(update={"source": GitSource(url=f"file://{repo}", ref=short.stdout.strip())})
+    if shutil.which("npm") is None:  # the fetched sources reach the npm step, which says it is missing
+        assert page_for(git_spec, None, said.append) is None and "npm is not installed" in said[-1]
