@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from builder.engines import get_engine
 from builder.errors import StackError
+from builder.models.model_files import DEMO_JINJA_TEMPLATE
 from builder.platform.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
 from builder.spec import StackSpec
 
@@ -158,6 +159,16 @@ def test_a_built_in_template_name_turns_jinja_off() -> None:
         "--chat-template",
         "gemma",
     ]  # off already
+
+
+def test_a_jinja_template_keeps_jinja_on() -> None:
+    """The demo's Gemma template as Jinja text: rendered by the Jinja path, which takes `tools` requests
+    (mainline's chat page sends its get_datetime tool with every message)."""
+    assert _neutral("llama.cpp", MAINLINE, jinja=True, chat_template=DEMO_JINJA_TEMPLATE) == [
+        "--chat-template",
+        DEMO_JINJA_TEMPLATE,
+        "--jinja",
+    ]
 
 
 def test_load_mode_in_each_engines_syntax() -> None:
