@@ -23,7 +23,8 @@ from pathlib import Path
 
 from builder.files import cache_dir
 
-# What the build step leaves out of the sources' hash and copy: npm's install and earlier outputs.
+# What the build step leaves out of the sources' hash and copy, at the app's top level: npm's install
+# and earlier outputs.
 _NOT_SOURCES = {"node_modules", "dist", ".svelte-kit", "build"}
 NPM_TIMEOUT_S = 1200
 
@@ -44,7 +45,9 @@ def chat_page(ui: Path, show: Callable[[str], None]) -> Path | None:
     show(f"building the chat page from {ui} with npm")
     with tempfile.TemporaryDirectory(prefix=".build-", dir=built.parent) as tmp:
         work = Path(tmp) / "ui"
-        shutil.copytree(ui, work, ignore=lambda _dir, names: [n for n in names if n in _NOT_SOURCES])
+        shutil.copytree(
+            ui, work, ignore=lambda where, names: _NOT_SOURCES & set(names) if Path(where) == ui else set()
+        )
         dist = Path(tmp) / "dist"
         try:
             # No install scripts: the page needs none (sharp's binary is an npm package of its own), and
@@ -103,7 +106,7 @@ def sources_hash(ui: Path) -> str:
     """A hash of the page's sources (paths and bytes), so a tree with other sources builds anew."""
     digest = hashlib.sha256()
     for path in sorted(
-        p for p in ui.rglob("*") if p.is_file() and not _NOT_SOURCES & set(p.relative_to(ui).parts)
+        p for p in ui.rglob("*") if p.is_file() and p.relative_to(ui).parts[0] not in _NOT_SOURCES
     ):
         digest.update(str(path.relative_to(ui)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]

@@ -48,6 +48,10 @@ def test_the_page_is_cached_by_its_sources(tmp_path: Path, monkeypatch: pytest.M
     assert sources_hash(ui) == key
     (ui / "src/app.svelte").write_text("<p>changed</p>")
     assert sources_hash(ui) != key
+    key = sources_hash(ui)
+    (ui / "src/build").mkdir()  # a source directory that happens to be named like an output
+    (ui / "src/build/step.ts").write_text("export const step = 1")
+    assert sources_hash(ui) != key
     built = tmp_path / "cache/moe-stack/chat-page" / sources_hash(ui)
     built.mkdir(parents=True)
     (built / "index.html").write_text("<html></html>")
