@@ -41,8 +41,6 @@ _SMALL_MEMBER = 1 << 20  # manifest.json and compose.yaml
 _MODEL_NAME = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}(?:" + "|".join(re.escape(f.suffix) for f in FORMATS) + ")"
 )
-# The draft model options of both llama.cpp engines (see stacks/speculative.py).
-DRAFT_FLAGS = frozenset({"-md", "--model-draft", "--spec-draft-model"})
 
 
 class BundleError(MoeStackError):
@@ -70,14 +68,12 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         raise BundleError(
             f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
         )
-    services = read_services(document, compose_file).values()
-    drafting = [service.name for service in services if DRAFT_FLAGS & set(service.command)]
-    if drafting:
-        raise BundleError(
-            f"{compose_file} serves with a draft model (service {drafting[0]}); a bundle carries the "
-            "model's own files only: emit the stack without --draft-model to bundle it"
-        )
     record = read_record(document, compose_file)
+    if record.engine_options.get("draft_model"):
+        raise BundleError(
+            f"{compose_file} serves with a draft model ({record.engine_options['draft_model']}); a bundle "
+            "carries the model's own files only: emit the stack without --draft-model to bundle it"
+        )
     model = record.model
     if not model.is_file():
         raise BundleError(

@@ -34,14 +34,15 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
         raise SpecError("--draft-model and --mtp are two ways to draft tokens: give one")
     if options.draft_max is not None and options.draft_model is None and not options.mtp:
         raise SpecError("--draft-max sets how many tokens a draft proposes: give --draft-model or --mtp too")
-    if options.mtp:
-        layers = adapter.model_format.facts(model).nextn_layers
-        if layers == 0:
-            raise SpecError(
-                f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "
-                "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
-                "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
-            )
+    if options.draft_model is None and not options.mtp:
+        return options
+    facts = adapter.model_format.facts(model)
+    if options.mtp and facts.nextn_layers == 0:
+        raise SpecError(
+            f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "
+            "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
+            "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
+        )
     if options.draft_model is None:
         return options
     draft = adapter.check_model(options.draft_model.expanduser())
@@ -50,8 +51,7 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
             f"the draft model {draft} is not in the model's directory {model.parent.resolve()}, which the "
             "stack mounts read-only: put it (or a link to it) there"
         )
-    draft_vocab = adapter.model_format.facts(draft).vocab
-    vocab = adapter.model_format.facts(model).vocab
+    draft_vocab, vocab = adapter.model_format.facts(draft).vocab, facts.vocab
     if abs(draft_vocab - vocab) > VOCAB_MAX_DIFFERENCE:
         raise SpecError(
             f"the draft model {draft.name} has {draft_vocab} tokens and {model.name} {vocab}: a draft must "

@@ -25,6 +25,7 @@ from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.host_checks import free_local_port
+from tests.cli import run_cli
 from tests.integration.conftest import build_engine_image, serve_stack
 
 pytestmark = pytest.mark.integration
@@ -120,3 +121,25 @@ def test_ik_drafts_with_a_draft_model_and_refuses_an_mtp_file(
     refused = StackOptions(model=models["mtp"], engine="ik_llama.cpp", image=image, port=free_local_port())
     with pytest.raises(StackError, match="multi-token-prediction layer .* stops ik's loader"):
         plan_stack(refused, probe())
+
+
+def test_a_stack_with_a_draft_is_not_bundled(
+    models: dict[str, Path], base_image: str, tmp_path: Path
+) -> None:
+    """A bundle carries the model's own files: a drafting stack is refused in one line, nothing written."""
+    image = build_engine_image("llama.cpp", "avx2", base_image).tag
+    options = StackOptions(
+        model=models["model"],
+        image=image,
+        port=free_local_port(),
+        threads=2,
+        engine_options=EngineOptions(draft_model=models["draft"]),
+    )
+    planned = plan_stack(options, probe())
+    compose_file = write_stack(
+        compose_dict(planned.stack, "pytest", planned.facts), tmp_path / "compose.yaml"
+    )
+    archive = tmp_path / "stack.tar"
+    result = run_cli("bundle", str(compose_file), "--out", str(archive))
+    assert result.returncode == 1 and "serves with a draft model" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not archive.exists()
