@@ -188,6 +188,21 @@ def measure(
     result["token_ram_bytes"], result["token_vram_bytes"] = token_read_bytes(shape)
 
 
+def stop(server: subprocess.Popen) -> None:
+    """The server's whole process group ended and waited for: the next case needs its port and GPU memory
+    (2026-12-02: a case found the last one's port still bound, another its aborted server's 2 GiB still
+    on the GPU)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # KILL for what TERM left: a hung abort, its children
+        try:
+            os.killpg(server.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> dict[str, object]:
     engine, name, *rest = case.split(":")
     changes: dict[str, object] = {
@@ -223,11 +238,7 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
     except StackError as err:  # e.g. the server died on a request: its buffers are still in the log
         result["error"] = str(err)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        stop(server)
     result["buffers_mib"] = [
         [where, kind or "model", float(mib)]
         for where, kind, mib in BUFFER.findall(log.read_text(errors="replace"))
@@ -250,6 +261,7 @@ def main() -> None:
         return
     directory, root, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     deadline = time.time() + float(os.environ.get("CASES_S", "480"))
+    port_base = int(os.environ.get("PORT_BASE", "18700"))  # another per call: a port can outlive its server
     with (out / "results.jsonl").open("a") as results:
         for number, case in enumerate(sys.argv[5:]):
             if time.time() > deadline:
@@ -260,7 +272,7 @@ def main() -> None:
                 print(f"{case} not run: its engine is {built}", flush=True)
                 continue
             try:
-                result = run_case(case, directory, root, out, 18700 + number)
+                result = run_case(case, directory, root, out, port_base + number)
             except StackError as err:  # its command refused (a flag the build lacks): the next still runs
                 result = {"case": case, "error": str(err)}
             results.write(json.dumps(result) + "\n")

@@ -8,6 +8,7 @@
 #                          ($MODELS: names, default all); then the CASEs, each once its engine is built
 #                          (beside the other's build: for buffer sizes, not speed), until its budget
 #   seed_models.sh run CASE…      waits for the builds, the bandwidth probe, then each case's server
+#                          (on ports from $PORT_BASE, default 18700: give each call its own)
 #   seed_models.sh tune ENGINE MODEL BUDGET [TUNE OPTIONS]
 #                          the stack `moe-stack compose --preset P --gpu nvidia` emits for MODEL here,
 #                          searched by `moe-stack tune --native-bin` for BUDGET seconds (e.g. --decode
@@ -53,6 +54,7 @@ archive_logs() {  # eight files at most come back: the servers' logs travel in o
   [ "${#logs[@]}" -eq 0 ] || tar -C "$out" -cJf "$out/server-logs.tar.xz" --remove-files "${logs[@]}"
 }
 wait_builds() {
+  local engine
   while [ "$(date +%s)" -lt "$deadline" ] && [ "$(ls "$work"/*.done 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; done
   for engine in "${engines[@]}"; do
     echo "$engine: $(cat "$work/$engine.done" 2>/dev/null || echo building) $(tail -c 120 "$work/$engine.build.log" | tr '\n' ' ')"

@@ -24,7 +24,7 @@ from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
-from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute
+from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute, gpu_reserve, prefill_pool
 from builder.errors import (
     INTERRUPTED_MESSAGE,
     BuildFailed,
@@ -702,6 +702,7 @@ def plan_memory(
     facts = adapter.model_format.facts(model)
     latent = adapter.caches_latent(3 if mla else None)
     compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
+    pool = prefill_pool(adapter.name, facts, ctx_size, ubatch_size, latent)
     draft = draft_vram_bytes(checked_speculative(given, model, adapter), adapter, ctx_size, ubatch_size)
     result = make_plan(
         facts,
@@ -710,7 +711,7 @@ def plan_memory(
         ctx_size,
         cache_type,
         latent,
-        gpu_reserve=compute.bytes + CUDA_CONTEXT_BYTES + draft,
+        gpu_reserve=gpu_reserve(adapter.name, facts, ctx_size, ubatch_size, latent) + draft,
     )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
@@ -740,6 +741,7 @@ def plan_memory(
                     "tensor_split": list(result.tensor_split),
                     "override_tensor": list(result.override_rules),
                     "compute_bytes": compute.bytes,
+                    "prefill_pool_bytes": pool,
                     "draft_bytes": draft,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
@@ -774,6 +776,12 @@ def plan_memory(
         size(compute.bytes + CUDA_CONTEXT_BYTES),
         compute.basis,
     )
+    if pool:
+        table.add_row(
+            f"prefill's CUDA pool ({ctx_size}-token prompt)",
+            size(pool),
+            "its growth past load, as measured on the H200 (grows with the prompt on R1 widths)",
+        )
     if draft:
         table.add_row(
             f"draft model {draft_model.name if draft_model else ''} (weights, f16 KV, buffer)",

@@ -19,6 +19,9 @@ allocator reuses memory along the graph, so the buffer is its largest stage, not
   server reserves its slots' outputs only (`n_outputs_max = 1`: its buffer did not move, 341 or 151936
   tokens).
 Where nothing was measured, a flat reserve stands and the plan says it is an estimate.
+
+Beside the buffers, prefill grows the CUDA memory pool (ggml-cuda's temporaries, kept at their high-water
+mark) past what the engine held at load: `prefill_pool`.
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ MOE_ACTIVATIONS_HIDDEN = 4096
 # 32k/512, 1158 at 16k/1024, 1644 at 32k/2048 (and 1548 at 8k/2048, which the mask term predicts).
 # It is not linear in -ub (+536 MiB from 512 to 1024, +390 from 1024 to 2048): interpolated.
 MAINLINE_R1_LAYERS_MIB = ((512, 590.0), (1024, 1126.1), (2048, 1516.0))
+# Prefill's pool growth, nvidia-smi after prompts less after load (bench/results/seed-models-2026-12-02,
+# the presets' stacks, -ub 2048): ik_llama.cpp on R1 widths (-mla 3, 32k) +464 MiB after 2545-token
+# prompts and +1246 after a 20346-token one, linear in the prompt (a plan takes the whole context);
+# on Qwen3-235B widths +520 and +536 (12155 tokens). Mainline on R1 widths +242 both times: with its
+# 603 MiB at load, inside CUDA_CONTEXT_BYTES.
+IK_R1_POOL_MIB = (352.2, (1246.0 - 464.0) / (20346 - 2545))  # at no prompt, a prompt token (128 heads)
+IK_POOL_MIB = 536.0  # Qwen3-235B widths; Qwen3-Next's never measured, the same assumed
+POOL_UBATCH = 2048  # the micro-batch the growth was measured at
 
 
 @dataclass(frozen=True)
@@ -176,6 +187,25 @@ def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+def prefill_pool(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
+    """What ik_llama.cpp's CUDA pool grows by in prefill, beyond the CUDA context's allowance, for a
+    prompt as long as the context: the measured figures, kept below -ub 2048 (never measured there, so
+    not lowered) and scaled with the micro-batch above it. Mainline's stays inside the allowance."""
+    if engine != "ik_llama.cpp":
+        return 0
+    if facts.arch == "deepseek2" and latent:
+        base, per_token = IK_R1_POOL_MIB
+        mib = base + per_token * ctx * (facts.heads or R1_HEADS) / R1_HEADS
+    else:
+        mib = IK_POOL_MIB
+    return int(mib * max(1.0, ubatch / POOL_UBATCH) * MIB)
+
+
 def gpu_reserve(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
-    """VRAM a plan keeps free beside weights and KV cache: the compute buffer and the CUDA context."""
-    return gpu_compute(engine, facts, ctx, ubatch, latent).bytes + CUDA_CONTEXT_BYTES
+    """VRAM a plan keeps free beside weights and KV cache: the compute buffer, the CUDA context and
+    prefill's pool growth."""
+    return (
+        gpu_compute(engine, facts, ctx, ubatch, latent).bytes
+        + CUDA_CONTEXT_BYTES
+        + prefill_pool(engine, facts, ctx, ubatch, latent)
+    )

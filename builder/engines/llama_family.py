@@ -328,6 +328,7 @@ class LlamaFamilyEngine(Engine):
                 raise StackError(f"this {self.name} build has no --tensor-split; plan for one GPU")
             args += ["--tensor-split", ",".join(map(str, stack.tensor_split))]
         args += self.cache_type_args(stack.cache_type, stack.cache_type_v, flags)
+        check_v_cache_attention(stack.cache_type_v or stack.cache_type, stack.flash_attention)
         if stack.flash_attention is not None:
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
@@ -471,6 +472,20 @@ class LlamaFamilyEngine(Engine):
                 takes = ", ".join(sorted(self.cache_types))
                 raise StackError(f"{self.name} has no KV cache type {given}; it takes {takes}")
         return (["--cache-type-k", k] if k else []) + (["--cache-type-v", v] if v else [])
+
+
+UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
+
+
+def check_v_cache_attention(v_type: str | None, flash_attention: str | None) -> None:
+    """A quantized V cache needs flash attention: both engines stop at start without it (ik_llama.cpp's
+    common.cpp throws "Quantized V cache cannot be used without flash attention", seen on the H200;
+    mainline's llama-context.cpp turns `auto` on and fails on `off`)."""
+    if flash_attention == "off" and v_type is not None and v_type not in UNQUANTIZED_CACHE_TYPES:
+        raise StackError(
+            f"--flash-attention off with a {v_type} V cache: the engine refuses to start without flash "
+            "attention for a quantized V cache; use --flash-attention on, or --cache-type-v f16"
+        )
 
 
 def is_jinja(template: str) -> bool:

@@ -274,3 +274,20 @@ def test_kv_cache_types_are_each_engines_own_and_k_and_v_may_differ(tmp_path: Pa
     only_v = StackSpec(**{**_base(tmp_path, "llama.cpp"), "cache_type_v": "q8_0"})
     args = get_engine("llama.cpp").server_args(only_v, None)
     assert "--cache-type-k" not in args and args[args.index("--cache-type-v") + 1] == "q8_0"
+
+
+@pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
+def test_a_quantized_v_cache_without_flash_attention_is_refused(tmp_path: Path, engine: str) -> None:
+    """ik_llama.cpp 007d640 threw at start on the H200 for the Qwen3 preset with -fa off ("Quantized V
+    cache cannot be used without flash attention"); mainline fails the same way on `off`. An f16 V cache,
+    or flash attention on or auto, is written as asked."""
+    adapter = get_engine(engine)
+    refused = StackSpec(**{**_base(tmp_path, engine), "cache_type": "q8_0", "flash_attention": "off"})
+    with pytest.raises(StackError, match="--flash-attention off with a q8_0 V cache.*--cache-type-v f16"):
+        adapter.server_args(refused, None)
+    for changes in ({"cache_type_v": "f16"}, {"flash_attention": "auto"}):
+        stack = StackSpec(
+            **{**_base(tmp_path, engine), "cache_type": "q8_0", "flash_attention": "off", **changes}
+        )
+        args = adapter.server_args(stack, None)
+        assert args[args.index("--cache-type-k") + 1] == "q8_0"
