@@ -22,6 +22,7 @@ from builder.cli import stack as cli_stack
 from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, raw_stderr, text_table
 from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
+from builder.distribute.registry import checked_push
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute, gpu_reserve, prefill_pool
@@ -39,7 +40,14 @@ from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.matrix import Variant as MatrixVariant
-from builder.images.matrix import ci_rows, cuda_target, default_image_spec, edge_specs, variants
+from builder.images.matrix import (
+    ci_rows,
+    cuda_target,
+    default_image_spec,
+    edge_specs,
+    publish_set,
+    variants,
+)
 from builder.images.naming import build_name, image_spec, image_tag, variant_tag
 from builder.images.prometheus import make_prometheus
 from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
@@ -246,14 +254,22 @@ def build(
             "buildx builder that can export attestations (docker-container)",
         ),
     ] = False,
-    gha_cache: Annotated[
+    registry_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--registry-cache",
+            help="with --push: read and write the build cache (every stage, mode=max) at REPO:<variant>, "
+            "e.g. ghcr.io/OWNER/moe-stack-cache",
+        ),
+    ] = None,
+    attest: Annotated[
         bool,
         typer.Option(
-            "--gha-cache",
-            help="with --push in GitHub Actions: read and write the build cache under this variant's own "
-            "scope",
+            "--attest/--no-attest",
+            help="with --push: SBOM and provenance attestations (a docker-container builder; the docker "
+            "driver has none: --no-attest)",
         ),
-    ] = False,
+    ] = True,
     metadata_file: Annotated[
         Path | None,
         typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
@@ -277,8 +293,11 @@ def build(
     ] = False,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
-    if (gha_cache or metadata_file or channel) and not push:
-        raise SpecError("--gha-cache, --metadata-file and --channel go with --push (CI's image workflows)")
+    if (registry_cache or metadata_file or channel or not attest) and not push:
+        raise SpecError(
+            "--registry-cache, --metadata-file, --channel and --no-attest go with --push "
+            "(CI's image workflows)"
+        )
     if channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", channel):
         raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
     display = _progress(progress)
@@ -294,7 +313,10 @@ def build(
         _cuda(cuda, cuda_archs),
         tools,
     )
-    publishing = Publishing(gha_cache, metadata_file, channel) if push else None
+    if push and metadata_file is None and not dry_run:  # the pushed digest is checked from it
+        metadata_file = cache_dir() / "logs" / f"push-{build_name(spec)}.json"
+        metadata_file.parent.mkdir(parents=True, exist_ok=True)
+    publishing = Publishing(registry_cache, metadata_file, channel, attest) if push else None
     if dry_run:
         context = build_context(spec)
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
@@ -303,9 +325,12 @@ def build(
     log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
     with build_display(display) as show:
         tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
-    out.print(
-        f"{'pushed' if push else 'built'} {tag} (full log: {log_path})", highlight=False, soft_wrap=True
-    )
+    if metadata_file is not None and push:
+        # Each tag as the registry serves it, the form `moe-stack publish` prints (CI signs these).
+        for name, digest in checked_push(metadata_file):
+            out.print(f"pushed {name} {digest}", highlight=False, soft_wrap=True)
+        return
+    out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
 
 
 @app.command("cmake-args")
@@ -885,16 +910,25 @@ def matrix(
             "with git ls-remote)",
         ),
     ] = False,
+    publish: Annotated[
+        str,
+        typer.Option(
+            "--set",
+            help="default: what images.yml publishes on every push to main; all: every variant (its "
+            "manual run)",
+        ),
+    ] = "all",
 ) -> None:
-    """Print the published image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI."""
-    specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else None
+    """Print the image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI's job matrix."""
+    specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else publish_set(publish)
     if as_json:
         sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
         return
     table = text_table("engine", "cuda", "archs", "cpu", "tag, or why not built")
+    chosen = {variant_tag(s) for s in specs}
     for variant in (
-        variants()
-        if specs is None
+        [v for v in variants() if (variant_tag(v.spec) in chosen if v.spec else publish == "all")]
+        if not edge
         else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]
     ):
         if variant.spec is None:

@@ -192,3 +192,24 @@ def _docker_login(host: str) -> str | None:
         return None
     entry = auths.get(host) or auths.get(f"https://{host}") or {}
     return entry.get("auth") or None
+
+
+def checked_push(metadata_file: Path) -> list[tuple[str, str]]:
+    """Each tag buildx pushed (its metadata file's `image.name`) with the digest it built
+    (`containerimage.digest`), after asking the registry that the tag serves that digest."""
+    try:
+        metadata = json.loads(metadata_file.read_text())
+        built, names = metadata["containerimage.digest"], metadata["image.name"]
+    except (OSError, ValueError, KeyError) as err:
+        raise RegistryError(f"buildx wrote no pushed digest to {metadata_file} ({err})") from err
+    pushed = []
+    for name in names.split(","):
+        image, _, tag = name.rpartition(":")
+        served = manifest_digest(repository(image), tag)
+        if served != built:
+            raise RegistryError(
+                f"{name} serves {served}, not the {built} this build pushed (another push raced this "
+                "one?): push again"
+            )
+        pushed.append((name, built))
+    return pushed

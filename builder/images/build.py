@@ -81,6 +81,7 @@ class BuildPlan:
     output: dict[str, str] = field(default_factory=dict)
     # Publishing (CI): push instead of load, with SBOM and provenance attestations, a cache to share.
     push: bool = False
+    attest: bool = True  # with push: SBOM and provenance (a docker-container builder; no docker driver)
     cache_from: str | None = None
     cache_to: str | None = None
     metadata_file: Path | None = None
@@ -99,7 +100,9 @@ class BuildPlan:
         if self.output:
             kwargs["output"] = dict(self.output)
         if self.push:
-            kwargs["push"], kwargs["sbom"], kwargs["provenance"] = True, True, {"mode": "max"}
+            kwargs["push"] = True
+            if self.attest:
+                kwargs["sbom"], kwargs["provenance"] = True, {"mode": "max"}
         if self.cache_from:
             kwargs["cache_from"] = self.cache_from
         if self.cache_to:
@@ -130,7 +133,7 @@ class BuildPlan:
         if self.load:
             argv.append("--load")
         if self.push:
-            argv += ["--push", "--sbom=true", "--provenance=mode=max"]
+            argv += ["--push", *(["--sbom=true", "--provenance=mode=max"] if self.attest else [])]
         if self.cache_from:
             argv += ["--cache-from", self.cache_from]
         if self.cache_to:
@@ -154,22 +157,25 @@ class BuildPlan:
             metadata_file=None,
         )
 
-    def for_publishing(
-        self, spec: ImageSpec, gha_cache: bool, metadata_file: Path | None, channel: str | None = None
-    ) -> BuildPlan:
+    def for_publishing(self, spec: ImageSpec, publishing: Publishing) -> BuildPlan:
         """The same build pushed to the registry instead of loaded: the immutable tag and the moving
         alias, SBOM and max-mode provenance (a registry push can carry attestations, the docker image
-        store can't), and for GitHub Actions a cache scope per variant (the default one is shared by
-        all, and the ref is left out of it so a new ref reuses the toolchain layers)."""
-        scope = cache_key(spec)
+        store can't), and a registry cache: every stage's layers (mode=max, so an unchanged variant
+        compiles nothing) under a tag of their own per variant, the ref left out of it so a new ref
+        reuses the toolchain layers."""
+        cache = f"{publishing.cache_repo}:{cache_key(spec)}" if publishing.cache_repo else None
         return replace(
             self,
-            tags=(image_tag(spec), alias_image_tag(spec, channel)),
+            tags=(image_tag(spec), alias_image_tag(spec, publishing.channel)),
             load=False,
             push=True,
-            cache_from=f"type=gha,scope={scope}" if gha_cache else None,
-            cache_to=f"type=gha,mode=max,scope={scope}" if gha_cache else None,
-            metadata_file=metadata_file,
+            attest=publishing.attest,
+            cache_from=f"type=registry,ref={cache}" if cache else None,
+            # OCI media types and an image manifest: the form GHCR and distribution both store.
+            cache_to=f"type=registry,ref={cache},mode=max,image-manifest=true,oci-mediatypes=true"
+            if cache
+            else None,
+            metadata_file=publishing.metadata_file,
         )
 
     def with_labels(self, labels: dict[str, str]) -> BuildPlan:
@@ -328,22 +334,19 @@ def build_context(spec: ImageSpec) -> Path:
 
 @dataclass(frozen=True)
 class Publishing:
-    """How `moe-stack build --push` publishes (CI's image workflow)."""
+    """How `moe-stack build --push` publishes (CI's image workflows)."""
 
-    gha_cache: bool = False
+    cache_repo: str | None = None  # a registry repository holding each variant's build cache
     metadata_file: Path | None = None
     channel: str | None = None  # the moving alias' prefix: `edge` for upstream heads
+    attest: bool = True  # SBOM and provenance: needs a docker-container builder
 
 
 def build_plan(
     spec: ImageSpec, context: Path, tree: Path | None, publishing: Publishing | None, page: Path | None = None
 ) -> BuildPlan:
     plan = plan_build(spec, context, tree, page=page)
-    return (
-        plan
-        if publishing is None
-        else plan.for_publishing(spec, publishing.gha_cache, publishing.metadata_file, publishing.channel)
-    )
+    return plan if publishing is None else plan.for_publishing(spec, publishing)
 
 
 def build_image(

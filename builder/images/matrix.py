@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import yaml
@@ -77,8 +78,56 @@ def default_image_spec(engine: str, gpu: bool, driver: str | None = None) -> Ima
     return image_spec(engine, cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
 
 
-def published() -> list[ImageSpec]:
+def buildable() -> list[ImageSpec]:
+    """Every variant a toolchain can build (`images.yml`'s manual run with set=all)."""
     return [v.spec for v in variants() if v.spec is not None]
+
+
+SETS = ("default", "all")
+
+
+def publish_set(name: str = "default") -> list[ImageSpec]:
+    """The images `images.yml` publishes: `default` (every push to main: matrix.yaml's `published`
+    CPU targets and CUDA releases) or `all`."""
+    if name not in SETS:
+        raise SpecError(f"--set {name!r}: choose default (what every push publishes) or all")
+    if name == "all":
+        return buildable()
+    chosen = load_matrix()["published"]
+    cudas, cpus = {None if c == "none" else c for c in chosen["cuda"]}, set(chosen["cpu_targets"])
+    return [s for s in buildable() if s.cuda.version in cudas and s.cpu.name in cpus]
+
+
+# Build minutes on a 2-core machine, measured: mainline's CPU compile from cold 213 s
+# (bench/results/local-2026-11-30.md, P5); its CUDA 13.0 compile 21.6 min for one arch and 27.1 for two
+# (cuda-images-2026-11-30: 16.1 + 5.5 a CUDA arch); ik_llama.cpp's CUDA compile 69 min for one arch
+# (the same run, sharing the cores with the test suite): 3.2x mainline's, taken for its CPU compile too.
+# Not measured: KTransformers (wheels, no compile) and its legacy source build (CUDA kernels); another
+# llama.cpp fork takes mainline's figures.
+COMPILE_MINUTES_CPU = {
+    "llama.cpp": 4.0,
+    "ik_llama.cpp": 12.8,
+    "ktransformers": 0.0,
+    "ktransformers-legacy": 0.0,
+}
+MAINLINE_CUDA_MINUTES = (16.1, 5.5)  # fixed, a CUDA arch
+CUDA_FACTOR = {"llama.cpp": 1.0, "ik_llama.cpp": 3.2, "ktransformers": 0.0, "ktransformers-legacy": 2.0}
+TOOLS_FACTOR = 1.25  # the tools image compiles its own targets in the same tree (an estimate)
+FIXED_MINUTES = 20.0  # the runner's setup, the CUDA devel image's pull (~10 GB), the push
+JOB_LIMIT_MINUTES = 360  # GitHub-hosted runners stop a job at 6 hours
+
+
+def timeout_minutes(spec: ImageSpec) -> int:
+    """A job timeout for building and pushing `spec` (with its tools image where the engine has one):
+    1.5x the 2-core estimate above, within GitHub's 6-hour job limit."""
+    compile_minutes = COMPILE_MINUTES_CPU.get(spec.engine, COMPILE_MINUTES_CPU["llama.cpp"])
+    if spec.cuda.version is not None:
+        fixed, per_arch = MAINLINE_CUDA_MINUTES
+        cuda_minutes = CUDA_FACTOR.get(spec.engine, 1.0) * (fixed + per_arch * len(spec.cuda.archs))
+        compile_minutes = max(compile_minutes, cuda_minutes)
+    if get_engine(spec.engine).tool_targets:
+        compile_minutes *= TOOLS_FACTOR
+    return min(JOB_LIMIT_MINUTES, math.ceil(1.5 * (FIXED_MINUTES + compile_minutes)))
 
 
 def edge_specs(heads: dict[str, str]) -> list[ImageSpec]:
@@ -93,11 +142,11 @@ def edge_specs(heads: dict[str, str]) -> list[ImageSpec]:
     ]
 
 
-def ci_rows(specs: list[ImageSpec] | None = None) -> list[dict[str, str]]:
-    """One row per image (default: every published one), as CI's job matrix wants them; `tools` says
-    whether a tools image is published beside it."""
+def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
+    """One row per image, as CI's job matrix wants them; `tools` says whether a tools image is published
+    beside it, `timeout_minutes` the job's limit."""
     rows = []
-    for spec in published() if specs is None else specs:
+    for spec in specs:
         rows.append(
             {
                 "engine": spec.engine,
@@ -108,6 +157,7 @@ def ci_rows(specs: list[ImageSpec] | None = None) -> list[dict[str, str]]:
                 "variant": variant_tag(spec),
                 "tag": image_tag(spec),
                 "tools": "true" if get_engine(spec.engine).tool_targets else "false",
+                "timeout_minutes": str(timeout_minutes(spec)),
             }
         )
     return rows

@@ -12,7 +12,7 @@ from python_on_whales.exceptions import DockerException
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import BuildFailed, Interrupted
 from builder.host.probe import CpuInfo
-from builder.images.build import contract_stand_in, local_bases, plan_build, stream_build
+from builder.images.build import Publishing, contract_stand_in, local_bases, plan_build, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
 from builder.platform.targets import cpu_target
@@ -73,7 +73,7 @@ def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tm
         namespace="acme",
     )
     plan = plan_build(spec, tmp_path, None).for_publishing(
-        spec, gha_cache=True, metadata_file=tmp_path / "m.json"
+        spec, Publishing(cache_repo="ghcr.io/acme/moe-stack-cache", metadata_file=tmp_path / "m.json")
     )
     kwargs = plan.kwargs()
     assert kwargs["tags"] == [
@@ -83,14 +83,19 @@ def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tm
     assert kwargs["push"] is True and kwargs["load"] is False
     assert kwargs["sbom"] is True and kwargs["provenance"] == {"mode": "max"}
     # One string: python-on-whales reads a list as dicts (a list of strings was an AttributeError)
-    assert kwargs["cache_from"] == "type=gha,scope=ik-llama-cpp-cuda12.8-zen4"
-    assert kwargs["cache_to"] == "type=gha,mode=max,scope=ik-llama-cpp-cuda12.8-zen4"
+    cache = "ghcr.io/acme/moe-stack-cache:ik-llama-cpp-cuda12.8-zen4"  # the ref left out: a bump reuses it
+    assert kwargs["cache_from"] == f"type=registry,ref={cache}"
+    assert kwargs["cache_to"] == f"type=registry,ref={cache},mode=max,image-manifest=true,oci-mediatypes=true"
     contract = plan.contract_step(tmp_path / "c").kwargs()
     assert (
         "push" not in contract
         and "cache_to" not in contract
         and contract["cache_from"] == kwargs["cache_from"]
     )
+    # The docker driver (the suite's dry run of the image workflow) pushes without attestations.
+    bare = plan_build(spec, tmp_path, None).for_publishing(spec, Publishing(attest=False))
+    assert bare.kwargs()["push"] is True and "sbom" not in bare.kwargs() and "cache_to" not in bare.kwargs()
+    assert "--push" in bare.argv() and not any(a.startswith(("--sbom", "--provenance")) for a in bare.argv())
 
 
 def test_a_build_cancelled_by_ctrl_c_is_an_interruption(tmp_path: Path) -> None:

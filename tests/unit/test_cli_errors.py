@@ -254,7 +254,9 @@ def test_text_that_looks_like_markup_is_printed_as_is(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["build", "--channel", "edge"], "--channel go with --push"),
+        (["build", "--channel", "edge"], "--no-attest go with --push"),
+        (["build", "--registry-cache", "ghcr.io/acme/cache"], "--registry-cache, --metadata-file"),
+        (["build", "--no-attest"], "go with --push (CI's image workflows)"),
         (["build", "--push", "--channel", "Edge Nightly"], "a lowercase word such as edge"),
         (
             ["build", "--tools", "--engine", "ktransformers", "--cuda", "12.8", "--dry-run"],

@@ -9,8 +9,8 @@ import pytest
 
 from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
-from builder.images.matrix import ci_rows, cuda_target, published, variants
-from builder.images.naming import image_spec, short_ref
+from builder.images.matrix import buildable, ci_rows, cuda_target, default_image_spec, variants
+from builder.images.naming import image_spec, short_ref, variant_tag
 from builder.images.render import configure_args
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS, best_cpu_target, cpu_target, fallback_cost
@@ -85,8 +85,8 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
     assert sorted(refused) == sorted(
         (e, c, "zen5") for e in ("llama.cpp", "ik_llama.cpp") for c in ("12.4", "12.6")
     )
-    rows = ci_rows()
-    assert len(rows) == len(published()) == 86
+    rows = ci_rows(buildable())
+    assert len(rows) == len(buildable()) == 86
     ik = pinned_ref("ik_llama.cpp")
     assert {
         "engine": "ik_llama.cpp",
@@ -97,6 +97,7 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
         "variant": f"{ik[:12]}-cuda12.8-zen5",
         "tag": f"ghcr.io/moe-stack/ik-llama-cpp:{ik[:12]}-cuda12.8-zen5",
         "tools": "true",
+        "timeout_minutes": "259",
     } in rows
 
 
@@ -104,7 +105,37 @@ def test_matrix_lists_every_combination_and_why_some_are_not_built() -> None:
 def test_matrix_json_for_ci() -> None:
     result = run_cli("matrix", "--json")
     assert result.returncode == 0
-    assert json.loads(result.stdout)["include"] == ci_rows()
+    assert json.loads(result.stdout)["include"] == ci_rows(buildable())
+
+
+@pytest.mark.cli
+def test_the_default_publish_set_and_its_job_limits() -> None:
+    """What every push to main publishes (matrix.yaml's `published`): the stacks' default images (avx2,
+    KTransformers' portable), the seed's zen4 and sapphirerapids, mainline's portable; CPU-only, CUDA
+    12.8 and 13.0. Each job's limit comes from the measured build minutes, inside GitHub's 6 hours."""
+    result = run_cli("matrix", "--json", "--set", "default")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["include"]
+    assert len(rows) == 28
+    assert {(r["cuda"], r["cpu"]) for r in rows} == {
+        (cuda, cpu)
+        for cuda in ("none", "12.8", "13.0")
+        for cpu in ("portable", "avx2", "zen4", "sapphirerapids")
+    }
+    # The image a stack names when given none is published, CPU and GPU (for a driver of any CUDA).
+    variants_published = {r["variant"] for r in rows}
+    for engine, gpu in [(e, g) for e in ("llama.cpp", "ik_llama.cpp") for g in (False, True)] + [
+        ("ktransformers", True)
+    ]:
+        assert variant_tag(default_image_spec(engine, gpu)) in variants_published, (engine, gpu)
+    limits = {(r["engine"], r["cuda"], r["cpu"]): int(r["timeout_minutes"]) for r in rows}
+    assert all(0 < m <= 360 for m in limits.values())
+    # mainline CPU: 1.5 x (20 + 4 x 1.25); ik CUDA, four archs: 1.5 x (20 + 3.2 x (16.1 + 4 x 5.5) x 1.25)
+    assert limits[("llama.cpp", "none", "avx2")] == 38
+    assert limits[("ik_llama.cpp", "13.0", "zen4")] == 259
+    assert limits[("ik_llama.cpp", "13.0", "zen4")] > limits[("llama.cpp", "13.0", "zen4")]
+    wrong = run_cli("matrix", "--set", "some")
+    assert wrong.returncode == 1 and "choose default" in wrong.stderr and "Traceback" not in wrong.stderr
 
 
 @pytest.mark.cli
