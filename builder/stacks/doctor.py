@@ -14,6 +14,7 @@ from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
 from builder.models.planner import size
+from builder.platform.cuda_wheels import PYPI_CUDA
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, highest_cuda
 from builder.stacks.kt_convert import default_output
@@ -259,6 +260,21 @@ def _hugepages(host: HostFacts) -> Finding:
     return Finding("OK", "hugepages", f"reserved {text}")
 
 
+def _cuda_images(cuda: str) -> str:
+    """Which CUDA images a stack here names and why, and where their base comes from."""
+    newest = next(reversed(MIN_DRIVER))
+    base = (
+        f"their base needs no registry (`moe-stack base --cuda {cuda}`, from PyPI's CUDA wheels)"
+        if cuda in PYPI_CUDA
+        else f"their base is NVIDIA's nvidia/cuda:{cuda} image (a registry-free base exists for "
+        f"{', '.join(PYPI_CUDA)} only)"
+    )
+    if cuda == newest:
+        return f"stacks name the cuda{cuda} images, {base}"
+    need = ".".join(map(str, MIN_DRIVER[newest]))
+    return f"stacks name the cuda{cuda} images (cuda{newest} needs driver {need}+), {base}"
+
+
 def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
     if not host.gpus:
         return [
@@ -289,7 +305,7 @@ def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
                 "gpu",
                 f"GPU {index} {gpu.name}: compute capability {gpu.compute_capability} "
                 f"(arch {gpu.compute_capability.replace('.', '')}), {gpu.memory_mib // 1024} GiB, "
-                f"driver {gpu.driver}: CUDA images up to {cuda}",
+                f"driver {gpu.driver}: CUDA images up to {cuda}; {_cuda_images(cuda)}",
             )
         )
     out.append(

@@ -45,6 +45,9 @@ def test_epyc_4090_with_numa_balancing_on(tmp_path: Path) -> None:
         and found["numa_balancing"].fix == "sudo sysctl -w kernel.numa_balancing=0"
     )
     assert "arch 89" in found["gpu"].message and "CUDA images up to 12.8" in found["gpu"].message
+    # Driver 570: the 12.8 images, and why not 13.0; their base only from NVIDIA's registry.
+    assert "stacks name the cuda12.8 images (cuda13.0 needs driver 580.65+)" in found["gpu"].message
+    assert "nvidia/cuda:12.8 image (a registry-free base exists for 13.0 only)" in found["gpu"].message
     assert found["gpu_runtime"].level == "FAIL" and "nvidia-ctk runtime configure" in found["gpu_runtime"].fix
     assert found["model"].level == "OK"
 
@@ -66,6 +69,10 @@ def test_model_too_large_says_by_how_much(tmp_path: Path) -> None:
     assert r1.level == "WARN" and "--mmap" in r1.fix
     assert _by_topic(diagnose(host, True, True, 500 * GIB))["cpu"].message.startswith(
         "best CPU target: sapphirerapids"
+    )
+    gpu = _by_topic(diagnose(host, True, True, 500 * GIB))["gpu"].message
+    assert (
+        "stacks name the cuda13.0 images, their base needs no registry (`moe-stack base --cuda 13.0`" in gpu
     )
 
 
