@@ -102,13 +102,14 @@ def publish_set(name: str = "default") -> list[ImageSpec]:
 # (bench/results/local-2026-11-30.md, P5); its CUDA 13.0 compile 21.6 min for one arch and 27.1 for two
 # (cuda-images-2026-11-30: 16.1 + 5.5 a CUDA arch); ik_llama.cpp's CUDA compile 69 min for one arch
 # (the same run, sharing the cores with the test suite): 3.2x mainline's, taken for its CPU compile too.
-# Not measured: KTransformers (wheels, no compile) and its legacy source build (CUDA kernels); another
-# llama.cpp fork takes mainline's figures.
+# Not measured, estimated: KTransformers' install of its wheels (torch, SGLang: several GB, no compile)
+# at 20 minutes, its legacy source build's CUDA kernels at twice mainline's; another llama.cpp fork
+# takes mainline's figures.
 COMPILE_MINUTES_CPU = {
     "llama.cpp": 4.0,
     "ik_llama.cpp": 12.8,
-    "ktransformers": 0.0,
-    "ktransformers-legacy": 0.0,
+    "ktransformers": 20.0,
+    "ktransformers-legacy": 20.0,
 }
 MAINLINE_CUDA_MINUTES = (16.1, 5.5)  # fixed, a CUDA arch
 CUDA_FACTOR = {"llama.cpp": 1.0, "ik_llama.cpp": 3.2, "ktransformers": 0.0, "ktransformers-legacy": 2.0}
