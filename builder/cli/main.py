@@ -325,9 +325,9 @@ def build(
     log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
     with build_display(display) as show:
         tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
-    if metadata_file is not None and push:
+    if publishing is not None and publishing.metadata_file is not None:
         # Each tag as the registry serves it, the form `moe-stack publish` prints (CI signs these).
-        for name, digest in checked_push(metadata_file):
+        for name, digest in checked_push(publishing.metadata_file):
             out.print(f"pushed {name} {digest}", highlight=False, soft_wrap=True)
         return
     out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)

@@ -150,15 +150,13 @@ DEVICE_MODELS = {
 }
 
 
-def _device_runs(all_layers: bool = True) -> list[dict]:
-    """The runs that served; `all_layers`: only those with every layer on the GPU (the presets' -ngl 99;
-    -02's bisect of ik's Qwen3 abort moved layers to the CPU)."""
+def _device_runs() -> list[dict]:
+    """The runs that served with every layer on the GPU (the presets' -ngl 99; -02's bisect of ik's
+    Qwen3 abort moved layers to the CPU, and the plan's figures are for all layers there)."""
     runs = []
     for path in sorted(path for runs in DEVICE_RUNS for path in runs.glob("call*-results.jsonl")):
         runs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [
-        run for run in runs if "error" not in run and (not all_layers or _flag(run, "--n-gpu-layers") == "99")
-    ]
+    return [run for run in runs if "error" not in run and _flag(run, "--n-gpu-layers") == "99"]
 
 
 def _flag(run: dict, flag: str) -> str | None:
