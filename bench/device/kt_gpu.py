@@ -6,14 +6,16 @@ what could not travel is substituted, each substitution written to the results:
 
   1. the stand-ins for sgl_kernel's compiled ops pass their checks on the GPU (sgl_kernel_torch/);
   2. the server's --help is captured (SGLang's flag contract, as the image's build records it);
-  3. a random-weight Qwen3-MoE is written twice, as `moe-stack synth-moe` writes it: the GGUF
-     kt-kernel's LLAMAFILE experts read, and the Hugging Face directory SGLang reads the rest from;
-  4. `moe-stack compose --engine ktransformers --preset qwen3-235b-a22b --gpu nvidia` is run for this
-     host, and its command checked against the captured --help;
+  3. a random-weight model of the preset's architecture (KT_GPU_PRESET: qwen3-235b-a22b, deepseek-r1-671b
+     or qwen3-next-80b-a3b; PRESET_SHAPES) is written twice, as `moe-stack synth-moe` writes it: the
+     GGUF kt-kernel's LLAMAFILE experts read, and the Hugging Face directory SGLang reads the rest from;
+  4. `moe-stack compose --engine ktransformers --preset PRESET --gpu nvidia` is run for this host, and
+     its command checked against the captured --help;
   5. the image's entrypoint runs the file's exact command (container paths mapped onto this
      machine's), with the image's environment and the stack's, plus the substitutions;
   6. once healthy: smoke's client checks (served name, completion, chat, tool call, metrics), a
-     request without the stack's API key refused, GPU memory in use, kt-kernel's variant as logged.
+     request without the stack's API key refused, GPU memory in use, single-stream decode rates,
+     kt-kernel's variant as logged.
 
 With KT_GPU_WEIGHTS=amx the experts are kt-kernel's AMXINT4 instead of the GGUF's: step 3 converts the
 checkpoint with kt-kernel's converter (carried from a ktransformers tree in .device/kt/ktransformers)
@@ -21,8 +23,8 @@ on the command line `moe-stack kt-convert` plans for this host, run natively whe
 the image, then checked, recorded and renamed by the verb's own code (finish_conversion); step 4's
 stack serves that directory.
 
-Usage: kt_gpu.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-gpu.json or kt-amx.json, the server's log,
-sglang-help.txt, ...)
+Usage: kt_gpu.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-gpu.json, kt-PRESET.json or kt-amx.json, the
+server's log, sglang-help.txt, ...)
 """
 
 from __future__ import annotations
@@ -76,9 +78,19 @@ MULTICAST_OFF = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-SHAPE_ARGS = ["--arch", "qwen3moe", "--layers", "2", "--experts", "16"]  # 235B widths, 2 layers, 16 experts
+# Each preset's model at its real widths, few layers and 16 experts: Qwen3-235B's (2 layers); R1's (MLA with
+# its 128 heads, q_lora 1536: one dense leading layer and one MoE layer with a shared expert, 8 groups of
+# 2 experts); Qwen3-Next's (three gated delta nets and one gated attention layer).
+PRESET_SHAPES = {
+    "qwen3-235b-a22b": ["--arch", "qwen3moe", "--layers", "2", "--experts", "16"],
+    "deepseek-r1-671b": ["--arch", "deepseek2", "--layers", "2", "--experts", "16"],
+    "qwen3-next-80b-a3b": ["--arch", "qwen3next", "--layers", "4", "--experts", "16"],
+}
+PRESET = os.environ.get("KT_GPU_PRESET", "qwen3-235b-a22b")
+SHAPE_ARGS = PRESET_SHAPES[PRESET]
 AMX = os.environ.get("KT_GPU_WEIGHTS", "gguf") == "amx"
-NAME = "kt-amx" if AMX else "kt-gpu"
+NAME = "kt-amx" if AMX else "kt-gpu" if PRESET == "qwen3-235b-a22b" else f"kt-{PRESET}"
+DECODE_TOKENS, DECODE_ROUNDS = 64, 3
 KT_TREE = REPO / ".device/kt/ktransformers"  # kt-kernel/scripts/convert_cpu_weights.py, version.py
 
 
@@ -169,6 +181,27 @@ def stop(server: subprocess.Popen) -> None:
             continue
 
 
+def decode_rates(api: EngineApi) -> dict[str, object]:
+    """Tokens a second of single-stream completions of DECODE_TOKENS tokens (a short prompt, the end of
+    text ignored), after one warm-up: each round's figure and their median. A slice of two or four layers
+    times SGLang's per-token overhead more than its layers: no figure for the full model."""
+    body = {
+        "model": PRESET,  # the stack's served name
+        "prompt": "The capital of France is",
+        "max_tokens": DECODE_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    api.post("/v1/completions", body)
+    rates = []
+    for _ in range(DECODE_ROUNDS):
+        started = time.perf_counter()
+        reply = api.post("/v1/completions", body)
+        elapsed = time.perf_counter() - started
+        rates.append(round(reply["usage"]["completion_tokens"] / elapsed, 1))
+    return {"tokens": DECODE_TOKENS, "rounds_tok_s": rates, "median_tok_s": sorted(rates)[len(rates) // 2]}
+
+
 def convert(hf_dir: Path, work: Path, out: Path, env: dict[str, str], result: dict[str, object]) -> Path:
     """The checkpoint converted to AMXINT4 as `moe-stack kt-convert` plans it for this host."""
     checkpoint = read_checkpoint(hf_dir)
@@ -234,8 +267,9 @@ def main(out: Path, work: Path) -> None:
 
     gguf_dir, hf_dir = work / "gguf", work / "hf"
     gguf_dir.mkdir(parents=True, exist_ok=True)
+    arch, layers = SHAPE_ARGS[1], SHAPE_ARGS[3]
     result["model"] = {
-        "gguf": cli("synth-moe", *SHAPE_ARGS, str(gguf_dir / "qwen3moe-2l-16e-q4_0.gguf"))
+        "gguf": cli("synth-moe", *SHAPE_ARGS, str(gguf_dir / f"{arch}-{layers}l-16e-q4_0.gguf"))
         .strip()
         .splitlines(),
         "hf": cli("synth-moe", *SHAPE_ARGS, "--format", "hf", str(hf_dir)).strip().splitlines(),
@@ -252,7 +286,7 @@ def main(out: Path, work: Path) -> None:
     key_file.write_text("kt-gpu-run-key\n")
     stack_file = out / f"{NAME}-stack.yaml"
     compose_args = [
-        "compose", "--engine", ENGINE.name, "--preset", "qwen3-235b-a22b", "--gpu", "nvidia",
+        "compose", "--engine", ENGINE.name, "--preset", PRESET, "--gpu", "nvidia",
         "--model", str(model_arg), "--config-dir", str(hf_dir),
         "--api-key-file", str(key_file), "--skip-image-checks", "--out", str(stack_file),
     ]  # fmt: skip
@@ -304,6 +338,11 @@ def main(out: Path, work: Path) -> None:
             {"check": c.name, "passed": c.passed, "seen": c.seen} for c in api_checks(stack_file, api)
         ]
         result["gpu_used_after_requests_mib"] = gpu_used_mib()
+        try:
+            result["decode"] = decode_rates(api)
+        except (StackError, OSError, KeyError) as err:  # recorded; the checks above stand
+            result["decode"] = f"failed: {err}"
+        note(f"decode: {result['decode']}")
     finally:
         stop(server)
         log.close()

@@ -20,4 +20,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 # The overlay first (transformers-kt, tokenizers 0.22 over the machine's), sgl_kernel's stand-ins,
 # this checkout (the builder, the image's scripts), then the builder's own dependencies.
 export PYTHONPATH="$work/site:$repo/bench/device/sgl_kernel_torch:$repo:$work/builder-site" PYTHONUNBUFFERED=1
-python3 "$repo/bench/device/kt_gpu.py" "$out" "$work" 2>&1 | tee "$out/run.log"
+python3 "$repo/bench/device/kt_gpu.py" "$out" "$work" 2>&1 | tee "$out/run-${KT_GPU_PRESET:-qwen3-235b-a22b}.log"

@@ -491,13 +491,15 @@ def write_checkpoint(directory: Path, shape: MoeShape, seed: int, vocab: int | N
 
     if vocab is not None:
         raise SpecError("synth-moe --format hf writes its own byte-level vocabulary: drop --vocab")
-    free = shutil.disk_usage(directory.resolve().parent if directory.resolve().parent.exists() else ".").free
-    if checkpoint_bytes(shape) > free:
-        raise SpecError(
-            f"synth-moe: this checkpoint needs {size(checkpoint_bytes(shape))} and there is {size(free)} "
-            "free; give fewer --layers or --experts"
-        )
-    try:
+    try:  # checkpoint_bytes raises what the layout can't write (ValueError) before any byte is written
+        free = shutil.disk_usage(
+            directory.resolve().parent if directory.resolve().parent.exists() else "."
+        ).free
+        if checkpoint_bytes(shape) > free:
+            raise SpecError(
+                f"synth-moe: this checkpoint needs {size(checkpoint_bytes(shape))} and there is {size(free)} "
+                "free; give fewer --layers or --experts"
+            )
         path = write_hf_checkpoint(directory, shape, seed)
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
@@ -548,8 +550,8 @@ def synth_moe(
         Literal["gguf", "hf"],
         typer.Option(
             "--format",
-            help="gguf, or hf: a Hugging Face checkpoint directory (config, tokenizer, F16 safetensors; "
-            "qwen3moe) for KTransformers' --config-dir",
+            help="gguf, or hf: a Hugging Face checkpoint directory (config, tokenizer, F16 safetensors in "
+            "the released model's layout) for KTransformers' --config-dir",
         ),
     ] = "gguf",
 ) -> None:

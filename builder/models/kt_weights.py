@@ -108,6 +108,36 @@ def _tensors(directory: Path) -> list[Tensor]:
     return [tensor for path in files for tensor in read_header(path)]
 
 
+def check_same_model(config_dir: Path, facts: ModelFacts, model: Path) -> None:
+    """ModelError when the checkpoint SGLang builds the model from (`config_dir`) is not the model whose
+    experts kt-kernel reads (`facts` of `model`): the two would meet only at load, in shape errors."""
+    config = _config(config_dir)
+    model_type = str(config.get("model_type", ""))
+    experts = config.get("n_routed_experts", config.get("num_experts"))
+    theirs = {
+        "architecture": ARCHITECTURES.get(model_type, model_type.replace("_", "")) if model_type else None,
+        "width": config.get("hidden_size"),
+        "layers": config.get("num_hidden_layers"),
+        "routed experts": experts,
+    }
+    ours = {
+        "architecture": facts.arch,
+        "width": facts.hidden,
+        "layers": facts.layers - facts.nextn_layers,
+        "routed experts": facts.expert_count,
+    }
+    differ = [  # what both sides state and differ in
+        f"{key} {theirs[key]} vs {ours[key]}"
+        for key in ours
+        if ours[key] and theirs[key] not in (None, ours[key])
+    ]
+    if differ:
+        raise ModelError(
+            f"--config-dir {config_dir} is another model than {model.name} ({'; '.join(differ)}): give the "
+            "Hugging Face checkpoint of the model whose experts --model holds"
+        )
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A Hugging Face MoE checkpoint as kt-kernel's converter reads it."""

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from builder.engines import get_engine
+from builder.engines.base import Engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
@@ -24,6 +25,7 @@ from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
+from builder.models.kt_weights import check_same_model
 from builder.models.planner import GIB
 from builder.models.planner import plan as make_plan
 from builder.platform.targets import CPU_TARGETS
@@ -172,9 +174,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         numa_nodes=where.numa_nodes,
         numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
         cpuset=where.cpuset,
-        config_dir=check_config_dir(options.config_dir, adapter.config_dir_weights)
-        if options.config_dir is not None
-        else None,
+        config_dir=_checked_config_dir(options.config_dir, adapter, model),
         gpu_experts=gpu_experts,
         gpu=options.gpu,
         gpu_ids=options.gpus,
@@ -192,6 +192,15 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
+
+
+def _checked_config_dir(config_dir: Path | None, adapter: Engine, model: Path) -> Path | None:
+    """The model's Hugging Face directory, checked to hold what the engine reads and to be `model`'s."""
+    if config_dir is None:
+        return None
+    checked = check_config_dir(config_dir, adapter.config_dir_weights)
+    check_same_model(checked, adapter.model_format.facts(model), model)
+    return checked
 
 
 def served_name_for(stem: str) -> str:

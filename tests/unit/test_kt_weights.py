@@ -215,7 +215,10 @@ def test_compose_emits_the_converted_stack(tmp_path: Path, checkpoint: Path) -> 
     tmp_path.chmod(0o755)
     for path in [checkpoint, *checkpoint.iterdir()]:
         path.chmod(0o755 if path.is_dir() else 0o644)
-    model = write_converted(tmp_path / "Qwen3-tiny-AMXINT4", pools=2)
+    model = write_converted(  # the checkpoint's experts, as the converter writes them
+        tmp_path / "Qwen3-tiny-AMXINT4", layers=SHAPE.layers, experts=SHAPE.experts, pools=2,
+        hidden=SHAPE.hidden, ffn=SHAPE.expert_ffn,
+    )  # fmt: skip
     out = tmp_path / "c.yaml"
     emitted = run_cli_in_process(
         "compose", "--engine", "ktransformers", "--gpu", "nvidia", "--model", str(model),

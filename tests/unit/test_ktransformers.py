@@ -21,6 +21,7 @@ from builder.images.render import render_files
 from builder.images.source import resolve_local
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.models.planner import plan as make_plan
+from builder.models.synth_hf import write_hf_checkpoint
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
@@ -262,6 +263,31 @@ def test_sglang_needs_the_checkpoints_weights_in_the_config_dir(tmp_path: Path) 
     assert "ktransformers-legacy can't load qwen3moe models like q.gguf" in output
     assert "deepseek2, llama, qwen2moe" in output
     assert compose("ktransformers", qwen3)[0] == 0
+
+
+def test_the_config_dir_must_be_the_model_whose_experts_kt_kernel_reads(tmp_path: Path) -> None:
+    """SGLang builds the model from --config-dir, kt-kernel reads the experts from --model by layer: a
+    checkpoint of another model would fail only at load, in shape errors."""
+    tmp_path.chmod(0o755)
+    model = write_moe_gguf(tmp_path / "r1.gguf", TINY_SHAPES["deepseek2"])
+    model.chmod(0o644)
+    for arch in ("deepseek2", "qwen3next"):
+        write_hf_checkpoint(tmp_path / arch, TINY_SHAPES[arch]).chmod(0o755)
+        for path in (tmp_path / arch).iterdir():
+            path.chmod(0o644)
+
+    def compose(config_dir: Path) -> tuple[int, str]:
+        result = run_cli_in_process(
+            "compose", "--engine", "ktransformers", "--preset", "deepseek-r1-671b", "--model", str(model),
+            "--config-dir", str(config_dir), "--gpu", "nvidia", "--skip-image-checks", "--for-other-host",
+            "--out", str(tmp_path / "kt.yaml"),
+        )  # fmt: skip
+        return result.returncode, result.stdout + result.stderr
+
+    code, output = compose(tmp_path / "qwen3next")
+    assert code != 0 and "Traceback" not in output and not (tmp_path / "kt.yaml").exists()
+    assert "is another model than r1.gguf (architecture qwen3next vs deepseek2; layers 4 vs 3)" in output
+    assert compose(tmp_path / "deepseek2")[0] == 0
 
 
 def test_amx_methods_need_an_amx_cpu(tmp_path: Path) -> None:

@@ -12,8 +12,15 @@ import torch
 import torch.nn.functional as F
 from sgl_kernel import (  # its loader found common_ops (no compiled library is installed)
     apply_rope_with_cos_sin_cache_inplace,
+    causal_conv1d_fwd,
+    causal_conv1d_update,
+    concat_mla_absorb_q,
+    concat_mla_k,
+    dsv3_fused_a_gemm,
+    dsv3_router_gemm,
     fused_add_rmsnorm,
     moe_align_block_size,
+    moe_fused_gate,
     moe_sum_reduce,
     rmsnorm,
     silu_and_mul,
@@ -101,12 +108,100 @@ def check_sum_and_sampling() -> None:
     assert torch.allclose(top_p_renorm_prob(probs, 0.7), want), "top_p_renorm_probs"
 
 
+def check_grouped_routing() -> None:
+    """DeepSeek's routing, token by token as its model card describes it: 8 groups of 2, 4 kept."""
+    logits, bias = torch.randn(5, 16), torch.randn(16) * 0.1
+    weights, ids = moe_fused_gate(logits, bias, 8, 4, 8, 0, 2.5, True)
+    for t in range(5):
+        scores = logits[t].sigmoid()
+        chooser = scores + bias
+        group_score = [sorted(chooser[2 * g : 2 * g + 2].tolist())[-2:] for g in range(8)]
+        kept = sorted(range(8), key=lambda g: -sum(group_score[g]))[:4]
+        allowed = [e for e in range(16) if e // 2 in kept]
+        chosen = sorted(allowed, key=lambda e: -chooser[e].item())[:8]
+        assert sorted(ids[t].tolist()) == sorted(chosen), f"moe_fused_gate ids {ids[t].tolist()} {chosen}"
+        want = scores[ids[t].long()] / scores[ids[t].long()].sum() * 2.5
+        assert torch.allclose(weights[t], want, atol=1e-5), "moe_fused_gate weights"
+
+
+def check_mla_parts() -> None:
+    k_nope, k_rope = torch.randn(3, 4, 128), torch.randn(3, 1, 64)
+    k = torch.empty(3, 4, 192)
+    concat_mla_k(k, k_nope, k_rope)
+    assert torch.equal(k[:, 2, :128], k_nope[:, 2]) and torch.equal(k[:, 3, 128:], k_rope[:, 0]), (
+        "concat_mla_k"
+    )
+    a, b = torch.randn(2, 4, 512), torch.randn(2, 4, 64)
+    assert torch.equal(concat_mla_absorb_q(a, b)[..., 512:], b), "concat_mla_absorb_q"
+    x, w = torch.randn(3, 64), torch.randn(48, 64)
+    assert torch.allclose(dsv3_fused_a_gemm(x, w.t()), x @ w.t(), atol=1e-4), "dsv3_fused_a_gemm"
+    assert torch.allclose(dsv3_router_gemm(x, w, torch.float32), x @ w.t(), atol=1e-4), "dsv3_router_gemm"
+
+
+def _conv_reference(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """out[:, t] = silu(bias + sum_k weight[:, k] * inputs[:, t - (width - 1) + k]), zeros before 0."""
+    width = weight.shape[1]
+    out = torch.empty_like(inputs)
+    for t in range(inputs.shape[1]):
+        acc = bias.clone()
+        for k in range(width):
+            if (src := t - (width - 1) + k) >= 0:
+                acc += weight[:, k] * inputs[:, src]
+        out[:, t] = F.silu(acc)
+    return out
+
+
+def check_causal_conv1d() -> None:
+    """Two sequences of a varlen batch (one resuming from its slot's state) and a padding entry, then
+    token-by-token decoding: the same as the whole sequence convolved at once."""
+    dim, width = 6, 4
+    weight, bias = torch.randn(dim, width), torch.randn(dim)
+    first, second = torch.randn(dim, 7), torch.randn(dim, 5)
+    states = torch.zeros(4, dim, width - 1)
+    x = torch.cat((first[:, :4], second), dim=1)
+    causal_conv1d_fwd(x, weight, bias, states, torch.tensor([0, 4, 9, 9], dtype=torch.int32),
+                      torch.tensor([2, 0, -1], dtype=torch.int32), torch.tensor([False, False, False]),
+                      True, -1)  # fmt: skip
+    assert torch.allclose(x[:, :4], _conv_reference(first, weight, bias)[:, :4], atol=1e-5), "conv fwd"
+    assert torch.allclose(x[:, 4:], _conv_reference(second, weight, bias), atol=1e-5), "conv fwd 2"
+    assert torch.equal(states[2], first[:, 1:4]) and torch.equal(states[0], second[:, 2:]), "conv state"
+    rest = first[:, 4:6].clone()
+    causal_conv1d_fwd(rest, weight, bias, states, torch.tensor([0, 2], dtype=torch.int32),
+                      torch.tensor([2], dtype=torch.int32), torch.tensor([True]), True, -1)  # fmt: skip
+    assert torch.allclose(rest, _conv_reference(first, weight, bias)[:, 4:6], atol=1e-5), "conv resumed"
+    last = first[:, 6:7][None].clone()
+    causal_conv1d_update(last, states, weight, bias, True, None, torch.tensor([2], dtype=torch.int32), -1)
+    assert torch.allclose(last[0], _conv_reference(first, weight, bias)[:, 6:], atol=1e-5), "conv update"
+    assert torch.equal(states[2], first[:, 4:7]), "conv update state"
+
+
+def check_conv_against_sglang_triton() -> None:
+    """On the GPU: the stand-in against SGLang's own Triton causal_conv1d_fn (the same contract)."""
+    from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_fn
+
+    dim, width = 256, 4
+    weight, bias = torch.randn(dim, width), torch.randn(dim)
+    x = torch.randn(dim, 23)
+    loc, slots = torch.tensor([0, 9, 23], dtype=torch.int32), torch.tensor([1, 3], dtype=torch.int32)
+    initial = torch.tensor([True, False])
+    states = torch.randn(4, dim, width - 1)
+    mine, ours = x.clone(), states.clone()
+    causal_conv1d_fwd(mine, weight, bias, ours, loc, slots, initial, True, -1)
+    theirs = causal_conv1d_fn(x.clone(), weight, bias, states, loc, [9, 14], cache_indices=slots,
+                              has_initial_state=initial, activation="silu")  # fmt: skip
+    assert torch.allclose(mine, theirs, atol=2e-3), "causal_conv1d_fwd vs SGLang's Triton kernel"
+    assert torch.allclose(ours, states, atol=1e-5), "causal_conv1d_fwd's state vs SGLang's Triton kernel"
+
+
 def main(device: str) -> None:
     torch.set_default_device(device)
     torch.manual_seed(0)
     for check in (check_norms, check_silu_and_mul, check_rope, check_routing, check_align,
-                  check_sum_and_sampling):  # fmt: skip
+                  check_sum_and_sampling, check_grouped_routing, check_mla_parts,
+                  check_causal_conv1d):  # fmt: skip
         check()
+    if device == "cuda":
+        check_conv_against_sglang_triton()
     print(f"{len(common_ops.STANDS_IN_FOR)} sgl_kernel stand-ins; all checks hold on {device}")
 
 

@@ -1,4 +1,6 @@
-"""Plain-PyTorch stand-ins for the compiled `sgl_kernel` ops a bf16/f16 Qwen3-MoE forward pass calls,
+"""Plain-PyTorch stand-ins for the compiled `sgl_kernel` ops a bf16/f16 forward pass of the seed's three
+architectures calls (Qwen3-MoE; DeepSeek-V3/R1's MLA prefill, fused A projection and grouped routing;
+Qwen3-Next's causal convolution),
 registered under the same `torch.ops.sgl_kernel.*` names: for running KTransformers' SGLang server
 (sglang-kt 0.7.2) under a torch its compiled `common_ops` library was not built for.
 
@@ -23,11 +25,11 @@ _LIB = torch.library.Library("sgl_kernel", "DEF")  # kept alive for the process:
 STANDS_IN_FOR: list[str] = []
 
 
-def _op(schema: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+def _op(schema: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Define `schema` and register the decorated function for CUDA and CPU. No Meta kernel: SGLang
     registers fake (tracing) kernels for some sgl_kernel ops itself, which fails where one exists."""
 
-    def register(fn: Callable[..., None]) -> Callable[..., None]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         name = schema.split("(", 1)[0]
         _LIB.define(schema)
         _LIB.impl(name, fn, "CUDA")
@@ -58,7 +60,6 @@ FAKED_BY_SGLANG = (
     "grouped_topk_cpu",
     "int8_scaled_mm_cpu",
     "int8_scaled_mm_with_quant",
-    "moe_fused_gate",
     "per_token_quant_int8_cpu",
     "qkv_proj_with_rope",
     "qkv_proj_with_rope_fused_weight",
@@ -292,3 +293,156 @@ def top_k_mask_logits(logits: Any, mask_logits: Any, top_k_arr: Any, top_k_val: 
     k = _per_row(top_k_arr, top_k_val, logits.shape[0], logits.device).long().clamp(1, logits.shape[-1])
     kth = logits.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
     mask_logits.copy_(torch.where(logits >= kth, logits, torch.full_like(logits, float("-inf"))))
+
+
+# -- DeepSeek-V3/R1 (sglang-kt 0.7.2's deepseek_v2.py and topk.py on sm90) ------------------------------
+
+
+@_op(
+    "moe_fused_gate(Tensor input_tensor, Tensor bias, int num_expert_group, int topk_group, int topk, "
+    "int num_fused_shared_experts, float routed_scaling_factor, bool apply_routed_scaling_factor_on_output) "
+    "-> Tensor[]"
+)
+def moe_fused_gate(
+    input_tensor: Any,
+    bias: Any,
+    num_expert_group: Any,
+    topk_group: Any,
+    topk: Any,
+    num_fused_shared_experts: Any,
+    routed_scaling_factor: Any,
+    apply_routed_scaling_factor_on_output: Any,
+) -> list[torch.Tensor]:
+    """DeepSeek's grouped routing: sigmoid scores, each group ranked by the sum of its two best biased
+    scores, the best `topk_group` groups kept, the `topk` best biased scores among them chosen, weighted
+    by their unbiased scores renormalized (times the scaling factor when asked)."""
+    if num_fused_shared_experts:
+        raise NotImplementedError("moe_fused_gate's stand-in routes without fused shared experts")
+    scores = input_tensor.float().sigmoid()
+    tokens, experts = scores.shape
+    biased = scores + bias.float()
+    groups = biased.view(tokens, num_expert_group, -1)
+    kept_groups = groups.topk(2, dim=-1).values.sum(-1).topk(topk_group, dim=-1).indices
+    group_mask = torch.zeros(tokens, num_expert_group, dtype=torch.bool, device=scores.device)
+    group_mask.scatter_(1, kept_groups, True)
+    allowed = group_mask.repeat_interleave(experts // num_expert_group, dim=1)
+    ids = biased.masked_fill(~allowed, float("-inf")).topk(topk, dim=-1).indices
+    weights = scores.gather(1, ids)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if apply_routed_scaling_factor_on_output:
+        weights = weights * routed_scaling_factor
+    return [weights.float(), ids.to(torch.int32)]
+
+
+@_op("dsv3_fused_a_gemm(Tensor(a!) output, Tensor mat_a, Tensor mat_b) -> ()")
+def dsv3_fused_a_gemm(output: Any, mat_a: Any, mat_b: Any) -> None:
+    """R1's fused q_a/kv_a projection for up to 16 tokens: mat_a (tokens x 7168) @ mat_b (7168 x 2112)."""
+    output.copy_(torch.mm(mat_a, mat_b))
+
+
+@_op("dsv3_router_gemm(Tensor(a!) output, Tensor mat_a, Tensor mat_b) -> ()")
+def dsv3_router_gemm(output: Any, mat_a: Any, mat_b: Any) -> None:
+    """R1's router logits for up to 16 tokens: hidden (tokens x 7168) times the router (experts x 7168)."""
+    output.copy_(torch.mm(mat_a.float(), mat_b.float().t()).to(output.dtype))
+
+
+@_op("concat_mla_k(Tensor(a!) k, Tensor k_nope, Tensor k_rope) -> ()")
+def concat_mla_k(k: Any, k_nope: Any, k_rope: Any) -> None:
+    """MLA prefill's key: each head's no-rope part, then the rope part every head shares."""
+    nope = k_nope.shape[-1]
+    k[..., :nope] = k_nope
+    k[..., nope:] = k_rope.expand(*k.shape[:-1], k_rope.shape[-1])
+
+
+@_op("concat_mla_absorb_q(Tensor a, Tensor b, Tensor(a!) out) -> ()")
+def concat_mla_absorb_q(a: Any, b: Any, out: Any) -> None:
+    out.copy_(torch.cat((a, b), dim=-1))
+
+
+# -- Qwen3-Next's gated delta nets (sglang-kt 0.7.2's mamba/causal_conv1d.py; decode uses Triton) -------
+
+
+def _conv_sequence(
+    seq: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    initial: torch.Tensor | None,
+    silu: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence (dim x tokens) through the depthwise causal convolution: each output the taps times
+    the last `width` inputs (the `width - 1` before the sequence come from `initial`, else zeros).
+    Returns the output and the new state (the last `width - 1` inputs)."""
+    dim, width = weight.shape
+    before = initial.float() if initial is not None else seq.new_zeros(dim, width - 1, dtype=torch.float32)
+    padded = torch.cat((before, seq.float()), dim=1)
+    out = F.conv1d(
+        padded[None], weight.float()[:, None, :], None if bias is None else bias.float(), groups=dim
+    )[0]
+    return (F.silu(out) if silu else out), padded[:, -(width - 1) :]
+
+
+@_op(
+    "causal_conv1d_fwd(Tensor(a!) x, Tensor weight, Tensor? bias_, Tensor(b!)? conv_states, "
+    "Tensor? query_start_loc, Tensor? cache_indices, Tensor? has_initial_state, bool silu_activation, "
+    "int pad_slot_id) -> ()"
+)
+def causal_conv1d_fwd(
+    x: Any,
+    weight: Any,
+    bias_: Any,
+    conv_states: Any,
+    query_start_loc: Any,
+    cache_indices: Any,
+    has_initial_state: Any,
+    silu_activation: Any,
+    pad_slot_id: Any,
+) -> None:
+    """In place: x (dim x all tokens, sequences from query_start_loc; or batch x dim x tokens); each
+    sequence starts from its conv_states slot where has_initial_state says so and leaves its last inputs
+    there; a slot of pad_slot_id is a padding entry, left untouched."""
+    if query_start_loc is None:
+        bounds = [(b, None, None) for b in range(x.shape[0])]
+    else:
+        starts = query_start_loc.tolist()
+        bounds = [(b, starts[b], starts[b + 1]) for b in range(len(starts) - 1)]
+    for b, start, end in bounds:
+        slot = int(cache_indices[b]) if cache_indices is not None else b
+        if slot == pad_slot_id:
+            continue
+        seq = x[b] if start is None else x[:, start:end]
+        resume = conv_states is not None and has_initial_state is not None and bool(has_initial_state[b])
+        out, state = _conv_sequence(
+            seq, weight, bias_, conv_states[slot] if resume else None, silu_activation
+        )
+        if conv_states is not None:
+            conv_states[slot] = state.to(conv_states.dtype)
+        seq.copy_(out.to(x.dtype))
+
+
+@_op(
+    "causal_conv1d_update(Tensor(a!) x, Tensor(b!) conv_state, Tensor weight, Tensor? bias_, "
+    "bool silu_activation, Tensor? cache_seqlens, Tensor? conv_state_indices, int pad_slot_id) -> ()"
+)
+def causal_conv1d_update(
+    x: Any,
+    conv_state: Any,
+    weight: Any,
+    bias_: Any,
+    silu_activation: Any,
+    cache_seqlens: Any,
+    conv_state_indices: Any,
+    pad_slot_id: Any,
+) -> None:
+    """Decoding: x (batch x dim x new tokens) continues each row's state (conv_state, or its slot in it),
+    which moves on by those tokens. The circular-buffer form (cache_seqlens) is not stood in for."""
+    if cache_seqlens is not None:
+        raise NotImplementedError("causal_conv1d_update's stand-in keeps no circular buffer (cache_seqlens)")
+    width = weight.shape[1]
+    for b in range(x.shape[0]):
+        slot = int(conv_state_indices[b]) if conv_state_indices is not None else b
+        if slot == pad_slot_id:
+            continue
+        state = conv_state[slot]  # dim x state length (at least width - 1): the last inputs seen
+        out, _ = _conv_sequence(x[b], weight, bias_, state[:, -(width - 1) :], silu_activation)
+        state.copy_(torch.cat((state, x[b].to(state.dtype)), dim=1)[:, -state.shape[1] :])
+        x[b].copy_(out.to(x.dtype))
