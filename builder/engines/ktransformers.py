@@ -332,6 +332,7 @@ class KTransformers(_PythonEngine):
             "--kt-num-gpu-experts",
             "--context-length",
             "--max-running-requests",
+            "--max-total-tokens",
             "--trust-remote-code",
             "--host",
             "--port",
@@ -430,10 +431,14 @@ class KTransformers(_PythonEngine):
 
     def engine_env(self, spec: ImageSpec) -> dict[str, str]:
         """A named CPU target pins its kt-kernel variant (the image's ISA guard already refuses a CPU
-        without it); `portable` leaves the choice to kt-kernel's loader."""
+        without it); `portable` leaves the choice to kt-kernel's loader. SGLang reads the checkpoint's
+        own config: sglang-kt 0.7.2's default SGLANG_APPLY_CONFIG_BACKUP=auto replaces any DeepSeek
+        checkpoint's config.json with a DeepSeek-V4 config it ships (its hf_transformers_utils.py), so
+        an R1 stack built that model instead (on the H200: bench/results/kt-seed-models-2026-12-02)."""
+        env = {"SGLANG_APPLY_CONFIG_BACKUP": "none"}
         if spec.cpu.runtime_dispatch:
-            return {}
-        return {"KT_KERNEL_CPU_VARIANT": kt_variant(frozenset(spec.cpu.required_flags))}
+            return env
+        return {**env, "KT_KERNEL_CPU_VARIANT": kt_variant(frozenset(spec.cpu.required_flags))}
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """An AMX expert backend on a CPU without AMX would fail only when the model loads: say it now."""
@@ -520,6 +525,12 @@ class KTransformers(_PythonEngine):
             str(stack.ctx_size),
             "--max-running-requests",
             str(stack.parallel),
+            # The KV pool holds the stack's context for each request, as a llama.cpp stack's cache does:
+            # SGLang's default fills its static memory fraction (125.8 GB of an H200 for a 16k one-request
+            # stack), and on a 2-layer R1 slice that pool asked for 186 GiB and failed
+            # (bench/results/kt-seed-models-2026-12-02).
+            "--max-total-tokens",
+            str(stack.ctx_size * stack.parallel),
         ]
         if stack.numa_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
             args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]

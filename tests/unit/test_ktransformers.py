@@ -60,9 +60,10 @@ def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -
             KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))),
         )["engine_env"]
 
-    assert env("sapphirerapids") == {"KT_KERNEL_CPU_VARIANT": "amx"}
-    assert env("zen4") == {"KT_KERNEL_CPU_VARIANT": "avx512_bf16"}
-    assert env("portable") == {}
+    own_config = {"SGLANG_APPLY_CONFIG_BACKUP": "none"}  # SGLang reads the checkpoint's config.json
+    assert env("sapphirerapids") == {**own_config, "KT_KERNEL_CPU_VARIANT": "amx"}
+    assert env("zen4") == {**own_config, "KT_KERNEL_CPU_VARIANT": "avx512_bf16"}
+    assert env("portable") == own_config
 
 
 def test_source_builds_name_the_cpu_target_never_native() -> None:
@@ -167,10 +168,15 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
         "8192",
         "--max-running-requests",
         "1",
+        "--max-total-tokens",
+        "8192",
         "--kt-num-gpu-experts",
         "6",
         "--enable-metrics",
     ]
+    # The KV pool is what the stack serves: the context of each of its requests.
+    two = KT.server_args(_stack(tmp_path, parallel=2), None)
+    assert two[two.index("--max-total-tokens") + 1] == "16384"
     # No GPU experts asked for: still written, as 0. Without it sglang-kt configures no kt-kernel
     # experts and runs all of them on the GPU (seen on the H200: bench/results/kt-gpu-2026-12-01).
     unasked = KT.server_args(_stack(tmp_path), None)
@@ -404,9 +410,9 @@ def test_a_stack_without_image_lets_kt_kernel_choose_its_variant() -> None:
     engine = get_engine("ktransformers")
     spec = default_image_spec("ktransformers", gpu=True)
     assert image_tag(spec).endswith("-cuda12.8-portable")
-    assert engine.engine_env(spec) == {}
+    assert "KT_KERNEL_CPU_VARIANT" not in engine.engine_env(spec)
     pinned = image_spec("ktransformers", "avx2", cuda=cuda_target("12.8"))
-    assert engine.engine_env(pinned) == {"KT_KERNEL_CPU_VARIANT": "avx2"}
+    assert engine.engine_env(pinned)["KT_KERNEL_CPU_VARIANT"] == "avx2"
     assert default_image_spec("llama.cpp", gpu=False).cpu.name == "avx2"  # other engines: unchanged
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 import yaml
 
 from builder.contract import API_KEY_FILE_ENV, API_KEY_PATH, API_KEY_SECRET
+from builder.models.synth_moe import write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
 from tests.cli import run_cli_in_process
 
 LAUNCHER = Path(__file__).parents[2] / "dockerfiles/ktransformers/moe-stack-sglang-with-key"
@@ -98,8 +100,7 @@ def test_the_launcher_refuses_an_empty_key_file_and_a_key_on_the_command_line(tm
 
 def test_a_ktransformers_stack_with_a_key_names_its_file_and_carries_no_key(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model = write_moe_gguf(tmp_path / "m.gguf", TINY_SHAPES["qwen3moe"])  # compose reads its header
     model.chmod(0o644)
     hf = tmp_path / "hf"
     hf.mkdir(mode=0o755)
