@@ -1,8 +1,8 @@
 """The README's commands, as a newcomer copies them (issue 29, item 2): every `moe-stack` command in its
 shell blocks names a verb and options the command line has (with a value of their fixed choices, where
-they have them), and the ones that need nothing but
-this machine (no Docker, GPU, network, root or a model of the user's) run as written and exit 0, in a
-scratch directory. A renamed option or a removed choice fails here, not in a reader's terminal.
+they have them), and the ones that need nothing but this machine (no Docker, GPU, network, root or a model
+of the user's) run as written and exit 0, in a scratch directory. A renamed option or a removed choice
+fails here, not in a reader's terminal. Values checked only in a verb's body (`--cpu zen5x`) are not.
 
 Placeholders stay placeholders: `...` stands for options given elsewhere (a missing required option is then
 accepted), and a path the reader supplies (`/models/...`, `~/src/...`) need not exist."""
