@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,12 @@ def text_table(*headers: str) -> Table:
     """A borderless table whose long cells (image tags, paths) wrap onto more lines instead of being cut
     with an ellipsis at the terminal's width."""
     return Table(*(Column(header, overflow="fold") for header in headers), box=None)
+
+
+def first_paragraph(doc: str | None) -> str | None:
+    """A docstring's first paragraph on one line: the command list's entry (typer keeps its line breaks,
+    which the list then breaks again at its own width)."""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split()) if doc else None
 
 
 def raw_stderr(line: str) -> None:

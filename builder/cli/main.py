@@ -19,7 +19,16 @@ from typer.exceptions import TyperException
 from builder import __version__
 from builder.cli import distribute as cli_distribute
 from builder.cli import stack as cli_stack
-from builder.cli.common import EngineOpt, PresetsFileOpt, float_list, int_list, out, raw_stderr, text_table
+from builder.cli.common import (
+    EngineOpt,
+    PresetsFileOpt,
+    first_paragraph,
+    float_list,
+    int_list,
+    out,
+    raw_stderr,
+    text_table,
+)
 from builder.cli.neutral import given_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
@@ -1000,3 +1009,7 @@ for verb in (
 def version() -> None:
     """Print moe-stack's version."""
     out.print(__version__)
+
+
+for _verb in app.registered_commands:  # the top-level help lists each verb's first paragraph as one line
+    _verb.short_help = _verb.short_help or first_paragraph(_verb.callback.__doc__ if _verb.callback else None)

@@ -13,6 +13,7 @@ import re
 import shlex
 import tempfile
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,27 @@ def test_a_command_that_needs_only_this_machine_runs_as_written(command: str) ->
         args = [arg.replace("/tmp/", f"{scratch}/") for arg in shlex.split(command)[1:]]
         result = run_cli(*args, cwd=Path(scratch), timeout=600)
     assert result.returncode == 0, f"{command}: {result.stdout[-2000:]}{result.stderr[-2000:]}"
+
+
+def test_the_top_level_help_flows_each_verbs_summary_at_80_columns() -> None:
+    """The command list wraps each verb's first paragraph at the terminal's width only: a line of an entry
+    ends early (the next word would have fit) only where the docstring broke its own lines."""
+    result = run_cli("--help", env={"COLUMNS": "80"})
+    assert result.returncode == 0
+    panel = result.stdout.split("Commands")[1]
+    entries: list[list[str]] = []
+    for row in panel.splitlines()[1:]:
+        if not row.startswith("│"):
+            break
+        verb, text = row[1:-1][:13].strip(), row[1:-1][13:].rstrip()
+        if verb:
+            entries.append([])
+        entries[-1].append(text.strip())
+    width = max(len(line) for entry in entries for line in entry)
+    early = [
+        (line, following)
+        for entry in entries
+        for line, following in pairwise(entry)
+        if len(line) + 1 + len(following.split()[0]) <= width
+    ]
+    assert len(entries) > 20 and not early, early[:3]
