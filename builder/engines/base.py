@@ -12,6 +12,7 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
 from builder.platform.pins import pinned_ref
+from builder.platform.targets import CPU_TARGETS
 from builder.platform.toolchain import Toolchain, toolchain
 from builder.spec import (
     ENGINE_OPTIONS,
@@ -119,9 +120,10 @@ class Engine(ABC):
     def check_image(self, spec: ImageSpec) -> None:
         """SpecError when this engine has no such image (a CPU target, CUDA choice or source it lacks)."""
         if spec.cpu.runtime_dispatch and not self.runtime_dispatch:
+            named = ", ".join(name for name, target in CPU_TARGETS.items() if not target.runtime_dispatch)
             raise SpecError(
                 f"CPU target {spec.cpu.name} needs runtime CPU dispatch, which {self.name} lacks; build it "
-                "for a named CPU (avx2, zen4, zen5, sapphirerapids)"
+                f"for a named CPU ({named})"
             )
         if self.cuda_only and spec.cuda.version is None:
             raise SpecError(

@@ -37,8 +37,11 @@ def test_portable_is_runtime_dispatch_of_mainline_and_kt_kernel_only() -> None:
     args = _args("llama.cpp", "portable")
     assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON"} <= set(args)
     assert not any(a.startswith("-DCMAKE_C_FLAGS=-march") for a in args)
-    with pytest.raises(SpecError, match="needs runtime CPU dispatch, which ik_llama.cpp lacks"):
+    with pytest.raises(SpecError, match="needs runtime CPU dispatch, which ik_llama.cpp lacks") as refused:
         image_spec("ik_llama.cpp", "portable")
+    named = refused.value.args[0].rsplit("(", 1)[1].rstrip(")").split(", ")  # every named target, none stale
+    assert set(named) == {name for name, target in CPU_TARGETS.items() if not target.runtime_dispatch}
+    assert {"icelake", "zen5", "sapphirerapids"} <= set(named)
     with pytest.raises(SpecError, match="which ktransformers-legacy lacks"):
         image_spec("ktransformers-legacy", "portable", cuda=cuda_target("12.8"))
     assert image_spec("ktransformers", "portable").cpu.runtime_dispatch
