@@ -13,6 +13,7 @@
 #              REF CHANNEL   another ref than the pinned one, the moving alias' prefix (edge.yml)
 #              SOURCE BASE_IMAGE  another engine tree and base image than the pinned ref's clone and
 #                            the default bases (the suite: PyPI's sdist, a local Debian base)
+#              COMPILE_CACHE a directory the compile cache (ccache) is carried through, in and out
 set -euo pipefail
 : "${ENGINE:?}" "${CUDA:?}" "${CPU:?}" "${TOOLS:?}" "${REGISTRY:?}" "${NAMESPACE:?}" "${PUSHED:?}"
 
@@ -24,6 +25,7 @@ if [ -n "${REF:-}" ]; then args+=(--ref "$REF"); fi
 if [ -n "${CHANNEL:-}" ]; then args+=(--channel "$CHANNEL"); fi
 if [ -n "${SOURCE:-}" ]; then args+=(--source "$SOURCE"); fi
 if [ -n "${BASE_IMAGE:-}" ]; then args+=(--base-image "$BASE_IMAGE"); fi
+if [ -n "${COMPILE_CACHE:-}" ]; then args+=(--ccache-dir "$COMPILE_CACHE"); fi
 
 flavors=(server)
 if [ "$TOOLS" = true ]; then flavors+=(tools); fi

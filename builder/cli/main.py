@@ -300,6 +300,14 @@ def build(
             "gguf-split, perplexity, imatrix and gguf-py, from the same build",
         ),
     ] = False,
+    ccache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--ccache-dir",
+            help="carry the compile cache through DIR: it seeds the build's ccache before the build and "
+            "holds it after (a CI runner's builder starts empty; llama.cpp engines)",
+        ),
+    ] = None,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     if (registry_cache or metadata_file or channel or not attest) and not push:
@@ -333,7 +341,9 @@ def build(
         return
     log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
     with build_display(display) as show:
-        tag = build_image(spec, tree, show=show, log_path=log_path, publishing=publishing)
+        tag = build_image(
+            spec, tree, show=show, log_path=log_path, publishing=publishing, ccache_dir=ccache_dir
+        )
     if publishing is not None and publishing.metadata_file is not None:
         # Each tag as the registry serves it, the form `moe-stack publish` prints (CI signs these).
         for name, digest in checked_push(publishing.metadata_file):

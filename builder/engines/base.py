@@ -55,6 +55,9 @@ class Engine(ABC):
     # that needs SYS_NICE in a container, whatever the stack's numactl policy.
     binds_numa_memory: bool = False
     serves_on_cpu: bool = True  # a CPU-only stack exists (KTransformers' server needs the GPU)
+    # Whether its build compiles through ccache, with the template's stages that carry the cache in and
+    # out (images/ccache_carry.py: `build --ccache-dir`).
+    carries_ccache: bool = False
     # Whether it reads the model's config and tokenizer from a Hugging Face directory (--config-dir).
     needs_config_dir: bool = False
     # Whether that directory must hold the checkpoint's weights too (SGLang loads the non-expert ones).

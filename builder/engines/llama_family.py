@@ -53,6 +53,7 @@ class LlamaFamilyEngine(Engine):
     """An inference engine built with cmake into a single `llama-server`-style binary."""
 
     template = "llama-cpp-family/Dockerfile.j2"
+    carries_ccache = True
     server_label = "llama-server"
     server_target: str = "llama-server"
     jinja_by_default: bool = (

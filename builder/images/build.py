@@ -9,6 +9,7 @@ import shlex
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,9 +29,10 @@ from builder.contract import (
 )
 from builder.docker_client import docker
 from builder.engines import get_engine
-from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
+from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted, SpecError
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
+from builder.images.ccache_carry import carried
 from builder.images.chat_page import chat_page, fetched_ui
 from builder.images.naming import alias_image_tag, build_name, cache_key, context_name, image_tag
 from builder.images.render import render_files
@@ -62,6 +64,7 @@ class BuildxArgs(_BuildxRequired, total=False):
     """`docker.buildx.build`'s arguments, typed as python-on-whales takes them."""
 
     output: dict[str, str]
+    build_args: dict[str, str]
     push: bool
     sbom: bool
     provenance: dict[str, str]
@@ -79,6 +82,7 @@ class BuildPlan:
     load: bool = True
     target: str = RUNTIME_STAGE
     output: dict[str, str] = field(default_factory=dict)
+    build_args: dict[str, str] = field(default_factory=dict)
     # Publishing (CI): push instead of load, with SBOM and provenance attestations, a cache to share.
     push: bool = False
     attest: bool = True  # with push: SBOM and provenance (a docker-container builder; no docker driver)
@@ -99,6 +103,8 @@ class BuildPlan:
         )
         if self.output:
             kwargs["output"] = dict(self.output)
+        if self.build_args:
+            kwargs["build_args"] = dict(self.build_args)
         if self.push:
             kwargs["push"] = True
             if self.attest:
@@ -128,6 +134,8 @@ class BuildPlan:
             argv += ["--label", f"{key}={value}"]
         for name, path in self.build_contexts.items():
             argv += ["--build-context", f"{name}={path}"]
+        for name, value in self.build_args.items():
+            argv += ["--build-arg", f"{name}={value}"]
         if self.output:
             argv += ["--output", ",".join(f"{k}={v}" for k, v in self.output.items())]
         if self.load:
@@ -218,18 +226,25 @@ def run_build(
     log_path: Path,
     show: Callable[[str], None],
     contract_plan: BuildPlan | None = None,
+    ccache_dir: Path | None = None,
 ) -> str:
     """Build the flag contract, then the image labelled with it; returns the image's first tag.
 
     `required_flags`: what the server's --help must list (none for an image without a server).
     `contract_plan`: where the contract comes from when this build host can't run the image's server
-    (see `contract_stand_in`). Each log line is shown and kept in `log_path`. On failure raise
-    BuildFailed with the failing step's tail and where the full log is. The second step reuses every
-    layer of the first.
+    (see `contract_stand_in`). `ccache_dir`: the compile cache carried in and out (ccache_carry). Each
+    log line is shown and kept in `log_path`. On failure raise BuildFailed with the failing step's tail
+    and where the full log is. The second step reuses every layer of the first.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     client = docker()
-    with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp:
+    with (
+        log_path.open("w") as log,
+        tempfile.TemporaryDirectory(prefix="moe-stack-contract-") as tmp,
+        carried(plan, ccache_dir, lambda step: stream_build(client, step, log, log_path, show))
+        if ccache_dir is not None
+        else nullcontext(),
+    ):
         stream_build(client, (contract_plan or plan).contract_step(Path(tmp)), log, log_path, show)
         literals = Path(tmp) / PARSER_FLAGS_FILE
         help_text = (Path(tmp) / HELP_FILE).read_text(errors="replace")
@@ -355,9 +370,12 @@ def build_image(
     show: Callable[[str], None],
     log_path: Path | None = None,
     publishing: Publishing | None = None,
+    ccache_dir: Path | None = None,
 ) -> str:
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
-    The whole path `build`, CI and the demo take."""
+    The whole path `build`, CI and the demo take. `ccache_dir`: the compile cache carried in and out."""
+    if ccache_dir is not None and not get_engine(spec.engine).carries_ccache:
+        raise SpecError(f"{spec.engine}'s image build compiles nothing through ccache: drop --ccache-dir")
     context = build_context(spec)
     page = page_for(spec, tree, show)
     stand_in = contract_stand_in(spec, read_cpu())
@@ -368,6 +386,7 @@ def build_image(
         log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log",
         show,
         contract_plan,
+        ccache_dir,
     )
 
 

@@ -51,6 +51,11 @@ def test_the_workflow_step_publishes_a_matrix_row(
     assert row["tools"] == "true" and int(row["timeout_minutes"]) > 0
     engine = get_engine(row["engine"])
     pushed_file = tmp_path / "pushed"
+    # The compile cache a runner restored: a marker in it must reach the build's cache mount and come
+    # back with the objects the suite's compile of this variant left there.
+    ccache = tmp_path / "ccache"
+    ccache.mkdir()
+    (ccache / "moe-stack-seed-marker").write_text("restored by the runner\n")
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # this checkout's moe-stack
@@ -63,6 +68,7 @@ def test_the_workflow_step_publishes_a_matrix_row(
         "ATTEST": "false",
         "SOURCE": f"pypi:{engine.sdist}",
         "BASE_IMAGE": base_image,
+        "COMPILE_CACHE": str(ccache),
     }
     result = subprocess.run(
         ["bash", str(ROOT / "scripts/publish-variant.sh")],
@@ -73,6 +79,10 @@ def test_the_workflow_step_publishes_a_matrix_row(
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert (ccache / "moe-stack-seed-marker").read_text() == "restored by the runner\n"
+    results = [path for path in ccache.rglob("*R") if path.is_file()]  # ccache 4's result files
+    assert len(results) > 100, f"{len(results)} ccache results exported: {sorted(ccache.iterdir())[:10]}"
+    assert not list(tmp_path.glob(".ccache.*"))  # the exports' staging directories are gone
     # The row's tag under this registry, its moving alias, and the tools image's two: each as the
     # registry serves it (the build checked that before printing it).
     immutable = row["tag"].replace("ghcr.io/moe-stack/", f"{registry}/workflow/")
@@ -118,4 +128,5 @@ def test_the_workflow_step_publishes_a_matrix_row(
         "REGISTRY",
         "NAMESPACE",
         "PUSHED",
+        "COMPILE_CACHE",
     }

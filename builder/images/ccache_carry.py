@@ -1,0 +1,84 @@
+"""ccache across builders: a compiled engine's objects live in a BuildKit cache mount, which a CI runner
+(a fresh builder each job) starts without, and which no registry or GitHub cache exports. `moe-stack
+build --ccache-dir DIR` carries them through DIR: before the build, DIR seeds the mount (the template's
+`ccache-import` stage, DIR handed in as a named context); after it, the mount is copied out into DIR
+(its `ccache-export` stage, a local export into a new directory that then replaces DIR). Both stages are
+built only by name, so the image's own layers, and their cache, are the same with or without them."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from builder.images.build import BuildPlan
+
+SEED_CONTEXT = "ccache-seed"
+IMPORT_STAGE = "ccache-import"
+EXPORT_STAGE = "ccache-export"
+EXPORT_ARG = "MOE_STACK_CCACHE_EXPORT"
+
+
+def _side_step(plan: BuildPlan, stage: str) -> BuildPlan:
+    """`plan` building only `stage`: nothing tagged, labelled, loaded, pushed or cached to a registry."""
+    return replace(
+        plan,
+        target=stage,
+        tags=(),
+        labels={},
+        load=False,
+        push=False,
+        output={},
+        cache_to=None,
+        metadata_file=None,
+    )
+
+
+def import_step(plan: BuildPlan, directory: Path) -> BuildPlan:
+    """Seed the build's cache mount with `directory`'s ccache files."""
+    step = _side_step(plan, IMPORT_STAGE)
+    return replace(step, build_contexts={**plan.build_contexts, SEED_CONTEXT: str(directory)})
+
+
+def export_step(plan: BuildPlan, dest: Path) -> BuildPlan:
+    """Copy the build's cache mount into `dest` (a fresh token reruns the copy every time)."""
+    step = _side_step(plan, EXPORT_STAGE)
+    return replace(
+        step,
+        output={"type": "local", "dest": str(dest)},
+        build_args={**plan.build_args, EXPORT_ARG: uuid.uuid4().hex},
+    )
+
+
+def replace_dir(new: Path, directory: Path) -> None:
+    """Move `new` into `directory`'s place (the old one removed after), so an interrupted export leaves
+    the previous cache whole."""
+    if directory.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old.", dir=directory.parent))
+        directory.rename(old / directory.name)
+        new.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        new.rename(directory)
+
+
+@contextmanager
+def carried(plan: BuildPlan, directory: Path, run: Callable[[BuildPlan], None]) -> Iterator[None]:
+    """Around the builds of `plan` (the body): `directory` into the cache mount before, the mount back
+    into `directory` after they succeeded. `run` builds one step."""
+    directory.mkdir(parents=True, exist_ok=True)
+    run(import_step(plan, directory))
+    yield
+    exported = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        run(export_step(plan, exported))
+    except BaseException:
+        shutil.rmtree(exported, ignore_errors=True)
+        raise
+    replace_dir(exported, directory)

@@ -1,0 +1,62 @@
+"""`build --ccache-dir`: the two side builds that carry the compile cache in and out of the cache mount,
+as values (the round trip through a real builder: tests/integration/test_publish_workflow.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.errors import SpecError
+from builder.images.build import BuildPlan, build_image, plan_build
+from builder.images.ccache_carry import EXPORT_ARG, export_step, import_step, replace_dir
+from builder.images.naming import image_spec
+from builder.images.render import render_files
+
+
+def _plan(tmp_path: Path) -> BuildPlan:
+    return plan_build(image_spec("llama.cpp", "avx2"), tmp_path / "ctx", tmp_path / "tree")
+
+
+def test_the_steps_build_only_their_stage_and_carry_the_directory(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    seed = import_step(plan, tmp_path / "cache")
+    assert (seed.target, seed.tags, seed.labels, seed.load, seed.push, seed.output) == (
+        "ccache-import", (), {}, False, False, {},
+    )  # fmt: skip
+    assert seed.build_contexts == {**plan.build_contexts, "ccache-seed": str(tmp_path / "cache")}
+    first, second = export_step(plan, tmp_path / "out"), export_step(plan, tmp_path / "out")
+    assert first.target == "ccache-export" and first.output == {
+        "type": "local",
+        "dest": str(tmp_path / "out"),
+    }
+    assert first.build_args[EXPORT_ARG] != second.build_args[EXPORT_ARG]  # the copy runs every time
+    argv = first.argv()
+    at = argv.index("--build-arg")
+    assert argv[at + 1] == f"{EXPORT_ARG}={first.build_args[EXPORT_ARG]}" and "--tag" not in argv
+    assert first.kwargs()["build_args"] == first.build_args
+
+
+def test_the_template_has_the_stages_and_the_image_does_not_need_them() -> None:
+    dockerfile = render_files(image_spec("ik_llama.cpp", "zen4"))["Dockerfile"]
+    runtime, carry = dockerfile.split("# ---- 7. ccache in and out")
+    assert (
+        "FROM scratch AS ccache-seed" in carry and "AS ccache-import" in carry and "AS ccache-export" in carry
+    )
+    assert "ccache-" not in runtime.replace("moe-stack-ccache-", "")  # no stage of the image reads them
+
+
+def test_an_export_replaces_the_directory_whole(tmp_path: Path) -> None:
+    cache, new = tmp_path / "cache", tmp_path / ".cache.new"
+    cache.mkdir()
+    (cache / "old").write_text("evicted")
+    new.mkdir()
+    (new / "fresh").write_text("kept")
+    replace_dir(new, cache)
+    assert sorted(p.name for p in cache.iterdir()) == ["fresh"] and sorted(tmp_path.iterdir()) == [cache]
+
+
+def test_an_engine_that_compiles_nothing_is_refused_before_docker(tmp_path: Path) -> None:
+    spec = image_spec("ktransformers", "avx2")
+    with pytest.raises(SpecError, match="compiles nothing through ccache: drop --ccache-dir"):
+        build_image(spec, None, print, ccache_dir=tmp_path)
