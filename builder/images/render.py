@@ -21,7 +21,6 @@ from builder.contract import (
 )
 from builder.engines import get_engine
 from builder.files import replace_rendered_dir, templates_root
-from builder.images.ccache_carry import EXPORT_ARG, EXPORT_STAGE, IMPORT_STAGE, SEED_CONTEXT
 from builder.images.naming import cache_key, variant_tag
 from builder.spec import ImageSpec
 
@@ -113,10 +112,6 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "port": CONTAINER_PORT,
         "labels": image_labels(spec),
         "ccache_id": f"moe-stack-ccache-{cache_key(spec)}",
-        "ccache_seed_context": SEED_CONTEXT,
-        "ccache_import_stage": IMPORT_STAGE,
-        "ccache_export_stage": EXPORT_STAGE,
-        "ccache_export_arg": EXPORT_ARG,
         **engine.template_values(spec, tools),
     }
     root = templates_root()

@@ -9,7 +9,15 @@ import pytest
 
 from builder.errors import SpecError
 from builder.images.build import BuildPlan, build_image, plan_build
-from builder.images.ccache_carry import EXPORT_ARG, export_step, import_step, replace_dir
+from builder.images.ccache_carry import (
+    EXPORT_ARG,
+    EXPORT_STAGE,
+    IMPORT_STAGE,
+    SEED_CONTEXT,
+    export_step,
+    import_step,
+    replace_dir,
+)
 from builder.images.naming import image_spec
 from builder.images.render import render_files
 
@@ -40,9 +48,9 @@ def test_the_steps_build_only_their_stage_and_carry_the_directory(tmp_path: Path
 def test_the_template_has_the_stages_and_the_image_does_not_need_them() -> None:
     dockerfile = render_files(image_spec("ik_llama.cpp", "zen4"))["Dockerfile"]
     runtime, carry = dockerfile.split("# ---- 7. ccache in and out")
-    assert (
-        "FROM scratch AS ccache-seed" in carry and "AS ccache-import" in carry and "AS ccache-export" in carry
-    )
+    for stage in (f"FROM scratch AS {SEED_CONTEXT}\n", f"AS {IMPORT_STAGE}\n", f"AS {EXPORT_STAGE}\n"):
+        assert stage in carry
+    assert f"ARG {EXPORT_ARG}\n" in carry
     assert "ccache-" not in runtime.replace("moe-stack-ccache-", "")  # no stage of the image reads them
 
 
