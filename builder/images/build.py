@@ -64,7 +64,6 @@ class BuildxArgs(_BuildxRequired, total=False):
     """`docker.buildx.build`'s arguments, typed as python-on-whales takes them."""
 
     output: dict[str, str]
-    build_args: dict[str, str]
     push: bool
     sbom: bool
     provenance: dict[str, str]
@@ -82,7 +81,6 @@ class BuildPlan:
     load: bool = True
     target: str = RUNTIME_STAGE
     output: dict[str, str] = field(default_factory=dict)
-    build_args: dict[str, str] = field(default_factory=dict)
     # Publishing (CI): push instead of load, with SBOM and provenance attestations, a cache to share.
     push: bool = False
     attest: bool = True  # with push: SBOM and provenance (a docker-container builder; no docker driver)
@@ -103,8 +101,6 @@ class BuildPlan:
         )
         if self.output:
             kwargs["output"] = dict(self.output)
-        if self.build_args:
-            kwargs["build_args"] = dict(self.build_args)
         if self.push:
             kwargs["push"] = True
             if self.attest:
@@ -134,8 +130,6 @@ class BuildPlan:
             argv += ["--label", f"{key}={value}"]
         for name, path in self.build_contexts.items():
             argv += ["--build-context", f"{name}={path}"]
-        for name, value in self.build_args.items():
-            argv += ["--build-arg", f"{name}={value}"]
         if self.output:
             argv += ["--output", ",".join(f"{k}={v}" for k, v in self.output.items())]
         if self.load:

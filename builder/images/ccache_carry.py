@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 SEED_CONTEXT = "ccache-seed"
 IMPORT_STAGE = "ccache-import"
 EXPORT_STAGE = "ccache-export"
-EXPORT_ARG = "MOE_STACK_CCACHE_EXPORT"
+RUN_CONTEXT = "ccache-run"  # a new id each export, so the copy runs again
 
 
 def _side_step(plan: BuildPlan, stage: str) -> BuildPlan:
@@ -46,14 +46,20 @@ def import_step(plan: BuildPlan, directory: Path) -> BuildPlan:
     return replace(step, build_contexts={**plan.build_contexts, SEED_CONTEXT: str(directory)})
 
 
-def export_step(plan: BuildPlan, dest: Path) -> BuildPlan:
-    """Copy the build's cache mount into `dest` (a fresh token reruns the copy every time)."""
+def export_step(plan: BuildPlan, dest: Path, run_id: Path) -> BuildPlan:
+    """Copy the build's cache mount into `dest`; `run_id` is a directory holding a new id (new_run_id)."""
     step = _side_step(plan, EXPORT_STAGE)
     return replace(
         step,
         output={"type": "local", "dest": str(dest)},
-        build_args={**plan.build_args, EXPORT_ARG: uuid.uuid4().hex},
+        build_contexts={**plan.build_contexts, RUN_CONTEXT: str(run_id)},
     )
+
+
+def new_run_id(directory: Path) -> Path:
+    """`directory` holding a new random id: a context no earlier export had."""
+    (directory / "run-id").write_text(uuid.uuid4().hex + "\n")
+    return directory
 
 
 def replace_dir(new: Path, directory: Path) -> None:
@@ -77,7 +83,8 @@ def carried(plan: BuildPlan, directory: Path, run: Callable[[BuildPlan], None]) 
     yield
     exported = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        run(export_step(plan, exported))
+        with tempfile.TemporaryDirectory(prefix="moe-stack-ccache-run-") as run_id:
+            run(export_step(plan, exported, new_run_id(Path(run_id))))
     except BaseException:
         shutil.rmtree(exported, ignore_errors=True)
         raise

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def test_the_workflow_step_publishes_a_matrix_row(
     # back with the objects the suite's compile of this variant left there.
     ccache = tmp_path / "ccache"
     ccache.mkdir()
-    (ccache / "moe-stack-seed-marker").write_text("restored by the runner\n")
+    marker = f"restored by the runner {uuid.uuid4().hex}\n"  # an earlier run's copy would hold another
+    (ccache / "moe-stack-seed-marker").write_text(marker)
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # this checkout's moe-stack
@@ -79,7 +81,7 @@ def test_the_workflow_step_publishes_a_matrix_row(
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert (ccache / "moe-stack-seed-marker").read_text() == "restored by the runner\n"
+    assert (ccache / "moe-stack-seed-marker").read_text() == marker
     results = [path for path in ccache.rglob("*R") if path.is_file()]  # ccache 4's result files
     assert len(results) > 100, f"{len(results)} ccache results exported: {sorted(ccache.iterdir())[:10]}"
     assert not list(tmp_path.glob(".ccache.*"))  # the exports' staging directories are gone

@@ -10,12 +10,13 @@ import pytest
 from builder.errors import SpecError
 from builder.images.build import BuildPlan, build_image, plan_build
 from builder.images.ccache_carry import (
-    EXPORT_ARG,
     EXPORT_STAGE,
     IMPORT_STAGE,
+    RUN_CONTEXT,
     SEED_CONTEXT,
     export_step,
     import_step,
+    new_run_id,
     replace_dir,
 )
 from builder.images.naming import image_spec
@@ -33,24 +34,23 @@ def test_the_steps_build_only_their_stage_and_carry_the_directory(tmp_path: Path
         "ccache-import", (), {}, False, False, {},
     )  # fmt: skip
     assert seed.build_contexts == {**plan.build_contexts, "ccache-seed": str(tmp_path / "cache")}
-    first, second = export_step(plan, tmp_path / "out"), export_step(plan, tmp_path / "out")
-    assert first.target == "ccache-export" and first.output == {
-        "type": "local",
-        "dest": str(tmp_path / "out"),
-    }
-    assert first.build_args[EXPORT_ARG] != second.build_args[EXPORT_ARG]  # the copy runs every time
-    argv = first.argv()
-    at = argv.index("--build-arg")
-    assert argv[at + 1] == f"{EXPORT_ARG}={first.build_args[EXPORT_ARG]}" and "--tag" not in argv
-    assert first.kwargs()["build_args"] == first.build_args
+    first = export_step(plan, tmp_path / "out", new_run_id(tmp_path))
+    assert first.target == "ccache-export" and first.tags == () and first.load is False
+    assert first.output == {"type": "local", "dest": str(tmp_path / "out")}
+    assert first.build_contexts == {**plan.build_contexts, RUN_CONTEXT: str(tmp_path)}
+    once = (tmp_path / "run-id").read_text()
+    assert new_run_id(tmp_path) and (tmp_path / "run-id").read_text() != once  # the copy runs every time
+    assert f"{RUN_CONTEXT}={tmp_path}" in first.argv()
 
 
 def test_the_template_has_the_stages_and_the_image_does_not_need_them() -> None:
     dockerfile = render_files(image_spec("ik_llama.cpp", "zen4"))["Dockerfile"]
-    runtime, carry = dockerfile.split("# ---- 7. ccache in and out")
-    for stage in (f"FROM scratch AS {SEED_CONTEXT}\n", f"AS {IMPORT_STAGE}\n", f"AS {EXPORT_STAGE}\n"):
-        assert stage in carry
-    assert f"ARG {EXPORT_ARG}\n" in carry
+    before, rest = dockerfile.split("# ---- 3b. ccache in and out")
+    carry, after = rest.split("# ---- 4.")
+    runtime = before + after
+    for stage in (SEED_CONTEXT, RUN_CONTEXT):
+        assert f"FROM scratch AS {stage}\n" in carry
+    assert f"AS {IMPORT_STAGE}\n" in carry and f"AS {EXPORT_STAGE}\n" in carry
     assert "ccache-" not in runtime.replace("moe-stack-ccache-", "")  # no stage of the image reads them
 
 
