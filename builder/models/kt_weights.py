@@ -93,6 +93,12 @@ def _config(directory: Path) -> dict[str, Any]:
     return {**config, **text} if isinstance(text, dict) else config
 
 
+def _architecture(config: dict[str, Any]) -> str:
+    """The GGUF architecture name of the config's model type (qwen3_moe → qwen3moe)."""
+    model_type = str(config.get("model_type", ""))
+    return ARCHITECTURES.get(model_type, model_type.replace("_", ""))
+
+
 def _number(config: dict[str, Any], path: Path, *keys: str) -> int:
     for key in keys:
         value = config.get(key)
@@ -112,10 +118,9 @@ def check_same_model(config_dir: Path, facts: ModelFacts, model: Path) -> None:
     """ModelError when the checkpoint SGLang builds the model from (`config_dir`) is not the model whose
     experts kt-kernel reads (`facts` of `model`): the two would meet only at load, in shape errors."""
     config = _config(config_dir)
-    model_type = str(config.get("model_type", ""))
     experts = config.get("n_routed_experts", config.get("num_experts"))
     theirs = {
-        "architecture": ARCHITECTURES.get(model_type, model_type.replace("_", "")) if model_type else None,
+        "architecture": _architecture(config) if config.get("model_type") else None,
         "width": config.get("hidden_size"),
         "layers": config.get("num_hidden_layers"),
         "routed experts": experts,
@@ -259,7 +264,6 @@ def converted_facts(directory: Path) -> ModelFacts:
             other += tensor.nbytes
         if tensor.name.endswith("embed_tokens.weight"):
             embedding, vocab = tensor.nbytes, tensor.shape[0]
-    model_type = str(config.get("model_type", ""))
     hidden = _number(config, directory, "hidden_size")
     heads = _number(config, directory, "num_attention_heads")
     head_dim = config.get("head_dim") or hidden // heads
@@ -267,7 +271,7 @@ def converted_facts(directory: Path) -> ModelFacts:
     interval = config.get("full_attention_interval")  # qwen3next: one layer in `interval` has a KV cache
     rope = _number(config, directory, "qk_rope_head_dim") if mla else 0
     return ModelFacts(
-        arch=ARCHITECTURES.get(model_type, model_type.replace("_", "")),
+        arch=_architecture(config),
         layers=layers,
         expert_bytes=tuple(experts),
         other_bytes=other,
