@@ -96,6 +96,12 @@ GPU_ARCHS: tuple[int, ...] = (75, 80, 86, 89, 90, 100, 120)
 _MIN_CUDA_FOR_ARCH: dict[int, tuple[int, int]] = {120: (12, 8), 100: (12, 8)}
 
 
+def cuda_knows_arch(version: str, arch: int) -> bool:
+    """Whether CUDA `version`'s nvcc compiles for GPU arch `arch` (sm_120 needs 12.8)."""
+    need = _MIN_CUDA_FOR_ARCH.get(arch)
+    return need is None or _version_tuple(version) >= need
+
+
 def _version_tuple(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
@@ -126,8 +132,8 @@ class CudaTarget(_Spec):
         for arch in self.archs:
             if arch not in GPU_ARCHS:
                 raise ValueError(f"GPU arch {arch} is unknown: choose from {', '.join(map(str, GPU_ARCHS))}")
-            need = _MIN_CUDA_FOR_ARCH.get(arch)
-            if need and _version_tuple(self.version) < need:
+            if not cuda_knows_arch(self.version, arch):
+                need = _MIN_CUDA_FOR_ARCH[arch]
                 raise ValueError(
                     f"GPU arch {arch} needs CUDA >= {need[0]}.{need[1]}, not {self.version}: "
                     "pick a newer cuda.version or drop the arch"
@@ -161,8 +167,9 @@ class BaseImages(_Spec):
     build: str | None = None
     runtime: str | None = None
     # Where a CUDA image's toolkit comes from: NVIDIA's `nvidia/cuda` images (pulled), or the
-    # `moe-stack/cuda` images `moe-stack base --cuda` assembles from NVIDIA's PyPI wheels.
-    cuda: Literal["nvidia", "pypi"] = "nvidia"
+    # `moe-stack/cuda` images `moe-stack base --cuda` assembles from NVIDIA's PyPI wheels (13.0) or
+    # Debian's non-free archive (12.4).
+    cuda: Literal["nvidia", "pypi", "debian"] = "nvidia"
 
     _refs = field_validator("build", "runtime")(_check_image_ref)
 
@@ -184,13 +191,6 @@ class ImageSpec(_Spec):
     # The tools image: the server image plus the engine's benchmark, quantize and GGUF tools, built
     # from the same build stage (same -march, same ISA guard) and published as `<slug>-tools`.
     tools: bool = False
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ImageSpec:
-        # What each engine can build is its adapter's check (Engine.check_image).
-        if self.base.cuda == "pypi" and self.cuda.version is None:
-            raise ValueError("--cuda-base pypi is the CUDA toolkit's base: it goes with --cuda 13.0")
-        return self
 
     @property
     def ref(self) -> str:

@@ -70,7 +70,8 @@ from builder.models.kt_weights import read_checkpoint
 from builder.models.model_files import fetch_demo_model
 from builder.models.planner import GIB, size
 from builder.models.planner import plan as make_plan
-from builder.platform.cuda_wheels import local_cuda_images, pypi_cuda
+from builder.platform.debian_cuda import DebianCuda
+from builder.platform.local_cuda import any_local_cuda, local_cuda_images, origin_of
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import ENGINE_OPTIONS, BaseImages, CudaTarget
 from builder.stacks.doctor import as_dicts, diagnose
@@ -122,8 +123,9 @@ CudaBaseOpt = Annotated[
     str,
     typer.Option(
         "--cuda-base",
-        help="CUDA images' toolkit: nvidia (pull nvidia/cuda) or pypi (moe-stack/cuda:13.0-*, made "
-        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`)",
+        help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made "
+        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`) or debian (moe-stack/cuda:12.4-*, "
+        "from Debian's non-free archive by `moe-stack base --cuda 12.4`)",
     ),
 ]
 
@@ -199,14 +201,15 @@ def _cuda(version: str | None, archs: str | None) -> CudaTarget:
 def _bases(
     base_image: str | None, build_base: str | None, runtime_base: str | None, cuda_base: str = "nvidia"
 ) -> BaseImages:
-    if cuda_base not in ("nvidia", "pypi"):
+    if cuda_base not in ("nvidia", "pypi", "debian"):
         raise SpecError(
-            f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images) or pypi (moe-stack base --cuda)"
+            f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images), pypi or debian (made by "
+            "moe-stack base --cuda)"
         )
     return BaseImages(
         build=build_base or base_image,
         runtime=runtime_base or base_image,
-        cuda=cast(Literal["nvidia", "pypi"], cuda_base),
+        cuda=cast(Literal["nvidia", "pypi", "debian"], cuda_base),
     )
 
 
@@ -388,7 +391,8 @@ def base(
         str | None,
         typer.Option(
             "--cuda",
-            help="also make moe-stack/cuda:VERSION-devel and -runtime from NVIDIA's PyPI wheels (13.0)",
+            help="also make moe-stack/cuda:VERSION-devel and -runtime: 13.0 from NVIDIA's PyPI wheels, "
+            "12.4 from Debian's non-free archive",
         ),
     ] = None,
     prometheus: Annotated[
@@ -400,8 +404,14 @@ def base(
     ] = False,
 ) -> None:
     """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
-    with --cuda, CUDA devel/runtime images from NVIDIA's PyPI wheels on it (checked before tagging)."""
-    release = pypi_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
+    with --cuda, CUDA devel/runtime images on it (checked before tagging): 13.0 from NVIDIA's PyPI
+    wheels, 12.4 from Debian's non-free archive."""
+    release = any_local_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
+    if isinstance(release, DebianCuda) and suite != release.suite:
+        raise SpecError(
+            f"CUDA {release.version} comes from Debian {release.suite}'s archive: drop --suite {suite} "
+            f"(or pass --suite {release.suite})"
+        )
     debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
     out.print(f"base image ready: {debian}")
     if prometheus:
@@ -419,15 +429,16 @@ def base(
     made = make_cuda_base(
         release,
         debian,
-        cache_dir() / "cuda-wheels" / release.version,
-        cache_dir() / "contexts",
+        cache_dir(),
         show=raw_stderr,
         log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log",
         force=force,
     )
+    origin = origin_of(release.version)
+    what = "wheels" if origin == "pypi" else "packages"
     if made.stub_symbols is None:
         out.print(
-            f"kept: {made.devel} and {made.runtime} hold these wheels already (checked when made; --force "
+            f"kept: {made.devel} and {made.runtime} hold these {what} already (checked when made; --force "
             "makes them again)",
             highlight=False,
         )
@@ -439,7 +450,8 @@ def base(
             highlight=False,
         )
     out.print(
-        f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base pypi)", highlight=False
+        f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base {origin})",
+        highlight=False,
     )
 
 

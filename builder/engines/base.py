@@ -11,6 +11,7 @@ from pathlib import Path
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
+from builder.platform.local_cuda import LOCAL_CUDA
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS
 from builder.platform.toolchain import Toolchain, toolchain
@@ -122,6 +123,11 @@ class Engine(ABC):
     # -- which images exist ---------------------------------------------------------------------
     def check_image(self, spec: ImageSpec) -> None:
         """SpecError when this engine has no such image (a CPU target, CUDA choice or source it lacks)."""
+        if spec.base.cuda != "nvidia" and spec.cuda.version is None:
+            raise SpecError(
+                f"--cuda-base {spec.base.cuda} is the CUDA toolkit's base: it goes with --cuda "
+                + " or ".join(LOCAL_CUDA[spec.base.cuda])
+            )
         if spec.cpu.runtime_dispatch and not self.runtime_dispatch:
             named = ", ".join(name for name, target in CPU_TARGETS.items() if not target.runtime_dispatch)
             raise SpecError(

@@ -96,32 +96,39 @@ def _cpu_instruct(cpu: CpuTarget) -> str:
     return "AVX512" if "avx512f" in cpu.required_flags else "AVX2"
 
 
-# kt-kernel publishes CPython 3.11 and 3.12 wheels only (manylinux_2_35): its CPU images run on
-# bookworm (3.11; trixie has 3.13), its CUDA images on the Ubuntu 24.04 CUDA images (3.12).
+# kt-kernel publishes CPython 3.11 and 3.12 wheels only (manylinux_2_35). Images that install released
+# wheels (CPU-only and CUDA alike) run on Debian bookworm (Python 3.11; trixie has 3.13): their CUDA is
+# torch's own (the nvidia-*-cu12 wheels it depends on), so they need no CUDA base and no registry
+# (`moe-stack base --suite bookworm` makes one). Only a build from source compiles CUDA code: it needs
+# nvcc, on NVIDIA's Ubuntu 24.04 devel image (Python 3.12).
 PYTHON_CPU_BASE = "debian:bookworm-slim"
 _PYTHON_OS = ("ubuntu24.04",)
+# The torch kt-kernel 0.7.2 and sglang-kt pin, and its CUDA 12 builds on PyTorch's index (cu126, cu128;
+# its cu130 build can't load sgl_kernel).
+PINNED_TORCH = "2.9.1"
+TORCH_CUDA_BUILDS = ("12.6", "12.8")
 
 
 def _python_toolchain(cpu: CpuTarget, cuda: CudaTarget, base: BaseImages, compiles: bool) -> Toolchain:
     """The toolchain of a Python engine (KTransformers): a venv built on the OS it runs on, with
     compilers only when it `compiles` from source (then the CPU target's GCC rules apply too)."""
-    if base.cuda == "pypi":
+    if base.cuda != "nvidia":
         raise SpecError(
-            "KTransformers images need NVIDIA's Ubuntu 24.04 CUDA images (Python 3.12 for kt-kernel's "
-            "wheels); the PyPI CUDA base is Debian trixie (Python 3.13): drop --cuda-base pypi"
+            f"KTransformers images take their CUDA from torch's wheels, not from a CUDA base: drop "
+            f"--cuda-base {base.cuda} (its released wheels install on Debian bookworm, no registry needed)"
         )
-    if cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
+    if compiles and cuda.version is not None and cuda_release(cuda).ubuntu not in _PYTHON_OS:
         raise SpecError(
             f"CUDA {cuda.version} images are {cuda_release(cuda).ubuntu}, whose Python has no "
             "kt-kernel wheels (CPython 3.11/3.12 only): use CUDA 12.6 or newer"
         )
     native = toolchain(cpu, cuda, base) if compiles else None
-    if cuda.version is None:
+    if cuda.version is None or not compiles:
         build_image = runtime_image = PYTHON_CPU_BASE
     else:
         release = cuda_release(cuda)
         runtime_image = release.image("runtime")
-        build_image = release.image("devel") if compiles else runtime_image
+        build_image = release.image("devel")
     python = ("ca-certificates", "python3", "python3-venv")
     build_packages = (
         python
@@ -372,6 +379,11 @@ class KTransformers(_PythonEngine):
                 f"{self.name} {spec.ref}'s SGLang kernels (sgl_kernel) link CUDA 12 (libcudart.so.12, "
                 f"libcublas.so.12), which a CUDA {spec.cuda.version} image lacks: build it with --cuda 12.8"
             )
+        if spec.cuda.version is not None and spec.cuda.version not in TORCH_CUDA_BUILDS:
+            raise SpecError(
+                f"{self.name} {spec.ref} pins torch {PINNED_TORCH}, which PyTorch builds for CUDA "
+                f"{', '.join(TORCH_CUDA_BUILDS)} only (12.x): build it with --cuda 12.8"
+            )
 
     def default_source(self, ref: str | None) -> EngineSource:
         return PypiSource(ref=ref or self.default_ref)
@@ -436,6 +448,14 @@ class KTransformers(_PythonEngine):
         checkpoint's config.json with a DeepSeek-V4 config it ships (its hf_transformers_utils.py), so
         an R1 stack built that model instead (on the H200: bench/results/kt-seed-models-2026-12-02)."""
         env = {"SGLANG_APPLY_CONFIG_BACKUP": "none"}
+        if spec.cuda.version is not None and self._mode(spec) != "source":
+            # What NVIDIA's images set for its container toolkit, which this image's Debian base lacks:
+            # without `compute` no libcuda.so.1 is mounted; an older driver is refused at start.
+            env |= {
+                "NVIDIA_VISIBLE_DEVICES": "all",
+                "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+                "NVIDIA_REQUIRE_CUDA": f"cuda>={spec.cuda.version}",
+            }
         if spec.cpu.runtime_dispatch:
             return env
         return {**env, "KT_KERNEL_CPU_VARIANT": kt_variant(frozenset(spec.cpu.required_flags))}

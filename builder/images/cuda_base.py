@@ -1,8 +1,10 @@
-"""`moe-stack base --cuda 13.0`: CUDA devel and runtime base images from NVIDIA's PyPI wheels, for
-hosts that reach a PyPI mirror and a Debian mirror but no container registry.
+"""`moe-stack base --cuda 13.0|12.4`: CUDA devel and runtime base images, for hosts that reach a PyPI
+mirror and a Debian mirror but no container registry.
 
-The wheels are downloaded on the host (pinned by sha256; containers here can't reach PyPI over TLS)
-and handed to the build as the named context `cuda-wheels`. Before either image is tagged, the
+CUDA 13.0 comes from NVIDIA's PyPI wheels: downloaded on the host (pinned by sha256; containers here
+can't reach PyPI over TLS) and handed to the build as the named context `cuda-wheels`. CUDA 12.4 comes
+from Debian's non-free archive: apt installs the pinned packages in the build from the mirror the
+Debian base was made from, through a sources list of its own. Before either image is tagged, the
 Dockerfile's `check` stage compiles a kernel + cuBLAS program against the devel image and resolves
 it with `ldd` in the runtime image; `check_report` turns that into a pass or one clear error.
 """
@@ -25,9 +27,12 @@ from builder.contract import LABEL_PREFIX
 from builder.docker_client import docker
 from builder.errors import BaseImageError
 from builder.files import content_dir, templates_root
+from builder.images.baseimage import host_mirror
 from builder.images.build import BuildPlan, stream_build
 from builder.images.render import template_environment
 from builder.platform.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
+from builder.platform.debian_cuda import DebianCuda
+from builder.platform.local_cuda import LocalCuda
 
 WHEELS_CONTEXT = "cuda-wheels"
 CHECK_STAGE = "check"
@@ -35,6 +40,13 @@ CHECK_STAGE = "check"
 CHECK_ARCH = 90
 _TEMPLATE_DIR = "cuda-base"
 _HELPERS = ("cuda-layout.sh", "make-cuda-stub.sh", "cuda-check.cu")
+_DEBIAN_HELPERS = ("cuda-view.sh", "cuda-check.cu")
+# The package a Debian base installs in place of the driver's libraries that nvidia-cuda-dev depends on
+# (libcuda1, and libnvidia-ml1 through libnvidia-ml-dev): a container gets them from the host driver
+# (NVIDIA's container toolkit mounts them), so no image may hold its own.
+HOST_DRIVER_PACKAGE = "moe-stack-host-driver"
+HOST_DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
+MIRROR_LABEL = "io.moe-stack.base-mirror"
 
 
 @dataclass(frozen=True)
@@ -44,15 +56,21 @@ class CudaBase:
     stub_symbols: int | None  # entry points in the generated libcuda stub (None: kept from an earlier run)
 
 
-def current_images(client: DockerClient, cuda: PypiCuda) -> bool:
-    """Whether both base images exist and carry exactly this release's pinned wheels (their labels)."""
+def current_images(client: DockerClient, cuda: LocalCuda) -> bool:
+    """Whether both base images exist and carry exactly this release's pinned wheels or packages."""
     for flavour in ("devel", "runtime"):
         if not client.image.exists(cuda.image(flavour)):
             return False
         labels = client.image.inspect(cuda.image(flavour)).config.labels or {}
-        if any(labels.get(key) != value for key, value in wheel_labels(cuda, flavour == "runtime").items()):
+        pinned = content_labels(cuda, flavour == "runtime")
+        if any(labels.get(key) != value for key, value in pinned.items()):
             return False
     return True
+
+
+def content_labels(cuda: LocalCuda, runtime: bool) -> dict[str, str]:
+    """The labels that pin what a base holds: its wheels, or its Debian packages."""
+    return wheel_labels(cuda, runtime) if isinstance(cuda, PypiCuda) else package_labels(cuda, runtime)
 
 
 def wheel_labels(cuda: PypiCuda, runtime: bool) -> dict[str, str]:
@@ -107,11 +125,21 @@ def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
     return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.wheels}
 
 
-def base_labels(cuda: PypiCuda, debian_base: str, runtime: bool, created: datetime) -> dict[str, str]:
-    """Labels of one base image: the CUDA version and every wheel in it, by version and sha256."""
+def package_labels(cuda: DebianCuda, runtime: bool) -> dict[str, str]:
+    """`io.moe-stack.deb.<name>`: the version of every pinned package in the (devel or runtime) image."""
+    return {
+        f"{LABEL_PREFIX}.deb.{package.name}": package.version
+        for package in cuda.packages
+        if package.runtime or not runtime
+    }
+
+
+def base_labels(cuda: LocalCuda, debian_base: str, runtime: bool, created: datetime) -> dict[str, str]:
+    """Labels of one base image: the CUDA version and every wheel or package in it."""
     flavour = "runtime" if runtime else "devel"
+    origin = "PyPI wheels" if isinstance(cuda, PypiCuda) else f"Debian {cuda.suite} {cuda.component} packages"
     labels = {
-        "org.opencontainers.image.title": f"CUDA {cuda.version} {flavour} from PyPI wheels (moe-stack base)",
+        "org.opencontainers.image.title": f"CUDA {cuda.version} {flavour} from {origin} (moe-stack base)",
         "org.opencontainers.image.created": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
         f"{LABEL_PREFIX}.builder-version": __version__,
         f"{LABEL_PREFIX}.cuda": cuda.version,
@@ -119,20 +147,23 @@ def base_labels(cuda: PypiCuda, debian_base: str, runtime: bool, created: dateti
         f"{LABEL_PREFIX}.cuda-flavour": flavour,
         f"{LABEL_PREFIX}.os-base": debian_base,
     }
-    return {**labels, **wheel_labels(cuda, runtime)}
+    return {**labels, **content_labels(cuda, runtime)}
 
 
-def render_files(
-    cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime
-) -> dict[str, str]:
-    """Every file of the base images' build context, by name."""
-    env = {
+def _base_env(cuda: LocalCuda) -> dict[str, str]:
+    return {
         "CUDA_HOME": "/usr/local/cuda",
         "CUDA_VERSION": cuda.full_version,
         "NVIDIA_VISIBLE_DEVICES": "all",
         "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
         "NVIDIA_REQUIRE_CUDA": f"cuda>={cuda.version}",
     }
+
+
+def render_files(
+    cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime
+) -> dict[str, str]:
+    """Every file of the PyPI base images' build context, by name."""
     text = (
         template_environment()
         .get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2")
@@ -145,10 +176,11 @@ def render_files(
             wheel_root=cuda.wheel_root,
             wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
             runtime_libs=cuda.runtime_libs,
-            env=env,
+            env=_base_env(cuda),
             devel_labels=base_labels(cuda, debian_base, False, created),
             runtime_labels=base_labels(cuda, debian_base, True, created),
             check_arch=CHECK_ARCH,
+            check_packages=["g++"],
         )
     )
     root = templates_root() / _TEMPLATE_DIR
@@ -158,6 +190,65 @@ def render_files(
         "cuda-wheels.sha256": sums,
         **{name: (root / name).read_text() for name in _HELPERS},
     }
+
+
+def debian_sources(cuda: DebianCuda, mirror: str) -> str:
+    """The archive's own apt list (deb822): the suite's non-free component, the base's keyring."""
+    return (
+        f"Types: deb\nURIs: {mirror}\nSuites: {cuda.suite}\nComponents: {cuda.component}\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+
+
+def host_driver_control(cuda: DebianCuda) -> str:
+    """The control file of the package that stands for the host driver's libraries."""
+    provides = ", ".join(f"{library} (= {cuda.min_driver})" for library in HOST_DRIVER_LIBRARIES)
+    return (
+        f"Package: {HOST_DRIVER_PACKAGE}\nVersion: {cuda.min_driver}\nArchitecture: all\n"
+        f"Maintainer: moe-stack\nProvides: {provides}\n"
+        f"Description: the host driver's {' and '.join(HOST_DRIVER_LIBRARIES)}, mounted at run time\n"
+        " NVIDIA's container toolkit mounts the host driver's libraries into a container; this\n"
+        " package holds no file and satisfies what depends on them.\n"
+    )
+
+
+def render_debian_files(cuda: DebianCuda, debian_base: str, mirror: str, created: datetime) -> dict[str, str]:
+    """Every file of the Debian base images' build context, by name."""
+    text = (
+        template_environment()
+        .get_template(f"{_TEMPLATE_DIR}/debian.Dockerfile.j2")
+        .render(
+            builder_version=__version__,
+            cuda_version=cuda.version,
+            debian_base=debian_base,
+            suite=cuda.suite,
+            component=cuda.component,
+            prefix=cuda.prefix,
+            prefix_name=Path(cuda.prefix).name,
+            host_gcc=cuda.host_gcc,
+            host_driver_package=HOST_DRIVER_PACKAGE,
+            devel_pins=cuda.pins(runtime=False),
+            runtime_pins=cuda.pins(runtime=True),
+            env=_base_env(cuda),
+            devel_labels=base_labels(cuda, debian_base, False, created) | {MIRROR_LABEL: mirror},
+            runtime_labels=base_labels(cuda, debian_base, True, created) | {MIRROR_LABEL: mirror},
+            check_arch=CHECK_ARCH,
+            check_packages=[],
+        )
+    )
+    root = templates_root() / _TEMPLATE_DIR
+    return {
+        "Dockerfile": text,
+        "moe-stack-cuda.sources": debian_sources(cuda, mirror),
+        "host-driver.control": host_driver_control(cuda),
+        **{name: (root / name).read_text() for name in _DEBIAN_HELPERS},
+    }
+
+
+def base_mirror(client: DockerClient, debian_base: str) -> str:
+    """The Debian mirror the base was made from (`moe-stack base` labels it), else this host's."""
+    labels = client.image.inspect(debian_base).config.labels or {}
+    return labels.get(MIRROR_LABEL) or host_mirror()
 
 
 def check_report(ldd: str, elf: str, arch: int) -> list[str]:
@@ -178,27 +269,31 @@ def check_report(ldd: str, elf: str, arch: int) -> list[str]:
 
 
 def make_cuda_base(
-    cuda: PypiCuda,
+    cuda: LocalCuda,
     debian_base: str,
-    wheel_dir: Path,
-    context_root: Path,
+    cache_root: Path,
     show: Callable[[str], None],
     log_path: Path,
     force: bool = False,
 ) -> CudaBase:
-    """Download the wheels, render, run the check, then build and tag the devel and runtime images.
+    """Render (downloading the wheels first, for PyPI's), run the check, then build and tag the devel
+    and runtime images. `cache_root` holds the wheels and the rendered contexts.
 
-    Images already made from the same wheels are kept unless `force`: re-made ones get new IDs (their
-    `created` label), and every engine build on them would start again from its first layer."""
+    Images already made from the same wheels or packages are kept unless `force`: re-made ones get new
+    IDs (their `created` label), and every engine build on them would start again from its first layer."""
     client = docker()
     if not force and current_images(client, cuda):
         return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=None)
-    wheel_files = download_wheels(cuda, wheel_dir)
     created = datetime.now(UTC)
-    context = content_dir(
-        render_files(cuda, debian_base, wheel_files, created), context_root, f"cuda-{cuda.version}-base"
-    )
-    plan = BuildPlan(context=context, tags=(), build_contexts={WHEELS_CONTEXT: str(wheel_dir)}, load=False)
+    build_contexts: dict[str, str] = {}
+    if isinstance(cuda, PypiCuda):
+        wheel_dir = cache_root / "cuda-wheels" / cuda.version
+        files = render_files(cuda, debian_base, download_wheels(cuda, wheel_dir), created)
+        build_contexts[WHEELS_CONTEXT] = str(wheel_dir)
+    else:
+        files = render_debian_files(cuda, debian_base, base_mirror(client, debian_base), created)
+    context = content_dir(files, cache_root / "contexts", f"cuda-{cuda.version}-base")
+    plan = BuildPlan(context=context, tags=(), build_contexts=build_contexts, load=False)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:
         stream_build(client, plan.contract_step(Path(tmp), CHECK_STAGE), log, log_path, show)

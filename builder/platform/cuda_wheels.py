@@ -3,7 +3,8 @@ the base images `moe-stack base --cuda` makes from them. Facts only; no Docker, 
 
 Only CUDA 13.x has a compiler on PyPI: the 13.x wheels share one prefix (nvidia/cu13) and hold nvcc,
 cicc, ptxas, fatbinary, nvlink and the crt/CCCL headers. Every 12.x `nvidia-cuda-nvcc-cu12` wheel
-(12.4 to 12.9) has only ptxas, libnvvm and headers, so 12.x toolkits still come from NVIDIA's images.
+(12.4 to 12.9) has only ptxas, libnvvm and headers: CUDA 12.4 comes from Debian (debian_cuda.py), the
+other 12.x releases from NVIDIA's images.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.contract import LOCAL_ONLY
-from builder.errors import SpecError
 
 LOCAL_CUDA_REPOSITORY = f"{LOCAL_ONLY}cuda"
 # The wheels are tagged for these manylinux platforms (cuBLAS for 2_27 only): pip is told them all,
@@ -110,21 +110,3 @@ PYPI_CUDA: dict[str, PypiCuda] = {
         ),
     )
 }
-
-
-def local_cuda_images() -> list[str]:
-    """Every image `moe-stack base --cuda` can make, devel and runtime of each release."""
-    return [cuda.image(flavour) for cuda in PYPI_CUDA.values() for flavour in ("devel", "runtime")]
-
-
-def pypi_cuda(version: str) -> PypiCuda:
-    """The wheel set for `version`, or a SpecError saying which releases have one and why."""
-    try:
-        return PYPI_CUDA[version]
-    except KeyError:
-        have = ", ".join(PYPI_CUDA)
-        raise SpecError(
-            f"CUDA {version} has no compiler on PyPI (NVIDIA's -cu12 nvcc wheels hold no nvcc): a "
-            f"registry-free CUDA base exists for {have}; for {version} use NVIDIA's images "
-            "(--cuda-base nvidia)"
-        ) from None

@@ -14,9 +14,10 @@ from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
 from builder.models.planner import size
-from builder.platform.cuda_wheels import PYPI_CUDA
+from builder.platform.local_cuda import LOCAL_CUDA, WHERE, origin_of
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
-from builder.platform.toolchain import MIN_DRIVER, highest_cuda
+from builder.platform.toolchain import MIN_DRIVER, driver_runs, highest_cuda
+from builder.spec import cuda_knows_arch
 from builder.stacks.kt_convert import default_output
 from builder.stacks.memory_use import beside_model_bytes
 from builder.stacks.pinned_memory import pinned_finding
@@ -113,21 +114,23 @@ def _cuda_bases(present: dict[str, bool]) -> Finding:
             "OK",
             "cuda_base",
             "no registry-free CUDA base here: CUDA images build on NVIDIA's images (nvidia/cuda)",
-            "where nvidia/cuda can't be pulled: sudo moe-stack base --cuda 13.0",
+            "where nvidia/cuda can't be pulled: sudo moe-stack base --cuda 13.0 (driver 580+) or 12.4 (550+)",
         )
     missing = [name for name, here in present.items() if not here]
-    if missing:
+    versions = sorted({name.rsplit(":", 1)[1].split("-")[0] for name in have})
+    half = [name for name in missing if name.rsplit(":", 1)[1].split("-")[0] in versions]
+    if half:
         return Finding(
             "WARN",
             "cuda_base",
-            f"CUDA base {', '.join(have)} is here but {', '.join(missing)} is not",
-            "sudo moe-stack base --cuda 13.0   # makes both again",
+            f"CUDA base {', '.join(have)} is here but {', '.join(half)} is not",
+            " && ".join(f"sudo moe-stack base --cuda {version}" for version in versions)
+            + "   # makes both again",
         )
-    return Finding(
-        "OK",
-        "cuda_base",
-        f"CUDA bases from PyPI wheels: {', '.join(have)} (moe-stack build --cuda-base pypi)",
+    builds = "; ".join(
+        f"moe-stack build --cuda {version} --cuda-base {origin_of(version)}" for version in versions
     )
+    return Finding("OK", "cuda_base", f"registry-free CUDA bases here: {', '.join(have)} ({builds})")
 
 
 def _cpu(host: HostFacts) -> Finding:
@@ -260,19 +263,29 @@ def _hugepages(host: HostFacts) -> Finding:
     return Finding("OK", "hugepages", f"reserved {text}")
 
 
-def _cuda_images(cuda: str) -> str:
-    """Which CUDA images a stack here names and why, and where their base comes from."""
+def _cuda_images(cuda: str, driver: str, arch: int) -> str:
+    """Which CUDA images a stack here names and why, where their base comes from and, where that is
+    NVIDIA's registry, which registry-free base this driver and GPU could use instead."""
     newest = next(reversed(MIN_DRIVER))
-    base = (
-        f"their base needs no registry (`moe-stack base --cuda {cuda}`, from PyPI's CUDA wheels)"
-        if cuda in PYPI_CUDA
-        else f"their base is NVIDIA's nvidia/cuda:{cuda} image (a registry-free base exists for "
-        f"{', '.join(PYPI_CUDA)} only)"
-    )
-    if cuda == newest:
-        return f"stacks name the cuda{cuda} images, {base}"
-    need = ".".join(map(str, MIN_DRIVER[newest]))
-    return f"stacks name the cuda{cuda} images (cuda{newest} needs driver {need}+), {base}"
+    names = f"stacks name the cuda{cuda} images"
+    if cuda != newest:
+        names += f" (cuda{newest} needs driver {'.'.join(map(str, MIN_DRIVER[newest]))}+)"
+    origin = origin_of(cuda)
+    if origin is not None:
+        return f"{names}, their base needs no registry (`moe-stack base --cuda {cuda}`, from {WHERE[origin]})"
+    free = [
+        version
+        for origin in LOCAL_CUDA
+        for version in LOCAL_CUDA[origin]
+        if driver_runs(driver, version) and cuda_knows_arch(version, arch)
+    ]
+    if free:
+        best = max(free, key=lambda version: MIN_DRIVER[version])
+        where = WHERE[origin_of(best) or "pypi"]
+        instead = f"without a registry, build cuda{best} images on `moe-stack base --cuda {best}` ({where})"
+    else:
+        instead = f"no registry-free base runs arch {arch} on this driver (CUDA {cuda} is registry-only here)"
+    return f"{names}, their base is NVIDIA's nvidia/cuda:{cuda} image; {instead}"
 
 
 def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
@@ -305,7 +318,8 @@ def _gpus(host: HostFacts, runtime_ok: bool) -> list[Finding]:
                 "gpu",
                 f"GPU {index} {gpu.name}: compute capability {gpu.compute_capability} "
                 f"(arch {gpu.compute_capability.replace('.', '')}), {gpu.memory_mib // 1024} GiB, "
-                f"driver {gpu.driver}: CUDA images up to {cuda}; {_cuda_images(cuda)}",
+                f"driver {gpu.driver}: CUDA images up to {cuda}; "
+                f"{_cuda_images(cuda, gpu.driver, int(gpu.compute_capability.replace('.', '')))}",
             )
         )
     out.append(

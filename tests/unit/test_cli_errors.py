@@ -219,10 +219,25 @@ def test_the_default_registry_is_said_to_hold_nothing_yet() -> None:
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["base", "--cuda", "12.8"], ["CUDA 12.8 has no compiler on PyPI", "--cuda-base nvidia"]),
-        (["render", "--cuda", "12.6", "--cuda-base", "pypi"], ["CUDA 12.6 has no compiler on PyPI"]),
+        (
+            ["base", "--cuda", "12.8"],
+            ["no registry-free CUDA 12.8 base", "12.4 (--cuda-base debian)", "--cuda-base nvidia"],
+        ),
+        (
+            ["base", "--cuda", "12.4", "--suite", "bookworm"],
+            ["from Debian trixie's archive", "drop --suite bookworm"],
+        ),
+        (
+            ["render", "--cuda", "12.6", "--cuda-base", "pypi"],
+            ["CUDA 12.6 has no compiler in NVIDIA's PyPI wheels"],
+        ),
+        (["render", "--cuda", "12.4", "--cuda-base", "pypi"], ["--cuda-base debian has it"]),
+        (["render", "--cuda-base", "debian"], ["goes with --cuda 12.4"]),
         (["render", "--cuda-base", "pypi"], ["goes with --cuda 13.0"]),
-        (["render", "--cuda", "13.0", "--cuda-base", "conda"], ["--cuda-base 'conda'", "nvidia", "pypi"]),
+        (
+            ["render", "--cuda", "13.0", "--cuda-base", "conda"],
+            ["--cuda-base 'conda'", "nvidia", "pypi", "debian"],
+        ),
         (
             ["render", "--engine", "ktransformers-legacy", "--cuda", "13.0", "--cuda-base", "pypi"],
             ["drop --cuda-base pypi"],

@@ -47,7 +47,11 @@ def test_epyc_4090_with_numa_balancing_on(tmp_path: Path) -> None:
     assert "arch 89" in found["gpu"].message and "CUDA images up to 12.8" in found["gpu"].message
     # Driver 570: the 12.8 images, and why not 13.0; their base only from NVIDIA's registry.
     assert "stacks name the cuda12.8 images (cuda13.0 needs driver 580.65+)" in found["gpu"].message
-    assert "nvidia/cuda:12.8 image (a registry-free base exists for 13.0 only)" in found["gpu"].message
+    assert (
+        "nvidia/cuda:12.8 image; without a registry, build cuda12.4 images on `moe-stack base --cuda 12.4` "
+        "(Debian's non-free archive)"
+        in found["gpu"].message
+    )
     assert found["gpu_runtime"].level == "FAIL" and "nvidia-ctk runtime configure" in found["gpu_runtime"].fix
     assert found["model"].level == "OK"
 
@@ -126,14 +130,20 @@ def test_cuda_bases_present_partial_or_absent(tmp_path: Path) -> None:
         return _by_topic(diagnose(host, True, True, 500 * GIB, cuda_bases=present)).get("cuda_base")
 
     both = finding({devel: True, runtime: True})
-    assert both.level == "OK" and devel in both.message and "--cuda-base pypi" in both.message
+    assert both.level == "OK" and devel in both.message and "--cuda 13.0 --cuda-base pypi" in both.message
+    debian = finding(
+        {devel: True, runtime: True, "moe-stack/cuda:12.4-devel": True, "moe-stack/cuda:12.4-runtime": True}
+    )
+    assert "--cuda 12.4 --cuda-base debian" in debian.message
+    # 12.4 absent altogether is no problem: only a release with one of its two images is
+    assert finding({devel: True, runtime: True, "moe-stack/cuda:12.4-devel": False}).level == "OK"
     half = finding({devel: True, runtime: False})
     assert half.level == "WARN" and f"{runtime} is not" in half.message and "base --cuda 13.0" in half.fix
     none = finding({devel: False, runtime: False})
     assert (
         none.level == "OK"
         and "nvidia/cuda" in none.message
-        and none.fix.endswith("moe-stack base --cuda 13.0")
+        and "moe-stack base --cuda 13.0 (driver 580+) or 12.4 (550+)" in none.fix
     )
     assert finding(None) is None, "without Docker there is nothing to say"
 
@@ -168,3 +178,27 @@ def test_the_doctor_says_whether_a_checkpoints_amx_weights_are_converted(tmp_pat
     write_converted(tmp_path / "Qwen3-235B-A22B-AMXINT4", pools=2)
     ready = amx()
     assert ready.level == "OK" and "Qwen3-235B-A22B-AMXINT4 (AMXINT4, 2 NUMA pool(s))" in ready.message
+
+
+def test_doctor_names_a_registry_free_base_for_each_driver_and_gpu() -> None:
+    """Issue 30: which CUDA images a driver runs, and which of them build without NVIDIA's registry."""
+    from builder.stacks.doctor import _cuda_images
+
+    # 580+: the newest images, on the PyPI base
+    assert _cuda_images("13.0", "580.159.04", 90).endswith(
+        "their base needs no registry (`moe-stack base --cuda 13.0`, from NVIDIA's PyPI wheels)"
+    )
+    # 550-559 (an RTX 4090 host on an older LTS driver): 12.4, from Debian's archive
+    assert _cuda_images("12.4", "550.163.01", 89) == (
+        "stacks name the cuda12.4 images (cuda13.0 needs driver 580.65+), their base needs no registry "
+        "(`moe-stack base --cuda 12.4`, from Debian's non-free archive)"
+    )
+    # 560-579: 12.6/12.8 come from NVIDIA's registry; 12.4 builds without one for archs up to sm_90 ...
+    assert _cuda_images("12.6", "565.57.01", 86).endswith(
+        "nvidia/cuda:12.6 image; without a registry, build cuda12.4 images on `moe-stack base --cuda 12.4` "
+        "(Debian's non-free archive)"
+    )
+    # ... but not for Blackwell (sm_120 needs 12.8): registry-only below driver 580
+    assert _cuda_images("12.8", "570.86.15", 120).endswith(
+        "no registry-free base runs arch 120 on this driver (CUDA 12.8 is registry-only here)"
+    )

@@ -3,13 +3,20 @@ server arguments from a stack, and every emit-time refusal as one line."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from builder.engines import get_engine
-from builder.engines.ktransformers import kt_variant, torch_arch_list, torch_index
+from builder.engines.ktransformers import (
+    PYTHON_CPU_BASE,
+    _python_toolchain,
+    kt_variant,
+    torch_arch_list,
+    torch_index,
+)
 from builder.engines.llama_cpp import LlamaCpp
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
@@ -26,7 +33,7 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
-from builder.spec import ImageSpec, LocalSource, StackSpec
+from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
@@ -60,7 +67,13 @@ def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -
             KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))),
         )["engine_env"]
 
-    own_config = {"SGLANG_APPLY_CONFIG_BACKUP": "none"}  # SGLang reads the checkpoint's config.json
+    own_config = {
+        "SGLANG_APPLY_CONFIG_BACKUP": "none",  # SGLang reads the checkpoint's config.json
+        # what NVIDIA's images tell the container toolkit, on this image's Debian base
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "NVIDIA_REQUIRE_CUDA": "cuda>=12.8",
+    }
     assert env("sapphirerapids") == {**own_config, "KT_KERNEL_CPU_VARIANT": "amx"}
     assert env("zen4") == {**own_config, "KT_KERNEL_CPU_VARIANT": "avx512_bf16"}
     assert env("portable") == own_config
@@ -119,8 +132,26 @@ def test_what_a_kt_image_can_be_built_from() -> None:
         get_engine("llama.cpp").check_image(from_pypi)
     with pytest.raises(SpecError, match="not installed from PyPI wheels"):
         render_files(from_pypi)  # what every build renders first
-    with pytest.raises(SpecError, match="no kt-kernel wheels"):
-        KT.toolchain(image_spec("ktransformers", "zen4", cuda=cuda_target("12.4")))
+    with pytest.raises(SpecError, match=r"torch 2.9.1, which PyTorch builds for CUDA 12.6, 12.8 only"):
+        image_spec("ktransformers", "zen4", cuda=cuda_target("12.4"))
+    with pytest.raises(SpecError, match="no kt-kernel wheels"):  # a source build compiles on Ubuntu 22.04
+        _python_toolchain(cpu_target("zen4"), cuda_target("12.4"), BaseImages(), compiles=True)
+
+
+def test_cuda_images_from_released_wheels_need_no_nvidia_cuda_image() -> None:
+    """Their CUDA is torch's (the nvidia-*-cu12 wheels): every stage is Debian bookworm (Python 3.11 for
+    kt-kernel's wheels), which `moe-stack base --suite bookworm` makes without a registry; the image sets
+    what NVIDIA's images set for the container toolkit. A build from source compiles CUDA: NVIDIA's devel."""
+    dockerfile = render_files(image_spec("ktransformers", "portable", cuda=cuda_target("12.8")))["Dockerfile"]
+    bases = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    assert set(bases) - {"toolchain", "scratch"} == {PYTHON_CPU_BASE}, bases
+    assert "nvidia/cuda" not in dockerfile
+    for line in ("NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_REQUIRE_CUDA=cuda>=12.8"):
+        assert line in dockerfile
+    with pytest.raises(SpecError, match="drop --cuda-base debian"):
+        _python_toolchain(cpu_target("zen4"), cuda_target("12.8"), BaseImages(cuda="debian"), compiles=False)
+    legacy = LEGACY.toolchain(image_spec("ktransformers-legacy", "zen4", cuda=cuda_target("12.8")))
+    assert legacy.build_image.startswith("nvidia/cuda:12.8.1-devel-ubuntu24.04")
 
 
 def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Path) -> None:
