@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # KTransformers images on this machine, measured: the CPU kernel image the tests build, and the CUDA
-# 12.8 variant's whole Python side (sglang-kt, kt-kernel, torch 2.9.1 and its CUDA libraries) built
-# from a wheelhouse onto a local bookworm base, since no nvidia/cuda base can be pulled here. Prints
-# download and build seconds, image sizes, and how many flags the real `sglang.launch_server --help`
-# lists; then emits a stack from that image, which checks every flag moe-stack writes against them.
+# 12.8 image (the documented `ktransformers[sglang]`: sglang-kt, kt-kernel, torch 2.9.1 and its CUDA
+# libraries) built from a wheelhouse onto a local bookworm base (`moe-stack base --suite bookworm`):
+# its CUDA is torch's wheels', so it needs no nvidia/cuda image and no registry. Its build places
+# SGLang's CUDA kernels for the image's archs and `ldd`s them (moe-stack-kt-gpu-libs). Prints download
+# and build seconds, image sizes, and how many flags the real `sglang.launch_server --help` lists;
+# then emits a stack from that image, which checks every flag moe-stack writes against them.
 # Usage: bash bench/kt_images.sh [WORK_DIR]   (about 5 GB of wheels, a 10 GB image)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,14 +28,17 @@ cpu_image=localhost/moe-stack-bench/ktransformers:0.7.2-cpu-portable
 echo "CPU kernel image: built in ${cpu_s} s from $(du -sh "$wheelhouse" | cut -f1) of wheels, $(size $cpu_image)"
 
 dl_s=$(seconds python3 -m pip download --only-binary=:all: --python-version 3.11 --implementation cp \
-  "${platforms[@]}" --dest "$work/wheels-cuda" kt-kernel==0.7.2 sglang-kt==0.7.2)
+  "${platforms[@]}" --dest "$work/wheels-cuda" 'ktransformers[sglang]==0.7.2')
 echo "CUDA 12.8 wheelhouse: $(du -sh "$work/wheels-cuda" | cut -f1) in ${dl_s} s"
 cuda_s=$(seconds "$ms" build --engine ktransformers --cuda 12.8 --cpu portable --source "$work/wheels-cuda" \
   --ref 0.7.2 --base-image "$base" --registry localhost --namespace moe-stack-bench)
 cuda_image=localhost/moe-stack-bench/ktransformers:0.7.2-cuda12.8-portable
 flags=$(docker image inspect $cuda_image --format '{{index .Config.Labels "io.moe-stack.server-flags"}}' \
   | "$py" -c 'import json, sys; print(len(json.load(sys.stdin)))')
-echo "CUDA 12.8 image (bookworm base in place of nvidia/cuda): built in ${cuda_s} s, $(size $cuda_image), sglang --help lists $flags flags"
+os=$(docker run --rm --entrypoint cat $cuda_image /etc/os-release | sed -n 's/^PRETTY_NAME="\(.*\)"/\1/p')
+origin=$(docker image inspect $cuda_image --format '{{index .Config.Labels "io.moe-stack.cuda-base"}}')
+echo "CUDA 12.8 image on $os, CUDA from $origin: built in ${cuda_s} s, $(size $cuda_image), sglang --help lists $flags flags"
+grep -h 'moe-stack-kt-gpu-libs' -A2 "$work/last.log" | grep -o '{.*}' | tail -1 | sed 's/^/SGLang kernels placed and linked: /' || true
 
 echo '{}' >"$work/stack/hf/config.json"
 "$py" -c "from pathlib import Path; from builder.models.synth_moe import MoeShape, write_moe_gguf; write_moe_gguf(Path('$work/stack/tiny-moe.gguf'), MoeShape())"

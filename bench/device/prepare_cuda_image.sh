@@ -6,8 +6,9 @@
 #   prepare_cuda_image.sh IMAGE ENGINE_TREE MODEL [PRESET]
 #
 # Writes .device/ (git-ignored; the device tool carries at most 64 MiB):
-#   image-rootfs.tar.xz   the image's root filesystem (docker export), cuBLAS and cuBLASLt left out:
-#                         with them it is ~600 MB; the device binds its own copy of the same release.
+#   image-rootfs.tar.xz   the image's root filesystem (docker export); a CUDA 13 image's cuBLAS and
+#                         cuBLASLt left out (with them it is ~600 MB): the device binds its own copy
+#                         of the same release. A CUDA 12 image keeps them (the device has none).
 #                         Over 40 MiB it is split into rootfs/part-aa (40 MiB, carried beside the
 #                         rest by `cuda_image.sh start`), then parts of 56 MiB (one a call:
 #                         `cuda_image.sh carry`, the last with `cuda_image.sh run`)
@@ -43,11 +44,15 @@ docker rm "$container" >/dev/null
 mkdir "$work/rootfs"
 tar -C "$work/rootfs" -xf "$work/rootfs.tar"
 : >"$out/image-removed.txt"
-for lib in libcublas.so.13 libcublasLt.so.13; do
-  path=$(cd "$work/rootfs" && find usr/local -name "$lib" -type f)
-  echo "$(sha256sum "$work/rootfs/$path" | cut -d' ' -f1) $(stat -c %s "$work/rootfs/$path") /$path" >>"$out/image-removed.txt"
-  rm "$work/rootfs/$path"
-done
+# The GPU machine has cuBLAS 13 (NVIDIA's PyPI wheels) and no cuBLAS 12: a CUDA 13 image's cuBLAS is
+# bound from there, a CUDA 12 image's travels in its root filesystem (~550 MB, ~160 MB xz).
+if [ "${cuda%%.*}" = 13 ]; then
+  for lib in libcublas.so.13 libcublasLt.so.13; do
+    path=$(cd "$work/rootfs" && find usr/local usr/lib -name "$lib" -type f)
+    echo "$(sha256sum "$work/rootfs/$path" | cut -d' ' -f1) $(stat -c %s "$work/rootfs/$path") /$path" >>"$out/image-removed.txt"
+    rm "$work/rootfs/$path"
+  done
+fi
 rm -rf "$out/rootfs" "$out/image-rootfs.tar.xz"
 tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$work/rootfs.tar.xz"
 if [ "$(stat -c %s "$work/rootfs.tar.xz")" -gt $((40 << 20)) ]; then

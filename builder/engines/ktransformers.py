@@ -196,6 +196,10 @@ class _PythonEngine(Engine):
     def toolchain(self, spec: ImageSpec) -> Toolchain:
         return _python_toolchain(spec.cpu, spec.cuda, spec.base, compiles=self._mode(spec) == "source")
 
+    def cuda_origin(self, spec: ImageSpec) -> str:
+        """Released wheels bring their CUDA (torch's nvidia-*-cu12 wheels); a source build NVIDIA's."""
+        return "nvidia" if self._mode(spec) == "source" else "torch-wheels"
+
     def source_context(self, holds: str) -> str:
         return "wheelhouse" if holds == "wheels" else super().source_context(holds)
 

@@ -54,8 +54,9 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
         f"{LABEL_PREFIX}.engine-ref": spec.ref,
         f"{LABEL_PREFIX}.cuda": spec.cuda.version or "none",
         f"{LABEL_PREFIX}.cuda-archs": ",".join(str(a) for a in spec.cuda.archs),
-        # Whose CUDA toolkit the image was built on: NVIDIA's images, or moe-stack's from PyPI wheels.
-        f"{LABEL_PREFIX}.cuda-base": spec.base.cuda if spec.cuda.version else "none",
+        # Where the image's CUDA comes from: NVIDIA's images, moe-stack's bases (PyPI wheels, Debian's
+        # archive), or the engine's own Python wheels.
+        f"{LABEL_PREFIX}.cuda-base": engine.cuda_origin(spec) if spec.cuda.version else "none",
         f"{LABEL_PREFIX}.cpu-target": spec.cpu.name,
         f"{LABEL_PREFIX}.march": spec.cpu.march or "none",
         f"{LABEL_PREFIX}.required-cpu-flags": " ".join(spec.cpu.required_flags),

@@ -24,7 +24,7 @@ from builder.images.build import plan_build
 from builder.images.matrix import cuda_target, default_image_spec
 from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
-from builder.images.render import render_files
+from builder.images.render import image_labels, render_files
 from builder.images.source import resolve_local
 from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
 from builder.models.planner import plan as make_plan
@@ -148,6 +148,8 @@ def test_cuda_images_from_released_wheels_need_no_nvidia_cuda_image() -> None:
     assert "nvidia/cuda" not in dockerfile
     for line in ("NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_REQUIRE_CUDA=cuda>=12.8"):
         assert line in dockerfile
+    labels = image_labels(image_spec("ktransformers", "portable", cuda=cuda_target("12.8")))
+    assert labels["io.moe-stack.cuda-base"] == "torch-wheels"
     with pytest.raises(SpecError, match="drop --cuda-base debian"):
         _python_toolchain(cpu_target("zen4"), cuda_target("12.8"), BaseImages(cuda="debian"), compiles=False)
     legacy = LEGACY.toolchain(image_spec("ktransformers-legacy", "zen4", cuda=cuda_target("12.8")))
