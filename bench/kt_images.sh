@@ -13,7 +13,7 @@ work=${1:-/var/tmp/moe-stack-kt-bench}
 ms="$repo/.venv/bin/moe-stack"
 py="$repo/.venv/bin/python"
 base=$("$py" -c 'from builder.images.baseimage import ensure_base; print(ensure_base("debian:bookworm-slim", "moe-stack/debian:bookworm", "bookworm"))')
-mkdir -p "$work/wheels-cuda" "$work/stack/hf"
+mkdir -p "$work/wheels-cuda" "$work/stack"
 platforms=()
 for tag in 2_35 2_34 2_31 2_28 2_27 2_24 2_17 2_5; do platforms+=(--platform "manylinux_${tag}_x86_64"); done
 platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform linux_x86_64)
@@ -40,8 +40,10 @@ origin=$(docker image inspect $cuda_image --format '{{index .Config.Labels "io.m
 echo "CUDA 12.8 image on $os, CUDA from $origin: built in ${cuda_s} s, $(size $cuda_image), sglang --help lists $flags flags"
 grep -h 'moe-stack-kt-gpu-libs' -A2 "$work/last.log" | grep -o '{.*}' | tail -1 | sed 's/^/SGLang kernels placed and linked: /' || true
 
-echo '{}' >"$work/stack/hf/config.json"
-"$py" -c "from pathlib import Path; from builder.models.synth_moe import MoeShape, write_moe_gguf; write_moe_gguf(Path('$work/stack/tiny-moe.gguf'), MoeShape())"
+# The model both loaders read: the experts' GGUF and the Hugging Face checkpoint of the same shapes.
+rm -rf "$work/stack/hf"
+"$ms" synth-moe "$work/stack/tiny-moe.gguf" --tiny >/dev/null
+"$ms" synth-moe "$work/stack/hf" --tiny --format hf >/dev/null
 chmod -R o+rX "$work/stack" && chmod o+rx "$work"
 "$ms" compose --engine ktransformers --image $cuda_image --model "$work/stack/tiny-moe.gguf" \
   --config-dir "$work/stack/hf" --gpu nvidia --preset qwen3-235b-a22b --fit-vram-gb 2.05 -o "$work/stack/compose.yaml" >/dev/null

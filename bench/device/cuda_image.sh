@@ -37,7 +37,7 @@ mkdir -p "$work/models" "$out"
 export PYTHONPATH="$work/site:$repo" PYTHONUNBUFFERED=1
 say() { echo "[$(($(date +%s) - start))s] $*" | tee -a "$out/run.log"; }
 left() { echo $((deadline - $(date +%s))); }
-[ "$phase" = run ] || rm -rf "$dev"  # a new run: nothing from an earlier image may be mixed in
+case $phase in all | start) rm -rf "$dev" ;; esac  # a new run: nothing from an earlier image may be mixed in
 mkdir -p "$dev/rootfs" && cp -r "$repo"/.device/. "$dev"/
 if [ "$phase" = carry ]; then
   say "carried so far: $(find "$dev/rootfs" -name 'part-*' | sort | xargs -r -n1 basename | tr '\n' ' ')"
