@@ -207,7 +207,7 @@ class Engine(ABC):
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""
 
     def cuda_origin(self, spec: ImageSpec) -> str:
-        """Where a CUDA image's CUDA comes from (its `io.moe-stack.cuda-base` label): the base it builds on."""
+        """Where a CUDA image gets its CUDA (its `io.moe-stack.cuda-base` label): the base it builds on."""
         return spec.base.cuda
 
     def check_image_target(self, stack: StackSpec, cpu_target: CpuTarget) -> None:

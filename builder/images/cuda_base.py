@@ -53,7 +53,7 @@ MIRROR_LABEL = "io.moe-stack.base-mirror"
 class CudaBase:
     devel: str
     runtime: str
-    stub_symbols: int | None  # entry points in the generated libcuda stub (None: kept from an earlier run)
+    stub_symbols: int | None  # entry points in the devel image's libcuda link stub (None: kept, not made)
 
 
 def current_images(client: DockerClient, cuda: LocalCuda) -> bool:

@@ -274,15 +274,16 @@ def _cuda_images(cuda: str, driver: str, arch: int) -> str:
     if origin is not None:
         return f"{names}, their base needs no registry (`moe-stack base --cuda {cuda}`, from {WHERE[origin]})"
     free = [
-        version
-        for origin in LOCAL_CUDA
-        for version in LOCAL_CUDA[origin]
+        (MIN_DRIVER[version], version, source)
+        for source, releases in LOCAL_CUDA.items()
+        for version in releases
         if driver_runs(driver, version) and cuda_knows_arch(version, arch)
     ]
     if free:
-        best = max(free, key=lambda version: MIN_DRIVER[version])
-        where = WHERE[origin_of(best) or "pypi"]
-        instead = f"without a registry, build cuda{best} images on `moe-stack base --cuda {best}` ({where})"
+        _, best, source = max(free)
+        instead = (
+            f"without a registry, build cuda{best} images on `moe-stack base --cuda {best}` ({WHERE[source]})"
+        )
     else:
         instead = f"no registry-free base runs arch {arch} on this driver (CUDA {cuda} is registry-only here)"
     return f"{names}, their base is NVIDIA's nvidia/cuda:{cuda} image; {instead}"

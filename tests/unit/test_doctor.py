@@ -49,8 +49,7 @@ def test_epyc_4090_with_numa_balancing_on(tmp_path: Path) -> None:
     assert "stacks name the cuda12.8 images (cuda13.0 needs driver 580.65+)" in found["gpu"].message
     assert (
         "nvidia/cuda:12.8 image; without a registry, build cuda12.4 images on `moe-stack base --cuda 12.4` "
-        "(Debian's non-free archive)"
-        in found["gpu"].message
+        "(Debian's non-free archive)" in found["gpu"].message
     )
     assert found["gpu_runtime"].level == "FAIL" and "nvidia-ctk runtime configure" in found["gpu_runtime"].fix
     assert found["model"].level == "OK"
