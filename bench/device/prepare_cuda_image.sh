@@ -9,6 +9,7 @@
 #   image-rootfs.tar.xz   the image's root filesystem (docker export); a CUDA 13 image's cuBLAS and
 #                         cuBLASLt left out (with them it is ~600 MB): the device binds its own copy
 #                         of the same release. A CUDA 12 image keeps them (the device has none).
+#                         xz -9e, or XZ_LEVEL (-6: faster, a little larger).
 #                         Over 40 MiB it is split into rootfs/part-aa (40 MiB, carried beside the
 #                         rest by `cuda_image.sh start`), then parts of 56 MiB (one a call:
 #                         `cuda_image.sh carry`, the last with `cuda_image.sh run`)
@@ -54,7 +55,7 @@ if [ "${cuda%%.*}" = 13 ]; then
   done
 fi
 rm -rf "$out/rootfs" "$out/image-rootfs.tar.xz"
-tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 -9e >"$work/rootfs.tar.xz"
+tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 "${XZ_LEVEL:--9e}" >"$work/rootfs.tar.xz"
 if [ "$(stat -c %s "$work/rootfs.tar.xz")" -gt $((40 << 20)) ]; then
   mkdir -p "$out/rootfs"
   head -c 40M "$work/rootfs.tar.xz" >"$out/rootfs/part-aa"
