@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A CUDA image's own bytes on a GPU machine that has no Docker, run as a container runtime with the
 # NVIDIA container toolkit would run it, then measured against a native build of the same engine tree
-# and configure arguments (P1 on the GPU path). Needs root, unshare and chroot; inputs in .device/
+# and configure arguments, or other ones (prepare's NATIVE_CMAKE_ARGS) (P1 on the GPU path). Needs root, unshare and chroot; inputs in .device/
 # from bench/device/prepare_cuda_image.sh.
 #
 #   cuda_image.sh           all of it, in one device call of at most ~9 minutes
@@ -50,11 +50,13 @@ rm -rf "$work/native" && mkdir -p "$work/native"
 tar -C "$work/native" --strip-components=1 -xJf "$dev/engine.tar.xz"
 # The image's build step for trees without a build-info generator (ik_llama.cpp's sdist); else a no-op.
 sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$work/native" "$(cut -d' ' -f2 "$dev/image-id.txt" | sed 's/.*://; s/-cuda.*//')"
-mapfile -t cmake_args <"$dev/engine.cmake-args"
+native_args=$dev/engine.cmake-args
+[ -f "$dev/native.cmake-args" ] && native_args=$dev/native.cmake-args  # prepare's NATIVE_CMAKE_ARGS
+mapfile -t cmake_args <"$native_args"
 setsid bash -c 'cd "$1" && shift && { cmake -S . -B build -G Ninja "$@" && cmake --build build --target llama-server \
   --parallel "$(nproc)" && echo ok >build.done; } >build.log 2>&1 || echo failed >build.done' _ "$work/native" \
   "${cmake_args[@]}" </dev/null >/dev/null 2>&1 &
-say "native build started: ${#cmake_args[@]} configure arguments, $(nproc) jobs"
+say "native build started: ${#cmake_args[@]} configure arguments ($(basename "$native_args")), $(nproc) jobs"
 
 # ---- facts --------------------------------------------------------------------------------------
 {
@@ -184,7 +186,8 @@ if [ "$healthy" = yes ] && [ -x "$native" ]; then
   say "P1: $(tail -n 1 "$out/p1.json")"
 fi
 for binary in "$rootfs/opt/engine/bin/llama-server" "$native"; do
-  [ -x "$binary" ] && echo "$binary: $(cuobjdump --list-elf "$binary" 2>&1 | grep -oE 'sm_[0-9]+' | sort | uniq -c | tr '\n' ' ')"
+  [ -x "$binary" ] && echo "$binary: $(cuobjdump --list-elf "$binary" 2>&1 | grep -oE 'sm_[0-9]+' | sort | uniq -c | tr '\n' ' ')" \
+    "PTX: $(cuobjdump --list-ptx "$binary" 2>&1 | grep -c 'PTX file'); .nv_fatbin $(size -A "$binary" | awk '$1 == ".nv_fatbin" {print $2}') bytes"
 done >>"$out/facts.txt"
 pattern='CUDA|ggml_cuda|offload|buffer size|HAVE_|AMX|system_info|override|build:'
 grep -a -E "$pattern" "$work/image-server.log" | head -60 >"$out/image-server-log.txt"

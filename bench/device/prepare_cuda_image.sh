@@ -19,6 +19,10 @@
 #                         the device (16 physical cores), the image's flag contract checked
 #   engine.tar.xz         the engine tree the image was built from (what its build never reads left out)
 #   engine.cmake-args     the configure arguments the image used, ccache launchers dropped
+#   native.cmake-args     with NATIVE_CMAKE_ARGS=FILE: what the native build configures with instead
+#                         (an earlier image's arguments, to measure a new image against it). The
+#                         native tree is the engine tree as given either way: a source edit the
+#                         image's build makes (ik's cuda-no-lineinfo.sh) is not applied to it.
 #   whl/                  the gguf wheel (synth_moe.py writes the model on the device)
 set -euo pipefail
 image=${1:?IMAGE}
@@ -72,6 +76,8 @@ grep -q 'flags-checked: true' "$out/stack.yaml" || { echo "the stack's flags wer
 
 "$ms" cmake-args --engine "$engine" --cuda "$cuda" --cuda-archs "$archs" --cpu "$cpu" --cuda-base "$cuda_base" \
   --no-ccache >"$out/engine.cmake-args"
+rm -f "$out/native.cmake-args"
+[ -z "${NATIVE_CMAKE_ARGS:-}" ] || cp "$NATIVE_CMAKE_ARGS" "$out/native.cmake-args"
 # What the build never reads stays behind (docs, test models and media, tests and examples, which are
 # off, Python converters, the ggml backends other than CPU and CUDA): it must fit beside the rootfs.
 name=$(basename "$tree")

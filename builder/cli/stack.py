@@ -514,7 +514,8 @@ def tune(
     ] = None,
 ) -> None:
     """Find this host's fastest settings for a stack (threads, batch sizes, mmap, ik_llama.cpp's repacking,
-    fused MoE and offload batch, NUMA policy) with the engine's llama-bench, and write them into the stack."""
+    fused MoE and offload batch, NUMA policy, a draft's length) with the engine's llama-bench (a drafting
+    stack: its server, timing a completion), and write them into the stack."""
     if decode and prefill:
         raise SpecError("--decode and --prefill: give one, or neither to tune for both")
     objective: Objective = "decode" if decode else "prefill" if prefill else "both"

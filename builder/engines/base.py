@@ -172,8 +172,8 @@ class Engine(ABC):
             "(`moe-stack render`)"
         )
 
-    def context_files(self, root: Path) -> dict[str, str]:
-        """Files of the build context beyond the common entrypoint and healthcheck, by name."""
+    def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
+        """Files of `spec`'s build context beyond the common entrypoint and healthcheck, by name."""
         return {}
 
     @abstractmethod

@@ -22,6 +22,8 @@ class IkLlamaCpp(LlamaFamilyEngine):
     sdist_ref = "ikpy-0.1.5"  # that sdist doesn't say which commit it vendors: label it by the sdist
     # Its sdists lack common/cmake/build-info-gen-cpp.cmake; the build writes build-info.cpp itself.
     needs_build_info_shim = True
+    # Its CMake adds -lineinfo to every CUDA compile: half its server's sm_90 device code (194 MB).
+    drops_cuda_lineinfo = True
     # Its --help omits accepted flags (-ot, -thp, -cmoe...): the contract adds the parser's literals.
     parser_sources = ("common/common.cpp",)
     # Its own llama-sweep-bench (PP and TG speed over the whole context) beside mainline's tools.

@@ -240,7 +240,7 @@ class _PythonEngine(Engine):
             else "",
         }
 
-    def context_files(self, root: Path) -> dict[str, str]:
+    def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
         return {
             name: (root / "ktransformers" / name).read_text()
             for name in (

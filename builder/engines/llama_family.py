@@ -19,11 +19,13 @@ from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.tune_space import (
     LOAD_MODE,
     Dimension,
+    draft_max_dimension,
     has_switch,
     load_mode_dimension,
     setting_numa,
     setting_ubatch,
     setting_value,
+    speculates,
     switch_dimension,
     thread_counts,
     ubatch_sizes,
@@ -67,6 +69,9 @@ class LlamaFamilyEngine(Engine):
         {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
     )
     needs_build_info_shim: bool = False
+    # Whether its CMake always compiles CUDA with -lineinfo, which a CUDA build takes out
+    # (dockerfiles/llama-cpp-family/cuda-no-lineinfo.sh says why).
+    drops_cuda_lineinfo: bool = False
     metrics_flag = "--metrics"
     tool_calls_flag = "--jinja"  # chat rendered with the model's own template, which tool calls need
     honours = frozenset(
@@ -203,7 +208,10 @@ class LlamaFamilyEngine(Engine):
                 "-DBUILD_SHARED_LIBS=OFF",
             ]
         if cuda.version is not None:
-            archs = ";".join(str(a) for a in cuda.archs)
+            # Machine code (SASS) for exactly these archs, no PTX: `pull` and doctor match an image to
+            # a GPU by these archs, so PTX (JIT-compiled for a newer GPU at first start) is never
+            # what runs; a bare "90" would embed both (CMAKE_CUDA_ARCHITECTURES).
+            archs = ";".join(f"{a}-real" for a in cuda.archs)
             # libcuda.so.1 comes from the driver at run time; link against the toolkit's stub.
             args += [
                 "-DGGML_CUDA=ON",
@@ -263,6 +271,7 @@ class LlamaFamilyEngine(Engine):
             "server_target": self.server_target,
             "engine_bin": self.server_path(spec),
             "build_info_shim": self.needs_build_info_shim,
+            "cuda_no_lineinfo": self.drops_cuda_lineinfo and spec.cuda.version is not None,
             "tool_targets": list(self.tool_targets),
             "chat_page_context": CHAT_PAGE_CONTEXT if self.chat_page_dir else None,
             "chat_page_dir": self.chat_page_dir,
@@ -270,13 +279,15 @@ class LlamaFamilyEngine(Engine):
             "tools_label": TOOLS_LABEL,
         }
 
-    def context_files(self, root: Path) -> dict[str, str]:
+    def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
         files = {
             name: (root / "common" / name).read_text()
             for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")
         }
         if self.needs_build_info_shim:
             files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
+        if self.drops_cuda_lineinfo and spec.cuda.version is not None:
+            files["cuda-no-lineinfo.sh"] = (root / "llama-cpp-family/cuda-no-lineinfo.sh").read_text()
         return files
 
     def server_path(self, spec: ImageSpec) -> str:
@@ -366,6 +377,8 @@ class LlamaFamilyEngine(Engine):
             )
         )
         dimensions += self.engine_dimensions(args, gpu)
+        if speculates(args):
+            dimensions.append(draft_max_dimension(args, self.draft_max_flag(None)))
         dimensions.append(self.mmap_dimension(args))
         if numa_nodes > 1:
             dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))

@@ -114,6 +114,28 @@ def thread_counts(threads: int) -> tuple[str, ...]:
     return tuple(str(n) for n in dict.fromkeys(n for n in counts if n >= 1))
 
 
+DRAFT_MODEL = ("-md", "--model-draft", "--spec-draft-model")
+DRAFT_MAX = ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max")
+MTP = ("-mtp", "--multi-token-prediction")
+
+
+def speculates(args: Args) -> bool:
+    """Whether a server running `args` drafts tokens: a draft model, the model's MTP layer (ik's -mtp),
+    or a --spec-type (mainline's draft-simple, draft-mtp...)."""
+    return has_switch(args, DRAFT_MODEL + MTP) or value_of(args, ("--spec-type",)) not in (None, "none")
+
+
+def draft_max_dimension(args: Args, flag: str) -> Dimension:
+    """How many tokens a draft proposes per step (`flag`, the engine's spelling; both engines default to
+    16). For a hybrid MoE stack each verified batch routes to more experts than one token does, read
+    from RAM, so a shorter draft can decode faster; only a served trial shows it (llama-bench has no
+    speculative decoding)."""
+    current = value_of(args, DRAFT_MAX) or "default"
+    spellings = (flag, *(spelling for spelling in DRAFT_MAX if spelling != flag))
+    values = tuple(dict.fromkeys([current, "2", "4", "8", "16"]))
+    return Dimension("draft-max", values, setting_value(spellings), affects="decode")
+
+
 def ubatch_sizes(current: str | None) -> tuple[str, ...]:
     """512 … 4096 (prefill: on the device -ub 512 → 2048 → 4096 took a 235B slice from 1871 to 4928 to
     5313 t/s), the stack's own first."""

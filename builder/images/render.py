@@ -122,7 +122,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "moe-stack-health": (root / "common/moe-stack-health").read_text(),
         "image.json": json.dumps(image_manifest(spec), indent=2, sort_keys=True) + "\n",
         "required-cpu-flags": " ".join(spec.cpu.required_flags) + "\n",
-        **engine.context_files(root),
+        **engine.context_files(root, spec),
     }
 
 

@@ -6,6 +6,7 @@ its output; `tool_run` runs it (in a container shaped like the stack's, or a nat
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -16,6 +17,7 @@ from typing import Protocol
 from builder.contract import MODEL_DIR, NUMA_ENV
 from builder.engines import bench_engine
 from builder.engines.llama_bench import ToolArgs, llama_bench_args, sweep_bench_args
+from builder.engines.tune_space import without
 from builder.errors import StackError
 
 TOOLS = ("llama-bench", "sweep-bench")
@@ -53,12 +55,18 @@ class NativeRunner:
         return [str(self.model_dir / arg[len(prefix) :]) if arg.startswith(prefix) else arg for arg in args]
 
     def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
+        """`program` from `bin_dir`, else from PATH (bash, for a served trial), with `bin_dir` first on
+        PATH as the tools image has its engine directory."""
+        own = self.bin_dir / program
         command = [
             *numactl_prefix((env or {}).get(NUMA_ENV, "none")),
-            str(self.bin_dir / program),
+            str(own) if own.is_file() else program,
             *self._local(args),
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        path = f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+        done = subprocess.run(
+            command, capture_output=True, text=True, check=False, env={**os.environ, "PATH": path}
+        )
         if done.returncode != 0:
             raise StackError(f"{program} failed (exit {done.returncode}): {last_error(done.stderr)}")
         return ToolOutput(done.stdout, done.stderr)
@@ -148,6 +156,74 @@ def tool_args(
     translated = llama_bench_args(server_args, tool_flags, engine.bench_rule_separator)
     tests = ["-p", str(prompt_tokens), "-n", str(generate), "-r", str(repetitions), "-o", "json"]
     return ToolArgs(args=[*translated.args, *tests], left_out=translated.left_out)
+
+
+# A served trial, for what llama-bench can't run (speculative decoding): the server with the setting's
+# arguments on a port of its own, polled on /health until the model is loaded, then one /completion,
+# whose HTTP reply is printed; bash alone (the image has no curl). Arguments: PORT BODY SERVER ARGS...
+SERVER_TRIAL = r"""
+set -u
+port=$1 body=$2
+shift 2
+"$@" --host 127.0.0.1 --port "$port" >&2 &
+server=$!
+trap 'kill "$server" 2>/dev/null; wait "$server" 2>/dev/null' EXIT
+until { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null \
+    && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && IFS= read -r -t 10 status <&3 \
+    && [[ $status == HTTP/1.?" 200 "* ]]; do
+  exec 3<&- 3>&-
+  kill -0 "$server" 2>/dev/null || { echo "the server exited before it was ready" >&2; exit 1; }
+  sleep 0.5
+done
+exec 3<&- 3>&-
+exec 3<>"/dev/tcp/127.0.0.1/$port"
+printf 'POST /completion HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s' \
+  "${#body}" "$body" >&3
+cat <&3
+"""
+# The trial's prompt: plain words, so any vocabulary tokenizes it (its token count is in the reply).
+TRIAL_WORDS = "the quick brown fox jumps over a lazy dog while seven wizards box and judge my quiz "
+
+
+@dataclass(frozen=True)
+class ServedTiming:
+    prefill_tps: float
+    decode_tps: float
+    drafted: int  # tokens the draft proposed (0 without one)
+    accepted: int
+
+
+def server_trial_args(
+    server: str, server_args: list[str], port: int, prompt_tokens: int, generate: int
+) -> list[str]:
+    """`bash` arguments for one served trial of `server_args` (the stack's address and API key left
+    out: it answers on 127.0.0.1:`port` inside the trial alone)."""
+    args = without(server_args, ("--host",))
+    args = without(args, ("--port",))
+    args = without(args, ("--api-key", "--api-key-file"))
+    words = TRIAL_WORDS.split()
+    prompt = " ".join(words[i % len(words)] for i in range(prompt_tokens))
+    body = json.dumps(
+        {"prompt": prompt, "n_predict": generate, "temperature": 0, "cache_prompt": False, "ignore_eos": True}
+    )
+    return ["-c", SERVER_TRIAL, "moe-stack-trial", str(port), body, server, *args]
+
+
+def parse_server_trial(text: str) -> ServedTiming:
+    """The /completion reply a served trial printed (HTTP status line, headers, JSON): its timings."""
+    head, _, body = text.replace("\r\n", "\n").partition("\n\n")
+    status = head.splitlines()[0] if head else "(no reply)"
+    if " 200 " not in status:
+        raise StackError(f"the server answered the trial's completion with {status!r}: {body.strip()[:200]}")
+    timings = json.loads(body).get("timings") or {}
+    if "predicted_per_second" not in timings:
+        raise StackError("the server's completion reply has no timings; it can't be measured this way")
+    return ServedTiming(
+        prefill_tps=float(timings.get("prompt_per_second", 0.0)),
+        decode_tps=float(timings["predicted_per_second"]),
+        drafted=int(timings.get("draft_n", 0)),
+        accepted=int(timings.get("draft_n_accepted", 0)),
+    )
 
 
 def last_json_array(text: str) -> list | None:

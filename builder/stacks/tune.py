@@ -11,7 +11,9 @@ winner with the stack's original settings, and its ratio is what the table repor
 does not beat the stack there by MIN_GAIN is dropped (the stack is kept, and the result says so).
 
 Trials run through a Runner (tool_bench): a container shaped like the stack's, or native builds, so
-the search does not depend on Docker being where the benchmark runs.
+the search does not depend on Docker being where the benchmark runs. A trial is one llama-bench run,
+or, for a stack that drafts tokens (llama-bench has no speculative decoding), the server itself with
+the setting's arguments answering one completion (`served`): its own timings are the figures.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from typing import Literal
 from builder.engines.llama_bench import ToolArgs
 from builder.engines.tune_space import Args, Dimension, Env
 from builder.errors import StackError
-from builder.stacks.tool_bench import Runner, parse_llama_bench, tool_args
+from builder.stacks.host_checks import free_local_port
+from builder.stacks.tool_bench import (
+    Runner,
+    parse_llama_bench,
+    parse_server_trial,
+    server_trial_args,
+    tool_args,
+)
 
 Objective = Literal["decode", "prefill", "both"]
 MIN_GAIN = 0.03  # a winner must beat the incumbent by at least this much, whatever the spread
@@ -159,11 +168,20 @@ class Tuner:
     prompt_tokens: int = 512
     generate: int = 64
     progress: Callable[[str], None] = lambda line: None
+    served: bool = False  # trials serve the stack (a completion's timings), not llama-bench
     _baseline_trials: list[Trial] = field(default_factory=list)
 
     def measure(self, setting: Setting) -> tuple[float, float, float]:
-        """(prefill, decode, seconds) of one llama-bench run of `setting`."""
+        """(prefill, decode, seconds) of one trial of `setting`."""
         started = time.monotonic()
+        if self.served:
+            trial_args = server_trial_args(
+                "llama-server", setting.args, free_local_port(), self.prompt_tokens, self.generate
+            )
+            timing = parse_server_trial(self.runner.run("bash", trial_args, setting.env).stdout)
+            if timing.drafted:
+                self.progress(f"the draft proposed {timing.drafted} tokens, {timing.accepted} accepted")
+            return timing.prefill_tps, timing.decode_tps, time.monotonic() - started
         rows = parse_llama_bench(
             self.runner.run("llama-bench", self._bench_args(setting).args, setting.env).stdout
         )
@@ -224,7 +242,10 @@ class Tuner:
 
     def _lacking(self, dimension: Dimension, baseline: Setting) -> str:
         """What llama-bench can't be given for some value of `dimension` (its contract lacks the flag),
-        beyond what it already can't for the stack's own settings; '' when every value is expressible."""
+        beyond what it already can't for the stack's own settings; '' when every value is expressible
+        (always, for served trials: the server takes its own arguments)."""
+        if self.served:
+            return ""
         already = set(self._bench_args(baseline).left_out)
         for value in dimension.values[1:]:
             extra = set(self._bench_args(self._with(baseline, dimension, value)).left_out) - already

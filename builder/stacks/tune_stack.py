@@ -14,6 +14,7 @@ from pathlib import Path
 
 from builder.contract import NUMA_ENV
 from builder.engines import bench_engine
+from builder.engines.tune_space import speculates
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
@@ -134,7 +135,12 @@ def tune_stack(
         prompt_tokens=prompt_tokens,
         generate=generate,
         progress=progress,
+        served=speculates(args),
     )
+    if tuner.served:
+        progress(
+            "the stack drafts tokens, which llama-bench can't: each trial serves it, timing a completion"
+        )
     progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
     bandwidth = read_bandwidth(runner, env, progress)
     result = tuner.run(budget_s)

@@ -131,8 +131,18 @@ def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, co
     )
     assert "CMAKE_CUDA_COMPILER:FILEPATH=/usr/local/cuda/bin/nvcc" in cache
     assert (
-        re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90$", cache, re.MULTILINE) and "GGML_CUDA:BOOL=ON" in cache
+        re.search(r"^CMAKE_CUDA_ARCHITECTURES:\w+=90-real$", cache, re.MULTILINE)
+        and "GGML_CUDA:BOOL=ON" in cache
     )
+    # What nvcc is told to embed: sm_90 machine code alone, no compute_90 PTX beside it.
+    codes = str(
+        docker_client.run(
+            configure_image,
+            ["sh", "-c", "grep -oE 'code=\\[[^]]*\\]' /build/build.ninja | sort -u"],
+            remove=True,
+        )
+    )
+    assert codes.split() == ["code=[sm_90]"]
     ninja = str(
         docker_client.run(
             configure_image, ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"], remove=True

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from python_on_whales import DockerClient
 
 from builder.errors import StackError
@@ -121,6 +122,50 @@ def test_ik_drafts_with_a_draft_model_and_refuses_an_mtp_file(
     refused = StackOptions(model=models["mtp"], engine="ik_llama.cpp", image=image, port=free_local_port())
     with pytest.raises(StackError, match="multi-token-prediction layer .* stops ik's loader"):
         plan_stack(refused, probe())
+
+
+def test_tune_times_a_drafting_stack_by_serving_it(
+    models: dict[str, Path], base_image: str, tmp_path: Path
+) -> None:
+    """llama-bench has no speculative decoding: `tune --only draft-max` serves the stack from its tools
+    image for each trial and times a completion; the draft proposed tokens in those trials."""
+    image = build_engine_image("llama.cpp", "avx2", base_image).tag
+    build_engine_image("llama.cpp", "avx2", base_image, tools=True)
+    options = StackOptions(
+        model=models["model"],
+        engine="llama.cpp",
+        image=image,
+        port=free_local_port(),
+        threads=2,
+        engine_options=EngineOptions(draft_model=models["draft"], draft_max=4),
+    )
+    planned = plan_stack(options, probe())
+    compose_file = write_stack(
+        compose_dict(planned.stack, "pytest: tune a draft", planned.facts), tmp_path / "compose.yaml"
+    )
+    result = run_cli(
+        "tune",
+        str(compose_file),
+        "--only",
+        "draft-max",
+        "--decode",
+        "--budget",
+        "240s",
+        "-p",
+        "16",
+        "-n",
+        "32",
+    )
+    assert result.returncode == 0, result.stderr
+    said = result.stdout + result.stderr
+    assert "each trial serves it" in said and "the draft proposed" in said, said[-2000:]
+    tuned = yaml.safe_load(compose_file.with_suffix(".tuned.yaml").read_text())
+    record = tuned["x-moe-stack"]["tuned"]
+    # Warm-ups, then at least two rounds over the four lengths (4, the stack's own, first; 2, 8, 16).
+    assert set(record["settings"]) == {"draft-max"} and record["trials"] >= 2 + 2 * 4, record
+    assert record["stack-tps"]["decode"] > 0
+    command = tuned["services"]["engine"]["command"]
+    assert command[command.index("--spec-draft-n-max") + 1] == record["settings"]["draft-max"]
 
 
 def test_a_stack_with_a_draft_is_not_bundled(

@@ -45,6 +45,7 @@ def test_render_writes_a_build_context(tmp_path: Path) -> None:
     assert names == [
         "Dockerfile",
         "build-info.sh",
+        "cuda-no-lineinfo.sh",
         "image.json",
         "moe-stack-bandwidth.c",
         "moe-stack-entrypoint",

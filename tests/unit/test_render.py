@@ -11,6 +11,7 @@ import pytest
 
 from builder.errors import MoeStackError
 from builder.files import templates_root
+from builder.images.matrix import cuda_target
 from builder.images.render import render, render_files
 from builder.platform.pins import pinned_ref
 from builder.spec import BaseImages
@@ -71,6 +72,32 @@ def test_ik_gets_examples_and_build_info_shim() -> None:
     assert "-DLLAMA_BUILD_EXAMPLES=ON" in files["Dockerfile"]
     assert "build-info.sh" in files and "moe-stack-build-info.sh /src" in files["Dockerfile"]
     assert "build-info.sh" not in render_files(default_spec("llama.cpp"))
+
+
+def test_ik_cuda_builds_drop_lineinfo(tmp_path: Path) -> None:
+    """ik's CUDA builds take -lineinfo out of its CUDA flags (line tables, no machine code); its CPU
+    builds and mainline's (no -lineinfo outside GGML_CUDA_DEBUG) are left alone."""
+    step = "sh /tmp/moe-stack-cuda-no-lineinfo.sh /src"
+    cuda = cuda_target("13.0", (90,))
+    files = render_files(default_spec("ik_llama.cpp").model_copy(update={"cuda": cuda}))
+    assert step in files["Dockerfile"] and "-DCMAKE_CUDA_ARCHITECTURES=90-real" in files["Dockerfile"]
+    assert step not in render_files(default_spec("ik_llama.cpp"))["Dockerfile"]
+    assert step not in render_files(default_spec("llama.cpp").model_copy(update={"cuda": cuda}))["Dockerfile"]
+
+    # The script on the line as ik's ggml/src/CMakeLists.txt has it, then on a tree that has it not.
+    script = files["cuda-no-lineinfo.sh"]
+    cmake = tmp_path / "ggml/src/CMakeLists.txt"
+    cmake.parent.mkdir(parents=True)
+    line = "    set(CUDA_FLAGS -use_fast_math -extended-lambda{})\n    list(APPEND CUDA_FLAGS -O3)\n"
+    cmake.write_text(line.format(" -lineinfo"))
+    run = subprocess.run(
+        ["sh", "-c", script, "sh", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert cmake.read_text() == line.format("") and "without -lineinfo" in run.stdout
+    run = subprocess.run(
+        ["sh", "-c", script, "sh", str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert cmake.read_text() == line.format("") and "kept as it is" in run.stdout
 
 
 def test_base_images_are_placed_per_stage() -> None:

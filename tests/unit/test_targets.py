@@ -63,7 +63,7 @@ def test_toolchains_pick_a_compiler_that_knows_the_cpu() -> None:
 def test_cuda_archs_follow_the_release() -> None:
     assert cuda_target("12.6").archs == (86, 89, 90)
     assert cuda_target("12.8").archs == (86, 89, 90, 120)
-    assert "-DCMAKE_CUDA_ARCHITECTURES=86;89;90;120" in _args("llama.cpp", "avx2", "13.0")
+    assert "-DCMAKE_CUDA_ARCHITECTURES=86-real;89-real;90-real;120-real" in _args("llama.cpp", "avx2", "13.0")
     with pytest.raises(SpecError, match="unknown CUDA version 11.8"):
         cuda_target("11.8")
 

@@ -12,11 +12,18 @@ import pytest
 
 from builder.engines import get_engine
 from builder.engines.llama_family import LlamaFamilyEngine
-from builder.engines.tune_space import Dimension, setting_ubatch, setting_value, thread_counts, value_of
+from builder.engines.tune_space import (
+    Dimension,
+    setting_ubatch,
+    setting_value,
+    speculates,
+    thread_counts,
+    value_of,
+)
 from builder.errors import SpecError, StackError
 from builder.models.planner import ModelFacts
 from builder.platform.flags import parse_help
-from builder.stacks.tool_bench import ToolOutput, numactl_prefix
+from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
 from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
 
@@ -280,6 +287,94 @@ def test_settings_rewrite_the_servers_arguments() -> None:
         ["-t", "4"],
         {"MOE_STACK_NUMA": "interleave"},
     )
+
+
+def test_a_drafting_stack_searches_its_draft_length_in_its_engines_spelling() -> None:
+    ik, mainline = get_engine("ik_llama.cpp"), get_engine("llama.cpp")
+    assert isinstance(ik, LlamaFamilyEngine) and isinstance(mainline, LlamaFamilyEngine)
+    drafting = [
+        *STACK,
+        "--model-draft",
+        "/models/d.gguf",
+        "--spec-type",
+        "draft-simple",
+        "--spec-draft-n-max",
+        "4",
+    ]
+    dims = {d.name: d for d in mainline.tune_dimensions(drafting, numa_nodes=1, gpu=True)}
+    assert list(dims) == ["threads", "ubatch", "draft-max", "no-mmap"]
+    draft = dims["draft-max"]
+    assert draft.values == ("4", "2", "8", "16") and draft.affects == "decode"
+    assert draft.apply(["-t", "4", "--draft-max", "4"], {}, "8")[0] == ["-t", "4", "--spec-draft-n-max", "8"]
+    mtp = {d.name: d for d in ik.tune_dimensions([*STACK, "-mtp"], numa_nodes=1, gpu=True)}["draft-max"]
+    assert mtp.values == ("default", "2", "4", "8", "16")
+    assert mtp.apply(["-mtp"], {}, "2")[0] == ["-mtp", "--draft-max", "2"]
+    assert mtp.apply(["-mtp", "--draft-max", "2"], {}, "default")[0] == ["-mtp"]
+    assert "draft-max" not in [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=True)]
+    assert not speculates([*STACK, "--spec-type", "none"]) and speculates([*STACK, "-md", "/models/d.gguf"])
+
+
+class Served:
+    """A served trial's reply for the arguments the server gets: decode peaks at a draft of 4 (2: 30,
+    4: 36, 8: 31, 16: 25 t/s; none given: 16), prefill stays 500 t/s."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
+        self.calls.append((program, args))
+        server_args = args[args.index("llama-server") + 1 :]
+        draft = value_of(server_args, ("--draft-max",)) or "16"
+        decode = {"2": 30.0, "4": 36.0, "8": 31.0, "16": 25.0}[draft]
+        timings = {
+            "prompt_per_second": 500.0,
+            "predicted_per_second": decode,
+            "draft_n": 40,
+            "draft_n_accepted": 0,
+        }
+        reply = json.dumps({"content": "...", "timings": timings})
+        return ToolOutput(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{reply}", "")
+
+    def help(self, program: str) -> str:
+        return (DATA / "ik_llama.cpp-ikpy-0.1.5-llama-bench-help.txt").read_text()
+
+
+def test_a_drafting_stack_is_tuned_by_served_trials() -> None:
+    """llama-bench has no speculative decoding: each trial is the server with the setting's arguments
+    (its address and key its own), timed by one completion's reply."""
+    ik = get_engine("ik_llama.cpp")
+    assert isinstance(ik, LlamaFamilyEngine)
+    drafting = [*STACK, "--api-key-file", "/run/secrets/key", "-md", "/models/d.gguf"]
+    runner = Served()
+    tuner = Tuner(
+        engine="ik_llama.cpp",
+        runner=runner,  # type: ignore[arg-type]
+        bench_flags=IK_BENCH,
+        args=drafting,
+        env={"MOE_STACK_NUMA": "none"},
+        dimensions=chosen(ik.tune_dimensions(drafting, numa_nodes=1, gpu=True), ("draft-max",)),
+        objective="decode",
+        served=True,
+    )
+    result = tuner.run(budget_s=600)
+    assert result.best.values == {"draft-max": "4"} and result.ratios[1] == pytest.approx(36 / 25)
+    program, args = runner.calls[-1]
+    assert program == "bash" and args[0] == "-c" and "/completion" in args[1]
+    port, body, server_args = args[3], json.loads(args[4]), args[6:]
+    # The script gives the server 127.0.0.1 and the trial's port; the stack's own address and key go.
+    assert '"$@" --host 127.0.0.1 --port "$port"' in args[1] and port.isdigit()
+    assert not {"--host", "--port", "--api-key-file"} & set(server_args) and "/models/d.gguf" in server_args
+    assert body["n_predict"] == 64 and body["cache_prompt"] is False
+
+
+def test_a_served_trial_that_is_not_answered_says_so() -> None:
+    with pytest.raises(StackError, match=r"answered the trial's completion with 'HTTP/1.1 503 Service"):
+        parse_server_trial('HTTP/1.1 503 Service Unavailable\r\n\r\n{"error": "loading"}')
+    with pytest.raises(StackError, match="has no timings"):
+        parse_server_trial('HTTP/1.1 200 OK\r\n\r\n{"content": "hi"}')
+    assert parse_server_trial(
+        'HTTP/1.0 200 OK\n\n{"timings": {"prompt_per_second": 9.5, "predicted_per_second": 3.25}}'
+    ) == ServedTiming(9.5, 3.25, 0, 0)
 
 
 def test_native_runs_take_the_numa_policy_through_numactl() -> None:
