@@ -187,7 +187,7 @@ if [ "$healthy" = yes ] && [ -x "$native" ]; then
 fi
 for binary in "$rootfs/opt/engine/bin/llama-server" "$native"; do
   [ -x "$binary" ] && echo "$binary: $(cuobjdump --list-elf "$binary" 2>&1 | grep -oE 'sm_[0-9]+' | sort | uniq -c | tr '\n' ' ')" \
-    "PTX: $(cuobjdump --list-ptx "$binary" 2>&1 | grep -c 'PTX file'); .nv_fatbin $(size -A "$binary" | awk '$1 == ".nv_fatbin" {print $2}') bytes"
+    "PTX: $(cuobjdump --list-ptx "$binary" 2>&1 | grep -c '^PTX file'); .nv_fatbin $(size -A "$binary" | awk '$1 == ".nv_fatbin" {print $2}') bytes"
 done >>"$out/facts.txt"
 pattern='CUDA|ggml_cuda|offload|buffer size|HAVE_|AMX|system_info|override|build:'
 grep -a -E "$pattern" "$work/image-server.log" | head -60 >"$out/image-server-log.txt"
