@@ -173,6 +173,7 @@ until { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null \
     && [[ $status == HTTP/1.?" 200 "* ]]; do
   exec 3<&- 3>&-
   kill -0 "$server" 2>/dev/null || { echo "the server exited before it was ready" >&2; exit 1; }
+  [ "$SECONDS" -lt 3600 ] || { echo "the server was not ready within an hour" >&2; exit 1; }
   sleep 0.5
 done
 exec 3<&- 3>&-
@@ -215,7 +216,12 @@ def parse_server_trial(text: str) -> ServedTiming:
     status = head.splitlines()[0] if head else "(no reply)"
     if " 200 " not in status:
         raise StackError(f"the server answered the trial's completion with {status!r}: {body.strip()[:200]}")
-    timings = json.loads(body).get("timings") or {}
+    try:
+        timings = json.loads(body).get("timings") or {}
+    except (ValueError, AttributeError):
+        raise StackError(
+            f"the server's completion reply is not a JSON object: {body.strip()[:200]!r}"
+        ) from None
     if "predicted_per_second" not in timings:
         raise StackError("the server's completion reply has no timings; it can't be measured this way")
     return ServedTiming(

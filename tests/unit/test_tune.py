@@ -370,6 +370,8 @@ def test_a_drafting_stack_is_tuned_by_served_trials() -> None:
 def test_a_served_trial_that_is_not_answered_says_so() -> None:
     with pytest.raises(StackError, match=r"answered the trial's completion with 'HTTP/1.1 503 Service"):
         parse_server_trial('HTTP/1.1 503 Service Unavailable\r\n\r\n{"error": "loading"}')
+    with pytest.raises(StackError, match="reply is not a JSON object: 'upstream gone'"):
+        parse_server_trial("HTTP/1.1 200 OK\r\n\r\nupstream gone")
     with pytest.raises(StackError, match="has no timings"):
         parse_server_trial('HTTP/1.1 200 OK\r\n\r\n{"content": "hi"}')
     assert parse_server_trial(
