@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A CUDA image's own bytes on a GPU machine that has no Docker, run as a container runtime with the
 # NVIDIA container toolkit would run it, then measured against a native build of the same engine tree
-# and configure arguments, or other ones (prepare's NATIVE_CMAKE_ARGS) (P1 on the GPU path). Needs root, unshare and chroot; inputs in .device/
-# from bench/device/prepare_cuda_image.sh.
+# and configure arguments, or other ones (prepare's NATIVE_CMAKE_ARGS) (P1 on the GPU path). Needs
+# root, unshare and chroot; inputs in .device/ from bench/device/prepare_cuda_image.sh.
 #
 #   cuda_image.sh           all of it, in one device call of at most ~9 minutes
 #   cuda_image.sh start     steps 1-2, keeping what .device/ carried; then, in the next call (within
