@@ -63,7 +63,7 @@ def test_shell_scripts_pass_shellcheck() -> None:
         root / ".ci/run",
         *sorted(root.glob("scripts/**/*.sh")),
         *sorted(root.glob("bench/**/*.sh")),
-        root / "dockerfiles/llama-cpp-family/build-info.sh",
+        *sorted(root.glob("dockerfiles/llama-cpp-family/*.sh")),
         *sorted(root.glob("dockerfiles/cuda-base/*.sh")),
         root / "dockerfiles/common/moe-stack-entrypoint",
         root / "dockerfiles/common/moe-stack-health",
