@@ -199,9 +199,7 @@ def server_trial_args(
 ) -> list[str]:
     """`bash` arguments for one served trial of `server_args` (the stack's address and API key left
     out: it answers on 127.0.0.1:`port` inside the trial alone)."""
-    args = without(server_args, ("--host",))
-    args = without(args, ("--port",))
-    args = without(args, ("--api-key", "--api-key-file"))
+    args = without(server_args, ("--host", "--port", "--api-key", "--api-key-file"))
     words = TRIAL_WORDS.split()
     prompt = " ".join(words[i % len(words)] for i in range(prompt_tokens))
     body = json.dumps(

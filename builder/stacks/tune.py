@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from builder.engines import bench_engine
 from builder.engines.llama_bench import ToolArgs
 from builder.engines.tune_space import Args, Dimension, Env
 from builder.errors import StackError
@@ -176,7 +177,11 @@ class Tuner:
         started = time.monotonic()
         if self.served:
             trial_args = server_trial_args(
-                "llama-server", setting.args, free_local_port(), self.prompt_tokens, self.generate
+                bench_engine(self.engine).server_target,
+                setting.args,
+                free_local_port(),
+                self.prompt_tokens,
+                self.generate,
             )
             timing = parse_server_trial(self.runner.run("bash", trial_args, setting.env).stdout)
             if timing.drafted:

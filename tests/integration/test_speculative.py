@@ -61,9 +61,11 @@ def _completion(port: int) -> dict:
         return json.load(reply)
 
 
-def _served(
+def _emitted(
     engine: str, model: Path, image: str, options: EngineOptions, tmp_path: Path
-) -> tuple[dict, str, list]:
+) -> tuple[Path, dict, int]:
+    """The stack's file for a drafting `options`, checked against the image's flag contract; its
+    document and port."""
     port = free_local_port()
     stack_options = StackOptions(
         model=model,
@@ -77,7 +79,13 @@ def _served(
     planned = plan_stack(stack_options, probe())
     assert planned.facts is not None, "checked against the image's flag contract"
     document = compose_dict(planned.stack, "pytest: compose --draft-model", planned.facts)
-    compose_file = write_stack(document, tmp_path / "compose.yaml")
+    return write_stack(document, tmp_path / "compose.yaml"), document, port
+
+
+def _served(
+    engine: str, model: Path, image: str, options: EngineOptions, tmp_path: Path
+) -> tuple[dict, str, list]:
+    compose_file, document, port = _emitted(engine, model, image, options, tmp_path)
     command = document["services"]["engine"]["command"]  # type: ignore[index]
     with contextlib.ExitStack() as running:
         serve_stack(running, compose_file, port, wait_s=180)
@@ -131,18 +139,8 @@ def test_tune_times_a_drafting_stack_by_serving_it(
     image for each trial and times a completion; the draft proposed tokens in those trials."""
     image = build_engine_image("llama.cpp", "avx2", base_image).tag
     build_engine_image("llama.cpp", "avx2", base_image, tools=True)
-    options = StackOptions(
-        model=models["model"],
-        engine="llama.cpp",
-        image=image,
-        port=free_local_port(),
-        threads=2,
-        engine_options=EngineOptions(draft_model=models["draft"], draft_max=4),
-    )
-    planned = plan_stack(options, probe())
-    compose_file = write_stack(
-        compose_dict(planned.stack, "pytest: tune a draft", planned.facts), tmp_path / "compose.yaml"
-    )
+    options = EngineOptions(draft_model=models["draft"], draft_max=4)
+    compose_file, _, _ = _emitted("llama.cpp", models["model"], image, options, tmp_path)
     result = run_cli(
         "tune",
         str(compose_file),
