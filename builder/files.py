@@ -9,7 +9,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from builder.errors import MoeStackError
+from builder.errors import MoeStackError, SpecError
 
 RENDER_MARK = "# Rendered by moe-stack"
 
@@ -128,3 +128,15 @@ def cache_dir() -> Path:
     """moe-stack's cache: sources, build contexts, logs, wheels, models ($XDG_CACHE_HOME/moe-stack)."""
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return root / "moe-stack"
+
+
+def user_path(path: Path) -> Path:
+    """`path` with a leading `~` or `~user` expanded; SpecError (one line) when there is no such user or
+    home, where pathlib raises RuntimeError."""
+    try:
+        return path.expanduser()
+    except RuntimeError:
+        raise SpecError(
+            f"{str(path).split('/', 1)[0]} names no user with a home on this host; give the path "
+            "without ~, or ~/ for your own home"
+        ) from None

@@ -43,7 +43,7 @@ from builder.errors import (
     MoeStackError,
     SpecError,
 )
-from builder.files import cache_dir, write_file_atomically
+from builder.files import cache_dir, user_path, write_file_atomically
 from builder.host.probe import probe
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
@@ -68,7 +68,7 @@ from builder.models.hub import CHECKPOINT_FILES, check_checkpoint, plan_fetch, s
 from builder.models.hub import fetch as fetch_from_hub
 from builder.models.kt_weights import read_checkpoint
 from builder.models.model_files import fetch_demo_model
-from builder.models.planner import GIB, size
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, size
 from builder.models.planner import plan as make_plan
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, local_cuda_images, origin_of
@@ -674,7 +674,7 @@ def kt_convert(
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
     name = image or image_tag(default_image_spec("ktransformers", True, driver))
-    checkpoint = read_checkpoint(model.expanduser().resolve())
+    checkpoint = read_checkpoint(user_path(model).resolve())
     plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
     client = docker()
     if not client.image.exists(plan.image):
@@ -720,6 +720,9 @@ def plan_memory(
         typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24"),
     ] = "24",
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
+    vram_margin_gb: Annotated[
+        float, typer.Option("--vram-margin-gb", help="VRAM left free on each GPU, GiB (as the engines' fit)")
+    ] = DEFAULT_VRAM_MARGIN / GIB,
     ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="context length")] = 32768,
     cache_type: Annotated[
         str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")
@@ -770,6 +773,7 @@ def plan_memory(
         cache_type,
         latent,
         gpu_reserve=gpu_reserve(adapter.name, facts, ctx_size, ubatch_size, latent) + draft,
+        margin=int(vram_margin_gb * GIB),
     )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
@@ -798,6 +802,8 @@ def plan_memory(
                     ],
                     "tensor_split": list(result.tensor_split),
                     "override_tensor": list(result.override_rules),
+                    "override_tensor_bytes": [moved for _, moved in result.rule_bytes],
+                    "margin_bytes": result.margin_bytes,
                     "compute_bytes": compute.bytes,
                     "prefill_pool_bytes": pool,
                     "draft_bytes": draft,
@@ -811,15 +817,7 @@ def plan_memory(
         )
         return
     table = text_table("", "bytes", "where")
-    on_gpu = result.gpu_expert_layers
-    where = (
-        "CPU"
-        if not on_gpu
-        else "GPU (all layers)"
-        if on_gpu == facts.layers
-        else f"CPU, layers 0-{on_gpu - 1} on GPU"
-    )
-    table.add_row("routed experts", size(sum(facts.expert_bytes)), where)
+    table.add_row("routed experts", size(sum(facts.expert_bytes)), result.experts_where())
     table.add_row("other weights", size(facts.other_bytes), "GPU")
     kind = (
         ", MLA latent"
@@ -847,6 +845,7 @@ def plan_memory(
             "GPU (-ngld 99)",
         )
     table.add_row("total on GPU (with compute reserve)", size(result.gpu_bytes), f"of {sum(vrams):g} GiB")
+    table.add_row("kept free (margin)", size(result.margin_bytes * len(vrams)), "--vram-margin-gb, each GPU")
     if len(result.devices) > 1:
         for device in result.devices:
             experts = f", experts of {len(device.expert_layers)}" if device.expert_layers else ""
@@ -870,8 +869,8 @@ def plan_memory(
     out.print(table)
     if result.tensor_split:
         out.print(f"-ts {','.join(map(str, result.tensor_split))}", highlight=False)
-    for rule in result.override_rules:
-        out.print(f"-ot '{rule}'", highlight=False)
+    for rule, moved in result.rule_bytes:
+        out.print(f"-ot '{rule}'   # {size(moved)}", highlight=False)
     if not result.override_rules:
         out.print(f"no -ot rules needed: the whole model fits on the {'GPUs' if len(vrams) > 1 else 'GPU'}")
 

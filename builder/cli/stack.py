@@ -27,6 +27,7 @@ from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.spec import BaseImages, duration_seconds
 from builder.stacks.assemble import StackOptions, plan_models
 from builder.stacks.benchmark import measure
@@ -129,6 +130,13 @@ def compose(
             "experts go to it; several GPUs: one size each, e.g. 24,24 (adds -ts)",
         ),
     ] = None,
+    vram_margin_gb: Annotated[
+        float,
+        typer.Option(
+            "--vram-margin-gb",
+            help="VRAM a --fit-vram-gb plan leaves free on each GPU, GiB (the engines' own fitting keeps 1)",
+        ),
+    ] = DEFAULT_VRAM_MARGIN / GIB,
     gpus: Annotated[
         str | None, typer.Option("--gpus", help="the GPUs the stack gets, by index, e.g. 0,1 (default: all)")
     ] = None,
@@ -288,6 +296,8 @@ def compose(
                 "override_tensors": tuple(override_tensor or ()),
                 "experts_on_cpu": experts_on_cpu,
                 "fit_vram_gb": float_list(fit_vram_gb, "--fit-vram-gb"),
+                "vram_margin_gb": vram_margin_gb,
+                "ports_here": output_format == "compose",
                 "gpus": int_list(gpus, "--gpus"),
                 "placement": placement,
                 "chat_template": chat_template,
@@ -652,6 +662,10 @@ def demo(
         ),
     ] = None,
     port: Annotated[int, typer.Option("--port", help="host port (bound to 127.0.0.1)")] = 8080,
+    project: Annotated[
+        str | None,
+        typer.Option("--project", help="compose project (default: moe-stack-demo-<engine>); a second demo"),
+    ] = None,
 ) -> None:
     """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
     adapter = get_engine(engine)
@@ -677,7 +691,8 @@ def demo(
         image = build_image(spec, tree, show=show)
     sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
     started = time.monotonic()
-    compose_file = start_demo(adapter.name, image, port, generated_by=" ".join(["moe-stack", *sys.argv[1:]]))
+    generated_by = " ".join(["moe-stack", *sys.argv[1:]])
+    compose_file = start_demo(adapter.name, image, port, generated_by, project)
     sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking for a completion\n")
     answer = complete(port)
     speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""

@@ -68,6 +68,11 @@ class IkLlamaCpp(LlamaFamilyEngine):
             "-DLLAMA_BUILD_SERVER=ON",
         ]
 
+    def caches_latent(self, mla: int | None) -> bool:
+        """MLA 3 unless -mla says otherwise (common.h at 007d640: `mla_attn = 3`): a DeepSeek stack without
+        -mla caches the latent (27 MiB where f16 K/V would be 1.9 GiB, on the H200: issue 47)."""
+        return mla is None or mla > 0
+
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
         """A CUDA build places tensors overridden to the CPU in CUDA_Host (pinned) buffers, mapped or not:
         its logs on the H200 show the routed experts there with mmap on (it has no --no-host)."""

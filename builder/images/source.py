@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.errors import SourceError
-from builder.files import cache_dir
+from builder.files import cache_dir, user_path
 from builder.safe_tar import UnsafeArchive, extract_tree
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def resolve_local(engine: Engine, given: str) -> Path:
     if given.startswith("pypi:"):
         path = fetch_sdist(given.removeprefix("pypi:"))
     else:
-        path = Path(given).expanduser().resolve()
+        path = user_path(Path(given)).resolve()
         if not path.exists():
             raise SourceError(
                 f"--source {given}: no such file or directory; give an engine tree, a tarball "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from builder.files import user_path
 from builder.models.kt_weights import converted_bytes, converted_facts, converted_files, read_converted
 from builder.models.model_files import check_gguf
 from builder.models.planner import ModelFacts, model_bytes, read_facts, split_parts
@@ -53,7 +54,7 @@ class KtWeightsFormat(ModelFormat):
     name = "GGUF or kt-kernel's converted weights"
 
     def check(self, path: Path) -> Path:
-        path = path.expanduser()
+        path = user_path(path)
         if not path.is_dir():
             return super().check(path)
         read_converted(path)

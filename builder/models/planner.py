@@ -46,6 +46,10 @@ ROW_META_BYTES = {"q8_KV": 8}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
+# VRAM left unplanned on each GPU beside everything the plan counts: both engines' own fitting keeps
+# 1 GiB by default (mainline's --fit-target, ik_llama.cpp's --fit-margin 1024 MiB), and a plan that fills
+# the card to the last MiB fails on the first allocation it did not foresee.
+DEFAULT_VRAM_MARGIN = GIB
 # Far beyond any real model (DeepSeek-R1: 61 layers, 256 experts); past these a header is hostile.
 MAX_LAYERS = 4096
 MAX_EXPERTS = 1 << 16
@@ -122,6 +126,29 @@ class Plan:
     tensor_split: tuple[
         int, ...
     ] = ()  # -ts for several GPUs: each one's VRAM in GiB (llama.cpp's layer split)
+    margin_bytes: int = DEFAULT_VRAM_MARGIN  # left free on each GPU
+
+    @property
+    def rule_bytes(self) -> tuple[tuple[str, int], ...]:
+        """Each -ot rule with the expert bytes it moves: a GPU's layers, then the CPU's rest."""
+        on_gpus = [sum(self.facts.expert_bytes[i] for i in d.expert_layers) for d in self.devices]
+        moved = [share for share in on_gpus if share]
+        moved.append(sum(self.facts.expert_bytes) - sum(moved))
+        return tuple(zip(self.override_rules, moved, strict=False))
+
+    def experts_where(self) -> str:
+        """Where the routed experts are, by the layers each GPU holds and their bytes."""
+        held = [d for d in self.devices if d.expert_layers]
+        if not held:
+            return "CPU"
+        if self.gpu_expert_layers == sum(1 for layer_bytes in self.facts.expert_bytes if layer_bytes):
+            return "GPU (every layer that has experts)"
+        parts = [
+            f"layers {layer_list(d.expert_layers)} on GPU {d.index} "
+            f"({size(sum(self.facts.expert_bytes[i] for i in d.expert_layers))})"
+            for d in held
+        ]
+        return f"CPU, {'; '.join(parts)}"
 
 
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -349,12 +376,18 @@ def plan(
     mla: bool = False,
     gpu_reserve: int = DEFAULT_GPU_RESERVE,
     cache_type_v: str | None = None,
+    margin: int = DEFAULT_VRAM_MARGIN,
 ) -> Plan:
-    """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM filled with the experts of its
-    own first layers (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
+    """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM (less `margin`) filled with the
+    experts of its own first layers that have any (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
     vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
     if not vrams:
         raise SpecError("no GPU memory given: name each GPU's VRAM, e.g. --vram-gb 24 or 24,24")
+    if margin < 0 or any(margin >= vram for vram in vrams):
+        raise SpecError(
+            f"a VRAM margin of {size(margin)} leaves nothing of a {size(min(vrams))} GPU: give a margin "
+            "of 0 or more and smaller than the GPU (the default is 1 GiB)"
+        )
     kv = kv_cache_bytes(facts, ctx, cache_type, mla, cache_type_v=cache_type_v)
     cpu = sum(facts.expert_bytes)
     devices = []
@@ -362,18 +395,21 @@ def plan(
         # Its layers' share of attention, shared weights and KV cache (the output head counted as spread
         # too, a small error for these models; the token embeddings stay in RAM), and its compute reserve.
         used = int((facts.gpu_weight_bytes + kv) * len(layers) / facts.layers) + gpu_reserve
-        if used > vram:
+        usable = vram - margin
+        if used > usable:
             where = f" on GPU {index} ({len(layers)} of {facts.layers} layers)" if len(vrams) > 1 else ""
             raise SpecError(
                 f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
-                f"need {size(used)} of VRAM{where}, {size(used - vram)} more than the {size(vram)} given; "
-                "lower --ctx-size"
+                f"need {size(used)} of VRAM{where}, {size(used - usable)} more than the {size(vram)} given "
+                f"less its {size(margin)} margin; lower --ctx-size"
                 f"{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
                 "or use a larger GPU"
             )
         experts = []
         for layer in layers:
-            if used + facts.expert_bytes[layer] > vram:
+            if not facts.expert_bytes[layer]:  # a dense layer (DeepSeek's first three): no experts to move
+                continue
+            if used + facts.expert_bytes[layer] > usable:
                 break
             used += facts.expert_bytes[layer]
             experts.append(layer)
@@ -392,7 +428,7 @@ def plan(
     fixed = facts.gpu_weight_bytes + kv + gpu_reserve
     one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
     per_layer = (
-        min(facts.expert_count, (vrams[0] - fixed) // one_expert_everywhere)
+        min(facts.expert_count, (vrams[0] - margin - fixed) // one_expert_everywhere)
         if one_expert_everywhere and len(vrams) == 1
         else 0
     )
@@ -403,9 +439,10 @@ def plan(
         cpu_bytes=cpu,
         gpu_expert_layers=sum(len(d.expert_layers) for d in devices),
         gpu_experts_per_layer=per_layer,
-        override_rules=device_rules(devices, facts.layers),
+        override_rules=device_rules(devices, sum(1 for layer_bytes in facts.expert_bytes if layer_bytes)),
         devices=tuple(devices),
         tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else (),
+        margin_bytes=margin,
     )
 
 
@@ -422,10 +459,11 @@ def layer_split(layers: int, vrams: Sequence[int]) -> list[range]:
     ]
 
 
-def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
-    """`-ot` rules, first match wins: each GPU's expert layers on it (CUDA<n>), the rest on the CPU."""
+def device_rules(devices: Sequence[DevicePlan], expert_layers: int) -> tuple[str, ...]:
+    """`-ot` rules, first match wins: each GPU's expert layers on it (CUDA<n>), the rest on the CPU (none
+    when the GPUs hold all `expert_layers`, the layers that have routed experts)."""
     placed = [d for d in devices if d.expert_layers]
-    if sum(len(d.expert_layers) for d in placed) >= layers:
+    if sum(len(d.expert_layers) for d in placed) >= expert_layers:
         return ()
     return (
         *(
@@ -434,6 +472,17 @@ def device_rules(devices: Sequence[DevicePlan], layers: int) -> tuple[str, ...]:
         ),
         EXPERTS_ON_CPU_RULE,
     )
+
+
+def layer_list(layers: Sequence[int]) -> str:
+    """`3-5, 9`: runs of consecutive layers as ranges."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def size(n_bytes: int) -> str:

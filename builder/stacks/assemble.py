@@ -26,7 +26,7 @@ from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
-from builder.models.planner import GIB
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.models.planner import plan as make_plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
@@ -57,6 +57,7 @@ class StackOptions(BaseModel):
     override_tensors: tuple[str, ...] = ()
     experts_on_cpu: bool = False
     fit_vram_gb: tuple[float, ...] = ()  # plan expert placement for each GPU's VRAM (one size per GPU)
+    vram_margin_gb: float = DEFAULT_VRAM_MARGIN / GIB  # left free on each GPU by that plan
     gpus: tuple[int, ...] = ()  # the GPUs the container gets (empty: all)
     placement: Literal["rules", "fit"] = "rules"  # fit: mainline llama.cpp places layers and experts itself
     chat_template: str | None = None
@@ -79,6 +80,7 @@ class StackOptions(BaseModel):
     api_key_file: Path | None = None
     skip_image_checks: bool = False  # the image is not here: its flag contract and CPU needs go unread
     for_other_host: bool = False  # emit for another machine: this host's CPU and topology say nothing
+    ports_here: bool = True  # the stack publishes its ports on this host (not a Kubernetes manifest)
     start_period_s: int | None = None
     engine_args: tuple[str, ...] = ()
 
@@ -116,6 +118,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
                 "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)"
             )
         engine_options, preset_rules = engine_options.model_copy(update={"gpu_layers": None}), ()
+    engine_options = _layers_on_gpu(engine_options, options, adapter, model)
     if options.fit_vram_gb:  # the plan's rules replace the preset's all-experts-on-CPU rule
         if options.gpus and len(options.gpus) != len(options.fit_vram_gb):
             raise SpecError(
@@ -137,6 +140,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
             mla=latent,
             gpu_reserve=reserve,
             cache_type_v=engine_options.cache_type_v,
+            margin=int(options.vram_margin_gb * GIB),
         )
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
@@ -194,6 +198,24 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     return stack
 
 
+def _layers_on_gpu(
+    given: EngineOptions, options: StackOptions, adapter: Engine, model: Path
+) -> EngineOptions:
+    """A GPU stack holds every layer's attention, shared weights and KV cache on the GPU (the hybrid
+    layout; the -ot rules say where routed experts go) unless the user or preset names a layer count.
+    ik_llama.cpp offloads no layer by default: a GPU stack without -ngl ran on the CPU (6 tok/s where the
+    hybrid layout gave 37 on the H200, ENGINE-FACTS.md). Mainline's --fit places layers itself."""
+    if (
+        options.gpu == "none"
+        or options.placement == "fit"
+        or "gpu_layers" not in adapter.honours
+        or given.gpu_layers is not None
+    ):
+        return given
+    every_layer = adapter.model_format.facts(model).layers + 1  # the output layer counts as one more
+    return given.model_copy(update={"gpu_layers": every_layer})
+
+
 def _checked_config_dir(config_dir: Path | None, adapter: Engine, model: Path) -> Path | None:
     """The model's Hugging Face directory, checked to hold what the engine reads and to be `model`'s."""
     if config_dir is None:
@@ -217,9 +239,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
         raise SpecError(
             "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too"
         )
-    check_port_free(stack.bind, stack.port)
-    if stack.monitoring_port:
-        check_port_free(stack.bind, stack.monitoring_port)
+    _check_ports(stack, options)
     check_engine_loads(stack.engine, stack.model)
     facts = _checked_facts(stack.image, options, host)
     if facts is not None:
@@ -253,12 +273,22 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
             "stack on its own"
         )
     base = routed[0]
-    check_port_free(base.bind, base.port)
+    _check_ports(base, first)
     facts = _checked_facts(base.image, first, host)
     if facts is not None:
         for model in routed:
             check_architecture(facts, model.model)
     return StackPlan(stack=base, facts=facts, routed=routed)
+
+
+def _check_ports(stack: StackSpec, options: StackOptions) -> None:
+    """The stack's host ports are free, where it will publish them: on this host (not for another host's
+    compose file, nor a Kubernetes manifest, whose ports are the cluster's)."""
+    if options.for_other_host or not options.ports_here:
+        return
+    for port in (stack.port, stack.monitoring_port):
+        if port:
+            check_port_free(stack.bind, port)
 
 
 def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:

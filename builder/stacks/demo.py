@@ -8,9 +8,11 @@ from pathlib import Path
 from builder.engines import get_engine
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
+from builder.models.formats import GGUF
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
 from builder.spec import StackSpec
 from builder.stacks.api import EngineApi
+from builder.stacks.assemble import served_name_for
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.document import start_period_for
 from builder.stacks.run import up
@@ -25,14 +27,22 @@ class Answer:
     decode_tokens_per_s: float | None
 
 
-def start_demo(engine_name: str, image: str, port: int, generated_by: str) -> Path:
+def demo_project(engine_name: str) -> str:
+    """The demo stack's compose project (and its folder in the cache) unless `demo --project` names one."""
+    return f"moe-stack-demo-{get_engine(engine_name).slug}"
+
+
+def start_demo(
+    engine_name: str, image: str, port: int, generated_by: str, project: str | None = None
+) -> Path:
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = fetch_demo_model()
     stack = StackSpec(
-        project=f"moe-stack-demo-{get_engine(engine_name).slug}",
+        project=project or demo_project(engine_name),
         engine=engine_name,
         image=image,
         model=model,
+        served_name=served_name_for(GGUF.stem(model)),
         port=port,
         threads=read_cpu().physical_cores,
         # Where the image has the chat page, the template that lets it send its tools.

@@ -11,6 +11,7 @@ from pathlib import Path
 from builder.contract import IMAGE_UID, MODEL_DIR
 from builder.engines import get_engine
 from builder.errors import StackError
+from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
 from builder.platform.targets import best_cpu_target
@@ -130,7 +131,7 @@ CHECKPOINT_WEIGHTS = ("*.safetensors", "*.bin")
 def check_config_dir(path: Path, weights: bool) -> Path:
     """KTransformers reads config.json and the tokenizer from the model's Hugging Face directory, and
     (`weights`: its SGLang server) the non-expert weights too."""
-    path = path.expanduser().resolve()
+    path = user_path(path).resolve()
     if not (path / "config.json").is_file():
         needs = (
             "config.json, tokenizer files and the *.safetensors weights"

@@ -18,6 +18,7 @@ from pathlib import Path
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.errors import SpecError
+from builder.files import user_path
 from builder.models.planner import kv_cache_bytes
 from builder.spec import EngineOptions
 
@@ -45,7 +46,7 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
         )
     if options.draft_model is None:
         return options
-    draft = adapter.check_model(options.draft_model.expanduser())
+    draft = adapter.check_model(user_path(options.draft_model))
     if draft.parent.resolve() != model.parent.resolve():
         raise SpecError(
             f"the draft model {draft} is not in the model's directory {model.parent.resolve()}, which the "

@@ -10,6 +10,7 @@ import re
 import shutil
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -40,10 +41,10 @@ def test_the_chat_page_answers_a_message_typed_into_it(base_image: str, tmp_path
     playwright = pytest.importorskip("playwright.sync_api")
     if CHROMIUM is None:
         pytest.skip("no Chromium here: scripts/prepare-host.sh test installs it as root")
-    port = free_port()
-    compose_file = cache_dir() / "demo" / "moe-stack-demo-llama-cpp" / "compose.yaml"
+    port, project = free_port(), f"moe-stack-demo-test-{uuid.uuid4().hex[:8]}"  # never the user's demo
+    compose_file = cache_dir() / "demo" / project / "compose.yaml"
     try:
-        result = run_cli("demo", "--port", str(port))
+        result = run_cli("demo", "--port", str(port), "--project", project)
         assert result.returncode == 0, result.stderr[-2000:]
         # The image embeds the page gzipped (LLAMA_UI_GZIP): the server sends it to clients that take gzip.
         request = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Accept-Encoding": "gzip"})

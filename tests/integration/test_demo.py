@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_demo_serves_the_small_model(base_image: str) -> None:
-    port = free_port()
-    compose_file = cache_dir() / "demo" / "moe-stack-demo-llama-cpp" / "compose.yaml"
+    """On a project of its own: the user's demo (the README's first command) keeps running beside it."""
+    port, project = free_port(), f"moe-stack-demo-test-{uuid.uuid4().hex[:8]}"
+    compose_file = cache_dir() / "demo" / project / "compose.yaml"
     try:
-        result = run_cli("demo", "--port", str(port))
+        result = run_cli("demo", "--port", str(port), "--project", project)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "Paris is the capital of France" in " ".join(result.stdout.split())
         assert f"http://127.0.0.1:{port}" in result.stdout
@@ -26,6 +28,7 @@ def test_demo_serves_the_small_model(base_image: str) -> None:
             f"published: '{port}'" in compose_file.read_text()
             and "host_ip: 127.0.0.1" in compose_file.read_text()
         )
+        assert "- --alias\n      - gemma-3-270m-q4_k_m\n" in compose_file.read_text()  # a clean served name
     finally:
         if Path(compose_file).is_file():
             down(compose_file)

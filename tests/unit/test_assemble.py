@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import short_ref
 from builder.models.formats import GGUF
-from builder.models.planner import GIB, kv_cache_bytes, read_facts
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, kv_cache_bytes, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.pins import pinned_ref
@@ -96,12 +98,12 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
         + kv_cache_bytes(facts, 16384, "q8_0", mla=False)
         + gpu_reserve("llama.cpp", facts, 16384, 2048, latent=False)
     )
-    vram_gb = (held + 3.5 * facts.expert_bytes[0]) / GIB
+    vram_gb = (held + DEFAULT_VRAM_MARGIN + 3.5 * facts.expert_bytes[0]) / GIB  # the margin kept free
     options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
     # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.
-    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": (2.035,)}), epyc)
+    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": (3.035,)}), epyc)
     assert kt.override_tensors == () and kt.gpu_experts == 7
 
 
@@ -240,3 +242,45 @@ def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Pa
         check_architecture(old, deepseek_model)
     check_architecture(replace(old, architectures=("deepseek2",)), deepseek_model)
     check_architecture(replace(old, architectures=()), deepseek_model)  # not recorded: not refused
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"experts_on_cpu": True}, {"fit_vram_gb": (24.0,)}],
+    ids=["no-preset", "experts-on-cpu", "fit-vram-gb"],
+)
+@pytest.mark.parametrize("engine", ["ik_llama.cpp", "llama.cpp"])
+def test_a_gpu_stack_puts_every_layer_on_the_gpu(
+    epyc: HostFacts, deepseek_model: Path, engine: str, extra: dict[str, object]
+) -> None:
+    """Without a preset or --gpu-layers, a GPU stack's command still offloads every layer (attention and
+    KV cache on the GPU): ik_llama.cpp's own default is none, which served from the CPU."""
+    layers = read_facts(deepseek_model).layers
+    stack = assemble_stack(
+        StackOptions(model=deepseek_model, engine=engine, gpu="nvidia", **extra),  # type: ignore[arg-type]
+        epyc,
+    )
+    command = get_engine(engine).server_args(stack, None)
+    offloaded = int(command[command.index("--n-gpu-layers") + 1])
+    assert offloaded > layers  # every layer and the output
+    cpu = assemble_stack(StackOptions(model=deepseek_model, engine=engine), epyc)
+    assert "--n-gpu-layers" not in get_engine(engine).server_args(cpu, None)
+    given = StackOptions(
+        model=deepseek_model, engine=engine, gpu="nvidia", engine_options=EngineOptions(gpu_layers=2)
+    )
+    assert assemble_stack(given, epyc).gpu_layers == 2  # the user's count stands
+
+
+def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, model: Path) -> None:
+    """A Kubernetes manifest or another host's compose file publishes nothing here: a port this host
+    holds (the README's demo on 8080, say) must not refuse it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        options = StackOptions(model=model, port=held.getsockname()[1], skip_image_checks=True)
+        with pytest.raises(StackError, match="is already in use"):
+            plan_stack(options, epyc)
+        assert plan_stack(options.model_copy(update={"ports_here": False}), epyc).stack.port == options.port
+        assert (
+            plan_stack(options.model_copy(update={"for_other_host": True}), epyc).stack.port == options.port
+        )

@@ -346,3 +346,19 @@ def test_load_wants_a_digest_or_says_it_has_none(tmp_path: Path, args: tuple[str
     result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), *args)
     assert_one_line_error(result, needle)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["b.tar"]
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("flag", ["--config-dir", "--draft-model", "--model"])
+def test_a_tilde_of_no_user_is_one_line(tmp_path: Path, flag: str) -> None:
+    """`~0` expands to user 0's home, and pathlib raises RuntimeError where there is no such user (a
+    54-line traceback from `compose --config-dir '~0'`, found by an unseeded bad-input run)."""
+    from builder.models.synth_moe import MoeShape, write_moe_gguf
+
+    model = write_moe_gguf(tmp_path / "moe.gguf", MoeShape(layers=2))
+    args = {"--model": ["--model", "~0"]}.get(flag, ["--model", str(model), flag, "~0"])
+    result = run_cli(
+        "compose", *args, "--skip-image-checks", "--port", "0", "--out", str(tmp_path / "c.yaml")
+    )
+    assert_one_line_error(result, "~0 names no user")
+    assert not (tmp_path / "c.yaml").exists()

@@ -367,7 +367,7 @@ def test_gpu_experts_from_the_vram_plan() -> None:
         expert_count=256,
     )
     fitted = make_plan(r1, 24 * GIB, 512 * GIB, 16384, "q8_0", mla=True)
-    spare = 24 * GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", True) - 2 * GIB
+    spare = 24 * GIB - GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", True) - 2 * GIB  # 1 GiB margin
     one_expert_all_layers = 58 * 6 * GIB // 256
     assert fitted.gpu_experts_per_layer == spare // one_expert_all_layers > 0
     assert fitted.gpu_expert_layers == spare // (6 * GIB)

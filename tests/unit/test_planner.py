@@ -18,6 +18,7 @@ from builder.engines.compute_buffers import DEFAULT_UBATCH, MIB, gpu_compute, gp
 from builder.errors import ModelError, SpecError
 from builder.models.planner import (
     CACHE_BYTES,
+    DEFAULT_VRAM_MARGIN,
     GIB,
     DevicePlan,
     ModelFacts,
@@ -75,6 +76,7 @@ def test_leftover_vram_takes_the_first_layers_experts(moe: Path) -> None:
     facts = read_facts(moe)
     # The token embeddings stay in RAM (both engines): the GPU holds the other non-expert weights.
     fixed = facts.other_bytes - facts.embedding_bytes + kv_cache_bytes(facts, 4096, "f16", False) + 2 * GIB
+    fixed += DEFAULT_VRAM_MARGIN  # kept free
     two_layers = plan(facts, fixed + 2 * EXPERT_LAYER_BYTES + 100, GIB, 4096, "f16")
     assert two_layers.gpu_expert_layers == 2
     assert two_layers.cpu_bytes == 2 * EXPERT_LAYER_BYTES + facts.embedding_bytes
@@ -103,18 +105,45 @@ def test_too_large_says_by_how_much() -> None:
         SpecError, match=r"routed experts need 305.0 GiB of RAM, 49.0 GiB more than the 256.0 GiB"
     ):
         plan(R1, 24 * GIB, 256 * GIB, 32768, "q8_0", mla=True)
-    with pytest.raises(SpecError, match=r"need 17.1 GiB of VRAM, 1.1 GiB more than the 16.0 GiB given"):
+    with pytest.raises(
+        SpecError,
+        match=r"need 17.1 GiB of VRAM, 2.1 GiB more than the 16.0 GiB given less its 1.0 GiB margin",
+    ):
         plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True)
+    with pytest.raises(SpecError, match=r"need 17.1 GiB of VRAM, 1.1 GiB more than the 16.0 GiB given"):
+        plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True, margin=0)
+
+
+def test_the_plan_keeps_a_margin_and_moves_only_layers_with_experts() -> None:
+    """A plan never fills the card (1 GiB kept, as the engines' own fitting keeps), and its GPU rules
+    name only layers that hold routed experts: R1's first three are dense, so a rule for layers 0-2
+    would move nothing while the table said three layers' experts were on the GPU."""
+    dense_first = replace(R1, expert_bytes=(0,) * 3 + (5 * GIB,) * 58)
+    # 14 GiB of other weights, 1.1 GiB of cache, 2 GiB of reserve: 17.1 GiB before any expert
+    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB)
+    assert fitted.devices[0].expert_layers == (3, 4, 5) and fitted.gpu_bytes <= 36.5 * GIB
+    assert fitted.override_rules[0] == r"blk\.(3|4|5)\.ffn_.*_exps\.weight=CUDA0"
+    unkept = plan(
+        dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB, margin=0
+    )
+    assert unkept.devices[0].expert_layers == (3, 4, 5, 6)  # the fourth fits only in the margin
+    with pytest.raises(SpecError, match="a VRAM margin of 24.0 GiB leaves nothing"):
+        plan(dense_first, 24 * GIB, 512 * GIB, 32768, "q8_0", mla=True, margin=24 * GIB)
 
 
 @pytest.mark.cli
 def test_plan_cli(moe: Path, tmp_path: Path) -> None:
-    result = run_cli("plan", str(moe), "--vram-gb", "1", "--ram-gb", "8")
-    assert result.returncode == 1 and "more than the 1.0 GiB given" in result.stderr
-    two = run_cli("plan", str(moe), "--vram-gb", "2.003,2.003", "--ram-gb", "8", "-c", "512", "--json")
+    result = run_cli("plan", str(moe), "--vram-gb", "1.5", "--ram-gb", "8")
+    assert result.returncode == 1 and "more than the 1.5 GiB given less its 1.0 GiB margin" in result.stderr
+    two = run_cli("plan", str(moe), "--vram-gb", "3.003,3.003", "--ram-gb", "8", "-c", "512", "--json")
     assert two.returncode == 0, two.stderr
     planned = json.loads(two.stdout)
-    assert planned["tensor_split"] == [2, 2] and [d["gpu"] for d in planned["devices"]] == [0, 1]
+    assert planned["tensor_split"] == [3, 3] and [d["gpu"] for d in planned["devices"]] == [0, 1]
+    assert planned["margin_bytes"] == GIB
+    no_margin = run_cli(
+        "plan", str(moe), "--vram-gb", "2.003", "--vram-margin-gb", "0", "-c", "512", "--json"
+    )
+    assert no_margin.returncode == 0 and json.loads(no_margin.stdout)["margin_bytes"] == 0, no_margin.stderr
     assert planned["devices"][0]["layers"][0] == 0 and planned["devices"][1]["layers"][1] == planned["layers"]
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(moe.read_bytes()[:1000])
@@ -364,3 +393,11 @@ def test_ik_only_cache_types_are_what_its_cpu_build_logs(tmp_path: Path) -> None
     facts = read_facts(write_moe_gguf(tmp_path / "t.gguf", TINY_SHAPES["qwen3moe"]))
     assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q8_KV") == 2 * 2.25 * 1024**2
     assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q6_0") == 3.875 * 1024**2
+
+
+def test_the_plan_says_which_layers_and_bytes_each_rule_moves() -> None:
+    dense_first = replace(R1, expert_bytes=(0,) * 3 + (5 * GIB,) * 58)
+    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB)
+    assert fitted.experts_where() == "CPU, layers 3-5 on GPU 0 (15.0 GiB)"
+    assert [moved for _, moved in fitted.rule_bytes] == [15 * GIB, 55 * 5 * GIB]
+    assert plan(dense_first, 20 * GIB, 512 * GIB, 32768, "q8_0", mla=True).experts_where() == "CPU"
