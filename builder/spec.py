@@ -482,8 +482,10 @@ class StackSpec(NeutralOptions):
     gpu_ids: tuple[int, ...] = ()  # the GPUs the container gets, by device index (empty: all)
     # Several GPUs: each one's share of the layers (llama.cpp's -ts), as the plan sized them.
     tensor_split: tuple[int, ...] = ()
-    # Mainline llama.cpp places layers and experts itself (--fit): no -ngl or -ot rules are written.
+    # The engine places layers and experts itself (--fit): no -ngl or -ot rules are written.
     engine_fit: bool = False
+    # VRAM the placement leaves free on each GPU: the plan's (--fit-vram-gb) or the engine's own fit.
+    vram_margin_mib: int = Field(default=1024, ge=0)
     mlock: bool = False
     hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
     # Or, for any engine that mmaps its weights: the model copied onto a hugetlbfs volume of this

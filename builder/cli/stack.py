@@ -144,8 +144,8 @@ def compose(
         str,
         typer.Option(
             "--placement",
-            help="rules (moe-stack's plan: -ngl and -ot rules) or fit (mainline llama.cpp's own --fit "
-            "placement)",
+            help="rules (moe-stack's plan: -ngl and -ot rules) or fit (the llama.cpp engine's own --fit, "
+            "leaving --vram-margin-gb free)",
         ),
     ] = "rules",
     chat_template: Annotated[

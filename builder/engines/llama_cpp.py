@@ -24,7 +24,7 @@ class LlamaCpp(LlamaFamilyEngine):
     runtime_dispatch = True
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref.
-    honours = LlamaFamilyEngine.honours | {"engine_fit", "idle_unload"}
+    honours = LlamaFamilyEngine.honours | {"idle_unload"}
     flag_spellings = (*LlamaFamilyEngine.flag_spellings, frozenset({"--sleep-idle-seconds"}))
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref

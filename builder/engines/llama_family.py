@@ -86,6 +86,7 @@ class LlamaFamilyEngine(Engine):
             "metrics",
             "gpu_layers",
             "tensor_split",
+            "engine_fit",
             "cache_type",
             "cache_type_v",
             "cache_ram",
@@ -128,6 +129,7 @@ class LlamaFamilyEngine(Engine):
             ("-ctv", "--cache-type-v"),
             ("-fa", "--flash-attn"),
             ("-fit", "--fit"),
+            ("-fitt", "--fit-target", "--fit-margin"),
             ("--temp", "--temperature"),
             ("--top-p",),
             ("--top-k",),
@@ -332,7 +334,7 @@ class LlamaFamilyEngine(Engine):
             if stack.jinja and has_flag(flags, "--jinja"):
                 args.append("--jinja")
         if stack.engine_fit:
-            args += self.fit_args(flags)
+            args += self.fit_args(stack.vram_margin_mib, flags)
         if stack.gpu_layers is not None:
             args += ["--n-gpu-layers", str(stack.gpu_layers)]
         if stack.tensor_split:
@@ -429,14 +431,18 @@ class LlamaFamilyEngine(Engine):
             )
         return ["-fa"] if mode == "on" else []
 
-    def fit_args(self, flags: dict[str, str] | None) -> list[str]:
-        """`--fit on`: the engine sizes -ngl and the expert placement to the devices' memory itself."""
+    def fit_args(self, margin_mib: int, flags: dict[str, str] | None) -> list[str]:
+        """`--fit on --fit-target MiB`: the engine sizes -ngl and the expert placement to the devices'
+        memory itself, leaving `margin_mib` free on each."""
+        self.check_fit(flags)
+        return ["--fit", "on", "--fit-target", str(margin_mib)]
+
+    def check_fit(self, flags: dict[str, str] | None) -> None:
         if flags is not None and "--fit" not in flags:
             raise StackError(
                 f"this {self.name} build has no --fit placement of its own; use --placement rules "
                 "(moe-stack's plan: -ngl and -ot rules)"
             )
-        return ["--fit", "on"]
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The arguments of the options only this engine of the family honours (mainline: none)."""

@@ -184,6 +184,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         gpu_ids=options.gpus,
         tensor_split=tensor_split,
         engine_fit=options.placement == "fit",
+        vram_margin_mib=round(options.vram_margin_gb * 1024),
         mlock=options.mlock,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,

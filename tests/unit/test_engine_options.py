@@ -38,6 +38,7 @@ STACK_OWN = {
     "gpu_ids",
     "shm_size",
     "start_period_s",
+    "vram_margin_mib",  # written only by the engine-fit placement (with engine_fit), else the plan's
 }
 # A value other than the default for each engine option (valid together with the base stack).
 CHANGED: dict[str, object] = {

@@ -119,14 +119,23 @@ def test_refusals(tmp_path: Path, model: Path) -> None:
         )
 
 
-def test_mainline_may_place_everything_itself(tmp_path: Path, model: Path) -> None:
+def test_either_llama_engine_may_place_everything_itself(tmp_path: Path, model: Path) -> None:
+    """`--placement fit`: mainline's `--fit on`, ik_llama.cpp's `--fit` switch after every layer on the GPU
+    (its default is none), each with the stack's margin (1 GiB unless --vram-margin-gb says)."""
     host = _host(tmp_path, TWO_4090)
     options = StackOptions(model=model, gpu="nvidia", preset="qwen3-235b-a22b", placement="fit")
     stack = assemble_stack(options, host)
     command = compose_dict(stack, "x")["services"]["engine"]["command"]
-    assert command[command.index("--fit") + 1] == "on"
+    assert (
+        command[command.index("--fit") + 1] == "on" and command[command.index("--fit-target") + 1] == "1024"
+    )
     assert "--n-gpu-layers" not in command and "--override-tensor" not in command  # left to --fit
-    with pytest.raises(StackError, match="ik_llama.cpp does not read --placement fit"):
-        compose_dict(assemble_stack(options.model_copy(update={"engine": "ik_llama.cpp"}), host), "x")
+    ik = options.model_copy(update={"engine": "ik_llama.cpp", "vram_margin_gb": 2.0})
+    command = compose_dict(assemble_stack(ik, host), "x")["services"]["engine"]["command"]
+    assert command[command.index("--fit") + 1] == "--fit-margin" and "--fit-target" not in command
+    assert command[command.index("--fit-margin") + 1] == "2048" and "--override-tensor" not in command
+    assert int(command[command.index("--n-gpu-layers") + 1]) > read_facts(model).layers
+    with pytest.raises(StackError, match="ktransformers does not read --placement fit"):
+        compose_dict(assemble_stack(options.model_copy(update={"engine": "ktransformers"}), host), "x")
     with pytest.raises(SpecError, match="--placement fit leaves -ngl and -ot to the engine"):
         assemble_stack(options.model_copy(update={"experts_on_cpu": True}), host)
