@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from python_on_whales.exceptions import DockerException
 
-from builder.distribute.bundle_trust import check_local_names, check_tags, saved_image_tags
+from builder.distribute.bundle_trust import check_images_tar, check_local_names
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.docker_client import describe, docker
 from builder.engines import get_engine
@@ -217,12 +217,13 @@ def _key_file(path: Path | None) -> Path | None:
 
 
 def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadChoices, replace: bool) -> dict:
-    """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's and
-    replace no other local image (unless `replace`)."""
+    """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's, each
+    with the ID the manifest lists (read from images.tar before Docker sees it), and replace no other
+    local image (unless `replace`)."""
     try:
         document = yaml.safe_load((staging / COMPOSE).read_text())
         rebuilt = rebuild_stack(document, manifest["images"], choices)
-        check_tags(saved_image_tags(staging / IMAGES), manifest["images"])
+        check_images_tar(staging / IMAGES, manifest["images"])
         client = docker()
         local = {
             name: client.image.inspect(name).id if client.image.exists(name) else None

@@ -3,41 +3,130 @@
 A manifest only vouches for itself (the archive is held to a sha256 given out of band, bundle.py), and
 `docker load` honours every name inside images.tar: RepoTags of docker save's manifest.json, the legacy
 `repositories` file, and the OCI index.json's image names (what the containerd image store reads). So
-those names must be exactly the manifest's images, which are exactly the stack's (loaded_stack.py), and
-a name that already exists here with another ID is replaced only when the user asks.
+those names must be exactly the manifest's images, which are exactly the stack's (loaded_stack.py), each
+must get from images.tar the very image ID the manifest lists for it (the sha256 of its config blob, or
+for the containerd store the digest of the manifest or index it names, hashed here from the archive's
+bytes), and a name that already exists here with another ID is replaced only when the user asks. All of
+it is read from the tar in place, before `docker load` runs: once a name is applied, refusing is too late.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import tarfile
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from builder.distribute.loaded_stack import UntrustedBundle
+from builder.safe_tar import UnsafeArchive, member_path
+
+_INDEX_LIMIT = 1 << 20  # manifest.json, index.json, repositories
+_BLOB_LIMIT = 8 << 20  # an image config, manifest or index
+_BLOBS_READ = 256  # configs, manifests and indexes read in all: a hostile index can't make load read more
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def saved_image_tags(images_tar: Path) -> set[str]:
-    """The names `docker load` would give, in Docker's short form: RepoTags of docker save's
-    manifest.json, the legacy `repositories` file, and index.json's image names (read from the
-    archive, nothing extracted)."""
-    tags: set[str] = set()
+@dataclass(frozen=True)
+class SavedName:
+    """A name `docker load` would give from images.tar (Docker's short form), the file saying so, and
+    the image IDs it can get from there, the one Docker's own store reports first (None: only from
+    `repositories`, which docker load reads only in an archive without manifest.json, refused here)."""
+
+    name: str
+    where: str
+    ids: tuple[str, ...] | None
+
+
+def check_images_tar(images_tar: Path, listed: dict[str, str]) -> None:
+    """Refuse images.tar unless each name it holds is one the manifest lists (`listed`: name to image
+    ID) and gets from it exactly that ID; read from the archive itself, nothing loaded or extracted."""
+    check_saved_names(saved_names(images_tar), listed)
+
+
+def check_saved_names(saved: list[SavedName], listed: dict[str, str]) -> None:
+    """images.tar may tag only what the manifest lists (docker load would apply every other tag too),
+    each with the ID listed for it (a name listed with its local image's ID can't carry other code)."""
+    if not listed:
+        raise UntrustedBundle(
+            "its manifest lists no images; a moe-stack bundle always holds the stack's images"
+        )
+    claimed: dict[str, set[str]] = {}
+    for name, image_id in listed.items():
+        claimed.setdefault(short_name(name), set()).add(image_id)
+    twice = sorted(name for name, ids in claimed.items() if len(ids) > 1)
+    if twice:
+        raise UntrustedBundle(f"its manifest lists {twice[0]} under two spellings with two image IDs")
+    extra = sorted({entry.name for entry in saved} - set(claimed))
+    if extra:
+        raise UntrustedBundle(
+            f"images.tar would also tag {', '.join(extra)}, which the manifest doesn't list "
+            "(loading it would replace those local images)"
+        )
+    missing = sorted(set(claimed) - {entry.name for entry in saved if entry.ids is not None})
+    if missing:
+        raise UntrustedBundle(f"images.tar holds no image named {missing[0]}, which its manifest lists")
+    for entry in saved:
+        (expected,) = claimed[entry.name]
+        if entry.ids is not None and expected not in entry.ids:
+            raise UntrustedBundle(
+                f"images.tar's {entry.where} gives {entry.name} the image {entry.ids[0]}, its manifest "
+                f"lists {expected}; loading it would re-point {entry.name} at an image the manifest "
+                "doesn't name"
+            )
+
+
+def saved_names(images_tar: Path) -> list[SavedName]:
+    """Every name images.tar gives and the IDs it gives it (read in place, nothing extracted)."""
     try:
-        with tarfile.open(images_tar, "r:") as archive:
-            names = set(archive.getnames())
-            if "manifest.json" not in names:
+        with tarfile.open(images_tar, "r:") as tar:
+            archive = _SavedArchive(tar)
+            if "manifest.json" not in archive.members:
                 raise UntrustedBundle(f"{images_tar.name} is not a `docker save` archive (no manifest.json)")
-            for entry in _json_member(archive, "manifest.json"):
-                tags.update(entry.get("RepoTags") or [])
-            if "repositories" in names:
-                for repo, by_tag in _json_member(archive, "repositories").items():
-                    tags.update(f"{repo}:{tag}" for tag in by_tag)
-            if "index.json" in names:
-                for entry in _json_member(archive, "index.json").get("manifests") or []:
-                    tags.update(_index_names(entry.get("annotations") or {}))
-    except (tarfile.TarError, OSError, ValueError, AttributeError, TypeError) as err:
+            indexed = _index_entries(archive)
+            saved: list[SavedName] = []  # manifest.json's first: what Docker's own store reads
+            for entry in archive.json("manifest.json"):
+                config = archive.digest_of(member_path(str(entry["Config"])))
+                for tag in map(short_name, entry.get("RepoTags") or []):
+                    # The containerd store knows the same image by the digest index.json gives this
+                    # name, where the manifest or index of that digest holds this config.
+                    known_as = [
+                        digest
+                        for named, digest, configs in indexed
+                        if named.name == tag and config in configs
+                    ]
+                    saved.append(SavedName(tag, "manifest.json", tuple(dict.fromkeys([config, *known_as]))))
+            saved += [entry for entry, _, _ in indexed]
+            if "repositories" in archive.members:
+                for repo, by_tag in archive.json("repositories").items():
+                    saved.extend(
+                        SavedName(short_name(f"{repo}:{tag}"), "repositories", None) for tag in by_tag
+                    )
+    except (tarfile.TarError, OSError, ValueError, AttributeError, TypeError, KeyError, UnsafeArchive) as err:
         raise UntrustedBundle(f"{images_tar.name}'s image index can't be read ({err})") from None
-    return {short_name(tag) for tag in tags}
+    return saved
+
+
+def _index_entries(archive: _SavedArchive) -> list[tuple[SavedName, str, frozenset[str]]]:
+    """index.json's names, each with the IDs it can get (the digest it names; the config of that
+    manifest, where it is one), that digest, and the configs of the images under it."""
+    if "index.json" not in archive.members:
+        return []
+    entries = []
+    for entry in archive.json("index.json").get("manifests") or []:
+        names = _index_names(entry.get("annotations") or {})
+        if not names:
+            continue  # an entry without a name tags nothing
+        digest = _digest(entry["digest"])
+        config = _config_of(archive.blob_json(digest))
+        ids = (digest,) if config is None else (digest, config)
+        configs = archive.configs(digest)
+        entries += [
+            (SavedName(short_name(name), "index.json", ids), digest, configs) for name in sorted(names)
+        ]
+    return entries
 
 
 def _index_names(annotations: dict[str, str]) -> set[str]:
@@ -60,27 +149,93 @@ def short_name(name: str) -> str:
     return name
 
 
-def _json_member(archive: tarfile.TarFile, name: str) -> Any:
-    member = archive.getmember(name)
-    if not member.isreg() or member.size > 1 << 20:
-        raise UntrustedBundle(f"images.tar's {name} is not a small regular file")
-    stream = archive.extractfile(member)
-    assert stream is not None
-    return json.load(stream)
+def _digest(value: object) -> str:
+    if not isinstance(value, str) or not _DIGEST.fullmatch(value):
+        raise UntrustedBundle(f"images.tar names the digest {value!r}, not a sha256 one")
+    return value
 
 
-def check_tags(saved: set[str], listed: dict[str, str]) -> None:
-    """images.tar may tag only what the manifest lists (docker load would apply every other tag too)."""
-    if not listed:
-        raise UntrustedBundle(
-            "its manifest lists no images; a moe-stack bundle always holds the stack's images"
-        )
-    extra = sorted(saved - {short_name(name) for name in listed})
-    if extra:
-        raise UntrustedBundle(
-            f"images.tar would also tag {', '.join(extra)}, which the manifest doesn't list "
-            "(loading it would replace those local images)"
-        )
+def _config_of(document: Any) -> str | None:
+    """The config digest of an image manifest (None for an index)."""
+    config = document.get("config") if isinstance(document, dict) else None
+    return _digest(config.get("digest")) if isinstance(config, dict) else None
+
+
+class _SavedArchive:
+    """images.tar read in place: its members by their normalised names (each once, none under a link
+    or file, so the bytes read here are the bytes Docker reads), small files only, each counted."""
+
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self._tar = tar
+        self.members = _file_members(tar)
+        self._reads = 0
+        self._blobs: dict[str, Any] = {}
+
+    def read(self, name: str, limit: int) -> bytes:
+        member = self.members.get(name)
+        if member is None:
+            raise UntrustedBundle(f"images.tar lacks {name}, which its index names")
+        if not member.isreg() or member.size > limit:
+            raise UntrustedBundle(f"images.tar's {name} is not a regular file of at most {limit} bytes")
+        self._reads += 1
+        if self._reads > _BLOBS_READ:
+            raise UntrustedBundle(f"images.tar's index names more than {_BLOBS_READ} configs and manifests")
+        stream = self._tar.extractfile(member)
+        assert stream is not None
+        return stream.read()
+
+    def json(self, name: str) -> Any:
+        return json.loads(self.read(name, _INDEX_LIMIT))
+
+    def digest_of(self, name: str) -> str:
+        return f"sha256:{hashlib.sha256(self.read(name, _BLOB_LIMIT)).hexdigest()}"
+
+    def blob_json(self, digest: str) -> Any:
+        """The manifest or index of `digest`, its bytes held to that digest."""
+        if digest not in self._blobs:
+            name = f"blobs/sha256/{digest.removeprefix('sha256:')}"
+            data = self.read(name, _BLOB_LIMIT)
+            if f"sha256:{hashlib.sha256(data).hexdigest()}" != digest:
+                raise UntrustedBundle(f"images.tar's {name} does not hash to its name")
+            self._blobs[digest] = json.loads(data)
+        return self._blobs[digest]
+
+    def configs(self, digest: str, depth: int = 0) -> frozenset[str]:
+        """The configs of the images under `digest`: its own, or those of the manifests of an index
+        that the archive holds (an index of an index at most, as Docker saves them)."""
+        document = self.blob_json(digest)
+        config = _config_of(document)
+        if config is not None:
+            return frozenset({config})
+        children = document.get("manifests") if isinstance(document, dict) and depth < 2 else None
+        if not isinstance(children, list):
+            return frozenset()
+        held = [
+            child
+            for child in map(_digest, (entry.get("digest") for entry in children))
+            if f"blobs/sha256/{child.removeprefix('sha256:')}" in self.members
+        ]
+        return frozenset().union(*(self.configs(child, depth + 1) for child in held))
+
+
+def _file_members(tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
+    """The archive's members other than directories, by normalised name; UntrustedBundle for a name
+    held twice or one under a non-directory (a link there would make Docker read other bytes)."""
+    files: dict[str, tarfile.TarInfo] = {}
+    directories: set[str] = set()
+    for member in tar.getmembers():
+        name = member_path(member.name)
+        if name in files or (name in directories and not member.isdir()):
+            raise UntrustedBundle(f"images.tar holds {name} twice")
+        if member.isdir():
+            directories.add(name)
+        else:
+            files[name] = member
+    for name in files:
+        for parent in list(PurePosixPath(name).parents)[:-1]:
+            if str(parent) in files:
+                raise UntrustedBundle(f"images.tar holds {name} under {parent}, which is not a directory")
+    return files
 
 
 def check_local_names(listed: dict[str, str], local_ids: dict[str, str | None], replace: bool) -> None:

@@ -5,7 +5,10 @@ written (a port number, a page size, a cpuset, GPU indices, the engine's argumen
 then made again through the same builders `moe-stack compose` uses (stacks/document.py). What reaches
 the host is set by `load` and the user, not by the bundle: the model's mounts (its files, where `load`
 put or found them), the published address (loopback unless the user binds elsewhere), the config
-directory and the API key file (only from the user's options). Anything else in a service is refused.
+directory and the API key file (only from the user's options), and the compose project, named as
+`moe-stack compose` names it, from the model's file and where it is on this host (a bundle's own name
+could be another stack's: `up` would recreate that one, `down -v` remove its volumes). Anything else in
+a service is refused.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from builder.stacks.document import (
     gpu_device,
     monitoring_service,
     placement,
+    project_name_for,
     published,
     service_of,
     stack_document,
@@ -77,7 +81,6 @@ _ENGINE_KEYS = frozenset(
     }
 )
 _TOP_KEYS = frozenset({"name", "x-moe-stack", "services", "volumes", "secrets"})
-_PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _NUMA = re.compile(r"interleave(:[0-9]+(,[0-9]+)*)?|(membind|cpunodebind):[0-9]+(,[0-9]+)*")
 _CPUSET = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
@@ -138,7 +141,7 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
         )
     hugetlbfs = any(HUGETLBFS_MOUNT in cast(list, service["volumes"]) for service in services.values())
     return stack_document(
-        _project(document.get("name")),
+        project_name_for(_loaded_model(choices)),  # never the bundle's `name:`
         _record(document, choices, engines),
         services,
         _page_size(document) if hugetlbfs else None,
@@ -353,10 +356,9 @@ def _page_size(document: dict) -> str:
     return match.group(1)
 
 
-def _project(name: object) -> str:
-    if not isinstance(name, str) or not _PROJECT.fullmatch(name):
-        raise UntrustedBundle(f"its project name {name!r} is not one moe-stack writes ([a-z0-9_-])")
-    return name
+def _loaded_model(choices: LoadChoices) -> Path:
+    """The model's first file where load put or found it (its directory resolved, as compose has it)."""
+    return choices.model_files[0].parent.resolve() / choices.model_files[0].name
 
 
 def _record(document: dict, choices: LoadChoices, engines: list[str]) -> StackRecord:
@@ -378,7 +380,7 @@ def _record(document: dict, choices: LoadChoices, engines: list[str]) -> StackRe
         loaded_from=choices.loaded_from,
         engine=str(engine),
         image=_text(meant(given.get("image"))),
-        model=choices.model_files[0].parent.resolve() / choices.model_files[0].name,
+        model=_loaded_model(choices),
         served_name=_text(served_name) if served_name is not None else None,
         models=tuple(_text(name) for name in names) if isinstance(names, list) else (),
         engine_options={str(key): value for key, value in options.items()},

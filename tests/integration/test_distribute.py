@@ -260,3 +260,58 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
         assert docker_client.image.inspect(image).id == own_id
     finally:
         docker_client.image.remove(image, force=True)
+
+
+def test_a_bundle_listing_a_local_images_id_cannot_re_point_its_name(
+    base_image: str, docker_client: DockerClient, moe_model: Path, tmp_path: Path
+) -> None:
+    """The victim's name listed with the victim's own (public) ID clashes with nothing here, and
+    `docker load` would apply the name to images.tar's image before any check of IDs after it: load
+    reads each name's image ID from images.tar itself and refuses before Docker loads anything."""
+    tag = uuid.uuid4().hex[:8]
+    victim, theirs = f"localhost/moe-stack-victim/llama-cpp:{tag}", f"localhost/moe-stack-theirs/x:{tag}"
+    docker_client.image.tag(base_image, victim)
+    container = docker_client.container.create(base_image, ["true"])
+    try:
+        docker_client.container.commit(container, theirs)  # another image: the bundle's own code
+        victim_id = docker_client.image.inspect(victim).id
+        assert docker_client.image.inspect(theirs).id != victim_id
+        stack = StackSpec(project="mst-victim", engine="llama.cpp", image=victim, model=moe_model, threads=2)
+        compose_file = write_stack(compose_dict(stack, "pytest"), tmp_path / "compose.yaml")
+        archive = tmp_path / "stack.tar"
+        result = run_cli("bundle", str(compose_file), "--out", str(archive))
+        assert result.returncode == 0, result.stderr
+        work = tmp_path / "hostile"
+        work.mkdir()
+        with tarfile.open(archive) as tar:
+            tar.extractall(work, filter="data")
+        assert json.loads((work / "manifest.json").read_text())["images"] == {victim: victim_id}
+        docker_client.image.tag(theirs, victim)  # saved under the victim's name...
+        docker_client.image.save([victim], output=work / "images.tar")
+        docker_client.image.tag(base_image, victim)  # ...which is the victim's again here
+        manifest = json.loads((work / "manifest.json").read_text())
+        manifest["files"]["images.tar"] = sha256(work / "images.tar")  # the manifest vouches for itself
+        (work / "manifest.json").write_text(json.dumps(manifest))
+        hostile = tmp_path / "hostile.tar"
+        with tarfile.open(hostile, "w") as tar:
+            for name in ("manifest.json", "compose.yaml", "images.tar"):
+                tar.add(work / name, arcname=name)
+        result = run_cli(
+            "load",
+            str(hostile),
+            "--dest",
+            str(tmp_path / "dest"),
+            "--unverified",
+            "--model-dir",
+            str(moe_model.parent),
+        )
+        assert result.returncode == 1 and f"manifest.json gives {victim} the image" in result.stderr, (
+            result.stderr
+        )
+        assert docker_client.image.inspect(victim).id == victim_id
+        assert not (tmp_path / "dest" / "compose.yaml").exists()
+    finally:
+        docker_client.container.remove(container)
+        for image in (victim, theirs):
+            if docker_client.image.exists(image):
+                docker_client.image.remove(image, force=True)

@@ -1,6 +1,8 @@
 """What `load` trusts: its stack is rebuilt by moe-stack from a few parsed values (never the bundle's
-text), images.tar may name only the stack's images and replace no local image unasked, and the
-archive is held to a sha256 given out of band, computed over exactly the bytes extracted."""
+text), images.tar may name only the stack's images, each with the ID its manifest lists (read from the
+tar before Docker sees it), and replace no local image unasked, the stack's compose project is named
+as `compose` names it, and the archive is held to a sha256 given out of band, computed over exactly
+the bytes extracted."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.distribute import bundle as bundle_module
 from builder.distribute.bundle import BundleError, LoadOptions, load_bundle
-from builder.distribute.bundle_trust import check_local_names, check_tags, saved_image_tags
+from builder.distribute.bundle_trust import check_images_tar, check_local_names, check_saved_names
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.safe_tar import extract_files
 from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
+from builder.stacks.document import project_name_for
 from builder.stacks.record import read_record
 from tests.specs import routed_stacks
 
@@ -36,6 +40,7 @@ def _images(document: dict) -> dict[str, str]:
 def _without_model_mounts(document: dict) -> dict:
     """`document` less what load sets itself: the model's mounts and where the record says it is."""
     document = copy.deepcopy(document)
+    document.pop("name")  # load's own (test_the_project_is_named_as_compose_names_it)
     for service in document["services"].values():
         service["volumes"] = [v for v in service["volumes"] if not str(v.get("target")).startswith("/models")]
     for key in ("model", "generator", "loaded-from"):
@@ -62,6 +67,7 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
         {"type": "bind", "source": "/srv/m/a.gguf", "target": "/models/a.gguf", "read_only": True}
     ]
     assert rebuilt["x-moe-stack"]["model"] == "/srv/m/a.gguf"
+    assert rebuilt["name"] == project_name_for(Path("/srv/m").resolve() / "a.gguf")
 
 
 def _with(change: dict[str, object], service: str = "engine") -> dict:
@@ -142,7 +148,6 @@ def _top(change: dict[str, object]) -> dict:
             "serves.engine is not",
         ),
         (_top({"networks": {"default": {"external": True}}}), "top-level networks"),
-        (_top({"name": "../other"}), "project name"),
         (
             _top({"services": {**EMITTED["services"], "miner": EMITTED["services"]["engine"]}}),
             "service miner",
@@ -290,54 +295,227 @@ def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> N
     assert read_record(document).model == model
 
 
-def _save_tar(
-    path: Path, repo_tags: list[str], repositories: dict | None = None, index: dict | None = None
-) -> Path:
+def _digest(data: bytes) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
+def _blob(data: object) -> tuple[str, bytes]:
+    """An OCI blob: its path in a `docker save` archive and its bytes."""
+    raw = json.dumps(data).encode()
+    return f"blobs/sha256/{hashlib.sha256(raw).hexdigest()}", raw
+
+
+def _config(marker: str) -> tuple[str, bytes]:
+    return _blob({"architecture": "amd64", "os": "linux", "config": {"Labels": {"m": marker}}})
+
+
+def _manifest_of(config: tuple[str, bytes]) -> tuple[str, bytes]:
+    return _blob(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"digest": _digest(config[1]), "size": len(config[1])},
+            "layers": [],
+        }
+    )
+
+
+def _entry(manifest: tuple[str, bytes], name: str) -> dict:
+    """index.json's entry for `manifest` under `name`, as docker save writes it."""
+    return {
+        "digest": _digest(manifest[1]),
+        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "1"},
+    }
+
+
+def _images_tar(path: Path, members: list[tuple[str, bytes | str]]) -> Path:
+    """A tar of `members` (bytes: a file; str: a symlink to that name), in that order."""
     with tarfile.open(path, "w") as tar:
-        for name, data in (
-            ("manifest.json", [{"Config": "c.json", "RepoTags": repo_tags, "Layers": []}]),
-            *((("repositories", repositories),) if repositories else ()),
-            *((("index.json", index),) if index else ()),
-        ):
-            raw = json.dumps(data).encode()
+        for name, data in members:
             info = tarfile.TarInfo(name)
-            info.size = len(raw)
-            tar.addfile(info, io.BytesIO(raw))
+            if isinstance(data, str):
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
     return path
 
 
+def _saved(
+    path: Path,
+    tagged: list[tuple[tuple[str, bytes], list[str]]],
+    index: list[dict] | None = None,
+    extra: tuple[tuple[str, bytes], ...] = (),
+) -> Path:
+    """images.tar as docker save writes it: each config with its tags in manifest.json, the
+    manifests named in `index` (index.json) with their blobs."""
+    manifests = [_manifest_of(config) for config, _ in tagged]
+    return _images_tar(
+        path,
+        [
+            *dict.fromkeys([*(config for config, _ in tagged), *manifests]),
+            (
+                "manifest.json",
+                json.dumps([{"Config": c[0], "RepoTags": tags, "Layers": []} for c, tags in tagged]).encode(),
+            ),
+            *(
+                (("index.json", json.dumps({"schemaVersion": 2, "manifests": index}).encode()),)
+                if index
+                else ()
+            ),
+            *extra,
+        ],
+    )
+
+
+VICTIM, THEIRS = _config("the victim's own image"), _config("the bundle's code")
+NAME = "ghcr.io/moe-stack/llama-cpp:x-cpu-avx2"
+
+
+def test_images_tar_gives_each_name_the_id_listed(tmp_path: Path) -> None:
+    """Each name gets from images.tar the ID the manifest lists: the config's sha256 (Docker's own
+    store) or the digest index.json names (the containerd store), hashed from the tar's bytes."""
+    manifest = _manifest_of(VICTIM)
+    honest = _saved(tmp_path / "ok.tar", [(VICTIM, [NAME])], [_entry(manifest, f"docker.io/{NAME}")])
+    check_images_tar(honest, {NAME: _digest(VICTIM[1])})
+    check_images_tar(honest, {NAME: _digest(manifest[1])})  # as a containerd-store host lists it
+
+
+@pytest.mark.parametrize(
+    ("members", "why"),
+    [
+        # The victim's name with the victim's own (public) ID, on the bundle's image: manifest.json...
+        (
+            [THEIRS, ("manifest.json", json.dumps([{"Config": THEIRS[0], "RepoTags": [NAME]}]).encode())],
+            "manifest.json gives",
+        ),
+        # ...or index.json, the name on a manifest of the bundle's config.
+        (
+            [
+                VICTIM,
+                THEIRS,
+                _manifest_of(THEIRS),
+                ("manifest.json", json.dumps([{"Config": VICTIM[0], "RepoTags": [NAME]}]).encode()),
+                ("index.json", json.dumps({"manifests": [_entry(_manifest_of(THEIRS), NAME)]}).encode()),
+            ],
+            "index.json gives",
+        ),
+        # A blob that is not what its name says.
+        (
+            [
+                VICTIM,
+                (_manifest_of(VICTIM)[0], _manifest_of(THEIRS)[1]),
+                ("manifest.json", json.dumps([{"Config": VICTIM[0], "RepoTags": [NAME]}]).encode()),
+                ("index.json", json.dumps({"manifests": [_entry(_manifest_of(VICTIM), NAME)]}).encode()),
+            ],
+            "does not hash to its name",
+        ),
+        # The same config path twice (Docker reads the last), or under a link to other bytes.
+        (
+            [
+                VICTIM,
+                (VICTIM[0], THEIRS[1]),
+                ("manifest.json", json.dumps([{"Config": VICTIM[0], "RepoTags": [NAME]}]).encode()),
+            ],
+            "twice",
+        ),
+        (
+            [
+                ("blobs", "other"),
+                (f"other/{VICTIM[0].removeprefix('blobs/')}", THEIRS[1]),
+                VICTIM,
+                ("manifest.json", json.dumps([{"Config": VICTIM[0], "RepoTags": [NAME]}]).encode()),
+            ],
+            "under blobs, which is not a directory",
+        ),
+        (
+            [("manifest.json", json.dumps([{"Config": "../c.json", "RepoTags": [NAME]}]).encode())],
+            "not a plain relative path",
+        ),
+        (
+            [("manifest.json", json.dumps([{"Config": "c.json", "RepoTags": [NAME]}]).encode())],
+            "lacks c.json",
+        ),
+    ],
+)
+def test_images_tar_may_not_re_point_a_name(tmp_path: Path, members: list, why: str) -> None:
+    with pytest.raises(UntrustedBundle, match=why):
+        check_images_tar(_images_tar(tmp_path / "hostile.tar", members), {NAME: _digest(VICTIM[1])})
+
+
 def test_images_tar_may_name_only_the_listed_images(tmp_path: Path) -> None:
-    listed = {"ghcr.io/moe-stack/llama-cpp:x-cpu-avx2": "sha256:1", "moe-stack/prometheus:trixie": "sha256:2"}
-    containerd = {
-        "manifests": [
-            {
-                "annotations": {
-                    "io.containerd.image.name": "docker.io/moe-stack/prometheus:trixie",
-                    "org.opencontainers.image.ref.name": "trixie",
-                }
-            }
-        ]
-    }
-    honest = _save_tar(tmp_path / "ok.tar", list(listed), index=containerd)
-    check_tags(saved_image_tags(honest), listed)
-    retag = _save_tar(tmp_path / "retag.tar", [*listed, "moe-stack/debian:trixie"])
+    prometheus = _config("prometheus")
+    listed = {NAME: _digest(VICTIM[1]), "moe-stack/prometheus:trixie": _digest(prometheus[1])}
+    index = [_entry(_manifest_of(prometheus), "docker.io/moe-stack/prometheus:trixie")]
+    tagged = [(VICTIM, [NAME]), (prometheus, ["moe-stack/prometheus:trixie"])]
+    check_images_tar(_saved(tmp_path / "ok.tar", tagged, index), listed)
+    retag = _saved(
+        tmp_path / "retag.tar",
+        [(VICTIM, [NAME]), (prometheus, ["moe-stack/prometheus:trixie", "moe-stack/debian:trixie"])],
+    )
     with pytest.raises(UntrustedBundle, match="would also tag moe-stack/debian:trixie"):
-        check_tags(saved_image_tags(retag), listed)
-    legacy = _save_tar(tmp_path / "legacy.tar", list(listed), {"debian": {"trixie-slim": "abc"}})
+        check_images_tar(retag, listed)
+    repositories = ("repositories", json.dumps({"debian": {"trixie-slim": "abc"}}).encode())
     with pytest.raises(UntrustedBundle, match="debian:trixie-slim"):
-        check_tags(saved_image_tags(legacy), listed)
+        check_images_tar(_saved(tmp_path / "legacy.tar", tagged, extra=(repositories,)), listed)
     for annotation in (
         {"io.containerd.image.name": "docker.io/library/debian:trixie-slim"},
         {"org.opencontainers.image.ref.name": "docker.io/library/debian:trixie-slim"},
     ):
-        index = _save_tar(
-            tmp_path / "index.tar", list(listed), index={"manifests": [{"annotations": annotation}]}
-        )
+        entry = {**_entry(_manifest_of(prometheus), ""), "annotations": annotation}
+        named = _saved(tmp_path / "index.tar", tagged, [entry])
         with pytest.raises(UntrustedBundle, match="would also tag debian:trixie-slim"):
-            check_tags(saved_image_tags(index), listed)
-        (tmp_path / "index.tar").unlink()
+            check_images_tar(named, listed)
+        named.unlink()
+    with pytest.raises(UntrustedBundle, match="holds no image named moe-stack/prometheus:trixie"):
+        check_images_tar(_saved(tmp_path / "short.tar", tagged[:1]), listed)
     with pytest.raises(UntrustedBundle, match="lists no images"):
-        check_tags(set(), {})
+        check_saved_names([], {})
+
+
+def test_load_reads_images_tar_before_docker_sees_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundle listing the stack's image names with the IDs they have on this host, its images.tar
+    tagging them onto its own image, is refused from the tar alone: Docker is never called (once
+    `docker load` applies a name, refusing is too late)."""
+
+    def no_docker() -> None:
+        raise AssertionError("load reached Docker before it checked images.tar")
+
+    monkeypatch.setattr(bundle_module, "docker", no_docker)
+    compose = (ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_bytes()
+    names = sorted(IMAGES)
+    images = _saved(tmp_path / "images.tar", [(THEIRS, names)])
+    model_dir = tmp_path / "models"
+    model_dir.mkdir()
+    (model_dir / "m.gguf").write_bytes(b"GGUF")
+    manifest = {
+        "format": 1,
+        "files": {"compose.yaml": _digest(compose), "images.tar": _digest(images.read_bytes())},
+        "images": {name: _digest(VICTIM[1]) for name in names},  # what this host has under them
+        "models": [{"name": "m.gguf", "bytes": 4, "sha256": _digest(b"GGUF"), "included": False}],
+    }
+    bundle = _images_tar(
+        tmp_path / "bundle.tar",
+        [
+            ("manifest.json", json.dumps(manifest).encode()),
+            ("compose.yaml", compose),
+            ("images.tar", images.read_bytes()),
+        ],
+    )
+    with pytest.raises(BundleError, match=f"refused: images.tar's manifest.json gives {names[0]} the image "):
+        load_bundle(bundle, tmp_path / "dest", LoadOptions(expect_sha256=None, model_dir=model_dir))
+    assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("name", ["qwen3-235b-a22b-llama-cpp", "someone-elses-stack", "../other", None])
+def test_the_project_is_named_as_compose_names_it(name: str | None) -> None:
+    """A bundle's `name:` could be another stack's (`up` would recreate it, `down -v` remove its
+    volumes): the loaded stack's project comes from its model's file and place here, as compose's."""
+    rebuilt = rebuild_stack(_top({"name": name}), IMAGES, HERE)
+    model = HERE.model_files[0]
+    assert rebuilt["name"] == project_name_for(model.parent.resolve() / model.name)
+    assert rebuilt["name"].startswith("moe-stack-qwen3-235b-a22b-q4_k_m-00001-of-00003-")
 
 
 def test_a_local_image_of_the_same_name_is_replaced_only_when_asked() -> None:
