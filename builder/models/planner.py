@@ -55,6 +55,15 @@ MAX_LAYERS = 4096
 MAX_EXPERTS = 1 << 16
 
 
+class VramShortfall(SpecError):
+    """What a GPU must hold before any expert (attention, shared weights, KV cache, compute reserve) is
+    more than its VRAM less the margin: `need` says so, `missing` by how many bytes."""
+
+    def __init__(self, need: str, missing: int, advice: str) -> None:
+        super().__init__(f"{need}; {advice}")
+        self.need, self.missing = need, missing
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     """What the plan needs from a GGUF."""
@@ -398,12 +407,14 @@ def plan(
         usable = vram - margin
         if used > usable:
             where = f" on GPU {index} ({len(layers)} of {facts.layers} layers)" if len(vrams) > 1 else ""
-            raise SpecError(
+            raise VramShortfall(
                 f"attention, shared weights, a {ctx}-token {cache_type} KV cache and the compute reserve "
                 f"need {size(used)} of VRAM{where}, {size(used - usable)} more than the {size(vram)} given "
-                f"less its {size(margin)} margin; lower --ctx-size"
-                f"{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''} "
-                "or use a larger GPU"
+                f"less its {size(margin)} margin",
+                used - usable,
+                "lower --ctx-size"
+                f"{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''}"
+                " or use a larger GPU",
             )
         experts = []
         for layer in layers:

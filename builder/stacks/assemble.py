@@ -26,7 +26,7 @@ from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan, VramShortfall
 from builder.models.planner import plan as make_plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
@@ -35,6 +35,7 @@ from builder.stacks.host_checks import check_config_dir, check_host_runs, check_
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.vram_levers import GpuDemand, advice
 
 
 class StackOptions(BaseModel):
@@ -127,21 +128,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
             )
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-        facts, latent = adapter.model_format.facts(model), adapter.caches_latent(engine_options.mla)
-        ubatch = engine_options.ubatch_size or DEFAULT_UBATCH
-        reserve = gpu_reserve(adapter.name, facts, engine_options.ctx_size, ubatch, latent)
-        reserve += draft_vram_bytes(engine_options, adapter, engine_options.ctx_size, ubatch)
-        fitted = make_plan(
-            facts,
-            [int(gb * GIB) for gb in options.fit_vram_gb],
-            host.mem_total_bytes,
-            engine_options.ctx_size,
-            engine_options.cache_type or "f16",
-            mla=latent,
-            gpu_reserve=reserve,
-            cache_type_v=engine_options.cache_type_v,
-            margin=int(options.vram_margin_gb * GIB),
-        )
+        fitted = _vram_plan(options, adapter, model, engine_options, host.mem_total_bytes)
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
             gpu_experts = fitted.gpu_experts_per_layer
@@ -197,6 +184,38 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
+
+
+def _vram_plan(
+    options: StackOptions, adapter: Engine, model: Path, given: EngineOptions, ram_bytes: int
+) -> Plan:
+    """The plan for --fit-vram-gb: what the engine keeps on each GPU at the stack's context, cache and
+    micro-batch (its measured compute buffer, a draft model's share), then experts into what is left;
+    a refusal names the levers that would make it fit."""
+    demand = GpuDemand(
+        engine=adapter.name,
+        facts=adapter.model_format.facts(model),
+        ctx=given.ctx_size,
+        ubatch=given.ubatch_size or DEFAULT_UBATCH,
+        cache_type=given.cache_type or "f16",
+        latent=adapter.caches_latent(given.mla),
+    )
+    draft = draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch)
+    try:
+        return make_plan(
+            demand.facts,
+            [int(gb * GIB) for gb in options.fit_vram_gb],
+            ram_bytes,
+            demand.ctx,
+            demand.cache_type,
+            mla=demand.latent,
+            gpu_reserve=gpu_reserve(adapter.name, demand.facts, demand.ctx, demand.ubatch, demand.latent)
+            + draft,
+            cache_type_v=given.cache_type_v,
+            margin=int(options.vram_margin_gb * GIB),
+        )
+    except VramShortfall as shortfall:
+        raise SpecError(advice(shortfall, demand)) from None
 
 
 def _layers_on_gpu(

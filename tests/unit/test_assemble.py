@@ -284,3 +284,13 @@ def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, 
         assert (
             plan_stack(options.model_copy(update={"for_other_host": True}), epyc).stack.port == options.port
         )
+
+
+def test_a_plan_that_does_not_fit_names_its_levers(epyc: HostFacts, model: Path) -> None:
+    options = StackOptions(
+        model=model, gpu="nvidia", fit_vram_gb=(1.2,), engine_options=EngineOptions(ctx_size=32768)
+    )
+    with pytest.raises(
+        SpecError, match=r"more than the 1\.2 GiB given less its 1\.0 GiB margin\. Alone, cheapest"
+    ):
+        assemble_stack(options, epyc)
