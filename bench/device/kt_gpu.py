@@ -15,7 +15,7 @@ what could not travel is substituted, each substitution written to the results:
      machine's), with the image's environment and the stack's, plus the substitutions;
   6. once healthy: smoke's client checks (served name, completion, chat, tool call, metrics), a
      request without the stack's API key refused, GPU memory in use, single-stream decode rates,
-     kt-kernel's variant as logged.
+     kt-kernel's variant as logged; and whether the key is anywhere in the server's log.
 
 With KT_GPU_WEIGHTS=amx the experts are kt-kernel's AMXINT4 instead of the GGUF's: step 3 converts the
 checkpoint with kt-kernel's converter (carried from a ktransformers tree in .device/kt/ktransformers)
@@ -351,6 +351,7 @@ def main(out: Path, work: Path) -> None:
             r"^.*(?:\[kt-kernel\]|backend=|kt_num_gpu_experts|KTConfig).*$", text, re.MULTILINE
         )
         result["kt_kernel_logged"] = [line[:300] for line in dict.fromkeys(kt_lines)][:16]
+        result["key_in_server_log"] = key_file.read_text().strip() in text
         result["seconds"] = round(time.time() - started, 1)
         (out / f"{NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
         note(json.dumps(result, indent=2))

@@ -4,13 +4,17 @@ launcher reads it into SGLang's parsed arguments.
 
 SGLang itself cannot run here (its server needs the GPU): the launcher is run against a stand-in
 `sglang` package with the two entry points sglang-kt 0.7.2's launch_server.py uses
-(`prepare_server_args`, `run_server`; `kill_process_tree`), recording what the server would get. The
-real server with a key is for the GPU machine (issue 27)."""
+(`prepare_server_args`, `run_server`; `kill_process_tree`), recording what the server and a spawned
+worker would get, and logging the arguments as SGLang does (the key must show as the launcher's mask).
+The real server with a key is for the GPU machine (issue 27; bench/device/kt_gpu.py records whether
+its log holds the key)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -24,25 +28,50 @@ from tests.cli import run_cli_in_process
 
 LAUNCHER = Path(__file__).parents[2] / "dockerfiles/ktransformers/moe-stack-sglang-with-key"
 WRAPPER = Path(__file__).parents[2] / "dockerfiles/ktransformers/moe-stack-server"
+RESULTS = Path(__file__).parents[2] / "bench/results"
 STAND_IN = {
     "sglang/__init__.py": "",
     "sglang/srt/__init__.py": "",
-    "sglang/launch_server.py": (
-        "import json, os, sys\n"
-        "def run_server(args):\n"
-        "    with open(os.environ['RECORD'], 'w') as out:\n"
-        "        json.dump({'argv': args.argv, 'api_key': args.api_key,\n"
-        "                   'cmdline': open('/proc/self/cmdline').read().split(chr(0))}, out)\n"
-    ),
-    "sglang/srt/server_args.py": (
-        "class ServerArgs:\n"
-        "    def __init__(self, argv):\n"
-        "        self.argv, self.api_key = argv, None\n"
-        "def prepare_server_args(argv):\n"
-        "    return ServerArgs(list(argv))\n"
-    ),
+    # As SGLang's server does: the root logger set up anew (force=True), `server_args=ServerArgs(...)`
+    # logged, and the arguments pickled to a worker started by multiprocessing's spawn, which logs them too.
+    "sglang/launch_server.py": """
+import json, logging, multiprocessing, os
+
+logger = logging.getLogger(__name__)
+
+
+def record(server_args, name):
+    logging.basicConfig(level=logging.INFO, force=True)
+    logger.info(f"{server_args=}")
+    with open(os.path.join(os.environ["RECORD"], name), "w") as out:
+        json.dump({"argv": server_args.argv, "api_key": server_args.api_key,
+                   "bearer": f"Bearer {server_args.api_key}",
+                   "cmdline": open("/proc/self/cmdline").read().split(chr(0))}, out)
+
+
+def run_server(server_args):
+    record(server_args, "server.json")
+    print(server_args, flush=True)
+    worker = multiprocessing.get_context("spawn").Process(target=record, args=(server_args, "worker.json"))
+    worker.start()
+    worker.join()
+""",
+    "sglang/srt/server_args.py": """
+import dataclasses
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    argv: list
+    api_key: str | None = None
+
+
+def prepare_server_args(argv):
+    return ServerArgs(list(argv))
+""",
     "sglang/srt/utils.py": "def kill_process_tree(pid, include_parent=True):\n    pass\n",
 }
+MASK = runpy.run_path(str(LAUNCHER))["MASK"]
 
 
 def _stand_in(tmp_path: Path) -> Path:
@@ -60,7 +89,8 @@ def _launch(
     key = tmp_path / "api-key"
     if key_text is not None:
         key.write_text(key_text)
-    record = tmp_path / "record.json"
+    record = tmp_path / "record"
+    record.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": str(_stand_in(tmp_path)),
@@ -83,10 +113,21 @@ def _launch(
 def test_the_launcher_hands_sglang_the_key_and_no_command_line_holds_it(tmp_path: Path) -> None:
     done, record = _launch(tmp_path, "s3cret-key\n", "--model-path", "/model-config", "--port", "8080")
     assert done.returncode == 0, done.stderr
-    seen = json.loads(record.read_text())
-    assert seen["api_key"] == "s3cret-key"
-    assert seen["argv"] == ["--model-path", "/model-config", "--port", "8080"]
-    assert not any("s3cret" in arg for arg in seen["cmdline"])
+    for process in ("server", "worker"):
+        seen = json.loads((record / f"{process}.json").read_text())
+        assert seen["api_key"] == "s3cret-key" and seen["bearer"] == "Bearer s3cret-key"
+        assert seen["argv"] == ["--model-path", "/model-config", "--port", "8080"]
+        assert not any("s3cret" in arg for arg in seen["cmdline"])
+
+
+def test_no_log_line_or_print_of_sglangs_arguments_holds_the_key(tmp_path: Path) -> None:
+    done, record = _launch(tmp_path, "s3cret-key\n", "--port", "8080")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((record / "worker.json").read_text())["api_key"] == "s3cret-key"
+    assert "s3cret" not in done.stdout + done.stderr
+    masked = f"api_key={MASK!r}"
+    assert masked in done.stdout  # the print
+    assert done.stderr.count(masked) == 2, done.stderr  # the server's log line and its worker's
 
 
 def test_the_launcher_refuses_an_empty_key_file_and_a_key_on_the_command_line(tmp_path: Path) -> None:
@@ -123,3 +164,14 @@ def test_a_ktransformers_stack_with_a_key_names_its_file_and_carries_no_key(tmp_
     assert engine["environment"][API_KEY_FILE_ENV] == API_KEY_PATH
     assert engine["secrets"] == [API_KEY_SECRET] and document["secrets"][API_KEY_SECRET]["file"] == str(key)
     assert not any("api-key" in arg for arg in engine["command"])
+
+
+def test_no_committed_server_log_holds_a_key() -> None:
+    """SGLang's `server_args=ServerArgs(...)` lines kept in bench/results show the key as the mask."""
+    leaks = []
+    for path in sorted(RESULTS.rglob("*")):
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        for found in re.finditer(r"api_key=['\"]", text):
+            if not text.startswith(f"api_key={MASK!r}", found.start()):
+                leaks.append(f"{path.relative_to(RESULTS)}:{text.count(chr(10), 0, found.start()) + 1}")
+    assert not leaks, f"an API key in {leaks}: mask it as api_key={MASK!r}"
