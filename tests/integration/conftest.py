@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -214,3 +215,11 @@ def serve_stack(running: contextlib.ExitStack, compose_file: Path, port: int, wa
     return RunningStack(
         compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file])
     )
+
+
+def budget_minutes(refusal: str) -> int:
+    """The budget `tune` asks for when it refuses one as too small ("give --budget 3m or more"): what one
+    dimension needs at this host's trial times, which a busy host stretches."""
+    match = re.search(r"give --budget (\d+)m or more", refusal)
+    assert match, refusal
+    return int(match.group(1))

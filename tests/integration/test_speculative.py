@@ -27,7 +27,7 @@ from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
-from tests.integration.conftest import build_engine_image, serve_stack
+from tests.integration.conftest import budget_minutes, build_engine_image, serve_stack
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +141,9 @@ def test_tune_times_a_drafting_stack_by_serving_it(
     build_engine_image("llama.cpp", "avx2", base_image, tools=True)
     options = EngineOptions(draft_model=models["draft"], draft_max=4)
     compose_file, _, _ = _emitted("llama.cpp", models["model"], image, options, tmp_path)
+    probe = run_cli("tune", str(compose_file), "--only", "draft-max", "--decode", "--budget", "3s")
+    assert probe.returncode == 1 and "is too small" in probe.stderr, probe.stderr
+    budget_s = max(240, 60 * budget_minutes(probe.stderr))  # a busy host's trials are slower
     result = run_cli(
         "tune",
         str(compose_file),
@@ -148,7 +151,7 @@ def test_tune_times_a_drafting_stack_by_serving_it(
         "draft-max",
         "--decode",
         "--budget",
-        "240s",
+        f"{budget_s}s",
         "-p",
         "16",
         "-n",
