@@ -28,6 +28,7 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import IMAGE_UID
 from builder.engines.ktransformers import AMX_FLAGS, VENV
 from builder.errors import ModelError, SourceError, StackError
+from builder.fd_files import RefusedEntry, open_dir, take_back
 from builder.files import write_file_atomically
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import RECORD, Checkpoint, ConvertedWeights, read_converted
@@ -224,8 +225,10 @@ def run_conversion(plan: Conversion, client: DockerClient, say: Callable[[str], 
 
 
 def finish_conversion(staging: Path, plan: Conversion, printed: list[str]) -> ConvertedWeights:
-    """What the converter wrote into `staging`, checked to be every MoE layer for the planned pools (it
-    exits 0 on 'No MoE expert layers found in input!'), recorded, and renamed to `plan.output`."""
+    """What the converter wrote into `staging`, taken back (see `take_back_output`), checked to be every
+    MoE layer for the planned pools (it exits 0 on 'No MoE expert layers found in input!'), recorded,
+    and renamed to `plan.output`."""
+    take_back_output(staging)
     try:
         weights = read_converted(staging)
     except ModelError:
@@ -236,10 +239,26 @@ def finish_conversion(staging: Path, plan: Conversion, printed: list[str]) -> Co
             f"kt-kernel's converter wrote {weights.moe_layers} MoE layers for {weights.numa_pools} pool(s); "
             f"the checkpoint has {plan.checkpoint.moe_layers} and {plan.numa_pools} were asked for"
         )
-    if not os.getuid():  # the image's user wrote them for root: root's, like the rest of its files
-        for path in [staging, *staging.rglob("*")]:
-            os.chown(path, 0, 0, follow_symlinks=False)
     record = plan.record()
-    write_file_atomically(staging / RECORD, json.dumps(record, indent=2) + "\n")
+    write_file_atomically(staging / RECORD, json.dumps(record, indent=2) + "\n", no_follow=True)
     staging.rename(plan.output)
     return ConvertedWeights(plan.output, weights.numa_pools, weights.moe_layers, plan.method, record)
+
+
+def take_back_output(staging: Path) -> None:
+    """The converter's output made the invoking user's (files 0644, directories 0755), never following
+    what the container left: it ran as another user (the image's, for root) and may have left links,
+    hard links, devices or world-writable files for root to write, read or chown through."""
+    try:
+        with open_dir(staging) as top:
+            take_back(top, os.getuid(), os.getgid())
+    except RefusedEntry as err:
+        raise ModelError(
+            f"kt-kernel's converter left {err.name!r} in its output, {err.kind}; moe-stack takes plain files "
+            "and directories only, so it removed that and kept nothing: check the converter in --source"
+        ) from None
+    except OSError as err:
+        raise ModelError(
+            f"can't take back kt-kernel's converter's output in {staging} ({err.strerror or err}); "
+            "nothing was kept"
+        ) from None
