@@ -10,6 +10,7 @@ from importlib import resources
 from pathlib import Path
 
 from builder.errors import MoeStackError, SpecError
+from builder.fd_files import open_dir, replace_file_at
 
 RENDER_MARK = "# Rendered by moe-stack"
 
@@ -25,8 +26,13 @@ def templates_root() -> Path:
     raise FileNotFoundError("moe-stack's dockerfiles/ templates are missing from this installation")
 
 
-def write_file_atomically(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a temp file in the same directory and a rename."""
+def write_file_atomically(path: Path, text: str, *, no_follow: bool = False) -> Path:
+    """Write `text` to `path` through a temp file in the same directory and a rename. `no_follow`: for a
+    directory that isn't the user's own (a container wrote it), which must exist; the last component
+    is never followed (a symlink there is refused) and the temp file is made through the directory's
+    descriptor, never through a name someone else planted."""
+    if no_follow:
+        return _write_no_follow(path.parent.resolve() / path.name, text)
     path = path.resolve()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -43,6 +49,15 @@ def write_file_atomically(path: Path, text: str) -> Path:
         if isinstance(err, OSError):
             raise _write_error(path, err) from None
         raise
+    return path
+
+
+def _write_no_follow(path: Path, text: str) -> Path:
+    try:
+        with open_dir(path.parent) as dir_fd:
+            replace_file_at(dir_fd, path.name, text.encode(), 0o666 & ~_umask())
+    except OSError as err:
+        raise _write_error(path, err) from None
     return path
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import ModelError
+from builder.fd_files import read_capped
 from builder.models.planner import ModelFacts
 
 INDEX = "model.safetensors.index.json"
@@ -41,6 +42,9 @@ ARCHITECTURES = {
     "deepseek_v3": "deepseek2",
 }
 _MAX_HEADER = 256 * 1024**2  # a safetensors header above this is not one
+# A JSON file (index, config, record) above this is not one: an index of 8 pools of DeepSeek-V3's
+# 58 MoE layers is about 60 MiB. Read capped, since a converter's output is another party's.
+_MAX_JSON = 256 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -82,10 +86,14 @@ def _config(directory: Path) -> dict[str, Any]:
     """config.json's text model part (a multimodal checkpoint nests it under text_config)."""
     path = directory / "config.json"
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(read_capped(path, _MAX_JSON))
     except FileNotFoundError:
         raise ModelError(f"{directory} has no config.json; give the model's Hugging Face directory") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except OSError as err:
+        raise ModelError(
+            f"{path} can't be read as JSON ({err.strerror}); fetch the checkpoint again"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ModelError(f"{path} can't be read as JSON ({err}); fetch the checkpoint again") from None
     if not isinstance(config, dict):
         raise ModelError(f"{path} is not a JSON object; fetch the checkpoint again")
@@ -217,13 +225,15 @@ def read_converted(directory: Path) -> ConvertedWeights:
     """The converted weights in `directory`; ModelError when it holds none."""
     fix = "convert the checkpoint first (`moe-stack kt-convert --model CHECKPOINT --source KT_TREE`)"
     try:
-        index = json.loads((directory / INDEX).read_text())
+        index = json.loads(read_capped(directory / INDEX, _MAX_JSON))
         keys = list(index["weight_map"])
     except FileNotFoundError:
         raise ModelError(
             f"{directory} has no {INDEX}: it holds no kt-kernel converted weights; {fix}"
         ) from None
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+    except OSError as err:
+        raise ModelError(f"{directory / INDEX} can't be read as an index ({err.strerror}); {fix}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         raise ModelError(f"{directory / INDEX} is not a safetensors index; {fix}") from None
     found = [match for key in keys if (match := CONVERTED_EXPERT.match(key))]
     if not found:
@@ -243,8 +253,8 @@ def read_converted(directory: Path) -> ConvertedWeights:
 
 def _read_record(directory: Path) -> dict[str, Any] | None:
     try:
-        record = json.loads((directory / RECORD).read_text())
-    except (OSError, json.JSONDecodeError):
+        record = json.loads(read_capped(directory / RECORD, _MAX_JSON))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return record if isinstance(record, dict) else None
 

@@ -28,7 +28,8 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import IMAGE_UID
 from builder.engines.ktransformers import AMX_FLAGS, VENV
 from builder.errors import ModelError, SourceError, StackError
-from builder.files import write_file_atomically
+from builder.fd_files import RefusedEntry, open_dir, take_back
+from builder.files import user_path, write_file_atomically
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import RECORD, Checkpoint, ConvertedWeights, read_converted
 from builder.models.planner import size
@@ -43,7 +44,7 @@ _GIB = 1024**3
 
 def converter_script(source: Path) -> Path:
     """The converter in a ktransformers tree; SourceError when the tree has none."""
-    script = source.expanduser().resolve() / CONVERTER
+    script = user_path(source).resolve() / CONVERTER
     if not script.is_file():
         raise SourceError(
             f"{source} has no {CONVERTER}: give a ktransformers checkout (git clone "
@@ -139,7 +140,7 @@ def plan_conversion(
             f"{' '.join(lacking)}: run kt-convert on the AMX Xeon that will serve the model"
         )
     script = converter_script(source)
-    target = (output or default_output(checkpoint.path, method)).expanduser().resolve()
+    target = user_path(output or default_output(checkpoint.path, method)).resolve()
     if target.exists():
         raise ModelError(f"{target} exists; remove it or give another --out")
     if not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
@@ -157,7 +158,7 @@ def plan_conversion(
         )
     return Conversion(
         checkpoint=checkpoint,
-        source=source.expanduser().resolve(),
+        source=user_path(source).resolve(),
         script=script,
         output=target,
         method=method,
@@ -224,8 +225,10 @@ def run_conversion(plan: Conversion, client: DockerClient, say: Callable[[str], 
 
 
 def finish_conversion(staging: Path, plan: Conversion, printed: list[str]) -> ConvertedWeights:
-    """What the converter wrote into `staging`, checked to be every MoE layer for the planned pools (it
-    exits 0 on 'No MoE expert layers found in input!'), recorded, and renamed to `plan.output`."""
+    """What the converter wrote into `staging`, taken back (see `take_back_output`), checked to be every
+    MoE layer for the planned pools (it exits 0 on 'No MoE expert layers found in input!'), recorded,
+    and renamed to `plan.output`."""
+    take_back_output(staging)
     try:
         weights = read_converted(staging)
     except ModelError:
@@ -236,10 +239,26 @@ def finish_conversion(staging: Path, plan: Conversion, printed: list[str]) -> Co
             f"kt-kernel's converter wrote {weights.moe_layers} MoE layers for {weights.numa_pools} pool(s); "
             f"the checkpoint has {plan.checkpoint.moe_layers} and {plan.numa_pools} were asked for"
         )
-    if not os.getuid():  # the image's user wrote them for root: root's, like the rest of its files
-        for path in [staging, *staging.rglob("*")]:
-            os.chown(path, 0, 0, follow_symlinks=False)
     record = plan.record()
-    write_file_atomically(staging / RECORD, json.dumps(record, indent=2) + "\n")
+    write_file_atomically(staging / RECORD, json.dumps(record, indent=2) + "\n", no_follow=True)
     staging.rename(plan.output)
     return ConvertedWeights(plan.output, weights.numa_pools, weights.moe_layers, plan.method, record)
+
+
+def take_back_output(staging: Path) -> None:
+    """The converter's output made the invoking user's (files 0644, directories 0755), never following
+    what the container left: it ran as another user (the image's, for root) and may have left links,
+    hard links, devices or world-writable files for root to write, read or chown through."""
+    try:
+        with open_dir(staging) as top:
+            take_back(top, os.getuid(), os.getgid())
+    except RefusedEntry as err:
+        raise ModelError(
+            f"kt-kernel's converter left {err.name!r} in its output, {err.kind}; moe-stack takes plain files "
+            "and directories only, so it removed that and kept nothing: check the converter in --source"
+        ) from None
+    except OSError as err:
+        raise ModelError(
+            f"can't take back kt-kernel's converter's output in {staging} ({err.strerror or err}); "
+            "nothing was kept"
+        ) from None

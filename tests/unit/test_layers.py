@@ -7,7 +7,7 @@ and TYPE_CHECKING ones included):
     engines                 the engine adapters
     platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
     host, models            leaves: they import only the core
-    core                    builder, errors, files, spec, contract, safe_tar, docker_client
+    core                    builder, errors, files, fd_files, spec, contract, safe_tar, docker_client
 
 and only the modules that build, run or publish talk to Docker.
 """
@@ -24,6 +24,7 @@ CORE = {
     "builder",
     "builder.errors",
     "builder.files",
+    "builder.fd_files",
     "builder.spec",
     "builder.contract",
     "builder.safe_tar",
