@@ -14,6 +14,7 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import configure_args
 from builder.models.planner import GIB, read_facts
+from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 
@@ -154,9 +155,9 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
         "--out",
         str(out),
         "--port",
-        "18558",
+        str(free_local_port()),
         "--fit-vram-gb",
-        str((reserve + 0.0105 * GIB) / GIB),
+        str((reserve + 1.0105 * GIB) / GIB),  # and the 1 GiB margin the plan keeps free
         "-c",
         "4096",
         "--cache-type",
@@ -189,7 +190,7 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
         "--out",
         str(out),
         "--port",
-        "18559",
+        str(free_local_port()),
         "--preset",
         "qwen3-235b-a22b",
         "--kt-method",
@@ -199,7 +200,7 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
         "--gpu",
         "nvidia",
         "--fit-vram-gb",
-        "2.0105",
+        "3.0105",  # as above, with the 1 GiB margin
         "-c",
         "4096",
         "--numa",
