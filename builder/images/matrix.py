@@ -65,17 +65,41 @@ def engine_cuda_versions(engine: str) -> list[str]:
     return list(matrix["engines"][engine].get("cuda_versions", matrix["cuda_versions"]))
 
 
-def default_image_spec(engine: str, gpu: bool, driver: str | None = None) -> ImageSpec:
-    """The image a stack names when given none, for the engine's default CPU target (avx2, unless
-    matrix.yaml names another): CPU-only, or for a GPU stack the engine's CUDA image of the newest
-    release the matrix has and the host's `driver` runs (the newest the matrix has, where the driver
-    is not known; its oldest, where the driver runs none of them)."""
-    cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
+def default_image_spec(
+    engine: str, gpu: bool, driver: str | None = None, cpu_flags: frozenset[str] | None = None
+) -> ImageSpec:
+    """The image a stack names when given none. A published (built) one where one fits: for a GPU stack
+    the newest CUDA release the host's `driver` runs (any, where it is not known), then the CPU target
+    with the most instructions of those the host's `cpu_flags` have (the engine's default target where
+    they are not known). Else the engine's default CPU target (avx2, unless matrix.yaml names another):
+    CPU-only, or the CUDA image of the newest release the driver runs (the oldest the matrix has, where
+    it runs none), which no one has built (stacks/assemble.py's `unbuilt_default` says so)."""
+    default_cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
+    fitting = [
+        entry.spec
+        for entry in published()
+        if entry.spec.engine == engine
+        and (entry.spec.cuda.version is not None) == gpu
+        and (
+            driver is None or entry.spec.cuda.version is None or driver_runs(driver, entry.spec.cuda.version)
+        )
+        and (
+            set(entry.spec.cpu.required_flags) <= cpu_flags
+            if cpu_flags is not None
+            else entry.spec.cpu.name == default_cpu
+        )
+    ]
+    if fitting:
+        return max(fitting, key=lambda spec: (_release(spec), len(spec.cpu.required_flags)))
     if not gpu:
-        return image_spec(engine, cpu)
+        return image_spec(engine, default_cpu)
     versions = engine_cuda_versions(engine)
     runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
-    return image_spec(engine, cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
+    return image_spec(engine, default_cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
+
+
+def _release(spec: ImageSpec) -> tuple[int, ...]:
+    return tuple(int(part) for part in (spec.cuda.version or "0").split("."))
 
 
 def buildable() -> list[ImageSpec]:
@@ -86,16 +110,51 @@ def buildable() -> list[ImageSpec]:
 SETS = ("default", "all")
 
 
+@dataclass(frozen=True)
+class Published:
+    """A variant every push publishes, and where it was built (a test, or a recorded run's results)."""
+
+    spec: ImageSpec
+    built: str
+
+
+def published() -> list[Published]:
+    """matrix.yaml's `published` list: the variants built from the pinned trees, with their evidence."""
+    return [
+        Published(
+            image_spec(
+                entry["engine"],
+                entry["cpu"],
+                cuda=cuda_target(None if entry["cuda"] == "none" else entry["cuda"]),
+            ),
+            entry["built"],
+        )
+        for entry in load_matrix()["published"]
+    ]
+
+
+def published_image(engine: str, cpus: tuple[str, ...], gpu: bool) -> ImageSpec | None:
+    """The published image of `engine` for the first of `cpus` it has one for: its newest CUDA release's
+    with `gpu`, else its CPU-only one (None: no such image is published)."""
+    for cpu in cpus:
+        chosen = [
+            p.spec
+            for p in published()
+            if p.spec.engine == engine and p.spec.cpu.name == cpu and (p.spec.cuda.version is not None) == gpu
+        ]
+        if chosen:
+            return max(chosen, key=_release)
+    return None
+
+
 def publish_set(name: str = "default") -> list[ImageSpec]:
     """The images `images.yml` publishes: `default` (every push to main: matrix.yaml's `published`
-    CPU targets and CUDA releases) or `all`."""
+    variants, each built before) or `all`."""
     if name not in SETS:
         raise SpecError(f"--set {name!r}: choose default (what every push publishes) or all")
     if name == "all":
         return buildable()
-    chosen = load_matrix()["published"]
-    cudas, cpus = {None if c == "none" else c for c in chosen["cuda"]}, set(chosen["cpu_targets"])
-    return [s for s in buildable() if s.cuda.version in cudas and s.cpu.name in cpus]
+    return [entry.spec for entry in published()]
 
 
 # Build minutes on a 2-core machine, measured: mainline's CPU compile from cold 213 s

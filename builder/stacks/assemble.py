@@ -22,7 +22,7 @@ from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
-from builder.images.matrix import default_image_spec
+from builder.images.matrix import default_image_spec, published
 from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
@@ -144,10 +144,12 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
     where = _placement(options, host, model)
     driver = host.gpus[0].driver if host.gpus and not options.for_other_host else None
+    flags = None if options.for_other_host else host.cpu.flags
     stack = StackSpec(
         project=options.project or project_name_for(model),
         engine=adapter.name,
-        image=options.image or image_tag(default_image_spec(adapter.name, options.gpu != "none", driver)),
+        image=options.image
+        or image_tag(default_image_spec(adapter.name, options.gpu != "none", driver, flags)),
         model=model,
         port=options.port,
         bind=options.bind,
@@ -269,8 +271,10 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
-    note = None if options.for_other_host else check_pinned(stack, host.mem_total_bytes)
-    return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile, notes=(note,) if note else ())
+    notes = [] if options.for_other_host else [check_pinned(stack, host.mem_total_bytes)]
+    if options.image is None:
+        notes.append(unbuilt_default(stack))
+    return StackPlan(stack=stack, facts=facts, cpu_profile=cpu_profile, notes=tuple(n for n in notes if n))
 
 
 def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
@@ -299,6 +303,17 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
         for model in routed:
             check_architecture(facts, model.model)
     return StackPlan(stack=base, facts=facts, routed=routed)
+
+
+def unbuilt_default(stack: StackSpec) -> str | None:
+    """A note when the image a stack got by default is no published one: nothing moe-stack ran has built
+    it (say, a GPU stack of ik_llama.cpp on an AVX2-only host), so the user builds it first."""
+    if stack.image in {image_tag(entry.spec) for entry in published()}:
+        return None
+    return (
+        f"{stack.image} is moe-stack's default for this host, and no test or recorded run has built it: "
+        f"`moe-stack build --engine {stack.engine} ...` it first (or give --image one you built)"
+    )
 
 
 def _check_ports(stack: StackSpec, options: StackOptions) -> None:

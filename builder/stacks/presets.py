@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
-from builder.images.matrix import cuda_target
-from builder.images.naming import image_spec, image_tag
+from builder.images.matrix import published_image
+from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
+from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.document import cpu_only, start_period_for, to_yaml
@@ -188,7 +189,9 @@ def _engine_options(
 
 
 # The example host: the seed's EPYC 9374F (32 Zen 4 cores, SMT siblings 32-63, NPS=1) and one RTX 4090
-# or 5090, CUDA 12.8 images (arch 120 for the 5090).
+# or 5090; each engine's published (built) image for it: zen4, else portable (KTransformers), of the
+# newest CUDA release published for that engine.
+EXAMPLE_CPUS = ("zen4", "portable")
 EXAMPLE_THREADS = 32
 EXAMPLE_CPUSET = "0-31"
 
@@ -201,7 +204,10 @@ def example_stacks() -> dict[str, str]:
             if engine not in preset.engines:
                 continue
             adapter = get_engine(engine)
-            image = image_tag(image_spec(engine, "zen4", cuda=cuda_target("12.8")))
+            gpu_image = published_image(engine, EXAMPLE_CPUS, gpu=True)
+            if gpu_image is None:  # nothing built to name (ktransformers-legacy)
+                continue
+            image = image_tag(gpu_image)
             stack = StackSpec(
                 project=f"{preset.name}-{engine.replace('.', '-').replace('_', '-')}",
                 engine=engine,
@@ -221,21 +227,27 @@ def example_stacks() -> dict[str, str]:
             )
             # Checked against the flags recorded from the engine's server (none: KTransformers' legacy one).
             contract = recorded_contract(engine)
-            facts = contract.facts_for(image, "zen4", image.rpartition(":")[2]) if contract else None
+            cpu = gpu_image.cpu.name
+            facts = contract.facts_for(image, cpu, image.rpartition(":")[2]) if contract else None
             cpu_profile = None
-            if adapter.serves_on_cpu:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
-                cpu_stack = cpu_only(stack, image_tag(image_spec(engine, "zen4")))
+            cpu_image = published_image(engine, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
+            if cpu_image is not None:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
+                cpu_stack = cpu_only(stack, image_tag(cpu_image))
                 generated_by += f" --cpu-image {cpu_stack.image}"
                 cpu_facts = (
-                    contract.facts_for(cpu_stack.image, "zen4", cpu_stack.image.rpartition(":")[2])
+                    contract.facts_for(
+                        cpu_stack.image, cpu_image.cpu.name, cpu_stack.image.rpartition(":")[2]
+                    )
                     if contract
                     else None
                 )
                 cpu_profile = (cpu_stack, cpu_facts)
             checked = f"; flags checked against {engine} {contract.ref}'s" if contract else ""
+            driver = ".".join(map(str, MIN_DRIVER[gpu_image.cuda.version or ""]))
             document = compose_dict(
                 stack,
-                f"{generated_by} (example host{checked}, see presets.py)",
+                f"{generated_by} (example host{checked}; its CUDA {gpu_image.cuda.version} image needs "
+                f"NVIDIA driver >= {driver}; see presets.py)",
                 facts,
                 check_files=False,
                 cpu_profile=cpu_profile,

@@ -20,6 +20,7 @@ from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, kv_cache_bytes, rea
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.pins import pinned_ref
+from builder.platform.targets import cpu_target
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks import pinned_memory
 from builder.stacks.assemble import (
@@ -33,6 +34,8 @@ from builder.stacks.compose import compose_dict
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, fake_host
+
+AVX2_FLAGS = " ".join(cpu_target("avx2").required_flags) + " fpu sse4_2 ht"
 from tests.kt_layout import write_converted
 
 
@@ -69,9 +72,10 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
     assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
     assert stack.override_tensors == (EXPERTS_ON_CPU_RULE,)
     assert stack.threads == 64 and stack.numa == "interleave" and stack.numa_node_count == 2  # physical cores
-    # no --image: the engine's CUDA image (a GPU stack on its CPU image would never use the GPU)
+    # no --image: the engine's published CUDA image this Zen 4 host runs (a GPU stack on its CPU image
+    # would never use the GPU; the avx2 CUDA image of ik_llama.cpp was never built)
     assert (
-        stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cuda13.0-avx2"
+        stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cuda13.0-zen4"
     )
     assert stack.start_period_s >= 60 and stack.project.startswith("moe-stack-moe-")
 
@@ -135,8 +139,9 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
 
 
 def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, model: Path) -> None:
-    """No --image: the CPU image for a CPU stack; for a GPU stack the newest CUDA image of the engine's
-    matrix that the host's driver runs (570.x: CUDA 12.8), KTransformers' 12.8."""
+    """No --image: a published (built) image the host runs: its best CPU target's for a CPU stack (zen4
+    here); for a GPU stack the newest CUDA release published that the host's driver runs (570.x: not
+    13.0; 12.8 was never built, 12.4 was), at a CPU target this host has."""
     host = probe(
         fake_host(tmp_path / "g", EPYC_9554_FLAGS, sockets=1, cores=8, threads=2, node_gib=64),
         nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n",
@@ -147,11 +152,22 @@ def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, mo
         for gpu in ("none", "nvidia")
     }
     assert images == {
-        "none": f"ghcr.io/moe-stack/llama-cpp:{tag}-cpu-avx2",
-        "nvidia": f"ghcr.io/moe-stack/llama-cpp:{tag}-cuda12.8-avx2",
+        "none": f"ghcr.io/moe-stack/llama-cpp:{tag}-cpu-zen4",
+        "nvidia": f"ghcr.io/moe-stack/llama-cpp:{tag}-cuda12.4-avx2",
     }
+    # Another host: neither this driver nor this CPU says anything there; the default target's published
+    # CUDA image
     elsewhere = StackOptions(model=model, gpu="nvidia", skip_image_checks=True, for_other_host=True)
-    assert assemble_stack(elsewhere, host).image.endswith("-cuda13.0-avx2")  # this driver says nothing there
+    assert assemble_stack(elsewhere, host).image.endswith("-cuda12.4-avx2")
+    # ik_llama.cpp on an AVX2-only host: no published GPU image fits, the unbuilt default is said
+    avx2_host = probe(
+        fake_host(tmp_path / "a", AVX2_FLAGS, sockets=1, cores=8, threads=2, node_gib=64),
+        nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 580.95.05, 24564\n",
+    )
+    options = StackOptions(model=model, engine="ik_llama.cpp", gpu="nvidia", skip_image_checks=True)
+    planned = plan_stack(options.model_copy(update={"port": free_local_port()}), avx2_host)
+    assert planned.stack.image.endswith("-cuda13.0-avx2")
+    assert any("no test or recorded run has built it" in note for note in planned.notes)
 
 
 def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
-from builder.images.matrix import buildable, ci_rows, cuda_target, default_image_spec, variants
+from builder.images.matrix import buildable, ci_rows, cuda_target, default_image_spec, published, variants
 from builder.images.naming import image_spec, short_ref, variant_tag
 from builder.images.render import configure_args
 from builder.platform.pins import pinned_ref
@@ -113,24 +113,22 @@ def test_matrix_json_for_ci() -> None:
 
 @pytest.mark.cli
 def test_the_default_publish_set_and_its_job_limits() -> None:
-    """What every push to main publishes (matrix.yaml's `published`): the stacks' default images (avx2,
-    KTransformers' portable), the seed's zen4 and sapphirerapids, mainline's portable; CPU-only, CUDA
-    12.8 and 13.0. Each job's limit comes from the measured build minutes, inside GitHub's 6 hours."""
+    """What every push to main publishes (matrix.yaml's `published`): the variants built before, by the
+    suite or a recorded run (tests/unit/test_published.py holds each to its evidence). Each job's limit
+    comes from the measured build minutes, inside GitHub's 6 hours."""
     result = run_cli("matrix", "--json", "--set", "default")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["include"]
-    assert len(rows) == 28
-    assert {(r["cuda"], r["cpu"]) for r in rows} == {
-        (cuda, cpu)
-        for cuda in ("none", "12.8", "13.0")
-        for cpu in ("portable", "avx2", "zen4", "sapphirerapids")
-    }
-    # The image a stack names when given none is published, CPU and GPU (for a driver of any CUDA).
+    assert len(rows) == len(published()) == 11
+    # The image a stack names when given none is published: CPU-only on any host; with a GPU on the hosts
+    # a published CUDA image fits (a Zen 4 host, a driver of CUDA 13.0).
     variants_published = {r["variant"] for r in rows}
+    zen4 = frozenset(cpu_target("zen4").required_flags)
     for engine, gpu in [(e, g) for e in ("llama.cpp", "ik_llama.cpp") for g in (False, True)] + [
         ("ktransformers", True)
     ]:
-        assert variant_tag(default_image_spec(engine, gpu)) in variants_published, (engine, gpu)
+        chosen = default_image_spec(engine, gpu, "580.95.05", zen4 if gpu else None)
+        assert variant_tag(chosen) in variants_published, (engine, gpu)
     limits = {(r["engine"], r["cuda"], r["cpu"]): int(r["timeout_minutes"]) for r in rows}
     assert all(0 < m <= 360 for m in limits.values())
     # mainline CPU: 1.5 x (20 + 4 x 1.25); ik CUDA, four archs: 1.5 x (20 + 3.2 x (16.1 + 4 x 5.5) x 1.25)
