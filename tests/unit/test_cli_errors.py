@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builder.distribute.publish import no_variants
 from tests.cli import run_cli
@@ -346,3 +347,15 @@ def test_load_wants_a_digest_or_says_it_has_none(tmp_path: Path, args: tuple[str
     result = run_cli("load", str(archive), "--dest", str(tmp_path / "dest"), *args)
     assert_one_line_error(result, needle)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["b.tar"]
+
+
+@pytest.mark.cli
+def test_presets_refuses_a_file_with_terminal_sequences(tmp_path: Path) -> None:
+    """A presets file is data: `presets` would print a description's escape sequences to the terminal
+    (here a window title), so the file is refused in one line naming the preset and the key."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text('x:\n  description: "\\e]0;title\\a"\n  architecture: a\n  engines: {llama.cpp: {}}\n')
+    assert yaml.safe_load(mine.read_text())["x"]["description"] == "\x1b]0;title\x07"  # YAML's escapes
+    result = run_cli("presets", "--presets", str(mine))
+    assert_one_line_error(result, f"presets file {mine}", "preset x: description: holds a control character")
+    assert "\x1b" not in result.stdout + result.stderr and "title" not in result.stdout
