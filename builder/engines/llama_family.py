@@ -32,6 +32,7 @@ from builder.engines.tune_space import (
     value_of,
 )
 from builder.errors import StackError
+from builder.images.ccache_carry import CCACHE_CONFIG, CCACHE_CONFIG_FILE, CCACHE_OBJECTS_SCRIPT
 from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_choices, has_flag, takes_value
 from builder.platform.targets import GGML_X86_FEATURES
@@ -277,6 +278,7 @@ class LlamaFamilyEngine(Engine):
             "chat_page_dir": self.chat_page_dir,
             "gguf_py_packages": list(GGUF_PY_PACKAGES),
             "tools_label": TOOLS_LABEL,
+            "ccache_config": CCACHE_CONFIG,
         }
 
     def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
@@ -284,6 +286,8 @@ class LlamaFamilyEngine(Engine):
             name: (root / "common" / name).read_text()
             for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")
         }
+        for name in (CCACHE_CONFIG_FILE, CCACHE_OBJECTS_SCRIPT):  # the compile cache's settings, its carrier
+            files[name] = (root / "llama-cpp-family" / name).read_text()
         if self.needs_build_info_shim:
             files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
         if self.drops_cuda_lineinfo and spec.cuda.version is not None:

@@ -85,3 +85,18 @@ def test_every_job_names_its_token_scope() -> None:
     """No job falls back to the repository's default token permissions (possibly write-all)."""
     unscoped = [name for name, _, permissions in _jobs() if permissions is None]
     assert not unscoped, unscoped
+
+
+def test_no_publishing_job_takes_a_compile_cache_other_jobs_can_write() -> None:
+    """GitHub's Actions cache is scoped to the branch, not the job: any job on main (the tests' unpinned
+    extras, the npm build) can save an entry a publishing job would restore, and its objects (or a
+    ccache.conf) would end up in a signed image. Publishing jobs restore none and carry no `--ccache-dir`."""
+    publishing = [
+        (name, job) for name, job, permissions in _jobs() if (permissions or {}).get("packages") == "write"
+    ]
+    assert {name for name, _ in publishing} == {"images.yml/build", "edge.yml/build"}
+    for name, job in publishing:
+        for step in job["steps"]:
+            assert not str(step.get("uses", "")).startswith("actions/cache"), f"{name}: {step}"
+            assert "COMPILE_CACHE" not in (step.get("env") or {}), f"{name}: {step.get('name')}"
+            assert "--ccache-dir" not in str(step.get("run", "")), f"{name}: {step.get('name')}"
