@@ -32,7 +32,6 @@ from builder.engines.tune_space import (
     value_of,
 )
 from builder.errors import StackError
-from builder.images.ccache_carry import CCACHE_CONFIG, CCACHE_CONFIG_FILE, CCACHE_OBJECTS_SCRIPT
 from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_choices, has_flag, takes_value
 from builder.platform.targets import GGML_X86_FEATURES
@@ -40,6 +39,12 @@ from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
+# The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at
+# CCACHE_CONFIG and named by CCACHE_CONFIGPATH (so ccache reads no ccache.conf from the cache directory),
+# and the script that copies only ccache's objects into and out of the cache mount (images/ccache_carry.py).
+CCACHE_CONFIG_FILE = "ccache.conf"
+CCACHE_CONFIG = "/etc/moe-stack-ccache.conf"
+CCACHE_OBJECTS_SCRIPT = "ccache-objects.sh"
 GGUF_PY_PACKAGES = ("python3", "python3-numpy", "python3-yaml", "python3-tqdm", "python3-requests")
 
 

@@ -5,10 +5,11 @@ build --ccache-dir DIR` carries them through DIR: before the build, DIR seeds th
 (its `ccache-export` stage, a local export into a new directory that then replaces DIR). Both stages are
 built only by name, so the image's own layers, and their cache, are the same with or without them.
 
-DIR is untrusted input to the compile: only the objects cross (`ccache-objects.sh`: the regular files of
-the one-hex-digit directories, no ccache.conf, no links), and the compile reads ccache's settings from the
-file the image ships (CCACHE_CONFIGPATH), never from the cache directory. CI's publishing jobs carry no
-DIR (GitHub's Actions cache can be written by any job on the branch: .github/workflows/images.yml)."""
+DIR is untrusted input to the compile: only the objects cross (the build context's ccache-objects.sh:
+the regular files of the one-hex-digit directories, no ccache.conf, no links), and the compile reads
+ccache's settings from the file the build context ships (CCACHE_CONFIGPATH: engines/llama_family.py),
+never from the cache directory. CI's publishing jobs carry no DIR (GitHub's Actions cache can be written
+by any job on the branch: .github/workflows/images.yml)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,6 @@ SEED_CONTEXT = "ccache-seed"
 IMPORT_STAGE = "ccache-import"
 EXPORT_STAGE = "ccache-export"
 RUN_CONTEXT = "ccache-run"  # a new id each export, so the copy runs again
-# The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at
-# CCACHE_CONFIG and named by CCACHE_CONFIGPATH, and the script that copies only the objects in and out.
-CCACHE_CONFIG_FILE = "ccache.conf"
-CCACHE_CONFIG = "/etc/moe-stack-ccache.conf"
-CCACHE_OBJECTS_SCRIPT = "ccache-objects.sh"
 
 
 def _side_step(plan: BuildPlan, stage: str) -> BuildPlan:

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines.llama_family import CCACHE_CONFIG, CCACHE_OBJECTS_SCRIPT
 from builder.errors import SpecError
 from builder.images.build import BuildPlan, build_image, plan_build
 from builder.images.ccache_carry import (
-    CCACHE_CONFIG,
-    CCACHE_OBJECTS_SCRIPT,
     EXPORT_STAGE,
     IMPORT_STAGE,
     RUN_CONTEXT,
