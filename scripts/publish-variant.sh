@@ -13,7 +13,9 @@
 #              REF CHANNEL   another ref than the pinned one, the moving alias' prefix (edge.yml)
 #              SOURCE BASE_IMAGE  another engine tree and base image than the pinned ref's clone and
 #                            the default bases (the suite: PyPI's sdist, a local Debian base)
-#              COMPILE_CACHE a directory the compile cache (ccache) is carried through, in and out
+#              COMPILE_CACHE a directory the compile cache (ccache) is carried through, in and out: only
+#                            one that no less trusted job can write (never GitHub's Actions cache, which
+#                            any job on the branch can; images.yml passes none)
 set -euo pipefail
 : "${ENGINE:?}" "${CUDA:?}" "${CPU:?}" "${TOOLS:?}" "${REGISTRY:?}" "${NAMESPACE:?}" "${PUSHED:?}"
 

@@ -308,8 +308,9 @@ def build(
         Path | None,
         typer.Option(
             "--ccache-dir",
-            help="carry the compile cache through DIR: it seeds the build's ccache before the build and "
-            "holds it after (a CI runner's builder starts empty; llama.cpp engines)",
+            help="carry the compile cache through DIR (one only you can write: its objects are linked into "
+            "the image): its ccache objects seed the build's ccache before the build, DIR holds them after "
+            "(a CI runner's builder starts empty; llama.cpp engines)",
         ),
     ] = None,
 ) -> None:

@@ -120,6 +120,9 @@ class Engine(ABC):
         """The build stage a local source replaces: the engine tree, or the wheelhouse."""
         return SOURCE_CONTEXT
 
+    def check_local_source(self, spec: ImageSpec, tree: Path | None) -> None:
+        """SpecError, before Docker runs, when the local tree or wheelhouse can't build `spec`."""
+
     # -- which images exist ---------------------------------------------------------------------
     def check_image(self, spec: ImageSpec) -> None:
         """SpecError when this engine has no such image (a CPU target, CUDA choice or source it lacks)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
+from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.models.formats import KT_WEIGHTS, ModelFormat
@@ -225,6 +226,7 @@ class _PythonEngine(Engine):
             "package_dir": self.package_dir,
             "prebuild_install": self.prebuild_install(spec),
             "install_commands": self.install_commands(spec, mode),
+            "install_lock": LOCK_FILE if self.installs_lock(spec) else None,
             "server_module": self.server_module if has_server else None,
             "server_dir": str(Path(SERVER_WRAPPER).parent),
             "help_setup": list(CUDA_STUB_SETUP) if needs_stub else [],
@@ -241,15 +243,23 @@ class _PythonEngine(Engine):
         }
 
     def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
-        return {
-            name: (root / "ktransformers" / name).read_text()
-            for name in (
-                "moe-stack-kt-check",
-                "moe-stack-server",
-                "moe-stack-kt-gpu-libs",
-                "moe-stack-sglang-with-key",
-            )
-        }
+        names = [
+            "moe-stack-kt-check",
+            "moe-stack-server",
+            "moe-stack-kt-gpu-libs",
+            "moe-stack-sglang-with-key",
+        ]
+        if self.installs_lock(spec):
+            names.append(LOCK_FILE)
+        return {name: (root / "ktransformers" / name).read_text() for name in names}
+
+    def installs_lock(self, spec: ImageSpec) -> bool:
+        """Whether the image installs exactly the wheels of the hash lock (kt_wheels.py)."""
+        return False
+
+    def check_local_source(self, spec: ImageSpec, tree: Path | None) -> None:
+        if tree is not None and self.installs_lock(spec):
+            check_wheelhouse(tree, read_lock())
 
     def fetch_requirements(self, spec: ImageSpec) -> list[str]:
         return []
@@ -425,15 +435,18 @@ class KTransformers(_PythonEngine):
             env["CPUINFER_ENABLE_AMX"] = "ON" if "amx_tile" in spec.cpu.required_flags else "OFF"
         return env
 
+    def installs_lock(self, spec: ImageSpec) -> bool:
+        return self._mode(spec) == "wheels" and spec.cuda.version is None
+
     def install_commands(self, spec: ImageSpec, mode: str) -> list[str]:
         pip = f"{VENV}/bin/pip install --no-cache-dir"
-        if mode == "wheels" and spec.cuda.version is None:
+        if self.installs_lock(spec):
             # A CPU kernel image from a local wheelhouse: PyPI's torch is a CUDA build and a CPU torch
-            # of kt-kernel's pinned version may not be at hand offline, so the wheelhouse's CPU torch
-            # serves (kt-kernel installed without its pins, then the modules its loader imports).
+            # of kt-kernel's pinned version may not be at hand offline, so a CPU torch serves. Exactly
+            # the lock's wheels (kt-kernel, that torch, the modules its loader imports and all they
+            # need), each held to its sha256; without dependencies, since kt-kernel's own pins torch.
             return [
-                f"{pip} --no-index --find-links /wheelhouse --no-deps kt-kernel",
-                f"{pip} --no-index --find-links /wheelhouse {' '.join(KT_KERNEL_IMPORTS)}",
+                f"{pip} --no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/{LOCK_FILE}"
             ]
         if mode == "wheels":
             return [f"{pip} --no-index --find-links /wheelhouse {self._requirement(spec, pinned=False)}"]

@@ -39,6 +39,12 @@ from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
+# The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at
+# CCACHE_CONFIG and named by CCACHE_CONFIGPATH (so ccache reads no ccache.conf from the cache directory),
+# and the script that copies only ccache's objects into and out of the cache mount (images/ccache_carry.py).
+CCACHE_CONFIG_FILE = "ccache.conf"
+CCACHE_CONFIG = "/etc/moe-stack-ccache.conf"
+CCACHE_OBJECTS_SCRIPT = "ccache-objects.sh"
 GGUF_PY_PACKAGES = ("python3", "python3-numpy", "python3-yaml", "python3-tqdm", "python3-requests")
 
 
@@ -279,6 +285,7 @@ class LlamaFamilyEngine(Engine):
             "chat_page_dir": self.chat_page_dir,
             "gguf_py_packages": list(GGUF_PY_PACKAGES),
             "tools_label": TOOLS_LABEL,
+            "ccache_config": CCACHE_CONFIG,
         }
 
     def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
@@ -286,6 +293,8 @@ class LlamaFamilyEngine(Engine):
             name: (root / "common" / name).read_text()
             for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")
         }
+        for name in (CCACHE_CONFIG_FILE, CCACHE_OBJECTS_SCRIPT):  # the compile cache's settings, its carrier
+            files[name] = (root / "llama-cpp-family" / name).read_text()
         if self.needs_build_info_shim:
             files["build-info.sh"] = (root / "llama-cpp-family/build-info.sh").read_text()
         if self.drops_cuda_lineinfo and spec.cuda.version is not None:

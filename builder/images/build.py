@@ -370,6 +370,7 @@ def build_image(
     The whole path `build`, CI and the demo take. `ccache_dir`: the compile cache carried in and out."""
     if ccache_dir is not None and not get_engine(spec.engine).carries_ccache:
         raise SpecError(f"{spec.engine}'s image build compiles nothing through ccache: drop --ccache-dir")
+    get_engine(spec.engine).check_local_source(spec, tree)
     context = build_context(spec)
     page = page_for(spec, tree, show)
     stand_in = contract_stand_in(spec, read_cpu())

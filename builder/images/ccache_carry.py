@@ -3,7 +3,13 @@
 build --ccache-dir DIR` carries them through DIR: before the build, DIR seeds the mount (the template's
 `ccache-import` stage, DIR handed in as a named context); after it, the mount is copied out into DIR
 (its `ccache-export` stage, a local export into a new directory that then replaces DIR). Both stages are
-built only by name, so the image's own layers, and their cache, are the same with or without them."""
+built only by name, so the image's own layers, and their cache, are the same with or without them.
+
+DIR is untrusted input to the compile: only the objects cross (the build context's ccache-objects.sh:
+the regular files of the one-hex-digit directories, no ccache.conf, no links), and the compile reads
+ccache's settings from the file the build context ships (CCACHE_CONFIGPATH: engines/llama_family.py),
+never from the cache directory. CI's publishing jobs carry no DIR (GitHub's Actions cache can be written
+by any job on the branch: .github/workflows/images.yml)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ stacks emitted from them into compose/ (an EPYC 9374F, 32 Zen 4 cores with SMT, 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -26,6 +27,9 @@ from builder.stacks.document import cpu_only, start_period_for, to_yaml
 PRESETS_ENV = "MOE_STACK_PRESETS"
 # A preset's keys that describe its model rather than set a stack option.
 _DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
+# C0 (ESC, so every terminal sequence, included), DEL and C1: `presets` prints a preset's text, and a
+# presets file is data, never terminal commands (a title, a cleared screen, a clipboard write).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -136,13 +140,44 @@ def _read(path: Path) -> dict[str, dict]:
         raise SpecError(
             f"presets file {path}: each preset is a mapping of its name to its keys (see {presets_file()})"
         )
+    for name in data:
+        if _CONTROL.search(str(name)):
+            raise SpecError(
+                f"presets file {path}: the preset name {str(name)!r} holds a control character; "
+                "presets are plain text: remove it"
+            )
     return {str(name): entry for name, entry in data.items()}
+
+
+def _control_character_at(value: object, where: str) -> str | None:
+    """The key path (`engines.llama.cpp.chat_template`) of the first text in `value`, key or value,
+    holding a control character; None when there is none."""
+    if isinstance(value, str):
+        return where if _CONTROL.search(value) else None
+    items: list[tuple[object, object]] = []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = [(str(index), item) for index, item in enumerate(value)]
+    for key, item in items:
+        path = f"{where}.{key}" if where else str(key)
+        if _CONTROL.search(str(key)):
+            return f"{where}.{key!r}" if where else repr(key)
+        found = _control_character_at(item, path)
+        if found is not None:
+            return found
+    return None
 
 
 def _preset(name: str, entry: dict, source: Path) -> Preset:
     def wrong(key: str, problem: str) -> SpecError:
         return SpecError(f"presets file {source}: preset {name}: {key}: {problem}")
 
+    hostile = _control_character_at(entry, "")
+    if hostile is not None:  # before any check that would echo the text
+        raise wrong(
+            hostile, "holds a control character (a terminal escape, say); presets are plain text: remove it"
+        )
     for key, kind in (("description", str), ("architecture", str), ("engines", dict)):
         if not isinstance(entry.get(key), kind):
             raise wrong(key, f"missing, or not a {'mapping' if kind is dict else 'text'}")

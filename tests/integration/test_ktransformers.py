@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
+from builder.engines.kt_wheels import canonical_name, read_lock
 from builder.engines.ktransformers import kt_variant
 from builder.host.probe import probe
 from builder.images.build import build_image
@@ -95,12 +96,14 @@ def test_kernel_image_is_the_wheel_not_a_server(
     listing = docker_client.run(
         image, ["-m", "pip", "list", "--format=json"], entrypoint="python3", remove=True
     )
-    versions = {p["name"]: p["version"] for p in json.loads(str(listing))}
+    versions = {canonical_name(p["name"]): p["version"] for p in json.loads(str(listing))}
     assert (
         versions["kt-kernel"] == "0.7.2"
         and versions["torch"].endswith("+cpu")
         and "sglang-kt" not in versions
     )
+    # Exactly the hash lock's wheels (and the venv's own pip).
+    assert versions == {"pip": versions["pip"], **{wheel.name: wheel.version for wheel in read_lock()}}
 
 
 def test_portable_image_loads_the_variant_this_cpu_has_and_matches_the_reference(

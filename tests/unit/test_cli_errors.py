@@ -7,8 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builder.distribute.publish import no_variants
+from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 
@@ -323,7 +325,13 @@ def test_tune_refusals(tmp_path: Path) -> None:
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
     stack = tmp_path / "s.yaml"
-    assert run_cli("compose", "--model", str(model), "--skip-image-checks", "-o", str(stack)).returncode == 0
+    port = str(free_local_port())  # never the default 8080, which the user's demo may hold
+    assert (
+        run_cli(
+            "compose", "--model", str(model), "--skip-image-checks", "--port", port, "-o", str(stack)
+        ).returncode
+        == 0
+    )
     assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "no llama-bench in")
     model.unlink()
     assert_one_line_error(
@@ -362,3 +370,14 @@ def test_a_tilde_of_no_user_is_one_line(tmp_path: Path, flag: str) -> None:
     )
     assert_one_line_error(result, "~0 names no user")
     assert not (tmp_path / "c.yaml").exists()
+
+
+def test_presets_refuses_a_file_with_terminal_sequences(tmp_path: Path) -> None:
+    """A presets file is data: `presets` would print a description's escape sequences to the terminal
+    (here a window title), so the file is refused in one line naming the preset and the key."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text('x:\n  description: "\\e]0;title\\a"\n  architecture: a\n  engines: {llama.cpp: {}}\n')
+    assert yaml.safe_load(mine.read_text())["x"]["description"] == "\x1b]0;title\x07"  # YAML's escapes
+    result = run_cli("presets", "--presets", str(mine))
+    assert_one_line_error(result, f"presets file {mine}", "preset x: description: holds a control character")
+    assert "\x1b" not in result.stdout + result.stderr and "title" not in result.stdout

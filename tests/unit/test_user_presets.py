@@ -3,6 +3,7 @@ checked with the same rules, every mistake one line naming the file, the preset 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,24 @@ def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ),
         ("x:\n  architecture: a\n  engines: {llama.cpp: {}}\n", "preset x: description: missing"),
         ("x: [1, 2]\n", "each preset is a mapping"),
+        # Terminal sequences (`presets` prints the text): a title, a clipboard write (OSC 52), a C1 CSI.
+        (
+            'x:\n  description: "\\e]0;title\\a"\n  architecture: a\n  engines: {llama.cpp: {}}\n',
+            "preset x: description: holds a control character",
+        ),
+        (
+            'x:\n  description: d\n  architecture: a\n  engines: {llama.cpp: {alias: "\\e]52;c;aGk=\\a"}}\n',
+            "preset x: engines.llama.cpp.alias: holds a control character",
+        ),
+        (
+            'x:\n  description: d\n  architecture: "\\x9b2J"\n  engines: {llama.cpp: {}}\n',
+            "preset x: architecture: holds a control character",
+        ),
+        (
+            'x:\n  description: d\n  architecture: a\n  "ctx\\x7f": 1\n  engines: {llama.cpp: {}}\n',
+            "preset x: 'ctx\\x7f': holds a control character",
+        ),
+        ('"x\\e[2J":\n  description: d\n', "the preset name 'x\\x1b[2J' holds a control character"),
         ("x: {description: d\n", "is not valid YAML (line"),
     ],
 )
@@ -92,6 +111,7 @@ def test_a_mistake_is_one_line_naming_file_preset_and_key(tmp_path: Path, text: 
     with pytest.raises(SpecError, match="presets file " + str(mine).replace(".", r"\.")) as error:
         load_presets(mine)
     assert said in str(error.value) and "\n" not in str(error.value)
+    assert not re.search(r"[\x00-\x1f\x7f-\x9f]", str(error.value))  # named, never echoed
 
 
 @pytest.mark.cli
