@@ -18,12 +18,16 @@ from builder.spec import StackSpec
 from tests.cli import run_cli_in_process
 
 # CI explores the same examples every run (a landing must not hinge on a lucky draw); elsewhere each run
-# draws new ones, and hypothesis keeps any failure it finds in .hypothesis/ to replay first.
+# draws new ones, and hypothesis keeps any failure it finds in .hypothesis/ to replay first. The nightly
+# property job (.github/workflows/test.yml) draws new ones on CI too (MOE_STACK_UNSEEDED), more of them
+# (MOE_STACK_EXAMPLES), and prints each failure's reproduction blob.
+UNSEEDED = bool(os.environ.get("MOE_STACK_UNSEEDED"))
 PROFILE = settings(
-    max_examples=60,
+    max_examples=int(os.environ.get("MOE_STACK_EXAMPLES", "60")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-    derandomize=bool(os.environ.get("CI")),
+    derandomize=bool(os.environ.get("CI")) and not UNSEEDED,
+    print_blob=True,
 )
 # Text a user might type: printable words, odd characters, numbers, empty strings.
 WORD = st.one_of(
