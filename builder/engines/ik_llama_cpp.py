@@ -19,7 +19,9 @@ class IkLlamaCpp(LlamaFamilyEngine):
     upstream_url = "https://github.com/ikawrakow/ik_llama.cpp.git"
     sdist = "ik-llama-cpp-python==0.1.5"
     sdist_subdir = "vendor/ik_llama.cpp"
-    sdist_ref = "ikpy-0.1.5"  # that sdist doesn't say which commit it vendors: label it by the sdist
+    # The commit that sdist vendors (it doesn't say: found by content, dockerfiles/pins.yaml), which the
+    # pin equals: the default build and the tested one are the same tree.
+    sdist_ref = "55d3c05bf7b377deaa5dc84d255d9740a345a206"
     # Its sdists lack common/cmake/build-info-gen-cpp.cmake; the build writes build-info.cpp itself.
     needs_build_info_shim = True
     # Its CMake adds -lineinfo to every CUDA compile: half its server's sm_90 device code (194 MB).

@@ -23,7 +23,7 @@ from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reser
 from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.matrix import default_image_spec, published
-from builder.images.naming import image_tag
+from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan, VramShortfall
@@ -367,7 +367,8 @@ def check_architecture(facts: ImageFacts, model: Path) -> None:
         return
     pinned = recorded_contract(facts.engine)
     which = (
-        f"the image of {facts.engine} {pinned.ref} does (`moe-stack build --engine {facts.engine}`)"
+        f"the image of {facts.engine} {short_ref(pinned.ref)} does "
+        f"(`moe-stack build --engine {facts.engine}`)"
         if pinned is not None and arch in pinned.architectures
         else "build a newer ref of it"
     )

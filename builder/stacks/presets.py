@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
 from builder.images.matrix import published_image
-from builder.images.naming import image_tag
+from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
@@ -277,7 +277,7 @@ def example_stacks() -> dict[str, str]:
                     else None
                 )
                 cpu_profile = (cpu_stack, cpu_facts)
-            checked = f"; flags checked against {engine} {contract.ref}'s" if contract else ""
+            checked = f"; flags checked against {engine} {short_ref(contract.ref)}'s" if contract else ""
             driver = ".".join(map(str, MIN_DRIVER[gpu_image.cuda.version or ""]))
             document = compose_dict(
                 stack,

@@ -11,6 +11,8 @@ import yaml
 from builder.engines import get_engine
 from builder.images.matrix import buildable, publish_set, published
 from builder.images.naming import image_tag
+from builder.images.recorded_contracts import recorded_contract
+from builder.platform.pins import pinned_ref
 from builder.spec import ImageSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,4 +76,15 @@ def test_the_example_stacks_name_only_published_images_and_their_driver() -> Non
         document = yaml.safe_load(example.read_text())
         named = {service["image"] for service in document["services"].values()}
         assert named <= published_tags, (example.name, named - published_tags)
-        assert "needs NVIDIA driver >= " in example.read_text(), example.name
+        assert "needs NVIDIA driver >= " in " ".join(example.read_text().split()), example.name
+
+
+def test_the_pinned_ref_is_the_tree_the_suite_builds() -> None:
+    """The suite builds each llama.cpp engine from the PyPI sdist that vendors it; `moe-stack build`
+    without --ref clones the pin. They are one tree only while the pin is the commit the sdist vendors: a
+    bump of one without the other fails here."""
+    for name in ("llama.cpp", "ik_llama.cpp"):
+        engine = get_engine(name)
+        assert engine.sdist_ref is not None and pinned_ref(name) == engine.sdist_ref, (name, engine.sdist)
+        contract = recorded_contract(name)
+        assert contract is not None and contract.ref == engine.sdist_ref  # recorded from that build
