@@ -83,7 +83,9 @@ def chat_page(ui: Path, show: Callable[[str], None], base: str | None = None) ->
     show(f"building the chat page from {ui}: packages downloaded here, the build run in a container")
     try:
         # The build's user may leave what the caller can't remove: a leftover is no reason to fail.
-        with tempfile.TemporaryDirectory(prefix=".build-", dir=built.parent, ignore_cleanup_errors=True) as tmp:
+        with tempfile.TemporaryDirectory(
+            prefix=".build-", dir=built.parent, ignore_cleanup_errors=True
+        ) as tmp:
             page = _build(ui, Path(tmp), npm, base, show)
             try:
                 page.rename(built)
@@ -191,18 +193,7 @@ def builder_image(base: str, show: Callable[[str], None]) -> str:
     hash of its Dockerfile). BuildFailed (or DockerUnavailable) when it can't be made."""
     from builder.images.build import BuildPlan, stream_build  # build.py imports this module
 
-    dockerfile = (
-        template_environment()
-        .get_template("chat-page/Dockerfile.j2")
-        .render(
-            base_image=base,
-            uid=IMAGE_UID,
-            labels={
-                "org.opencontainers.image.title": "Node.js and npm (Debian's) for moe-stack's chat page build",
-                f"{LABEL_PREFIX}.base": base,
-            },
-        )
-    )
+    dockerfile = builder_dockerfile(base)
     tag = f"{BUILDER_REPOSITORY}:{hashlib.sha256(dockerfile.encode()).hexdigest()[:12]}"
     client = docker()
     if client.image.exists(tag):
@@ -214,6 +205,22 @@ def builder_image(base: str, show: Callable[[str], None]) -> str:
     with log_path.open("w") as log:
         stream_build(client, BuildPlan(context=context, tags=(tag,)), log, log_path, show)
     return tag
+
+
+def builder_dockerfile(base: str) -> str:
+    """The Dockerfile of the build's container image (dockerfiles/chat-page)."""
+    return (
+        template_environment()
+        .get_template("chat-page/Dockerfile.j2")
+        .render(
+            base_image=base,
+            uid=IMAGE_UID,
+            labels={
+                "org.opencontainers.image.title": "Debian's Node.js and npm, for moe-stack's chat page build",
+                f"{LABEL_PREFIX}.base": base,
+            },
+        )
+    )
 
 
 def sandbox_user() -> tuple[int, int]:

@@ -159,5 +159,7 @@ def test_a_link_in_the_builds_output_is_no_page(
     )
     said: list[str] = []
     assert _page(_tree(tmp_path / "tree", script), base_image, said) is None
-    assert said[-1] == "no chat page in this image: npm's build wrote dist/passwd, a link: its output is refused"
+    assert (
+        said[-1] == "no chat page in this image: npm's build wrote dist/passwd, a link: its output is refused"
+    )
     assert not list((tmp_path / "cache/moe-stack/chat-page").glob("[!.]*")), "nothing cached"

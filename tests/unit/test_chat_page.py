@@ -19,6 +19,7 @@ from builder.images.build import page_for, plan_build
 from builder.images.chat_page import (
     NoPage,
     SandboxRun,
+    builder_dockerfile,
     chat_page,
     copy_output,
     copy_sources,
@@ -30,6 +31,7 @@ from builder.images.chat_page import (
 )
 from builder.images.matrix import default_image_spec
 from builder.spec import GitSource
+from tests.tools import dependency_command
 
 
 def _ui(root: Path) -> Path:
@@ -121,10 +123,18 @@ def _app(ui: Path, packages: dict[str, object] | None = None) -> Path:
     ui.mkdir(parents=True)
     ran = ui.parent / "ran"
     events = ["preinstall", "install", "postinstall", "preprepare", "prepare", "postprepare", "build"]
-    scripts = {event: f"node -e \"require('fs').mkdirSync('{ran}/{event}', {{recursive: true}})\"" for event in events}
+    scripts = {
+        event: f"node -e \"require('fs').mkdirSync('{ran}/{event}', {{recursive: true}})\""
+        for event in events
+    }
     manifest = {"name": "app", "version": "1.0.0", "private": True}
     (ui / "package.json").write_text(json.dumps({**manifest, "scripts": scripts}))
-    lock = {**manifest, "lockfileVersion": 3, "requires": True, "packages": {"": manifest, **(packages or {})}}
+    lock = {
+        **manifest,
+        "lockfileVersion": 3,
+        "requires": True,
+        "packages": {"": manifest, **(packages or {})},
+    }
     (ui / "package-lock.json").write_text(json.dumps(lock))
     (ui / ".npmrc").write_text("ignore-scripts=false\n")
     return ui
@@ -145,7 +155,9 @@ def _recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return log
 
 
-@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed here (prepare-host.sh installs it)")
+@pytest.mark.skipif(
+    shutil.which("npm") is None, reason="npm is not installed here (prepare-host.sh installs it)"
+)
 def test_on_the_host_npm_only_downloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The host's one npm command, run for real: it starts nothing but npm itself (no lifecycle script of
     the app, though its .npmrc asks for them; no `npm run`, no npx), from the app's package.json and
@@ -163,13 +175,20 @@ def test_on_the_host_npm_only_downloads(tmp_path: Path, monkeypatch: pytest.Monk
     ]
     calls = log.read_text().splitlines()
     real_npm = shutil.which("npm", path=os.environ["PATH"].split(":", 1)[1])
-    assert calls == [f"npm {' '.join(install_argv(npm)[1:])}", f"node {real_npm} {' '.join(install_argv(npm)[1:])}"]
+    assert calls == [
+        f"npm {' '.join(install_argv(npm)[1:])}",
+        f"node {real_npm} {' '.join(install_argv(npm)[1:])}",
+    ]
     assert install_argv(npm) == [npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--prefer-offline"]
     assert not (tmp_path / "tree/ran").exists(), "a script of the app ran on the host"
 
 
-@pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed here (prepare-host.sh installs it)")
-def test_a_lock_with_a_git_dependency_is_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.skipif(
+    shutil.which("npm") is None, reason="npm is not installed here (prepare-host.sh installs it)"
+)
+def test_a_lock_with_a_git_dependency_is_not_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """npm clones a git dependency and runs its install and prepare scripts even under --ignore-scripts:
     such a lock never reaches npm here."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -196,7 +215,9 @@ def test_what_a_lock_may_install(tmp_path: Path) -> None:
     tarball = {"resolved": "https://registry.npmjs.org/a/-/a-1.0.0.tgz", "integrity": "sha512-AAAA"}
     assert problem({"node_modules/a": tarball, "node_modules/a/node_modules/b": {"inBundle": True}}) is None
     assert "node_modules/a from https://" in str(problem({"node_modules/a": {**tarball, "integrity": None}}))
-    assert "node_modules/l from ../lib" in str(problem({"node_modules/l": {"resolved": "../lib", "link": True}}))
+    assert "node_modules/l from ../lib" in str(
+        problem({"node_modules/l": {"resolved": "../lib", "link": True}})
+    )
     assert "node_modules/g from git+https://" in str(
         problem({"node_modules/g": {**tarball, "resolved": "git+https://github.com/x/g.git#abc"}})
     )
@@ -264,7 +285,9 @@ def test_the_builds_output_comes_back_as_plain_files(tmp_path: Path) -> None:
     (out / "assets/app.js").chmod(0o4777)
     page = copy_output(out, tmp_path / "page")
     assert (page / "assets/app.js").read_text() == "console.log(1)"
-    assert stat.S_IMODE((page / "assets/app.js").stat().st_mode) & 0o7133 == 0, "no set-id, exec or others' write"
+    assert stat.S_IMODE((page / "assets/app.js").stat().st_mode) & 0o7133 == 0, (
+        "no set-id, exec or others' write"
+    )
     for leftover, kind in (("passwd", "a link"), ("pipe", "not a file or directory")):
         bad = tmp_path / f"bad-{leftover}"
         shutil.copytree(out, bad / "dist")
@@ -295,3 +318,17 @@ def test_the_builds_copy_of_the_tree_keeps_links_and_refuses_devices(tmp_path: P
     os.mkfifo(ui / "src/pipe")
     with pytest.raises(NoPage, match=f"{ui} can't be copied for its build"):
         copy_sources(ui, tmp_path / "work2")
+
+
+@pytest.mark.lint
+def test_the_builds_image_is_hadolint_clean(tmp_path: Path) -> None:
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(builder_dockerfile("moe-stack/debian:trixie"))
+    assert "apt-get install -y --no-install-recommends nodejs npm" in dockerfile.read_text()
+    result = subprocess.run(
+        [dependency_command("hadolint"), "--no-color", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
