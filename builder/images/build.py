@@ -388,13 +388,16 @@ def build_image(
 def page_for(spec: ImageSpec, tree: Path | None, show: Callable[[str], None]) -> Path | None:
     """The chat page an image of `spec` embeds: built from the local engine tree, or for a git ref (the
     tree is cloned inside the build) from the page's directory fetched at that ref. A tools image gets
-    it too: its build shares the configure stage, and so the compile, with the server's."""
+    it too: its build shares the configure stage, and so the compile, with the server's. Its build's
+    container is made from the image's own Debian base where the image is a CPU one on a given base,
+    else from the project's (ensure_base)."""
     ui = get_engine(spec.engine).chat_page_dir
     if ui is None:
         return None
+    base = spec.base.build if spec.cuda.version is None else None
     if tree is not None:
-        return chat_page(tree / ui, show)
+        return chat_page(tree / ui, show, base)
     if isinstance(spec.source, GitSource):
         fetched = fetched_ui(spec.source.url, spec.source.ref, ui, show)
-        return chat_page(fetched, show) if fetched is not None else None
+        return chat_page(fetched, show, base) if fetched is not None else None
     return None

@@ -52,6 +52,7 @@ TALK_TO_DOCKER = {
     "builder.stacks.smoke",
     "builder.distribute.publish",
     "builder.images.prometheus",
+    "builder.images.chat_page",  # the page's build runs in a container
     "builder.stacks.tool_run",
     "builder.stacks.kt_convert",
     "builder.distribute.bundle",
