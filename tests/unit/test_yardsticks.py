@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.stacks.host_checks import free_local_port
 from tests.repo_copy import tracked_copy
 
 FORK = '''"""A llama.cpp fork (the yardstick test's)."""
@@ -76,7 +77,17 @@ def test_a_new_llama_cpp_fork_is_its_adapter_pins_line_and_matrix_row(tmp_path: 
     model = write_moe_gguf(tmp_path / "models" / "m.gguf", MoeShape(layers=2))
     out = tmp_path / "c.yaml"
     composed = _moe_stack(
-        repo, "compose", "--engine", "fork.cpp", "--model", str(model), "--skip-image-checks", "-o", str(out)
+        repo,
+        "compose",
+        "--engine",
+        "fork.cpp",
+        "--model",
+        str(model),
+        "--skip-image-checks",
+        "--port",
+        str(free_local_port()),  # not 8080, which the user's demo may hold
+        "-o",
+        str(out),
     )
     assert composed.returncode == 0, composed.stderr
     assert "image: ghcr.io/moe-stack/fork-cpp:0c1e57098-cpu-avx2" in out.read_text()
