@@ -24,7 +24,9 @@ from typer._click import exceptions as cli_errors  # the click typer 0.29 vendor
 from builder.cli.main import app
 from tests.cli import run_cli
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+# The front page and the manual: every shell block of each is held to the command line.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 GROUP = typer.main.get_command(app)
 # Verbs that need something beyond this machine's Python: Docker, a GPU, the network, root, a model.
 NEEDS_MORE = {
@@ -36,9 +38,10 @@ PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.|\b[A-Z][A-Z_]{2,}\b|\$|~")
 
 
 def readme_commands() -> Iterator[str]:
-    """Each `moe-stack ...` command of the README's ```sh blocks, continuation lines joined, comments and
-    optional-argument brackets dropped."""
-    for block in re.findall(r"^```sh\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL):
+    """Each `moe-stack ...` command of the README's and docs/' ```sh blocks, continuation lines joined,
+    comments and optional-argument brackets dropped."""
+    blocks = [re.findall(r"^```sh\n(.*?)^```", page.read_text(), re.MULTILINE | re.DOTALL) for page in PAGES]
+    for block in (block for page in blocks for block in page):
         for line in block.replace("\\\n", " ").splitlines():
             if "moe-stack" not in line.split("#", 1)[0]:
                 continue  # curl's JSON spans lines; only moe-stack's commands are read
@@ -54,7 +57,7 @@ COMMANDS = sorted(set(readme_commands()))
 
 
 def test_the_readme_has_commands_to_check() -> None:
-    assert len(COMMANDS) > 30 and any(c.startswith("moe-stack compose") for c in COMMANDS)
+    assert len(PAGES) > 5 and len(COMMANDS) > 30 and any(c.startswith("moe-stack compose") for c in COMMANDS)
 
 
 @pytest.mark.parametrize("command", COMMANDS)

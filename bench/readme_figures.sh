@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The README's first two commands timed as a newcomer runs them, in its order: the demo, then the tests
+# beside it (the demo keeps serving on 8080 all along, and must still answer at the end). With COLD=1 the
+# Docker store and moe-stack's cache are emptied first (pip's cache kept): that destroys every image and
+# container on the host, so it is asked for by name. Writes bench/results/readme-figures-<date>/figures.json,
+# whose figures the README quotes (tests/unit/test_readme_figures.py holds them equal).
+#
+#   sudo COLD=1 bash bench/readme_figures.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=bench/results/readme-figures-$(date -u +%Y-%m-%d)
+mkdir -p "$out"
+if [ "${COLD:-0}" = 1 ]; then
+  docker ps -aq | xargs -r docker rm -f >/dev/null
+  docker system prune -af --volumes >/dev/null
+  docker builder prune -af >/dev/null
+  rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/moe-stack"
+fi
+started=$(date +%s)
+bash scripts/demo.sh >"$out/demo.log" 2>&1
+demo_s=$(( $(date +%s) - started ))
+started=$(date +%s)
+status=0
+bash scripts/test.sh -q -p no:cacheprovider >"$out/tests.log" 2>&1 || status=$?
+tests_s=$(( $(date +%s) - started ))
+summary=$(grep -E '^[0-9]+ (passed|failed)|passed|failed' "$out/tests.log" | tail -n 1)
+demo_up=false
+if curl -fsS http://127.0.0.1:8080/health >/dev/null; then demo_up=true; fi
+cat >"$out/figures.json" <<JSON
+{"date": "$(date -u +%Y-%m-%d)", "cold": ${COLD:-0}, "cores": $(nproc), "demo_minutes": $(( (demo_s + 30) / 60 )),
+ "tests_minutes": $(( (tests_s + 30) / 60 )), "tests_exit": $status, "tests_summary": "$summary",
+ "demo_still_serving": $demo_up}
+JSON
+cat "$out/figures.json"
