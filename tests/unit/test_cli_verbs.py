@@ -46,6 +46,8 @@ def test_render_writes_a_build_context(tmp_path: Path) -> None:
     assert names == [
         "Dockerfile",
         "build-info.sh",
+        "ccache-objects.sh",
+        "ccache.conf",
         "cuda-no-lineinfo.sh",
         "image.json",
         "moe-stack-bandwidth.c",
