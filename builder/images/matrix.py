@@ -68,31 +68,32 @@ def engine_cuda_versions(engine: str) -> list[str]:
 def default_image_spec(
     engine: str, gpu: bool, driver: str | None = None, cpu_flags: frozenset[str] | None = None
 ) -> ImageSpec:
-    """The image a stack names when given none. A published (built) one where one fits: for a GPU stack
-    the newest CUDA release the host's `driver` runs (any, where it is not known), then the CPU target
-    with the most instructions of those the host's `cpu_flags` have (the engine's default target where
-    they are not known). Else the engine's default CPU target (avx2, unless matrix.yaml names another):
-    CPU-only, or the CUDA image of the newest release the driver runs (the oldest the matrix has, where
-    it runs none), which no one has built (stacks/assemble.py's `unbuilt_default` says so)."""
+    """The image a stack names when given none. CPU-only: the engine's default CPU target (avx2, unless
+    matrix.yaml names another), what `moe-stack build` builds by default. With a GPU: a published (built)
+    CUDA image where one fits, of the newest release the host's `driver` runs (any, where it is not
+    known), at the default target if published, else the one with the most instructions of those the
+    host's `cpu_flags` have; where none fits, the default target's CUDA image of the newest release the
+    driver runs (the oldest the matrix has, where it runs none), which no one has built (stacks/assemble.py's
+    `unbuilt_default` says so)."""
     default_cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
+    if not gpu:
+        return image_spec(engine, default_cpu)
     fitting = [
         entry.spec
         for entry in published()
         if entry.spec.engine == engine
-        and (entry.spec.cuda.version is not None) == gpu
+        and entry.spec.cuda.version is not None
+        and (driver is None or driver_runs(driver, entry.spec.cuda.version))
         and (
-            driver is None or entry.spec.cuda.version is None or driver_runs(driver, entry.spec.cuda.version)
-        )
-        and (
-            set(entry.spec.cpu.required_flags) <= cpu_flags
-            if cpu_flags is not None
-            else entry.spec.cpu.name == default_cpu
+            entry.spec.cpu.name == default_cpu
+            or (cpu_flags is not None and set(entry.spec.cpu.required_flags) <= cpu_flags)
         )
     ]
     if fitting:
-        return max(fitting, key=lambda spec: (_release(spec), len(spec.cpu.required_flags)))
-    if not gpu:
-        return image_spec(engine, default_cpu)
+        return max(
+            fitting,
+            key=lambda spec: (_release(spec), spec.cpu.name == default_cpu, len(spec.cpu.required_flags)),
+        )
     versions = engine_cuda_versions(engine)
     runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
     return image_spec(engine, default_cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))

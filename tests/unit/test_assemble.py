@@ -139,8 +139,8 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
 
 
 def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, model: Path) -> None:
-    """No --image: a published (built) image the host runs: its best CPU target's for a CPU stack (zen4
-    here); for a GPU stack the newest CUDA release published that the host's driver runs (570.x: not
+    """No --image: the CPU image `moe-stack build` builds by default for a CPU stack; for a GPU stack a
+    published (built) one: the newest CUDA release published that the host's driver runs (570.x: not
     13.0; 12.8 was never built, 12.4 was), at a CPU target this host has."""
     host = probe(
         fake_host(tmp_path / "g", EPYC_9554_FLAGS, sockets=1, cores=8, threads=2, node_gib=64),
@@ -152,7 +152,7 @@ def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, mo
         for gpu in ("none", "nvidia")
     }
     assert images == {
-        "none": f"ghcr.io/moe-stack/llama-cpp:{tag}-cpu-zen4",
+        "none": f"ghcr.io/moe-stack/llama-cpp:{tag}-cpu-avx2",
         "nvidia": f"ghcr.io/moe-stack/llama-cpp:{tag}-cuda12.4-avx2",
     }
     # Another host: neither this driver nor this CPU says anything there; the default target's published
