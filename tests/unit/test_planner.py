@@ -401,3 +401,17 @@ def test_the_plan_says_which_layers_and_bytes_each_rule_moves() -> None:
     assert fitted.experts_where() == "CPU, layers 3-5 on GPU 0 (15.0 GiB)"
     assert [moved for _, moved in fitted.rule_bytes] == [15 * GIB, 55 * 5 * GIB]
     assert plan(dense_first, 20 * GIB, 512 * GIB, 32768, "q8_0", mla=True).experts_where() == "CPU"
+
+
+def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
+    """ik_llama.cpp caches MLA's latent unless -mla says otherwise (its default is 3): a DeepSeek stack
+    without a preset plans that cache and the compute buffer measured for it, not f16 K/V and a flat
+    2 GiB (which refused 5.2 GiB that the engine's own fit used, on the H200)."""
+    ik = get_engine("ik_llama.cpp")
+    assert ik.caches_latent(None) and ik.caches_latent(3) and not ik.caches_latent(0)
+    facts = shape_facts(seed_shape("deepseek2"))
+    latent = kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(None))
+    assert latent * 50 < kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(0))
+    assert not gpu_compute(
+        "ik_llama.cpp", facts, 32768, DEFAULT_UBATCH, ik.caches_latent(None)
+    ).basis.startswith("not measured")
