@@ -212,7 +212,15 @@ def _preset(name: str, entry: dict, source: Path) -> Preset:
 def _engine_options(
     name: str, common: dict[str, object], extra: dict[str, object], engine: str, source: Path
 ) -> EngineOptions:
-    values = {key: value for key, value in common.items() if key != "experts_on_cpu"}
+    """The preset's options for `engine`: the common ones it honours (a preset says what its model wants,
+    the engine takes what it reads: KTransformers no cache type or layer count), then its own entry's,
+    all of which it must honour (compose refuses the rest, as it refuses a user's)."""
+    honoured = get_engine(engine).honours
+    values = {  # an option no engine has (a typo) stays, to be refused by name
+        key: value
+        for key, value in common.items()
+        if key != "experts_on_cpu" and (key in honoured or key not in EngineOptions.model_fields)
+    }
     values.update(extra)
     try:
         return EngineOptions.model_validate(values)

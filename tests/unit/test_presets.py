@@ -6,10 +6,12 @@ After an intended change: MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_prese
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.files import write_file_atomically
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -59,3 +61,16 @@ def test_example_stacks_are_current() -> None:
     assert r1.count("offload-batch-size=1") == 1, (
         "the GPU service only: the cpu profile has no GPU to offload to"
     )
+
+
+def test_a_preset_needs_no_nulls_each_engine_takes_what_it_honours() -> None:
+    """compose/presets.yaml says what each model wants once; an engine takes the options it reads and
+    leaves the rest (KTransformers no cache type, layer count or batch), with no `null` to undo them."""
+    lines = [line.split("#", 1)[0] for line in (COMPOSE / "presets.yaml").read_text().splitlines()]
+    assert not any(re.search(r":\s*null\b", line) for line in lines)
+    for preset in load_presets().values():
+        for engine in preset.engines:
+            given = preset.engine_options(engine).model_dump(exclude_unset=True)
+            assert set(given) <= get_engine(engine).honours, (preset.name, engine, set(given))
+    kt = get_preset("qwen3-235b-a22b").engine_options("ktransformers")
+    assert kt.cache_type is None and kt.gpu_layers is None and kt.ctx_size == 16384
