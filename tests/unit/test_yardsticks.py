@@ -48,8 +48,9 @@ def _moe_stack(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.cli
-def test_a_new_llama_cpp_fork_is_its_adapter_pins_line_and_matrix_row(tmp_path: Path) -> None:
+def _forked(tmp_path: Path) -> Path:
+    """A copy of the repository with a llama.cpp fork added as a maintainer adds one: its adapter module
+    and registry line, its pins line, its matrix row."""
     repo = tracked_copy(tmp_path / "repo")
     (repo / "builder/engines/fork_cpp.py").write_text(FORK)
     registry = repo / "builder/engines/__init__.py"
@@ -64,7 +65,12 @@ def test_a_new_llama_cpp_fork_is_its_adapter_pins_line_and_matrix_row(tmp_path: 
     _edit(
         repo / "dockerfiles/matrix.yaml", "engines:\n", "engines:\n  fork.cpp:\n    extra_cpu_targets: []\n"
     )
+    return repo
 
+
+@pytest.mark.cli
+def test_a_new_llama_cpp_fork_is_its_adapter_pins_line_and_matrix_row(tmp_path: Path) -> None:
+    repo = _forked(tmp_path)
     rendered = _moe_stack(
         repo, "render", "--engine", "fork.cpp", "--cpu", "avx2", "--out", str(tmp_path / "ctx")
     )
@@ -91,3 +97,40 @@ def test_a_new_llama_cpp_fork_is_its_adapter_pins_line_and_matrix_row(tmp_path: 
     )
     assert composed.returncode == 0, composed.stderr
     assert "image: ghcr.io/moe-stack/fork-cpp:0c1e57098-cpu-avx2" in out.read_text()
+
+
+@pytest.mark.lint  # slow: the unit suite again, in the copy
+def test_a_fork_keeps_the_unit_suite_green(tmp_path: Path) -> None:
+    """With the fork added and its golden renders written (the one step a maintainer runs:
+    MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py), the whole unit suite passes in the copy:
+    no test counts engines from a list of its own."""
+    repo = _forked(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(repo), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    golden = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/unit/test_golden.py", "-p", "no:cacheprovider"],
+        cwd=repo,
+        env={**env, "MOE_STACK_UPDATE_GOLDEN": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert golden.returncode == 0, golden.stdout[-2000:]
+    suite = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "tests/unit",
+            "-m",
+            "not cli and not lint",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert suite.returncode == 0, suite.stdout[-3000:]
