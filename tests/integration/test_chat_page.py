@@ -79,3 +79,4 @@ def test_the_chat_page_answers_a_message_typed_into_it(base_image: str, tmp_path
     finally:
         if compose_file.is_file():
             down(compose_file)
+        shutil.rmtree(compose_file.parent, ignore_errors=True)  # the test's own stack, not the user's
