@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from builder.engines import engine_names, get_engine
 from builder.spec import EngineOptions, NeutralOptions, option_flags
 
 PANEL = "Engine options (the preset's unless given)"
@@ -29,12 +30,19 @@ def command_line_type(annotation: Any) -> type:
     return str
 
 
+def panel_for(name: str) -> str:
+    """The help panel of a neutral option: the shared one, or its engine's where only one engine reads it
+    (ik_llama.cpp's MLA, KTransformers' parsers), so `compose --help` groups single-engine options."""
+    readers = [engine for engine in engine_names() if name in get_engine(engine).honours]
+    return f"{readers[0]} options (the preset's unless given)" if len(readers) == 1 else PANEL
+
+
 def neutral_parameters() -> list[inspect.Parameter]:
     """One keyword parameter per neutral option, None by default (not given)."""
     parameters = []
     for name, field in NeutralOptions.model_fields.items():
         kind = command_line_type(field.annotation)
-        declared = typer.Option(*option_flags(name), help=field.description, rich_help_panel=PANEL)
+        declared = typer.Option(*option_flags(name), help=field.description, rich_help_panel=panel_for(name))
         parameters.append(
             inspect.Parameter(
                 name,
