@@ -29,7 +29,7 @@ from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.spec import BaseImages, duration_seconds
-from builder.stacks.assemble import StackOptions, plan_models
+from builder.stacks.assemble import StackOptions, StackPlan, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
@@ -267,85 +267,14 @@ def compose(
     **neutral: Any,
 ) -> None:
     """Emit a compose file that serves MODEL with ENGINE's image."""
-    presets = list(preset or [])
-    if presets and len(presets) != len(model):
-        raise SpecError(
-            f"{len(model)} --model and {len(presets)} --preset: give one preset per model, in the same "
-            "order (or none)"
-        )
-    if served_name is not None and len(model) > 1:
-        raise SpecError(
-            "--served-name names one model; several models are served under their presets' names "
-            "(else their file names)"
-        )
-    options = [
-        StackOptions.model_validate(
-            {
-                "model": path,
-                "engine": engine,
-                "image": image,
-                "cpu_image": cpu_image,
-                "project": project,
-                "port": port,
-                "bind": bind,
-                "preset": presets[index] if presets else None,
-                "presets_file": presets_file,
-                "engine_options": given_options(neutral),
-                "threads": threads,
-                "parallel": parallel,
-                "override_tensors": tuple(override_tensor or ()),
-                "experts_on_cpu": experts_on_cpu,
-                "fit_vram_gb": float_list(fit_vram_gb, "--fit-vram-gb"),
-                "vram_margin_gb": vram_margin_gb,
-                "ports_here": output_format == "compose",
-                "gpus": int_list(gpus, "--gpus"),
-                "placement": placement,
-                "chat_template": chat_template,
-                "served_name": served_name,
-                "jinja": jinja,
-                "metrics": metrics,
-                "monitoring_port": monitoring_port if monitoring else 0,
-                "numa": numa,
-                "numa_nodes": int_list(numa_nodes, "--numa-nodes"),
-                "gpu": gpu,
-                "config_dir": config_dir,
-                "trust_remote_code": trust_remote_code,
-                "gpu_experts": gpu_experts,
-                "mlock": mlock,
-                "hugepages": hugepages,
-                "hugetlbfs": hugetlbfs,
-                "shm_size": shm_size,
-                "api_key_file": api_key_file,
-                "skip_image_checks": skip_image_checks,
-                "for_other_host": for_other_host,
-                "start_period_s": start_period,
-                "engine_args": tuple(engine_args or ()),
-            }
-        )
-        for index, path in enumerate(model)
-    ]
     if output_format not in ("compose", "kubernetes"):
         raise SpecError(f"--format {output_format!r}: choose compose or kubernetes")
-    plan = plan_models(options, probe())
+    given = {name: value for name, value in locals().items() if name != "neutral"}
+    plan = plan_models(_stack_options(given, neutral), probe())
     generated_by = " ".join(["moe-stack", *sys.argv[1:]])
     if output_format == "kubernetes":
-        if plan.routed or plan.cpu_profile is not None:
-            raise SpecError(
-                "--format kubernetes emits one model's Deployment: drop --cpu-image and extra --model"
-            )
-        stack = plan.stack
-        kube = KubeOptions(
-            replicas=replicas,
-            memory=memory_use(stack),
-            model_pvc=model_pvc,
-            gpu_product=gpu_product,
-            gpus=len(stack.gpu_ids) or 1,
-        )
-        secret = f"{resource_name(stack.project)}-api-key" if stack.api_key_file is not None else None
-        path = write_file_atomically(
-            out_file or Path("moe-stack.k8s.yaml"),
-            to_kubernetes_yaml(manifests(stack, plan.facts, kube), generated_by, secret),
-        )
+        kube = (replicas, model_pvc, gpu_product)
+        path = _write_kubernetes(plan, kube, out_file or Path("moe-stack.k8s.yaml"), generated_by)
         out.print(f"wrote {path}: `kubectl apply -f {path}` runs it (a Deployment and a Service)")
         return
     document = compose_dict(
@@ -359,6 +288,69 @@ def compose(
     for note in plan.notes:
         out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
     out.print(f"wrote {path}: `docker compose -f {path} up --wait` starts it on http://{bind}:{port}")
+
+
+# compose's options that are StackOptions fields under the same name, passed as given.
+_AS_GIVEN = (
+    "engine", "image", "cpu_image", "project", "port", "bind", "presets_file", "threads", "parallel",
+    "experts_on_cpu", "vram_margin_gb", "placement", "chat_template", "served_name", "jinja", "metrics",
+    "numa", "gpu", "config_dir", "trust_remote_code", "gpu_experts", "mlock", "hugepages", "hugetlbfs",
+    "shm_size", "api_key_file", "skip_image_checks", "for_other_host",
+)  # fmt: skip
+
+
+def _stack_options(given: dict[str, Any], neutral: dict[str, Any]) -> list[StackOptions]:
+    """compose's command line as one StackOptions a model: the fields named as the options are, then the
+    options the command line spells otherwise (lists as text, a preset per model, the monitoring switch)."""
+    models, presets = given["model"], list(given["preset"] or [])
+    if presets and len(presets) != len(models):
+        raise SpecError(
+            f"{len(models)} --model and {len(presets)} --preset: give one preset per model, in the same "
+            "order (or none)"
+        )
+    if given["served_name"] is not None and len(models) > 1:
+        raise SpecError(
+            "--served-name names one model; several models are served under their presets' names "
+            "(else their file names)"
+        )
+    common = {name: given[name] for name in _AS_GIVEN} | {
+        "engine_options": given_options(neutral),
+        "override_tensors": tuple(given["override_tensor"] or ()),
+        "fit_vram_gb": float_list(given["fit_vram_gb"], "--fit-vram-gb"),
+        "ports_here": given["output_format"] == "compose",
+        "gpus": int_list(given["gpus"], "--gpus"),
+        "monitoring_port": given["monitoring_port"] if given["monitoring"] else 0,
+        "numa_nodes": int_list(given["numa_nodes"], "--numa-nodes"),
+        "start_period_s": given["start_period"],
+        "engine_args": tuple(given["engine_args"] or ()),
+    }
+    return [
+        StackOptions.model_validate(common | {"model": path, "preset": presets[index] if presets else None})
+        for index, path in enumerate(models)
+    ]
+
+
+def _write_kubernetes(
+    plan: StackPlan, kube: tuple[int, str | None, str | None], out_file: Path, generated_by: str
+) -> Path:
+    """The plan as a Deployment and a Service (one model, no CPU profile)."""
+    if plan.routed or plan.cpu_profile is not None:
+        raise SpecError(
+            "--format kubernetes emits one model's Deployment: drop --cpu-image and extra --model"
+        )
+    stack = plan.stack
+    replicas, model_pvc, gpu_product = kube
+    options = KubeOptions(
+        replicas=replicas,
+        memory=memory_use(stack),
+        model_pvc=model_pvc,
+        gpu_product=gpu_product,
+        gpus=len(stack.gpu_ids) or 1,
+    )
+    secret = f"{resource_name(stack.project)}-api-key" if stack.api_key_file is not None else None
+    return write_file_atomically(
+        out_file, to_kubernetes_yaml(manifests(stack, plan.facts, options), generated_by, secret)
+    )
 
 
 def up(
