@@ -29,7 +29,7 @@ from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.spec import BaseImages, duration_seconds
-from builder.stacks.assemble import StackOptions, StackPlan, plan_models
+from builder.stacks.assemble import StackOptions, StackPlan, check_ports, plan_models
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
@@ -270,10 +270,11 @@ def compose(
     if output_format not in ("compose", "kubernetes"):
         raise SpecError(f"--format {output_format!r}: choose compose or kubernetes")
     given = {name: value for name, value in locals().items() if name != "neutral"}
-    plan = plan_models(_stack_options(given, neutral), probe())
+    options = _stack_options(given, neutral)
+    plan = plan_models(options, probe())
     generated_by = " ".join(["moe-stack", *sys.argv[1:]])
     if output_format == "kubernetes":
-        kube = (replicas, model_pvc, gpu_product)
+        kube = (replicas, model_pvc, gpu_product)  # its ports are the cluster's: none checked here
         path = _write_kubernetes(plan, kube, out_file or Path("moe-stack.k8s.yaml"), generated_by)
         out.print(f"wrote {path}: `kubectl apply -f {path}` runs it (a Deployment and a Service)")
         return
@@ -284,6 +285,7 @@ def compose(
         cpu_profile=plan.cpu_profile,
         routed=plan.routed,
     )
+    check_ports(plan, options[0])
     path = write_stack(document, out_file or Path("compose.yaml"))
     for note in plan.notes:
         out.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)

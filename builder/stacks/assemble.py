@@ -261,7 +261,6 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
         raise SpecError(
             "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too"
         )
-    _check_ports(stack, options)
     check_engine_loads(stack.engine, stack.model)
     facts = _checked_facts(stack.image, options, host)
     if facts is not None:
@@ -297,7 +296,6 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
             "stack on its own"
         )
     base = routed[0]
-    _check_ports(base, first)
     facts = _checked_facts(base.image, first, host)
     if facts is not None:
         for model in routed:
@@ -316,14 +314,15 @@ def unbuilt_default(stack: StackSpec) -> str | None:
     )
 
 
-def _check_ports(stack: StackSpec, options: StackOptions) -> None:
+def check_ports(plan: StackPlan, options: StackOptions) -> None:
     """The stack's host ports are free, where it will publish them: on this host (not for another host's
-    compose file, nor a Kubernetes manifest, whose ports are the cluster's)."""
+    compose file, nor a Kubernetes manifest, whose ports are the cluster's). Checked last, once the
+    output is made: what is wrong with the stack itself is said first."""
     if options.for_other_host or not options.ports_here:
         return
-    for port in (stack.port, stack.monitoring_port):
+    for port in (plan.stack.port, plan.stack.monitoring_port):
         if port:
-            check_port_free(stack.bind, port)
+            check_port_free(plan.stack.bind, port)
 
 
 def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:

@@ -27,6 +27,7 @@ from builder.stacks.assemble import (
     StackOptions,
     assemble_stack,
     check_architecture,
+    check_ports,
     plan_stack,
     served_name_for,
 )
@@ -295,11 +296,10 @@ def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, 
         held.listen()
         options = StackOptions(model=model, port=held.getsockname()[1], skip_image_checks=True)
         with pytest.raises(StackError, match="is already in use"):
-            plan_stack(options, epyc)
-        assert plan_stack(options.model_copy(update={"ports_here": False}), epyc).stack.port == options.port
-        assert (
-            plan_stack(options.model_copy(update={"for_other_host": True}), epyc).stack.port == options.port
-        )
+            check_ports(plan_stack(options, epyc), options)
+        for elsewhere in ({"ports_here": False}, {"for_other_host": True}):
+            moved = options.model_copy(update=elsewhere)
+            check_ports(plan_stack(moved, epyc), moved)
 
 
 def test_a_plan_that_does_not_fit_names_its_levers(epyc: HostFacts, model: Path) -> None:

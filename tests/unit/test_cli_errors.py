@@ -64,14 +64,25 @@ def test_model_missing(tmp_path: Path) -> None:
 
 @pytest.mark.cli
 def test_port_in_use(tmp_path: Path) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    """Said last, once the stack itself holds together (a broken model is said first)."""
+    from builder.models.synth_moe import MoeShape, write_moe_gguf
+
+    model = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=2))
+    tmp_path.chmod(0o755)  # uid 10001 reads the model
+    model.chmod(0o644)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
         result = run_cli(
-            "compose", "--model", str(model), "--port", str(port), "--out", str(tmp_path / "c.yaml")
+            "compose",
+            "--model",
+            str(model),
+            "--skip-image-checks",
+            "--port",
+            str(port),
+            "--out",
+            str(tmp_path / "c.yaml"),
         )
     assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
     assert not (tmp_path / "c.yaml").exists()
