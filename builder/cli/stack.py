@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -274,8 +274,9 @@ def compose(
     plan = plan_models(options, probe())
     generated_by = " ".join(["moe-stack", *sys.argv[1:]])
     if output_format == "kubernetes":
-        kube = (replicas, model_pvc, gpu_product)  # its ports are the cluster's: none checked here
-        path = _write_kubernetes(plan, kube, out_file or Path("moe-stack.k8s.yaml"), generated_by)
+        # its ports are the cluster's: none checked here
+        cluster = KubeOptions(replicas=replicas, model_pvc=model_pvc, gpu_product=gpu_product)
+        path = _write_kubernetes(plan, cluster, out_file or Path("moe-stack.k8s.yaml"), generated_by)
         out.print(f"wrote {path}: `kubectl apply -f {path}` runs it (a Deployment and a Service)")
         return
     document = compose_dict(
@@ -332,23 +333,15 @@ def _stack_options(given: dict[str, Any], neutral: dict[str, Any]) -> list[Stack
     ]
 
 
-def _write_kubernetes(
-    plan: StackPlan, kube: tuple[int, str | None, str | None], out_file: Path, generated_by: str
-) -> Path:
-    """The plan as a Deployment and a Service (one model, no CPU profile)."""
+def _write_kubernetes(plan: StackPlan, cluster: KubeOptions, out_file: Path, generated_by: str) -> Path:
+    """The plan as a Deployment and a Service (one model, no CPU profile); `cluster` holds compose's
+    --replicas, --model-pvc and --gpu-product, the stack its memory and GPUs."""
     if plan.routed or plan.cpu_profile is not None:
         raise SpecError(
             "--format kubernetes emits one model's Deployment: drop --cpu-image and extra --model"
         )
     stack = plan.stack
-    replicas, model_pvc, gpu_product = kube
-    options = KubeOptions(
-        replicas=replicas,
-        memory=memory_use(stack),
-        model_pvc=model_pvc,
-        gpu_product=gpu_product,
-        gpus=len(stack.gpu_ids) or 1,
-    )
+    options = replace(cluster, memory=memory_use(stack), gpus=len(stack.gpu_ids) or 1)
     secret = f"{resource_name(stack.project)}-api-key" if stack.api_key_file is not None else None
     return write_file_atomically(
         out_file, to_kubernetes_yaml(manifests(stack, plan.facts, options), generated_by, secret)
