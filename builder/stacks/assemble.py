@@ -60,7 +60,7 @@ class StackOptions(BaseModel):
     fit_vram_gb: tuple[float, ...] = ()  # plan expert placement for each GPU's VRAM (one size per GPU)
     vram_margin_gb: float = DEFAULT_VRAM_MARGIN / GIB  # left free on each GPU by that plan
     gpus: tuple[int, ...] = ()  # the GPUs the container gets (empty: all)
-    placement: Literal["rules", "fit"] = "rules"  # fit: mainline llama.cpp places layers and experts itself
+    placement: Literal["rules", "fit"] = "rules"  # fit: the llama.cpp engine places layers and experts itself
     chat_template: str | None = None
     served_name: str | None = (
         None  # default: the preset's name, else the model's name without its split suffix
