@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -283,7 +284,7 @@ def main(out: Path, work: Path) -> None:
         note(f"converted: {result['conversion']}")
 
     key_file = work / "api-key"
-    key_file.write_text("kt-gpu-run-key\n")
+    key_file.write_text(secrets.token_urlsafe(24) + "\n")  # this run's own: no key lives in the repo
     stack_file = out / f"{NAME}-stack.yaml"
     compose_args = [
         "compose", "--engine", ENGINE.name, "--preset", PRESET, "--gpu", "nvidia",
