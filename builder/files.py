@@ -145,6 +145,15 @@ def cache_dir() -> Path:
     return root / "moe-stack"
 
 
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read 16 MiB at a time (models and image archives are large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(16 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def user_path(path: Path) -> Path:
     """`path` with a leading `~` or `~user` expanded; SpecError (one line) when there is no such user or
     home, where pathlib raises RuntimeError."""

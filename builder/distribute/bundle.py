@@ -6,7 +6,6 @@ Archive layout (plain tar): manifest.json, compose.yaml, images.tar, models/<par
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
@@ -24,7 +23,7 @@ from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuil
 from builder.docker_client import describe, docker
 from builder.engines import get_engine
 from builder.errors import MoeStackError, StackError
-from builder.files import write_file_atomically
+from builder.files import file_sha256, write_file_atomically
 from builder.models.formats import FORMATS
 from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
@@ -35,7 +34,6 @@ from builder.stacks.services import read_services
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
-_CHUNK = 16 << 20
 _SMALL_MEMBER = 1 << 20  # manifest.json and compose.yaml
 # A model part's file name: no directories, no leading dot, nothing a path could be made of.
 _MODEL_NAME = re.compile(
@@ -48,11 +46,8 @@ class BundleError(MoeStackError):
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return f"sha256:{digest.hexdigest()}"
+    """A file's digest as the bundle's manifest writes it."""
+    return f"sha256:{file_sha256(path)}"
 
 
 def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> Path:

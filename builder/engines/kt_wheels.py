@@ -7,7 +7,6 @@ time (README: Security notes says why they have no lock)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import SpecError
-from builder.files import templates_root
+from builder.files import file_sha256, templates_root
 
 LOCK_FILE = "kt-kernel-cpu.lock"
 LOCK_SCRIPT = "scripts/lock-kt-cpu-wheels.py"
@@ -75,18 +74,10 @@ def read_lock() -> tuple[LockedWheel, ...]:
     return parse_lock(lock_path().read_text())
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def lock_text(wheelhouse: Path, generated_by: str) -> str:
     """The lock of every wheel in `wheelhouse` (what a resolving `pip download` fetched), by name."""
     wheels = sorted(
-        LockedWheel(*wheel_name_version(path.name), sha256_of(path)) for path in wheelhouse.glob("*.whl")
+        LockedWheel(*wheel_name_version(path.name), file_sha256(path)) for path in wheelhouse.glob("*.whl")
     )
     header = (
         "# The wheels of KTransformers' CPU kernel image built from a wheelhouse, each pinned by version\n"
@@ -146,7 +137,7 @@ def check_wheelhouse(wheelhouse: Path, locked: tuple[LockedWheel, ...]) -> None:
         found = files.get((wheel.name, wheel.version), [])
         if not found:
             raise SpecError(f"wheelhouse {wheelhouse} has no {wheel.name} {wheel.version} wheel; {fix}")
-        if not any(sha256_of(path) == wheel.sha256 for path in found):
+        if not any(file_sha256(path) == wheel.sha256 for path in found):
             raise SpecError(
                 f"wheelhouse {wheelhouse}: {found[0].name} is not the locked {wheel.name} {wheel.version} "
                 f"(sha256 differs); {fix}"

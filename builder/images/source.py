@@ -7,7 +7,6 @@ reach PyPI but not GitHub can still build real engines.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.errors import SourceError
-from builder.files import cache_dir, user_path
+from builder.files import cache_dir, file_sha256, user_path
 from builder.safe_tar import UnsafeArchive, extract_tree
 
 if TYPE_CHECKING:
@@ -63,7 +62,7 @@ def _unpack(archive: Path) -> Path:
         raise SourceError(
             f"--source {archive} is a file but not a tar archive; give a directory or a .tar.gz"
         )
-    digest = _sha256(archive)[:16]
+    digest = file_sha256(archive)[:16]
     target = cache_dir() / "sources" / digest
     if target.is_dir():
         return target
@@ -109,11 +108,3 @@ def fetch_sdist(requirement: str) -> Path:
             f"can't download the sdist {requirement} from PyPI ({last}); give --source DIR instead"
         )
     return found[0]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -11,7 +11,6 @@ The stacks stay offline: nothing here runs in an image.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import ipaddress
 import json
 import os
@@ -28,11 +27,10 @@ from huggingface_hub.utils import disable_progress_bars
 from huggingface_hub.utils import logging as hub_logging
 
 from builder.errors import ModelError
-from builder.files import write_file_atomically
+from builder.files import file_sha256, write_file_atomically
 
 HUB = "https://huggingface.co"  # huggingface_hub's endpoint when HF_ENDPOINT names no mirror
 MANIFEST = "moe-stack-model.json"  # what was fetched: repository, commit, each file's size and sha256
-_CHUNK = 1 << 24
 # The only revision passed on to huggingface_hub is the commit the hub names, and it must be one: the
 # library files a revision under refs/<revision> in its cache, so `../` in it would choose a path.
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -253,11 +251,7 @@ def _complete(path: Path, file: HubFile) -> bool:
 def _sha256(path: Path) -> str:
     if path.is_symlink() or not path.is_file():  # a FIFO or a device would hang the hash
         raise ModelError(f"{path} is not a regular file; remove it and run the command again")
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def recorded(part: Path) -> HubFile | None:

@@ -9,13 +9,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from builder.engines.kt_wheels import download_locked, lock_path, sha256_of
-from builder.files import cache_dir
+from builder.engines.kt_wheels import download_locked, lock_path
+from builder.files import cache_dir, file_sha256
 
 
 def make_kt_wheelhouse() -> Path:
     """The lock's wheels in a directory named after the lock's own sha256 (a new lock, a new one)."""
-    target = cache_dir() / "wheelhouses" / f"kt-kernel-cpu-{sha256_of(lock_path())[:16]}"
+    target = cache_dir() / "wheelhouses" / f"kt-kernel-cpu-{file_sha256(lock_path())[:16]}"
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

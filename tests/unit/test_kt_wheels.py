@@ -18,9 +18,9 @@ from builder.engines.kt_wheels import (
     lock_text,
     parse_lock,
     read_lock,
-    sha256_of,
 )
 from builder.errors import SpecError
+from builder.files import file_sha256
 from builder.images.build import build_image
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
@@ -70,14 +70,14 @@ def test_the_generator_records_each_file_it_fetched(tmp_path: Path) -> None:
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"t")
     text = lock_text(tmp_path, "python scripts/lock-kt-cpu-wheels.py --kt-kernel 0.7.2 --torch 2.13.0")
     assert parse_lock(text) == (
-        LockedWheel("kt-kernel", "0.7.2", sha256_of(tmp_path / KT_WHEEL)),
+        LockedWheel("kt-kernel", "0.7.2", file_sha256(tmp_path / KT_WHEEL)),
         LockedWheel(
             "torch",
             "2.13.0+cpu",
-            sha256_of(tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
+            file_sha256(tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"),
         ),
         LockedWheel(
-            "typing-extensions", "4.16.0", sha256_of(tmp_path / "typing_extensions-4.16.0-py3-none-any.whl")
+            "typing-extensions", "4.16.0", file_sha256(tmp_path / "typing_extensions-4.16.0-py3-none-any.whl")
         ),
     )
     with pytest.raises(SpecError, match=f"line 9 is not .* run {LOCK_SCRIPT}"):
@@ -95,4 +95,4 @@ def test_a_wheelhouse_without_the_locked_wheels_is_refused_before_docker(tmp_pat
     locked = (LockedWheel("kt-kernel", "0.7.2", "0" * 64),)
     with pytest.raises(SpecError, match=f"{KT_WHEEL} is not the locked kt-kernel 0.7.2 \\(sha256 differs\\)"):
         check_wheelhouse(tmp_path, locked)
-    check_wheelhouse(tmp_path, (LockedWheel("kt-kernel", "0.7.2", sha256_of(tmp_path / KT_WHEEL)),))
+    check_wheelhouse(tmp_path, (LockedWheel("kt-kernel", "0.7.2", file_sha256(tmp_path / KT_WHEEL)),))
