@@ -73,13 +73,13 @@ class IkLlamaCpp(LlamaFamilyEngine):
     def fit_args(self, margin_mib: int, flags: dict[str, str] | None) -> list[str]:
         """Every layer on the GPU (it offloads none by default) and `--fit`, a switch here, which then moves
         routed experts to the CPU from the last layer until the model fits with `--fit-margin` MiB free
-        (common.cpp at 007d640; it refuses cleanly when nothing fits, on the H200: issue 47)."""
+        (common.cpp at the pin, 55d3c05; it refused cleanly when nothing fit, on the H200 at 007d640)."""
         self.check_fit(flags)
         return ["--n-gpu-layers", "999", "--fit", "--fit-margin", str(margin_mib)]
 
     def caches_latent(self, mla: int | None) -> bool:
-        """MLA 3 unless -mla says otherwise (common.h at 007d640: `mla_attn = 3`): a DeepSeek stack without
-        -mla caches the latent (27 MiB where f16 K/V would be 1.9 GiB, on the H200: issue 47)."""
+        """MLA 3 unless -mla says otherwise (common.h at the pin, 55d3c05: `mla_attn = 3`): a DeepSeek stack
+        without -mla caches the latent (27 MiB where f16 K/V would be 1.9 GiB, on the H200)."""
         return mla is None or mla > 0
 
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:

@@ -27,9 +27,10 @@ from builder.stacks.document import cpu_only, start_period_for, to_yaml
 PRESETS_ENV = "MOE_STACK_PRESETS"
 # A preset's keys that describe its model rather than set a stack option.
 _DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
-# C0 (ESC, so every terminal sequence, included), DEL and C1: `presets` prints a preset's text, and a
-# presets file is data, never terminal commands (a title, a cleared screen, a clipboard write).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0 (ESC, so every terminal sequence, included) but tab and newline, DEL and C1: `presets` prints a
+# preset's text, and a presets file is data, never terminal commands (a title, a cleared screen, a
+# clipboard write). A chat template (Jinja) spans lines, so newlines and tabs stay.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)

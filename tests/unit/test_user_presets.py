@@ -150,3 +150,13 @@ def test_compose_and_presets_take_the_file(tmp_path: Path) -> None:
         str(out),
     )
     assert missing.returncode == 1 and "presets file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_description_may_span_lines(tmp_path: Path) -> None:
+    """Newlines and tabs are text, not terminal sequences: a block scalar's description keeps them."""
+    mine = _file(
+        tmp_path,
+        "x:\n  description: |\n    first line\n    \tsecond, indented\n  architecture: qwen3moe\n"
+        "  engines: {llama.cpp: {}}\n",
+    )
+    assert load_presets(mine)["x"].description == "first line\n\tsecond, indented\n"
