@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import yaml
 
@@ -78,22 +80,19 @@ def default_image_spec(
     default_cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
     if not gpu:
         return image_spec(engine, default_cpu)
-    fitting = [
-        entry.spec
-        for entry in published()
-        if entry.spec.engine == engine
-        and entry.spec.cuda.version is not None
-        and (driver is None or driver_runs(driver, entry.spec.cuda.version))
-        and (
-            entry.spec.cpu.name == default_cpu
-            or (cpu_flags is not None and set(entry.spec.cpu.required_flags) <= cpu_flags)
+
+    def runs_here(spec: ImageSpec) -> bool:
+        cuda, cpu = spec.cuda.version or "", spec.cpu
+        driver_ok = driver is None or driver_runs(driver, cuda)
+        return driver_ok and (
+            cpu.name == default_cpu or cpu_flags is not None and set(cpu.required_flags) <= cpu_flags
         )
-    ]
-    if fitting:
-        return max(
-            fitting,
-            key=lambda spec: (_release(spec), spec.cpu.name == default_cpu, len(spec.cpu.required_flags)),
-        )
+
+    chosen = _newest_published(
+        engine, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
+    )
+    if chosen is not None:
+        return chosen
     versions = engine_cuda_versions(engine)
     runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
     return image_spec(engine, default_cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
@@ -138,14 +137,30 @@ def published_image(engine: str, cpus: tuple[str, ...], gpu: bool) -> ImageSpec 
     """The published image of `engine` for the first of `cpus` it has one for: its newest CUDA release's
     with `gpu`, else its CPU-only one (None: no such image is published)."""
     for cpu in cpus:
-        chosen = [
-            p.spec
-            for p in published()
-            if p.spec.engine == engine and p.spec.cpu.name == cpu and (p.spec.cuda.version is not None) == gpu
-        ]
-        if chosen:
-            return max(chosen, key=_release)
+        chosen = _newest_published(engine, gpu, partial(_targets, cpu))
+        if chosen is not None:
+            return chosen
     return None
+
+
+def _targets(cpu: str, spec: ImageSpec) -> bool:
+    return spec.cpu.name == cpu
+
+
+def _newest_published(
+    engine: str,
+    gpu: bool,
+    fits: Callable[[ImageSpec], bool],
+    then: Callable[[ImageSpec], tuple[bool, int]] = lambda spec: (True, 0),
+) -> ImageSpec | None:
+    """Of `engine`'s published images, CUDA ones with `gpu` (else CPU-only), those that `fits` takes: the
+    newest CUDA release's, ranked by `then` among equals (None: none fits)."""
+    chosen = [
+        entry.spec
+        for entry in published()
+        if entry.spec.engine == engine and (entry.spec.cuda.version is not None) == gpu and fits(entry.spec)
+    ]
+    return max(chosen, key=lambda spec: (_release(spec), *then(spec))) if chosen else None
 
 
 def publish_set(name: str = "default") -> list[ImageSpec]:

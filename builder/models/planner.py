@@ -95,6 +95,11 @@ class ModelFacts:
         return self.other_bytes - self.embedding_bytes
 
     @property
+    def expert_layers(self) -> int:
+        """Layers that hold routed experts (DeepSeek's first three are dense)."""
+        return sum(1 for layer_bytes in self.expert_bytes if layer_bytes)
+
+    @property
     def cached_layers(self) -> int:
         return self.layers if self.attention_layers is None else self.attention_layers
 
@@ -150,7 +155,7 @@ class Plan:
         held = [d for d in self.devices if d.expert_layers]
         if not held:
             return "CPU"
-        if self.gpu_expert_layers == sum(1 for layer_bytes in self.facts.expert_bytes if layer_bytes):
+        if self.gpu_expert_layers == self.facts.expert_layers:
             return "GPU (every layer that has experts)"
         parts = [
             f"layers {layer_list(d.expert_layers)} on GPU {d.index} "
@@ -450,7 +455,7 @@ def plan(
         cpu_bytes=cpu,
         gpu_expert_layers=sum(len(d.expert_layers) for d in devices),
         gpu_experts_per_layer=per_layer,
-        override_rules=device_rules(devices, sum(1 for layer_bytes in facts.expert_bytes if layer_bytes)),
+        override_rules=device_rules(devices, facts.expert_layers),
         devices=tuple(devices),
         tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else (),
         margin_bytes=margin,
