@@ -34,7 +34,7 @@ from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.engines import get_engine
-from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute, gpu_reserve, prefill_pool
+from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute, prefill_pool
 from builder.errors import (
     INTERRUPTED_MESSAGE,
     BuildFailed,
@@ -68,8 +68,7 @@ from builder.models.hub import CHECKPOINT_FILES, check_checkpoint, plan_fetch, s
 from builder.models.hub import fetch as fetch_from_hub
 from builder.models.kt_weights import read_checkpoint
 from builder.models.model_files import fetch_demo_model
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, VramShortfall, size
-from builder.models.planner import plan as make_plan
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, size
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, local_cuda_images, origin_of
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
@@ -78,7 +77,7 @@ from builder.stacks.doctor import as_dicts, diagnose
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.presets import load_presets
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.vram_levers import GpuDemand, advice
+from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 if TYPE_CHECKING:
     from builder.models.synth_shapes import MoeShape
@@ -768,19 +767,9 @@ def plan_memory(
     pool = prefill_pool(adapter.name, facts, ctx_size, ubatch_size, latent)
     draft = draft_vram_bytes(checked_speculative(given, model, adapter), adapter, ctx_size, ubatch_size)
     demand = GpuDemand(adapter.name, facts, ctx_size, ubatch_size, cache_type, latent)
-    try:
-        result = make_plan(
-            facts,
-            [int(v * GIB) for v in vrams],
-            int(ram_gb * GIB),
-            ctx_size,
-            cache_type,
-            latent,
-            gpu_reserve=gpu_reserve(adapter.name, facts, ctx_size, ubatch_size, latent) + draft,
-            margin=int(vram_margin_gb * GIB),
-        )
-    except VramShortfall as shortfall:
-        raise SpecError(advice(shortfall, demand)) from None
+    result = vram_plan(
+        demand, [int(v * GIB) for v in vrams], int(ram_gb * GIB), int(vram_margin_gb * GIB), draft
+    )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
     # it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from builder.engines import get_engine
 from builder.engines.base import Engine
-from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
+from builder.engines.compute_buffers import DEFAULT_UBATCH
 from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
@@ -26,8 +26,7 @@ from builder.images.matrix import default_image_spec, published
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan, VramShortfall
-from builder.models.planner import plan as make_plan
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
@@ -35,7 +34,7 @@ from builder.stacks.host_checks import check_config_dir, check_host_runs, check_
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.vram_levers import GpuDemand, advice
+from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 
 class StackOptions(BaseModel):
@@ -191,9 +190,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
 def _vram_plan(
     options: StackOptions, adapter: Engine, model: Path, given: EngineOptions, ram_bytes: int
 ) -> Plan:
-    """The plan for --fit-vram-gb: what the engine keeps on each GPU at the stack's context, cache and
-    micro-batch (its measured compute buffer, a draft model's share), then experts into what is left;
-    a refusal names the levers that would make it fit."""
+    """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model counted."""
     demand = GpuDemand(
         engine=adapter.name,
         facts=adapter.model_format.facts(model),
@@ -202,22 +199,14 @@ def _vram_plan(
         cache_type=given.cache_type or "f16",
         latent=adapter.caches_latent(given.mla),
     )
-    draft = draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch)
-    try:
-        return make_plan(
-            demand.facts,
-            [int(gb * GIB) for gb in options.fit_vram_gb],
-            ram_bytes,
-            demand.ctx,
-            demand.cache_type,
-            mla=demand.latent,
-            gpu_reserve=gpu_reserve(adapter.name, demand.facts, demand.ctx, demand.ubatch, demand.latent)
-            + draft,
-            cache_type_v=given.cache_type_v,
-            margin=int(options.vram_margin_gb * GIB),
-        )
-    except VramShortfall as shortfall:
-        raise SpecError(advice(shortfall, demand)) from None
+    return vram_plan(
+        demand,
+        [int(gb * GIB) for gb in options.fit_vram_gb],
+        ram_bytes,
+        margin=int(options.vram_margin_gb * GIB),
+        draft=draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch),
+        cache_type_v=given.cache_type_v,
+    )
 
 
 def _layers_on_gpu(

@@ -1,13 +1,15 @@
-"""What to give up when a plan does not fit the GPU: each lever with the VRAM it frees, in the order of
-what it costs the user (a smaller micro-batch costs prefill speed; a shorter context, prompt length; a
-smaller cache type, some quality), so a refusal can say which one is enough."""
+"""A VRAM plan for an engine's stack, and what to give up when it does not fit the GPU: each lever with
+the VRAM it frees, in the order of what it costs the user (a smaller micro-batch costs prefill speed; a
+shorter context, prompt length; a smaller cache type, some quality), so a refusal can say which one is
+enough."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from builder.engines.compute_buffers import gpu_reserve
-from builder.models.planner import ModelFacts, VramShortfall, kv_cache_bytes, size
+from builder.errors import SpecError
+from builder.models.planner import ModelFacts, Plan, VramShortfall, kv_cache_bytes, plan, size
 
 SMALLEST_UBATCH = 512  # both engines' default micro-batch: below it prefill slows for little VRAM
 SHORTEST_CONTEXT = 4096
@@ -36,6 +38,34 @@ class GpuDemand:
         return kv_cache_bytes(self.facts, self.ctx, self.cache_type, self.latent) + gpu_reserve(
             self.engine, self.facts, self.ctx, self.ubatch, self.latent
         )
+
+
+def vram_plan(
+    demand: GpuDemand,
+    vram_bytes: list[int],
+    ram_bytes: int,
+    margin: int,
+    draft: int = 0,
+    cache_type_v: str | None = None,
+) -> Plan:
+    """The plan for `demand` on GPUs of `vram_bytes`: the engine's measured compute buffer (and a draft
+    model's share) reserved, then experts into what is left; SpecError naming the levers when even the
+    fixed part does not fit."""
+    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.latent) + draft
+    try:
+        return plan(
+            demand.facts,
+            vram_bytes,
+            ram_bytes,
+            demand.ctx,
+            demand.cache_type,
+            demand.latent,
+            gpu_reserve=reserve,
+            cache_type_v=cache_type_v,
+            margin=margin,
+        )
+    except VramShortfall as shortfall:
+        raise SpecError(advice(shortfall, demand)) from None
 
 
 def levers(demand: GpuDemand) -> list[Lever]:
