@@ -64,10 +64,10 @@ def test_every_published_variant_was_built_where_it_says() -> None:
             )
 
 
-def test_the_default_set_is_the_published_list_and_buildable() -> None:
-    tags = {image_tag(spec) for spec in buildable()}
-    assert [image_tag(s) for s in publish_set("default")] == [image_tag(e.spec) for e in published()]
-    assert {image_tag(s) for s in publish_set("default")} <= tags
+def test_every_published_variant_is_one_a_toolchain_builds() -> None:
+    """The list names variants of the matrix (not one its toolchains refuse, nor a typo), once each."""
+    tags = [image_tag(s) for s in publish_set("default")]
+    assert len(tags) == len(set(tags)) and set(tags) <= {image_tag(spec) for spec in buildable()}
 
 
 def test_the_example_stacks_name_only_published_images_and_their_driver() -> None:
