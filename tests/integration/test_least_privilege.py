@@ -21,11 +21,11 @@ TEST_IMAGES = [
     ("llama.cpp", "zen4"),
     ("llama.cpp", "sapphirerapids"),
     ("ik_llama.cpp", "avx2"),
-    ("ik_llama.cpp", "zen4"),
+    pytest.param("ik_llama.cpp", "zen4", marks=pytest.mark.slow),  # built for the slow tier only
 ]
 
 
-@pytest.mark.parametrize(("engine", "cpu"), TEST_IMAGES, ids=[f"{e}-{c}" for e, c in TEST_IMAGES])
+@pytest.mark.parametrize(("engine", "cpu"), TEST_IMAGES)
 def test_image_user_history_and_environment(
     engine: str, cpu: str, base_image: str, docker_client: DockerClient
 ) -> None:

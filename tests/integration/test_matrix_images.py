@@ -48,6 +48,7 @@ def test_avx512_vnni_only_in_avx512_images(
     assert avx2.count("vpdpbusd") == 0 and "zmm" not in avx2, "avx2 build uses instructions x86-64-v3 lacks"
 
 
+@pytest.mark.slow
 def test_ik_zen4_gets_the_fast_avx512_path(
     base_image: str, moe_model: Path, start_stack: StackFactory
 ) -> None:
