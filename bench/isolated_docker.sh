@@ -7,8 +7,9 @@
 #   bash bench/isolated_docker.sh stop DIR    # stops it, removes its bridge, rule and store
 #
 # Its bridge and subnet are its own (Docker's docs on running several daemons: a separate --bridge,
-# --iptables=false); builds reach the package mirrors through one masquerade rule of ours, and compose
-# networks get addresses from a pool apart from the host daemon's.
+# --iptables=false); builds reach the package mirrors through rules of ours (a masquerade, and forwarding
+# past the host daemon's FORWARD policy of DROP), and compose networks get addresses from a pool apart
+# from the host daemon's.
 set -euo pipefail
 action=${1:?start or stop}
 dir=${2:?a scratch directory}
@@ -26,6 +27,8 @@ start)
   ip addr add 172.29.0.1/16 dev "$bridge"
   ip link set "$bridge" up
   iptables -t nat -A POSTROUTING -s "$subnet" ! -o "$bridge" -j MASQUERADE
+  iptables -I FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT
+  iptables -I FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
   setsid dockerd --data-root "$dir/data" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
     -H "unix://$dir/docker.sock" --bridge "$bridge" --iptables=false --ip-masq=false \
     --default-address-pool base=10.210.0.0/16,size=24 >"$dir/dockerd.log" 2>&1 </dev/null &
@@ -47,6 +50,8 @@ stop)
     for _ in $(seq 30); do [ -e "$dir/dockerd.pid" ] || break; sleep 1; done
   fi
   iptables -t nat -D POSTROUTING -s "$subnet" ! -o "$bridge" -j MASQUERADE 2>/dev/null || true
+  iptables -D FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT 2>/dev/null || true
+  iptables -D FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT 2>/dev/null || true
   ip link del "$bridge" 2>/dev/null || true
   umount -R "$dir/data" 2>/dev/null || true
   rm -rf "$dir"
