@@ -14,8 +14,8 @@ from dataclasses import replace
 from builder.engines import get_engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts
-from builder.models.synth_shapes import seed_shape
 from builder.stacks.presets import get_preset
 from builder.stacks.vram_levers import GpuDemand, enough
 
@@ -25,7 +25,7 @@ ENGINES = ("ik_llama.cpp", "llama.cpp")
 
 def hybrid_quant_facts(arch: str) -> ModelFacts:
     """4-bit (Q4_0-sized) routed experts, everything else Q8_0-sized: bytes as the usual hybrid GGUFs."""
-    experts, rest = shape_facts(seed_shape(arch)), shape_facts(seed_shape(arch, quant="Q8_0"))
+    experts, rest = shape_facts(synth_shape(arch)), shape_facts(synth_shape(arch, quant="Q8_0"))
     return replace(experts, other_bytes=rest.other_bytes, embedding_bytes=rest.embedding_bytes)
 
 

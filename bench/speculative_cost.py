@@ -28,8 +28,8 @@ from python_on_whales import DockerClient
 from builder.host.probe import probe
 from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
-from builder.models.synth_shapes import seed_shape
 from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, plan_stack
@@ -39,7 +39,7 @@ from builder.stacks.run import down, up
 
 # Wide enough that a decode step is mostly weight reads (8 layers of 32 experts, 1024 wide: ~140 MB at
 # Q8_0), small enough to write in seconds; the draft is one layer of it, another seed.
-MODEL = seed_shape("qwen3moe", tiny=True, layers=8, hidden=1024, expert_ffn=512, experts=32, experts_used=4)
+MODEL = synth_shape("qwen3moe", tiny=True, layers=8, hidden=1024, expert_ffn=512, experts=32, experts_used=4)
 PROMPT = "the expert model reads a token from memory and the cache " * 4
 
 

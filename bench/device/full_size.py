@@ -1,7 +1,7 @@
 """Issue 47 on the GPU machine: item 13 (one full-size model end to end) and item 4 (ik_llama.cpp's own
 --fit against moe-stack's plan on a 24 GB card).
 
-Item 13: Qwen3-Next-80B-A3B at its real shape (`seed_shape("qwen3next")`, no changes: 48 layers, 512
+Item 13: Qwen3-Next-80B-A3B at its real shape (`synth_shape("qwen3next")`, no changes: 48 layers, 512
 experts of Q4_0, 44.6 GB), served by both llama.cpp engines with the command `moe-stack compose --preset
 qwen3-next-80b-a3b --gpu nvidia` emits for the machine (seed_models.command's options): load time with
 the page cache dropped and warm, mainline's `--load-mode` (the preset's `none`, mapped, `dio`), GPU memory
@@ -50,15 +50,15 @@ from builder.engines.compute_buffers import (
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.models.planner import kv_cache_bytes
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
-from builder.models.synth_shapes import seed_shape
 from builder.platform.flags import check_args
 from builder.spec import EngineOptions, StackSpec
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import memory_use
 
-MODELS["qn-full"] = ("qwen3-next-80b-a3b", seed_shape("qwen3next"))  # the real shape, unchanged
+MODELS["qn-full"] = ("qwen3-next-80b-a3b", synth_shape("qwen3next"))  # the real shape, unchanged
 MIB = 1024**2
 CARD_GIB = 24.0
 HOST_FACTS = probe()

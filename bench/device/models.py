@@ -11,8 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.models.synth_shapes import seed_shape
 
 SHAPES = {
     "a3b": MoeShape(
@@ -27,7 +27,7 @@ SHAPES = {
         quant="Q4_0",
     ),
     # Qwen3-235B-A22B's widths (synth_shapes), 8 layers, at the writer's default context.
-    "q235b": seed_shape("qwen3moe", layers=8, context=4096),
+    "q235b": synth_shape("qwen3moe", layers=8, context=4096),
 }
 
 

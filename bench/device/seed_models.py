@@ -31,8 +31,9 @@ from pathlib import Path
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import probe
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import token_read_bytes, write_moe_gguf
-from builder.models.synth_shapes import MoeShape, seed_shape
+from builder.models.synth_shapes import MoeShape
 from builder.platform.flags import check_args, parse_contract
 from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
@@ -41,15 +42,15 @@ from builder.stacks.assemble import StackOptions, assemble_stack
 # Real per-layer and per-expert widths; fewer experts than the real models (R1 256, Qwen3-Next 512) to
 # keep the files writable in the call: a token still reads its 8 (10) experts of the real shape.
 MODELS: dict[str, tuple[str, MoeShape]] = {
-    "r1-8": ("deepseek-r1-671b", seed_shape("deepseek2", layers=8, experts=32)),
-    "r1-16": ("deepseek-r1-671b", seed_shape("deepseek2", layers=16, experts=32)),
-    "qn-8": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=8, experts=128)),
-    "qn-16": ("qwen3-next-80b-a3b", seed_shape("qwen3next", layers=16, experts=128)),
-    "q235-8": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32)),
+    "r1-8": ("deepseek-r1-671b", synth_shape("deepseek2", layers=8, experts=32)),
+    "r1-16": ("deepseek-r1-671b", synth_shape("deepseek2", layers=16, experts=32)),
+    "qn-8": ("qwen3-next-80b-a3b", synth_shape("qwen3next", layers=8, experts=128)),
+    "qn-16": ("qwen3-next-80b-a3b", synth_shape("qwen3next", layers=16, experts=128)),
+    "q235-8": ("qwen3-235b-a22b", synth_shape("qwen3moe", layers=8, experts=32)),
     # Twice the experts of r1-8, else the same: the growth of prefill's expert copy in the compute buffer.
-    "r1-8-e64": ("deepseek-r1-671b", seed_shape("deepseek2", layers=8, experts=64)),
+    "r1-8-e64": ("deepseek-r1-671b", synth_shape("deepseek2", layers=8, experts=64)),
     # q235-8 with Qwen3's real vocabulary (151936): the compute buffer's output stage at its real width.
-    "q235-8-v": ("qwen3-235b-a22b", seed_shape("qwen3moe", layers=8, experts=32, vocab=151936)),
+    "q235-8-v": ("qwen3-235b-a22b", synth_shape("qwen3moe", layers=8, experts=32, vocab=151936)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
-from builder.models.synth_shapes import seed_shape
 
-SHAPE = seed_shape("qwen3moe", layers=4, context=4096)  # Qwen3-235B-A22B's widths, 4 layers
+SHAPE = synth_shape("qwen3moe", layers=4, context=4096)  # Qwen3-235B-A22B's widths, 4 layers
 MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"
 
 

@@ -547,7 +547,8 @@ def synth_moe(
     arch: Annotated[
         str,
         typer.Option(
-            help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next (Qwen3-Next-80B-A3B)"
+            help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
+            "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b) or minimax-m2 (MiniMax-M2)"
         ),
     ] = "qwen3moe",
     tiny: Annotated[
@@ -591,8 +592,8 @@ def synth_moe(
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
     what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
     # numpy + gguf: only this verb needs them
+    from builder.models.synth_families import synth_shape
     from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
-    from builder.models.synth_shapes import seed_shape
 
     given = {
         "layers": layers,
@@ -609,7 +610,7 @@ def synth_moe(
             "synth-moe --mtp writes DeepSeek's multi-token-prediction layer: give --arch deepseek2"
         )
     try:
-        shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
+        shape = synth_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
     if file_format == "hf":

@@ -84,8 +84,10 @@ class ModelFacts:
     embedding_bytes: int = 0  # token_embd: both engines keep it in RAM (only one row a token is read)
     vocab: int = 0  # tokens of the vocabulary (token_embd's rows): the logits a token outputs
     hidden: int = 0  # the embedding length
-    # Multi-token-prediction layers (DeepSeek's and Qwen3-Next's NextN): the last `nextn_layers` of
-    # `layers`, whose weights and KV cache the plan counts as any layer's.
+    # Multi-token-prediction layers (DeepSeek's, GLM's and Qwen3-Next's NextN): the last `nextn_layers` of
+    # `layers`, whose weights the plan counts as any layer's; both engines skip their KV cache unless MTP
+    # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
+    # layers' cache on both engines, tests/integration/test_families.py).
     nextn_layers: int = 0
 
     @property
@@ -101,7 +103,8 @@ class ModelFacts:
 
     @property
     def cached_layers(self) -> int:
-        return self.layers if self.attention_layers is None else self.attention_layers
+        cached = self.layers if self.attention_layers is None else self.attention_layers
+        return cached - self.nextn_layers
 
     @property
     def total_bytes(self) -> int:

@@ -14,7 +14,7 @@ convert_hf_to_gguf.py, which both engines load), real per-layer and per-expert w
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import gguf
@@ -386,23 +386,3 @@ TINY_SHAPES: dict[str, MoeShape] = {
     ),
 }
 ARCHITECTURES = tuple(SEED_SHAPES)
-
-
-def seed_shape(arch: str, tiny: bool = False, **changes: object) -> MoeShape:
-    """An architecture's full-size (or tiny) shape with `changes` (ValueError names what is wrong). A
-    deepseek2 of fewer layers keeps as many dense leading layers as still leave one MoE layer."""
-    shapes = TINY_SHAPES if tiny else SEED_SHAPES
-    if arch not in shapes:
-        raise ValueError(f"unknown architecture {arch!r}: choose one of {', '.join(shapes)}")
-    shape = shapes[arch]
-    if isinstance(shape, DeepSeek2Shape) and "layers" in changes and "dense_layers" not in changes:
-        changes["dense_layers"] = min(shape.dense_layers, int(str(changes["layers"])) - 1)
-    if "experts" in changes and "experts_used" not in changes:
-        changes["experts_used"] = min(shape.experts_used, int(str(changes["experts"])))
-    if isinstance(shape, DeepSeek2Shape) and shape.expert_groups and "experts" in changes:
-        experts, used = int(str(changes["experts"])), int(str(changes["experts_used"]))
-        per_group = experts // shape.expert_groups
-        if experts % shape.expert_groups or used > shape.groups_used * per_group:
-            changes.setdefault("expert_groups", 0)  # too few experts to group: plain top-k
-            changes.setdefault("groups_used", 0)
-    return replace(shape, **changes)  # type: ignore[arg-type]

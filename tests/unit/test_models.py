@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
@@ -9,7 +10,8 @@ import pytest
 
 from builder.errors import ModelError
 from builder.models.model_files import check_gguf
-from builder.models.planner import read_facts
+from builder.models.planner import ROUTED_EXPERT, read_facts
+from builder.models.synth_families import FAMILY_SHAPES, synth_shape
 from builder.models.synth_moe import (
     MoeShape,
     model_file_bytes,
@@ -19,7 +21,7 @@ from builder.models.synth_moe import (
     vocabulary,
     write_moe_gguf,
 )
-from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES, seed_shape
+from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES
 
 
 def test_check_gguf(tmp_path: Path) -> None:
@@ -149,7 +151,7 @@ def test_qwen3next_alternates_recurrent_and_attention_layers(tmp_path: Path) -> 
     fields = _fields(reader)
     assert fields["qwen3next.ssm.inner_size"] == 128 * 4 and fields["qwen3next.full_attention_interval"] == 4
     with pytest.raises(ValueError, match="multiple of 4"):
-        seed_shape("qwen3next", tiny=True, layers=6)
+        synth_shape("qwen3next", tiny=True, layers=6)
 
 
 def test_q4_0_weights_are_unbiased(tmp_path: Path) -> None:
@@ -170,10 +172,32 @@ def test_seed_shapes_are_the_real_models() -> None:
     # 58 MoE layers × 8 of 256 experts × 3 matrices of 7168 × 2048 at 18/32 bytes a weight
     assert ram == 58 * 8 * 3 * 7168 * 2048 * 18 // 32
     assert 8e9 < vram < 10e9  # attention, 3 dense layers, shared experts, the output head
-    slice_ = seed_shape("deepseek2", layers=4, experts=16)
+    slice_ = synth_shape("deepseek2", layers=4, experts=16)
     assert (slice_.dense_layers, slice_.expert_groups, slice_.hidden) == (3, 8, 7168)
-    assert seed_shape("deepseek2", layers=4, experts=4).expert_groups == 0  # too few to group
+    assert synth_shape("deepseek2", layers=4, experts=4).expert_groups == 0  # too few to group
     with pytest.raises(ValueError, match="Lite model"):
-        seed_shape("deepseek2", layers=27)
+        synth_shape("deepseek2", layers=27)
     with pytest.raises(ValueError, match="unknown architecture 'llama'"):
-        seed_shape("llama")
+        synth_shape("llama")
+
+
+def test_family_shapes_are_the_real_models() -> None:
+    """GLM-4.6, gpt-oss-120b and MiniMax-M2 at full size: the total and active parameters computed from
+    their configs (../shared/MOE-FAMILIES.md §2: 352.8B/33.6B without the NextN block, 116.8B/5.7B with
+    the embeddings, 228.7B/11.0B), counted over the tensor tables synth-moe writes at the real
+    vocabularies."""
+    vocabularies = {"glm4moe": 151552, "gpt-oss": 201088, "minimax-m2": 200064}
+    expected = {"glm4moe": (352.8, 33.6), "gpt-oss": (116.8, 5.7), "minimax-m2": (228.7, 11.0)}
+    for arch, shape in FAMILY_SHAPES.items():
+        total = active = 0
+        for name, ne, _kind in shape.tensors(vocabularies[arch]):
+            if name.startswith(f"blk.{shape.layers}."):  # the NextN block
+                continue
+            count = math.prod(ne)
+            total += count
+            active += count * shape.experts_used // shape.experts if ROUTED_EXPERT.match(name) else count
+        assert (round(total / 1e9, 1), round(active / 1e9, 1)) == expected[arch], arch
+    glm = synth_shape("glm4moe", layers=2)
+    assert (glm.dense_layers, glm.blocks) == (1, 3)  # one MoE layer left, and the NextN block
+    with pytest.raises(ValueError, match="unknown architecture 'llama'.*glm4moe, gpt-oss, minimax-m2"):
+        synth_shape("llama")

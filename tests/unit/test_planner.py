@@ -27,8 +27,9 @@ from builder.models.planner import (
     plan,
     read_facts,
 )
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
-from builder.models.synth_shapes import TINY_SHAPES, seed_shape
+from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CacheType
 from tests.cli import run_cli
 
@@ -231,7 +232,7 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
     assert {run["model"] for run in runs} == set(DEVICE_MODELS)
     for run in runs:
         arch, changes = DEVICE_MODELS[run["model"]]
-        facts = shape_facts(seed_shape(arch, **changes))
+        facts = shape_facts(synth_shape(arch, **changes))
         command = run["command"]
         ctx = int(command[command.index("--ctx-size") + 1])
         ubatch = (
@@ -277,7 +278,7 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
     }
     for run in runs:
         arch, changes = DEVICE_MODELS[run["model"]]
-        facts = shape_facts(seed_shape(arch, **changes))
+        facts = shape_facts(synth_shape(arch, **changes))
         ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
         latent = get_engine(run["engine"]).caches_latent(int(_flag(run, "-mla") or 0) or None)
         planned = (
@@ -300,7 +301,7 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
 def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
     """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB,
     not 2."""
-    facts = shape_facts(seed_shape("deepseek2", layers=8, experts=32))
+    facts = shape_facts(synth_shape("deepseek2", layers=8, experts=32))
     estimate = gpu_compute("ik_llama.cpp", facts, 32768, 2048, latent=True)
     assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB
     # R1 without the latent cache was never measured: the estimate says so.
@@ -326,11 +327,11 @@ def test_a_real_vocabulary_is_iks_output_stage_and_not_mainlines() -> None:
     assert ik == 2048 * (151936 + 2 * 4096) * 4
     byte_level = _logged(runs["llama.cpp:q235-8:ctx=16384"], "CUDA0", ("compute",))
     assert _logged(runs["llama.cpp:q235-8-v:ctx=16384"], "CUDA0", ("compute",)) == byte_level
-    qn = replace(shape_facts(seed_shape("qwen3next", layers=8, experts=128)), vocab=151936)
+    qn = replace(shape_facts(synth_shape("qwen3next", layers=8, experts=128)), vocab=151936)
     estimate = gpu_compute("ik_llama.cpp", qn, 32768, 2048, latent=False)
     assert estimate.bytes == 2048 * (151936 + 2 * 2048) * 4 and "output stage" in estimate.basis
     assert gpu_compute("llama.cpp", qn, 32768, 2048, latent=False).bytes < 0.3 * GIB
-    r1 = replace(shape_facts(seed_shape("deepseek2", layers=8, experts=32)), vocab=129280)
+    r1 = replace(shape_facts(synth_shape("deepseek2", layers=8, experts=32)), vocab=129280)
     assert gpu_compute("ik_llama.cpp", r1, 32768, 2048, latent=True).bytes > 6.5 * GIB
 
 
@@ -345,9 +346,9 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
         r"CUDA0 compute buffer size =\s+([\d.]+) MiB",
     )
     assert ik_32 == 288 * 1024**2
-    q235 = shape_facts(seed_shape("qwen3moe", layers=8, experts=32))
+    q235 = shape_facts(synth_shape("qwen3moe", layers=8, experts=32))
     assert gpu_compute("ik_llama.cpp", q235, 16384, 512, latent=False).bytes == pytest.approx(ik_32, rel=0.01)
-    q235_128 = shape_facts(seed_shape("qwen3moe", layers=8, experts=128))
+    q235_128 = shape_facts(synth_shape("qwen3moe", layers=8, experts=128))
     growth = gpu_compute("ik_llama.cpp", q235_128, 16384, 512, latent=False).bytes - ik_32
     assert growth == pytest.approx(2 * 96 * 4096 * 1536 * 18 // 32, rel=0.01)
     runs = {run["case"]: run for run in _device_runs()}
@@ -357,7 +358,7 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
             for model in ("r1-8", "r1-8-e64")
         ]
         assert abs(logged[0] - logged[1]) < 1024**2, (engine, logged)
-    full = shape_facts(seed_shape("deepseek2"))
+    full = shape_facts(synth_shape("deepseek2"))
     mainline = gpu_compute("llama.cpp", full, 32768, 2048, latent=True)
     assert mainline.bytes > 2016 * 1024**2 and not mainline.measured and "MoE stage" in mainline.basis
     ik = gpu_compute("ik_llama.cpp", full, 32768, 2048, latent=True)
@@ -366,7 +367,7 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
         and ik.bytes
         == gpu_compute(
             "ik_llama.cpp",
-            shape_facts(seed_shape("deepseek2", layers=8, experts=32)),
+            shape_facts(synth_shape("deepseek2", layers=8, experts=32)),
             32768,
             2048,
             latent=True,
@@ -376,12 +377,12 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
 
 def test_k_and_v_of_different_types_are_sized_apart() -> None:
     """Per attention layer and token: K rows of K's type, V rows of V's (the MLA latent: K's alone)."""
-    facts = shape_facts(seed_shape("qwen3moe", layers=4, experts=8))
+    facts = shape_facts(synth_shape("qwen3moe", layers=4, experts=8))
     same = kv_cache_bytes(facts, 4096, "q8_0", mla=False)
     mixed = kv_cache_bytes(facts, 4096, "q8_0", mla=False, cache_type_v="q4_0")
     rows = facts.kv_heads * 4096 * facts.cached_layers
     assert same - mixed == int(rows * facts.value_dim * (34 - 18) / 32)
-    r1 = shape_facts(seed_shape("deepseek2", layers=4, experts=8))
+    r1 = shape_facts(synth_shape("deepseek2", layers=4, experts=8))
     assert kv_cache_bytes(r1, 4096, "q8_0", mla=True, cache_type_v="q4_0") == kv_cache_bytes(
         r1, 4096, "q8_0", True
     )
@@ -409,7 +410,7 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
     2 GiB (which refused 5.2 GiB that the engine's own fit used, on the H200)."""
     ik = get_engine("ik_llama.cpp")
     assert ik.caches_latent(None) and ik.caches_latent(3) and not ik.caches_latent(0)
-    facts = shape_facts(seed_shape("deepseek2"))
+    facts = shape_facts(synth_shape("deepseek2"))
     latent = kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(None))
     assert latent * 50 < kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(0))
     assert not gpu_compute(

@@ -7,11 +7,11 @@ import pytest
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
 from builder.models.planner import GIB, VramShortfall, plan
+from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts
-from builder.models.synth_shapes import seed_shape
 from builder.stacks.vram_levers import GpuDemand, advice, enough, levers
 
-QWEN3_235B = shape_facts(seed_shape("qwen3moe", quant="Q8_0"))
+QWEN3_235B = shape_facts(synth_shape("qwen3moe", quant="Q8_0"))
 
 
 def _refusal(demand: GpuDemand, vram_gib: int) -> VramShortfall:

@@ -1,0 +1,234 @@
+"""The MoE families people run beside the seed's three, as random-weight GGUFs write them: each
+shape's keys and tensor table as both pinned llama.cpp engines load them (ik_llama.cpp's
+src/llama-load-tensors.cpp and llama-hparams.cpp, mainline's src/models/<arch>.cpp), real widths by
+default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
+
+- glm4moe (GLM-4.5/4.6/4.7): grouped-query attention with q/k/v biases and per-head q/k norms, partial
+  rotary (half the head), dense leading layers, one shared expert, sigmoid routing with an expert bias,
+  one NextN (multi-token-prediction) block after the others that both engines skip unless MTP is on.
+- gpt-oss (gpt-oss-120b): attention sinks, biases on q/k/v/o, the router and every expert, sliding-window
+  attention on alternate layers, a query width (heads x 64) apart from the hidden width. Real files hold
+  MXFP4 experts; these hold Q8_0/Q4_0 (what moe-stack's writer makes).
+- minimax-m2 (MiniMax-M2 and its successors): q/k norms over all heads' width, not per head; sigmoid
+  routing with an expert bias; no shared expert; both engines read the expert width as
+  feed_forward_length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import gguf
+
+from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES, DeepSeek2Shape, MoeShape, Tensor
+
+
+@dataclass(frozen=True)
+class Glm4MoeShape(MoeShape):
+    arch: ClassVar[str] = "glm4moe"
+    dense_layers: int = 1
+    dense_ffn: int = 512
+    shared_experts: int = 1
+    nextn_layers: int = 1
+    qk_norm: bool = True  # GLM-4.5/4.6/4.7 have them, GLM-4.5-Air not
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.dense_layers < self.layers or self.nextn_layers not in (0, 1):
+            raise ValueError("glm4moe needs dense_layers < layers and 0 or 1 NextN layer")
+
+    @property
+    def dense_width(self) -> int:
+        return self.dense_ffn
+
+    @property
+    def blocks(self) -> int:
+        return self.layers + self.nextn_layers
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        writer.add_rope_dimension_count(self.head_dim // 2)  # partial_rotary_factor 0.5
+        writer.add_leading_dense_block_count(self.dense_layers)
+        writer.add_expert_shared_count(self.shared_experts)
+        writer.add_expert_weights_scale(2.5)
+        writer.add_expert_weights_norm(True)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if self.nextn_layers:
+            writer.add_uint32(f"{self.arch}.nextn_predict_layers", self.nextn_layers)
+
+    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
+        yield from super().tensors(n_vocab)
+        h = self.hidden
+        for i in range(self.layers, self.blocks):
+            yield from self.layer(i)
+            yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
+            yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
+            yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
+            yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        p, h = f"blk.{i}", self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield from _biased_attention(p, h, q, kv)
+        yield f"{p}.attn_output.weight", (q, h), "quant"
+        if self.qk_norm:
+            yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
+            yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+        yield f"{p}.post_attention_norm.weight", (h,), "norm"
+        if i < self.dense_layers:
+            yield f"{p}.ffn_gate.weight", (h, self.dense_ffn), "quant"
+            yield f"{p}.ffn_up.weight", (h, self.dense_ffn), "quant"
+            yield f"{p}.ffn_down.weight", (self.dense_ffn, h), "quant"
+            return
+        yield from self.routed_experts(i)
+        yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
+        shared = self.expert_ffn * self.shared_experts
+        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
+        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
+        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+
+
+@dataclass(frozen=True)
+class GptOssShape(MoeShape):
+    arch: ClassVar[str] = "gpt-oss"
+    sliding_window: int = 128
+    rope_base: float = 150_000.0
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        writer.add_sliding_window(self.sliding_window)
+        # YaRN x32 from 4096 tokens (the model's config.json rope_scaling)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(32.0)
+        writer.add_rope_scaling_orig_ctx_len(4096)
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        p, h = f"blk.{i}", self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield f"{p}.post_attention_norm.weight", (h,), "norm"
+        yield from _biased_attention(p, h, q, kv)
+        yield f"{p}.attn_output.weight", (q, h), "quant"
+        yield f"{p}.attn_output.bias", (h,), "f32"
+        yield f"{p}.attn_sinks.weight", (self.heads,), "f32"
+        yield from self.routed_experts(i)
+        yield f"{p}.ffn_gate_inp.bias", (self.experts,), "f32"
+        yield f"{p}.ffn_gate_exps.bias", (self.expert_ffn, self.experts), "f32"
+        yield f"{p}.ffn_up_exps.bias", (self.expert_ffn, self.experts), "f32"
+        yield f"{p}.ffn_down_exps.bias", (h, self.experts), "f32"
+
+
+@dataclass(frozen=True)
+class MiniMaxM2Shape(MoeShape):
+    arch: ClassVar[str] = "minimax-m2"
+    rope_base: float = 5_000_000.0
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        writer.add_rope_dimension_count(self.head_dim // 2)  # rotary_dim 64 of 128
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        p, h = f"blk.{i}", self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield f"{p}.attn_q.weight", (h, q), "quant"
+        yield f"{p}.attn_k.weight", (h, kv), "quant"
+        yield f"{p}.attn_v.weight", (h, kv), "quant"
+        yield f"{p}.attn_output.weight", (q, h), "quant"
+        yield f"{p}.attn_q_norm.weight", (q,), "norm"
+        yield f"{p}.attn_k_norm.weight", (kv,), "norm"
+        yield f"{p}.ffn_norm.weight", (h,), "norm"
+        yield from self.routed_experts(i)
+        yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
+
+
+def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
+    yield f"{p}.attn_q.weight", (h, q), "quant"
+    yield f"{p}.attn_k.weight", (h, kv), "quant"
+    yield f"{p}.attn_v.weight", (h, kv), "quant"
+    yield f"{p}.attn_q.bias", (q,), "f32"
+    yield f"{p}.attn_k.bias", (kv,), "f32"
+    yield f"{p}.attn_v.bias", (kv,), "f32"
+
+
+# Full size, from the models' configs (MOE-FAMILIES.md §2).
+FAMILY_SHAPES: dict[str, MoeShape] = {
+    # GLM-4.6: 92 layers (3 dense, 12288 wide) + 1 NextN, 96 query / 8 KV heads of 128, 160 experts of
+    # 1536 and one shared, top-8.
+    "glm4moe": Glm4MoeShape(
+        layers=92,
+        hidden=5120,
+        heads=96,
+        kv_heads=8,
+        head_dim=128,
+        expert_ffn=1536,
+        experts=160,
+        experts_used=8,
+        context=202752,
+        quant="Q4_0",
+        dense_layers=3,
+        dense_ffn=12288,
+    ),
+    # gpt-oss-120b: 36 layers, 64 query / 8 KV heads of 64, 128 experts of 2880, top-4.
+    "gpt-oss": GptOssShape(
+        layers=36,
+        hidden=2880,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        expert_ffn=2880,
+        experts=128,
+        experts_used=4,
+        context=131072,
+        quant="Q4_0",
+    ),
+    # MiniMax-M2: 62 layers, 48 query / 8 KV heads of 128, 256 experts of 1536, top-8.
+    "minimax-m2": MiniMaxM2Shape(
+        layers=62,
+        hidden=3072,
+        heads=48,
+        kv_heads=8,
+        head_dim=128,
+        expert_ffn=1536,
+        experts=256,
+        experts_used=8,
+        context=196608,
+        quant="Q4_0",
+    ),
+}
+# Small models of each, for the suite's CPU stacks; the real models' training contexts.
+FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
+    "glm4moe": Glm4MoeShape(layers=3, context=FAMILY_SHAPES["glm4moe"].context),
+    # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.
+    "gpt-oss": GptOssShape(heads=8, context=FAMILY_SHAPES["gpt-oss"].context),
+    "minimax-m2": MiniMaxM2Shape(context=FAMILY_SHAPES["minimax-m2"].context),
+}
+
+# Every architecture synth-moe writes: the seed's three, then the families.
+SHAPES: dict[str, MoeShape] = {**SEED_SHAPES, **FAMILY_SHAPES}
+TINY: dict[str, MoeShape] = {**TINY_SHAPES, **FAMILY_TINY_SHAPES}
+
+
+def synth_shape(arch: str, tiny: bool = False, **changes: object) -> MoeShape:
+    """An architecture's full-size (or tiny) shape with `changes` (ValueError names what is wrong). Fewer
+    layers keep as many dense leading layers as still leave one MoE layer."""
+    shapes = TINY if tiny else SHAPES
+    if arch not in shapes:
+        raise ValueError(f"unknown architecture {arch!r}: choose one of {', '.join(shapes)}")
+    shape = shapes[arch]
+    if isinstance(shape, DeepSeek2Shape | Glm4MoeShape) and "dense_layers" not in changes:
+        layers = int(str(changes.get("layers", shape.layers)))
+        changes["dense_layers"] = min(shape.dense_layers, layers - 1)
+    if "experts" in changes and "experts_used" not in changes:
+        changes["experts_used"] = min(shape.experts_used, int(str(changes["experts"])))
+    if isinstance(shape, DeepSeek2Shape) and shape.expert_groups and "experts" in changes:
+        experts, used = int(str(changes["experts"])), int(str(changes["experts_used"]))
+        per_group = experts // shape.expert_groups
+        if experts % shape.expert_groups or used > shape.groups_used * per_group:
+            changes.setdefault("expert_groups", 0)  # too few experts to group: plain top-k
+            changes.setdefault("groups_used", 0)
+    return replace(shape, **changes)  # type: ignore[arg-type]

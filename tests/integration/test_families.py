@@ -1,0 +1,84 @@
+"""The MoE families beyond the seed's three (GLM-4.x, gpt-oss, MiniMax-M2), each as `synth-moe --tiny`
+writes it, served by both llama.cpp engines' CPU images through `compose` with no preset (what a user
+of such a model gets today): healthy, a completion and a chat answered, the plan's KV cache what the
+engine allocated."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from python_on_whales import DockerClient
+
+from builder.engines import get_engine
+from builder.host.probe import probe
+from builder.images.image_facts import read_image_facts
+from builder.models.planner import kv_cache_bytes, read_facts
+from builder.models.synth_families import FAMILY_TINY_SHAPES
+from builder.models.synth_moe import write_moe_gguf
+from builder.spec import EngineOptions
+from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.demo import chat, complete
+from builder.stacks.host_checks import free_local_port
+from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
+
+pytestmark = pytest.mark.integration
+
+CASES = [(arch, engine) for arch in FAMILY_TINY_SHAPES for engine in ENGINES]
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("family-models")
+    directory.chmod(0o755)  # the engine runs as uid 10001
+    models = {}
+    for arch, shape in FAMILY_TINY_SHAPES.items():
+        models[arch] = write_moe_gguf(directory / f"tiny-{arch}.gguf", shape)
+        models[arch].chmod(0o644)
+    return models
+
+
+@pytest.mark.parametrize(("arch", "engine"), CASES, ids=[f"{a}-{e}" for a, e in CASES])
+def test_family_serves_without_a_preset(
+    arch: str, engine: str, base_image: str, family_models: dict[str, Path], tmp_path: Path
+) -> None:
+    image = build_engine_image(engine, "avx2", base_image)
+    port = free_local_port()
+    verbose = ("-lv", "4") if "-lv" in read_image_facts(image.tag).server_flags else ()  # mainline's KV log
+    options = StackOptions(
+        model=family_models[arch],
+        engine=engine,
+        image=image.tag,
+        port=port,
+        threads=2,
+        project=f"mst-family-{uuid.uuid4().hex[:8]}",
+        engine_options=EngineOptions(ctx_size=4096),
+        engine_args=verbose,
+    )
+    stack_plan = plan_stack(options, probe())
+    assert stack_plan.facts is not None, "checked against the image's flag contract"
+    document = compose_dict(stack_plan.stack, "pytest: compose, no preset", stack_plan.facts)
+    compose_file = write_stack(document, tmp_path / "compose.yaml")
+    with contextlib.ExitStack() as served:
+        serve_stack(served, compose_file, port, wait_s=240)
+        answer = complete(port, "hello the model", max_tokens=8)
+        assert answer.completion_tokens == 8 and answer.text, answer
+        reply = chat(port, "What is an expert?", max_tokens=8)
+        assert reply.completion_tokens > 0 and reply.text, reply
+        logs = DockerClient(compose_files=[compose_file]).compose.logs()
+    facts = read_facts(family_models[arch])
+    shape = FAMILY_TINY_SHAPES[arch]
+    assert facts.arch == arch and facts.expert_layers == shape.blocks - getattr(shape, "dense_layers", 0)
+    planned = kv_cache_bytes(facts, 4096, "f16", get_engine(engine).caches_latent(None))
+    logged = sum(float(mib) for mib in re.findall(r"CPU KV buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
+    assert logged, logs[-2000:]
+    if arch == "gpt-oss" and engine == "llama.cpp":
+        # Mainline caches the sliding-window layers (every other one) for the window only: the plan,
+        # which counts every layer at the full context, is an upper bound there (not yet windowed).
+        assert logged < planned, (planned, logged)
+    else:
+        assert abs(planned - logged) <= 0.10 * logged, (planned, logged)
