@@ -230,7 +230,7 @@ def render(
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
     spec = image_spec(
-        engine,
+        get_engine(engine),
         cpu,
         ref=ref,
         base=_bases(base_image, build_base, runtime_base, cuda_base),
@@ -322,9 +322,10 @@ def build(
     if channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", channel):
         raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
     display = _progress(progress)
-    tree = resolve_local(get_engine(engine), source) if source else None
+    adapter = get_engine(engine)
+    tree = resolve_local(adapter, source) if source else None
     spec = image_spec(
-        engine,
+        adapter,
         cpu,
         tree,
         ref,
@@ -369,7 +370,9 @@ def cmake_args(
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    spec = image_spec(
+        get_engine(engine), cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base)
+    )
     for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")
@@ -674,7 +677,7 @@ def kt_convert(
 
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
-    name = image or image_tag(default_image_spec("ktransformers", True, driver))
+    name = image or image_tag(default_image_spec(get_engine("ktransformers"), True, driver))
     checkpoint = read_checkpoint(user_path(model).resolve())
     plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
     client = docker()

@@ -94,6 +94,12 @@ class Engine(ABC):
     routes_models: bool = False
     # The build targets its tools image adds beside the server (none: it has no tools image).
     tool_targets: tuple[str, ...] = ()
+    # Build minutes on a 2-core machine, for CI's job timeout (images/matrix.py): its CPU-only compile,
+    # and its CUDA compile as a multiple of mainline's (MAINLINE_CUDA_MINUTES there). Mainline's figures
+    # (bench/results/local-2026-11-30.md, P5: a cold CPU compile in 213 s), which a llama.cpp fork
+    # takes unless it measures its own.
+    compile_minutes_cpu: float = 4.0
+    cuda_compile_factor: float = 1.0
 
     # -- source -------------------------------------------------------------------------------
     @property

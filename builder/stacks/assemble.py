@@ -147,8 +147,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     stack = StackSpec(
         project=options.project or project_name_for(model),
         engine=adapter.name,
-        image=options.image
-        or image_tag(default_image_spec(adapter.name, options.gpu != "none", driver, flags)),
+        image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
         model=model,
         port=options.port,
         bind=options.bind,

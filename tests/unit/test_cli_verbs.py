@@ -9,6 +9,7 @@ import gguf
 import pytest
 import yaml
 
+from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
@@ -120,7 +121,7 @@ def test_cmake_args_match_the_image(tmp_path: Path) -> None:
         "--no-ccache",
     )
     assert result.returncode == 0, result.stderr
-    spec = image_spec("ik_llama.cpp", "sapphirerapids", cuda=cuda_target("13.0", (90,)))
+    spec = image_spec(get_engine("ik_llama.cpp"), "sapphirerapids", cuda=cuda_target("13.0", (90,)))
     assert result.stdout.splitlines() == [a for a in configure_args(spec) if "_COMPILER_LAUNCHER=" not in a]
 
 
