@@ -129,7 +129,7 @@ def options_for(case: Case, model: Path) -> StackOptions:
     case's placement options."""
     return StackOptions(
         model=model,
-        engine=case.engine,
+        engine=get_engine(case.engine),
         preset=MODELS[case.model][0] if case.preset else None,
         gpu="nvidia",
         numa="none",
