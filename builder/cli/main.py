@@ -766,10 +766,10 @@ def plan_memory(
     model = adapter.check_model(model)
     facts = adapter.model_format.facts(model)
     latent = adapter.caches_latent(3 if mla else None)
-    compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
-    pool = prefill_pool(adapter.name, facts, ctx_size, ubatch_size, latent)
+    compute = gpu_compute(adapter, facts, ctx_size, ubatch_size, latent)
+    pool = prefill_pool(adapter, facts, ctx_size, ubatch_size, latent)
     draft = draft_vram_bytes(checked_speculative(given, model, adapter), adapter, ctx_size, ubatch_size)
-    demand = GpuDemand(adapter.name, facts, ctx_size, ubatch_size, cache_type, latent)
+    demand = GpuDemand(adapter, facts, ctx_size, ubatch_size, cache_type, latent)
     result = vram_plan(
         demand, [int(v * GIB) for v in vrams], int(ram_gb * GIB), int(vram_margin_gb * GIB), draft
     )

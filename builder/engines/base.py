@@ -8,6 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
@@ -99,6 +100,9 @@ class Engine(ABC):
     # (bench/results/local-2026-11-30.md, P5: a cold CPU compile in 213 s), which a llama.cpp fork
     # takes unless it measures its own.
     compile_minutes_cpu: float = 4.0
+    # Its CUDA buffers as its logs measured them, for the VRAM a plan keeps free (engines/compute_buffers.py;
+    # none measured: a flat estimate).
+    buffer_fits: BufferFits = BufferFits()
     cuda_compile_factor: float = 1.0
 
     # -- source -------------------------------------------------------------------------------

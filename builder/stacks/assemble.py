@@ -191,7 +191,7 @@ def _vram_plan(
 ) -> Plan:
     """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model counted."""
     demand = GpuDemand(
-        engine=adapter.name,
+        engine=adapter,
         facts=adapter.model_format.facts(model),
         ctx=given.ctx_size,
         ubatch=given.ubatch_size or DEFAULT_UBATCH,

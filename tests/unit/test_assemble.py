@@ -101,7 +101,7 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
     held = (
         facts.gpu_weight_bytes
         + kv_cache_bytes(facts, 16384, "q8_0", mla=False)
-        + gpu_reserve("llama.cpp", facts, 16384, 2048, latent=False)
+        + gpu_reserve(get_engine("llama.cpp"), facts, 16384, 2048, latent=False)
     )
     vram_gb = (held + DEFAULT_VRAM_MARGIN + 3.5 * facts.expert_bytes[0]) / GIB  # the margin kept free
     options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")

@@ -78,7 +78,9 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     # Each: llama.cpp's compute reserve for this model (-ub 512, 512 tokens) and 0.003 GiB: the layers'
     # share of attention and a 512-token cache, and the experts of layers 0 and 1 on the first GPU
     # (layer 2's stay in RAM), of layer 3 on the second
-    vram_gb = (gpu_reserve("llama.cpp", read_facts(model), 512, 512, latent=False) + 1.003 * GIB) / GIB
+    vram_gb = (
+        gpu_reserve(get_engine("llama.cpp"), read_facts(model), 512, 512, latent=False) + 1.003 * GIB
+    ) / GIB
     options = StackOptions(
         model=model,
         gpu="nvidia",
