@@ -776,7 +776,7 @@ def plan_memory(
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
     # it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).
-    beside = beside_model_bytes(adapter.name)
+    beside = beside_model_bytes(adapter)
     if as_json:
         sys.stdout.write(
             json.dumps(
@@ -807,7 +807,7 @@ def plan_memory(
                     "draft_bytes": draft,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
-                    "prompt_cache_bytes": prompt_cache_bytes(adapter.name),
+                    "prompt_cache_bytes": prompt_cache_bytes(adapter),
                     "ram_total_bytes": result.cpu_bytes + beside,
                 }
             )
