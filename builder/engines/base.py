@@ -105,6 +105,13 @@ class Engine(ABC):
     buffer_fits: BufferFits = BufferFits()
     cuda_compile_factor: float = 1.0
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Buffer fits are measured for one engine: a subclass (a fork) that declares none of its own
+        plans with the flat estimate, not with the fits of the engine it derives from."""
+        super().__init_subclass__(**kwargs)
+        if "buffer_fits" not in cls.__dict__:
+            cls.buffer_fits = BufferFits()
+
     # -- source -------------------------------------------------------------------------------
     @property
     def default_ref(self) -> str:
