@@ -50,7 +50,7 @@ def main() -> None:
         tree = Path(tmp) / "tree"
         shutil.copytree(resolve_local(engine, f"pypi:{engine.sdist}"), tree, symlinks=True)
         spec = image_spec(
-            engine.name, options.cpu, tree=tree, ref="bench-p5", base=BaseImages(build=base, runtime=base)
+            engine, options.cpu, tree=tree, ref="bench-p5", base=BaseImages(build=base, runtime=base)
         )
         timed_build(spec, tree, "prime")  # whatever state the cache was in
         label_only = timed_build(spec, tree, "label-only")  # same tree: only the `created` label differs

@@ -32,15 +32,16 @@ def hybrid_quant_facts(arch: str) -> ModelFacts:
 def cell(preset: str, engine: str, facts: ModelFacts, card_gib: int) -> str:
     """One card's outcome: the experts it takes, or the change that makes the preset fit."""
     options = get_preset(preset).engine_options(engine)
+    adapter = get_engine(engine)
     demand = GpuDemand(
-        engine,
+        adapter,
         facts,
         options.ctx_size,
         options.ubatch_size or DEFAULT_UBATCH,
         options.cache_type or "f16",
-        get_engine(engine).caches_latent(options.mla),
+        adapter.caches_latent(options.mla),
     )
-    reserve = gpu_reserve(engine, facts, demand.ctx, demand.ubatch, demand.latent)
+    reserve = gpu_reserve(adapter, facts, demand.ctx, demand.ubatch, demand.latent)
     try:
         vram, ram = card_gib * GIB, 4096 * GIB
         fitted = plan(facts, vram, ram, demand.ctx, demand.cache_type, demand.latent, reserve)

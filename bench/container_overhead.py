@@ -50,7 +50,7 @@ def native_server(engine_name: str, cpu: str) -> Path:
     if not binary.exists():
         args = [
             a
-            for a in configure_args(image_spec(engine.name, cpu, tree=tree, ref=engine.sdist_ref))
+            for a in configure_args(image_spec(engine, cpu, tree=tree, ref=engine.sdist_ref))
             if "LAUNCHER" not in a
         ]
         subprocess.run(["cmake", "-S", str(tree), "-B", str(build), "-G", "Ninja", *args], check=True)

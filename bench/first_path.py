@@ -46,7 +46,7 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
     engine = get_engine(engine_name)
     base = ensure_base()
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
-    spec = image_spec(engine.name, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base))
+    spec = image_spec(engine, tree=tree, ref=engine.sdist_ref, base=BaseImages(build=base, runtime=base))
     first_log = cache_dir() / "logs" / f"bench-{engine.slug}-first.log"
     tag = build_image(spec, tree, show=lambda line: None, log_path=first_log)
     cold = compile_seconds(first_log)

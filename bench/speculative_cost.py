@@ -25,6 +25,7 @@ from pathlib import Path
 
 from python_on_whales import DockerClient
 
+from builder.engines import get_engine
 from builder.host.probe import probe
 from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
@@ -66,7 +67,7 @@ def stack_file(
     port = free_local_port()
     stack = StackOptions(
         model=directory / "model.gguf",
-        engine=engine,
+        engine=get_engine(engine),
         image=image,
         port=port,
         threads=max(1, probe().cpu.physical_cores),

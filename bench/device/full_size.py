@@ -129,7 +129,7 @@ def options_for(case: Case, model: Path) -> StackOptions:
     case's placement options."""
     return StackOptions(
         model=model,
-        engine=case.engine,
+        engine=get_engine(case.engine),
         preset=MODELS[case.model][0] if case.preset else None,
         gpu="nvidia",
         numa="none",
@@ -179,8 +179,8 @@ def planned(stack: StackSpec) -> dict[str, object]:
     latent = adapter.caches_latent(stack.mla)
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"
     kv = kv_cache_bytes(facts, ctx, cache, latent, cache_type_v=stack.cache_type_v)
-    compute = gpu_compute(adapter.name, facts, ctx, ubatch, latent)
-    pool = prefill_pool(adapter.name, facts, ctx, ubatch, latent)
+    compute = gpu_compute(adapter, facts, ctx, ubatch, latent)
+    pool = prefill_pool(adapter, facts, ctx, ubatch, latent)
     gpu_layers = experts_on_gpu(stack, facts) if not stack.engine_fit else []
     experts = sum(facts.expert_bytes[layer] for layer in gpu_layers)
     gpu = facts.gpu_weight_bytes + experts + kv + compute.bytes + CUDA_CONTEXT_BYTES + pool

@@ -121,7 +121,7 @@ def install_server(bin_dir: Path) -> Path:
 def image_env(image: str, server: Path) -> dict[str, str]:
     """The environment the stack's image sets (its Dockerfile's ENV), for the variant its tag names."""
     cpu = image.rsplit("-", 1)[-1]
-    spec = image_spec(ENGINE.name, cpu, cuda=cuda_target("12.8"))
+    spec = image_spec(ENGINE, cpu, cuda=cuda_target("12.8"))
     return {
         "PYTHONDONTWRITEBYTECODE": "1",
         "MOE_STACK_ENGINE_BIN": str(server),

@@ -107,7 +107,7 @@ def command(
     host (its physical cores), checked against the build's contract, pointed at the model and a local port."""
     options = StackOptions(
         model=model,
-        engine=engine,
+        engine=get_engine(engine),
         preset=preset,
         gpu="nvidia",
         numa="none",

@@ -230,7 +230,7 @@ def render(
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
     spec = image_spec(
-        engine,
+        get_engine(engine),
         cpu,
         ref=ref,
         base=_bases(base_image, build_base, runtime_base, cuda_base),
@@ -322,9 +322,10 @@ def build(
     if channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", channel):
         raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
     display = _progress(progress)
-    tree = resolve_local(get_engine(engine), source) if source else None
+    adapter = get_engine(engine)
+    tree = resolve_local(adapter, source) if source else None
     spec = image_spec(
-        engine,
+        adapter,
         cpu,
         tree,
         ref,
@@ -369,7 +370,9 @@ def cmake_args(
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    spec = image_spec(
+        get_engine(engine), cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base)
+    )
     for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")
@@ -675,7 +678,7 @@ def kt_convert(
 
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
-    name = image or image_tag(default_image_spec("ktransformers", True, driver))
+    name = image or image_tag(default_image_spec(get_engine("ktransformers"), True, driver))
     checkpoint = read_checkpoint(user_path(model).resolve())
     plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
     client = docker()
@@ -764,17 +767,17 @@ def plan_memory(
     model = adapter.check_model(model)
     facts = adapter.model_format.facts(model)
     latent = adapter.caches_latent(3 if mla else None)
-    compute = gpu_compute(adapter.name, facts, ctx_size, ubatch_size, latent)
-    pool = prefill_pool(adapter.name, facts, ctx_size, ubatch_size, latent)
+    compute = gpu_compute(adapter, facts, ctx_size, ubatch_size, latent)
+    pool = prefill_pool(adapter, facts, ctx_size, ubatch_size, latent)
     draft = draft_vram_bytes(checked_speculative(given, model, adapter), adapter, ctx_size, ubatch_size)
-    demand = GpuDemand(adapter.name, facts, ctx_size, ubatch_size, cache_type, latent)
+    demand = GpuDemand(adapter, facts, ctx_size, ubatch_size, cache_type, latent)
     result = vram_plan(
         demand, [int(v * GIB) for v in vrams], int(ram_gb * GIB), int(vram_margin_gb * GIB), draft
     )
     pinned = adapter.pins_cpu_weights(mmap, gpu=True)
     # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram sizes
     # it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).
-    beside = beside_model_bytes(adapter.name)
+    beside = beside_model_bytes(adapter)
     if as_json:
         sys.stdout.write(
             json.dumps(
@@ -805,7 +808,7 @@ def plan_memory(
                     "draft_bytes": draft,
                     "compute_measured": compute.measured,
                     "cpu_weights": "pinned" if pinned else "mapped",
-                    "prompt_cache_bytes": prompt_cache_bytes(adapter.name),
+                    "prompt_cache_bytes": prompt_cache_bytes(adapter),
                     "ram_total_bytes": result.cpu_bytes + beside,
                 }
             )

@@ -669,7 +669,7 @@ def demo(
     base_image = ensure_base()
     tree = resolve_local(adapter, source or f"pypi:{adapter.sdist}")
     spec = image_spec(
-        adapter.name,
+        adapter,
         tree=tree,
         ref=adapter.sdist_ref if source is None else "local",
         base=BaseImages(build=base_image, runtime=base_image),

@@ -84,7 +84,7 @@ def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_
     adapter = get_engine(engine)
     repo = repository(naming.repository(prefix, adapter.name))
     offered = offered_variants(repo)
-    wanted = ref or short_ref(image_spec(adapter.name).ref)
+    wanted = ref or short_ref(image_spec(adapter).ref)
     at_ref = [o for o in offered if o.ref == wanted]
     if not offered:
         raise RegistryError(no_variants(repo.name, prefix))

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer
+
 from builder.engines.base import Engine
 from builder.engines.ik_llama_cpp import IkLlamaCpp
 from builder.engines.ktransformers import KTransformers, KTransformersLegacy
@@ -22,6 +26,16 @@ def get_engine(name: str) -> Engine:
         raise SpecError(f"unknown engine {name!r}: choose one of {', '.join(_ENGINES)}") from None
 
 
+def _adapter(value: object) -> object:
+    """A name read at an edge (an option, a file, a label) as its adapter; an adapter as itself."""
+    return get_engine(value) if isinstance(value, str) else value
+
+
+# A model field holding an engine's adapter: validated from its name, written as its name. The specs in
+# builder.spec sit below the adapters and keep the name; a model above them (a stack's options) holds this.
+EngineField = Annotated[Engine, BeforeValidator(_adapter), PlainSerializer(lambda e: e.name, return_type=str)]
+
+
 def engine_names() -> list[str]:
     return list(_ENGINES)
 
@@ -38,4 +52,4 @@ def bench_engine(name: str) -> LlamaFamilyEngine:
     return engine
 
 
-__all__ = ["Engine", "bench_engine", "engine_names", "get_engine"]
+__all__ = ["Engine", "EngineField", "bench_engine", "engine_names", "get_engine"]

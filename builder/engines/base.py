@@ -8,6 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
@@ -94,6 +95,22 @@ class Engine(ABC):
     routes_models: bool = False
     # The build targets its tools image adds beside the server (none: it has no tools image).
     tool_targets: tuple[str, ...] = ()
+    # Build minutes on a 2-core machine, for CI's job timeout (images/matrix.py): its CPU-only compile,
+    # and its CUDA compile as a multiple of mainline's (MAINLINE_CUDA_MINUTES there). Mainline's figures
+    # (bench/results/local-2026-11-30.md, P5: a cold CPU compile in 213 s), which a llama.cpp fork
+    # takes unless it measures its own.
+    compile_minutes_cpu: float = 4.0
+    # Its CUDA buffers as its logs measured them, for the VRAM a plan keeps free (engines/compute_buffers.py;
+    # none measured: a flat estimate).
+    buffer_fits: BufferFits = BufferFits()
+    cuda_compile_factor: float = 1.0
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """Buffer fits are measured for one engine: a subclass (a fork) that declares none of its own
+        plans with the flat estimate, not with the fits of the engine it derives from."""
+        super().__init_subclass__(**kwargs)
+        if "buffer_fits" not in cls.__dict__:
+            cls.buffer_fits = BufferFits()
 
     # -- source -------------------------------------------------------------------------------
     @property

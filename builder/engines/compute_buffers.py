@@ -27,9 +27,14 @@ mark) past what the engine held at load: `prefill_pool`.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from builder.models.planner import ModelFacts
+
+if TYPE_CHECKING:
+    from builder.engines.base import Engine
 
 MIB = 1024**2
 KIB = 1024
@@ -41,10 +46,6 @@ UNMEASURED_BYTES = 1024 * MIB
 R1_HEADS = 128
 DEFAULT_UBATCH = 512  # both engines' -ub when a stack doesn't set one
 F16_MASK_BYTES = 2  # the attention mask: ubatch x context, f16 (mainline's fits show exactly this term)
-# Expert tensors copied at once for an offloaded op: mainline's MUL_MAT_ID takes one weight, ik's fused
-# up/gate two (ik's CPU build, which copies nothing, logged the 544 MiB of activations that ik's CUDA
-# 760 MiB less two 108 MiB tensors leaves; Qwen3-235B widths, 32 experts, 16k/2048).
-COPIED_EXPERT_TENSORS = {"llama.cpp": 1, "ik_llama.cpp": 2}
 # One routed-expert tensor (ffn_up/gate/down_exps of a layer) of the slices the fits were measured on:
 # 32 (R1, Qwen3-235B) or 128 (Qwen3-Next) experts of the real widths, Q4_0 (18 bytes per 32 weights).
 SLICE_EXPERT_TENSOR_BYTES = {
@@ -80,17 +81,34 @@ class ComputeEstimate:
     basis: str  # what it was fitted to, for the plan's output
 
 
-def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
+# The layers' stage as an engine's slices logged it, their expert copy in it, for a model's facts, the
+# context, the micro-batch and whether the cache is MLA's latent: its size, whether (ctx, ubatch) is in the
+# range it was measured over, its basis (None: never measured for that architecture).
+LayerFit = Callable[["ModelFacts", int, int, bool], "tuple[int, bool, str] | None"]
+
+
+@dataclass(frozen=True)
+class BufferFits:
+    """What an engine's logs measured of its CUDA buffers (its adapter's `buffer_fits`)."""
+
+    layers: LayerFit | None = None  # None: never measured, a flat estimate stands
+    copied_expert_tensors: int = 1  # expert tensors an offloaded op copies at once
+    logits_in_buffer: bool = False  # a full micro-batch's logits in the buffer (`output_stage`)
+    pool_grows: bool = False  # prefill grows its CUDA pool past the context's allowance (`prefill_pool`)
+
+
+def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
     """The engine's CUDA compute buffer for a stack of `facts` at `ctx` tokens and micro-batch `ubatch`
     (`latent`: the MLA cache)."""
-    fitted = layer_stage(engine, facts, ctx, ubatch, latent)
+    fits = engine.buffer_fits
+    fitted = fits.layers(facts, ctx, ubatch, latent) if fits.layers is not None else None
     if fitted is None:
         return ComputeEstimate(
             UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate"
         )
     logged, measured, basis = fitted
-    slice_copy = expert_copy(engine, facts.arch, SLICE_EXPERT_TENSOR_BYTES[facts.arch])
-    model_copy = expert_copy(engine, facts.arch, max(facts.expert_bytes, default=0) // 3)
+    slice_copy = expert_copy(fits, facts.arch, SLICE_EXPERT_TENSOR_BYTES[facts.arch])
+    model_copy = expert_copy(fits, facts.arch, max(facts.expert_bytes, default=0) // 3)
     stage = logged
     if PEAKS_IN_MOE[facts.arch] and model_copy != slice_copy:
         stage = max(0, logged - slice_copy) + model_copy
@@ -104,7 +122,7 @@ def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: b
                 f"prefill's MoE stage: this model's expert copy ({size_mib(model_copy)}) and activations, "
                 f"from the sources, larger than attention's ({basis})"
             )
-    output = output_stage(engine, facts, ubatch)
+    output = output_stage(fits, facts, ubatch)
     if output > stage:
         return ComputeEstimate(  # its form held to the MiB (Qwen3's vocabulary, -ub 2048, H200)
             output,
@@ -115,59 +133,70 @@ def gpu_compute(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: b
     return ComputeEstimate(stage, measured, basis)
 
 
-def layer_stage(
-    engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool
-) -> tuple[int, bool, str] | None:
-    """The layers' stage as the slices logged it, their expert copy in it; whether (ctx, ubatch) is in
-    the range it was measured over; its basis (None: never measured)."""
+def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
+    """ik_llama.cpp's layers' stage (a LayerFit)."""
     if facts.arch == "deepseek2" and latent:
         heads = (facts.heads or R1_HEADS) / R1_HEADS
-        if engine == "ik_llama.cpp":
-            # -mla 3 decompresses the whole cache for prefill: a term in the context. Fitted to 6888 MiB at
-            # 32k/2048, 6330 at 32k/512, 1928 at 8k/2048; checked at 16k/1024 (predicted 3396, logged 3412).
-            size = 275.1 * MIB + heads * (ctx * 0.17910 * MIB + ubatch * ctx * 11.63)
-            return int(size), True, "ik_llama.cpp -mla 3 on DeepSeek-R1 widths (H200, 3 points and a check)"
-        if engine == "llama.cpp":
-            inside = MAINLINE_R1_LAYERS_MIB[0][0] <= ubatch <= MAINLINE_R1_LAYERS_MIB[-1][0]
-            size = interpolate(MAINLINE_R1_LAYERS_MIB, ubatch) * MIB + ubatch * ctx * F16_MASK_BYTES
-            return int(size), inside, "llama.cpp on DeepSeek-R1 widths (H200, 4 points; -ub 512-2048)"
-    if facts.arch == "qwen3next" and engine in ("ik_llama.cpp", "llama.cpp"):
+        # -mla 3 decompresses the whole cache for prefill: a term in the context. Fitted to 6888 MiB at
+        # 32k/2048, 6330 at 32k/512, 1928 at 8k/2048; checked at 16k/1024 (predicted 3396, logged 3412).
+        size = 275.1 * MIB + heads * (ctx * 0.17910 * MIB + ubatch * ctx * 11.63)
+        return int(size), True, "ik_llama.cpp -mla 3 on DeepSeek-R1 widths (H200, 3 points and a check)"
+    if facts.arch == "qwen3next":
         # The same at -ub 512 and 2048 (the recurrent layers split the batch themselves), linear in the
-        # context: 8k, 32k and 131k, within 3 % (mainline 165/225/513 MiB, ik 233/257/363).
-        base, per_token = {"ik_llama.cpp": (222.85, 1.0893), "llama.cpp": (136.79, 2.9286)}[engine]
-        size = base * MIB + ctx * per_token * KIB
-        return int(size), True, f"{engine} on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
-    if facts.arch == "qwen3moe" and engine == "llama.cpp":
-        # 244 MiB at 16k/512, 908 at 16k/2048; 972 at 32k/2048 is the mask term's check (+64 MiB).
-        size = 22.7 * MIB + ubatch * 0.40106 * MIB + ubatch * ctx * F16_MASK_BYTES
-        return int(size), 512 <= ubatch <= 2048, "llama.cpp on Qwen3-235B widths (H200, 3 points)"
-    if facts.arch == "qwen3moe" and engine == "ik_llama.cpp":
+        # context: 8k, 32k and 131k, within 3 % (ik 233/257/363 MiB).
+        size = 222.85 * MIB + ctx * 1.0893 * KIB
+        return int(size), True, "ik_llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
+    if facts.arch == "qwen3moe":
         # 760 MiB at 16k/2048 with 32 experts; 936 at 16k/512 with 128 (two 432 MiB tensors copied,
         # bench/results/cuda-images-2026-11-30): less their copies, 544 and 72 MiB of activations (ik's
         # CPU build, which copies nothing, logged 544.02 MiB for the 32-expert file at 16k/2048).
         # 288 MiB at 16k/512 with 32 experts checks it (bench/results/seed-models-2026-12-01c).
         activations = max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * MIB
-        size = activations + expert_copy(engine, facts.arch, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
+        size = activations + expert_copy(IK_BUFFERS, facts.arch, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
         return int(size), 512 <= ubatch <= 2048, "ik_llama.cpp on Qwen3-235B widths (H200, 3 points)"
     return None
 
 
-def expert_copy(engine: str, arch: str, tensor_bytes: int) -> int:
+def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
+    """Mainline llama.cpp's layers' stage (a LayerFit)."""
+    if facts.arch == "deepseek2" and latent:
+        inside = MAINLINE_R1_LAYERS_MIB[0][0] <= ubatch <= MAINLINE_R1_LAYERS_MIB[-1][0]
+        size = interpolate(MAINLINE_R1_LAYERS_MIB, ubatch) * MIB + ubatch * ctx * F16_MASK_BYTES
+        return int(size), inside, "llama.cpp on DeepSeek-R1 widths (H200, 4 points; -ub 512-2048)"
+    if facts.arch == "qwen3next":
+        # As ik's (above): mainline 165/225/513 MiB at 8k, 32k and 131k.
+        size = 136.79 * MIB + ctx * 2.9286 * KIB
+        return int(size), True, "llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
+    if facts.arch == "qwen3moe":
+        # 244 MiB at 16k/512, 908 at 16k/2048; 972 at 32k/2048 is the mask term's check (+64 MiB).
+        size = 22.7 * MIB + ubatch * 0.40106 * MIB + ubatch * ctx * F16_MASK_BYTES
+        return int(size), 512 <= ubatch <= 2048, "llama.cpp on Qwen3-235B widths (H200, 3 points)"
+    return None
+
+
+# Mainline's MUL_MAT_ID copies one expert tensor, ik's fused up/gate two (ik's CPU build, which copies
+# nothing, logged the 544 MiB of activations that ik's CUDA 760 MiB less two 108 MiB tensors leaves;
+# Qwen3-235B widths, 32 experts, 16k/2048).
+MAINLINE_BUFFERS = BufferFits(_mainline_layers)
+IK_BUFFERS = BufferFits(_ik_layers, copied_expert_tensors=2, logits_in_buffer=True, pool_grows=True)
+
+
+def expert_copy(fits: BufferFits, arch: str, tensor_bytes: int) -> int:
     """What prefill's offload copies into the compute buffer: `tensor_bytes` (one layer's ffn_*_exps
     tensor) times the tensors an offloaded op takes (0 for an architecture without a fit)."""
     if arch not in SLICE_EXPERT_TENSOR_BYTES:
         return 0
-    return COPIED_EXPERT_TENSORS.get(engine, 1) * tensor_bytes
+    return fits.copied_expert_tensors * tensor_bytes
 
 
 def size_mib(n_bytes: int) -> str:
     return f"{n_bytes / MIB:.0f} MiB"
 
 
-def output_stage(engine: str, facts: ModelFacts, ubatch: int) -> int:
+def output_stage(fits: BufferFits, facts: ModelFacts, ubatch: int) -> int:
     """ik_llama.cpp: a full micro-batch's logits and two hidden-state rows a token, f32. Mainline's server
     reserves one output a slot: nothing the other stages don't hold."""
-    if engine != "ik_llama.cpp":
+    if not fits.logits_in_buffer:
         return 0
     return ubatch * (facts.vocab + 2 * facts.hidden) * 4
 
@@ -187,11 +216,11 @@ def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def prefill_pool(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
+def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """What ik_llama.cpp's CUDA pool grows by in prefill, beyond the CUDA context's allowance, for a
     prompt as long as the context: the measured figures, kept below -ub 2048 (never measured there, so
     not lowered) and scaled with the micro-batch above it. Mainline's stays inside the allowance."""
-    if engine != "ik_llama.cpp":
+    if not engine.buffer_fits.pool_grows:
         return 0
     if facts.arch == "deepseek2" and latent:
         base, per_token = IK_R1_POOL_MIB
@@ -201,7 +230,7 @@ def prefill_pool(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: 
     return int(mib * max(1.0, ubatch / POOL_UBATCH) * MIB)
 
 
-def gpu_reserve(engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
+def gpu_reserve(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """VRAM a plan keeps free beside weights and KV cache: the compute buffer, the CUDA context and
     prefill's pool growth."""
     return (

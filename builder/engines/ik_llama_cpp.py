@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
@@ -39,6 +40,11 @@ class IkLlamaCpp(LlamaFamilyEngine):
         "llama-imatrix",
     )
     sweep_tool = "llama-sweep-bench"
+    # Its CUDA compile took 69 min for one arch (cuda-images-2026-11-30, sharing the cores with the
+    # test suite): 3.2x mainline's, taken for its CPU compile too.
+    buffer_fits = IK_BUFFERS
+    compile_minutes_cpu = 12.8
+    cuda_compile_factor = 3.2
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
     honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}

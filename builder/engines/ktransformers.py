@@ -179,6 +179,9 @@ class _PythonEngine(Engine):
     package_dir: str  # the directory of the source tree that pip builds
     pypi_torch_cuda: str  # the CUDA release PyPI's x86-64 build of the torch it pins is for
     health_path = "/health"  # what answers 200 once the model is loaded
+    # Not measured, estimated: an install of wheels (torch, SGLang: several GB, no compile) at 20 minutes.
+    compile_minutes_cpu = 20.0
+    cuda_compile_factor = 0.0
     carries_sgl_kernel = False  # SGLang's CUDA kernels, placed and checked per arch at build time
 
     def extra_index(self, cuda: CudaTarget) -> str:
@@ -600,6 +603,7 @@ class KTransformersLegacy(_PythonEngine):
     server_module = "ktransformers.server.main"
     package_dir = "."
     cuda_only = True  # its build compiles CUDA kernels
+    cuda_compile_factor = 2.0  # its source build's CUDA kernels: twice mainline's (estimated, not measured)
     # 0.2.x places experts by its optimize rules; it has server-side temperature and top-p, no metrics.
     honours = frozenset(
         {"ctx_size", "threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
+from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.platform.flags import has_flag, takes_value
@@ -22,6 +23,7 @@ class LlamaCpp(LlamaFamilyEngine):
     sdist_ref = "0c1e57098"
     # It loads one of its libggml-cpu-* variants at run time: the `portable` target exists for it.
     runtime_dispatch = True
+    buffer_fits = MAINLINE_BUFFERS
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref.
     honours = LlamaFamilyEngine.honours | {"idle_unload"}

@@ -9,7 +9,7 @@ from functools import partial
 
 import yaml
 
-from builder.engines import get_engine
+from builder.engines import Engine, get_engine
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
@@ -44,6 +44,7 @@ def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
     matrix = load_matrix()
     out: list[Variant] = []
     for engine, extra in matrix["engines"].items():
+        adapter = get_engine(engine)
         cpus = [*extra.get("extra_cpu_targets", []), *extra.get("cpu_targets", matrix["cpu_targets"])]
         cudas = [
             *([None] if extra.get("cpu_only", True) else []),
@@ -51,9 +52,9 @@ def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:
         ]
         for cuda in cudas:
             for cpu in cpus:
-                spec = image_spec(engine, cpu, ref=(ref_overrides or {}).get(engine), cuda=cuda_target(cuda))
+                spec = image_spec(adapter, cpu, ref=(ref_overrides or {}).get(engine), cuda=cuda_target(cuda))
                 try:
-                    get_engine(engine).toolchain(spec)
+                    adapter.toolchain(spec)
                 except SpecError as why:
                     out.append(Variant(None, engine, cuda, cpu, str(why)))
                     continue
@@ -68,7 +69,7 @@ def engine_cuda_versions(engine: str) -> list[str]:
 
 
 def default_image_spec(
-    engine: str, gpu: bool, driver: str | None = None, cpu_flags: frozenset[str] | None = None
+    engine: Engine, gpu: bool, driver: str | None = None, cpu_flags: frozenset[str] | None = None
 ) -> ImageSpec:
     """The image a stack names when given none. CPU-only: the engine's default CPU target (avx2, unless
     matrix.yaml names another), what `moe-stack build` builds by default. With a GPU: a published (built)
@@ -77,7 +78,7 @@ def default_image_spec(
     host's `cpu_flags` have; where none fits, the default target's CUDA image of the newest release the
     driver runs (the oldest the matrix has, where it runs none), which no one has built (stacks/assemble.py's
     `unbuilt_default` says so)."""
-    default_cpu = load_matrix()["engines"].get(engine, {}).get("default_cpu_target", "avx2")
+    default_cpu = load_matrix()["engines"].get(engine.name, {}).get("default_cpu_target", "avx2")
     if not gpu:
         return image_spec(engine, default_cpu)
 
@@ -89,11 +90,11 @@ def default_image_spec(
         )
 
     chosen = _newest_published(
-        engine, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
+        engine.name, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
     )
     if chosen is not None:
         return chosen
-    versions = engine_cuda_versions(engine)
+    versions = engine_cuda_versions(engine.name)
     runnable = [v for v in versions if driver is None or driver_runs(driver, v)]
     return image_spec(engine, default_cpu, cuda=cuda_target(runnable[-1] if runnable else versions[0]))
 
@@ -123,7 +124,7 @@ def published() -> list[Published]:
     return [
         Published(
             image_spec(
-                entry["engine"],
+                get_engine(entry["engine"]),
                 entry["cpu"],
                 cuda=cuda_target(None if entry["cuda"] == "none" else entry["cuda"]),
             ),
@@ -173,35 +174,24 @@ def publish_set(name: str = "default") -> list[ImageSpec]:
     return [entry.spec for entry in published()]
 
 
-# Build minutes on a 2-core machine, measured: mainline's CPU compile from cold 213 s
-# (bench/results/local-2026-11-30.md, P5); its CUDA 13.0 compile 21.6 min for one arch and 27.1 for two
-# (cuda-images-2026-11-30: 16.1 + 5.5 a CUDA arch); ik_llama.cpp's CUDA compile 69 min for one arch
-# (the same run, sharing the cores with the test suite): 3.2x mainline's, taken for its CPU compile too.
-# Not measured, estimated: KTransformers' install of its wheels (torch, SGLang: several GB, no compile)
-# at 20 minutes, its legacy source build's CUDA kernels at twice mainline's; another llama.cpp fork
-# takes mainline's figures.
-COMPILE_MINUTES_CPU = {
-    "llama.cpp": 4.0,
-    "ik_llama.cpp": 12.8,
-    "ktransformers": 20.0,
-    "ktransformers-legacy": 20.0,
-}
+# Mainline's CUDA compile on a 2-core machine, measured: 21.6 min for one arch and 27.1 for two under
+# CUDA 13.0 (cuda-images-2026-11-30: 16.1 + 5.5 a CUDA arch). Each engine's own figures (its CPU compile,
+# its CUDA compile as a multiple of this) are its adapter's.
 MAINLINE_CUDA_MINUTES = (16.1, 5.5)  # fixed, a CUDA arch
-CUDA_FACTOR = {"llama.cpp": 1.0, "ik_llama.cpp": 3.2, "ktransformers": 0.0, "ktransformers-legacy": 2.0}
 TOOLS_FACTOR = 1.25  # the tools image compiles its own targets in the same tree (an estimate)
 FIXED_MINUTES = 20.0  # the runner's setup, the CUDA devel image's pull (~10 GB), the push
 JOB_LIMIT_MINUTES = 360  # GitHub-hosted runners stop a job at 6 hours
 
 
-def timeout_minutes(spec: ImageSpec) -> int:
+def timeout_minutes(engine: Engine, spec: ImageSpec) -> int:
     """A job timeout for building and pushing `spec` (with its tools image where the engine has one):
-    1.5x the 2-core estimate above, within GitHub's 6-hour job limit."""
-    compile_minutes = COMPILE_MINUTES_CPU.get(spec.engine, COMPILE_MINUTES_CPU["llama.cpp"])
+    1.5x the 2-core estimate (the engine's figures), within GitHub's 6-hour job limit."""
+    compile_minutes = engine.compile_minutes_cpu
     if spec.cuda.version is not None:
         fixed, per_arch = MAINLINE_CUDA_MINUTES
-        cuda_minutes = CUDA_FACTOR.get(spec.engine, 1.0) * (fixed + per_arch * len(spec.cuda.archs))
+        cuda_minutes = engine.cuda_compile_factor * (fixed + per_arch * len(spec.cuda.archs))
         compile_minutes = max(compile_minutes, cuda_minutes)
-    if get_engine(spec.engine).tool_targets:
+    if engine.tool_targets:
         compile_minutes *= TOOLS_FACTOR
     return min(JOB_LIMIT_MINUTES, math.ceil(1.5 * (FIXED_MINUTES + compile_minutes)))
 
@@ -211,7 +201,7 @@ def edge_specs(heads: dict[str, str]) -> list[ImageSpec]:
     and the matrix's edge CUDA versions, on its edge CPU targets."""
     edge = load_matrix()["edge"]
     return [
-        image_spec(engine, cpu, ref=head, cuda=cuda_target(cuda))
+        image_spec(get_engine(engine), cpu, ref=head, cuda=cuda_target(cuda))
         for engine, head in heads.items()
         for cuda in [None, *edge["cuda_versions"]]
         for cpu in edge["cpu_targets"]
@@ -223,6 +213,7 @@ def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
     beside it, `timeout_minutes` the job's limit."""
     rows = []
     for spec in specs:
+        engine = get_engine(spec.engine)
         rows.append(
             {
                 "engine": spec.engine,
@@ -232,8 +223,8 @@ def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
                 "cpu": spec.cpu.name,
                 "variant": variant_tag(spec),
                 "tag": image_tag(spec),
-                "tools": "true" if get_engine(spec.engine).tool_targets else "false",
-                "timeout_minutes": str(timeout_minutes(spec)),
+                "tools": "true" if engine.tool_targets else "false",
+                "timeout_minutes": str(timeout_minutes(engine, spec)),
             }
         )
     return rows

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engines import get_engine
+from builder.engines import Engine, get_engine
 from builder.platform.targets import CPU_TARGETS, cpu_target
 from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, ImageSpec, LocalSource
 
@@ -41,7 +41,7 @@ class Variant:
 
 
 def image_spec(
-    engine_name: str,
+    engine: Engine,
     cpu: str = "avx2",
     tree: Path | None = None,
     ref: str | None = None,
@@ -53,7 +53,6 @@ def image_spec(
 ) -> ImageSpec:
     """The spec for an engine's image: from the local `tree` (or wheelhouse) if given, else the
     engine's default source at `ref` (a git clone, or for KTransformers the PyPI wheels)."""
-    engine = get_engine(engine_name)
     source = (
         LocalSource(path=tree, ref=ref or "local", holds="wheels" if engine.holds_wheels(tree) else "tree")
         if tree is not None

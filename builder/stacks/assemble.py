@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from builder.engines import get_engine
+from builder.engines import EngineField, get_engine
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH
 from builder.errors import SpecError, StackError
@@ -40,10 +40,10 @@ from builder.stacks.vram_levers import GpuDemand, vram_plan
 class StackOptions(BaseModel):
     """What the user asked for, validated; None (or empty) where they left the choice to moe-stack."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     model: Path
-    engine: str = "llama.cpp"
+    engine: EngineField = Field("llama.cpp", validate_default=True)  # given by name
     image: str | None = None  # default: the pinned avx2 CPU image of the engine
     cpu_image: str | None = None  # with a GPU: also a CPU-only service from this image (profiles gpu, cpu)
     project: str | None = None
@@ -99,7 +99,7 @@ class StackPlan:
 
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
-    adapter = get_engine(options.engine)
+    adapter = options.engine
     model = adapter.check_model(options.model)
     if options.preset is not None:
         arch = adapter.model_format.facts(model).arch
@@ -147,8 +147,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     stack = StackSpec(
         project=options.project or project_name_for(model),
         engine=adapter.name,
-        image=options.image
-        or image_tag(default_image_spec(adapter.name, options.gpu != "none", driver, flags)),
+        image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
         model=model,
         port=options.port,
         bind=options.bind,
@@ -192,7 +191,7 @@ def _vram_plan(
 ) -> Plan:
     """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model counted."""
     demand = GpuDemand(
-        engine=adapter.name,
+        engine=adapter,
         facts=adapter.model_format.facts(model),
         ctx=given.ctx_size,
         ubatch=given.ubatch_size or DEFAULT_UBATCH,
@@ -273,9 +272,9 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
     first = models[0]
     if first.cpu_image is not None:
         raise SpecError("a stack of several models has one service: drop --cpu-image")
-    if not get_engine(first.engine).routes_models:
+    if not first.engine.routes_models:
         raise SpecError(
-            f"{first.engine} serves one model per server: emit one stack per model, or use an engine "
+            f"{first.engine.name} serves one model per server: emit one stack per model, or use an engine "
             "whose server routes between models (mainline llama.cpp)"
         )
     routed = tuple(assemble_stack(options, host) for options in models)
@@ -326,7 +325,7 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     if options.hugepages:
         check_hugepages_reserved(host)
     if options.hugetlbfs != "off":
-        size = get_engine(options.engine).model_format.size(model)
+        size = options.engine.model_format.size(model)
         check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], size)
     return where
 

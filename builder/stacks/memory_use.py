@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.engines import get_engine
+from builder.engines import Engine, get_engine
 from builder.models.planner import GIB, kv_cache_bytes
 from builder.spec import StackSpec
 
@@ -38,13 +38,13 @@ class MemoryUse:
 NOTHING_KNOWN = MemoryUse(model_bytes=0, on_hugepages=False, kv_bytes=0, prompt_cache_bytes=0)
 
 
-def prompt_cache_bytes(engine: str, cache_ram_mib: int | None = None) -> int:
+def prompt_cache_bytes(engine: Engine, cache_ram_mib: int | None = None) -> int:
     """The engine's host prompt cache: `cache_ram_mib` where the stack sizes it, else its default."""
-    mib = cache_ram_mib if cache_ram_mib is not None else get_engine(engine).prompt_cache_default_mib
+    mib = cache_ram_mib if cache_ram_mib is not None else engine.prompt_cache_default_mib
     return max(mib, 0) * MIB
 
 
-def beside_model_bytes(engine: str) -> int:
+def beside_model_bytes(engine: Engine) -> int:
     """What `engine`'s server keeps in RAM beside the weights, unless told otherwise: its default prompt
     cache and its buffers (for plan and doctor, which have no stack)."""
     return prompt_cache_bytes(engine) + BUFFERS_BYTES
@@ -66,5 +66,5 @@ def memory_use(stack: StackSpec) -> MemoryUse:
         model_bytes=adapter.model_format.size(stack.model),
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=kv,
-        prompt_cache_bytes=prompt_cache_bytes(stack.engine, stack.cache_ram),
+        prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram),
     )

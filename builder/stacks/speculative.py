@@ -72,4 +72,4 @@ def draft_vram_bytes(options: EngineOptions, adapter: Engine, ctx: int, ubatch: 
     facts = adapter.model_format.facts(options.draft_model)
     weights = facts.total_bytes - facts.embedding_bytes
     cache = kv_cache_bytes(facts, ctx, "f16", mla=False)
-    return weights + cache + gpu_compute(adapter.name, facts, ctx, ubatch, latent=False).bytes
+    return weights + cache + gpu_compute(adapter, facts, ctx, ubatch, latent=False).bytes

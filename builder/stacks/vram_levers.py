@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from builder.engines import Engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
 from builder.models.planner import ModelFacts, Plan, VramShortfall, kv_cache_bytes, plan, size
@@ -27,7 +28,7 @@ class Lever:
 class GpuDemand:
     """What the GPU's fixed part depends on that a user can change."""
 
-    engine: str
+    engine: Engine
     facts: ModelFacts
     ctx: int
     ubatch: int

@@ -85,7 +85,7 @@ def build_engine_image(engine_name: str, cpu: str, base: str, tools: bool = Fals
         engine = get_engine(engine_name)
         tree = resolve_local(engine, f"pypi:{engine.sdist}")
         spec = image_spec(
-            engine.name,
+            engine,
             cpu,
             tree=tree,
             ref=engine.sdist_ref,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from builder.contract import IMAGE_UID
+from builder.engines import get_engine
 from builder.images.build import page_for
 from builder.images.chat_page import SANDBOX_ENV
 from builder.images.matrix import default_image_spec
@@ -95,7 +96,7 @@ def _listener() -> tuple[socket.socket, list[str]]:
 
 
 def _page(tree: Path, base_image: str, said: list[str]) -> Path | None:
-    spec = default_image_spec("llama.cpp", gpu=False)
+    spec = default_image_spec(get_engine("llama.cpp"), gpu=False)
     spec = spec.model_copy(update={"base": BaseImages(build=base_image, runtime=base_image)})
     return page_for(spec, tree, said.append)
 

@@ -96,7 +96,7 @@ def configure_image(docker_client: DockerClient, cuda_base: str, tmp_path: Path)
     engine = get_engine("llama.cpp")
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
     spec = image_spec(
-        "llama.cpp",
+        get_engine("llama.cpp"),
         "sapphirerapids",
         tree=tree,
         ref=engine.sdist_ref,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
+from builder.engines import get_engine
 from builder.engines.kt_wheels import canonical_name, read_lock
 from builder.engines.ktransformers import kt_variant
 from builder.host.probe import probe
@@ -55,7 +56,7 @@ def kt_image(bookworm_base: str, kt_wheelhouse: Path) -> Callable[[str], str]:
     def build(cpu: str) -> str:
         if cpu not in built:
             spec = image_spec(
-                "ktransformers",
+                get_engine("ktransformers"),
                 cpu,
                 tree=kt_wheelhouse,
                 ref="0.7.2",

@@ -101,14 +101,16 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
     held = (
         facts.gpu_weight_bytes
         + kv_cache_bytes(facts, 16384, "q8_0", mla=False)
-        + gpu_reserve("llama.cpp", facts, 16384, 2048, latent=False)
+        + gpu_reserve(get_engine("llama.cpp"), facts, 16384, 2048, latent=False)
     )
     vram_gb = (held + DEFAULT_VRAM_MARGIN + 3.5 * facts.expert_bytes[0]) / GIB  # the margin kept free
     options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
     # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.
-    kt = assemble_stack(options.model_copy(update={"engine": "ktransformers", "fit_vram_gb": (3.035,)}), epyc)
+    kt = assemble_stack(
+        options.model_copy(update={"engine": get_engine("ktransformers"), "fit_vram_gb": (3.035,)}), epyc
+    )
     assert kt.override_tensors == () and kt.gpu_experts == 7
 
 
@@ -217,7 +219,9 @@ def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(
         r"and this host has 8.0 GiB .*no setting of ik_llama.cpp avoids it",
     ):
         plan_stack(ik, small)
-    mainline = ik.model_copy(update={"engine": "llama.cpp", "engine_options": EngineOptions(mmap=False)})
+    mainline = ik.model_copy(
+        update={"engine": get_engine("llama.cpp"), "engine_options": EngineOptions(mmap=False)}
+    )
     with pytest.raises(SpecError, match=r"keep the weights mapped \(--mmap\)"):
         plan_stack(mainline, small)
     mapped = plan_stack(mainline.model_copy(update={"engine_options": EngineOptions()}), small)

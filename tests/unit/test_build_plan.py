@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from python_on_whales.exceptions import DockerException
 
+from builder.engines import get_engine
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import BuildFailed, Interrupted
 from builder.host.probe import CpuInfo
@@ -23,11 +24,11 @@ from tests.specs import default_spec
 
 def test_tag_format() -> None:
     assert (
-        image_tag(image_spec("llama.cpp", ref="0c1e57098"))
+        image_tag(image_spec(get_engine("llama.cpp"), ref="0c1e57098"))
         == "ghcr.io/moe-stack/llama-cpp:0c1e57098-cpu-avx2"
     )
     spec = image_spec(
-        "ik_llama.cpp",
+        get_engine("ik_llama.cpp"),
         ref="007d640098cbea95157d81846ada7fe50b9fed08",
         registry="localhost:5000",
         namespace="lab",
@@ -65,7 +66,7 @@ def test_local_source_replaces_the_source_stage(tmp_path: Path) -> None:
 
 def test_publishing_pushes_tag_and_alias_with_attestations_and_a_scoped_cache(tmp_path: Path) -> None:
     spec = image_spec(
-        "ik_llama.cpp",
+        get_engine("ik_llama.cpp"),
         "zen4",
         ref="007d640098cbea95157d81846ada7fe50b9fed08",
         cuda=cuda_target("12.8"),
@@ -155,7 +156,7 @@ def test_a_host_that_cannot_run_the_image_reads_the_contract_from_a_build_it_can
     """A zen4 image built on an AVX2-only host: its server's --help dies of an illegal instruction, so the
     contract comes from the same tree built for the host's best target (the flags don't depend on the ISA)."""
     avx2_host = _cpu(" ".join(cpu_target("avx2").required_flags))
-    zen4 = image_spec("llama.cpp", "zen4", tools=True)
+    zen4 = image_spec(get_engine("llama.cpp"), "zen4", tools=True)
     stand_in = contract_stand_in(zen4, avx2_host)
     assert stand_in is not None and stand_in.cpu.name == "avx2" and stand_in.tools is False
     assert (stand_in.ref, stand_in.cuda, stand_in.base, stand_in.engine) == (
@@ -165,9 +166,13 @@ def test_a_host_that_cannot_run_the_image_reads_the_contract_from_a_build_it_can
         zen4.engine,
     )
     assert contract_stand_in(zen4, _cpu(EPYC_9554_FLAGS)) is None  # it runs its own
-    assert contract_stand_in(image_spec("llama.cpp", "portable"), avx2_host) is None  # dispatches at run time
     assert (
-        contract_stand_in(image_spec("ik_llama.cpp", "sapphirerapids"), _cpu(EPYC_9554_FLAGS)).cpu.name
+        contract_stand_in(image_spec(get_engine("llama.cpp"), "portable"), avx2_host) is None
+    )  # dispatches at run time
+    assert (
+        contract_stand_in(
+            image_spec(get_engine("ik_llama.cpp"), "sapphirerapids"), _cpu(EPYC_9554_FLAGS)
+        ).cpu.name
         == "zen4"
     )  # type: ignore[union-attr]
     with pytest.raises(BuildFailed, match="runs none of the CPU targets"):

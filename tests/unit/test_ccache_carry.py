@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.llama_family import CCACHE_CONFIG, CCACHE_OBJECTS_SCRIPT
 from builder.errors import SpecError
 from builder.images.build import BuildPlan, build_image, plan_build
@@ -28,7 +29,7 @@ from builder.images.render import render_files
 
 
 def _plan(tmp_path: Path) -> BuildPlan:
-    return plan_build(image_spec("llama.cpp", "avx2"), tmp_path / "ctx", tmp_path / "tree")
+    return plan_build(image_spec(get_engine("llama.cpp"), "avx2"), tmp_path / "ctx", tmp_path / "tree")
 
 
 def test_the_steps_build_only_their_stage_and_carry_the_directory(tmp_path: Path) -> None:
@@ -48,7 +49,7 @@ def test_the_steps_build_only_their_stage_and_carry_the_directory(tmp_path: Path
 
 
 def test_the_template_has_the_stages_and_the_image_does_not_need_them() -> None:
-    dockerfile = render_files(image_spec("ik_llama.cpp", "zen4"))["Dockerfile"]
+    dockerfile = render_files(image_spec(get_engine("ik_llama.cpp"), "zen4"))["Dockerfile"]
     before, rest = dockerfile.split("# ---- 3b. ccache in and out")
     carry, after = rest.split("# ---- 4.")
     runtime = before + after
@@ -69,7 +70,7 @@ def test_an_export_replaces_the_directory_whole(tmp_path: Path) -> None:
 
 
 def test_an_engine_that_compiles_nothing_is_refused_before_docker(tmp_path: Path) -> None:
-    spec = image_spec("ktransformers", "avx2")
+    spec = image_spec(get_engine("ktransformers"), "avx2")
     with pytest.raises(SpecError, match="compiles nothing through ccache: drop --ccache-dir"):
         build_image(spec, None, print, ccache_dir=tmp_path)
 
@@ -84,7 +85,7 @@ def test_the_compile_reads_only_the_settings_the_image_ships(engine: str, cpu: s
     """A ccache.conf in the cache directory (a carried DIR could hold one) can run commands
     (compiler_check, prefix_command): ccache reads its settings from a file of the build context, named
     by CCACHE_CONFIGPATH, which makes it skip the cache directory's."""
-    files = render_files(image_spec(engine, cpu))
+    files = render_files(image_spec(get_engine(engine), cpu))
     configure = _stage(files["Dockerfile"], "configure")
     assert f"ENV CCACHE_CONFIGPATH={CCACHE_CONFIG}\n" in configure
     assert f"COPY --chmod=0644 ccache.conf {CCACHE_CONFIG}\n" in configure
@@ -101,7 +102,7 @@ def test_the_compile_reads_only_the_settings_the_image_ships(engine: str, cpu: s
 def test_only_the_cache_objects_cross_into_and_out_of_the_cache_mount(tmp_path: Path) -> None:
     """Both side stages copy with the context's script, which takes the regular files under the
     one-hex-digit directories and nothing else; run here on a hostile seed."""
-    files = render_files(image_spec("llama.cpp", "avx2"))
+    files = render_files(image_spec(get_engine("llama.cpp"), "avx2"))
     script = f"sh /tmp/{CCACHE_OBJECTS_SCRIPT}"
     assert f"{script} /seed /ccache\n" in _stage(files["Dockerfile"], IMPORT_STAGE)
     assert f"{script} /ccache /out\n" in _stage(files["Dockerfile"], "ccache-copy")

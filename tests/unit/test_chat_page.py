@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from builder.contract import CHAT_PAGE_CONTEXT
+from builder.engines import get_engine
 from builder.images.build import page_for, plan_build
 from builder.images.chat_page import (
     NoPage,
@@ -44,13 +45,13 @@ def _ui(root: Path) -> Path:
 
 def test_the_built_page_travels_as_its_own_context(tmp_path: Path) -> None:
     page = tmp_path / "page"
-    plan = plan_build(default_image_spec("llama.cpp", gpu=False), tmp_path, None, page=page)
+    plan = plan_build(default_image_spec(get_engine("llama.cpp"), gpu=False), tmp_path, None, page=page)
     assert plan.kwargs()["build_contexts"] == {CHAT_PAGE_CONTEXT: str(page)}
 
 
 def test_no_page_for_ik(tmp_path: Path) -> None:
     said: list[str] = []
-    assert page_for(default_image_spec("ik_llama.cpp", gpu=False), tmp_path, said.append) is None
+    assert page_for(default_image_spec(get_engine("ik_llama.cpp"), gpu=False), tmp_path, said.append) is None
     assert said == []
 
 
@@ -110,7 +111,7 @@ def test_a_git_build_fetches_the_pages_directory_at_its_ref(
     assert said and said[-1].startswith(
         f"no chat page in this image: git could not fetch tools/ui of file://{repo}"
     )
-    spec = default_image_spec("llama.cpp", gpu=False)
+    spec = default_image_spec(get_engine("llama.cpp"), gpu=False)
     monkeypatch.setenv("PATH", f"{tmp_path / 'no-npm-here'}:/usr/bin:/bin")
     git_spec = spec.model_copy(update={"source": GitSource(url=f"file://{repo}", ref=short.stdout.strip())})
     if shutil.which("npm") is None:  # the fetched sources reach the npm step, which says it is missing

@@ -9,6 +9,7 @@ import gguf
 import pytest
 import yaml
 
+from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
@@ -120,7 +121,7 @@ def test_cmake_args_match_the_image(tmp_path: Path) -> None:
         "--no-ccache",
     )
     assert result.returncode == 0, result.stderr
-    spec = image_spec("ik_llama.cpp", "sapphirerapids", cuda=cuda_target("13.0", (90,)))
+    spec = image_spec(get_engine("ik_llama.cpp"), "sapphirerapids", cuda=cuda_target("13.0", (90,)))
     assert result.stdout.splitlines() == [a for a in configure_args(spec) if "_COMPILER_LAUNCHER=" not in a]
 
 
@@ -147,7 +148,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     # 0.0105 GiB over llama.cpp's compute reserve for this model (-ub 512, 4096 tokens) = 11,274,289 B;
     # minus other weights (1,065,120 B) and the f16 KV cache (2 heads × 128 × 4096 × 4 layers × 2 B =
     # 8,388,608 B) leaves 1,820,561 B: two expert layers of 835,584 B fit, three do not
-    reserve = gpu_reserve("llama.cpp", read_facts(model), 4096, 512, latent=False)
+    reserve = gpu_reserve(get_engine("llama.cpp"), read_facts(model), 4096, 512, latent=False)
     out = tmp_path / "c.yaml"
     result = run_cli(
         "compose",

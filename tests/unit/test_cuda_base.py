@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.images.cuda_base import (
     CHECK_ARCH,
@@ -131,7 +132,7 @@ def test_each_cuda_release_names_where_its_base_comes_from() -> None:
     with pytest.raises(
         SpecError, match=r"13.0 has no compiler in Debian's non-free archive: --cuda-base pypi has it"
     ):
-        toolchain(image_spec("llama.cpp", "zen4").cpu, cuda_target("13.0"), DEBIAN)
+        toolchain(image_spec(get_engine("llama.cpp"), "zen4").cpu, cuda_target("13.0"), DEBIAN)
     with pytest.raises(
         SpecError, match=r"no registry-free CUDA 12.6 base: they exist for 13.0 \(--cuda-base pypi\), 12.4"
     ):
@@ -140,7 +141,7 @@ def test_each_cuda_release_names_where_its_base_comes_from() -> None:
     with pytest.raises(
         SpecError, match="--cuda-base debian is the CUDA toolkit's base: it goes with --cuda 12.4"
     ):
-        image_spec("llama.cpp", "zen4", base=DEBIAN)
+        image_spec(get_engine("llama.cpp"), "zen4", base=DEBIAN)
 
 
 def test_debian_base_pins_its_packages_in_a_list_of_its_own() -> None:
@@ -176,7 +177,7 @@ def test_the_driver_stands_in_by_name_only() -> None:
 
 def test_engine_on_the_debian_base_compiles_cuda_with_gcc_13() -> None:
     """trixie's GCC 14 builds the CPU code; nvcc 12.4 accepts GCC up to 13, so it gets trixie's g++-13."""
-    spec = image_spec("llama.cpp", "sapphirerapids", cuda=cuda_target("12.4", [90]), base=DEBIAN)
+    spec = image_spec(get_engine("llama.cpp"), "sapphirerapids", cuda=cuda_target("12.4", [90]), base=DEBIAN)
     tools = toolchain(spec.cpu, spec.cuda, spec.base)
     assert (tools.build_image, tools.runtime_image, tools.gcc_major, tools.cuda_host_gcc) == (
         "moe-stack/cuda:12.4-devel",
@@ -191,11 +192,11 @@ def test_engine_on_the_debian_base_compiles_cuda_with_gcc_13() -> None:
     assert "-DCMAKE_CUDA_HOST_COMPILER=g++-13" in dockerfile
     assert image_labels(spec)["io.moe-stack.cuda-base"] == "debian"
     with pytest.raises(SpecError, match="needs GCC 14, but nvcc 12.4 accepts host compilers up to GCC 13"):
-        toolchain(image_spec("llama.cpp", "zen5").cpu, cuda_target("12.4"), DEBIAN)
+        toolchain(image_spec(get_engine("llama.cpp"), "zen5").cpu, cuda_target("12.4"), DEBIAN)
 
 
 def test_engine_on_the_pypi_base_builds_on_debian_with_its_gcc() -> None:
-    spec = image_spec("llama.cpp", "zen5", cuda=cuda_target("13.0", [89, 120]), base=PYPI)
+    spec = image_spec(get_engine("llama.cpp"), "zen5", cuda=cuda_target("13.0", [89, 120]), base=PYPI)
     tools = toolchain(spec.cpu, spec.cuda, spec.base)
     # trixie's GCC 14 knows znver5 and nvcc 13.0 takes it: no extra gcc-N, unlike Ubuntu 24.04's 13
     assert (tools.build_image, tools.runtime_image, tools.gcc_major) == (
@@ -206,7 +207,7 @@ def test_engine_on_the_pypi_base_builds_on_debian_with_its_gcc() -> None:
     nvidia = toolchain(spec.cpu, spec.cuda, BaseImages())
     assert nvidia.build_image.startswith("nvidia/cuda:13.0") and nvidia.gcc_major == 14
     assert image_labels(spec)["io.moe-stack.cuda-base"] == "pypi"
-    assert image_labels(image_spec("llama.cpp", "zen4"))["io.moe-stack.cuda-base"] == "none"
+    assert image_labels(image_spec(get_engine("llama.cpp"), "zen4"))["io.moe-stack.cuda-base"] == "none"
     dockerfile = render_engine(spec)["Dockerfile"]
     assert "FROM moe-stack/cuda:13.0-devel AS toolchain" in dockerfile
     assert "FROM moe-stack/cuda:13.0-runtime AS runtime" in dockerfile
@@ -215,11 +216,13 @@ def test_engine_on_the_pypi_base_builds_on_debian_with_its_gcc() -> None:
 
 def test_pypi_base_needs_cuda_and_is_refused_for_ktransformers() -> None:
     with pytest.raises(SpecError, match="goes with --cuda 13.0"):
-        image_spec("llama.cpp", "zen4", base=PYPI)
+        image_spec(get_engine("llama.cpp"), "zen4", base=PYPI)
     with pytest.raises(SpecError, match="drop --cuda-base pypi"):
-        render_engine(image_spec("ktransformers-legacy", "zen4", cuda=cuda_target("13.0"), base=PYPI))
+        render_engine(
+            image_spec(get_engine("ktransformers-legacy"), "zen4", cuda=cuda_target("13.0"), base=PYPI)
+        )
     with pytest.raises(SpecError, match="link CUDA 12"):  # and the current one has no CUDA 13 image
-        render_engine(image_spec("ktransformers", "zen4", cuda=cuda_target("13.0"), base=PYPI))
+        render_engine(image_spec(get_engine("ktransformers"), "zen4", cuda=cuda_target("13.0"), base=PYPI))
 
 
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs a C compiler")

@@ -121,7 +121,7 @@ def test_what_it_refuses_in_one_line(tmp_path: Path) -> None:
 
 def test_the_cuda_image_installs_the_meta_wheel_and_checks_its_archs() -> None:
     kt = get_engine("ktransformers")
-    spec = image_spec("ktransformers", "zen4", cuda=cuda_target("12.8"))
+    spec = image_spec(get_engine("ktransformers"), "zen4", cuda=cuda_target("12.8"))
     dockerfile = render_files(spec)["Dockerfile"]
     assert f"'ktransformers[sglang]=={spec.ref}'" in dockerfile
     archs = ",".join(map(str, spec.cuda.archs))
@@ -129,5 +129,5 @@ def test_the_cuda_image_installs_the_meta_wheel_and_checks_its_archs() -> None:
     assert kt.fetch_requirements(spec) == [
         f"{name}=={spec.ref}" for name in ("kt-kernel", "sglang-kt", "ktransformers")
     ]
-    cpu = render_files(image_spec("ktransformers", "zen4"))["Dockerfile"]
+    cpu = render_files(image_spec(get_engine("ktransformers"), "zen4"))["Dockerfile"]
     assert "moe-stack-kt-gpu-libs" not in cpu and "sglang" not in cpu.split("FROM toolchain AS venv")[1]

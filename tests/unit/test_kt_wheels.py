@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.kt_wheels import (
     LOCK_FILE,
     LOCK_SCRIPT,
@@ -36,7 +37,7 @@ def _venv_stage(dockerfile: str) -> str:
 
 def test_the_wheelhouse_cpu_image_installs_exactly_the_lock_with_hashes(tmp_path: Path) -> None:
     (tmp_path / KT_WHEEL).write_bytes(b"")
-    files = render_files(image_spec("ktransformers", "avx2", tree=tmp_path, ref="0.7.2"))
+    files = render_files(image_spec(get_engine("ktransformers"), "avx2", tree=tmp_path, ref="0.7.2"))
     venv = _venv_stage(files["Dockerfile"])
     installs = re.findall(r"\S*/pip install [^\n]*", venv)
     locked = f"--no-index --find-links /wheelhouse --no-deps --require-hashes -r /tmp/{LOCK_FILE}"
@@ -45,8 +46,8 @@ def test_the_wheelhouse_cpu_image_installs_exactly_the_lock_with_hashes(tmp_path
     assert files[LOCK_FILE] == (ROOT / "dockerfiles/ktransformers" / LOCK_FILE).read_text()
     # The PyPI images resolve at build time and carry no lock (README: Security notes).
     for spec in (
-        image_spec("ktransformers", "avx2"),
-        image_spec("ktransformers", "avx2", cuda=cuda_target("12.8")),
+        image_spec(get_engine("ktransformers"), "avx2"),
+        image_spec(get_engine("ktransformers"), "avx2", cuda=cuda_target("12.8")),
     ):
         assert LOCK_FILE not in render_files(spec)
 
@@ -86,7 +87,7 @@ def test_the_generator_records_each_file_it_fetched(tmp_path: Path) -> None:
 
 def test_a_wheelhouse_without_the_locked_wheels_is_refused_before_docker(tmp_path: Path) -> None:
     (tmp_path / KT_WHEEL).write_bytes(b"")
-    spec = image_spec("ktransformers", "avx2", tree=tmp_path, ref="0.7.2")
+    spec = image_spec(get_engine("ktransformers"), "avx2", tree=tmp_path, ref="0.7.2")
     first = read_lock()[0]
     with pytest.raises(
         SpecError, match=f"has no {first.name} {first.version} wheel; .* --download {tmp_path}"

@@ -63,8 +63,8 @@ def test_kt_kernel_variant_per_cpu() -> None:
 def test_named_targets_pin_their_variant_and_portable_leaves_it_to_kt_kernel() -> None:
     def env(cpu: str) -> dict[str, str]:
         return KT.template_values(
-            image_spec("ktransformers", cpu, cuda=cuda_target("12.8")),
-            KT.toolchain(image_spec("ktransformers", cpu, cuda=cuda_target("12.8"))),
+            image_spec(get_engine("ktransformers"), cpu, cuda=cuda_target("12.8")),
+            KT.toolchain(image_spec(get_engine("ktransformers"), cpu, cuda=cuda_target("12.8"))),
         )["engine_env"]
 
     own_config = {
@@ -94,7 +94,7 @@ def test_source_builds_name_the_cpu_target_never_native() -> None:
         "CPUINFER_ENABLE_AMX": "ON",
     }
     assert build_env("ktransformers-source-cuda12.8-portable") == {"CPUINFER_BUILD_ALL_VARIANTS": "1"}
-    legacy = image_spec("ktransformers-legacy", "zen5", cuda=cuda_target("12.8"))
+    legacy = image_spec(get_engine("ktransformers-legacy"), "zen5", cuda=cuda_target("12.8"))
     env = dict(
         item.split("=", 1) for item in LEGACY.template_values(legacy, LEGACY.toolchain(legacy))["build_env"]
     )
@@ -106,7 +106,7 @@ def test_source_builds_name_the_cpu_target_never_native() -> None:
         "TORCH_CUDA_ARCH_LIST": "'8.6;8.9;9.0;12.0'",
         "KTRANSFORMERS_FORCE_BUILD": "TRUE",
     }
-    avx2 = image_spec("ktransformers-legacy", "avx2", cuda=cuda_target("12.8"))
+    avx2 = image_spec(get_engine("ktransformers-legacy"), "avx2", cuda=cuda_target("12.8"))
     assert "CPU_INSTRUCT=AVX2" in LEGACY.template_values(avx2, LEGACY.toolchain(avx2))["build_env"]
 
 
@@ -122,18 +122,18 @@ def test_torch_comes_from_the_index_for_its_cuda() -> None:
 
 
 def test_what_a_kt_image_can_be_built_from() -> None:
-    assert image_spec("ktransformers", "zen4").source.kind == "pypi"
+    assert image_spec(get_engine("ktransformers"), "zen4").source.kind == "pypi"
     with pytest.raises(SpecError, match="has no CPU-only image"):
-        image_spec("ktransformers-legacy", "zen4")
+        image_spec(get_engine("ktransformers-legacy"), "zen4")
     from_pypi = ImageSpec.model_validate(
-        image_spec("llama.cpp", "avx2").model_dump() | {"source": {"kind": "pypi", "ref": "1"}}
+        image_spec(get_engine("llama.cpp"), "avx2").model_dump() | {"source": {"kind": "pypi", "ref": "1"}}
     )
     with pytest.raises(SpecError, match="not installed from PyPI wheels"):
         get_engine("llama.cpp").check_image(from_pypi)
     with pytest.raises(SpecError, match="not installed from PyPI wheels"):
         render_files(from_pypi)  # what every build renders first
     with pytest.raises(SpecError, match=r"torch 2.9.1, which PyTorch builds for CUDA 12.6, 12.8 only"):
-        image_spec("ktransformers", "zen4", cuda=cuda_target("12.4"))
+        image_spec(get_engine("ktransformers"), "zen4", cuda=cuda_target("12.4"))
     with pytest.raises(SpecError, match="no kt-kernel wheels"):  # a source build compiles on Ubuntu 22.04
         _python_toolchain(cpu_target("zen4"), cuda_target("12.4"), BaseImages(), compiles=True)
 
@@ -142,24 +142,28 @@ def test_cuda_images_from_released_wheels_need_no_nvidia_cuda_image() -> None:
     """Their CUDA is torch's (the nvidia-*-cu12 wheels): every stage is Debian bookworm (Python 3.11 for
     kt-kernel's wheels), which `moe-stack base --suite bookworm` makes without a registry; the image sets
     what NVIDIA's images set for the container toolkit. A build from source compiles CUDA: NVIDIA's devel."""
-    dockerfile = render_files(image_spec("ktransformers", "portable", cuda=cuda_target("12.8")))["Dockerfile"]
+    dockerfile = render_files(image_spec(get_engine("ktransformers"), "portable", cuda=cuda_target("12.8")))[
+        "Dockerfile"
+    ]
     bases = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
     assert set(bases) - {"toolchain", "scratch"} == {PYTHON_CPU_BASE}, bases
     assert "nvidia/cuda" not in dockerfile
     for line in ("NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_REQUIRE_CUDA=cuda>=12.8"):
         assert line in dockerfile
-    labels = image_labels(image_spec("ktransformers", "portable", cuda=cuda_target("12.8")))
+    labels = image_labels(image_spec(get_engine("ktransformers"), "portable", cuda=cuda_target("12.8")))
     assert labels["io.moe-stack.cuda-base"] == "torch-wheels"
     with pytest.raises(SpecError, match="drop --cuda-base debian"):
         _python_toolchain(cpu_target("zen4"), cuda_target("12.8"), BaseImages(cuda="debian"), compiles=False)
-    legacy = LEGACY.toolchain(image_spec("ktransformers-legacy", "zen4", cuda=cuda_target("12.8")))
+    legacy = LEGACY.toolchain(
+        image_spec(get_engine("ktransformers-legacy"), "zen4", cuda=cuda_target("12.8"))
+    )
     assert legacy.build_image.startswith("nvidia/cuda:12.8.1-devel-ubuntu24.04")
 
 
 def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Path) -> None:
     (tmp_path / "kt_kernel-0.7.2-cp311-cp311-manylinux_2_35_x86_64.whl").write_bytes(b"")
     assert resolve_local(KT, str(tmp_path)) == tmp_path
-    spec = image_spec("ktransformers", "avx2", tree=tmp_path, ref="0.7.2")
+    spec = image_spec(get_engine("ktransformers"), "avx2", tree=tmp_path, ref="0.7.2")
     assert isinstance(spec.source, LocalSource) and spec.source.holds == "wheels"
     assert plan_build(spec, tmp_path / "ctx", tmp_path).build_contexts == {"wheelhouse": str(tmp_path)}
 
@@ -441,12 +445,14 @@ def test_a_stack_without_image_lets_kt_kernel_choose_its_variant() -> None:
     """A named CPU target pins kt-kernel's variant (the avx2 image runs AVX2 experts on an AMX Xeon):
     the image a KTransformers stack names without --image is the portable one, which pins none."""
     engine = get_engine("ktransformers")
-    spec = default_image_spec("ktransformers", gpu=True)
+    spec = default_image_spec(get_engine("ktransformers"), gpu=True)
     assert image_tag(spec).endswith("-cuda12.8-portable")
     assert "KT_KERNEL_CPU_VARIANT" not in engine.engine_env(spec)
-    pinned = image_spec("ktransformers", "avx2", cuda=cuda_target("12.8"))
+    pinned = image_spec(get_engine("ktransformers"), "avx2", cuda=cuda_target("12.8"))
     assert engine.engine_env(pinned)["KT_KERNEL_CPU_VARIANT"] == "avx2"
-    assert default_image_spec("llama.cpp", gpu=False).cpu.name == "avx2"  # other engines: unchanged
+    assert (
+        default_image_spec(get_engine("llama.cpp"), gpu=False).cpu.name == "avx2"
+    )  # other engines: unchanged
 
 
 def test_the_recorded_sglang_contract_is_the_help_read_on_the_gpu() -> None:

@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target
@@ -69,7 +70,7 @@ def test_every_preset_gives_valid_manifests(tmp_path: Path, engine: str) -> None
             continue
         for host_name, host in hosts.items():
             cpu = "zen4" if host_name == "epyc" else "sapphirerapids"
-            image = image_tag(image_spec(engine, cpu, cuda=_cuda(engine)))
+            image = image_tag(image_spec(get_engine(engine), cpu, cuda=_cuda(engine)))
             model = write_moe_gguf(
                 tmp_path / "models" / f"{preset.architecture}.gguf", TINY_SHAPES[preset.architecture]
             )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts, probe
@@ -77,7 +78,9 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     # Each: llama.cpp's compute reserve for this model (-ub 512, 512 tokens) and 0.003 GiB: the layers'
     # share of attention and a 512-token cache, and the experts of layers 0 and 1 on the first GPU
     # (layer 2's stay in RAM), of layer 3 on the second
-    vram_gb = (gpu_reserve("llama.cpp", read_facts(model), 512, 512, latent=False) + 1.003 * GIB) / GIB
+    vram_gb = (
+        gpu_reserve(get_engine("llama.cpp"), read_facts(model), 512, 512, latent=False) + 1.003 * GIB
+    ) / GIB
     options = StackOptions(
         model=model,
         gpu="nvidia",
@@ -130,12 +133,14 @@ def test_either_llama_engine_may_place_everything_itself(tmp_path: Path, model: 
         command[command.index("--fit") + 1] == "on" and command[command.index("--fit-target") + 1] == "1024"
     )
     assert "--n-gpu-layers" not in command and "--override-tensor" not in command  # left to --fit
-    ik = options.model_copy(update={"engine": "ik_llama.cpp", "vram_margin_gb": 2.0})
+    ik = options.model_copy(update={"engine": get_engine("ik_llama.cpp"), "vram_margin_gb": 2.0})
     command = compose_dict(assemble_stack(ik, host), "x")["services"]["engine"]["command"]
     assert command[command.index("--fit") + 1] == "--fit-margin" and "--fit-target" not in command
     assert command[command.index("--fit-margin") + 1] == "2048" and "--override-tensor" not in command
     assert int(command[command.index("--n-gpu-layers") + 1]) > read_facts(model).layers
     with pytest.raises(StackError, match="ktransformers does not read --placement fit"):
-        compose_dict(assemble_stack(options.model_copy(update={"engine": "ktransformers"}), host), "x")
+        compose_dict(
+            assemble_stack(options.model_copy(update={"engine": get_engine("ktransformers")}), host), "x"
+        )
     with pytest.raises(SpecError, match="--placement fit leaves -ngl and -ot to the engine"):
         assemble_stack(options.model_copy(update={"experts_on_cpu": True}), host)

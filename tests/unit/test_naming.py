@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from builder.engines import get_engine
 from builder.images.matrix import buildable
 from builder.images.naming import (
     alias_image_tag,
@@ -38,7 +39,7 @@ def test_every_variant_round_trips() -> None:
 
 def test_the_scheme_itself() -> None:
     spec = image_spec(
-        "ik_llama.cpp", "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08"
+        get_engine("ik_llama.cpp"), "zen4", ref="007d640098cbea95157d81846ada7fe50b9fed08"
     )  # shortened to 12
     assert image_tag(spec) == "ghcr.io/moe-stack/ik-llama-cpp:007d640098cb-cpu-zen4"
     assert alias_image_tag(spec) == "ghcr.io/moe-stack/ik-llama-cpp:cpu-zen4"

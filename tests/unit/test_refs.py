@@ -84,7 +84,7 @@ def test_every_engine_builds_its_pinned_ref_by_default() -> None:
     for name in engine_names():
         assert get_engine(name).default_ref == pins[name].ref
     assert re.fullmatch(r"[0-9a-f]{40}", pins["ik_llama.cpp"].ref), "a branch is pinned by its full commit"
-    assert image_spec("ik_llama.cpp").ref == pins["ik_llama.cpp"].ref
+    assert image_spec(get_engine("ik_llama.cpp")).ref == pins["ik_llama.cpp"].ref
 
 
 def test_newest_release_tag_by_number_with_the_peeled_commit() -> None:

@@ -58,7 +58,7 @@ def test_unknown_engine_and_cpu_target() -> None:
     with pytest.raises(SpecError, match="unknown CPU target 'avx9'"):
         cpu_target("avx9")
     with pytest.raises(SpecError, match="unknown engine 'vllm'"):
-        image_spec("vllm")
+        image_spec(get_engine("vllm"))
     with pytest.raises(ValidationError):  # not even an engine name
         ImageSpec(engine="vllm; rm -rf", source=GitSource(url="u", ref="r"), cpu=cpu_target("avx2"))
 

@@ -122,7 +122,7 @@ def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> 
         facts.total_bytes
         - facts.embedding_bytes
         + kv_cache_bytes(facts, 8192, "f16", mla=False)
-        + gpu_compute("llama.cpp", facts, 8192, 512, latent=False).bytes
+        + gpu_compute(get_engine("llama.cpp"), facts, 8192, 512, latent=False).bytes
     )
     assert draft_vram_bytes(options, adapter, 8192, 512) == expected > 0
     assert draft_vram_bytes(EngineOptions(mtp=True), adapter, 8192, 512) == 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.ktransformers import kt_variant
 from builder.errors import SpecError
 from builder.images.matrix import buildable, ci_rows, cuda_target, default_image_spec, published, variants
@@ -20,7 +21,7 @@ from tests.cli import run_cli
 
 
 def _args(engine: str, cpu: str, cuda: str | None = None) -> list[str]:
-    return configure_args(image_spec(engine, cpu, cuda=cuda_target(cuda)))
+    return configure_args(image_spec(get_engine(engine), cpu, cuda=cuda_target(cuda)))
 
 
 def test_named_targets_compile_for_their_cpu_never_native() -> None:
@@ -39,13 +40,13 @@ def test_portable_is_runtime_dispatch_of_mainline_and_kt_kernel_only() -> None:
     assert {"-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DBUILD_SHARED_LIBS=ON"} <= set(args)
     assert not any(a.startswith("-DCMAKE_C_FLAGS=-march") for a in args)
     with pytest.raises(SpecError, match="needs runtime CPU dispatch, which ik_llama.cpp lacks") as refused:
-        image_spec("ik_llama.cpp", "portable")
+        image_spec(get_engine("ik_llama.cpp"), "portable")
     named = refused.value.args[0].rsplit("(", 1)[1].rstrip(")").split(", ")  # every named target, none stale
     assert set(named) == {name for name, target in CPU_TARGETS.items() if not target.runtime_dispatch}
     assert {"icelake", "zen5", "sapphirerapids"} <= set(named)
     with pytest.raises(SpecError, match="which ktransformers-legacy lacks"):
-        image_spec("ktransformers-legacy", "portable", cuda=cuda_target("12.8"))
-    assert image_spec("ktransformers", "portable").cpu.runtime_dispatch
+        image_spec(get_engine("ktransformers-legacy"), "portable", cuda=cuda_target("12.8"))
+    assert image_spec(get_engine("ktransformers"), "portable").cpu.runtime_dispatch
 
 
 def test_toolchains_pick_a_compiler_that_knows_the_cpu() -> None:
@@ -139,7 +140,7 @@ def test_the_default_publish_set_and_its_job_limits() -> None:
     for engine, gpu in [(e, g) for e in ("llama.cpp", "ik_llama.cpp") for g in (False, True)] + [
         ("ktransformers", True)
     ]:
-        chosen = default_image_spec(engine, gpu, "580.95.05", zen4 if gpu else None)
+        chosen = default_image_spec(get_engine(engine), gpu, "580.95.05", zen4 if gpu else None)
         assert variant_tag(chosen) in variants_published, (engine, gpu)
     limits = {(r["engine"], r["cuda"], r["cpu"]): int(r["timeout_minutes"]) for r in rows}
     assert all(0 < m <= 360 for m in limits.values())

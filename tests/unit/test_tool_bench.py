@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.llama_bench import llama_bench_args, server_settings, sweep_bench_args
 from builder.errors import SpecError, StackError
 from builder.images.build import TOOLS_STAGE, plan_build
@@ -311,7 +312,10 @@ def test_tools_image_sits_beside_the_server_image(image: str, tools: str) -> Non
 
 
 def test_tools_image_builds_the_tools_stage_of_the_same_context(tmp_path: Path) -> None:
-    server, tools = image_spec("ik_llama.cpp", "zen4"), image_spec("ik_llama.cpp", "zen4", tools=True)
+    server, tools = (
+        image_spec(get_engine("ik_llama.cpp"), "zen4"),
+        image_spec(get_engine("ik_llama.cpp"), "zen4", tools=True),
+    )
     assert image_tag(tools) == image_tag(server).replace("/ik-llama-cpp:", "/ik-llama-cpp-tools:")
     plan = plan_build(tools, tmp_path, None)
     assert plan.target == TOOLS_STAGE and plan.tags == (image_tag(tools),)
@@ -320,7 +324,7 @@ def test_tools_image_builds_the_tools_stage_of_the_same_context(tmp_path: Path) 
     assert "FROM build AS tools-build" in dockerfile and "FROM runtime AS tools" in dockerfile
     assert "--target llama-bench llama-sweep-bench llama-batched-bench llama-quantize" in dockerfile
     with pytest.raises(SpecError, match="ktransformers has no tools image"):
-        image_spec("ktransformers", "avx2", cuda=cuda_target("12.8"), tools=True)
+        image_spec(get_engine("ktransformers"), "avx2", cuda=cuda_target("12.8"), tools=True)
 
 
 def test_the_tools_container_is_the_stacks_service_without_serving() -> None:

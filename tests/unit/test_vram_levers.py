@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
 from builder.models.planner import GIB, VramShortfall, plan
@@ -22,20 +23,20 @@ def _refusal(demand: GpuDemand, vram_gib: int) -> VramShortfall:
 
 
 def test_each_lever_frees_what_the_plan_would_then_need() -> None:
-    demand = GpuDemand("llama.cpp", QWEN3_235B, 32768, 2048, "f16", latent=False)
+    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", latent=False)
     found = {lever.option: lever.saves for lever in levers(demand)}
     assert list(found) == ["-ub 1024", "--ctx-size 16384", "--cache-type q8_0"]  # cheapest first
     for option, saves in found.items():
         assert saves > 0, option
     # a 16k f16 cache is half of the 32k one: halving the context frees at least that half
     assert found["--ctx-size 16384"] >= 0.5 * (
-        demand.bytes() - gpu_reserve("llama.cpp", QWEN3_235B, 32768, 2048, False)
+        demand.bytes() - gpu_reserve(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, False)
     )
-    assert levers(GpuDemand("llama.cpp", QWEN3_235B, 4096, 512, "q4_0", latent=False)) == []
+    assert levers(GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 4096, 512, "q4_0", latent=False)) == []
 
 
 def test_a_refusal_names_the_change_that_is_enough() -> None:
-    demand = GpuDemand("llama.cpp", QWEN3_235B, 32768, 2048, "f16", latent=False)
+    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", latent=False)
     refused = _refusal(demand, 12)
     least, frees = enough(demand, refused.missing)
     assert frees >= refused.missing and (least.ubatch, least.ctx, least.cache_type) == (512, 8192, "f16")

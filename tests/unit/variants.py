@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.engines import get_engine
 from builder.images.matrix import buildable, cuda_target
 from builder.images.naming import context_name, image_spec
 from builder.spec import ImageSpec, LocalSource
@@ -13,13 +14,13 @@ from builder.spec import ImageSpec, LocalSource
 _CHECKOUT = Path("/src/ktransformers")
 
 UNPUBLISHED: dict[str, ImageSpec] = {
-    "ktransformers-kernels-cpu-portable": image_spec("ktransformers", "portable"),
-    "ktransformers-kernels-cpu-avx2": image_spec("ktransformers", "avx2"),
+    "ktransformers-kernels-cpu-portable": image_spec(get_engine("ktransformers"), "portable"),
+    "ktransformers-kernels-cpu-avx2": image_spec(get_engine("ktransformers"), "avx2"),
     "ktransformers-source-cuda12.8-sapphirerapids": image_spec(
-        "ktransformers", "sapphirerapids", cuda=cuda_target("12.8")
+        get_engine("ktransformers"), "sapphirerapids", cuda=cuda_target("12.8")
     ).model_copy(update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
     "ktransformers-source-cuda12.8-portable": image_spec(
-        "ktransformers", "portable", cuda=cuda_target("12.8")
+        get_engine("ktransformers"), "portable", cuda=cuda_target("12.8")
     ).model_copy(update={"source": LocalSource(path=_CHECKOUT, ref="v0.7.2")}),
 }
 
