@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from builder.stacks.document import cpu_only, start_period_for, to_yaml
 # `compose --presets FILE`, else this variable.
 PRESETS_ENV = "MOE_STACK_PRESETS"
 # A preset's keys that describe its model rather than set a stack option.
-_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines")
+_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines", "unsupported")
 # C0 (ESC, so every terminal sequence, included) but tab and newline, DEL and C1: `presets` prints a
 # preset's text, and a presets file is data, never terminal commands (a title, a cleared screen, a
 # clipboard write). A chat template (Jinja) spans lines, so newlines and tabs stay.
@@ -43,8 +43,15 @@ class Preset:
     options: dict[str, object]  # neutral engine options common to all engines, and experts_on_cpu
     engines: dict[str, dict[str, object]]  # per-engine additions (ik_llama.cpp's fused MoE, MLA)
     source: Path  # the file it came from (the last one that set a key of it)
+    # Engines that can't serve the preset's model, each with the reason (said when one is asked for).
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     def _check_engine(self, engine: str) -> None:
+        if engine in self.unsupported:
+            raise SpecError(
+                f"preset {self.name}: {engine} can't serve it ({self.unsupported[engine]}); use --engine "
+                f"{' or '.join(self.engines)}"
+            )
         if engine not in self.engines:
             raise SpecError(
                 f"preset {self.name} has no settings for {engine}; it has {', '.join(self.engines)}"
@@ -189,6 +196,12 @@ def _preset(name: str, entry: dict, source: Path) -> Preset:
         if extra is not None and not isinstance(extra, dict):
             raise wrong(f"engines.{engine}", "a mapping of options (or nothing)")
         engines[str(engine)] = dict(extra or {})
+    unsupported = entry.get("unsupported") or {}
+    if not isinstance(unsupported, dict) or not all(isinstance(v, str) for v in unsupported.values()):
+        raise wrong("unsupported", "a mapping of engine to the reason it can't serve the model")
+    for engine in unsupported:
+        if engine not in engine_names() or engine in engines:
+            raise wrong(f"unsupported.{engine}", "an engine the preset has no settings for")
     options = {k: v for k, v in entry.items() if k not in _DESCRIPTIVE}
     if not isinstance(options.get("experts_on_cpu", False), bool):
         raise wrong("experts_on_cpu", "true or false")
@@ -204,6 +217,7 @@ def _preset(name: str, entry: dict, source: Path) -> Preset:
         options=options,
         engines=engines,
         source=source,
+        unsupported={str(engine): reason for engine, reason in unsupported.items()},
     )
     for engine in engines:  # every engine's options valid now, not when a stack asks for them
         preset.engine_options(engine)
@@ -253,7 +267,7 @@ def example_stacks() -> dict[str, str]:
                 continue
             image = image_tag(gpu_image)
             stack = StackSpec(
-                project=f"{preset.name}-{engine.replace('.', '-').replace('_', '-')}",
+                project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
                 engine=engine,
                 image=image,
                 model=Path("/models") / preset.example_model,
