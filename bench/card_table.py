@@ -1,5 +1,5 @@
 """What each preset gets on a 24, 32, 48 and 80 GB card, by moe-stack's own plan: the full models' shapes
-(DeepSeek-R1-671B, Qwen3-235B-A22B, Qwen3-Next-80B-A3B) with 4-bit routed experts and Q8_0 attention
+(every preset's architecture as synth-moe writes it) with 4-bit routed experts and Q8_0 attention
 (the usual hybrid quants), each llama.cpp engine's measured compute buffers, the preset's context,
 cache type and micro-batch, the 1 GiB margin. A card the preset does not fit gets the change that does.
 
@@ -16,10 +16,10 @@ from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts
-from builder.stacks.presets import get_preset
+from builder.stacks.presets import get_preset, load_presets
 from builder.stacks.vram_levers import GpuDemand, enough
 
-PRESETS = {"deepseek-r1-671b": "deepseek2", "qwen3-235b-a22b": "qwen3moe", "qwen3-next-80b-a3b": "qwen3next"}
+PRESETS = {preset.name: preset.architecture for preset in load_presets().values()}
 ENGINES = ("ik_llama.cpp", "llama.cpp")
 
 

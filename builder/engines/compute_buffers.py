@@ -103,9 +103,7 @@ def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent
     fits = engine.buffer_fits
     fitted = fits.layers(facts, ctx, ubatch, latent) if fits.layers is not None else None
     if fitted is None:
-        return ComputeEstimate(
-            UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate"
-        )
+        return unmeasured(fits, facts, ubatch)
     logged, measured, basis = fitted
     slice_copy = expert_copy(fits, facts.arch, SLICE_EXPERT_TENSOR_BYTES[facts.arch])
     model_copy = expert_copy(fits, facts.arch, max(facts.expert_bytes, default=0) // 3)
@@ -131,6 +129,24 @@ def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent
             f"than the layers' ({basis})",
         )
     return ComputeEstimate(stage, measured, basis)
+
+
+def unmeasured(fits: BufferFits, facts: ModelFacts, ubatch: int) -> ComputeEstimate:
+    """No fit for this engine and architecture: the larger of the flat reserve and what the sources say
+    any architecture's micro-batch needs (prefill's copy of the largest expert tensor and the experts'
+    activations; ik's logits): at GLM's, gpt-oss's and MiniMax's widths and -ub 2048 those exceed 1 GiB."""
+    copy = fits.copied_expert_tensors * (max(facts.expert_bytes, default=0) // 3)
+    stages = max(copy + moe_activations(facts, ubatch), output_stage(fits, facts, ubatch))
+    if stages <= UNMEASURED_BYTES:
+        return ComputeEstimate(
+            UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate"
+        )
+    return ComputeEstimate(
+        stages,
+        False,
+        "not measured for this engine and architecture: an estimate from the sources (prefill's expert "
+        f"copy {size_mib(copy)} and activations, or the output stage), larger than the flat 1 GiB",
+    )
 
 
 def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:

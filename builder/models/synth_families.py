@@ -155,7 +155,8 @@ def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
     yield f"{p}.attn_v.bias", (kv,), "f32"
 
 
-# Full size, from the models' configs (MOE-FAMILIES.md §2).
+# Full size, from the models' configs (MOE-FAMILIES.md §2), at their real vocabularies (the embeddings,
+# the output head and ik_llama.cpp's logits in the compute buffer at their real sizes).
 FAMILY_SHAPES: dict[str, MoeShape] = {
     # GLM-4.6: 92 layers (3 dense, 12288 wide) + 1 NextN, 96 query / 8 KV heads of 128, 160 experts of
     # 1536 and one shared, top-8.
@@ -170,6 +171,7 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         experts_used=8,
         context=202752,
         quant="Q4_0",
+        vocab=151552,
         dense_layers=3,
         dense_ffn=12288,
     ),
@@ -185,6 +187,7 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         experts_used=4,
         context=131072,
         quant="Q4_0",
+        vocab=201088,
     ),
     # MiniMax-M2: 62 layers, 48 query / 8 KV heads of 128, 256 experts of 1536, top-8.
     "minimax-m2": MiniMaxM2Shape(
@@ -198,9 +201,11 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         experts_used=8,
         context=196608,
         quant="Q4_0",
+        vocab=200064,
     ),
 }
-# Small models of each, for the suite's CPU stacks; the real models' training contexts.
+# Small models of each, for the suite's CPU stacks (the byte-level vocabulary); the real models' training
+# contexts.
 FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
     "glm4moe": Glm4MoeShape(layers=3, context=FAMILY_SHAPES["glm4moe"].context),
     # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.

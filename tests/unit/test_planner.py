@@ -14,7 +14,14 @@ from typing import get_args
 import pytest
 
 from builder.engines import get_engine
-from builder.engines.compute_buffers import DEFAULT_UBATCH, MIB, gpu_compute, gpu_reserve, prefill_pool
+from builder.engines.compute_buffers import (
+    DEFAULT_UBATCH,
+    MIB,
+    gpu_compute,
+    gpu_reserve,
+    moe_activations,
+    prefill_pool,
+)
 from builder.errors import ModelError, SpecError
 from builder.models.planner import (
     CACHE_BYTES,
@@ -418,3 +425,16 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
     assert not gpu_compute(
         get_engine("ik_llama.cpp"), facts, 32768, DEFAULT_UBATCH, ik.caches_latent(None)
     ).basis.startswith("not measured")
+
+
+def test_an_unmeasured_architecture_gets_the_stages_the_sources_name() -> None:
+    """No fit for GLM-4.6's widths: at -ub 2048 ik's estimate is the larger of its output stage (the
+    micro-batch's logits, GLM's 151552-token vocabulary) and its two copied expert tensors with the
+    experts' activations, and over the flat 1 GiB; mainline at -ub 512 keeps the flat reserve."""
+    facts = shape_facts(synth_shape("glm4moe", layers=8, experts=32))
+    moe_stage = 2 * (max(facts.expert_bytes) // 3) + moe_activations(facts, 2048)
+    ik = gpu_compute(get_engine("ik_llama.cpp"), facts, 32768, 2048, latent=False)
+    assert not ik.measured and ik.bytes == 2048 * (151552 + 2 * 5120) * 4 > max(moe_stage, GIB)
+    assert "an estimate from the sources" in ik.basis
+    flat = gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=False)
+    assert (flat.bytes, flat.measured) == (GIB, False)
