@@ -1,5 +1,5 @@
-"""`moe-stack publish | pull | bundle | load`: getting images to where they run. Registered on the
-app by cli.py; each verb is a thin layer over publish.py or bundle.py."""
+"""`moe-stack publish | pull | bundle | load`: getting images to where they run; each verb is a thin layer
+over publish.py or bundle.py."""
 
 from __future__ import annotations
 
