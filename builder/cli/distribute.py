@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from builder.cli.common import EngineOpt, out
+from builder.cli.common import out
+from builder.cli.options import declared, takes_options
 from builder.distribute.bundle import LoadOptions, load_bundle, make_bundle, sha256, unreadable_models
 from builder.distribute.publish import publish as publish_images
 from builder.distribute.publish import pull as pull_image
@@ -35,9 +36,10 @@ def publish(
         out.print(f"pushed {pushed.tag} {pushed.digest}", highlight=False, soft_wrap=True)
 
 
+@takes_options()
 def pull(
     source: FromOpt = DEFAULT_PREFIX,
-    engine: EngineOpt = "llama.cpp",
+    engine: str = declared(),
     ref: Annotated[
         str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")
     ] = None,

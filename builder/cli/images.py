@@ -13,12 +13,11 @@ import typer
 from rich.text import Text
 
 from builder.cli.common import (
-    EngineOpt,
-    int_list,
     out,
     raw_stderr,
     text_table,
 )
+from builder.cli.options import declared, takes_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
 from builder.engines import get_engine
@@ -47,6 +46,7 @@ from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 from builder.spec import BaseImages, CudaTarget
+from builder.stacks.options import int_list
 
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
 RefOpt = Annotated[
@@ -116,8 +116,9 @@ def _bases(
     )
 
 
+@takes_options()
 def render(
-    engine: EngineOpt = "llama.cpp",
+    engine: str = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
@@ -142,8 +143,9 @@ def render(
     out.print(f"rendered {spec.engine} {variant_tag(spec)} → {path / 'Dockerfile'}")
 
 
+@takes_options()
 def build(
-    engine: EngineOpt = "llama.cpp",
+    engine: str = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
@@ -257,8 +259,9 @@ def build(
     out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
 
 
+@takes_options()
 def cmake_args(
-    engine: EngineOpt = "llama.cpp",
+    engine: str = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,

@@ -14,6 +14,7 @@ import yaml
 from rich.text import Text
 
 from builder.cli.common import out, text_table
+from builder.cli.options import declared, takes_options
 from builder.errors import SpecError
 from builder.spec import duration_seconds
 from builder.stacks.benchmark import measure
@@ -27,6 +28,7 @@ from builder.stacks.tune_plot import plot
 from builder.stacks.tune_stack import tune_stack, tuned_document
 
 
+@takes_options()
 def bench(
     compose_file: Annotated[
         Path, typer.Argument(help="compose file of the stack (started if it isn't running)")
@@ -55,10 +57,7 @@ def bench(
             "tag)",
         ),
     ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)"),
-    ] = None,
+    profile: str | None = declared(),
 ) -> None:
     """Prefill and decode tokens/s of a stack, as its engine reports them, with exactly the stack's flags."""
     if tool is not None:
@@ -123,6 +122,7 @@ def _bench_with_tool(
     out.print(table)
 
 
+@takes_options()
 def tune(
     compose_file: Annotated[
         Path, typer.Argument(help="compose file of the stack (stopped: tune measures its model and cores)")
@@ -169,10 +169,7 @@ def tune(
             "--model-dir", help="with --native-bin: the model's directory here (default: the stack's)"
         ),
     ] = None,
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)"),
-    ] = None,
+    profile: str | None = declared(),
 ) -> None:
     """Find this host's fastest settings for a stack (threads, batch sizes, mmap, ik_llama.cpp's repacking,
     fused MoE and offload batch, NUMA policy, a draft's length) with the engine's llama-bench (a drafting
@@ -265,14 +262,12 @@ def parse_duration(text: str) -> float:
     return float(seconds)
 
 
+@takes_options()
 def smoke(
     compose_file: Annotated[
         Path, typer.Argument(help="compose file of the stack (started if it isn't running)")
     ] = Path("compose.yaml"),
-    profile: Annotated[
-        str | None,
-        typer.Option("--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)"),
-    ] = None,
+    profile: str | None = declared(),
     timeout: Annotated[
         int, typer.Option("--timeout", help="seconds the stack may take to become healthy")
     ] = 1800,

@@ -12,11 +12,11 @@ import typer
 from rich.markup import escape
 
 from builder.cli.common import (
-    PresetsFileOpt,
     out,
     raw_stderr,
     text_table,
 )
+from builder.cli.options import declared, takes_options
 from builder.docker_client import docker
 from builder.errors import (
     SpecError,
@@ -272,8 +272,9 @@ def kt_convert(
     )
 
 
+@takes_options()
 def list_presets(
-    presets_file: PresetsFileOpt = None,
+    presets_file: Path | None = declared(),
 ) -> None:
     """List the model presets `compose --preset` takes: the packaged ones and your own."""
     table = text_table("preset", "architecture", "engines", "model", "from")

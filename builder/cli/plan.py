@@ -9,21 +9,18 @@ from typing import Annotated
 
 import typer
 
-from builder.cli.common import (
-    EngineOpt,
-    float_list,
-    out,
-    text_table,
-)
-from builder.cli.neutral import given_options
+from builder.cli.common import out, text_table
+from builder.cli.options import declared, given_options, takes_options
 from builder.engines import get_engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, gpu_compute, prefill_pool
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, size
+from builder.models.planner import GIB, size
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
+from builder.stacks.options import float_list
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 
+@takes_options()
 def plan_memory(
     model: Annotated[
         Path, typer.Argument(help="the GGUF (its header and tensor table are read, not the weights)")
@@ -33,28 +30,18 @@ def plan_memory(
         typer.Option("--vram-gb", help="GPU memory to plan with, GiB; several GPUs: each one's, e.g. 24,24"),
     ] = "24",
     ram_gb: Annotated[float, typer.Option("--ram-gb", help="CPU RAM to plan with, GiB")] = 384.0,
-    vram_margin_gb: Annotated[
-        float, typer.Option("--vram-margin-gb", help="VRAM left free on each GPU, GiB (as the engines' fit)")
-    ] = DEFAULT_VRAM_MARGIN / GIB,
-    ctx_size: Annotated[int, typer.Option("--ctx-size", "-c", help="context length")] = 32768,
-    cache_type: Annotated[
-        str, typer.Option("--cache-type", help="KV cache type (f16, q8_0, q4_0...)")
-    ] = "q8_0",
+    vram_margin_gb: float = declared(help="VRAM left free on each GPU, GiB (as the engines' fit)"),
+    ctx_size: int = declared(32768, help="context length"),
+    cache_type: str = declared("q8_0", help="KV cache type (f16, q8_0, q4_0...)"),
     mla: Annotated[
         bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla; mainline always)")
     ] = False,
-    engine: EngineOpt = "llama.cpp",
-    ubatch_size: Annotated[
-        int, typer.Option("--ubatch-size", "-ub", help="the stack's -ub (the presets: 2048)")
-    ] = 512,
-    mmap: Annotated[
-        bool | None,
-        typer.Option("--mmap/--no-mmap", help="the stack's mmap setting (the engine's default: mapped)"),
-    ] = None,
-    draft_model: Annotated[
-        Path | None,
-        typer.Option("--draft-model", help="the stack's draft model (its weights, KV and buffer on the GPU)"),
-    ] = None,
+    engine: str = declared(),
+    ubatch_size: int = declared(512, help="the stack's -ub (the presets: 2048)"),
+    mmap: bool | None = declared(help="the stack's mmap setting (the engine's default: mapped)"),
+    draft_model: Path | None = declared(
+        help="the stack's draft model (its weights, KV and buffer on the GPU)"
+    ),
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
