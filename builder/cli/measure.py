@@ -23,9 +23,45 @@ from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
 from builder.stacks.tool_run import bench_with_tool, engine_service
-from builder.stacks.tune import Objective
+from builder.stacks.tune import Objective, TuneResult
 from builder.stacks.tune_plot import plot
-from builder.stacks.tune_stack import tune_stack, tuned_document
+from builder.stacks.tune_stack import Tuned, tune_stack, tuned_document
+
+# tune's options, each once
+TuneBudgetOpt = Annotated[
+    str, typer.Option("--budget", help="how long the search may take, e.g. 20m, 90s, 1h")
+]
+TuneDecodeOpt = Annotated[bool, typer.Option("--decode", help="tune for decode speed only")]
+TunePrefillOpt = Annotated[bool, typer.Option("--prefill", help="tune for prefill speed only")]
+TuneWriteOpt = Annotated[
+    bool,
+    typer.Option("--write", help="write the winner into FILE itself (default: FILE.tuned.yaml beside it)"),
+]
+TuneOutFileOpt = Annotated[Path | None, typer.Option("--out", "-o", help="where to write the tuned stack")]
+TunePlotFileOpt = Annotated[Path | None, typer.Option("--plot", help="also a PNG chart of every trial")]
+TunePromptTokensOpt = Annotated[int, typer.Option("--prompt-tokens", "-p", help="prefill test length")]
+TuneGenerateOpt = Annotated[int, typer.Option("--generate", "-n", help="decode test length")]
+TuneOnlyOpt = Annotated[
+    str | None,
+    typer.Option("--only", help="tune these settings alone, comma-separated (e.g. fmoe,amb; default: all)"),
+]
+TuneToolsImageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tools-image", help="the tools image (default: the stack's image's repository with -tools)"
+    ),
+]
+TuneNativeBinOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--native-bin",
+        help="run native builds from this directory instead of the tools image (hosts without Docker)",
+    ),
+]
+TuneModelDirOpt = Annotated[
+    Path | None,
+    typer.Option("--model-dir", help="with --native-bin: the model's directory here (default: the stack's)"),
+]
 
 
 @takes_options()
@@ -127,48 +163,18 @@ def tune(
     compose_file: Annotated[
         Path, typer.Argument(help="compose file of the stack (stopped: tune measures its model and cores)")
     ] = Path("compose.yaml"),
-    budget: Annotated[
-        str, typer.Option("--budget", help="how long the search may take, e.g. 20m, 90s, 1h")
-    ] = "20m",
-    decode: Annotated[bool, typer.Option("--decode", help="tune for decode speed only")] = False,
-    prefill: Annotated[bool, typer.Option("--prefill", help="tune for prefill speed only")] = False,
-    write: Annotated[
-        bool,
-        typer.Option(
-            "--write", help="write the winner into FILE itself (default: FILE.tuned.yaml beside it)"
-        ),
-    ] = False,
-    out_file: Annotated[
-        Path | None, typer.Option("--out", "-o", help="where to write the tuned stack")
-    ] = None,
-    plot_file: Annotated[Path | None, typer.Option("--plot", help="also a PNG chart of every trial")] = None,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", "-p", help="prefill test length")] = 512,
-    generate: Annotated[int, typer.Option("--generate", "-n", help="decode test length")] = 64,
-    only: Annotated[
-        str | None,
-        typer.Option(
-            "--only", help="tune these settings alone, comma-separated (e.g. fmoe,amb; default: all)"
-        ),
-    ] = None,
-    tools_image: Annotated[
-        str | None,
-        typer.Option(
-            "--tools-image", help="the tools image (default: the stack's image's repository with -tools)"
-        ),
-    ] = None,
-    native_bin: Annotated[
-        Path | None,
-        typer.Option(
-            "--native-bin",
-            help="run native builds from this directory instead of the tools image (hosts without Docker)",
-        ),
-    ] = None,
-    model_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--model-dir", help="with --native-bin: the model's directory here (default: the stack's)"
-        ),
-    ] = None,
+    budget: TuneBudgetOpt = "20m",
+    decode: TuneDecodeOpt = False,
+    prefill: TunePrefillOpt = False,
+    write: TuneWriteOpt = False,
+    out_file: TuneOutFileOpt = None,
+    plot_file: TunePlotFileOpt = None,
+    prompt_tokens: TunePromptTokensOpt = 512,
+    generate: TuneGenerateOpt = 64,
+    only: TuneOnlyOpt = None,
+    tools_image: TuneToolsImageOpt = None,
+    native_bin: TuneNativeBinOpt = None,
+    model_dir: TuneModelDirOpt = None,
     profile: str | None = declared(),
 ) -> None:
     """Find this host's fastest settings for a stack (threads, batch sizes, mmap, ik_llama.cpp's repacking,
@@ -194,17 +200,20 @@ def tune(
         tuple(name.strip() for name in only.split(",") if name.strip()) if only else (),
         progress=_say,
     )
+    _print_tuned(tuned)
+    document = yaml.safe_load(compose_file.read_text())
+    name = engine_service(document, compose_file, profile).name
+    target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
+    path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
+    out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)
+    if plot_file is not None:
+        out.print(f"wrote {plot(tuned.result, plot_file)}", highlight=False)
+
+
+def _print_tuned(tuned: Tuned) -> None:
+    """Every trial, the winner and how sure it is, what was left out, and the bandwidth bound."""
     result = tuned.result
-    table = text_table("#", "setting", "prefill t/s", "decode t/s", "s")
-    for number, trial in enumerate(result.trials, 1):
-        table.add_row(
-            str(number),
-            f"{trial.dimension}={trial.value}",
-            f"{trial.prefill_tps:.1f}",
-            f"{trial.decode_tps:.2f}",
-            f"{trial.seconds:.0f}",
-        )
-    out.print(table)
+    _print_trials(result)
     changed = {k: v for k, v in result.best.values.items() if v != result.baseline.values[k]}
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
     out.print(
@@ -245,13 +254,19 @@ def tune(
             f"({tuned.bandwidth_gbps:.1f} GB/s ÷ {tuned.bytes_per_token / 1e6:.1f} MB read per token)",
             highlight=False,
         )
-    document = yaml.safe_load(compose_file.read_text())
-    name = engine_service(document, compose_file, profile).name
-    target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
-    path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
-    out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)
-    if plot_file is not None:
-        out.print(f"wrote {plot(result, plot_file)}", highlight=False)
+
+
+def _print_trials(result: TuneResult) -> None:
+    table = text_table("#", "setting", "prefill t/s", "decode t/s", "s")
+    for number, trial in enumerate(result.trials, 1):
+        table.add_row(
+            str(number),
+            f"{trial.dimension}={trial.value}",
+            f"{trial.prefill_tps:.1f}",
+            f"{trial.decode_tps:.2f}",
+            f"{trial.seconds:.0f}",
+        )
+    out.print(table)
 
 
 def parse_duration(text: str) -> float:
