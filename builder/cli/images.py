@@ -1,21 +1,19 @@
-"""`moe-stack render | build | cmake-args | base | matrix | refs`: the engine images, from a Dockerfile to a
-pushed tag, and the matrix and pins they come from."""
+"""`moe-stack render | build | cmake-args | base`: the engine images, from a Dockerfile to a pushed tag,
+and the base images they build on."""
 
 from __future__ import annotations
 
-import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal, cast
 
 import typer
-from rich.text import Text
 
 from builder.cli.common import (
     out,
     raw_stderr,
-    text_table,
 )
 from builder.cli.options import declared, takes_options
 from builder.cli.progress import ProgressMode, build_display
@@ -24,28 +22,21 @@ from builder.engines import get_engine
 from builder.errors import (
     SpecError,
 )
-from builder.files import cache_dir, write_file_atomically
+from builder.files import cache_dir
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
-from builder.images.matrix import Variant as MatrixVariant
 from builder.images.matrix import (
-    ci_rows,
     cuda_target,
-    edge_specs,
-    publish_set,
-    variants,
 )
 from builder.images.naming import build_name, image_spec, variant_tag
 from builder.images.prometheus import make_prometheus
-from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
-from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
-from builder.spec import BaseImages, CudaTarget
+from builder.spec import BaseImages, CudaTarget, ImageSpec
 from builder.stacks.options import int_list
 
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
@@ -116,6 +107,66 @@ def _bases(
     )
 
 
+BuildSourceOpt = SourceOpt
+BuildRegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
+BuildNamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
+BuildDryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")]
+BuildLogOpt = Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")]
+BuildPushOpt = Annotated[
+    bool,
+    typer.Option(
+        "--push",
+        help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a "
+        "buildx builder that can export attestations (docker-container)",
+    ),
+]
+BuildRegistryCacheOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--registry-cache",
+        help="with --push: read and write the build cache (every stage, mode=max) at REPO:<variant>, "
+        "e.g. ghcr.io/OWNER/moe-stack-cache",
+    ),
+]
+BuildAttestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--attest/--no-attest",
+        help="with --push: SBOM and provenance attestations (a docker-container builder; the docker "
+        "driver has none: --no-attest)",
+    ),
+]
+BuildMetadataFileOpt = Annotated[
+    Path | None,
+    typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
+]
+BuildChannelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--channel",
+        help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of "
+        "upstream heads)",
+    ),
+]
+BuildToolsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tools",
+        help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, "
+        "gguf-split, perplexity, imatrix and gguf-py, from the same build",
+    ),
+]
+BuildCcacheDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ccache-dir",
+        help="carry the compile cache through DIR (one only you can write: its objects are linked into "
+        "the image): its ccache objects seed the build's ccache before the build, DIR holds them after "
+        "(a CI runner's builder starts empty; llama.cpp engines)",
+    ),
+]
+
+
 @takes_options()
 def render(
     engine: str = declared(),
@@ -150,80 +201,27 @@ def build(
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
     ref: RefOpt = None,
-    source: SourceOpt = None,
+    source: BuildSourceOpt = None,
     base_image: BaseOpt = None,
     build_base: BuildBaseOpt = None,
     runtime_base: RuntimeBaseOpt = None,
     cuda_base: CudaBaseOpt = "nvidia",
-    registry: Annotated[str, typer.Option("--registry", help="registry part of the image tag")] = "ghcr.io",
-    namespace: Annotated[
-        str, typer.Option("--namespace", help="namespace part of the image tag")
-    ] = "moe-stack",
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")] = False,
-    log: Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")] = None,
-    push: Annotated[
-        bool,
-        typer.Option(
-            "--push",
-            help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a "
-            "buildx builder that can export attestations (docker-container)",
-        ),
-    ] = False,
-    registry_cache: Annotated[
-        str | None,
-        typer.Option(
-            "--registry-cache",
-            help="with --push: read and write the build cache (every stage, mode=max) at REPO:<variant>, "
-            "e.g. ghcr.io/OWNER/moe-stack-cache",
-        ),
-    ] = None,
-    attest: Annotated[
-        bool,
-        typer.Option(
-            "--attest/--no-attest",
-            help="with --push: SBOM and provenance attestations (a docker-container builder; the docker "
-            "driver has none: --no-attest)",
-        ),
-    ] = True,
-    metadata_file: Annotated[
-        Path | None,
-        typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
-    ] = None,
+    registry: BuildRegistryOpt = "ghcr.io",
+    namespace: BuildNamespaceOpt = "moe-stack",
+    dry_run: BuildDryRunOpt = False,
+    log: BuildLogOpt = None,
+    push: BuildPushOpt = False,
+    registry_cache: BuildRegistryCacheOpt = None,
+    attest: BuildAttestOpt = True,
+    metadata_file: BuildMetadataFileOpt = None,
     progress: ProgressOpt = "auto",
-    channel: Annotated[
-        str | None,
-        typer.Option(
-            "--channel",
-            help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of "
-            "upstream heads)",
-        ),
-    ] = None,
-    tools: Annotated[
-        bool,
-        typer.Option(
-            "--tools",
-            help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, "
-            "gguf-split, perplexity, imatrix and gguf-py, from the same build",
-        ),
-    ] = False,
-    ccache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--ccache-dir",
-            help="carry the compile cache through DIR (one only you can write: its objects are linked into "
-            "the image): its ccache objects seed the build's ccache before the build, DIR holds them after "
-            "(a CI runner's builder starts empty; llama.cpp engines)",
-        ),
-    ] = None,
+    channel: BuildChannelOpt = None,
+    tools: BuildToolsOpt = False,
+    ccache_dir: BuildCcacheDirOpt = None,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
-    if (registry_cache or metadata_file or channel or not attest) and not push:
-        raise SpecError(
-            "--registry-cache, --metadata-file, --channel and --no-attest go with --push "
-            "(CI's image workflows)"
-        )
-    if channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", channel):
-        raise SpecError(f"--channel {channel!r}: a lowercase word such as edge (it prefixes the alias tag)")
+    asked = Publishing(registry_cache, metadata_file, channel, attest)
+    _check_publishing(asked, push)
     display = _progress(progress)
     tree = resolve_local(get_engine(engine), source) if source else None
     spec = image_spec(
@@ -237,10 +235,7 @@ def build(
         _cuda(cuda, cuda_archs),
         tools,
     )
-    if push and metadata_file is None and not dry_run:  # the pushed digest is checked from it
-        metadata_file = cache_dir() / "logs" / f"push-{build_name(spec)}.json"
-        metadata_file.parent.mkdir(parents=True, exist_ok=True)
-    publishing = Publishing(registry_cache, metadata_file, channel, attest) if push else None
+    publishing = _publishing(asked, spec, dry_run) if push else None
     if dry_run:
         context = build_context(spec)
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
@@ -257,6 +252,28 @@ def build(
             out.print(f"pushed {name} {digest}", highlight=False, soft_wrap=True)
         return
     out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
+
+
+def _check_publishing(asked: Publishing, push: bool) -> None:
+    """--push's own options only with --push, and a channel that can prefix a tag."""
+    if (asked.cache_repo or asked.metadata_file or asked.channel or not asked.attest) and not push:
+        raise SpecError(
+            "--registry-cache, --metadata-file, --channel and --no-attest go with --push "
+            "(CI's image workflows)"
+        )
+    if asked.channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", asked.channel):
+        raise SpecError(
+            f"--channel {asked.channel!r}: a lowercase word such as edge (it prefixes the alias tag)"
+        )
+
+
+def _publishing(asked: Publishing, spec: ImageSpec, dry_run: bool) -> Publishing:
+    """The push as asked, with a metadata file to check the pushed digest from (the cache's by default)."""
+    if asked.metadata_file is not None or dry_run:
+        return asked
+    metadata_file = cache_dir() / "logs" / f"push-{build_name(spec)}.json"
+    metadata_file.parent.mkdir(parents=True, exist_ok=True)
+    return replace(asked, metadata_file=metadata_file)
 
 
 @takes_options()
@@ -278,33 +295,39 @@ def cmake_args(
             sys.stdout.write(arg + "\n")
 
 
+BaseTagOpt = Annotated[str, typer.Option("--tag", help="name of the Debian image to make")]
+BaseSuiteOpt = Annotated[str, typer.Option("--suite", help="Debian suite")]
+BaseMirrorOpt = Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")]
+BaseForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="re-make the images even if they exist (new IDs: builds on them start over)"
+    ),
+]
+BaseCudaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cuda",
+        help="also make moe-stack/cuda:VERSION-devel and -runtime: 13.0 from NVIDIA's PyPI wheels, "
+        "12.4 from Debian's non-free archive",
+    ),
+]
+BasePrometheusOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prometheus",
+        help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)",
+    ),
+]
+
+
 def base(
-    tag: Annotated[str, typer.Option("--tag", help="name of the Debian image to make")] = DEFAULT_LOCAL_TAG,
-    suite: Annotated[str, typer.Option("--suite", help="Debian suite")] = DEFAULT_SUITE,
-    mirror: Annotated[
-        str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force", help="re-make the images even if they exist (new IDs: builds on them start over)"
-        ),
-    ] = False,
-    cuda: Annotated[
-        str | None,
-        typer.Option(
-            "--cuda",
-            help="also make moe-stack/cuda:VERSION-devel and -runtime: 13.0 from NVIDIA's PyPI wheels, "
-            "12.4 from Debian's non-free archive",
-        ),
-    ] = None,
-    prometheus: Annotated[
-        bool,
-        typer.Option(
-            "--prometheus",
-            help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)",
-        ),
-    ] = False,
+    tag: BaseTagOpt = DEFAULT_LOCAL_TAG,
+    suite: BaseSuiteOpt = DEFAULT_SUITE,
+    mirror: BaseMirrorOpt = None,
+    force: BaseForceOpt = False,
+    cuda: BaseCudaOpt = None,
+    prometheus: BasePrometheusOpt = False,
 ) -> None:
     """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
     with --cuda, CUDA devel/runtime images on it (checked before tagging): 13.0 from NVIDIA's PyPI
@@ -356,82 +379,3 @@ def base(
         f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base {origin})",
         highlight=False,
     )
-
-
-def matrix(
-    as_json: Annotated[
-        bool, typer.Option("--json", help='the CI job matrix: {"include": [...]} on one line')
-    ] = False,
-    edge: Annotated[
-        bool,
-        typer.Option(
-            "--edge",
-            help="the nightly edge images instead: upstream heads of pins.yaml's edge branches (reads them "
-            "with git ls-remote)",
-        ),
-    ] = False,
-    publish: Annotated[
-        str,
-        typer.Option(
-            "--set",
-            help="default: what images.yml publishes on every push to main; all: every variant (its "
-            "manual run)",
-        ),
-    ] = "all",
-) -> None:
-    """Print the image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI's job matrix."""
-    specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else publish_set(publish)
-    if as_json:
-        sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
-        return
-    table = text_table("engine", "cuda", "archs", "cpu", "tag, or why not built")
-    chosen = {variant_tag(s) for s in specs}
-    for variant in (
-        [v for v in variants() if (variant_tag(v.spec) in chosen if v.spec else publish == "all")]
-        if not edge
-        else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]
-    ):
-        if variant.spec is None:
-            table.add_row(
-                variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim")
-            )
-        else:
-            archs = ",".join(str(a) for a in variant.spec.cuda.archs)
-            table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant_tag(variant.spec))
-    out.print(table)
-
-
-def refs(
-    bump: Annotated[
-        bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")
-    ] = False,
-    pins_file: Annotated[
-        Path | None,
-        typer.Option("--pins", help="the pins file (default: dockerfiles/pins.yaml of this installation)"),
-    ] = None,
-    summary_file: Annotated[
-        Path | None,
-        typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)"),
-    ] = None,
-) -> None:
-    """Compare the pinned engine refs (dockerfiles/pins.yaml) with upstream: llama.cpp's newest bNNNN
-    tag, ik_llama.cpp's main, kt-kernel on PyPI (git ls-remote and PyPI's JSON API)."""
-    path = pins_file or pins_path()
-    if not path.is_file():
-        raise SpecError(f"no pins file {path}: give --pins dockerfiles/pins.yaml")
-    text = path.read_text()
-    bumps = plan_bumps(parse_pins(text), NetworkUpstream())
-    for move in bumps:
-        out.print(f"{move.engine}: {move.old} -> {move.new} ({move.note})", highlight=False)
-    if not bumps:
-        out.print("every pinned ref is current")
-    if bump and bumps:
-        write_file_atomically(path, bump_pins(text, bumps))
-        out.print(
-            f"wrote {path}; re-render the golden files: "
-            "MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
-            highlight=False,
-            soft_wrap=True,
-        )
-    if summary_file is not None:
-        write_file_atomically(summary_file, summary(bumps))

@@ -1,5 +1,5 @@
-"""`moe-stack` command line: the app, its verbs by noun (images, models, host, stack, measure, distribute),
-and the one place an error becomes one line."""
+"""`moe-stack` command line: the app, its verbs by noun (images, matrix, models, plan, host, stack,
+measure, distribute), and the one place an error becomes one line."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from python_on_whales.exceptions import DockerException
 from typer.exceptions import TyperException
 
 from builder import __version__
-from builder.cli import distribute, host, images, measure, models, plan, stack
+from builder.cli import distribute, host, images, matrix, measure, models, plan, stack
 from builder.cli.common import first_paragraph, out
 from builder.docker_client import describe
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted, MoeStackError, SpecError
@@ -99,8 +99,8 @@ VERBS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("presets", models.list_presets),
     ("plan", plan.plan_memory),
     ("doctor", host.doctor),
-    ("matrix", images.matrix),
-    ("refs", images.refs),
+    ("matrix", matrix.matrix),
+    ("refs", matrix.refs),
     ("compose", stack.compose),
     ("up", stack.up),
     ("bench", measure.bench),

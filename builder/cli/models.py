@@ -121,56 +121,92 @@ def write_checkpoint(directory: Path, shape: MoeShape, seed: int, vocab: int | N
     )
 
 
+SynthOutFileOpt = Annotated[
+    Path, typer.Argument(help="GGUF file to write (with --format hf: a new directory)")
+]
+SynthArchOpt = Annotated[
+    str,
+    typer.Option(
+        help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next (Qwen3-Next-80B-A3B)"
+    ),
+]
+SynthTinyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tiny", help="a few-MB model of the architecture (the tests' size) instead of the real widths"
+    ),
+]
+SynthLayersOpt = Annotated[int | None, typer.Option(min=1, help="fewer layers than the model has")]
+SynthExpertsOpt = Annotated[int | None, typer.Option(min=1, help="fewer routed experts per layer")]
+SynthVocabOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=0, help="pad the vocabulary with unused tokens to this size (a real model's: Qwen3 151936)"
+    ),
+]
+SynthQuantOpt = Annotated[
+    str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
+]
+SynthMtpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--mtp",
+        help="deepseek2: with DeepSeek's multi-token-prediction layer (mainline's --spec-type draft-mtp)",
+    ),
+]
+SynthFileFormatOpt = Annotated[
+    Literal["gguf", "hf"],
+    typer.Option(
+        "--format",
+        help="gguf, or hf: a Hugging Face checkpoint directory (config, tokenizer, F16 safetensors in "
+        "the released model's layout) for KTransformers' --config-dir",
+    ),
+]
+
+
+def write_gguf(out_file: Path, shape: MoeShape, seed: int) -> None:
+    """synth-moe's GGUF, where the disk holds it, and what a decoded token reads of it."""
+    from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
+
+    needed, directory = model_file_bytes(shape), out_file.resolve().parent
+    directory.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise SpecError(
+            f"synth-moe: this {shape.arch} model needs {size(needed)} and {directory} has {size(free)} "
+            "free; give fewer --layers or --experts, or another directory"
+        )
+    path = write_moe_gguf(out_file, shape, seed)
+    ram, vram = token_read_bytes(shape)
+    out.print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {shape.arch}, {shape.layers} layers, "
+        f"{shape.experts} experts, {shape.quant})"
+    )
+    out.print(
+        f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
+        "other weights from VRAM (all experts on the CPU)"
+    )
+
+
 def synth_moe(
-    out_file: Annotated[Path, typer.Argument(help="GGUF file to write (with --format hf: a new directory)")],
-    arch: Annotated[
-        str,
-        typer.Option(
-            help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next (Qwen3-Next-80B-A3B)"
-        ),
-    ] = "qwen3moe",
-    tiny: Annotated[
-        bool,
-        typer.Option(
-            "--tiny", help="a few-MB model of the architecture (the tests' size) instead of the real widths"
-        ),
-    ] = False,
-    layers: Annotated[int | None, typer.Option(min=1, help="fewer layers than the model has")] = None,
-    experts: Annotated[int | None, typer.Option(min=1, help="fewer routed experts per layer")] = None,
+    out_file: SynthOutFileOpt,
+    arch: SynthArchOpt = "qwen3moe",
+    tiny: SynthTinyOpt = False,
+    layers: SynthLayersOpt = None,
+    experts: SynthExpertsOpt = None,
     experts_used: Annotated[int | None, typer.Option(min=1)] = None,
     hidden: Annotated[int | None, typer.Option(min=32)] = None,
     expert_ffn: Annotated[int | None, typer.Option(min=32)] = None,
-    vocab: Annotated[
-        int | None,
-        typer.Option(
-            min=0, help="pad the vocabulary with unused tokens to this size (a real model's: Qwen3 151936)"
-        ),
-    ] = None,
-    quant: Annotated[
-        str | None, typer.Option(help="Q8_0 or Q4_0 (default: Q4_0 at real widths, Q8_0 with --tiny)")
-    ] = None,
+    vocab: SynthVocabOpt = None,
+    quant: SynthQuantOpt = None,
     seed: int = 0,
-    mtp: Annotated[
-        bool,
-        typer.Option(
-            "--mtp",
-            help="deepseek2: with DeepSeek's multi-token-prediction layer (mainline's --spec-type draft-mtp)",
-        ),
-    ] = False,
-    file_format: Annotated[
-        Literal["gguf", "hf"],
-        typer.Option(
-            "--format",
-            help="gguf, or hf: a Hugging Face checkpoint directory (config, tokenizer, F16 safetensors in "
-            "the released model's layout) for KTransformers' --config-dir",
-        ),
-    ] = "gguf",
+    mtp: SynthMtpOpt = False,
+    file_format: SynthFileFormatOpt = "gguf",
 ) -> None:
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
     what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
     # numpy + gguf: only this verb needs them
-    from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
     from builder.models.synth_shapes import seed_shape
 
     given = {
@@ -194,24 +230,7 @@ def synth_moe(
     if file_format == "hf":
         write_checkpoint(out_file, shape, seed, vocab)
         return
-    needed, directory = model_file_bytes(shape), out_file.resolve().parent
-    directory.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(directory).free
-    if needed > free:
-        raise SpecError(
-            f"synth-moe: this {shape.arch} model needs {size(needed)} and {directory} has {size(free)} "
-            "free; give fewer --layers or --experts, or another directory"
-        )
-    path = write_moe_gguf(out_file, shape, seed)
-    ram, vram = token_read_bytes(shape)
-    out.print(
-        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {shape.arch}, {shape.layers} layers, "
-        f"{shape.experts} experts, {shape.quant})"
-    )
-    out.print(
-        f"a decoded token reads {ram / 1e6:.1f} MB of routed experts from RAM and {vram / 1e6:.1f} MB of "
-        "other weights from VRAM (all experts on the CPU)"
-    )
+    write_gguf(out_file, shape, seed)
 
 
 def kt_convert(
