@@ -166,6 +166,7 @@ SynthFileFormatOpt = Annotated[
 
 def write_gguf(out_file: Path, shape: MoeShape, seed: int) -> None:
     """synth-moe's GGUF, where the disk holds it, and what a decoded token reads of it."""
+    # numpy + gguf: only this verb needs them
     from builder.models.synth_moe import model_file_bytes, token_read_bytes, write_moe_gguf
 
     needed, directory = model_file_bytes(shape), out_file.resolve().parent
@@ -206,7 +207,6 @@ def synth_moe(
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
     what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
-    # numpy + gguf: only this verb needs them
     from builder.models.synth_shapes import seed_shape
 
     given = {
