@@ -265,14 +265,14 @@ Mebibytes = Annotated[int, BeforeValidator(_mebibytes)]
 
 
 def option(
-    default: int | None,
+    default: Any,
     *flags: str,
     help: str,
     ge: float | None = None,
     le: float | None = None,
     pattern: str | None = None,
 ) -> Any:
-    """A neutral option's one declaration: its default and limits, and how the command line spells it
+    """An option's one declaration: its default and limits, and how the command line spells it
     (`flags`: typer's declarations, e.g. "--ctx-size", "-c" or "--mmap/--no-mmap") with its help."""
     spelled: dict[str, Any] = {"flags": list(flags)}
     return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le, pattern=pattern)

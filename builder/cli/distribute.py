@@ -1,5 +1,5 @@
-"""`moe-stack publish | pull | bundle | load`: getting images to where they run. Registered on the
-app by cli.py; each verb is a thin layer over publish.py or bundle.py."""
+"""`moe-stack publish | pull | bundle | load`: getting images to where they run; each verb is a thin layer
+over publish.py or bundle.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from builder.cli.common import EngineOpt, out
+from builder.cli.common import out
+from builder.cli.options import declared, takes_options
 from builder.distribute.bundle import LoadOptions, load_bundle, make_bundle, sha256, unreadable_models
 from builder.distribute.publish import publish as publish_images
 from builder.distribute.publish import pull as pull_image
@@ -35,9 +36,10 @@ def publish(
         out.print(f"pushed {pushed.tag} {pushed.digest}", highlight=False, soft_wrap=True)
 
 
+@takes_options()
 def pull(
     source: FromOpt = DEFAULT_PREFIX,
-    engine: EngineOpt = "llama.cpp",
+    engine: str = declared(),
     ref: Annotated[
         str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")
     ] = None,
@@ -72,50 +74,56 @@ def bundle(
     )
 
 
+LoadDestOpt = Annotated[Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")]
+LoadExpectSha256Opt = Annotated[
+    str | None,
+    typer.Option(
+        "--expect-sha256",
+        help="the archive's sha256 that `bundle` printed (got out of band): refuse any other",
+    ),
+]
+LoadUnverifiedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--unverified",
+        help="load without an out-of-band sha256 (the bundle's own checksums catch corruption, not "
+        "tampering)",
+    ),
+]
+LoadModelDirOpt = Annotated[
+    Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")
+]
+LoadBindOpt = Annotated[
+    str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")
+]
+LoadConfigDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config-dir",
+        help="KTransformers: this host's copy of the model's Hugging Face directory, for a stack that "
+        "mounts one",
+    ),
+]
+LoadApiKeyFileOpt = Annotated[
+    Path | None,
+    typer.Option("--api-key-file", help="this host's API key file, for a stack that enforces a key"),
+]
+LoadReplaceImagesOpt = Annotated[
+    bool,
+    typer.Option("--replace-images", help="let the bundle's images replace local images of the same names"),
+]
+
+
 def load(
     archive: Annotated[Path, typer.Argument(help="bundle from `moe-stack bundle`")],
-    dest: Annotated[
-        Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")
-    ] = Path("."),
-    expect_sha256: Annotated[
-        str | None,
-        typer.Option(
-            "--expect-sha256",
-            help="the archive's sha256 that `bundle` printed (got out of band): refuse any other",
-        ),
-    ] = None,
-    unverified: Annotated[
-        bool,
-        typer.Option(
-            "--unverified",
-            help="load without an out-of-band sha256 (the bundle's own checksums catch corruption, not "
-            "tampering)",
-        ),
-    ] = False,
-    model_dir: Annotated[
-        Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")
-    ] = None,
-    bind: Annotated[
-        str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")
-    ] = "127.0.0.1",
-    config_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--config-dir",
-            help="KTransformers: this host's copy of the model's Hugging Face directory, for a stack that "
-            "mounts one",
-        ),
-    ] = None,
-    api_key_file: Annotated[
-        Path | None,
-        typer.Option("--api-key-file", help="this host's API key file, for a stack that enforces a key"),
-    ] = None,
-    replace_images: Annotated[
-        bool,
-        typer.Option(
-            "--replace-images", help="let the bundle's images replace local images of the same names"
-        ),
-    ] = False,
+    dest: LoadDestOpt = Path("."),
+    expect_sha256: LoadExpectSha256Opt = None,
+    unverified: LoadUnverifiedOpt = False,
+    model_dir: LoadModelDirOpt = None,
+    bind: LoadBindOpt = "127.0.0.1",
+    config_dir: LoadConfigDirOpt = None,
+    api_key_file: LoadApiKeyFileOpt = None,
+    replace_images: LoadReplaceImagesOpt = False,
 ) -> None:
     """Check a bundle's digests, load its images and write its stack (rebuilt by moe-stack); needs no
     network."""

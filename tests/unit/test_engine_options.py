@@ -13,7 +13,7 @@ import typer
 from builder import spec
 from builder.cli import stack as cli_stack
 from builder.cli.main import app
-from builder.cli.neutral import PANEL
+from builder.cli.options import PANEL
 from builder.engines import engine_names, get_engine
 from builder.errors import StackError
 from builder.platform.flags import option_names

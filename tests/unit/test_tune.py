@@ -439,7 +439,7 @@ def test_the_tuned_stack_records_the_run() -> None:
 
 
 def test_refusals_in_one_line() -> None:
-    from builder.cli.stack import parse_duration
+    from builder.cli.measure import parse_duration
 
     assert parse_duration("20m") == 1200 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
     with pytest.raises(SpecError, match="a duration such as 20m"):

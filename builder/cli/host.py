@@ -1,0 +1,81 @@
+"""`moe-stack doctor`: whether this host can run hybrid MoE inference, and what to fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.text import Text
+
+from builder.cli.common import (
+    out,
+    text_table,
+)
+from builder.docker_client import docker, gpu_passthrough_available
+from builder.errors import (
+    DockerUnavailable,
+)
+from builder.host.probe import probe
+from builder.models.formats import GGUF
+from builder.models.hub import size_problems
+from builder.models.kt_weights import read_checkpoint
+from builder.platform.local_cuda import local_cuda_images
+from builder.stacks.doctor import as_dicts, diagnose
+
+
+def doctor(
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            "--model",
+            "-m",
+            help="also check this GGUF fits in RAM + VRAM; or, for a Hugging Face checkpoint directory, "
+            "whether kt-kernel's AMX weights are converted beside it",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="findings as JSON")] = False,
+    root: Annotated[
+        Path, typer.Option("--root", hidden=True, help="read a recorded host tree instead of /")
+    ] = Path("/"),
+) -> None:
+    """Check this host for hybrid MoE inference: CPU target, cores, NUMA, hugepages, GPU, Docker. Exit 1
+    on FAIL."""
+    host = probe(root)
+    gguf = model if model is not None and not model.is_dir() else None
+    checkpoint = model if model is not None and model.is_dir() else None
+    try:
+        client = docker()
+    except DockerUnavailable:
+        client = None
+    findings = diagnose(
+        host,
+        docker_ok=client is not None,
+        gpu_runtime_ok=client is not None and gpu_passthrough_available(client),
+        free_disk_bytes=shutil.disk_usage(Path.home()).free,
+        model_bytes=GGUF.size(GGUF.check(gguf)) if gguf else None,
+        model_problems=size_problems(GGUF.parts(GGUF.check(gguf))) if gguf else None,
+        checkpoint=read_checkpoint(checkpoint.resolve()).path if checkpoint else None,
+        cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None,
+    )
+    if as_json:
+        sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
+    else:
+        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+        table = text_table("", "topic", "finding / fix")
+        for finding in findings:
+            text = escape(finding.message) + (
+                f"\n[dim]fix: {escape(finding.fix)}[/dim]" if finding.fix else ""
+            )
+            table.add_row(
+                Text.from_markup(f"[{colour[finding.level]}]{finding.level}[/]"),
+                finding.topic,
+                Text.from_markup(text),
+            )
+        out.print(table)
+    if any(finding.level == "FAIL" for finding in findings):
+        raise typer.Exit(1)

@@ -1,0 +1,381 @@
+"""`moe-stack render | build | cmake-args | base`: the engine images, from a Dockerfile to a pushed tag,
+and the base images they build on."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Literal, cast
+
+import typer
+
+from builder.cli.common import (
+    out,
+    raw_stderr,
+)
+from builder.cli.options import declared, takes_options
+from builder.cli.progress import ProgressMode, build_display
+from builder.distribute.registry import checked_push
+from builder.engines import get_engine
+from builder.errors import (
+    SpecError,
+)
+from builder.files import cache_dir
+from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
+from builder.images.build import Publishing, build_context, build_image, build_plan
+from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
+from builder.images.matrix import (
+    cuda_target,
+)
+from builder.images.naming import build_name, image_spec, variant_tag
+from builder.images.prometheus import make_prometheus
+from builder.images.render import configure_args
+from builder.images.render import render as render_context
+from builder.images.source import resolve_local
+from builder.platform.debian_cuda import DebianCuda
+from builder.platform.local_cuda import any_local_cuda, origin_of
+from builder.spec import BaseImages, CudaTarget, ImageSpec
+from builder.stacks.options import int_list
+
+CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
+RefOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ref", help="engine git ref (default: the pinned one); with --source, the label for the image tag"
+    ),
+]
+SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--source",
+        help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)",
+    ),
+]
+ProgressOpt = Annotated[
+    str,
+    typer.Option(
+        "--progress",
+        help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
+    ),
+]
+CudaOpt = Annotated[
+    str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
+]
+ArchsOpt = Annotated[
+    str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
+]
+BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
+BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
+RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
+CudaBaseOpt = Annotated[
+    str,
+    typer.Option(
+        "--cuda-base",
+        help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made "
+        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`) or debian (moe-stack/cuda:12.4-*, "
+        "from Debian's non-free archive by `moe-stack base --cuda 12.4`)",
+    ),
+]
+
+
+def _progress(mode: str) -> ProgressMode:
+    if mode not in ("auto", "plain", "tty"):
+        raise SpecError(f"--progress {mode!r}: choose auto (live in a terminal), plain or tty")
+    return cast(ProgressMode, mode)
+
+
+def _cuda(version: str | None, archs: str | None) -> CudaTarget:
+    if archs and version is None:
+        raise SpecError("--cuda-archs needs --cuda VERSION")
+    return cuda_target(version, int_list(archs, "--cuda-archs"))
+
+
+def _bases(
+    base_image: str | None, build_base: str | None, runtime_base: str | None, cuda_base: str = "nvidia"
+) -> BaseImages:
+    if cuda_base not in ("nvidia", "pypi", "debian"):
+        raise SpecError(
+            f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images), pypi or debian (made by "
+            "moe-stack base --cuda)"
+        )
+    return BaseImages(
+        build=build_base or base_image,
+        runtime=runtime_base or base_image,
+        cuda=cast(Literal["nvidia", "pypi", "debian"], cuda_base),
+    )
+
+
+BuildSourceOpt = SourceOpt
+BuildRegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
+BuildNamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
+BuildDryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")]
+BuildLogOpt = Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")]
+BuildPushOpt = Annotated[
+    bool,
+    typer.Option(
+        "--push",
+        help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a "
+        "buildx builder that can export attestations (docker-container)",
+    ),
+]
+BuildRegistryCacheOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--registry-cache",
+        help="with --push: read and write the build cache (every stage, mode=max) at REPO:<variant>, "
+        "e.g. ghcr.io/OWNER/moe-stack-cache",
+    ),
+]
+BuildAttestOpt = Annotated[
+    bool,
+    typer.Option(
+        "--attest/--no-attest",
+        help="with --push: SBOM and provenance attestations (a docker-container builder; the docker "
+        "driver has none: --no-attest)",
+    ),
+]
+BuildMetadataFileOpt = Annotated[
+    Path | None,
+    typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
+]
+BuildChannelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--channel",
+        help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of "
+        "upstream heads)",
+    ),
+]
+BuildToolsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--tools",
+        help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, "
+        "gguf-split, perplexity, imatrix and gguf-py, from the same build",
+    ),
+]
+BuildCcacheDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ccache-dir",
+        help="carry the compile cache through DIR (one only you can write: its objects are linked into "
+        "the image): its ccache objects seed the build's ccache before the build, DIR holds them after "
+        "(a CI runner's builder starts empty; llama.cpp engines)",
+    ),
+]
+
+
+@takes_options()
+def render(
+    engine: str = declared(),
+    cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
+    ref: RefOpt = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", "-o", help="directory to write the build context to")
+    ] = Path("build"),
+    base_image: BaseOpt = None,
+    build_base: BuildBaseOpt = None,
+    runtime_base: RuntimeBaseOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
+) -> None:
+    """Write the Dockerfile and build context for one image (never touches Docker)."""
+    spec = image_spec(
+        engine,
+        cpu,
+        ref=ref,
+        base=_bases(base_image, build_base, runtime_base, cuda_base),
+        cuda=_cuda(cuda, cuda_archs),
+    )
+    path = render_context(spec, out_dir)
+    out.print(f"rendered {spec.engine} {variant_tag(spec)} → {path / 'Dockerfile'}")
+
+
+@takes_options()
+def build(
+    engine: str = declared(),
+    cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
+    ref: RefOpt = None,
+    source: BuildSourceOpt = None,
+    base_image: BaseOpt = None,
+    build_base: BuildBaseOpt = None,
+    runtime_base: RuntimeBaseOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
+    registry: BuildRegistryOpt = "ghcr.io",
+    namespace: BuildNamespaceOpt = "moe-stack",
+    dry_run: BuildDryRunOpt = False,
+    log: BuildLogOpt = None,
+    push: BuildPushOpt = False,
+    registry_cache: BuildRegistryCacheOpt = None,
+    attest: BuildAttestOpt = True,
+    metadata_file: BuildMetadataFileOpt = None,
+    progress: ProgressOpt = "auto",
+    channel: BuildChannelOpt = None,
+    tools: BuildToolsOpt = False,
+    ccache_dir: BuildCcacheDirOpt = None,
+) -> None:
+    """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
+    asked = Publishing(registry_cache, metadata_file, channel, attest)
+    _check_publishing(asked, push)
+    display = _progress(progress)
+    tree = resolve_local(get_engine(engine), source) if source else None
+    spec = image_spec(
+        engine,
+        cpu,
+        tree,
+        ref,
+        _bases(base_image, build_base, runtime_base, cuda_base),
+        registry,
+        namespace,
+        _cuda(cuda, cuda_archs),
+        tools,
+    )
+    publishing = _publishing(asked, spec, dry_run) if push else None
+    if dry_run:
+        context = build_context(spec)
+        for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
+            out.print(line, highlight=False, soft_wrap=True)
+        return
+    log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
+    with build_display(display) as show:
+        tag = build_image(
+            spec, tree, show=show, log_path=log_path, publishing=publishing, ccache_dir=ccache_dir
+        )
+    if publishing is not None and publishing.metadata_file is not None:
+        # Each tag as the registry serves it, the form `moe-stack publish` prints (CI signs these).
+        for name, digest in checked_push(publishing.metadata_file):
+            out.print(f"pushed {name} {digest}", highlight=False, soft_wrap=True)
+        return
+    out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
+
+
+def _check_publishing(asked: Publishing, push: bool) -> None:
+    """--push's own options only with --push, and a channel that can prefix a tag."""
+    if (asked.cache_repo or asked.metadata_file or asked.channel or not asked.attest) and not push:
+        raise SpecError(
+            "--registry-cache, --metadata-file, --channel and --no-attest go with --push "
+            "(CI's image workflows)"
+        )
+    if asked.channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", asked.channel):
+        raise SpecError(
+            f"--channel {asked.channel!r}: a lowercase word such as edge (it prefixes the alias tag)"
+        )
+
+
+def _publishing(asked: Publishing, spec: ImageSpec, dry_run: bool) -> Publishing:
+    """The push as asked, with a metadata file to check the pushed digest from (the cache's by default)."""
+    if asked.metadata_file is not None or dry_run:
+        return asked
+    metadata_file = cache_dir() / "logs" / f"push-{build_name(spec)}.json"
+    metadata_file.parent.mkdir(parents=True, exist_ok=True)
+    return replace(asked, metadata_file=metadata_file)
+
+
+@takes_options()
+def cmake_args(
+    engine: str = declared(),
+    cpu: CpuOpt = "avx2",
+    cuda: CudaOpt = None,
+    cuda_archs: ArchsOpt = None,
+    cuda_base: CudaBaseOpt = "nvidia",
+    ccache: Annotated[
+        bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")
+    ] = True,
+) -> None:
+    """Print the cmake configure arguments an image build uses, one per line, for a native build
+    with the same flags (bare-metal comparisons, hosts without Docker)."""
+    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    for arg in configure_args(spec):
+        if ccache or "_COMPILER_LAUNCHER=" not in arg:
+            sys.stdout.write(arg + "\n")
+
+
+BaseTagOpt = Annotated[str, typer.Option("--tag", help="name of the Debian image to make")]
+BaseSuiteOpt = Annotated[str, typer.Option("--suite", help="Debian suite")]
+BaseMirrorOpt = Annotated[str | None, typer.Option("--mirror", help="Debian mirror (default: this host's)")]
+BaseForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="re-make the images even if they exist (new IDs: builds on them start over)"
+    ),
+]
+BaseCudaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cuda",
+        help="also make moe-stack/cuda:VERSION-devel and -runtime: 13.0 from NVIDIA's PyPI wheels, "
+        "12.4 from Debian's non-free archive",
+    ),
+]
+BasePrometheusOpt = Annotated[
+    bool,
+    typer.Option(
+        "--prometheus",
+        help="also make moe-stack/prometheus:SUITE from Debian's package (compose --monitoring)",
+    ),
+]
+
+
+def base(
+    tag: BaseTagOpt = DEFAULT_LOCAL_TAG,
+    suite: BaseSuiteOpt = DEFAULT_SUITE,
+    mirror: BaseMirrorOpt = None,
+    force: BaseForceOpt = False,
+    cuda: BaseCudaOpt = None,
+    prometheus: BasePrometheusOpt = False,
+) -> None:
+    """Make base images locally, for hosts that can't pull: Debian (debootstrap + docker import) and,
+    with --cuda, CUDA devel/runtime images on it (checked before tagging): 13.0 from NVIDIA's PyPI
+    wheels, 12.4 from Debian's non-free archive."""
+    release = any_local_cuda(cuda) if cuda is not None else None  # a bad version fails before any work
+    if isinstance(release, DebianCuda) and suite != release.suite:
+        raise SpecError(
+            f"CUDA {release.version} comes from Debian {release.suite}'s archive: drop --suite {suite} "
+            f"(or pass --suite {release.suite})"
+        )
+    debian = make_base(tag=tag, suite=suite, mirror=mirror, force=force)
+    out.print(f"base image ready: {debian}")
+    if prometheus:
+        made_prometheus = make_prometheus(
+            debian,
+            suite,
+            cache_dir() / "contexts",
+            show=raw_stderr,
+            log_path=cache_dir() / "logs" / f"prometheus-{suite}.log",
+            force=force,
+        )
+        out.print(f"monitoring image ready: {made_prometheus} (compose --monitoring)", highlight=False)
+    if release is None:
+        return
+    made = make_cuda_base(
+        release,
+        debian,
+        cache_dir(),
+        show=raw_stderr,
+        log_path=cache_dir() / "logs" / f"cuda-{release.version}-base.log",
+        force=force,
+    )
+    origin = origin_of(release.version)
+    what = "wheels" if origin == "pypi" else "packages"
+    if made.stub_symbols is None:
+        out.print(
+            f"kept: {made.devel} and {made.runtime} hold these {what} already (checked when made; --force "
+            "makes them again)",
+            highlight=False,
+        )
+    else:
+        out.print(
+            f"checked: a kernel + cuBLAS program built for sm_{CHECK_ARCH} in the devel image resolves every "
+            f"library in the runtime image (libcuda.so.1 comes from the host driver); the driver stub has "
+            f"{made.stub_symbols} entry points",
+            highlight=False,
+        )
+    out.print(
+        f"CUDA base images ready: {made.devel} {made.runtime} (build with --cuda-base {origin})",
+        highlight=False,
+    )

@@ -1,0 +1,150 @@
+"""`moe-stack matrix | refs`: the images CI builds (dockerfiles/matrix.yaml) and the engine refs they
+pin (dockerfiles/pins.yaml), against upstream."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from builder.cli.common import (
+    out,
+    text_table,
+)
+from builder.errors import (
+    SpecError,
+)
+from builder.files import write_file_atomically
+from builder.images.matrix import Variant as MatrixVariant
+from builder.images.matrix import (
+    ci_rows,
+    edge_specs,
+    publish_set,
+    variants,
+)
+from builder.images.naming import variant_tag
+from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
+from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
+
+CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
+RefOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ref", help="engine git ref (default: the pinned one); with --source, the label for the image tag"
+    ),
+]
+SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--source",
+        help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)",
+    ),
+]
+ProgressOpt = Annotated[
+    str,
+    typer.Option(
+        "--progress",
+        help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
+    ),
+]
+CudaOpt = Annotated[
+    str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
+]
+ArchsOpt = Annotated[
+    str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
+]
+BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
+BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
+RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
+CudaBaseOpt = Annotated[
+    str,
+    typer.Option(
+        "--cuda-base",
+        help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made "
+        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`) or debian (moe-stack/cuda:12.4-*, "
+        "from Debian's non-free archive by `moe-stack base --cuda 12.4`)",
+    ),
+]
+
+
+def matrix(
+    as_json: Annotated[
+        bool, typer.Option("--json", help='the CI job matrix: {"include": [...]} on one line')
+    ] = False,
+    edge: Annotated[
+        bool,
+        typer.Option(
+            "--edge",
+            help="the nightly edge images instead: upstream heads of pins.yaml's edge branches (reads them "
+            "with git ls-remote)",
+        ),
+    ] = False,
+    publish: Annotated[
+        str,
+        typer.Option(
+            "--set",
+            help="default: what images.yml publishes on every push to main; all: every variant (its "
+            "manual run)",
+        ),
+    ] = "all",
+) -> None:
+    """Print the image matrix (dockerfiles/matrix.yaml): a table, or JSON for CI's job matrix."""
+    specs = edge_specs(edge_refs(load_pins(), NetworkUpstream())) if edge else publish_set(publish)
+    if as_json:
+        sys.stdout.write(json.dumps({"include": ci_rows(specs)}, separators=(",", ":")) + "\n")
+        return
+    table = text_table("engine", "cuda", "archs", "cpu", "tag, or why not built")
+    chosen = {variant_tag(s) for s in specs}
+    for variant in (
+        [v for v in variants() if (variant_tag(v.spec) in chosen if v.spec else publish == "all")]
+        if not edge
+        else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]
+    ):
+        if variant.spec is None:
+            table.add_row(
+                variant.engine, variant.cuda or "-", "", variant.cpu, Text(variant.reason, style="dim")
+            )
+        else:
+            archs = ",".join(str(a) for a in variant.spec.cuda.archs)
+            table.add_row(variant.engine, variant.cuda or "-", archs, variant.cpu, variant_tag(variant.spec))
+    out.print(table)
+
+
+def refs(
+    bump: Annotated[
+        bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")
+    ] = False,
+    pins_file: Annotated[
+        Path | None,
+        typer.Option("--pins", help="the pins file (default: dockerfiles/pins.yaml of this installation)"),
+    ] = None,
+    summary_file: Annotated[
+        Path | None,
+        typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)"),
+    ] = None,
+) -> None:
+    """Compare the pinned engine refs (dockerfiles/pins.yaml) with upstream: llama.cpp's newest bNNNN
+    tag, ik_llama.cpp's main, kt-kernel on PyPI (git ls-remote and PyPI's JSON API)."""
+    path = pins_file or pins_path()
+    if not path.is_file():
+        raise SpecError(f"no pins file {path}: give --pins dockerfiles/pins.yaml")
+    text = path.read_text()
+    bumps = plan_bumps(parse_pins(text), NetworkUpstream())
+    for move in bumps:
+        out.print(f"{move.engine}: {move.old} -> {move.new} ({move.note})", highlight=False)
+    if not bumps:
+        out.print("every pinned ref is current")
+    if bump and bumps:
+        write_file_atomically(path, bump_pins(text, bumps))
+        out.print(
+            f"wrote {path}; re-render the golden files: "
+            "MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if summary_file is not None:
+        write_file_atomically(summary_file, summary(bumps))
