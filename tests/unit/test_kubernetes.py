@@ -14,8 +14,8 @@ from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
+from builder.models.synth_families import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import CudaTarget, StackSpec
 from builder.stacks.assemble import StackOptions, assemble_stack
@@ -45,7 +45,7 @@ def model(tmp_path: Path) -> Path:
 @pytest.fixture
 def deepseek_model(tmp_path: Path) -> Path:
     """A tiny deepseek2 (what the DeepSeek-R1 preset is for)."""
-    return write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY_SHAPES["deepseek2"])
+    return write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY["deepseek2"])
 
 
 def _validate(documents: list[dict[str, object]]) -> None:
@@ -72,7 +72,7 @@ def test_every_preset_gives_valid_manifests(tmp_path: Path, engine: str) -> None
             cpu = "zen4" if host_name == "epyc" else "sapphirerapids"
             image = image_tag(image_spec(get_engine(engine), cpu, cuda=_cuda(engine)))
             model = write_moe_gguf(
-                tmp_path / "models" / f"{preset.architecture}.gguf", TINY_SHAPES[preset.architecture]
+                tmp_path / "models" / f"{preset.architecture}.gguf", TINY[preset.architecture]
             )
             options = StackOptions(
                 model=model,

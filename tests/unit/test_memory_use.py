@@ -11,8 +11,8 @@ import pytest
 from builder.engines import get_engine
 from builder.host.probe import HostFacts, probe
 from builder.models.planner import GIB, kv_cache_bytes, read_facts
+from builder.models.synth_families import TINY
 from builder.models.synth_moe import write_moe_gguf
-from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import BUFFERS_BYTES, memory_use
@@ -34,7 +34,7 @@ def host(tmp_path: Path) -> HostFacts:
 @pytest.mark.parametrize("engine", ["llama.cpp", "ik_llama.cpp"])
 def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str, engine: str) -> None:
     chosen = load_presets()[preset]
-    model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY_SHAPES[chosen.architecture])
+    model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY[chosen.architecture])
     size = model.stat().st_size
 
     def use(**changes: object) -> tuple[int, int]:
@@ -64,7 +64,7 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
 
 
 def test_cache_ram_is_emitted_in_mib_for_both_llama_engines(tmp_path: Path, host: HostFacts) -> None:
-    model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY_SHAPES["qwen3moe"])
+    model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY["qwen3moe"])
     for engine in ("llama.cpp", "ik_llama.cpp"):
         options = StackOptions(
             model=model, engine=engine, engine_options=EngineOptions(cache_ram="0"), skip_image_checks=True
