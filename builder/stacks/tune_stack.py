@@ -5,7 +5,6 @@ and the winner written back as a stack file with `x-moe-stack.tuned`."""
 from __future__ import annotations
 
 import copy
-import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
+from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
 from builder.stacks.escaping import literal
 from builder.stacks.record import read_record
 from builder.stacks.run import read_stack
@@ -27,17 +27,20 @@ from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
 from builder.stacks.tune import Objective, Tuner, TuneResult, chosen
 
-BANDWIDTH_MIB = 2048  # per array: far beyond any L3 (Genoa-X has 1152 MB)
-
 
 @dataclass(frozen=True)
 class Tuned:
     """A finished search and what it is measured against."""
 
     result: TuneResult
-    bandwidth_gbps: float | None  # the probe's read bandwidth
+    bandwidth: ReadBandwidth | None  # the probe's read rate
     bytes_per_token: int  # weight bytes the CPU reads per decoded token
     hybrid: bool
+
+    @property
+    def bandwidth_gbps(self) -> float | None:
+        """The bound's read rate: the probe's best round."""
+        return self.bandwidth.best if self.bandwidth else None
 
     @property
     def bound_tps(self) -> float | None:
@@ -53,20 +56,22 @@ class Tuned:
         return decode_tps / bound if bound else None
 
 
-def read_bandwidth(runner: Runner, env: dict[str, str], progress: Callable[[str], None]) -> float | None:
-    """The read GB/s moe-stack-bandwidth measures where the trials run; None (and why, to `progress`)
-    when it can't: an image that predates it, too little memory for its arrays."""
+def read_bandwidth(
+    runner: Runner, env: dict[str, str], progress: Callable[[str], None]
+) -> ReadBandwidth | None:
+    """The read rate moe-stack-bandwidth measures where the trials run (on the CPUs they may use);
+    None (and why, to `progress`) when it can't: an image that predates it, too little memory."""
     try:
-        printed = runner.run("moe-stack-bandwidth", [str(BANDWIDTH_MIB)], env).stdout
+        printed = runner.run(TOOL, [str(ARRAY_MIB)], env).stdout
     except StackError as err:
         progress(f"no bandwidth figure, so no bound ratio: {err}")
         return None
-    found = re.search(r"read GB/s ([\d.]+)", printed)
+    found = parse_bandwidth(printed)
     if found is None:
-        progress(
-            f"no bandwidth figure, so no bound ratio: moe-stack-bandwidth printed {printed.strip()[-120:]!r}"
-        )
-    return float(found[1]) if found else None
+        progress(f"no bandwidth figure, so no bound ratio: {TOOL} printed {printed.strip()[-120:]!r}")
+    else:
+        progress(f"memory read rate {found.describe()}")
+    return found
 
 
 def tune_stack(
@@ -146,7 +151,7 @@ def tune_stack(
     result = tuner.run(budget_s)
     return Tuned(
         result=result,
-        bandwidth_gbps=bandwidth,
+        bandwidth=bandwidth,
         bytes_per_token=bench_engine(engine).model_format.facts(model).read_per_token(hybrid),
         hybrid=hybrid,
     )
@@ -201,10 +206,12 @@ def tuned_document(
         "not-confirmed": dict(result.not_confirmed),
         "failed": dict(result.failed),
     }
-    if tuned.bandwidth_gbps:
+    if tuned.bandwidth:
         ratio = tuned.bound_ratio(result.tuned_tps[1])
         record["bound"] = {
-            "read-gbps": tuned.bandwidth_gbps,
+            "read-gbps": tuned.bandwidth.best,
+            **({"read-median-gbps": tuned.bandwidth.median} if tuned.bandwidth.median else {}),
+            **({"read-min-gbps": tuned.bandwidth.low} if tuned.bandwidth.low else {}),
             "bytes-per-token": tuned.bytes_per_token,
             "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
             "bound-tps": round(tuned.bound_tps or 0, 2),

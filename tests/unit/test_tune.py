@@ -23,6 +23,7 @@ from builder.engines.tune_space import (
 from builder.errors import SpecError, StackError
 from builder.models.planner import ModelFacts
 from builder.platform.flags import parse_help
+from builder.stacks.bandwidth import ReadBandwidth
 from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
 from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
@@ -417,7 +418,8 @@ def test_the_tuned_stack_records_the_run() -> None:
             "engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}
         },
     }
-    tuned = Tuned(result=result, bandwidth_gbps=100.0, bytes_per_token=2_000_000_000, hybrid=True)
+    bandwidth = ReadBandwidth(best=100.0, median=96.5, low=90.0)
+    tuned = Tuned(result=result, bandwidth=bandwidth, bytes_per_token=2_000_000_000, hybrid=True)
     derived = tuned_document(
         document, "engine", tuned, "moe-stack tune f.yaml", now=datetime(2026, 11, 30, tzinfo=UTC), host="h"
     )
@@ -436,6 +438,7 @@ def test_the_tuned_stack_records_the_run() -> None:
     assert record["bound"]["bound-tps"] == 50.0 and record["bound"]["decode-over-bound"] == pytest.approx(
         0.96
     )
+    assert (record["bound"]["read-median-gbps"], record["bound"]["read-min-gbps"]) == (96.5, 90.0)
 
 
 def test_refusals_in_one_line() -> None:
