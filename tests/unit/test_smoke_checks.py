@@ -200,13 +200,13 @@ class Closed(StackUnderTest):
 
 
 def test_the_engines_page_says_what_each_adapter_declares() -> None:
-    """docs/engines.md's table of APIs, row by row, is each adapter's `apis` (a route added to an adapter
-    and not to the page, or the other way round, fails here)."""
+    """docs/engines.md's table of APIs, row by row, is the named adapter's `apis` (a route added to an
+    adapter and not to the page, or the other way round, fails here)."""
     page = (Path(__file__).resolve().parents[2] / "docs/engines.md").read_text()
     section = page.split("## The APIs agents speak", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and "yes" in line]
     said = {cells[0].strip(): [cell.strip() for cell in cells[1:5]] for cells in rows}
-    assert set(said) == set(engine_names())
+    assert said and set(said) <= set(engine_names())  # a fork's new engine may not be on the page yet
     for name, cells in said.items():
         served = [api for api, cell in zip(API_ROUTES, cells, strict=True) if cell == "yes"]
         assert served == list(get_engine(name).apis), name
