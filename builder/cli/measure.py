@@ -288,8 +288,10 @@ def smoke(
     ] = 1800,
     as_json: Annotated[bool, typer.Option("--json", help="the checks as JSON")] = False,
 ) -> None:
-    """Check a stack does what its file says: healthy, its served name, a completion, a chat, a tool call,
-    the command it runs, its threads/cpuset/NUMA policy and GPU from inside, metrics. Exit 1 on a failure."""
+    """Check a stack does what its file says: healthy, its served name, a completion, each API its engine
+    serves through the official openai and anthropic clients (chat, streaming, tool calls, Responses,
+    Messages, token count), the command it runs, its threads/cpuset/NUMA policy and GPU from inside,
+    metrics. Exit 1 on a failure."""
     checks = run_smoke(compose_file, profile, timeout)
     if as_json:
         sys.stdout.write(json.dumps([asdict(check) for check in checks], indent=2) + "\n")

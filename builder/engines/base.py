@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Literal
 
 from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
@@ -37,6 +38,16 @@ CUDA_STUB_SETUP = (
 )
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
+
+# The APIs coding agents and chat clients speak to a server, each by the route that serves it: OpenAI's
+# chat completions and Responses, Anthropic's Messages and its token count.
+ClientApi = Literal["openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens"]
+API_ROUTES: dict[ClientApi, str] = {
+    "openai-chat": "/v1/chat/completions",
+    "openai-responses": "/v1/responses",
+    "anthropic-messages": "/v1/messages",
+    "anthropic-count-tokens": "/v1/messages/count_tokens",
+}
 
 
 class Engine(ABC):
@@ -111,6 +122,10 @@ class Engine(ABC):
         super().__init_subclass__(**kwargs)
         if "buffer_fits" not in cls.__dict__:
             cls.buffer_fits = BufferFits()
+
+    # The client APIs its server answers at the pinned ref (`smoke` checks each with the official
+    # client, and says in one line which of API_ROUTES it lacks).
+    apis: tuple[ClientApi, ...] = ("openai-chat",)
 
     # -- source -------------------------------------------------------------------------------
     @property

@@ -48,6 +48,10 @@ class IkLlamaCpp(LlamaFamilyEngine):
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
     honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}
+    # examples/server/server.cpp at the pinned ref routes /v1/chat/completions, /v1/responses
+    # (handle_responses), /v1/messages (handle_anthropic_messages, converted to a chat request) and
+    # /v1/messages/count_tokens (handle_anthropic_count_tokens).
+    apis = ("openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens")
     flag_spellings = LlamaFamilyEngine.flag_spellings + tuple(
         frozenset(names)
         for names in (

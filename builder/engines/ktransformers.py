@@ -325,6 +325,9 @@ class KTransformers(_PythonEngine):
     # SGLang renders chat with the model's own template (its tokenizer_config.json) and returns tool
     # calls as tool_calls only with a parser.
     tool_calls_flag = "--tool-call-parser"
+    # sglang-kt 0.7.2's sglang/srt/entrypoints/http_server.py routes /v1/chat/completions, /v1/responses,
+    # /v1/messages (anthropic_v1_messages) and /v1/messages/count_tokens (anthropic_v1_count_tokens).
+    apis = ("openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens")
     # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
     # rules, layer counts, cache types or llama.cpp's load and sampling switches.
     honours = frozenset(
@@ -623,6 +626,8 @@ class KTransformersLegacy(_PythonEngine):
         )
     )
     model_flags = ("--model_path", "--gguf_path")
+    # 0.2.4's server routes OpenAI's chat (ktransformers/server/api/openai/endpoints/chat.py, without tools)
+    # and legacy completions, and Ollama's API: no Responses, no Anthropic Messages (the default `apis`).
     # 0.2.4's model classes: DeepseekV2/V3 (GGUF deepseek2), Qwen2-MoE, Llama and Mixtral (GGUF llama);
     # not Qwen3-MoE or Qwen3-Next (its ktransformers/models/ and optimize rules, v0.2.4).
     gguf_architectures = frozenset({"deepseek2", "qwen2moe", "llama"})

@@ -27,6 +27,9 @@ class LlamaCpp(LlamaFamilyEngine):
     routes_models = True  # `--models-preset INI`: a router starting one server per model on demand
     # `-fit, --fit [on|off]` (MoE-aware: experts go to the CPU first) at the pinned ref.
     honours = LlamaFamilyEngine.honours | {"idle_unload"}
+    # tools/server/server.cpp at the pinned ref routes /v1/chat/completions, /v1/responses, /v1/messages
+    # (post_anthropic_messages) and /v1/messages/count_tokens (post_anthropic_count_tokens).
+    apis = ("openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens")
     flag_spellings = (*LlamaFamilyEngine.flag_spellings, frozenset({"--sleep-idle-seconds"}))
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref

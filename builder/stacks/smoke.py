@@ -7,6 +7,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import yaml
@@ -17,25 +18,11 @@ from builder.contract import NUMA_ENV
 from builder.engines import get_engine
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
+from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
 from builder.stacks.document import CPU_SERVICE, SERVICE
 from builder.stacks.record import Served, StackRecord, read_record
 from builder.stacks.run import published_ports, stack_api_key, up
 from builder.stacks.services import Service, service_named
-
-TOOL_NAME = "get_weather"
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "The weather in a city now",
-        # A closed choice: a model that calls it can't run to max_tokens inside the string.
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 @dataclass(frozen=True)
@@ -68,6 +55,12 @@ class StackUnderTest:
         """What the file records the service serves (threads, metrics, tool calls)."""
         return self.record.serves.get(self.name)
 
+    @cached_property
+    def clients(self) -> Clients:
+        """The official clients, pointed at the stack as an agent would point them."""
+        tool_calls = self.served is not None and self.served.tool_calls
+        return clients_for(self.api, _model(self), tool_calls)
+
 
 def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:
     """Bring the stack up (a running one is checked as it is), then check it from outside and inside."""
@@ -78,7 +71,7 @@ def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int =
     stack = _under_test(compose_file, profile)
     return [
         Check("healthy", True, "the engine's healthcheck passed"),
-        *_run_checks(stack, _API_CHECKS + _CONTAINER_CHECKS),
+        *_run_checks(stack, _api_checks(stack) + _CONTAINER_CHECKS),
     ]
 
 
@@ -88,7 +81,7 @@ def api_checks(compose_file: Path, api: EngineApi) -> list[Check]:
     document = yaml.safe_load(compose_file.read_text()) or {}
     service = service_named(document, SERVICE, compose_file)
     stack = StackUnderTest(document=document, name=SERVICE, service=service, api=api, container=None)
-    return _run_checks(stack, _API_CHECKS)
+    return _run_checks(stack, _api_checks(stack))
 
 
 def _run_checks(
@@ -98,7 +91,15 @@ def _run_checks(
     for name, check in checks:
         try:
             out.append(Check(name, *check(stack)))
-        except (MoeStackError, DockerException, KeyError, IndexError, TypeError, ValueError) as err:
+        except (
+            MoeStackError,
+            DockerException,
+            *CLIENT_ERRORS,
+            KeyError,
+            IndexError,
+            TypeError,
+            ValueError,
+        ) as err:
             out.append(Check(name, False, f"{type(err).__name__}: {err}"))
     return out
 
@@ -137,53 +138,6 @@ def _completion(stack: StackUnderTest) -> tuple[bool, str]:
     return bool(
         reply["usage"]["completion_tokens"]
     ), f"{reply['usage']['completion_tokens']} tokens: {text!r}"
-
-
-def _chat(stack: StackUnderTest) -> tuple[bool, str]:
-    reply = stack.api.post(
-        "/v1/chat/completions",
-        {
-            "model": _model(stack),
-            "max_tokens": 8,
-            "temperature": 0,
-            "messages": [{"role": "user", "content": "Say hello."}],
-        },
-    )
-    message = reply["choices"][0]["message"]
-    return message.get(
-        "role"
-    ) == "assistant", f"{reply['usage']['completion_tokens']} tokens: {message.get('content')!r}"
-
-
-def _tool_call(stack: StackUnderTest) -> tuple[bool, str]:
-    """A call of the tool, with JSON arguments, must be in the reply (`tool_choice: required`): a
-    server that renders no tools, drops them or can't parse its model's call fails, and so does a model
-    that answers in prose. A random-weight model fails it: llama.cpp 0c1e57098's grammar for a required
-    call still lets content come first (its autoparser's `until <tool_call>`), and such a model never
-    writes the marker."""
-    if stack.served is None or not stack.served.tool_calls:
-        return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
-    reply = stack.api.post(
-        "/v1/chat/completions",
-        {
-            "model": _model(stack),
-            "max_tokens": 64,
-            "temperature": 0,
-            "tools": [TOOL],
-            "tool_choice": "required",
-            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-        },
-    )
-    calls = reply["choices"][0]["message"].get("tool_calls") or []
-    named = [call for call in calls if call.get("function", {}).get("name") == TOOL_NAME]
-    if not named:
-        return False, f"no call of {TOOL_NAME} in the reply ({len(calls)} tool calls)"
-    arguments = named[0]["function"].get("arguments")
-    try:
-        parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-    except json.JSONDecodeError:
-        return False, f"{TOOL_NAME} called with arguments that are not JSON: {arguments!r}"
-    return isinstance(parsed, dict), f"{TOOL_NAME}({json.dumps(parsed)})"
 
 
 def _flags(stack: StackUnderTest) -> tuple[bool, str]:
@@ -284,15 +238,28 @@ def _cpus_of(cpulist: str) -> set[int]:
     return cpus
 
 
-# What a client sees (no Docker needed: `api_checks` runs them where the engine runs without it) ...
-_API_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
-    ("served-name", _served_name),
-    ("completion", _completion),
-    ("chat", _chat),
-    ("tool-call", _tool_call),
-    ("metrics", _metrics),
-]
-# ... and what only the running container shows.
+def _api_checks(stack: StackUnderTest) -> list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]]:
+    """What a client sees (no Docker needed: `api_checks` runs them where the engine runs without it): the
+    served name and a completion, each API the engine serves through its official client, metrics."""
+    try:
+        engine = get_engine(stack.record.engine)
+    except MoeStackError as err:
+        unread = str(err)
+        return [("apis", lambda _: (False, unread))]
+    through_clients = [(name, _through_clients(check)) for name, check in client_checks(engine)]
+    return [
+        ("served-name", _served_name),
+        ("completion", _completion),
+        *through_clients,
+        ("metrics", _metrics),
+    ]
+
+
+def _through_clients(check: ClientCheck) -> Callable[[StackUnderTest], tuple[bool, str]]:
+    return lambda stack: check(stack.clients)
+
+
+# What only the running container shows.
 _CONTAINER_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
     ("flags", _flags),
     ("placement", _placement),

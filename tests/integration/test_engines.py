@@ -16,13 +16,15 @@ from python_on_whales import DockerClient
 from builder.errors import StackError
 from builder.files import cache_dir
 from builder.images.prometheus import make_prometheus
-from builder.models.model_files import DEMO_CHAT_TEMPLATE
+from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EXPERTS_ON_CPU_RULE
+from builder.stacks.api import EngineApi
+from builder.stacks.client_checks import ANTHROPIC_TOOL, TOOL, clients_for
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
-from builder.stacks.smoke import TOOL
+from builder.stacks.smoke import api_checks
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, emit_stack
 
@@ -111,6 +113,54 @@ def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start
     container = stack.client.compose.ps()[0]
     assert container.execute(["id", "-u"]).strip() == "10001"
     assert container.state.health.status == "healthy"
+
+
+def test_agents_speak_to_it_through_the_official_clients(
+    engine_image: BuiltImage, gemma_model: Path, start_stack: StackFactory
+) -> None:
+    """What coding agents speak, through their own clients: OpenAI's chat (whole, streamed, with tools)
+    and Responses, Anthropic's Messages (whole, streamed, with tools) and its token count; Gemma with a
+    Jinja template, so requests with tools are taken. Then smoke's client checks on the same stack."""
+    stack = start_stack(engine_image, gemma_model, chat_template=DEMO_JINJA_TEMPLATE, served_name="gemma")
+    clients = clients_for(EngineApi(stack.port), "gemma", tool_calls=True)
+    ask = [{"role": "user", "content": "What colour is the sky on a clear day? Answer in one word."}]
+    whole = clients.openai.chat.completions.create(model="gemma", messages=ask, max_tokens=16, temperature=0)
+    text = whole.choices[0].message.content or ""
+    assert text.strip() and "<start_of_turn>" not in text, whole
+    assert (
+        whole.choices[0].finish_reason in {"stop", "length"} and whole.usage and whole.usage.prompt_tokens > 0
+    )
+    pieces = clients.openai.chat.completions.create(
+        model="gemma", messages=ask, max_tokens=16, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == text  # greedy: the same
+    tools = clients.openai.chat.completions.create(
+        model="gemma", messages=ask, max_tokens=16, temperature=0, tools=[TOOL]
+    )
+    assert tools.choices[0].finish_reason in {"stop", "length", "tool_calls"}, tools
+    response = clients.openai.responses.create(model="gemma", input=ask[0]["content"], max_output_tokens=16)
+    assert response.output_text.strip() and response.usage and response.usage.output_tokens > 0, response
+    message = clients.anthropic.messages.create(model="gemma", max_tokens=16, messages=ask)
+    said = "".join(block.text for block in message.content if block.type == "text")
+    assert said.strip() and message.stop_reason in {"end_turn", "max_tokens"}, message
+    assert message.usage.output_tokens > 0
+    with clients.anthropic.messages.stream(model="gemma", max_tokens=16, messages=ask) as stream:
+        assert "".join(stream.text_stream).strip()
+        assert stream.get_final_message().stop_reason in {"end_turn", "max_tokens"}
+    with_tools = clients.anthropic.messages.create(
+        model="gemma", max_tokens=16, messages=ask, tools=[ANTHROPIC_TOOL]
+    )
+    assert with_tools.content and with_tools.stop_reason in {"end_turn", "max_tokens", "tool_use"}, with_tools
+    counted = clients.anthropic.messages.count_tokens(model="gemma", messages=ask)
+    # The prompt counted whole: what the reply read fresh plus what it found in the prompt cache.
+    cached = message.usage.cache_read_input_tokens or 0
+    assert counted.input_tokens == message.usage.input_tokens + cached > 0, message.usage
+    # smoke, as a user runs it on this stack: every API answers; a base model of 270M calls no tool
+    checks = {check.name: check for check in api_checks(stack.compose_file, EngineApi(stack.port))}
+    answered = set(checks) - {"tool-call", "messages-tool-use"}
+    assert answered == {"served-name", "completion", "chat", "chat-stream", "responses", "messages",
+                        "messages-stream", "count-tokens", "metrics"}  # fmt: skip
+    assert all(checks[name].passed for name in answered), checks
 
 
 def test_moe_serves_with_experts_on_cpu(

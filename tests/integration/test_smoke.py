@@ -17,7 +17,12 @@ from tests.cli import run_cli
 from tests.integration.conftest import answers_health, build_engine_image
 
 pytestmark = pytest.mark.integration
-CHECKS = {"healthy", "served-name", "completion", "chat", "tool-call", "flags", "placement", "gpu", "metrics"}
+CHECKS = {
+    "healthy", "served-name", "completion", "chat", "chat-stream", "tool-call", "responses", "messages",
+    "messages-stream", "messages-tool-use", "count-tokens", "flags", "placement", "gpu", "metrics",
+}  # fmt: skip
+# A random-weight model writes prose where a tool call is asked for, in either API.
+TOOL_CHECKS = ["messages-tool-use", "tool-call"]
 
 
 @pytest.fixture(scope="session")
@@ -59,11 +64,15 @@ def test_smoke_passes_on_an_emitted_stack_but_the_random_model_makes_no_tool_cal
     result = run_cli("smoke", docker_compose_file, "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
     assert set(checks) == CHECKS
-    # The tools request is rendered (Jinja) and answered, but random weights write prose, not a call:
-    # the check fails, as it must for any stack whose model can't call tools, and smoke exits 1.
-    assert result.returncode == 1 and not checks["tool-call"]["passed"]
+    # The tools requests are rendered (Jinja) and answered, but random weights write prose, not a call:
+    # the checks fail, as they must for any stack whose model can't call tools, and smoke exits 1.
+    assert result.returncode == 1 and not any(checks[name]["passed"] for name in TOOL_CHECKS)
     assert checks["tool-call"]["seen"].startswith("no call of get_weather in the reply (0 tool calls)")
-    assert all(check["passed"] for name, check in checks.items() if name != "tool-call"), result.stdout
+    assert checks["messages-tool-use"]["seen"].startswith("no tool_use of get_weather in the reply (0 tool")
+    assert all(check["passed"] for name, check in checks.items() if name not in TOOL_CHECKS), result.stdout
+    # Each API through its official client, with what it answered.
+    assert int(checks["count-tokens"]["seen"].split()[0]) > 0
+    assert checks["messages"]["seen"].split(",")[0].endswith("tokens")
     assert "['tiny-moe']" in checks["served-name"]["seen"]
     assert checks["placement"]["seen"].endswith("2 threads")
     assert checks["gpu"]["seen"].startswith("not asked")
@@ -75,7 +84,7 @@ def test_smoke_names_what_differs(
     docker_services: Services, docker_compose_file: str, tmp_path: Path
 ) -> None:
     """The same running stack, checked against a file that names the model otherwise: that check fails
-    (beside the tool call, which the random weights never make)."""
+    (beside the tool calls, which the random weights never make)."""
     document = yaml.safe_load(Path(docker_compose_file).read_text())
     document["x-moe-stack"]["served-name"] = "another-name"
     edited = tmp_path / "compose.yaml"
@@ -83,4 +92,4 @@ def test_smoke_names_what_differs(
     result = run_cli("smoke", str(edited))
     assert result.returncode == 1
     failed = [line for line in result.stdout.splitlines() if "FAIL" in line]
-    assert sorted(line.split()[0] for line in failed) == ["served-name", "tool-call"], result.stdout
+    assert sorted(line.split()[0] for line in failed) == sorted(["served-name", *TOOL_CHECKS]), result.stdout

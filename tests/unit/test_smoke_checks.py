@@ -1,31 +1,194 @@
-"""smoke's tool-call check on the replies a server gives: only a parsed call of the tool passes."""
+"""smoke's client checks, through the official `openai` and `anthropic` clients, on the replies a server
+gives (a local HTTP server answering as an engine would): only a parsed call of the tool passes; an API
+the engine lacks is one line; a server that answers nothing is a failed check, not a traceback."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from builder.engines import engine_names, get_engine
+from builder.engines.base import API_ROUTES
+from builder.stacks.api import EngineApi
+from builder.stacks.client_checks import (
+    TOOL_NAME,
+    Clients,
+    _messages_tool_use,
+    _tool_call,
+    client_checks,
+    clients_for,
+)
 from builder.stacks.record import Served, StackRecord
-from builder.stacks.smoke import TOOL_NAME, StackUnderTest, _tool_call
+from builder.stacks.smoke import StackUnderTest, _run_checks, _through_clients
 
 
-class Replies:
-    """An engine's /v1/chat/completions reply, as given; what was asked is kept."""
+class Engine:
+    """A server answering /v1/chat/completions and /v1/messages with the replies given; what was asked
+    is kept."""
 
-    def __init__(self, message: dict[str, Any]) -> None:
-        self.message = message
+    def __init__(self) -> None:
+        self.replies: dict[str, dict[str, Any]] = {}
         self.asked: list[dict[str, Any]] = []
+        engine = self
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.asked.append(body)
-        return {"choices": [{"message": self.message}], "usage": {"completion_tokens": 9}}
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                engine.asked.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                body = json.dumps(engine.replies[self.path]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+
+    def chat_reply(self, message: dict[str, Any]) -> None:
+        self.replies["/v1/chat/completions"] = {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14},
+        }
+
+    def messages_reply(self, content: list[dict[str, Any]], stop_reason: str) -> None:
+        self.replies["/v1/messages"] = {
+            "id": "m1",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 5, "output_tokens": 9},
+        }
 
 
-class ToolStack(StackUnderTest):
-    """A stack whose file records tool calls (the Jinja template), its API the replies above."""
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    served = Engine()
+    thread = threading.Thread(target=served.server.serve_forever, daemon=True)
+    thread.start()
+    yield served
+    served.server.shutdown()
+    served.server.server_close()
+
+
+def clients(engine: Engine, tool_calls: bool = True) -> Clients:
+    return clients_for(EngineApi(engine.port, timeout_s=10), "m", tool_calls)
+
+
+def call(name: str, arguments: str) -> dict[str, Any]:
+    function = {"name": name, "arguments": arguments}
+    return {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": function}]}
+
+
+@pytest.mark.parametrize(
+    ("message", "passed", "seen"),
+    [
+        (call(TOOL_NAME, json.dumps({"city": "Paris"})), True, 'get_weather({"city": "Paris"})'),
+        ({"role": "assistant", "content": "Hi"}, False, "no call of get_weather in the reply (0 tool"),
+        (call("other", "{}"), False, "no call of get_weather in the reply (1 tool calls)"),
+        (call(TOOL_NAME, '{"city": "Par'), False, "get_weather called with arguments that are not JSON"),
+        (call(TOOL_NAME, '["Paris"]'), False, 'get_weather(["Paris"])'),
+    ],
+)
+def test_only_a_chat_call_of_the_tool_passes(
+    engine: Engine, message: dict[str, Any], passed: bool, seen: str
+) -> None:
+    engine.chat_reply(message)
+    result, said = _tool_call(clients(engine))
+    assert result is passed and said.startswith(seen)
+    asked = engine.asked[0]
+    assert asked["tool_choice"] == "required" and asked["tools"][0]["function"]["name"] == TOOL_NAME
+
+
+@pytest.mark.parametrize(
+    ("content", "stop_reason", "passed", "seen"),
+    [
+        (
+            [{"type": "tool_use", "id": "t1", "name": TOOL_NAME, "input": {"city": "Paris"}}],
+            "tool_use",
+            True,
+            'get_weather({"city": "Paris"}), tool_use',
+        ),
+        (
+            [{"type": "text", "text": "Sunny."}],
+            "end_turn",
+            False,
+            "no tool_use of get_weather in the reply (0",
+        ),
+        (
+            [{"type": "tool_use", "id": "t1", "name": "other", "input": {}}],
+            "tool_use",
+            False,
+            "no tool_use of get_weather in the reply (1 tool uses, tool_use)",
+        ),
+    ],
+)
+def test_only_a_tool_use_of_the_tool_passes(
+    engine: Engine, content: list[dict[str, Any]], stop_reason: str, passed: bool, seen: str
+) -> None:
+    engine.messages_reply(content, stop_reason)
+    result, said = _messages_tool_use(clients(engine))
+    assert result is passed and said.startswith(seen)
+    asked = engine.asked[0]
+    assert asked["tool_choice"] == {"type": "any"} and asked["tools"][0]["name"] == TOOL_NAME
+
+
+def test_a_stack_without_tool_calls_is_not_asked_for_one(engine: Engine) -> None:
+    for check in (_tool_call, _messages_tool_use):
+        passed, seen = check(clients(engine, tool_calls=False))
+        assert passed and seen.startswith("not asked")
+    assert engine.asked == []
+
+
+def test_an_engine_is_checked_on_each_api_it_serves_and_one_line_for_each_it_lacks() -> None:
+    names = [name for name, _ in client_checks(get_engine("llama.cpp"))]
+    assert names == [
+        "chat", "chat-stream", "tool-call", "responses",
+        "messages", "messages-stream", "messages-tool-use", "count-tokens",
+    ]  # fmt: skip
+    legacy = get_engine("ktransformers-legacy")
+    checks = client_checks(legacy)
+    lacking = [(name, check) for name, check in checks if name in API_ROUTES]
+    assert [name for name, _ in checks] == ["chat", "chat-stream", "tool-call", *(n for n, _ in lacking)]
+    assert [name for name, _ in lacking] == [
+        "openai-responses",
+        "anthropic-messages",
+        "anthropic-count-tokens",
+    ]
+    passed, seen = lacking[1][1](clients_for(EngineApi(1), "m", False))
+    assert passed and seen == "not served: ktransformers-legacy has no /v1/messages at its pin"
+
+
+def test_a_server_that_answers_nothing_fails_the_check_in_one_line(engine: Engine) -> None:
+    """The clients' own errors (here a refused connection) are a failed check naming them."""
+    port = engine.port
+    engine.server.shutdown()
+    engine.server.server_close()
+    stack = Closed(document={}, name="engine", service=None, api=EngineApi(port, timeout_s=5), container=None)  # type: ignore[arg-type]
+    [check] = _run_checks(
+        stack, [("messages", _through_clients(client_checks(get_engine("llama.cpp"))[4][1]))]
+    )
+    assert check.name == "messages" and not check.passed
+    assert check.seen.startswith("APIConnectionError: ") and "\n" not in check.seen
+
+
+class Closed(StackUnderTest):
+    """A stack whose file records llama.cpp with tool calls, on a port nothing answers."""
 
     @property
     def record(self) -> StackRecord:
@@ -36,25 +199,14 @@ class ToolStack(StackUnderTest):
         return Served(threads=2, gpu_layers=None, metrics=False, tool_calls=True)
 
 
-def call(name: str, arguments: object) -> dict[str, Any]:
-    function = {"name": name, "arguments": arguments}
-    return {"role": "assistant", "tool_calls": [{"type": "function", "function": function}]}
-
-
-@pytest.mark.parametrize(
-    ("message", "passed", "seen"),
-    [
-        (call(TOOL_NAME, json.dumps({"city": "Paris"})), True, 'get_weather({"city": "Paris"})'),
-        (call(TOOL_NAME, {"city": "London"}), True, 'get_weather({"city": "London"})'),
-        ({"role": "assistant", "content": "Hi"}, False, "no call of get_weather in the reply (0 tool"),
-        (call("other", "{}"), False, "no call of get_weather in the reply (1 tool calls)"),
-        (call(TOOL_NAME, '{"city": "Par'), False, "get_weather called with arguments that are not JSON"),
-    ],
-)
-def test_only_a_call_of_the_tool_passes(message: dict[str, Any], passed: bool, seen: str) -> None:
-    api = Replies(message)
-    stack = ToolStack(document={}, name="engine", service=None, api=api, container=None)  # type: ignore[arg-type]
-    result, said = _tool_call(stack)
-    assert result is passed and said.startswith(seen)
-    asked = api.asked[0]
-    assert asked["tool_choice"] == "required" and asked["tools"][0]["function"]["name"] == TOOL_NAME
+def test_the_engines_page_says_what_each_adapter_declares() -> None:
+    """docs/engines.md's table of APIs, row by row, is the named adapter's `apis` (a route added to an
+    adapter and not to the page, or the other way round, fails here)."""
+    page = (Path(__file__).resolve().parents[2] / "docs/engines.md").read_text()
+    section = page.split("## The APIs agents speak", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ") and "yes" in line]
+    said = {cells[0].strip(): [cell.strip() for cell in cells[1:5]] for cells in rows}
+    assert said and set(said) <= set(engine_names())  # a fork's new engine may not be on the page yet
+    for name, cells in said.items():
+        served = [api for api, cell in zip(API_ROUTES, cells, strict=True) if cell == "yes"]
+        assert served == list(get_engine(name).apis), name

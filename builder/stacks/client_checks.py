@@ -1,0 +1,235 @@
+"""What a coding agent or chat client sees of a stack, asked through the official `openai` and `anthropic`
+clients: each API the stack's engine serves (Engine.apis) with its chat, streaming and tools, and one line
+for an API the engine lacks. A server that answers plain HTTP but not the client's own parsing (a missing
+field, an event out of order in a stream) fails here as it would fail the agent."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anthropic
+import openai
+from anthropic.types import ToolParam
+from openai.types.chat import ChatCompletionFunctionToolParam
+
+from builder.engines.base import API_ROUTES, ClientApi, Engine
+from builder.stacks.api import EngineApi
+
+TOOL_NAME = "get_weather"
+_TOOL_DESCRIPTION = "The weather in a city now"
+# A closed choice: a model that calls it can't run to max_tokens inside the string.
+_TOOL_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
+    "required": ["city"],
+}
+# The one tool, as each API spells it.
+TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {"name": TOOL_NAME, "description": _TOOL_DESCRIPTION, "parameters": _TOOL_SCHEMA},
+}
+ANTHROPIC_TOOL: ToolParam = {
+    "name": TOOL_NAME,
+    "description": _TOOL_DESCRIPTION,
+    "input_schema": _TOOL_SCHEMA,
+}
+_HELLO = "Say hello."
+_WEATHER = "What is the weather in Paris?"
+# What the clients raise for an answer they can't take (HTTP errors, refused connections, bad JSON).
+CLIENT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError)
+_RETRIES = 1
+
+
+@dataclass(frozen=True)
+class Clients:
+    """Both official clients pointed at one stack, the model they ask for, and whether the stack renders
+    tools (its Jinja template: without one the tool checks are not asked)."""
+
+    openai: openai.OpenAI
+    anthropic: anthropic.Anthropic
+    model: str
+    tool_calls: bool
+
+
+def clients_for(api: EngineApi, model: str, tool_calls: bool) -> Clients:
+    """The clients as an agent configures them (a base URL and a key), following no redirect (whatever a
+    redirect points at never gets the key), and retrying once where agents' clients retry twice: both
+    llama.cpp engines at times close a kept-alive connection after a streamed Messages reply, and the
+    next request on it meets "Server disconnected without sending a response" (0c1e57098 and 55d3c05,
+    anthropic 2.16); a server that is down or refuses fails the retry too."""
+    root = f"http://{api.host}:{api.port}"
+    key = api.api_key or "none"  # both clients insist on a key; a server without one ignores it
+    return Clients(
+        openai=openai.OpenAI(
+            base_url=f"{root}/v1",
+            api_key=key,
+            timeout=api.timeout_s,
+            max_retries=_RETRIES,
+            http_client=openai.DefaultHttpxClient(follow_redirects=False),
+        ),
+        anthropic=anthropic.Anthropic(
+            base_url=root,
+            api_key=key,
+            timeout=api.timeout_s,
+            max_retries=_RETRIES,
+            http_client=anthropic.DefaultHttpxClient(follow_redirects=False),
+        ),
+        model=model,
+        tool_calls=tool_calls,
+    )
+
+
+ClientCheck = Callable[[Clients], tuple[bool, str]]
+
+
+def client_checks(engine: Engine) -> list[tuple[str, ClientCheck]]:
+    """The checks of every API `engine` serves, in API_ROUTES' order; an API it lacks is one check that
+    passes and says so (a client of that API can't use the stack, which is the engine's, not a fault)."""
+    checks: list[tuple[str, ClientCheck]] = []
+    for api, route in API_ROUTES.items():
+        if api in engine.apis:
+            checks += _BY_API[api]
+        else:
+            checks.append((api, _not_served(f"not served: {engine.name} has no {route} at its pin")))
+    return checks
+
+
+def _not_served(seen: str) -> ClientCheck:
+    return lambda clients: (True, seen)
+
+
+def _chat(clients: Clients) -> tuple[bool, str]:
+    reply = clients.openai.chat.completions.create(
+        model=clients.model, max_tokens=8, temperature=0, messages=[{"role": "user", "content": _HELLO}]
+    )
+    choice = reply.choices[0]
+    tokens = reply.usage.completion_tokens if reply.usage else 0
+    return (
+        choice.message.role == "assistant" and choice.finish_reason is not None,
+        f"{tokens} tokens, {choice.finish_reason}: {choice.message.content!r}",
+    )
+
+
+def _chat_stream(clients: Clients) -> tuple[bool, str]:
+    """Streamed (server-sent events): text arrives in pieces, and the last says why it stopped."""
+    pieces: list[str] = []
+    finish: str | None = None
+    for chunk in clients.openai.chat.completions.create(
+        model=clients.model,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        messages=[{"role": "user", "content": _HELLO}],
+    ):
+        for choice in chunk.choices:
+            pieces += [choice.delta.content] if choice.delta.content else []
+            finish = choice.finish_reason or finish
+    text = "".join(pieces)
+    return bool(pieces) and finish is not None, f"{len(pieces)} pieces, {finish}: {text!r}"
+
+
+def _tool_call(clients: Clients) -> tuple[bool, str]:
+    """A call of the tool, with JSON arguments, must be in the reply (`tool_choice: required`): a
+    server that renders no tools, drops them or can't parse its model's call fails, and so does a model
+    that answers in prose. A random-weight model fails it: llama.cpp 0c1e57098's grammar for a required
+    call still lets content come first (its autoparser's `until <tool_call>`), and such a model never
+    writes the marker."""
+    if not clients.tool_calls:
+        return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
+    reply = clients.openai.chat.completions.create(
+        model=clients.model,
+        max_tokens=64,
+        temperature=0,
+        tools=[TOOL],
+        tool_choice="required",
+        messages=[{"role": "user", "content": _WEATHER}],
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    named = [
+        call.function.arguments
+        for call in calls
+        if call.type == "function" and call.function.name == TOOL_NAME
+    ]
+    if not named:
+        return False, f"no call of {TOOL_NAME} in the reply ({len(calls)} tool calls)"
+    try:
+        arguments = json.loads(named[0])
+    except json.JSONDecodeError:
+        return False, f"{TOOL_NAME} called with arguments that are not JSON: {named[0]!r}"
+    return isinstance(arguments, dict), f"{TOOL_NAME}({json.dumps(arguments)})"
+
+
+def _responses(clients: Clients) -> tuple[bool, str]:
+    reply = clients.openai.responses.create(
+        model=clients.model, input=_HELLO, max_output_tokens=8, temperature=0
+    )
+    tokens = reply.usage.output_tokens if reply.usage else 0
+    return tokens > 0, f"{tokens} tokens, {reply.status}: {reply.output_text!r}"
+
+
+def _messages(clients: Clients) -> tuple[bool, str]:
+    reply = clients.anthropic.messages.create(
+        model=clients.model, max_tokens=8, messages=[{"role": "user", "content": _HELLO}]
+    )
+    text = "".join(block.text for block in reply.content if block.type == "text")
+    return (
+        reply.role == "assistant" and reply.stop_reason is not None and reply.usage.output_tokens > 0,
+        f"{reply.usage.output_tokens} tokens, {reply.stop_reason}: {text!r}",
+    )
+
+
+def _messages_stream(clients: Clients) -> tuple[bool, str]:
+    """Streamed as Anthropic's events (message_start, content_block_delta ..., message_stop), which
+    the client assembles into the final message."""
+    with clients.anthropic.messages.stream(
+        model=clients.model, max_tokens=8, messages=[{"role": "user", "content": _HELLO}]
+    ) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    text = "".join(pieces)
+    return bool(pieces) and final.stop_reason is not None, (
+        f"{len(pieces)} pieces, {final.stop_reason}: {text!r}"
+    )
+
+
+def _messages_tool_use(clients: Clients) -> tuple[bool, str]:
+    """The Messages API's tool call (`tool_choice: any`): a tool_use block naming the tool, its input an
+    object; what fails the chat's tool call fails this one."""
+    if not clients.tool_calls:
+        return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
+    reply = clients.anthropic.messages.create(
+        model=clients.model,
+        max_tokens=64,
+        tools=[ANTHROPIC_TOOL],
+        tool_choice={"type": "any"},
+        messages=[{"role": "user", "content": _WEATHER}],
+    )
+    uses = [block for block in reply.content if block.type == "tool_use"]
+    named = [block.input for block in uses if block.name == TOOL_NAME]
+    if not named:
+        return False, f"no tool_use of {TOOL_NAME} in the reply ({len(uses)} tool uses, {reply.stop_reason})"
+    return isinstance(named[0], dict) and reply.stop_reason == "tool_use", (
+        f"{TOOL_NAME}({json.dumps(named[0])}), {reply.stop_reason}"
+    )
+
+
+def _count_tokens(clients: Clients) -> tuple[bool, str]:
+    counted = clients.anthropic.messages.count_tokens(
+        model=clients.model, messages=[{"role": "user", "content": _HELLO}]
+    )
+    return counted.input_tokens > 0, f"{counted.input_tokens} input tokens"
+
+
+# Each API's checks, by the names smoke prints.
+_BY_API: dict[ClientApi, list[tuple[str, ClientCheck]]] = {
+    "openai-chat": [("chat", _chat), ("chat-stream", _chat_stream), ("tool-call", _tool_call)],
+    "openai-responses": [("responses", _responses)],
+    "anthropic-messages": [
+        ("messages", _messages),
+        ("messages-stream", _messages_stream),
+        ("messages-tool-use", _messages_tool_use),
+    ],
+    "anthropic-count-tokens": [("count-tokens", _count_tokens)],
+}
