@@ -8,10 +8,12 @@
 #   - parts bound to torch 2.9 or not on the path of one GPU's bf16/Q4 Qwen3-MoE: the sgl_kernel
 #     "payload" archives (sm100/FA3 objects), deep_gemm, mscclpp, flashinfer's cubins,
 #     nvidia-cutlass-dsl, tilelang, quack, torchao, torch-memory-saver, torchcodec, xgrammar,
-#     outlines, llguidance, media decoders, datasets, modelscope, anthropic;
+#     outlines, llguidance, media decoders, datasets, modelscope;
 #   - kt-kernel's variants other than amx and avx512_bf16 (the machine is an Emerald Rapids) and
 #     jedi's bundled type stubs;
-# plus tokenizers 0.22.2 for the machine's 0.23.2, which transformers-kt 5.6 refuses at import.
+# plus tokenizers 0.22.2 for the machine's 0.23.2, which transformers-kt 5.6 refuses at import, and the
+# official openai and anthropic clients smoke's checks use (moe-stack's own pins, above the openai 2.6.1
+# SGLang resolved: not yet run on the device with them).
 # Also needs .device/seed/whl (bench/device/seed_models.sh: the builder's own dependencies).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -20,7 +22,8 @@ trap 'rm -rf "$work"' EXIT
 wheels=(
   sglang-kt==0.7.2 kt-kernel==0.7.2 transformers-kt==5.6.0.post6 accelerate-kt==1.14.0.post4
   tokenizers==0.22.2 apache-tvm-ffi==0.1.11 flashinfer-python==0.6.3 torch-c-dlpack-ext==0.1.5
-  openai==2.6.1 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 loguru==0.7.3
+  openai==3.57.0 anthropic==2.16.0 docstring-parser==0.18.0 httpx2==2.16.2 httpcore2==2.16.2
+  truststore==0.10.5 h11==0.16.0 distro==1.9.0 jiter==0.19.0 sniffio==1.3.1 loguru==0.7.3
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   fastapi==0.165.0 starlette==1.10.0 opentelemetry-api==1.45.2 uvicorn==0.54.0 python-multipart==0.0.34
   pyzmq==27.3.0 gguf==0.19.0 dill==0.4.1 interegular==0.3.3 msgspec==0.23.0 orjson==3.13.0
