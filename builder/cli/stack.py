@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.markup import escape
 from rich.text import Text
 
@@ -31,7 +30,7 @@ from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.spec import BaseImages, duration_seconds
 from builder.stacks.assemble import StackOptions, StackPlan, check_ports, plan_models
 from builder.stacks.benchmark import measure
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
 from builder.stacks.host_checks import check_port_free
 from builder.stacks.kubernetes import KubeOptions, manifests, resource_name, to_kubernetes_yaml
@@ -40,7 +39,8 @@ from builder.stacks.run import down as stack_down
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
-from builder.stacks.tool_run import bench_with_tool, engine_service
+from builder.stacks.stack_file import StackFile
+from builder.stacks.tool_run import bench_with_tool, engine_service_name
 from builder.stacks.tune import Objective
 from builder.stacks.tune_plot import plot
 from builder.stacks.tune_stack import tune_stack, tuned_document
@@ -279,7 +279,7 @@ def compose(
         path = _write_kubernetes(plan, cluster, out_file or Path("moe-stack.k8s.yaml"), generated_by)
         out.print(f"wrote {path}: `kubectl apply -f {path}` runs it (a Deployment and a Service)")
         return
-    document = compose_dict(
+    document = compose_stack(
         plan.stack,
         generated_by=generated_by,
         facts=plan.facts,
@@ -584,8 +584,8 @@ def tune(
             f"({tuned.bandwidth_gbps:.1f} GB/s ÷ {tuned.bytes_per_token / 1e6:.1f} MB read per token)",
             highlight=False,
         )
-    document = yaml.safe_load(compose_file.read_text())
-    name = engine_service(document, compose_file, profile).name
+    document = StackFile.read(compose_file)
+    name = engine_service_name(profile)
     target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
     path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
     out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)

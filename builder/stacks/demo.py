@@ -13,7 +13,7 @@ from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, 
 from builder.spec import StackSpec
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import served_name_for
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import start_period_for
 from builder.stacks.run import up
 
@@ -50,7 +50,7 @@ def start_demo(
         start_period_s=start_period_for(model.stat().st_size),
     )
     compose_file = write_stack(
-        compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
+        compose_stack(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
     )
     up(compose_file, timeout_s=300)
     return compose_file

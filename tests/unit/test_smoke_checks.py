@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from builder.stacks.record import Served, StackRecord
+from builder.stacks.record import Record, Served
 from builder.stacks.smoke import TOOL_NAME, StackUnderTest, _tool_call
 
 
@@ -28,8 +28,16 @@ class ToolStack(StackUnderTest):
     """A stack whose file records tool calls (the Jinja template), its API the replies above."""
 
     @property
-    def record(self) -> StackRecord:
-        return StackRecord("moe-stack compose", "llama.cpp", "img", Path("m.gguf"), "m", {}, True)
+    def record(self) -> Record:
+        return Record(
+            generated_by="moe-stack compose",
+            engine="llama.cpp",
+            image="img",
+            model=Path("m.gguf"),
+            served_name="m",
+            engine_options={},
+            flags_checked=True,
+        )
 
     @property
     def served(self) -> Served:
@@ -53,7 +61,7 @@ def call(name: str, arguments: object) -> dict[str, Any]:
 )
 def test_only_a_call_of_the_tool_passes(message: dict[str, Any], passed: bool, seen: str) -> None:
     api = Replies(message)
-    stack = ToolStack(document={}, name="engine", service=None, api=api, container=None)  # type: ignore[arg-type]
+    stack = ToolStack(stack_file=None, name="engine", service=None, api=api, container=None)  # type: ignore[arg-type]
     result, said = _tool_call(stack)
     assert result is passed and said.startswith(seen)
     asked = api.asked[0]

@@ -23,6 +23,7 @@ from builder.engines.tune_space import (
 from builder.errors import SpecError, StackError
 from builder.models.planner import ModelFacts
 from builder.platform.flags import parse_help
+from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
 from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
@@ -412,15 +413,29 @@ def test_the_tuned_stack_records_the_run() -> None:
     served = {"threads": 99, "gpu-layers": 99, "metrics": True, "tool-calls": True}
     document = {
         "name": "p",
-        "x-moe-stack": {"engine": "ik_llama.cpp", "model": "/m/x.gguf", "serves": {"engine": served}},
+        "x-moe-stack": {
+            "generated-by": "moe-stack compose",
+            "engine": "ik_llama.cpp",
+            "image": "i",
+            "model": "/m/x.gguf",
+            "served-name": None,
+            "engine-options": {},
+            "flags-checked": False,
+            "serves": {"engine": served},
+        },
         "services": {
             "engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}
         },
     }
     tuned = Tuned(result=result, bandwidth_gbps=100.0, bytes_per_token=2_000_000_000, hybrid=True)
     derived = tuned_document(
-        document, "engine", tuned, "moe-stack tune f.yaml", now=datetime(2026, 11, 30, tzinfo=UTC), host="h"
-    )
+        StackFile.parse(document),
+        "engine",
+        tuned,
+        "moe-stack tune f.yaml",
+        now=datetime(2026, 11, 30, tzinfo=UTC),
+        host="h",
+    ).document()
     assert derived["services"]["engine"]["command"] == result.best.args
     assert document["services"]["engine"]["command"] == STACK  # the input is untouched
     record = derived["x-moe-stack"]["tuned"]
