@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.engines import get_engine
 from builder.files import cache_dir
@@ -71,7 +72,7 @@ def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1") 
     return _answer(reply, reply["choices"][0]["message"].get("content") or "")
 
 
-def _answer(reply: dict, text: str) -> Answer:
+def _answer(reply: dict[str, Any], text: str) -> Answer:
     timings = reply.get("timings") or {}
     return Answer(
         text=text,

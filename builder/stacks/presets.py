@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -128,7 +129,7 @@ def get_preset(name: str, user_file: Path | None = None) -> Preset:
     return presets[name]
 
 
-def _read(path: Path) -> dict[str, dict]:
+def _read(path: Path) -> dict[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as err:
@@ -170,7 +171,7 @@ def _control_character_at(value: object, where: str) -> str | None:
     return None
 
 
-def _preset(name: str, entry: dict, source: Path) -> Preset:
+def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
     def wrong(key: str, problem: str) -> SpecError:
         return SpecError(f"presets file {source}: preset {name}: {key}: {problem}")
 
