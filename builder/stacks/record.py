@@ -48,6 +48,55 @@ class Served(_Kebab):
     tool_calls: StrictBool  # chat is rendered with the model's own (Jinja) template, which tool calls need
 
 
+class Rates(_Kebab):
+    """Tokens per second of prefill and decode."""
+
+    prefill: StrictFloat
+    decode: StrictFloat
+
+
+class Ratios(_Kebab):
+    """Tuned over stack, of prefill and decode: "ratio (low-high)"."""
+
+    prefill: StrictStr
+    decode: StrictStr
+
+
+class Bound(_Kebab):
+    """Decode's ceiling: the read bandwidth over the bytes read per token, and how near decode got."""
+
+    read_gbps: StrictFloat
+    bytes_per_token: StrictInt
+    weights_read: StrictStr
+    bound_tps: StrictFloat
+    decode_over_bound: StrictFloat | None
+
+
+class Tuning(_Kebab):
+    """x-moe-stack.tuned: where and when `tune` ran, the settings that won, what they gained."""
+
+    host: StrictStr
+    date: StrictStr
+    by: StrictStr  # the command
+    objective: StrictStr
+    settings: dict[str, StrictStr]
+    changed: dict[str, StrictStr]  # setting: "stack's -> tuned"
+    trials: StrictInt
+    seconds: StrictInt
+    stack_tps: Rates
+    tuned_tps: Rates
+    tuned_over_stack: Ratios
+    left_out: tuple[StrictStr, ...]
+    not_confirmed: dict[str, StrictStr]
+    failed: dict[str, StrictStr]
+    bound: Bound | None = None  # with a measured bandwidth
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        dumped: dict[str, object] = handler(self)
+        return {key: value for key, value in dumped.items() if key != "bound" or value is not None}
+
+
 # Keys the file leaves out when they hold nothing (served-name stays, as null).
 _LEFT_OUT_EMPTY = ("loaded-from", "models", "cpu-weights", "profiles", "tuned")
 
@@ -69,7 +118,7 @@ class Record(_Kebab):
     profiles: tuple[StrictStr, ...] = ()  # the compose profiles of a file with a GPU and a CPU service
     serves: dict[str, Served] = {}  # by service name
     lint_exceptions: dict[str, str] = {}  # compose-lint rule ID: why this stack departs from it
-    tuned: dict[str, object] | None = None  # what `tune` found (stacks/tune_stack.py)
+    tuned: Tuning | None = None  # what `tune` found (stacks/tune_stack.py)
 
     @property
     def cpu_weights_pinned(self) -> bool:

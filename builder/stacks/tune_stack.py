@@ -18,6 +18,7 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
+from builder.stacks.record import Bound, Rates, Ratios, Tuning
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service_name, stack_server_args
@@ -175,46 +176,43 @@ def tuned_document(
     return document.model_copy(update={"record": record, "services": services})
 
 
-def _tuned_record(
-    tuned: Tuned, generated_by: str, now: datetime | None, host: str | None
-) -> dict[str, object]:
+def _tuned_record(tuned: Tuned, generated_by: str, now: datetime | None, host: str | None) -> Tuning:
     """x-moe-stack.tuned: where and when, the settings that won, what they gained, the decode bound."""
     result = tuned.result
     ratio_prefill, ratio_decode = result.ratios
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
-    record: dict[str, object] = {
-        "host": host or socket.gethostname(),
-        "date": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "by": generated_by,
-        "objective": result.objective,
-        "settings": dict(result.best.values),
-        "changed": {
+    return Tuning(
+        host=host or socket.gethostname(),
+        date=(now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        by=generated_by,
+        objective=result.objective,
+        settings=dict(result.best.values),
+        changed={
             name: f"{result.baseline.values[name]} -> {value}"
             for name, value in result.best.values.items()
             if value != result.baseline.values[name]
         },
-        "trials": len(result.trials),
-        "seconds": round(result.seconds),
-        "stack-tps": {
-            "prefill": round(result.baseline_tps[0], 1),
-            "decode": round(result.baseline_tps[1], 2),
-        },
-        "tuned-tps": {"prefill": round(result.tuned_tps[0], 1), "decode": round(result.tuned_tps[1], 2)},
-        "tuned-over-stack": {
-            "prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
-            "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})",
-        },
-        "left-out": list(result.skipped),
-        "not-confirmed": dict(result.not_confirmed),
-        "failed": dict(result.failed),
-    }
-    if tuned.bandwidth_gbps:
-        ratio = tuned.bound_ratio(result.tuned_tps[1])
-        record["bound"] = {
-            "read-gbps": tuned.bandwidth_gbps,
-            "bytes-per-token": tuned.bytes_per_token,
-            "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
-            "bound-tps": round(tuned.bound_tps or 0, 2),
-            "decode-over-bound": round(ratio, 3) if ratio is not None else None,
-        }
-    return record
+        trials=len(result.trials),
+        seconds=round(result.seconds),
+        stack_tps=Rates(prefill=round(result.baseline_tps[0], 1), decode=round(result.baseline_tps[1], 2)),
+        tuned_tps=Rates(prefill=round(result.tuned_tps[0], 1), decode=round(result.tuned_tps[1], 2)),
+        tuned_over_stack=Ratios(
+            prefill=f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
+            decode=f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})",
+        ),
+        left_out=tuple(result.skipped),
+        not_confirmed=dict(result.not_confirmed),
+        failed=dict(result.failed),
+        bound=_bound(tuned) if tuned.bandwidth_gbps else None,
+    )
+
+
+def _bound(tuned: Tuned) -> Bound:
+    ratio = tuned.bound_ratio(tuned.result.tuned_tps[1])
+    return Bound(
+        read_gbps=tuned.bandwidth_gbps or 0.0,
+        bytes_per_token=tuned.bytes_per_token,
+        weights_read="active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
+        bound_tps=round(tuned.bound_tps or 0.0, 2),
+        decode_over_bound=round(ratio, 3) if ratio is not None else None,
+    )

@@ -446,6 +446,7 @@ def test_the_tuned_stack_records_the_run() -> None:
         "threads": int(result.best.values["threads"]),
     }
     assert record["date"] == "2026-11-30T00:00:00Z" and record["host"] == "h"
+    assert StackFile.parse(derived).document() == derived, "a tuned file reads back as written"
     assert record["tuned-over-stack"]["prefill"].startswith("2.50")
     # 48 t/s tuned decode ÷ (100 GB/s ÷ 2 GB per token = 50 t/s).
     assert record["bound"]["bound-tps"] == 50.0 and record["bound"]["decode-over-bound"] == pytest.approx(
