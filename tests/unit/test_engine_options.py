@@ -18,7 +18,7 @@ from builder.engines import engine_names, get_engine
 from builder.errors import StackError
 from builder.platform.flags import option_names
 from builder.spec import ENGINE_OPTIONS, StackSpec
-from builder.stacks.compose import compose_dict
+from tests.specs import compose_dict
 
 DATA = Path(__file__).parent / "data"
 # The stack's own fields (image, host side, placement): every other field is an engine option.

@@ -34,10 +34,10 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
 from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
-from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
 from tests.kt_layout import write_converted
+from tests.specs import compose_dict
 from tests.unit.variants import UNPUBLISHED
 
 REPO = Path(__file__).resolve().parents[2]
