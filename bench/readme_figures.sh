@@ -4,8 +4,8 @@
 # Docker store and moe-stack's cache are emptied first (pip's cache kept): that destroys every image and
 # container on the host, so it is asked for by name. COLD=isolated measures the same cold start on a
 # throwaway daemon and cache beside the host's (bench/isolated_docker.sh), leaving the host as it was.
-# Writes bench/results/readme-figures-<date>/figures.json, whose figures the README quotes
-# (tests/unit/test_readme_figures.py holds them equal).
+# Writes bench/results/readme-figures-<date>/figures.json, for the README to quote. Needs a quiet machine:
+# anything else running on the 2 cores stretches both figures.
 #
 #   sudo COLD=1 bash bench/readme_figures.sh
 #   sudo COLD=isolated bash bench/readme_figures.sh
