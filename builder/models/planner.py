@@ -227,21 +227,7 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(
             f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
         )
-    expert = [0] * layers
-    other = 0
-    for part_reader in [reader, *(_open(p) for p in parts[1:])]:
-        for tensor in part_reader.tensors:
-            match = ROUTED_EXPERT.match(tensor.name)
-            if match:
-                layer = int(match.group(1))
-                if layer >= layers:
-                    raise ModelError(
-                        f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
-                        "layers; the file is corrupt"
-                    )
-                expert[layer] += int(tensor.n_bytes)
-            else:
-                other += int(tensor.n_bytes)
+    expert, other = _weight_bytes(path, [reader, *(_open(p) for p in parts[1:])], layers)
     heads = _number(reader, f"{arch}.attention.head_count")
     embd = _number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
@@ -251,20 +237,7 @@ def read_facts(path: Path) -> ModelFacts:
     experts = _number(reader, f"{arch}.expert_count", default=0)
     if not 0 <= experts <= MAX_EXPERTS:
         raise ModelError(f"{path} says it has {experts} experts per layer; a model has at most {MAX_EXPERTS}")
-    kv_heads = _number(reader, f"{arch}.attention.head_count_kv", default=heads)
-    key_dim = _number(reader, f"{arch}.attention.key_length", default=embd // heads)
-    value_dim = _number(reader, f"{arch}.attention.value_length", default=embd // heads)
-    mla_dim = None
-    if f"{arch}.attention.kv_lora_rank" in reader.fields:
-        mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + _number(
-            reader, f"{arch}.rope.dimension_count"
-        )
-        if f"{arch}.attention.key_length_mla" in reader.fields:
-            # Mainline's form: one "KV head" of the latent (576/512); without MLA every head caches
-            # its full key and value (ik_llama.cpp converts to that: head_count_kv = head_count).
-            kv_heads = heads
-            key_dim = _number(reader, f"{arch}.attention.key_length_mla")
-            value_dim = _number(reader, f"{arch}.attention.value_length_mla")
+    kv_heads, key_dim, value_dim, mla_dim = _cached_dims(reader, arch, heads, embd)
     used = _number(reader, f"{arch}.expert_used_count", default=0)
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
@@ -296,6 +269,48 @@ def read_facts(path: Path) -> ModelFacts:
         hidden=embd,
         nextn_layers=nextn,
     )
+
+
+def _weight_bytes(path: Path, readers: list[gguf.GGUFReader], layers: int) -> tuple[list[int], int]:
+    """The routed experts' bytes in each layer, and every other tensor's, over a split model's parts."""
+    expert = [0] * layers
+    other = 0
+    for part_reader in readers:
+        for tensor in part_reader.tensors:
+            match = ROUTED_EXPERT.match(tensor.name)
+            if not match:
+                other += int(tensor.n_bytes)
+                continue
+            layer = int(match.group(1))
+            if layer >= layers:
+                raise ModelError(
+                    f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
+                    "layers; the file is corrupt"
+                )
+            expert[layer] += int(tensor.n_bytes)
+    return expert, other
+
+
+def _cached_dims(
+    reader: gguf.GGUFReader, arch: str, heads: int, embd: int
+) -> tuple[int, int, int, int | None]:
+    """What a token's KV cache holds per layer: KV heads, key and value widths, and with MLA the
+    latent's width (kv_lora_rank + rope dims)."""
+    kv_heads = _number(reader, f"{arch}.attention.head_count_kv", default=heads)
+    key_dim = _number(reader, f"{arch}.attention.key_length", default=embd // heads)
+    value_dim = _number(reader, f"{arch}.attention.value_length", default=embd // heads)
+    if f"{arch}.attention.kv_lora_rank" not in reader.fields:
+        return kv_heads, key_dim, value_dim, None
+    mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + _number(
+        reader, f"{arch}.rope.dimension_count"
+    )
+    if f"{arch}.attention.key_length_mla" in reader.fields:
+        # Mainline's form: one "KV head" of the latent (576/512); without MLA every head caches
+        # its full key and value (ik_llama.cpp converts to that: head_count_kv = head_count).
+        kv_heads = heads
+        key_dim = _number(reader, f"{arch}.attention.key_length_mla")
+        value_dim = _number(reader, f"{arch}.attention.value_length_mla")
+    return kv_heads, key_dim, value_dim, mla_dim
 
 
 def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) -> int:
@@ -397,14 +412,7 @@ def plan(
 ) -> Plan:
     """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM (less `margin`) filled with the
     experts of its own first layers that have any (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
-    vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
-    if not vrams:
-        raise SpecError("no GPU memory given: name each GPU's VRAM, e.g. --vram-gb 24 or 24,24")
-    if margin < 0 or any(margin >= vram for vram in vrams):
-        raise SpecError(
-            f"a VRAM margin of {size(margin)} leaves nothing of a {size(min(vrams))} GPU: give a margin "
-            "of 0 or more and smaller than the GPU (the default is 1 GiB)"
-        )
+    vrams = _checked_vrams(vram_bytes, margin)
     kv = kv_cache_bytes(facts, ctx, cache_type, mla, cache_type_v=cache_type_v)
     cpu = sum(facts.expert_bytes)
     devices = []
@@ -424,33 +432,15 @@ def plan(
                 f"{', use --cache-type q8_0' if cache_element_bytes(cache_type) >= 2 else ''}"
                 " or use a larger GPU",
             )
-        experts = []
-        for layer in layers:
-            if not facts.expert_bytes[layer]:  # a dense layer (DeepSeek's first three): no experts to move
-                continue
-            if used + facts.expert_bytes[layer] > usable:
-                break
-            used += facts.expert_bytes[layer]
-            experts.append(layer)
+        used, experts = _take_experts(facts, layers, used, usable)
         devices.append(
-            DevicePlan(
-                index=index, vram_bytes=vram, layers=layers, used_bytes=used, expert_layers=tuple(experts)
-            )
+            DevicePlan(index=index, vram_bytes=vram, layers=layers, used_bytes=used, expert_layers=experts)
         )
-    if cpu > ram_bytes:
-        raise SpecError(
-            f"the routed experts need {size(cpu)} of RAM, {size(cpu - ram_bytes)} more than the "
-            f"{size(ram_bytes)} given; use a smaller quant of the model"
-        )
+    _check_ram(cpu, ram_bytes)
     cpu -= sum(facts.expert_bytes[layer] for device in devices for layer in device.expert_layers)
     cpu += facts.embedding_bytes
     fixed = facts.gpu_weight_bytes + kv + gpu_reserve
-    one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
-    per_layer = (
-        min(facts.expert_count, (vrams[0] - margin - fixed) // one_expert_everywhere)
-        if one_expert_everywhere and len(vrams) == 1
-        else 0
-    )
+    per_layer = _experts_per_layer(facts, vrams[0] - margin - fixed) if len(vrams) == 1 else 0
     return Plan(
         facts=facts,
         kv_bytes=kv,
@@ -463,6 +453,47 @@ def plan(
         tensor_split=tuple(max(1, round(v / GIB)) for v in vrams) if len(vrams) > 1 else (),
         margin_bytes=margin,
     )
+
+
+def _checked_vrams(vram_bytes: int | Sequence[int], margin: int) -> tuple[int, ...]:
+    """Each GPU's VRAM, every one larger than the margin kept free."""
+    vrams = (vram_bytes,) if isinstance(vram_bytes, int) else tuple(vram_bytes)
+    if not vrams:
+        raise SpecError("no GPU memory given: name each GPU's VRAM, e.g. --vram-gb 24 or 24,24")
+    if margin < 0 or any(margin >= vram for vram in vrams):
+        raise SpecError(
+            f"a VRAM margin of {size(margin)} leaves nothing of a {size(min(vrams))} GPU: give a margin "
+            "of 0 or more and smaller than the GPU (the default is 1 GiB)"
+        )
+    return vrams
+
+
+def _take_experts(facts: ModelFacts, layers: range, used: int, usable: int) -> tuple[int, tuple[int, ...]]:
+    """A GPU's own first layers whose experts fit beside what it holds (`used` of `usable`), in order:
+    the bytes it then holds and those layers."""
+    experts: list[int] = []
+    for layer in layers:
+        if not facts.expert_bytes[layer]:  # a dense layer (DeepSeek's first three): no experts to move
+            continue
+        if used + facts.expert_bytes[layer] > usable:
+            break
+        used += facts.expert_bytes[layer]
+        experts.append(layer)
+    return used, tuple(experts)
+
+
+def _check_ram(expert_bytes: int, ram_bytes: int) -> None:
+    if expert_bytes > ram_bytes:
+        raise SpecError(
+            f"the routed experts need {size(expert_bytes)} of RAM, {size(expert_bytes - ram_bytes)} more "
+            f"than the {size(ram_bytes)} given; use a smaller quant of the model"
+        )
+
+
+def _experts_per_layer(facts: ModelFacts, spare: int) -> int:
+    """KTransformers' form of the fill: how many experts of every layer the spare VRAM holds."""
+    one_expert_everywhere = sum(facts.expert_bytes) // facts.expert_count if facts.expert_count else 0
+    return min(facts.expert_count, spare // one_expert_everywhere) if one_expert_everywhere else 0
 
 
 def layer_split(layers: int, vrams: Sequence[int]) -> list[range]:
