@@ -21,6 +21,7 @@ from pathlib import Path
 from builder.contract import MODEL_DIR
 from builder.engines import get_engine
 from builder.engines.llama_family import LlamaFamilyEngine
+from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.image_facts import read_image_facts
@@ -28,7 +29,6 @@ from builder.images.naming import image_spec
 from builder.images.render import configure_args
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.spec import StackSpec
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_dict, write_stack
 from builder.stacks.host_checks import free_local_port

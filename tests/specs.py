@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.platform.targets import cpu_target
-from builder.spec import GitSource, ImageSpec, StackSpec
+from builder.spec import GitSource
 
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:

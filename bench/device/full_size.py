@@ -47,13 +47,14 @@ from builder.engines.compute_buffers import (
     gpu_compute,
     prefill_pool,
 )
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.models.planner import kv_cache_bytes
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
 from builder.platform.flags import check_args
-from builder.spec import EngineOptions, StackSpec
+from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import memory_use

@@ -19,6 +19,7 @@ from builder.cli.options import declared, takes_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.errors import (
     SpecError,
 )
@@ -36,7 +37,7 @@ from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
-from builder.spec import BaseImages, CudaTarget, ImageSpec
+from builder.spec import BaseImages, CudaTarget
 from builder.stacks.options import int_list
 
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]

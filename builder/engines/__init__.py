@@ -31,8 +31,8 @@ def _adapter(value: object) -> object:
     return get_engine(value) if isinstance(value, str) else value
 
 
-# A model field holding an engine's adapter: validated from its name, written as its name. The specs in
-# builder.spec sit below the adapters and keep the name; a model above them (a stack's options) holds this.
+# A model field holding an engine's adapter: validated from its name, written as its name (the specs,
+# engines/specs.py, and a stack's options hold one).
 EngineField = Annotated[Engine, BeforeValidator(_adapter), PlainSerializer(lambda e: e.name, return_type=str)]
 
 

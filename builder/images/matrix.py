@@ -10,11 +10,12 @@ from functools import partial
 import yaml
 
 from builder.engines import Engine, get_engine
+from builder.engines.specs import ImageSpec
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
 from builder.platform.toolchain import CUDA_RELEASES, driver_runs
-from builder.spec import CudaTarget, ImageSpec
+from builder.spec import CudaTarget
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
     beside it, `timeout_minutes` the job's limit."""
     rows = []
     for spec in specs:
-        engine = get_engine(spec.engine)
+        engine = spec.engine
         rows.append(
             {
                 "engine": spec.engine,

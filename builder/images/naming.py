@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engines import Engine, get_engine
+from builder.engines.specs import ImageSpec
 from builder.platform.targets import CPU_TARGETS, cpu_target
-from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, ImageSpec, LocalSource
+from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, LocalSource
 
 DEFAULT_REGISTRY = "ghcr.io"
 DEFAULT_NAMESPACE = "moe-stack"
@@ -124,12 +125,12 @@ def publish_tags(engine: str, variant: Variant, prefix: str) -> list[str]:
 
 def cache_key(spec: ImageSpec) -> str:
     """`<slug>-<cpu|cudaX.Y>-<isa>`: shared by every ref of one target (ccache, CI's layer cache)."""
-    return f"{get_engine(spec.engine).slug}-{target_key(spec)}"
+    return f"{spec.engine.slug}-{target_key(spec)}"
 
 
 def context_name(spec: ImageSpec) -> str:
     """The directory name `build` renders `spec`'s context under."""
-    return f"{get_engine(spec.engine).slug}-{variant_tag(spec)}"
+    return f"{spec.engine.slug}-{variant_tag(spec)}"
 
 
 def build_name(spec: ImageSpec) -> str:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from builder.engines import EngineField, get_engine
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
@@ -28,7 +29,7 @@ from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
-from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
@@ -254,7 +255,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if facts is not None:
         check_architecture(facts, stack.model)
         if facts.cpu_target in CPU_TARGETS:
-            get_engine(stack.engine).check_image_target(stack, CPU_TARGETS[facts.cpu_target])
+            stack.engine.check_image_target(stack, CPU_TARGETS[facts.cpu_target])
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.formats import GGUF
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
-from builder.spec import StackSpec
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import served_name_for
 from builder.stacks.compose import compose_dict, write_stack

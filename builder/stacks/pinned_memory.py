@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Literal
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.models.planner import size
-from builder.spec import StackSpec
 from builder.stacks.document import engine_pins
 
 # Left to the kernel, the engine's own buffers and the page cache beside the pinned weights.
@@ -25,7 +25,7 @@ def pinned_bytes(stack: StackSpec) -> int:
     routed experts and the token embeddings."""
     if not engine_pins(stack):
         return 0
-    facts = get_engine(stack.engine).model_format.facts(stack.model)
+    facts = stack.engine.model_format.facts(stack.model)
     return sum(facts.expert_bytes) + facts.embedding_bytes
 
 

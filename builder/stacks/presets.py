@@ -13,12 +13,13 @@ import yaml
 from pydantic import ValidationError
 
 from builder.engines import engine_names, get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.toolchain import MIN_DRIVER
-from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.compose import compose_dict
 from builder.stacks.document import cpu_only, start_period_for, to_yaml
 

@@ -15,9 +15,10 @@ from builder.cli import stack as cli_stack
 from builder.cli.main import app
 from builder.cli.options import PANEL
 from builder.engines import engine_names, get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.platform.flags import option_names
-from builder.spec import ENGINE_OPTIONS, StackSpec
+from builder.spec import ENGINE_OPTIONS
 from builder.stacks.compose import compose_dict
 
 DATA = Path(__file__).parent / "data"

@@ -18,6 +18,7 @@ from builder.engines.ktransformers import (
     torch_index,
 )
 from builder.engines.llama_cpp import LlamaCpp
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.build import plan_build
@@ -33,7 +34,7 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
-from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
+from builder.spec import BaseImages, LocalSource
 from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process

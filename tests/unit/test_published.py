@@ -9,11 +9,11 @@ from pathlib import Path
 import yaml
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.images.matrix import buildable, publish_set, published
 from builder.images.naming import image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.pins import pinned_ref
-from builder.spec import ImageSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from builder.contract import NUMA_ENV
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_dict
 from builder.stacks.services import read_services, service_named
 
