@@ -185,7 +185,7 @@ def render(
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
     spec = image_spec(
-        engine,
+        get_engine(engine),
         cpu,
         ref=ref,
         base=_bases(base_image, build_base, runtime_base, cuda_base),
@@ -224,9 +224,10 @@ def build(
     asked = Publishing(registry_cache, metadata_file, channel, attest)
     _check_publishing(asked, push)
     display = _progress(progress)
-    tree = resolve_local(get_engine(engine), source) if source else None
+    adapter = get_engine(engine)
+    tree = resolve_local(adapter, source) if source else None
     spec = image_spec(
-        engine,
+        adapter,
         cpu,
         tree,
         ref,
@@ -290,7 +291,9 @@ def cmake_args(
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    spec = image_spec(
+        get_engine(engine), cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base)
+    )
     for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")

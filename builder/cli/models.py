@@ -18,6 +18,7 @@ from builder.cli.common import (
 )
 from builder.cli.options import declared, takes_options
 from builder.docker_client import docker
+from builder.engines import get_engine
 from builder.errors import (
     SpecError,
 )
@@ -127,7 +128,8 @@ SynthOutFileOpt = Annotated[
 SynthArchOpt = Annotated[
     str,
     typer.Option(
-        help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA) or qwen3next (Qwen3-Next-80B-A3B)"
+        help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
+        "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b) or minimax-m2 (MiniMax-M2)"
     ),
 ]
 SynthTinyOpt = Annotated[
@@ -207,7 +209,7 @@ def synth_moe(
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
     what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
-    from builder.models.synth_shapes import seed_shape
+    from builder.models.synth_families import synth_shape
 
     given = {
         "layers": layers,
@@ -224,7 +226,7 @@ def synth_moe(
             "synth-moe --mtp writes DeepSeek's multi-token-prediction layer: give --arch deepseek2"
         )
     try:
-        shape = seed_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
+        shape = synth_shape(arch, tiny, **{key: value for key, value in given.items() if value is not None})
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
     if file_format == "hf":
@@ -271,7 +273,7 @@ def kt_convert(
 
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
-    name = image or image_tag(default_image_spec("ktransformers", True, driver))
+    name = image or image_tag(default_image_spec(get_engine("ktransformers"), True, driver))
     checkpoint = read_checkpoint(user_path(model).resolve())
     plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
     client = docker()

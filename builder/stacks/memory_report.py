@@ -79,7 +79,7 @@ class MemoryReport:
             "draft_bytes": self.draft,
             "compute_measured": self.compute.measured,
             "cpu_weights": "pinned" if self.pinned else "mapped",
-            "prompt_cache_bytes": prompt_cache_bytes(self.engine.name),
+            "prompt_cache_bytes": prompt_cache_bytes(self.engine),
             "ram_total_bytes": result.cpu_bytes + self.beside,
         }
 
@@ -166,7 +166,7 @@ def memory_report(engine: str, model: Path, ask: MemoryAsk) -> MemoryReport:
     latent = adapter.caches_latent(3 if ask.mla else None)
     ctx, ubatch = ask.ctx_size, ask.ubatch_size
     draft = draft_vram_bytes(checked_speculative(ask.options, model, adapter), adapter, ctx, ubatch)
-    demand = GpuDemand(adapter.name, facts, ctx, ubatch, ask.cache_type, latent)
+    demand = GpuDemand(adapter, facts, ctx, ubatch, ask.cache_type, latent)
     vrams = [int(v * GIB) for v in ask.vram_gb]
     result = vram_plan(demand, vrams, int(ask.ram_gb * GIB), int(ask.vram_margin_gb * GIB), draft)
     return MemoryReport(
@@ -176,11 +176,11 @@ def memory_report(engine: str, model: Path, ask: MemoryAsk) -> MemoryReport:
         facts=facts,
         plan=result,
         latent=latent,
-        compute=gpu_compute(adapter.name, facts, ctx, ubatch, latent),
-        pool=prefill_pool(adapter.name, facts, ctx, ubatch, latent),
+        compute=gpu_compute(adapter, facts, ctx, ubatch, latent),
+        pool=prefill_pool(adapter, facts, ctx, ubatch, latent),
         draft=draft,
         pinned=adapter.pins_cpu_weights(ask.mmap, gpu=True),
         # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram
         # sizes it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).
-        beside=beside_model_bytes(adapter.name),
+        beside=beside_model_bytes(adapter),
     )
