@@ -91,7 +91,7 @@ def main() -> None:
     threads = read_cpu().physical_cores
     stack = StackSpec(
         project="bench-overhead",
-        engine=facts.engine,
+        engine=get_engine(facts.engine),
         image=options.image,
         model=model,
         port=free_local_port(),
@@ -102,9 +102,7 @@ def main() -> None:
     compose_file = write_stack(document, cache_dir() / "bench" / "overhead" / "compose.yaml")
     command = [str(native_server(facts.engine, facts.cpu_target))]
     native_port = free_local_port()
-    for arg in get_engine(stack.engine).server_args(
-        stack, facts.server_flags
-    ):  # the stack's flags: host paths, port
+    for arg in stack.engine.server_args(stack, facts.server_flags):  # the stack's flags: host paths, port
         command.append(arg.replace(f"{MODEL_DIR}/", f"{model.parent}/").replace("8080", str(native_port)))
     native = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

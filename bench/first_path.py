@@ -64,7 +64,7 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
         port = free_local_port()
         stack = StackSpec(
             project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
-            engine=engine.name,
+            engine=engine,
             image=tag,
             model=model,
             port=port,

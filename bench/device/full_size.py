@@ -175,7 +175,7 @@ def planned(stack: StackSpec) -> dict[str, object]:
     """The plan's GPU bytes for this stack, as _vram_plan sums them: the weights on the GPU (all but the
     token embeddings and the CPU's experts), the KV cache, the compute buffer, the CUDA context and ik's
     prefill pool."""
-    adapter = get_engine(stack.engine)
+    adapter = stack.engine
     facts = adapter.model_format.facts(stack.model)
     latent = adapter.caches_latent(stack.mla)
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"

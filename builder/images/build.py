@@ -28,7 +28,6 @@ from builder.contract import (
     local_only,
 )
 from builder.docker_client import docker
-from builder.engines import get_engine
 from builder.engines.specs import ImageSpec
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted, SpecError
 from builder.files import cache_dir, content_dir
@@ -201,9 +200,7 @@ def plan_build(
     the built chat page the image embeds (chat_page.py)."""
     created = created or datetime.now(UTC)
     holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
-    contexts = (
-        {spec.engine.source_context(holds): str(source_tree)} if source_tree is not None else {}
-    )
+    contexts = {spec.engine.source_context(holds): str(source_tree)} if source_tree is not None else {}
     if page is not None:
         contexts[CHAT_PAGE_CONTEXT] = str(page)
     return BuildPlan(

@@ -91,7 +91,7 @@ def default_image_spec(
         )
 
     chosen = _newest_published(
-        engine.name, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
+        engine, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
     )
     if chosen is not None:
         return chosen
@@ -135,7 +135,7 @@ def published() -> list[Published]:
     ]
 
 
-def published_image(engine: str, cpus: tuple[str, ...], gpu: bool) -> ImageSpec | None:
+def published_image(engine: Engine, cpus: tuple[str, ...], gpu: bool) -> ImageSpec | None:
     """The published image of `engine` for the first of `cpus` it has one for: its newest CUDA release's
     with `gpu`, else its CPU-only one (None: no such image is published)."""
     for cpu in cpus:
@@ -150,7 +150,7 @@ def _targets(cpu: str, spec: ImageSpec) -> bool:
 
 
 def _newest_published(
-    engine: str,
+    engine: Engine,
     gpu: bool,
     fits: Callable[[ImageSpec], bool],
     then: Callable[[ImageSpec], tuple[bool, int]] = lambda spec: (True, 0),
@@ -160,7 +160,7 @@ def _newest_published(
     chosen = [
         entry.spec
         for entry in published()
-        if entry.spec.engine == engine and (entry.spec.cuda.version is not None) == gpu and fits(entry.spec)
+        if entry.spec.engine is engine and (entry.spec.cuda.version is not None) == gpu and fits(entry.spec)
     ]
     return max(chosen, key=lambda spec: (_release(spec), *then(spec))) if chosen else None
 
@@ -217,7 +217,7 @@ def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
         engine = spec.engine
         rows.append(
             {
-                "engine": spec.engine,
+                "engine": spec.engine.name,
                 "ref": spec.ref,
                 "cuda": spec.cuda.version or "none",
                 "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),

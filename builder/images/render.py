@@ -19,7 +19,6 @@ from builder.contract import (
     PARSER_FLAGS_FILE,
     ROUTER_PRESET,
 )
-from builder.engines import get_engine
 from builder.engines.specs import ImageSpec
 from builder.files import replace_rendered_dir, templates_root
 from builder.images.naming import cache_key, variant_tag

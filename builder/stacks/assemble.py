@@ -147,7 +147,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     flags = None if options.for_other_host else host.cpu.flags
     stack = StackSpec(
         project=options.project or project_name_for(model),
-        engine=adapter.name,
+        engine=adapter,
         image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
         model=model,
         port=options.port,
@@ -331,10 +331,9 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     return where
 
 
-def check_engine_loads(engine: str, model: Path) -> None:
+def check_engine_loads(adapter: Engine, model: Path) -> None:
     """StackError when the engine can't load `model`'s tensor layout, or when an engine that names the
     architectures it loads (no image label does) can't load `model`'s."""
-    adapter = get_engine(engine)
     adapter.check_layout(model)
     if adapter.gguf_architectures is None:
         return

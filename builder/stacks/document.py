@@ -27,7 +27,6 @@ from builder.contract import (
     ROUTER_PRESET_ENV,
     prometheus_image,
 )
-from builder.engines import get_engine
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.placement import numa_env
@@ -120,7 +119,7 @@ def compose_document(
         )
     record = StackRecord(
         generated_by=generated_by,
-        engine=stack.engine,
+        engine=stack.engine.name,
         image=stack.image,
         model=files.model,
         served_name=stack.served_name,

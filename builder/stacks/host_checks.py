@@ -9,7 +9,6 @@ import stat
 from pathlib import Path
 
 from builder.contract import IMAGE_UID, MODEL_DIR
-from builder.engines import get_engine
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.files import user_path
@@ -55,7 +54,7 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     mounts: dict[str, dict[str, object]] = {}
     for model in models:
         named = model.model.parent.resolve() / model.model.name
-        for part in get_engine(model.engine).model_format.parts(named):
+        for part in model.engine.model_format.parts(named):
             source = part.resolve()
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"

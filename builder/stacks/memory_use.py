@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.engines import Engine, get_engine
+from builder.engines import Engine
 from builder.engines.specs import StackSpec
 from builder.models.planner import GIB, kv_cache_bytes
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from builder.engines import get_engine
+from builder.engines import Engine
 from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.models.planner import size
@@ -29,9 +29,9 @@ def pinned_bytes(stack: StackSpec) -> int:
     return sum(facts.expert_bytes) + facts.embedding_bytes
 
 
-def pinning_fix(engine: str) -> str:
+def pinning_fix(engine: Engine) -> str:
     """What avoids pinning, for `engine`."""
-    if not get_engine(engine).pins_cpu_weights(True, gpu=True):
+    if not engine.pins_cpu_weights(True, gpu=True):
         return "keep the weights mapped (--mmap)"
     return (
         f"no setting of {engine} avoids it: use a host with more RAM, a smaller quant, or mainline llama.cpp "
