@@ -30,7 +30,7 @@ from builder.images.render import configure_args
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.stacks.benchmark import measure
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 
@@ -98,7 +98,7 @@ def main() -> None:
         threads=threads,
         chat_template=DEMO_CHAT_TEMPLATE,
     )
-    document = compose_dict(stack, "bench/container_overhead.py", facts)
+    document = compose_stack(stack, "bench/container_overhead.py", facts)
     compose_file = write_stack(document, cache_dir() / "bench" / "overhead" / "compose.yaml")
     command = [str(native_server(facts.engine, facts.cpu_target))]
     native_port = free_local_port()

@@ -26,7 +26,7 @@ from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.spec import BaseImages
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete
 from builder.stacks.document import start_period_for
 from builder.stacks.host_checks import free_local_port
@@ -73,7 +73,8 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
             start_period_s=start_period_for(model.stat().st_size),
         )
         compose_file = write_stack(
-            compose_dict(stack, "bench/first_path.py"), cache_dir() / "bench" / stack.project / "compose.yaml"
+            compose_stack(stack, "bench/first_path.py"),
+            cache_dir() / "bench" / stack.project / "compose.yaml",
         )
         started = time.monotonic()
         try:

@@ -34,7 +34,7 @@ from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, plan_stack
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 
@@ -75,7 +75,7 @@ def stack_file(
         engine_options=options,
     )
     planned = plan_stack(stack, probe())
-    document = compose_dict(planned.stack, f"bench/speculative_cost.py ({name})", planned.facts)
+    document = compose_stack(planned.stack, f"bench/speculative_cost.py ({name})", planned.facts)
     return write_stack(document, directory / f"{name}.yaml"), port
 
 

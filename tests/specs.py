@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from builder.engines import get_engine
 from builder.engines.specs import ImageSpec, StackSpec
 from builder.platform.targets import cpu_target
 from builder.spec import GitSource
+from builder.stacks.compose import compose_stack
 
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
@@ -58,3 +60,8 @@ def routed_stacks(directory: Path) -> tuple[StackSpec, StackSpec]:
             )
         )
     return stacks[0], stacks[1]
+
+
+def compose_dict(stack: StackSpec, generated_by: str, *args: Any, **options: Any) -> dict[str, Any]:
+    """`compose_stack`'s file as plain data, as written (`$` doubled): what the tests assert on."""
+    return compose_stack(stack, generated_by, *args, **options).document()

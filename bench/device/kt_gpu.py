@@ -41,8 +41,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import yaml
-
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
 from builder.engines.ktransformers import KTransformers
 from builder.errors import StackError
@@ -54,6 +52,7 @@ from builder.platform.flags import check_args, check_choice, parse_contract
 from builder.stacks.api import EngineApi
 from builder.stacks.kt_convert import finish_conversion, plan_conversion
 from builder.stacks.smoke import api_checks
+from builder.stacks.stack_file import StackFile
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = KTransformers()
@@ -293,9 +292,9 @@ def main(out: Path, work: Path) -> None:
     ]  # fmt: skip
     cli(*compose_args)
     result["compose"] = "moe-stack " + " ".join(compose_args)
-    service = yaml.safe_load(stack_file.read_text())["services"]["engine"]
-    command = [str(arg) for arg in service["command"]]
-    result["image"], result["command"] = service["image"], command
+    service = StackFile.read(stack_file).service("engine")
+    command = service.args
+    result["image"], result["command"] = service.image, command
     try:
         check_args(command, flags, "sglang-kt 0.7.2 (this run's --help)")
         for flag in ("--kt-method", "--reasoning-parser", "--tool-call-parser"):
@@ -304,21 +303,21 @@ def main(out: Path, work: Path) -> None:
         result["command_checked"] = "every flag and parser choice is in the server's --help"
     except StackError as err:
         result["command_checked"] = f"REFUSED: {err}"
-    note(f"stack: {service['image']}, {len(command)} arguments; {result['command_checked']}")
+    note(f"stack: {service.image}, {len(command)} arguments; {result['command_checked']}")
 
     mounts = {MODEL_DIR: str(weights_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
     args = [mapped(arg, mounts) for arg in command] + DEVICE_ARGS
     args[args.index("--host") + 1] = "127.0.0.1"
-    stack_env = {key: mapped(str(value), mounts) for key, value in (service.get("environment") or {}).items()}
+    stack_env = {key: mapped(str(value), mounts) for key, value in service.env.items()}
     run_env = {
         **env,
-        **image_env(service["image"], server_bin),
+        **image_env(service.image, server_bin),
         **stack_env,
         **DEVICE_ENV,
         "HOME": str(work / "home"),
         "XDG_CACHE_HOME": str(work / "home/.cache"),
     }
-    result["image_env"] = image_env(service["image"], server_bin)
+    result["image_env"] = image_env(service.image, server_bin)
     result["stack_env"] = stack_env
     log = (out / f"{NAME}-server.log").open("w")
     server = subprocess.Popen(

@@ -15,22 +15,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
+from builder.stacks.stack_file import StackFile
 
 SHAPE = synth_shape("qwen3moe", layers=4, context=4096)  # Qwen3-235B-A22B's widths, 4 layers
 MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"
 
 
 def split_stack(stack_file: Path, work: Path) -> None:
-    service = yaml.safe_load(stack_file.read_text())["services"]["engine"]
-    command = [str(arg) for arg in service["command"]]
+    service = StackFile.read(stack_file).service("engine")  # its values as meant: no compose here
+    command = service.args
     if any("\n" in arg for arg in command):
         raise SystemExit("an argument holds a newline; this runner passes one argument a line")
     (work / "stack-command.txt").write_text("".join(arg + "\n" for arg in command))
-    env = service.get("environment") or {}
+    env = service.env
     (work / "stack-env.txt").write_text("".join(f"{key}={value}\n" for key, value in env.items()))
     model = command[command.index("--model") + 1]
     (work / "model-name").write_text(Path(model).name)

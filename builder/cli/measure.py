@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from rich.text import Text
 
 from builder.cli.common import out, text_table
@@ -22,7 +21,8 @@ from builder.stacks.compose import write_stack
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
 from builder.stacks.smoke import smoke as run_smoke
-from builder.stacks.tool_run import bench_with_tool, engine_service
+from builder.stacks.stack_file import StackFile
+from builder.stacks.tool_run import bench_with_tool, engine_service_name
 from builder.stacks.tune import Objective, TuneResult
 from builder.stacks.tune_plot import plot
 from builder.stacks.tune_stack import Tuned, tune_stack, tuned_document
@@ -201,8 +201,8 @@ def tune(
         progress=_say,
     )
     _print_tuned(tuned)
-    document = yaml.safe_load(compose_file.read_text())
-    name = engine_service(document, compose_file, profile).name
+    document = StackFile.read(compose_file)
+    name = engine_service_name(profile)
     target = compose_file if write else out_file or compose_file.with_suffix(".tuned.yaml")
     path = write_stack(tuned_document(document, name, tuned, " ".join(["moe-stack", *sys.argv[1:]])), target)
     out.print(f"wrote {path} (x-moe-stack.tuned records the run)", highlight=False)

@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from python_on_whales.exceptions import DockerException
@@ -27,10 +28,8 @@ from builder.files import file_sha256, write_file_atomically
 from builder.models.formats import FORMATS
 from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.document import to_yaml
 from builder.stacks.host_checks import check_readable_in_container
-from builder.stacks.record import read_record
-from builder.stacks.services import read_services
+from builder.stacks.stack_file import StackFile
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -52,18 +51,16 @@ def sha256(path: Path) -> str:
 
 def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> Path:
     """Write the bundle for `compose_file` (from `moe-stack compose`) to `out`, atomically."""
-    document = _stack_document(compose_file)
+    document = _stack_file(compose_file)
     # By name: a pinned digest is the registry's, and the manifest records the local ID.
-    images = sorted(
-        {service.image.split("@")[0] for service in read_services(document, compose_file).values()}
-    )
+    images = sorted({service.image.split("@")[0] for service in document.services.values()})
     client = docker()
     absent = [image for image in images if not client.image.exists(image)]
     if absent:
         raise BundleError(
             f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
         )
-    record = read_record(document, compose_file)
+    record = document.record
     if record.engine_options.get("draft_model"):
         raise BundleError(
             f"{compose_file} serves with a draft model ({record.engine_options['draft_model']}); a bundle "
@@ -177,14 +174,14 @@ def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
             model_home.mkdir(exist_ok=True)
             for model in models:
                 os.replace(staging / "models" / model["name"], model_home / model["name"])
-        return write_file_atomically(dest / COMPOSE, to_yaml(document))
+        return write_file_atomically(dest / COMPOSE, document.to_yaml())
 
 
 def unreadable_models(compose_file: Path) -> list[str]:
     """What keeps the loaded stack's engine from reading its model (the files keep the read bits they
     had where they were bundled): one line each, with the fix."""
     problems = []
-    for _, source in _model_sources(yaml.safe_load(compose_file.read_text())):
+    for _, source in _model_sources(StackFile.read(compose_file)):
         try:
             check_readable_in_container(source, parent_too=False)
         except StackError as err:
@@ -211,7 +208,9 @@ def _key_file(path: Path | None) -> Path | None:
     return path.resolve()
 
 
-def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadChoices, replace: bool) -> dict:
+def _rebuilt_stack(
+    bundle: Path, staging: Path, manifest: dict[str, Any], choices: LoadChoices, replace: bool
+) -> StackFile:
     """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's, each
     with the ID the manifest lists (read from images.tar before Docker sees it), and replace no other
     local image (unless `replace`)."""
@@ -232,20 +231,17 @@ def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict, choices: LoadCho
     return rebuilt
 
 
-def _model_sources(document: dict) -> list[tuple[str, Path]]:
+def _model_sources(document: StackFile) -> list[tuple[str, Path]]:
     """The model files a stack mounts one by one, as (NAME of /models/NAME, host file)."""
-    services = read_services(document).values()
+    services = document.services.values()
     return list(dict.fromkeys(file for service in services for file in service.model_files))
 
 
-def _stack_document(compose_file: Path) -> dict:
+def _stack_file(compose_file: Path) -> StackFile:
     try:
-        document = yaml.safe_load(compose_file.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise BundleError(f"can't read {compose_file}: {err}") from None
-    if not isinstance(document, dict) or "x-moe-stack" not in document or not document.get("services"):
-        raise BundleError(f"{compose_file} was not written by `moe-stack compose`; bundle a stack it emitted")
-    return document
+        return StackFile.read(compose_file)
+    except StackError as err:
+        raise BundleError(f"{err}; bundle a stack it emitted") from None
 
 
 def _member_limit(name: str) -> int | None:
@@ -272,7 +268,7 @@ def _extract(bundle: Path, into: Path) -> str:
         ) from None
 
 
-def _manifest(bundle: Path, staging: Path) -> dict:
+def _manifest(bundle: Path, staging: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((staging / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -329,7 +325,7 @@ def _check(bundle: Path, path: Path, name: str, expected: str) -> None:
         )
 
 
-def _model_home(bundle: Path, models: list[dict], model_dir: Path | None) -> Path:
+def _model_home(bundle: Path, models: list[dict[str, Any]], model_dir: Path | None) -> Path:
     """Where the loaded stack finds a model the bundle doesn't hold: `model_dir` (the user's, never a
     path from the bundle); the files there must be the ones the bundle was made with."""
     if model_dir is None:

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import yaml
 
@@ -36,8 +37,9 @@ def cuda_target(version: str | None, archs: tuple[int, ...] = ()) -> CudaTarget:
     return CudaTarget(version=version, archs=archs or CUDA_RELEASES[version].default_archs)
 
 
-def load_matrix() -> dict:
-    return yaml.safe_load((templates_root() / "matrix.yaml").read_text())
+def load_matrix() -> dict[str, Any]:
+    matrix: dict[str, Any] = yaml.safe_load((templates_root() / "matrix.yaml").read_text())
+    return matrix
 
 
 def variants(ref_overrides: dict[str, str] | None = None) -> list[Variant]:

@@ -10,7 +10,7 @@ import re
 import subprocess
 import urllib.request
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from builder.engines import get_engine
 from builder.errors import SpecError
@@ -23,7 +23,7 @@ class Upstream(Protocol):
     def ls_remote(self, url: str, *refs: str) -> str:
         """`git ls-remote URL REFS...` output."""
 
-    def pypi_json(self, project: str) -> dict:
+    def pypi_json(self, project: str) -> dict[str, Any]:
         """PyPI's JSON API answer for `project`."""
 
 
@@ -38,11 +38,12 @@ class NetworkUpstream:
             raise SpecError(f"git ls-remote {url} failed: {done.stderr.strip()[-200:] or 'no output'}")
         return done.stdout
 
-    def pypi_json(self, project: str) -> dict:
+    def pypi_json(self, project: str) -> dict[str, Any]:
         base = os.environ.get("MOE_STACK_PYPI_URL", "https://pypi.org").rstrip("/")
         try:
             with urllib.request.urlopen(f"{base}/pypi/{project}/json", timeout=60) as answer:
-                return json.load(answer)
+                project_json: dict[str, Any] = json.load(answer)
+                return project_json
         except OSError as err:
             raise SpecError(f"can't read {project} from {base}: {err}") from None
 

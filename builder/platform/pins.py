@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -97,7 +98,7 @@ def branch_head(ls_remote: str, branch: str) -> str:
     raise SpecError(f"upstream has no branch {branch}")
 
 
-def newest_pypi_version(project_json: dict) -> str:
+def newest_pypi_version(project_json: dict[str, Any]) -> str:
     """The newest release in PyPI's JSON API answer (`info.version`: the latest non-prerelease)."""
     version = (project_json.get("info") or {}).get("version")
     if not version:

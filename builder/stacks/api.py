@@ -6,6 +6,7 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 
 from builder.errors import StackError
 
@@ -35,7 +36,7 @@ class EngineApi:
             errors="replace"
         )
 
-    def post(self, path: str, body: dict[str, object]) -> dict:
+    def post(self, path: str, body: dict[str, object]) -> dict[str, Any]:
         """The JSON answer to POST `path` with the JSON `body`."""
         request = urllib.request.Request(
             self._url(path),

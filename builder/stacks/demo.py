@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.engines import Engine
 from builder.engines.specs import StackSpec
@@ -13,7 +14,7 @@ from builder.models.formats import GGUF
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import served_name_for
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import start_period_for
 from builder.stacks.run import up
 
@@ -48,7 +49,7 @@ def start_demo(engine: Engine, image: str, port: int, generated_by: str, project
         start_period_s=start_period_for(model.stat().st_size),
     )
     compose_file = write_stack(
-        compose_dict(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
+        compose_stack(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
     )
     up(compose_file, timeout_s=300)
     return compose_file
@@ -69,7 +70,7 @@ def chat(port: int, prompt: str, max_tokens: int = 64, host: str = "127.0.0.1") 
     return _answer(reply, reply["choices"][0]["message"].get("content") or "")
 
 
-def _answer(reply: dict, text: str) -> Answer:
+def _answer(reply: dict[str, Any], text: str) -> Answer:
     timings = reply.get("timings") or {}
     return Answer(
         text=text,

@@ -1,5 +1,5 @@
-"""StackSpec → compose document: a plain dict (tests assert it), built without touching the host
-(host_checks.py checks and resolves the files first), and its YAML text."""
+"""StackSpec → the stack file (stacks/stack_file.py), built without touching the host (host_checks.py
+checks and resolves the files first)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import yaml
 
@@ -34,16 +35,30 @@ from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions
-from builder.stacks.escaping import literal
-from builder.stacks.record import Served, StackRecord
+from builder.stacks.record import OptionValue, Record, Served
+from builder.stacks.stack_file import (
+    Deploy,
+    Device,
+    Healthcheck,
+    Logging,
+    Mount,
+    Port,
+    Reservations,
+    Resources,
+    Secret,
+    Service,
+    StackFile,
+    Ulimit,
+    Volume,
+)
 
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HUGETLBFS_VOLUME = "hugepages"
-HEALTHCHECK = ["CMD", "/usr/local/bin/moe-stack-health"]
+HEALTHCHECK = ("CMD", "/usr/local/bin/moe-stack-health")
 # A server that logs every request must not fill the disk: at most 3 × 50 MB per service.
-LOGGING = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "3"}}
+LOGGING = Logging(driver="json-file", options={"max-size": "50m", "max-file": "3"})
 MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
@@ -56,13 +71,18 @@ class StackFiles:
     """The host files a stack mounts, as the document names them."""
 
     model: Path  # the model's first (or only) file
-    mounts: list[dict[str, object]]  # the model's bind mounts
+    mounts: tuple[Mount, ...]  # the model's bind mounts
     api_key: Path | None = None
 
 
-def directory_mount(model: Path) -> dict[str, object]:
+def directory_mount(model: Path) -> Mount:
     """The model's directory at /models, read-only."""
-    return {"type": "bind", "source": str(model.parent), "target": MODEL_DIR, "read_only": True}
+    return Mount(type="bind", source=str(model.parent), target=MODEL_DIR, read_only=True)
+
+
+def file_mount(source: Path, name: str) -> Mount:
+    """One file of the model at /models/`name`, read-only (the engine sees it and nothing beside it)."""
+    return Mount(type="bind", source=str(source), target=f"{MODEL_DIR}/{name}", read_only=True)
 
 
 def project_name_for(model: Path) -> str:
@@ -86,8 +106,8 @@ def compose_document(
     facts: ImageFacts | None = None,
     cpu_profile: tuple[StackSpec, ImageFacts | None] | None = None,
     routed: tuple[StackSpec, ...] = (),
-) -> dict[str, object]:
-    """The compose document for `stack` with its `files` as mounted; `generated_by` records the command
+) -> StackFile:
+    """The stack file for `stack` with its `files` as mounted; `generated_by` records the command
     that made it.
 
     With the image's `facts`, every engine flag is checked against its flag contract and neutral
@@ -97,18 +117,19 @@ def compose_document(
     service (image, port, placement) and each routed stack that model's own flags.
     """
     service = _service(stack, facts, files.mounts)
-    services: dict[str, dict[str, object]] = {SERVICE: service}
     if routed:
         if cpu_profile is not None or stack.hugetlbfs != "off":
             raise StackError("a stack of several models has one service: drop --cpu-image and --hugetlbfs")
-        service["command"], preset = _router_command(stack, routed, facts)
-        environment = service.setdefault("environment", {})
-        assert isinstance(environment, dict)
-        environment[ROUTER_PRESET_ENV] = preset
+        command, preset = _router_command(stack, routed, facts)
+        service = service.model_copy(
+            update={"command": tuple(command), "environment": {**service.env, ROUTER_PRESET_ENV: preset}}
+        )
+    services = {SERVICE: service}
     if cpu_profile is not None:
         cpu_stack, cpu_facts = cpu_profile
-        service["profiles"] = [GPU_PROFILE]
-        services[CPU_SERVICE] = {**_service(cpu_stack, cpu_facts, files.mounts), "profiles": [CPU_PROFILE]}
+        services[SERVICE] = service.model_copy(update={"profiles": (GPU_PROFILE,)})
+        cpu_service = _service(cpu_stack, cpu_facts, files.mounts)
+        services[CPU_SERVICE] = cpu_service.model_copy(update={"profiles": (CPU_PROFILE,)})
     if stack.monitoring_port:
         if routed or not stack.metrics:
             raise StackError(
@@ -117,7 +138,7 @@ def compose_document(
         services[MONITORING_SERVICE] = monitoring_service(
             stack.monitoring_port, list(services), files.api_key is not None
         )
-    record = StackRecord(
+    record = Record(
         generated_by=generated_by,
         engine=stack.engine.name,
         image=stack.image,
@@ -126,13 +147,11 @@ def compose_document(
         engine_options=engine_options(stack),
         flags_checked=facts is not None,
         serves={
-            SERVICE: serves(stack, services[SERVICE]["command"]),
-            **(
-                {CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE]["command"])} if cpu_profile else {}
-            ),
+            SERVICE: serves(stack, services[SERVICE].args),
+            **({CPU_SERVICE: serves(cpu_profile[0], services[CPU_SERVICE].args)} if cpu_profile else {}),
         },
         models=tuple(str(model.served_name) for model in routed),
-        cpu_weights_pinned=engine_pins(stack),
+        cpu_weights="pinned" if engine_pins(stack) else None,
         profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else (),
     )
     return stack_document(
@@ -140,11 +159,10 @@ def compose_document(
     )
 
 
-def serves(stack: StackSpec, command: object) -> Served:
+def serves(stack: StackSpec, args: list[str]) -> Served:
     """What an engine service serves, for the readers of the file (smoke, tune, bench) that must not
     parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
     engine = stack.engine
-    args = command if isinstance(command, list) else []
     return Served(
         threads=stack.threads,
         gpu_layers=stack.gpu_layers,
@@ -155,32 +173,28 @@ def serves(stack: StackSpec, command: object) -> Served:
 
 def stack_document(
     project: str,
-    record: StackRecord,
-    services: dict[str, dict[str, object]],
+    record: Record,
+    services: dict[str, Service],
     page_size: str | None,
     api_key: Path | None,
-) -> dict[str, object]:
+) -> StackFile:
     """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
-    the services' lint exceptions, every `$` literal for compose (`load` rebuilds a bundle's through
-    it too)."""
-    document: dict[str, object] = {
-        "name": project,
-        "x-moe-stack": {**record.as_dict(), "lint-exceptions": lint_exceptions(services)},
-        "services": services,
-    }
-    volumes: dict[str, object] = {}
+    the services' lint exceptions (`load` rebuilds a bundle's through it too)."""
+    volumes: dict[str, Volume] = {}
     if page_size is not None:
         volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
     if MONITORING_SERVICE in services:
-        volumes[MONITORING_VOLUME] = {}
-    if volumes:
-        document["volumes"] = volumes
-    if api_key is not None:
-        document["secrets"] = api_key_secret(api_key)
-    return literal(document)
+        volumes[MONITORING_VOLUME] = Volume()
+    return StackFile(
+        name=project,
+        record=record.model_copy(update={"lint_exceptions": lint_exceptions(services)}),
+        services=services,
+        volumes=volumes or None,
+        secrets=api_key_secret(api_key) if api_key is not None else None,
+    )
 
 
-def monitoring_service(port: int, engines: list[str], api_key: bool) -> dict[str, object]:
+def monitoring_service(port: int, engines: list[str], api_key: bool) -> Service:
     """Prometheus scraping each engine service's /metrics every 10 s (the one of the profile that runs
     answers), its data on a named volume, its UI on `port` of loopback."""
     job: dict[str, object] = {
@@ -191,38 +205,39 @@ def monitoring_service(port: int, engines: list[str], api_key: bool) -> dict[str
     if api_key:
         job["authorization"] = {"credentials_file": API_KEY_PATH}
     config = yaml.safe_dump({"global": {"scrape_interval": "10s"}, "scrape_configs": [job]}, sort_keys=False)
-    service: dict[str, object] = {
-        "image": prometheus_image(CPU_BASE_SUITE),
+    return Service(
+        image=prometheus_image(CPU_BASE_SUITE),
         # Made by `moe-stack base --prometheus`, never pulled: the name would resolve to Docker Hub.
-        "pull_policy": "never",
-        "environment": {PROMETHEUS_CONFIG_ENV: config},
+        pull_policy="never",
         # Loopback whatever --bind says: Prometheus' query API has no authentication, unlike the engine.
-        "ports": [published(PROMETHEUS_PORT, port, "127.0.0.1")],
-        "volumes": [{"type": "volume", "source": MONITORING_VOLUME, "target": PROMETHEUS_DATA}],
+        ports=(published(PROMETHEUS_PORT, port, "127.0.0.1"),),
+        volumes=(MONITORING_MOUNT,),
         **_HARDENED,
-        "healthcheck": {
-            "test": ["CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"],
-            "interval": "10s",
-            "timeout": "5s",
-            "retries": 3,
-            "start_period": "30s",
-        },
-        "restart": "unless-stopped",
-        "logging": dict(LOGGING),
-    }
-    if api_key:
-        service["secrets"] = [API_KEY_SECRET]
-    return service
+        healthcheck=Healthcheck(
+            test=("CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"),
+            interval="10s",
+            timeout="5s",
+            retries=3,
+            start_period="30s",
+        ),
+        restart="unless-stopped",
+        logging=LOGGING,
+        environment={PROMETHEUS_CONFIG_ENV: config},
+        secrets=(API_KEY_SECRET,) if api_key else None,
+    )
 
 
-def published(target: int, port: int, bind: str) -> dict[str, object]:
+MONITORING_MOUNT = Mount(type="volume", source=MONITORING_VOLUME, target=PROMETHEUS_DATA)
+
+
+def published(target: int, port: int, bind: str) -> Port:
     """A container port published on `bind`:`port` of the host."""
-    return {"target": target, "published": str(port), "host_ip": bind, "protocol": "tcp"}
+    return Port(target=target, published=str(port), host_ip=bind, protocol="tcp")
 
 
-def api_key_secret(path: Path) -> dict[str, object]:
+def api_key_secret(path: Path) -> dict[str, Secret]:
     """The top-level secret holding the API key file's first line."""
-    return {API_KEY_SECRET: {"file": str(path)}}
+    return {API_KEY_SECRET: Secret(file=str(path))}
 
 
 def _router_command(
@@ -245,16 +260,16 @@ def _router_command(
     return command, preset
 
 
-def engine_options(stack: StackSpec) -> dict[str, object]:
+def engine_options(stack: StackSpec) -> dict[str, OptionValue]:
     """The stack's neutral engine options that are set (preset or command line), as recorded."""
     dumped = stack.model_dump(mode="json", include=set(EngineOptions.model_fields))  # a path as text
     return {name: value for name, value in dumped.items() if value is not None}
 
 
-def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
+def lint_exceptions(services: dict[str, Service]) -> dict[str, str]:
     """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
     departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
-    caps = {cap for service in services.values() for cap in service.get("cap_add", [])}
+    caps = {cap for service in services.values() for cap in service.cap_add or ()}
     reasons = {
         "SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU "
         "thread "
@@ -269,7 +284,7 @@ def lint_exceptions(services: dict[str, dict]) -> dict[str, str]:
         "no memory limit: the mmapped weights are page cache charged to the container, and a "
         "limit below the model evicts them; CPUs are bounded by cpuset/threads instead"
     )
-    if any("@sha256:" not in str(service["image"]) for service in services.values()):
+    if any("@sha256:" not in service.image for service in services.values()):
         exceptions["CL-0019"] = (
             "image by tag: it has no registry digest yet (built here, or not checked with "
             "--skip-image-checks); stacks made from a pushed or pulled image pin the digest"
@@ -335,22 +350,27 @@ def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
 
 # What every service of a stack runs with: a read-only root (/tmp a tmpfs), no capabilities, no
 # privilege gain.
-_HARDENED: dict[str, object] = {
+class _Hardening(TypedDict):
+    read_only: bool
+    tmpfs: tuple[str, ...]
+    cap_drop: tuple[str, ...]
+    security_opt: tuple[str, ...]
+
+
+_HARDENED: _Hardening = {
     "read_only": True,
-    "tmpfs": ["/tmp"],
-    "cap_drop": ["ALL"],
-    "security_opt": ["no-new-privileges:true"],
+    "tmpfs": ("/tmp",),
+    "cap_drop": ("ALL",),
+    "security_opt": ("no-new-privileges:true",),
 }
 
 
-def _service(
-    stack: StackSpec, facts: ImageFacts | None, mounts: list[dict[str, object]]
-) -> dict[str, object]:
-    volumes = [
+def _service(stack: StackSpec, facts: ImageFacts | None, mounts: tuple[Mount, ...]) -> Service:
+    volumes = (
         *mounts,
         *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
         *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else []),
-    ]
+    )
     environment, caps = entrypoint_environment(stack)
     return service_of(
         pinned_image(stack, facts),
@@ -367,45 +387,43 @@ def _service(
 def service_of(
     image: str,
     command: list[str],
-    port: dict[str, object],
-    volumes: list[dict[str, object]],
+    port: Port,
+    volumes: tuple[Mount, ...],
     shm_size: str,
     start_period_s: int,
-    placed: dict[str, object],
+    placed: Placed,
     api_key: bool,
-) -> dict[str, object]:
+) -> Service:
     """An engine service: these values in moe-stack's one shape (`moe-stack load` rebuilds a bundle's
     stack through it too)."""
-    service: dict[str, object] = {
-        "image": image,
-        "command": command,
-        "ports": [port],
-        "volumes": volumes,
+    return Service(
+        image=image,
+        command=tuple(command),
+        ports=(port,),
+        volumes=volumes,
         # The engine writes nothing but its logs.
         **_HARDENED,
-        "shm_size": shm_size,
-        "healthcheck": {
-            "test": list(HEALTHCHECK),
-            "interval": "10s",
-            "timeout": "5s",
-            "retries": 3,
-            "start_period": f"{start_period_s}s",
-            "start_interval": "2s",
-        },
-        "restart": "unless-stopped",
-        "logging": dict(LOGGING),
+        shm_size=shm_size,
+        healthcheck=Healthcheck(
+            test=HEALTHCHECK,
+            interval="10s",
+            timeout="5s",
+            retries=3,
+            start_period=f"{start_period_s}s",
+            start_interval="2s",
+        ),
+        restart="unless-stopped",
+        logging=LOGGING,
         **placed,
-    }
-    if api_key:
-        service["secrets"] = [API_KEY_SECRET]
-    return service
+        secrets=(API_KEY_SECRET,) if api_key else None,
+    )
 
 
-def config_mount(config_dir: Path) -> dict[str, object]:
-    return {"type": "bind", "source": str(config_dir), "target": CONFIG_DIR, "read_only": True}
+def config_mount(config_dir: Path) -> Mount:
+    return Mount(type="bind", source=str(config_dir), target=CONFIG_DIR, read_only=True)
 
 
-HUGETLBFS_MOUNT: dict[str, object] = {"type": "volume", "source": HUGETLBFS_VOLUME, "target": HUGETLBFS_DIR}
+HUGETLBFS_MOUNT = Mount(type="volume", source=HUGETLBFS_VOLUME, target=HUGETLBFS_DIR)
 
 
 def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]:
@@ -413,7 +431,7 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     stack needs: SYS_NICE for a NUMA policy (Docker's seccomp profile wants it for mbind and
     set_mempolicy), also for an engine that binds its own memory; IPC_LOCK for --mlock."""
     environment: dict[str, str] = {}
-    caps = []
+    caps: list[str] = []
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
         environment[NUMA_ENV] = policy
@@ -428,70 +446,57 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     return environment, caps
 
 
+class Placed(TypedDict, total=False):
+    """A service's host-facing keys (`placement`), as Service takes them."""
+
+    environment: dict[str, str]
+    ulimits: dict[str, Ulimit]
+    cap_add: tuple[str, ...]
+    cpuset: str
+    deploy: Deploy
+
+
 def placement(
-    environment: dict[str, str], caps: list[str], cpuset: str | None, device: dict[str, object] | None
-) -> dict[str, object]:
+    environment: dict[str, str], caps: list[str], cpuset: str | None, device: Device | None
+) -> Placed:
     """The host-facing parts: the entrypoint's environment (NUMA policy, hugetlbfs staging) and the
     capabilities it needs, locked memory (unlimited memlock with IPC_LOCK), cpuset, GPU passthrough."""
-    extra: dict[str, object] = {}
+    extra: Placed = {}
     if environment:
         extra["environment"] = environment
     if "IPC_LOCK" in caps:
-        extra["ulimits"] = {"memlock": {"soft": -1, "hard": -1}}
+        extra["ulimits"] = {"memlock": Ulimit(soft=-1, hard=-1)}
     if caps:
-        extra["cap_add"] = caps
+        extra["cap_add"] = tuple(caps)
     if cpuset:
         extra["cpuset"] = cpuset
     if device is not None:
-        extra["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+        extra["deploy"] = Deploy(resources=Resources(reservations=Reservations(devices=(device,))))
     return extra
 
 
-def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> dict[str, object] | None:
+def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> Device | None:
     """The GPU reservation: through the nvidia runtime or CDI, these GPUs (none given: all)."""
     if gpu == "none":
         return None
-    ids = [str(i) for i in gpu_ids]
+    ids = tuple(str(i) for i in gpu_ids)
     if gpu == "nvidia":
-        return {
-            "driver": "nvidia",
-            **({"device_ids": ids} if ids else {"count": "all"}),
-            "capabilities": ["gpu"],
-        }
-    return {
-        "driver": "cdi",
-        "device_ids": [f"nvidia.com/gpu={i}" for i in ids or ["all"]],
-        "capabilities": ["gpu"],
-    }
+        return Device(
+            driver="nvidia", device_ids=ids or None, count=None if ids else "all", capabilities=("gpu",)
+        )
+    return Device(
+        driver="cdi", device_ids=tuple(f"nvidia.com/gpu={i}" for i in ids or ["all"]), capabilities=("gpu",)
+    )
 
 
-def hugetlbfs_volume(page_size: str) -> dict[str, object]:
+def hugetlbfs_volume(page_size: str) -> Volume:
     """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
     (its pages back to the pool) when the last container using it stops."""
-    return {
-        "driver": "local",
-        "driver_opts": {
+    return Volume(
+        driver="local",
+        driver_opts={
             "type": "hugetlbfs",
             "device": "hugetlbfs",
             "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700",
         },
-    }
-
-
-class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (a router's preset) as literal blocks, no anchors, the rest as safe_dump."""
-
-    def ignore_aliases(self, data: object) -> bool:
-        return True
-
-
-def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
-
-
-_Dumper.add_representer(str, _string)
-
-
-def to_yaml(document: dict[str, object]) -> str:
-    header = "# Generated by moe-stack: re-run the command in x-moe-stack.generated-by to change it.\n"
-    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    )

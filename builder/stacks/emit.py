@@ -11,7 +11,7 @@ from builder.files import write_file_atomically
 from builder.host.probe import probe
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackPlan, check_ports, plan_models
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.kubernetes import KubeOptions, manifests, resource_name, to_kubernetes_yaml
 from builder.stacks.memory_use import memory_use
 from builder.stacks.options import StackCommandLine
@@ -39,7 +39,7 @@ def emit_stack(command: StackCommandLine, engine_options: EngineOptions, generat
         )
         out_file = command.out_file or Path("moe-stack.k8s.yaml")
         return Emitted(_write_kubernetes(plan, cluster, out_file, generated_by), kubernetes=True)
-    document = compose_dict(
+    document = compose_stack(
         plan.stack,
         generated_by=generated_by,
         facts=plan.facts,

@@ -15,7 +15,8 @@ from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
 from builder.platform.targets import best_cpu_target
-from builder.stacks.document import StackFiles, directory_mount
+from builder.stacks.document import StackFiles, directory_mount, file_mount
+from builder.stacks.stack_file import Mount
 
 
 def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
@@ -23,7 +24,7 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     engine's user; `check=False` (example stacks for another machine) takes the paths as given."""
     if not check:
         return StackFiles(
-            model=stack.model, mounts=[directory_mount(stack.model)], api_key=stack.api_key_file
+            model=stack.model, mounts=(directory_mount(stack.model),), api_key=stack.api_key_file
         )
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
@@ -34,14 +35,12 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
         for part in parts:
             check_readable_in_container(part)
     else:
-        check_readable_in_container(model, parent_too=mounts[0]["target"] == MODEL_DIR)
+        check_readable_in_container(model, parent_too=mounts[0].target == MODEL_DIR)
     if stack.draft_model is not None:  # beside the model (stacks/speculative.py): in its mount
         draft = stack.draft_model.parent.resolve() / stack.draft_model.name
         check_readable_in_container(draft.resolve(), parent_too=False)
-        if mounts[0]["target"] != MODEL_DIR:  # the model's files mounted one by one: the draft's too
-            target = f"{MODEL_DIR}/{draft.name}"
-            source = str(draft.resolve())
-            mounts.append({"type": "bind", "source": source, "target": target, "read_only": True})
+        if mounts[0].target != MODEL_DIR:  # the model's files mounted one by one: the draft's too
+            mounts = (*mounts, file_mount(draft.resolve(), draft.name))
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)
@@ -51,37 +50,29 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
 def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     """Every routed model's files, each mounted under its own name in /models (a clash of two names is
     refused), checked readable by the engine's user; the API key as for one model."""
-    mounts: dict[str, dict[str, object]] = {}
+    mounts: dict[str, Mount] = {}
     for model in models:
         named = model.model.parent.resolve() / model.model.name
         for part in model.engine.model_format.parts(named):
             source = part.resolve()
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"
-            if target in mounts and mounts[target]["source"] != str(source):
+            if target in mounts and mounts[target].source != str(source):
                 raise StackError(
                     f"two models are named {part.name}; rename one (each is mounted as /models/NAME)"
                 )
-            mounts[target] = {"type": "bind", "source": str(source), "target": target, "read_only": True}
+            mounts[target] = file_mount(source, part.name)
     single = stack_files(stack)
-    return StackFiles(model=single.model, mounts=list(mounts.values()), api_key=single.api_key)
+    return StackFiles(model=single.model, mounts=tuple(mounts.values()), api_key=single.api_key)
 
 
-def model_mounts(model: Path, parts: list[Path]) -> list[dict[str, object]]:
+def model_mounts(model: Path, parts: list[Path]) -> tuple[Mount, ...]:
     """The mounts of `model` (its files: `parts`): its directory at /models, read-only; or, where its
     files are links out of that directory (Hugging Face's snapshots/<rev>/NAME -> ../../blobs/HASH), each
     file's target mounted under its own name, so the engine sees the names and nothing else of the cache."""
     if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
-        return [
-            {
-                "type": "bind",
-                "source": str(part.resolve()),
-                "target": f"{MODEL_DIR}/{part.name}",
-                "read_only": True,
-            }
-            for part in parts
-        ]
-    return [directory_mount(model)]
+        return tuple(file_mount(part.resolve(), part.name) for part in parts)
+    return (directory_mount(model),)
 
 
 def check_readable_in_container(

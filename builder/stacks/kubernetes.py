@@ -187,7 +187,7 @@ def _pod(
     limits = dict(resources)
     if stack.gpu != "none":
         limits["nvidia.com/gpu"] = str(options.gpus)
-    health = {"exec": {"command": HEALTHCHECK[1:]}, "timeoutSeconds": 5}
+    health = {"exec": {"command": list(HEALTHCHECK[1:])}, "timeoutSeconds": 5}
     container: dict[str, object] = {
         "name": "engine",
         "image": pinned_image(stack, facts),

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -20,8 +21,8 @@ from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.compose import compose_dict
-from builder.stacks.document import cpu_only, start_period_for, to_yaml
+from builder.stacks.compose import compose_stack
+from builder.stacks.document import cpu_only, start_period_for
 
 # A presets file of the user's own (the packaged one's schema), merged over the packaged presets: by
 # `compose --presets FILE`, else this variable.
@@ -136,7 +137,7 @@ def get_preset(name: str, user_file: Path | None = None) -> Preset:
     return presets[name]
 
 
-def _read(path: Path) -> dict[str, dict]:
+def _read(path: Path) -> dict[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as err:
@@ -178,7 +179,7 @@ def _control_character_at(value: object, where: str) -> str | None:
     return None
 
 
-def _preset(name: str, entry: dict, source: Path) -> Preset:
+def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
     def wrong(key: str, problem: str) -> SpecError:
         return SpecError(f"presets file {source}: preset {name}: {key}: {problem}")
 
@@ -303,7 +304,7 @@ def example_stacks() -> dict[str, str]:
                 cpu_profile = (cpu_stack, cpu_facts)
             checked = f"; flags checked against {engine} {short_ref(contract.ref)}'s" if contract else ""
             driver = ".".join(map(str, MIN_DRIVER[gpu_image.cuda.version or ""]))
-            document = compose_dict(
+            stack_file = compose_stack(
                 stack,
                 f"{generated_by} (example host{checked}; its CUDA {gpu_image.cuda.version} image needs "
                 f"NVIDIA driver >= {driver}; see presets.py)",
@@ -311,5 +312,5 @@ def example_stacks() -> dict[str, str]:
                 check_files=False,
                 cpu_profile=cpu_profile,
             )
-            files[f"{preset.name}.{engine}.yaml"] = to_yaml(document)
+            files[f"{preset.name}.{engine}.yaml"] = stack_file.to_yaml()
     return files

@@ -1,116 +1,132 @@
-"""x-moe-stack, the stack file's record of itself: one typed model, written and read here.
+"""x-moe-stack, the stack file's record of itself: one typed model (stacks/stack_file.py holds it).
 
-`compose` (stacks/document.py) and `load` (distribute/loaded_stack.py) write a StackRecord; smoke, tune,
-bench, up and bundle read one back with `read_record`, never an engine's flags. In the file every `$`
-is doubled for compose (document.literal); the record holds the values as meant.
+`compose` (stacks/document.py) and `load` (distribute/loaded_stack.py) write a Record; smoke, tune,
+bench, up and bundle read it from `StackFile.read`, never from an engine's flags. The record holds the
+values as meant (compose's `$` doubling is the file's, done in StackFile.to_yaml and undone in read).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_serializer,
+)
 
 from builder import __version__
-from builder.errors import StackError
-from builder.stacks.escaping import meant as unescaped
+
+Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
+# An engine option as recorded: a plain value, or a list of them (override rules, a tensor split).
+OptionValue = Scalar | list[Scalar]
 
 
-@dataclass(frozen=True)
-class Served:
-    """What one engine service serves."""
-
-    threads: int
-    gpu_layers: int | None
-    metrics: bool  # its /metrics endpoint is on
-    tool_calls: bool  # chat is rendered with the model's own (Jinja) template, which tool calls need
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "threads": self.threads,
-            "gpu-layers": self.gpu_layers,
-            "metrics": self.metrics,
-            "tool-calls": self.tool_calls,
-        }
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
 
 
-@dataclass(frozen=True)
-class StackRecord:
-    generated_by: str  # the command that made the file
-    engine: str
-    image: str
+class _Kebab(BaseModel):
+    """The file's own keys (`gpu-layers`), set here by field name; nothing else is read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=_kebab, populate_by_name=True)
+
+
+class Served(_Kebab):
+    """What one engine service serves, for the readers of the file (smoke, tune, bench) that must not
+    parse an engine's flags."""
+
+    threads: StrictInt
+    gpu_layers: StrictInt | None
+    metrics: StrictBool  # its /metrics endpoint is on
+    tool_calls: StrictBool  # chat is rendered with the model's own (Jinja) template, which tool calls need
+
+
+class Rates(_Kebab):
+    """Tokens per second of prefill and decode."""
+
+    prefill: StrictFloat
+    decode: StrictFloat
+
+
+class Ratios(_Kebab):
+    """Tuned over stack, of prefill and decode: "ratio (low-high)"."""
+
+    prefill: StrictStr
+    decode: StrictStr
+
+
+class Bound(_Kebab):
+    """Decode's ceiling: the read bandwidth over the bytes read per token, and how near decode got."""
+
+    read_gbps: StrictFloat  # the best round: the bound
+    read_median_gbps: StrictFloat | None = None  # the rounds' spread (moe-stack-bandwidth since 2026-12-03)
+    read_min_gbps: StrictFloat | None = None
+    bytes_per_token: StrictInt
+    weights_read: StrictStr
+    bound_tps: StrictFloat
+    decode_over_bound: StrictFloat | None
+
+
+class Tuning(_Kebab):
+    """x-moe-stack.tuned: where and when `tune` ran, the settings that won, what they gained."""
+
+    host: StrictStr
+    date: StrictStr
+    by: StrictStr  # the command
+    objective: StrictStr
+    settings: dict[str, StrictStr]
+    changed: dict[str, StrictStr]  # setting: "stack's -> tuned"
+    trials: StrictInt
+    seconds: StrictInt
+    stack_tps: Rates
+    tuned_tps: Rates
+    tuned_over_stack: Ratios
+    left_out: tuple[StrictStr, ...]
+    not_confirmed: dict[str, StrictStr]
+    failed: dict[str, StrictStr]
+    bound: Bound | None = None  # with a measured bandwidth
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        dumped: dict[str, object] = handler(self)
+        return {key: value for key, value in dumped.items() if key != "bound" or value is not None}
+
+
+# Keys the file leaves out when they hold nothing (served-name stays, as null).
+_LEFT_OUT_EMPTY = ("loaded-from", "models", "cpu-weights", "profiles", "tuned")
+
+
+class Record(_Kebab):
+    """x-moe-stack, its keys in the file's order."""
+
+    generator: StrictStr = f"moe-stack {__version__}"
+    generated_by: StrictStr  # the command that made the file
+    loaded_from: StrictStr | None = None  # the bundle `load` made it from, and how it was verified
+    engine: StrictStr
+    image: StrictStr
     model: Path  # the model's first (or only) file on the host
-    served_name: str | None
-    engine_options: dict[str, object]  # the neutral options set (preset or command line)
-    flags_checked: bool  # emitted against the image's flag contract
-    serves: dict[str, Served] = field(default_factory=dict)  # by service name
-    models: tuple[str, ...] = ()  # a router's models, by served name
-    cpu_weights_pinned: bool = False  # the engine keeps the CPU weights in page-locked memory
-    profiles: tuple[str, ...] = ()  # the compose profiles of a file with a GPU and a CPU service
-    loaded_from: str | None = None  # the bundle `load` made it from, and how it was verified
-    generator: str = f"moe-stack {__version__}"
+    served_name: StrictStr | None
+    models: tuple[StrictStr, ...] = ()  # a router's models, by served name
+    engine_options: dict[str, OptionValue]  # the neutral options set (preset or command line)
+    flags_checked: StrictBool  # emitted against the image's flag contract
+    cpu_weights: Literal["pinned"] | None = None  # the engine keeps the CPU weights in page-locked memory
+    profiles: tuple[StrictStr, ...] = ()  # the compose profiles of a file with a GPU and a CPU service
+    serves: dict[str, Served] = {}  # by service name
+    lint_exceptions: dict[str, str] = {}  # compose-lint rule ID: why this stack departs from it
+    tuned: Tuning | None = None  # what `tune` found (stacks/tune_stack.py)
 
-    def as_dict(self) -> dict[str, object]:
-        """The record as the file holds it (before compose's `$` escaping)."""
-        return {
-            "generator": self.generator,
-            "generated-by": self.generated_by,
-            **({"loaded-from": self.loaded_from} if self.loaded_from is not None else {}),
-            "engine": self.engine,
-            "image": self.image,
-            "model": str(self.model),
-            "served-name": self.served_name,
-            **({"models": list(self.models)} if self.models else {}),
-            "engine-options": dict(self.engine_options),
-            "flags-checked": self.flags_checked,
-            **({"cpu-weights": "pinned"} if self.cpu_weights_pinned else {}),
-            **({"profiles": list(self.profiles)} if self.profiles else {}),
-            "serves": {name: served.as_dict() for name, served in self.serves.items()},
-        }
+    @property
+    def cpu_weights_pinned(self) -> bool:
+        return self.cpu_weights == "pinned"
 
-
-def read_record(document: object, source: Path | str = "the stack file") -> StackRecord:
-    """The record of a stack file moe-stack wrote; StackError (one line, naming `source`) when it has
-    none or one this moe-stack can't read."""
-    raw = document.get("x-moe-stack") if isinstance(document, dict) else None
-    if (
-        not isinstance(raw, dict)
-        or not isinstance(raw.get("engine"), str)
-        or not isinstance(raw.get("model"), str)
-    ):
-        raise StackError(
-            f"{source} was not emitted by moe-stack (no x-moe-stack record); emit it with `moe-stack compose`"
-        )
-    meant = {key: unescaped(value) for key, value in raw.items()}
-    given = meant.get("serves")
-    served: dict = given if isinstance(given, dict) else {}
-    return StackRecord(
-        generated_by=str(meant.get("generated-by", "")),
-        engine=str(meant["engine"]),
-        image=str(meant.get("image", "")),
-        model=Path(str(meant["model"])),
-        served_name=str(meant["served-name"]) if meant.get("served-name") is not None else None,
-        engine_options=dict(meant["engine-options"]) if isinstance(meant.get("engine-options"), dict) else {},
-        flags_checked=meant.get("flags-checked") is True,
-        serves={str(name): _served(facts, source) for name, facts in served.items()},
-        models=tuple(map(str, meant["models"])) if isinstance(meant.get("models"), list) else (),
-        cpu_weights_pinned=meant.get("cpu-weights") == "pinned",
-        profiles=tuple(map(str, meant["profiles"])) if isinstance(meant.get("profiles"), list) else (),
-        loaded_from=str(meant["loaded-from"]) if meant.get("loaded-from") is not None else None,
-        generator=str(meant.get("generator", "")),
-    )
-
-
-def _served(facts: object, source: Path | str) -> Served:
-    values = facts if isinstance(facts, dict) else {}
-    threads, layers = values.get("threads"), values.get("gpu-layers")
-    if type(threads) is not int or not (layers is None or type(layers) is int):
-        raise StackError(
-            f"{source}: x-moe-stack.serves is not threads, gpu-layers, metrics and tool-calls; emit it "
-            "again with `moe-stack compose`"
-        )
-    return Served(
-        threads=threads,
-        gpu_layers=layers,
-        metrics=values.get("metrics") is True,
-        tool_calls=values.get("tool-calls") is True,
-    )
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        dumped: dict[str, object] = handler(self)
+        return {key: value for key, value in dumped.items() if key not in _LEFT_OUT_EMPTY or value}

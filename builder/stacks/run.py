@@ -5,17 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.escaping import unliteral
 from builder.stacks.host_checks import check_port_free
-from builder.stacks.record import read_record
-from builder.stacks.services import Service, read_services
+from builder.stacks.stack_file import Service, StackFile
 
 
 def _require(compose_file: Path) -> Path:
@@ -24,19 +21,14 @@ def _require(compose_file: Path) -> Path:
     return compose_file
 
 
-def read_stack(compose_file: Path) -> dict:
-    """A stack file's document; one line when the file is missing."""
-    return yaml.safe_load(_require(compose_file).read_text()) or {}
-
-
 def _client(compose_file: Path, profiles: list[str]) -> DockerClient:
     docker()  # fail early and clearly when there is no daemon
     return DockerClient(compose_files=[compose_file], compose_profiles=profiles)
 
 
-def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[str]:
+def _profiles(compose_file: Path, document: StackFile, wanted: str | None) -> list[str]:
     """The profile to run: `wanted`, else the file's first (gpu); [] for a file without profiles."""
-    offered = _offered(document)
+    offered = list(document.record.profiles)
     if wanted is None:
         return offered[:1]
     if wanted not in offered:
@@ -47,24 +39,18 @@ def _profiles(compose_file: Path, document: dict, wanted: str | None) -> list[st
     return [wanted]
 
 
-def _offered(document: dict) -> list[str]:
-    return list(read_record(document).profiles) if "x-moe-stack" in document else []
-
-
-def published_ports(compose_file: Path, document: dict | None = None) -> list[tuple[str, int]]:
+def published_ports(compose_file: Path, document: StackFile | None = None) -> list[tuple[str, int]]:
     """(host address, port) pairs the stack publishes."""
-    document = document if document is not None else read_stack(compose_file)
-    services = read_services(document, compose_file).values()
-    return sorted({pair for service in services for pair in service.ports})  # gpu and cpu: the same port
+    services = (document or StackFile.read(compose_file)).services.values()
+    return sorted({pair for service in services for pair in service.published})  # gpu and cpu: the same port
 
 
 def stack_api_key(compose_file: Path) -> str | None:
     """The API key a stack enforces (first line of its secret file), or None."""
-    secrets = (yaml.safe_load(compose_file.read_text()) or {}).get("secrets") or {}
-    for secret in secrets.values():
+    for secret in (StackFile.read(compose_file).secrets or {}).values():
         try:
-            return Path(unliteral(secret["file"])).read_text().splitlines()[0].strip()
-        except (OSError, KeyError, IndexError):
+            return Path(secret.file).read_text().splitlines()[0].strip()
+        except (OSError, IndexError):
             raise StackError(f"can't read the API key file of {compose_file}; the bench needs it") from None
     return None
 
@@ -72,7 +58,7 @@ def stack_api_key(compose_file: Path) -> str | None:
 def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
     is healthy; on failure say why, with the engine's last log."""
-    document = read_stack(compose_file)
+    document = StackFile.read(compose_file)
     profiles = _profiles(compose_file, document, profile)
     client = _client(compose_file, profiles)
     _check_gpu_passthrough(document, profiles)
@@ -95,23 +81,22 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
         ) from None
 
 
-def _active(document: dict, profiles: list[str]) -> list[Service]:
-    """The services that run under `profiles` (those without a profile always do)."""
-    return [service for service in read_services(document).values() if service.runs_under(profiles)]
+def _active(document: StackFile, profiles: list[str]) -> dict[str, Service]:
+    """The services that run under `profiles` (those without a profile always do), by name."""
+    return {name: service for name, service in document.services.items() if service.runs_under(profiles)}
 
 
-def _missing_images(document: dict, profiles: list[str]) -> list[str]:
+def _missing_images(document: StackFile, profiles: list[str]) -> list[str]:
     """The images of the services `profiles` run that this Docker doesn't have."""
-    images = [service.image for service in _active(document, profiles)]
+    images = [service.image for service in _active(document, profiles).values()]
     return [image for image in dict.fromkeys(images) if not docker().image.exists(image)]
 
 
-def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
+def _check_gpu_passthrough(document: StackFile, profiles: list[str]) -> None:
     """A GPU service on a Docker that can't pass a GPU through fails late and vaguely: say it first."""
-    for service in _active(document, profiles):
-        name = service.name
+    for name, service in _active(document, profiles).items():
         if service.wants_gpu and not gpu_passthrough_available(docker()):
-            other = " or start its cpu profile (--profile cpu)" if "cpu" in _offered(document) else ""
+            other = " or start its cpu profile (--profile cpu)" if "cpu" in document.record.profiles else ""
             raise StackError(
                 f"service {name} asks for an NVIDIA GPU and this Docker has neither the nvidia runtime "
                 f"nor a CDI spec for one; install the NVIDIA Container Toolkit (`sudo nvidia-ctk runtime "
@@ -119,12 +104,12 @@ def _check_gpu_passthrough(document: dict, profiles: list[str]) -> None:
             )
 
 
-def _check_local_images(document: dict, profiles: list[str]) -> None:
+def _check_local_images(document: StackFile, profiles: list[str]) -> None:
     """An image made on this host is never pulled (its name would resolve to Docker Hub): say how to
     make a missing one, rather than let compose fail on `pull_policy: never`."""
-    for service in _active(document, profiles):
-        name, image = service.name, service.image
-        if service.pull_never and not docker().image.exists(image):
+    for name, service in _active(document, profiles).items():
+        image = service.image
+        if service.pull_policy == "never" and not docker().image.exists(image):
             how = (
                 "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
             )

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
-import yaml
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
@@ -20,9 +20,9 @@ from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
 from builder.stacks.document import CPU_SERVICE, SERVICE
-from builder.stacks.record import Served, StackRecord, read_record
+from builder.stacks.record import Record, Served
 from builder.stacks.run import published_ports, stack_api_key, up
-from builder.stacks.services import Service, service_named
+from builder.stacks.stack_file import Service, StackFile
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Check:
 class StackUnderTest:
     """What the file says, and how to reach what runs."""
 
-    document: dict
+    stack_file: StackFile
     name: str
     service: Service
     api: EngineApi
@@ -44,11 +44,11 @@ class StackUnderTest:
 
     @property
     def command(self) -> list[str]:
-        return list(self.service.command)
+        return self.service.args
 
     @property
-    def record(self) -> StackRecord:
-        return read_record(self.document)
+    def record(self) -> Record:
+        return self.stack_file.record
 
     @property
     def served(self) -> Served | None:
@@ -78,9 +78,9 @@ def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int =
 def api_checks(compose_file: Path, api: EngineApi) -> list[Check]:
     """The checks a client can make, against the stack's engine served at `api` by something other
     than Docker (bench/device/kt_gpu.py: the GPU machine runs the image's Python packages natively)."""
-    document = yaml.safe_load(compose_file.read_text()) or {}
-    service = service_named(document, SERVICE, compose_file)
-    stack = StackUnderTest(document=document, name=SERVICE, service=service, api=api, container=None)
+    stack_file = StackFile.read(compose_file)
+    service = stack_file.service(SERVICE)
+    stack = StackUnderTest(stack_file=stack_file, name=SERVICE, service=service, api=api, container=None)
     return _run_checks(stack, _api_checks(stack))
 
 
@@ -105,10 +105,10 @@ def _run_checks(
 
 
 def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
-    document = yaml.safe_load(compose_file.read_text()) or {}
+    stack_file = StackFile.read(compose_file)
     name = CPU_SERVICE if profile == "cpu" else SERVICE
-    service = service_named(document, name, compose_file)
-    (bind, port), *_ = published_ports(compose_file, document)
+    service = stack_file.service(name)
+    (bind, port), *_ = published_ports(compose_file, stack_file)
     api = EngineApi(
         port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300
     )
@@ -118,7 +118,7 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     container = next(
         (c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None
     )
-    return StackUnderTest(document=document, name=name, service=service, api=api, container=container)
+    return StackUnderTest(stack_file=stack_file, name=name, service=service, api=api, container=container)
 
 
 def _served_name(stack: StackUnderTest) -> tuple[bool, str]:
@@ -163,7 +163,7 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
     if stack.served is not None:
         ok &= stack.served.threads <= len(allowed)
         seen.append(f"{stack.served.threads} threads")
-    policy = stack.service.environment.get(NUMA_ENV, "none")
+    policy = stack.service.env.get(NUMA_ENV, "none")
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
         kind = (
@@ -221,7 +221,7 @@ def _model(stack: StackUnderTest) -> str:
     return stack.record.served_name or "model"
 
 
-def _json(text: str) -> dict:
+def _json(text: str) -> dict[str, Any]:
     loaded = json.loads(text)
     return loaded if isinstance(loaded, dict) else {}
 

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from builder.contract import MODEL_DIR, NUMA_ENV
 from builder.engines import bench_engine
@@ -230,7 +230,7 @@ def parse_server_trial(text: str) -> ServedTiming:
     )
 
 
-def last_json_array(text: str) -> list | None:
+def last_json_array(text: str) -> list[dict[str, Any]] | None:
     """The last JSON array of objects that starts a line of `text`, or of its JSON lines alone (indented,
     or a bracket by itself): ik_llama.cpp's llama-bench prints its model-load messages ("Computed
     blk.0.attn_kv_b.weight ...") on stdout in the middle of its pretty-printed array."""

@@ -6,7 +6,6 @@ under a project of its own, removed afterwards."""
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,30 +20,33 @@ from builder.errors import StackError
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.document import CPU_SERVICE, SERVICE, to_yaml
+from builder.stacks.document import CPU_SERVICE, SERVICE
 from builder.stacks.escaping import literal
-from builder.stacks.record import read_record
-from builder.stacks.run import read_stack
-from builder.stacks.services import Service, service_named
+from builder.stacks.stack_file import Healthcheck, StackFile, to_yaml
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 
 
-def engine_service(document: dict, compose_file: Path, profile: str | None) -> Service:
-    """The engine service of a stack file (its CPU-only one for `profile` cpu)."""
-    return service_named(document, CPU_SERVICE if profile == "cpu" else SERVICE, compose_file)
+def engine_service_name(profile: str | None) -> str:
+    """The name of a stack file's engine service (its CPU-only one for `profile` cpu)."""
+    return CPU_SERVICE if profile == "cpu" else SERVICE
 
 
-def tool_document(document: dict, service_name: str, image: str, command: list[str]) -> dict:
-    """The stack's file reduced to its engine service running `command` from `image`."""
-    service = copy.deepcopy(service_named(document, service_name).document)
-    for key in ("ports", "depends_on", "profiles", "restart"):
-        service.pop(key, None)
-    service.update(image=image, command=[literal(arg) for arg in command], healthcheck={"disable": True})
-    derived: dict = {"name": f"{document.get('name', 'moe-stack')}-tool", "services": {service_name: service}}
-    for key in ("volumes", "secrets"):  # the hugetlbfs volume, the API key (the service names them)
-        if document.get(key):
-            derived[key] = document[key]
-    return derived
+def tool_document(stack: StackFile, service_name: str, image: str, command: list[str]) -> dict[str, object]:
+    """The stack's file reduced to its engine service running `command` from `image`, with the
+    volumes and secret it names (the hugetlbfs volume, the API key); no record: moe-stack's readers
+    never see it."""
+    service = stack.service(service_name).model_copy(
+        update={
+            "image": image,
+            "command": tuple(command),
+            "ports": None,
+            "profiles": None,
+            "restart": None,
+            "healthcheck": Healthcheck(disable=True),
+        }
+    )
+    derived = stack.model_copy(update={"name": f"{stack.name}-tool", "services": {service_name: service}})
+    return literal(derived.model_dump(mode="json", by_alias=True, exclude={"record"}))
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,8 @@ class ContainerRunner:
             )
 
     def _run(self, command: list[str], env: dict[str, str] | None = None) -> ToolOutput:
-        document = read_stack(self.compose_file)
-        name = engine_service(document, self.compose_file, self.profile).name
-        derived = to_yaml(tool_document(document, name, self.image, command))
+        name = engine_service_name(self.profile)
+        derived = to_yaml(tool_document(StackFile.read(self.compose_file), name, self.image, command))
         fd, path = tempfile.mkstemp(prefix=".moe-stack-tool-", suffix=".yaml", dir=self.compose_file.parent)
         with os.fdopen(fd, "w") as handle:
             handle.write(derived)
@@ -126,11 +127,13 @@ class ToolBench:
     rows: list[BenchRow]
 
 
-def stack_server_args(document: dict, compose_file: Path, profile: str | None) -> tuple[str, str, list[str]]:
+def stack_server_args(
+    stack: StackFile, compose_file: Path, profile: str | None
+) -> tuple[str, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
-    service = engine_service(document, compose_file, profile)
-    record = read_record(document, compose_file)
-    args = list(service.command)
+    service = stack.service(engine_service_name(profile))
+    record = stack.record
+    args = service.args
     if record.models:
         raise StackError(
             f"{compose_file} routes several models; benchmark one model's stack (emit it with one --model)"
@@ -150,8 +153,7 @@ def bench_with_tool(
 ) -> ToolBench:
     """Run `tool` from the tools image beside the stack's image, with the stack's flags; `starting`
     hears one line once everything is checked and the run begins."""
-    document = read_stack(compose_file)
-    engine, image, server_args = stack_server_args(document, compose_file, profile)
+    engine, image, server_args = stack_server_args(StackFile.read(compose_file), compose_file, profile)
     name = program(engine, tool)
     runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
     runner.check_image()

@@ -4,10 +4,9 @@ and the winner written back as a stack file with `x-moe-stack.tuned`."""
 
 from __future__ import annotations
 
-import copy
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,12 +18,10 @@ from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
 from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
-from builder.stacks.escaping import literal
-from builder.stacks.record import read_record
-from builder.stacks.run import read_stack
-from builder.stacks.services import service_named
+from builder.stacks.record import Bound, Rates, Ratios, Tuning
+from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import NativeRunner, Runner
-from builder.stacks.tool_run import ContainerRunner, engine_service, stack_server_args
+from builder.stacks.tool_run import ContainerRunner, engine_service_name, stack_server_args
 from builder.stacks.tune import Objective, Tuner, TuneResult, chosen
 
 
@@ -91,12 +88,12 @@ def tune_stack(
     the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
     default the stack's), after probing the memory bandwidth the same way; `only`: these dimensions
     alone (none: all)."""
-    document = read_stack(compose_file)
+    document = StackFile.read(compose_file)
     engine, image, args = stack_server_args(document, compose_file, profile)
     bench_engine(engine)  # an engine with llama-bench, else one line
-    service = engine_service(document, compose_file, profile)
-    name = service.name
-    record = read_record(document, compose_file)
+    name = engine_service_name(profile)
+    service = document.service(name)
+    record = document.record
     model = record.model
     if not model.is_file():
         raise StackError(
@@ -120,7 +117,7 @@ def tune_stack(
         raise StackError(
             "the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`"
         )
-    env = {NUMA_ENV: service.environment.get(NUMA_ENV, "none")}
+    env = {NUMA_ENV: service.env.get(NUMA_ENV, "none")}
     served = record.serves.get(name)
     if served is None:
         raise StackError(
@@ -158,64 +155,71 @@ def tune_stack(
 
 
 def tuned_document(
-    document: dict,
+    document: StackFile,
     service_name: str,
     tuned: Tuned,
     generated_by: str,
     now: datetime | None = None,
     host: str | None = None,
-) -> dict:
+) -> StackFile:
     """The stack's file with the winner's arguments and environment, and what tuning found recorded
     under `x-moe-stack.tuned`."""
     result = tuned.result
-    derived = copy.deepcopy(document)
-    service = derived["services"][service_name]
-    service["command"] = [literal(arg) for arg in result.best.args]
+    service = document.service(service_name)
+    changed: dict[str, object] = {"command": tuple(result.best.args)}
     numa = result.best.env.get(NUMA_ENV)
-    if numa is not None and numa != service_named(document, service_name).environment.get(NUMA_ENV, "none"):
-        service.setdefault("environment", {})[NUMA_ENV] = numa
-    served = read_record(document).serves.get(service_name)
+    if numa is not None and numa != service.env.get(NUMA_ENV, "none"):
+        changed["environment"] = {**service.env, NUMA_ENV: numa}
+    serves = dict(document.record.serves)
+    served = serves.get(service_name)
     if served is not None and str(result.best.values.get("threads", "")).isdigit():  # the winner's --threads
-        tuned_served = replace(served, threads=int(result.best.values["threads"]))
-        derived["x-moe-stack"]["serves"][service_name] = literal(tuned_served.as_dict())
+        serves[service_name] = served.model_copy(update={"threads": int(result.best.values["threads"])})
+    record = document.record.model_copy(
+        update={"serves": serves, "tuned": _tuned_record(tuned, generated_by, now, host)}
+    )
+    services = {**document.services, service_name: service.model_copy(update=changed)}
+    return document.model_copy(update={"record": record, "services": services})
+
+
+def _tuned_record(tuned: Tuned, generated_by: str, now: datetime | None, host: str | None) -> Tuning:
+    """x-moe-stack.tuned: where and when, the settings that won, what they gained, the decode bound."""
+    result = tuned.result
     ratio_prefill, ratio_decode = result.ratios
     (pre_low, pre_high), (dec_low, dec_high) = result.ratio_spread
-    record: dict[str, object] = {
-        "host": host or socket.gethostname(),
-        "date": (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "by": generated_by,
-        "objective": result.objective,
-        "settings": dict(result.best.values),
-        "changed": {
+    return Tuning(
+        host=host or socket.gethostname(),
+        date=(now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        by=generated_by,
+        objective=result.objective,
+        settings=dict(result.best.values),
+        changed={
             name: f"{result.baseline.values[name]} -> {value}"
             for name, value in result.best.values.items()
             if value != result.baseline.values[name]
         },
-        "trials": len(result.trials),
-        "seconds": round(result.seconds),
-        "stack-tps": {
-            "prefill": round(result.baseline_tps[0], 1),
-            "decode": round(result.baseline_tps[1], 2),
-        },
-        "tuned-tps": {"prefill": round(result.tuned_tps[0], 1), "decode": round(result.tuned_tps[1], 2)},
-        "tuned-over-stack": {
-            "prefill": f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
-            "decode": f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})",
-        },
-        "left-out": list(result.skipped),
-        "not-confirmed": dict(result.not_confirmed),
-        "failed": dict(result.failed),
-    }
-    if tuned.bandwidth:
-        ratio = tuned.bound_ratio(result.tuned_tps[1])
-        record["bound"] = {
-            "read-gbps": tuned.bandwidth.best,
-            **({"read-median-gbps": tuned.bandwidth.median} if tuned.bandwidth.median else {}),
-            **({"read-min-gbps": tuned.bandwidth.low} if tuned.bandwidth.low else {}),
-            "bytes-per-token": tuned.bytes_per_token,
-            "weights-read": "active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
-            "bound-tps": round(tuned.bound_tps or 0, 2),
-            "decode-over-bound": round(ratio, 3) if ratio is not None else None,
-        }
-    derived.setdefault("x-moe-stack", {})["tuned"] = literal(record)
-    return derived
+        trials=len(result.trials),
+        seconds=round(result.seconds),
+        stack_tps=Rates(prefill=round(result.baseline_tps[0], 1), decode=round(result.baseline_tps[1], 2)),
+        tuned_tps=Rates(prefill=round(result.tuned_tps[0], 1), decode=round(result.tuned_tps[1], 2)),
+        tuned_over_stack=Ratios(
+            prefill=f"{ratio_prefill:.2f} ({pre_low:.2f}-{pre_high:.2f})",
+            decode=f"{ratio_decode:.2f} ({dec_low:.2f}-{dec_high:.2f})",
+        ),
+        left_out=tuple(result.skipped),
+        not_confirmed=dict(result.not_confirmed),
+        failed=dict(result.failed),
+        bound=_bound(tuned) if tuned.bandwidth_gbps else None,
+    )
+
+
+def _bound(tuned: Tuned) -> Bound:
+    ratio = tuned.bound_ratio(tuned.result.tuned_tps[1])
+    return Bound(
+        read_gbps=tuned.bandwidth_gbps or 0.0,
+        read_median_gbps=tuned.bandwidth.median if tuned.bandwidth else None,
+        read_min_gbps=tuned.bandwidth.low if tuned.bandwidth else None,
+        bytes_per_token=tuned.bytes_per_token,
+        weights_read="active experts (the rest on the GPU)" if tuned.hybrid else "all active weights",
+        bound_tps=round(tuned.bound_tps or 0.0, 2),
+        decode_over_bound=round(ratio, 3) if ratio is not None else None,
+    )

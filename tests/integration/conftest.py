@@ -33,7 +33,7 @@ from builder.images.source import resolve_local
 from builder.models.model_files import fetch_demo_model
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down
 from tests.integration.wheelhouse import make_kt_wheelhouse
@@ -171,7 +171,7 @@ def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: objec
             **options,
         }
     )
-    document = compose_dict(stack, generated_by="pytest", facts=read_image_facts(image.tag))
+    document = compose_stack(stack, generated_by="pytest", facts=read_image_facts(image.tag))
     return write_stack(document, directory / project / "compose.yaml"), port
 
 

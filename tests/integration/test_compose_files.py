@@ -13,7 +13,7 @@ from python_on_whales import DockerClient
 
 from builder.engines.specs import StackSpec
 from builder.spec import EXPERTS_ON_CPU_RULE
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_a_multi_gpu_stack_passes_compose_config(
             EXPERTS_ON_CPU_RULE,
         ),
     )
-    path = write_stack(compose_dict(stack, "pytest", check_files=False), tmp_path / "compose.yaml")
+    path = write_stack(compose_stack(stack, "pytest", check_files=False), tmp_path / "compose.yaml")
     engine = _config(path, None)["engine"]
     device = engine["deploy"]["resources"]["reservations"]["devices"][0]
     ids = ["0", "1"] if gpu == "nvidia" else ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]

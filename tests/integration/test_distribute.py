@@ -23,7 +23,7 @@ from builder.engines.specs import StackSpec
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import parse_variant
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
 from tests.cli import run_cli
@@ -132,7 +132,7 @@ def test_bundle_round_trip(
         project=f"mst-bundle-{port}", engine="llama.cpp", image=image, model=moe_model, port=port, threads=2
     )
     compose_file = write_stack(
-        compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml"
+        compose_stack(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml"
     )
     archive = tmp_path / "stack.tar"
     result = run_cli("bundle", str(compose_file), "--out", str(archive), "--include-model")
@@ -191,7 +191,7 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
     try:
         stack = StackSpec(project="mst-retag", engine="llama.cpp", image=image, model=moe_model, threads=2)
         compose_file = write_stack(
-            compose_dict(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml"
+            compose_stack(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml"
         )
         archive = tmp_path / "stack.tar"
         result = run_cli("bundle", str(compose_file), "--out", str(archive))
@@ -277,7 +277,7 @@ def test_a_bundle_listing_a_local_images_id_cannot_re_point_its_name(
         victim_id = docker_client.image.inspect(victim).id
         assert docker_client.image.inspect(theirs).id != victim_id
         stack = StackSpec(project="mst-victim", engine="llama.cpp", image=victim, model=moe_model, threads=2)
-        compose_file = write_stack(compose_dict(stack, "pytest"), tmp_path / "compose.yaml")
+        compose_file = write_stack(compose_stack(stack, "pytest"), tmp_path / "compose.yaml")
         archive = tmp_path / "stack.tar"
         result = run_cli("bundle", str(compose_file), "--out", str(archive))
         assert result.returncode == 0, result.stderr

@@ -21,7 +21,7 @@ from builder.models.synth_families import FAMILY_TINY_SHAPES
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
 from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
@@ -61,7 +61,7 @@ def test_family_serves_without_a_preset(
     )
     stack_plan = plan_stack(options, probe())
     assert stack_plan.facts is not None, "checked against the image's flag contract"
-    document = compose_dict(stack_plan.stack, "pytest: compose, no preset", stack_plan.facts)
+    document = compose_stack(stack_plan.stack, "pytest: compose, no preset", stack_plan.facts)
     compose_file = write_stack(document, tmp_path / "compose.yaml")
     with contextlib.ExitStack() as served:
         serve_stack(served, compose_file, port, wait_s=240)

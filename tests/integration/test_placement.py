@@ -15,7 +15,7 @@ from python_on_whales import DockerClient
 
 from builder.engines.specs import StackSpec
 from builder.images.image_facts import read_image_facts
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
@@ -135,7 +135,7 @@ def test_cpu_profile_runs_where_there_is_no_gpu(base_image: str, moe_model: Path
         gpu="nvidia",
         gpu_layers=99,
     )
-    document = compose_dict(
+    document = compose_stack(
         gpu_stack, "pytest", cpu_profile=(cpu_only(gpu_stack, image.tag), read_image_facts(image.tag))
     )
     compose_file = write_stack(document, tmp_path / "compose.yaml")

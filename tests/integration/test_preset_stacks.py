@@ -32,7 +32,7 @@ from builder.models.planner import kv_cache_bytes, read_facts
 from builder.models.synth_families import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.presets import load_presets
@@ -79,9 +79,9 @@ def test_preset_serves_its_architecture(
     )
     stack_plan = plan_stack(options, probe())
     assert stack_plan.facts is not None, "checked against the image's flag contract"
-    document = compose_dict(stack_plan.stack, f"pytest: compose --preset {preset}", stack_plan.facts)
+    document = compose_stack(stack_plan.stack, f"pytest: compose --preset {preset}", stack_plan.facts)
     compose_file = write_stack(document, tmp_path / "compose.yaml")
-    command = document["services"]["engine"]["command"]  # type: ignore[index]
+    command = document.service("engine").args
     expected = get_engine(engine).server_args(stack_plan.stack, stack_plan.facts.server_flags)
     assert command == expected and "--ctx-size" in command and "--override-tensor" in command
     with contextlib.ExitStack() as served:

@@ -22,7 +22,7 @@ from python_on_whales import DockerClient
 from builder.engines.specs import StackSpec
 from builder.images.image_facts import read_image_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
@@ -107,7 +107,7 @@ def test_missing_model_is_named_and_up_fails(base_image: str, moe_model: Path, t
         start_period_s=20,
     )
     compose_file = write_stack(
-        compose_dict(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml"
+        compose_stack(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml"
     )
     model.unlink()  # gone after the stack was made: a moved or unmounted model directory
     try:
@@ -136,7 +136,7 @@ def test_gpu_stack_without_gpu_passthrough_is_refused(
         threads=2,
         gpu="nvidia",
     )
-    compose_file = write_stack(compose_dict(stack, "pytest"), tmp_path / "compose.yaml")
+    compose_file = write_stack(compose_stack(stack, "pytest"), tmp_path / "compose.yaml")
     result = run_cli("up", str(compose_file))
     assert result.returncode == 1
     assert (

@@ -24,7 +24,7 @@ from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
-from builder.stacks.compose import compose_dict, write_stack
+from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.integration.conftest import budget_minutes, build_engine_image, serve_stack
@@ -78,7 +78,7 @@ def _emitted(
     )
     planned = plan_stack(stack_options, probe())
     assert planned.facts is not None, "checked against the image's flag contract"
-    document = compose_dict(planned.stack, "pytest: compose --draft-model", planned.facts)
+    document = compose_stack(planned.stack, "pytest: compose --draft-model", planned.facts)
     return write_stack(document, tmp_path / "compose.yaml"), document, port
 
 
@@ -86,7 +86,7 @@ def _served(
     engine: str, model: Path, image: str, options: EngineOptions, tmp_path: Path
 ) -> tuple[dict, str, list]:
     compose_file, document, port = _emitted(engine, model, image, options, tmp_path)
-    command = document["services"]["engine"]["command"]  # type: ignore[index]
+    command = document.service("engine").args
     with contextlib.ExitStack() as running:
         serve_stack(running, compose_file, port, wait_s=180)
         reply = _completion(port)
@@ -183,7 +183,7 @@ def test_a_stack_with_a_draft_is_not_bundled(
     )
     planned = plan_stack(options, probe())
     compose_file = write_stack(
-        compose_dict(planned.stack, "pytest", planned.facts), tmp_path / "compose.yaml"
+        compose_stack(planned.stack, "pytest", planned.facts), tmp_path / "compose.yaml"
     )
     archive = tmp_path / "stack.tar"
     result = run_cli("bundle", str(compose_file), "--out", str(archive))

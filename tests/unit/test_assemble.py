@@ -31,10 +31,10 @@ from builder.stacks.assemble import (
     plan_stack,
     served_name_for,
 )
-from builder.stacks.compose import compose_dict
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.specs import compose_dict
 
 AVX2_FLAGS = " ".join(cpu_target("avx2").required_flags) + " fpu sse4_2 ht"
 from tests.kt_layout import write_converted

@@ -22,10 +22,9 @@ from builder.distribute.bundle_trust import check_images_tar, check_local_names,
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.engines.specs import StackSpec
 from builder.safe_tar import extract_files
-from builder.stacks.compose import compose_dict
 from builder.stacks.document import project_name_for
-from builder.stacks.record import read_record
-from tests.specs import routed_stacks
+from builder.stacks.stack_file import StackFile
+from tests.specs import compose_dict, routed_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())
@@ -54,7 +53,7 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
     mounted file by file from where load put it."""
     document = yaml.safe_load(path.read_text())
     config = Path("/srv/config") if "/model-config" in path.read_text() else None
-    rebuilt = rebuild_stack(
+    rebuilt = _rebuilt(
         document, _images(document), LoadChoices(model_files=(Path("/srv/m/a.gguf"),), config_dir=config)
     )
     for service in document["services"].values():  # the emitted config mount's source is the example's
@@ -70,6 +69,11 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
     assert rebuilt["name"] == project_name_for(Path("/srv/m").resolve() / "a.gguf")
 
 
+def _rebuilt(document: object, images: dict[str, str], choices: LoadChoices) -> dict:
+    """The stack `load` writes for `document`, as plain data."""
+    return rebuild_stack(document, images, choices).document()
+
+
 def _with(change: dict[str, object], service: str = "engine") -> dict:
     document = copy.deepcopy(EMITTED)
     document["services"][service].update(change)
@@ -83,12 +87,13 @@ def _top(change: dict[str, object]) -> dict:
 @pytest.mark.parametrize(
     ("document", "why"),
     [
-        (_with({"privileged": True}), "sets privileged"),
-        (_with({"network_mode": "host"}), "sets network_mode"),
-        (_with({"pid": "host"}), "sets pid"),
-        (_with({"devices": ["/dev/sda:/dev/sda"]}), "sets devices"),
-        (_with({"user": "0"}), "sets user"),
+        (_with({"privileged": True}), "has services.engine.privileged, which moe-stack never writes"),
+        (_with({"network_mode": "host"}), "services.engine.network_mode"),
+        (_with({"pid": "host"}), "services.engine.pid"),
+        (_with({"devices": ["/dev/sda:/dev/sda"]}), "services.engine.devices"),
+        (_with({"user": "0"}), "services.engine.user"),
         (_with({"cap_add": ["SYS_ADMIN"]}), "adds"),
+        (_with({"ulimits": {"nofile": 1}}), "services.engine.ulimits.nofile moe-stack never writes"),
         (
             _with(
                 {"volumes": [{"type": "bind", "source": "/etc", "target": "/host-etc", "read_only": True}]}
@@ -138,14 +143,15 @@ def _top(change: dict[str, object]) -> dict:
             ),
             "pass --config-dir",
         ),
-        (_top({"x-moe-stack": {}}), "names the engine None"),
+        (_top({"x-moe-stack": {}}), "lacks x-moe-stack.generated-by"),
+        (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "engine": "vllm"}}), "names the engine 'vllm'"),
         (
             _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "served-name": "x\n  evil: 1"}}),
             "control character",
         ),
         (
             _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "serves": {"engine": {"threads": "2; true"}}}}),
-            "serves.engine is not",
+            "x-moe-stack.serves.engine.threads",
         ),
         (_top({"networks": {"default": {"external": True}}}), "top-level networks"),
         (
@@ -157,12 +163,12 @@ def _top(change: dict[str, object]) -> dict:
 )
 def test_hostile_stacks_are_refused(document: object, why: str) -> None:
     with pytest.raises(UntrustedBundle, match=why):
-        rebuild_stack(document, IMAGES, HERE)
+        _rebuilt(document, IMAGES, HERE)
 
 
 def test_a_bundle_lists_exactly_its_stacks_images() -> None:
     with pytest.raises(UntrustedBundle, match="holds exactly its stack's images"):
-        rebuild_stack(EMITTED, {**IMAGES, "moe-stack/debian:trixie": "sha256:y"}, HERE)
+        _rebuilt(EMITTED, {**IMAGES, "moe-stack/debian:trixie": "sha256:y"}, HERE)
 
 
 @pytest.mark.parametrize(
@@ -175,12 +181,12 @@ def test_a_bundle_lists_exactly_its_stacks_images() -> None:
         {"logging": {"driver": "syslog", "options": {"syslog-address": "udp://203.0.113.9:514"}}},
         {"healthcheck": {"test": ["CMD", "curl", "http://203.0.113.9/"], "start_period": "900s"}},
         {"restart": "always"},
-        {"ulimits": {"nofile": 1}},
+        {"ulimits": {"nofile": {"soft": 1, "hard": 1}}},
     ],
 )
 def test_what_a_bundle_loosens_is_written_back_as_moe_stack_writes_it(change: dict[str, object]) -> None:
-    engine = rebuild_stack(_with(change), IMAGES, HERE)["services"]["engine"]
-    original = rebuild_stack(EMITTED, IMAGES, HERE)["services"]["engine"]
+    engine = _rebuilt(_with(change), IMAGES, HERE)["services"]["engine"]
+    original = _rebuilt(EMITTED, IMAGES, HERE)["services"]["engine"]
     for key in change:
         if key == "healthcheck":
             assert engine[key] == {**original[key], "start_period": "900s"}
@@ -200,7 +206,7 @@ def test_the_host_side_is_the_users() -> None:
     hostile["secrets"] = {"moe-stack-api-key": {"file": "/etc/shadow"}}
     hostile["x-moe-stack"]["model"] = "/etc/shadow"
     key = Path("/srv/key")
-    rebuilt = rebuild_stack(hostile, IMAGES, LoadChoices(model_files=HERE.model_files, api_key_file=key))
+    rebuilt = _rebuilt(hostile, IMAGES, LoadChoices(model_files=HERE.model_files, api_key_file=key))
     engine = rebuilt["services"]["engine"]
     assert engine["ports"][0]["host_ip"] == "127.0.0.1"
     assert engine["volumes"] == [
@@ -213,16 +219,16 @@ def test_the_host_side_is_the_users() -> None:
     ]
     assert rebuilt["secrets"] == {"moe-stack-api-key": {"file": "/srv/key"}}
     assert rebuilt["x-moe-stack"]["model"] == str(HERE.model_files[0])
-    wide = rebuild_stack(EMITTED, IMAGES, LoadChoices(model_files=HERE.model_files, bind="0.0.0.0"))
+    wide = _rebuilt(EMITTED, IMAGES, LoadChoices(model_files=HERE.model_files, bind="0.0.0.0"))
     assert {s["ports"][0]["host_ip"] for s in wide["services"].values()} == {"0.0.0.0"}
-    without = rebuild_stack(EMITTED, IMAGES, HERE)
+    without = _rebuilt(EMITTED, IMAGES, HERE)
     assert "secrets" not in without and all("secrets" not in s for s in without["services"].values())
 
 
 def test_compose_variables_in_a_bundle_reach_nothing() -> None:
     """`${VAR}` in a bundle's command would put this host's environment into the container's
     arguments; rebuilt, it is the literal text."""
-    rebuilt = rebuild_stack(_with({"command": ["--alias", "${AWS_SECRET_ACCESS_KEY}"]}), IMAGES, HERE)
+    rebuilt = _rebuilt(_with({"command": ["--alias", "${AWS_SECRET_ACCESS_KEY}"]}), IMAGES, HERE)
     assert rebuilt["services"]["engine"]["command"] == ["--alias", "$${AWS_SECRET_ACCESS_KEY}"]
 
 
@@ -247,7 +253,7 @@ def _monitored(tmp_path: Path) -> dict:
 
 def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path) -> None:
     monitored = _monitored(tmp_path)
-    rebuilt = rebuild_stack(monitored, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+    rebuilt = _rebuilt(monitored, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
     assert rebuilt["volumes"] == monitored["volumes"]
     assert rebuilt["services"]["prometheus"] == monitored["services"]["prometheus"]
     assert rebuilt["services"]["prometheus"]["pull_policy"] == "never"
@@ -257,17 +263,17 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
         "driver_opts": {"type": "hugetlbfs", "o": "bind", "device": "/etc"},
     }
     with pytest.raises(UntrustedBundle, match="not moe-stack's hugetlbfs volume"):
-        rebuild_stack(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+        _rebuilt(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
     hostile["volumes"]["hugepages"] = {**monitored["volumes"]["hugepages"], "name": "other-stack_data"}
-    renamed = rebuild_stack(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+    renamed = _rebuilt(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
     assert renamed["volumes"]["hugepages"] == monitored["volumes"]["hugepages"]  # no name: this stack's own
     spying = copy.deepcopy(monitored)
     spying["services"]["prometheus"]["environment"]["MOE_STACK_PROMETHEUS_CONFIG"] = "scrape_configs: [evil]"
     spying["services"]["prometheus"]["ports"][0]["host_ip"] = "0.0.0.0"
     assert (
-        rebuild_stack(spying, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))[
-            "services"
-        ]["prometheus"]
+        _rebuilt(spying, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))["services"][
+            "prometheus"
+        ]
         == monitored["services"]["prometheus"]
     )
 
@@ -276,7 +282,7 @@ def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
     routed = routed_stacks(tmp_path)
     files = [stack.model for stack in routed]
     router = compose_dict(routed[0], "x", routed=routed)
-    rebuilt = rebuild_stack(router, {"img:1": "sha256:x"}, LoadChoices(model_files=tuple(files)))
+    rebuilt = _rebuilt(router, {"img:1": "sha256:x"}, LoadChoices(model_files=tuple(files)))
     assert _without_model_mounts(rebuilt) == _without_model_mounts(router)
 
 
@@ -292,7 +298,7 @@ def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> N
         StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model), "x"
     )
     assert "${X:?}" not in yaml.safe_dump(document).replace("$${X:?}", "")
-    assert read_record(document).model == model
+    assert StackFile.parse(document).record.model == model
 
 
 def _digest(data: bytes) -> str:
@@ -508,14 +514,16 @@ def test_load_reads_images_tar_before_docker_sees_it(tmp_path: Path, monkeypatch
     assert not (tmp_path / "dest").exists()
 
 
-@pytest.mark.parametrize("name", ["qwen3-235b-a22b-llama-cpp", "someone-elses-stack", "../other", None])
-def test_the_project_is_named_as_compose_names_it(name: str | None) -> None:
+@pytest.mark.parametrize("name", ["qwen3-235b-a22b-llama-cpp", "someone-elses-stack", "../other"])
+def test_the_project_is_named_as_compose_names_it(name: str) -> None:
     """A bundle's `name:` could be another stack's (`up` would recreate it, `down -v` remove its
     volumes): the loaded stack's project comes from its model's file and place here, as compose's."""
-    rebuilt = rebuild_stack(_top({"name": name}), IMAGES, HERE)
+    rebuilt = _rebuilt(_top({"name": name}), IMAGES, HERE)
     model = HERE.model_files[0]
     assert rebuilt["name"] == project_name_for(model.parent.resolve() / model.name)
     assert rebuilt["name"].startswith("moe-stack-qwen3-235b-a22b-q4_k_m-00001-of-00003-")
+    with pytest.raises(UntrustedBundle, match="has a name moe-stack never writes"):
+        _rebuilt(_top({"name": None}), IMAGES, HERE)
 
 
 def test_a_local_image_of_the_same_name_is_replaced_only_when_asked() -> None:

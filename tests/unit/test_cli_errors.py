@@ -14,6 +14,8 @@ from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "compose"
+
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
@@ -92,7 +94,9 @@ def test_port_in_use(tmp_path: Path) -> None:
 @pytest.mark.parametrize("verb", ["up", "build", "base"])
 def test_docker_daemon_unreachable(tmp_path: Path, verb: str) -> None:
     compose_file = tmp_path / "compose.yaml"
-    compose_file.write_text("services: {}\n")
+    compose_file.write_text(
+        (EXAMPLES / "qwen3-235b-a22b.llama.cpp.yaml").read_text()
+    )  # a stack file `up` reads
     args = {
         "up": ["up", str(compose_file)],
         "build": ["build", "--source", str(mainline_tree(tmp_path / "src"))],
@@ -161,9 +165,13 @@ def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) ->
 @pytest.mark.cli
 def test_up_with_a_profile_the_file_lacks(tmp_path: Path) -> None:
     compose_file = tmp_path / "compose.yaml"
-    compose_file.write_text("services: {engine: {image: x}}\n")
+    compose_file.write_text((EXAMPLES / "qwen3-235b-a22b.ktransformers.yaml").read_text())  # no profiles
     assert_one_line_error(
         run_cli("up", str(compose_file), "--profile", "cpu"), "has no profile 'cpu' (it has: none)"
+    )
+    compose_file.write_text("services: {engine: {image: x}}\n")
+    assert_one_line_error(
+        run_cli("up", str(compose_file)), "was not written by `moe-stack compose` (no x-moe-stack record)"
     )
 
 

@@ -14,10 +14,11 @@ from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts
 from builder.models.model_files import check_gguf
 from builder.platform.targets import cpu_target
-from builder.stacks.compose import compose_dict, write_stack
-from builder.stacks.document import cpu_only, project_name_for, start_period_for, to_yaml
+from builder.stacks.compose import compose_stack, write_stack
+from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_host_runs, check_port_free
-from builder.stacks.record import read_record
+from builder.stacks.stack_file import StackFile
+from tests.specs import compose_dict
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:
@@ -53,7 +54,9 @@ def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
     assert (
         command[at : at + 2] == ["--override-tensor", rule] and command[-1] == "--swa-full"
     )  # extra args last
-    assert yaml.safe_load(to_yaml(doc))["services"]["engine"]["command"] == command, "regex survives YAML"
+    assert yaml.safe_load(StackFile.parse(doc).to_yaml())["services"]["engine"]["command"] == command, (
+        "regex survives YAML"
+    )
 
 
 def test_extra_args_may_not_repeat_stack_flags(tmp_path: Path) -> None:
@@ -78,7 +81,7 @@ def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
     assert doc["x-moe-stack"]["model"] == str(odd / "models/m.gguf").replace("$", "$$"), (
         "compose reads x- keys too"
     )
-    assert read_record(doc).model == odd / "models/m.gguf", "and moe-stack reads it back as meant"
+    assert StackFile.parse(doc).record.model == odd / "models/m.gguf", "and moe-stack reads it back as meant"
 
 
 def test_start_period_grows_with_model_size() -> None:
@@ -88,7 +91,7 @@ def test_start_period_grows_with_model_size() -> None:
 
 def test_write_is_atomic_and_keeps_neighbours(tmp_path: Path) -> None:
     (tmp_path / "other.yaml").write_text("keep")
-    path = write_stack(compose_dict(_stack(tmp_path), "x"), tmp_path / "compose.yaml")
+    path = write_stack(compose_stack(_stack(tmp_path), "x"), tmp_path / "compose.yaml")
     assert yaml.safe_load(path.read_text())["name"] == "demo"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "models", "other.yaml"]
 

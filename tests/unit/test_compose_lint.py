@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from builder.engines.specs import StackSpec
-from builder.stacks.compose import compose_dict
-from builder.stacks.document import cpu_only, to_yaml
+from builder.stacks.compose import compose_stack
+from builder.stacks.document import cpu_only
 from tests.specs import readable_file
 from tests.tools import dependency_command
 
@@ -59,7 +59,7 @@ def _emitted(tmp_path: Path) -> list[Path]:
     for name, stack in stacks.items():
         path = tmp_path / f"{name}.yaml"
         profile = (cpu_only(stack, "img:cpu"), None) if stack.gpu != "none" else None
-        path.write_text(to_yaml(compose_dict(stack, "test", cpu_profile=profile)))
+        path.write_text(compose_stack(stack, "test", cpu_profile=profile).to_yaml())
         files.append(path)
     return files
 

@@ -21,6 +21,7 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.targets import cpu_target
 from builder.stacks.host_checks import stack_files
 from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
+from builder.stacks.stack_file import Mount
 from tests.cli import run_cli_in_process
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted, write_safetensors
@@ -248,7 +249,7 @@ def test_the_engines_user_must_read_the_converted_directory(tmp_path: Path) -> N
     tmp_path.chmod(0o755)
     model = write_converted(tmp_path / "Qwen3-AMXINT4", pools=2)
     files = stack_files(_stack(model))
-    assert files.mounts == [{"type": "bind", "source": str(tmp_path), "target": "/models", "read_only": True}]
+    assert files.mounts == (Mount(type="bind", source=str(tmp_path), target="/models", read_only=True),)
     (model / "model.safetensors.index.json").chmod(0o600)
     with pytest.raises(StackError, match="index.json is not readable by the engine's user \\(uid 10001\\)"):
         stack_files(_stack(model))

@@ -35,10 +35,10 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
 from builder.spec import BaseImages, LocalSource
-from builder.stacks.compose import compose_dict
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
 from tests.kt_layout import write_converted
+from tests.specs import compose_dict
 from tests.unit.variants import UNPUBLISHED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,9 +85,7 @@ def test_source_builds_name_the_cpu_target_never_native() -> None:
         spec = UNPUBLISHED[spec_name]
         return dict(
             item.split("=", 1)
-            for item in get_engine(spec.engine).template_values(
-                spec, get_engine(spec.engine).toolchain(spec)
-            )["build_env"]
+            for item in spec.engine.template_values(spec, spec.engine.toolchain(spec))["build_env"]
         )
 
     assert build_env("ktransformers-source-cuda12.8-sapphirerapids") == {

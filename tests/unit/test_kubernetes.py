@@ -20,12 +20,12 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import CudaTarget
 from builder.stacks.assemble import StackOptions, assemble_stack
-from builder.stacks.compose import compose_dict
 from builder.stacks.kubernetes import NFD_CPUID, KubeOptions, manifests, resource_name, to_kubernetes_yaml
 from builder.stacks.memory_use import MemoryUse, memory_use
 from builder.stacks.presets import load_presets
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
+from tests.specs import compose_dict
 
 KUBERNETES = "1.37.0"
 H200 = "NVIDIA H200, 9.0, 580.159.04, 143771\n"

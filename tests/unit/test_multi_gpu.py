@@ -15,8 +15,8 @@ from builder.models.planner import GIB, ModelFacts, layer_split, plan, read_fact
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
-from builder.stacks.compose import compose_dict
 from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.specs import compose_dict
 
 TWO_4090 = "NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n" * 2
 FOUR_H200 = "NVIDIA H200, 9.0, 580.159.04, 143771\n" * 4

@@ -11,9 +11,8 @@ from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.host.probe import probe
-from builder.stacks.compose import compose_dict
 from tests.hosts import EPYC_9554_FLAGS, fake_host
-from tests.specs import readable_file
+from tests.specs import compose_dict, readable_file
 
 
 @pytest.fixture

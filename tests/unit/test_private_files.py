@@ -14,7 +14,7 @@ import pytest
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.files import write_file_atomically
-from builder.stacks.compose import compose_dict
+from tests.specs import compose_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from builder.engines.specs import StackSpec
-from builder.stacks.compose import compose_dict
-from builder.stacks.document import cpu_only, to_yaml
+from builder.stacks.compose import compose_stack
+from builder.stacks.document import cpu_only
 from tests.specs import readable_file
 from tests.tools import dependency_command
 
@@ -47,11 +47,11 @@ def test_compose_files_match_the_compose_spec(tmp_path: Path) -> None:
     )
     emitted = tmp_path / "compose.yaml"
     emitted.write_text(
-        to_yaml(compose_dict(everything, "test", cpu_profile=(cpu_only(everything, "c"), None)))
+        compose_stack(everything, "test", cpu_profile=(cpu_only(everything, "c"), None)).to_yaml()
     )
     hugetlbfs = tmp_path / "hugetlbfs.yaml"
     hugetlbfs.write_text(
-        to_yaml(compose_dict(everything.model_copy(update={"hugepages": False, "hugetlbfs": "1G"}), "test"))
+        compose_stack(everything.model_copy(update={"hugepages": False, "hugetlbfs": "1G"}), "test").to_yaml()
     )
     _check("vendor.compose-spec", emitted, hugetlbfs, *sorted((ROOT / "compose").glob("*.*.yaml")))
 

@@ -24,7 +24,7 @@ from builder.stacks.client_checks import (
     client_checks,
     clients_for,
 )
-from builder.stacks.record import Served, StackRecord
+from builder.stacks.record import Record, Served
 from builder.stacks.smoke import StackUnderTest, _run_checks, _through_clients
 
 
@@ -179,7 +179,9 @@ def test_a_server_that_answers_nothing_fails_the_check_in_one_line(engine: Engin
     port = engine.port
     engine.server.shutdown()
     engine.server.server_close()
-    stack = Closed(document={}, name="engine", service=None, api=EngineApi(port, timeout_s=5), container=None)  # type: ignore[arg-type]
+    stack = Closed(
+        stack_file=None, name="engine", service=None, api=EngineApi(port, timeout_s=5), container=None
+    )  # type: ignore[arg-type]
     [check] = _run_checks(
         stack, [("messages", _through_clients(client_checks(get_engine("llama.cpp"))[4][1]))]
     )
@@ -191,8 +193,16 @@ class Closed(StackUnderTest):
     """A stack whose file records llama.cpp with tool calls, on a port nothing answers."""
 
     @property
-    def record(self) -> StackRecord:
-        return StackRecord("moe-stack compose", "llama.cpp", "img", Path("m.gguf"), "m", {}, True)
+    def record(self) -> Record:
+        return Record(
+            generated_by="moe-stack compose",
+            engine="llama.cpp",
+            image="img",
+            model=Path("m.gguf"),
+            served_name="m",
+            engine_options={},
+            flags_checked=True,
+        )
 
     @property
     def served(self) -> Served:

@@ -16,7 +16,8 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files
 from builder.platform.flags import parse_contract, parse_help
-from builder.stacks.compose import compose_dict
+from builder.stacks.compose import compose_stack
+from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import (
     ToolOutput,
     parse,
@@ -327,9 +328,21 @@ def test_tools_image_builds_the_tools_stage_of_the_same_context(tmp_path: Path) 
         image_spec(get_engine("ktransformers"), "avx2", cuda=cuda_target("12.8"), tools=True)
 
 
+RECORD = {
+    "generated-by": "moe-stack compose",
+    "engine": "llama.cpp",
+    "image": "r/llama-cpp:x",
+    "model": "/m/m.gguf",
+    "served-name": None,
+    "engine-options": {},
+    "flags-checked": False,
+}
+
+
 def test_the_tools_container_is_the_stacks_service_without_serving() -> None:
     document = {
         "name": "moe-stack-m",
+        "x-moe-stack": RECORD,
         "services": {
             "engine": {
                 "image": "r/llama-cpp:x",
@@ -339,13 +352,15 @@ def test_the_tools_container_is_the_stacks_service_without_serving() -> None:
                 "healthcheck": {"test": ["CMD", "moe-stack-health"]},
                 "cpuset": "0-15",
                 "environment": {"MOE_STACK_NUMA": "interleave"},
-                "volumes": [{"type": "volume"}],
+                "volumes": [{"type": "volume", "source": "hugepages", "target": "/hugepages"}],
             },
             "prometheus": {"image": "moe-stack/prometheus:trixie"},
         },
         "volumes": {"hugepages": {"driver": "local"}},
     }
-    derived = tool_document(document, "engine", "r/llama-cpp-tools:x", ["llama-bench", "-ot", "exps=CPU$"])
+    derived = tool_document(
+        StackFile.parse(document), "engine", "r/llama-cpp-tools:x", ["llama-bench", "-ot", "exps=CPU$"]
+    )
     service = derived["services"]["engine"]
     assert list(derived["services"]) == ["engine"] and derived["name"] == "moe-stack-m-tool"
     assert service["image"] == "r/llama-cpp-tools:x" and service["healthcheck"] == {"disable": True}
@@ -359,8 +374,6 @@ def test_the_tools_container_is_the_stacks_service_without_serving() -> None:
 def test_a_router_stack_is_not_benchmarked_as_one_model(tmp_path: Path) -> None:
     """Read from the record's models, not from the router's flags."""
     routed = routed_stacks(tmp_path)
-    router = compose_dict(routed[0], "x", routed=routed)
     with pytest.raises(StackError, match="routes several models; benchmark one model's stack"):
-        stack_server_args(router, tmp_path / "compose.yaml", None)
-    single = compose_dict(routed[0], "x")
-    assert stack_server_args(single, tmp_path / "compose.yaml", None)[0] == "llama.cpp"
+        stack_server_args(compose_stack(routed[0], "x", routed=routed), tmp_path / "compose.yaml", None)
+    assert stack_server_args(compose_stack(routed[0], "x"), tmp_path / "compose.yaml", None)[0] == "llama.cpp"

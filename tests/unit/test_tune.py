@@ -24,6 +24,7 @@ from builder.errors import SpecError, StackError
 from builder.models.planner import ModelFacts
 from builder.platform.flags import parse_help
 from builder.stacks.bandwidth import ReadBandwidth
+from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
 from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
@@ -413,7 +414,16 @@ def test_the_tuned_stack_records_the_run() -> None:
     served = {"threads": 99, "gpu-layers": 99, "metrics": True, "tool-calls": True}
     document = {
         "name": "p",
-        "x-moe-stack": {"engine": "ik_llama.cpp", "model": "/m/x.gguf", "serves": {"engine": served}},
+        "x-moe-stack": {
+            "generated-by": "moe-stack compose",
+            "engine": "ik_llama.cpp",
+            "image": "i",
+            "model": "/m/x.gguf",
+            "served-name": None,
+            "engine-options": {},
+            "flags-checked": False,
+            "serves": {"engine": served},
+        },
         "services": {
             "engine": {"image": "i", "command": list(STACK), "environment": {"MOE_STACK_NUMA": "none"}}
         },
@@ -421,8 +431,13 @@ def test_the_tuned_stack_records_the_run() -> None:
     bandwidth = ReadBandwidth(best=100.0, median=96.5, low=90.0)
     tuned = Tuned(result=result, bandwidth=bandwidth, bytes_per_token=2_000_000_000, hybrid=True)
     derived = tuned_document(
-        document, "engine", tuned, "moe-stack tune f.yaml", now=datetime(2026, 11, 30, tzinfo=UTC), host="h"
-    )
+        StackFile.parse(document),
+        "engine",
+        tuned,
+        "moe-stack tune f.yaml",
+        now=datetime(2026, 11, 30, tzinfo=UTC),
+        host="h",
+    ).document()
     assert derived["services"]["engine"]["command"] == result.best.args
     assert document["services"]["engine"]["command"] == STACK  # the input is untouched
     record = derived["x-moe-stack"]["tuned"]
@@ -433,6 +448,7 @@ def test_the_tuned_stack_records_the_run() -> None:
         "threads": int(result.best.values["threads"]),
     }
     assert record["date"] == "2026-11-30T00:00:00Z" and record["host"] == "h"
+    assert StackFile.parse(derived).document() == derived, "a tuned file reads back as written"
     assert record["tuned-over-stack"]["prefill"].startswith("2.50")
     # 48 t/s tuned decode ÷ (100 GB/s ÷ 2 GB per token = 50 t/s).
     assert record["bound"]["bound-tps"] == 50.0 and record["bound"]["decode-over-bound"] == pytest.approx(
