@@ -18,7 +18,6 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from builder.engines import Engine, adapters, get_engine
-from builder.errors import SpecError
 from builder.spec import EngineOptions, NeutralOptions
 from builder.stacks.options import StackCommandLine, StackFileOptions
 
@@ -47,13 +46,9 @@ def panel_for(name: str) -> str:
 
 
 def engine_named(value: str | Engine) -> Engine:
-    """`--engine NAME` read as its adapter (a verb that takes `engine: Engine` gets the adapter)."""
-    if isinstance(value, Engine):
-        return value
-    try:
-        return get_engine(value)
-    except SpecError as err:
-        raise typer.BadParameter(str(err)) from None
+    """`--engine NAME` read as its adapter (a verb that takes `engine: Engine` gets the adapter); an
+    unknown name is a SpecError, one line and exit 1 as everywhere else."""
+    return value if isinstance(value, Engine) else get_engine(value)
 
 
 def _typer_info(

@@ -53,7 +53,7 @@ def test_every_published_variant_was_built_where_it_says() -> None:
         spec = entry.spec
         assert where.exists(), f"{image_tag(spec)}: {entry.built} does not exist"
         if where.is_file():
-            assert _built_by_the_suite(where.read_text(), spec.engine, spec.cpu.name), (
+            assert _built_by_the_suite(where.read_text(), spec.engine.name, spec.cpu.name), (
                 image_tag(spec),
                 entry.built,
             )
