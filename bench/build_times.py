@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.files import cache_dir
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.spec import BaseImages, ImageSpec
+from builder.spec import BaseImages
 
 CHANGED_FILE = "ggml/src/ggml-alloc.c"
 

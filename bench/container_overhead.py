@@ -21,6 +21,7 @@ from pathlib import Path
 from builder.contract import MODEL_DIR
 from builder.engines import get_engine
 from builder.engines.llama_family import LlamaFamilyEngine
+from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.image_facts import read_image_facts
@@ -28,7 +29,6 @@ from builder.images.naming import image_spec
 from builder.images.render import configure_args
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.spec import StackSpec
 from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
@@ -91,7 +91,7 @@ def main() -> None:
     threads = read_cpu().physical_cores
     stack = StackSpec(
         project="bench-overhead",
-        engine=facts.engine,
+        engine=get_engine(facts.engine),
         image=options.image,
         model=model,
         port=free_local_port(),
@@ -102,9 +102,7 @@ def main() -> None:
     compose_file = write_stack(document, cache_dir() / "bench" / "overhead" / "compose.yaml")
     command = [str(native_server(facts.engine, facts.cpu_target))]
     native_port = free_local_port()
-    for arg in get_engine(stack.engine).server_args(
-        stack, facts.server_flags
-    ):  # the stack's flags: host paths, port
+    for arg in stack.engine.server_args(stack, facts.server_flags):  # the stack's flags: host paths, port
         command.append(arg.replace(f"{MODEL_DIR}/", f"{model.parent}/").replace("8080", str(native_port)))
     native = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

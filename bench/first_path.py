@@ -17,6 +17,7 @@ from pathlib import Path
 
 from builder.docker_client import docker
 from builder.engines import engine_names, get_engine
+from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.baseimage import ensure_base
@@ -24,7 +25,7 @@ from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.spec import BaseImages, StackSpec
+from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete
 from builder.stacks.document import start_period_for
@@ -63,7 +64,7 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
         port = free_local_port()
         stack = StackSpec(
             project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
-            engine=engine.name,
+            engine=engine,
             image=tag,
             model=model,
             port=port,

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.platform.targets import cpu_target
-from builder.spec import GitSource, ImageSpec, StackSpec
+from builder.spec import GitSource
 from builder.stacks.compose import compose_stack
 
 

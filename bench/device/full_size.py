@@ -47,13 +47,14 @@ from builder.engines.compute_buffers import (
     gpu_compute,
     prefill_pool,
 )
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.models.planner import kv_cache_bytes
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
 from builder.platform.flags import check_args
-from builder.spec import EngineOptions, StackSpec
+from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import memory_use
@@ -174,7 +175,7 @@ def planned(stack: StackSpec) -> dict[str, object]:
     """The plan's GPU bytes for this stack, as _vram_plan sums them: the weights on the GPU (all but the
     token embeddings and the CPU's experts), the KV cache, the compute buffer, the CUDA context and ik's
     prefill pool."""
-    adapter = get_engine(stack.engine)
+    adapter = stack.engine
     facts = adapter.model_format.facts(stack.model)
     latent = adapter.caches_latent(stack.mla)
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"

@@ -18,7 +18,8 @@ from builder.cli.common import (
 from builder.cli.options import declared, takes_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
-from builder.engines import get_engine
+from builder.engines import Engine
+from builder.engines.specs import ImageSpec
 from builder.errors import (
     SpecError,
 )
@@ -36,7 +37,7 @@ from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
-from builder.spec import BaseImages, CudaTarget, ImageSpec
+from builder.spec import BaseImages, CudaTarget
 from builder.stacks.options import int_list
 
 CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
@@ -169,7 +170,7 @@ BuildCcacheDirOpt = Annotated[
 
 @takes_options()
 def render(
-    engine: str = declared(),
+    engine: Engine = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
@@ -184,7 +185,7 @@ def render(
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
     spec = image_spec(
-        get_engine(engine),
+        engine,
         cpu,
         ref=ref,
         base=_bases(base_image, build_base, runtime_base, cuda_base),
@@ -196,7 +197,7 @@ def render(
 
 @takes_options()
 def build(
-    engine: str = declared(),
+    engine: Engine = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
@@ -223,10 +224,9 @@ def build(
     asked = Publishing(registry_cache, metadata_file, channel, attest)
     _check_publishing(asked, push)
     display = _progress(progress)
-    adapter = get_engine(engine)
-    tree = resolve_local(adapter, source) if source else None
+    tree = resolve_local(engine, source) if source else None
     spec = image_spec(
-        adapter,
+        engine,
         cpu,
         tree,
         ref,
@@ -279,7 +279,7 @@ def _publishing(asked: Publishing, spec: ImageSpec, dry_run: bool) -> Publishing
 
 @takes_options()
 def cmake_args(
-    engine: str = declared(),
+    engine: Engine = declared(),
     cpu: CpuOpt = "avx2",
     cuda: CudaOpt = None,
     cuda_archs: ArchsOpt = None,
@@ -290,9 +290,7 @@ def cmake_args(
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(
-        get_engine(engine), cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base)
-    )
+    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
     for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")

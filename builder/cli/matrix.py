@@ -102,7 +102,7 @@ def matrix(
     for variant in (
         [v for v in variants() if (variant_tag(v.spec) in chosen if v.spec else publish == "all")]
         if not edge
-        else [MatrixVariant(s, s.engine, s.cuda.version, s.cpu.name) for s in specs]
+        else [MatrixVariant(s, s.engine.name, s.cuda.version, s.cpu.name) for s in specs]
     ):
         if variant.spec is None:
             table.add_row(

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from builder.engines import engine_names, get_engine
+from builder.engines import Engine, adapters, get_engine
 from builder.spec import EngineOptions, NeutralOptions
 from builder.stacks.options import StackCommandLine, StackFileOptions
 
@@ -41,18 +41,29 @@ def command_line_type(annotation: Any) -> type:
 def panel_for(name: str) -> str:
     """The help panel of a neutral option: the shared one, or its engine's where only one engine reads it
     (ik_llama.cpp's MLA, KTransformers' parsers), so `compose --help` groups single-engine options."""
-    readers = [engine for engine in engine_names() if name in get_engine(engine).honours]
+    readers = [engine.name for engine in adapters() if name in engine.honours]
     return f"{readers[0]} options (the preset's unless given)" if len(readers) == 1 else PANEL
 
 
-def _typer_info(field: FieldInfo, help: str | None = None, panel: str | None = None) -> Any:
+def engine_named(value: str | Engine) -> Engine:
+    """`--engine NAME` read as its adapter (a verb that takes `engine: Engine` gets the adapter); an
+    unknown name is a SpecError, one line and exit 1 as everywhere else."""
+    return value if isinstance(value, Engine) else get_engine(value)
+
+
+def _typer_info(
+    field: FieldInfo,
+    help: str | None = None,
+    panel: str | None = None,
+    parser: Callable[..., Any] | None = None,
+) -> Any:
     """The typer Option (or Argument) a field declares: its spellings and help."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     text = help if help is not None else field.description
     if extra.get("argument"):
         return typer.Argument(help=text)
     flags = [str(flag) for flag in extra["flags"]]  # type: ignore[union-attr]
-    return typer.Option(*flags, help=text, rich_help_panel=panel)
+    return typer.Option(*flags, help=text, rich_help_panel=panel, parser=parser)
 
 
 def _group_parameter(group: type[BaseModel], name: str, field: FieldInfo) -> inspect.Parameter:
@@ -93,8 +104,10 @@ def _from_declaration(parameter: inspect.Parameter) -> inspect.Parameter:
         return parameter
     field, mine = _declaration(parameter.name), parameter.default
     default = field.default if mine.default is PydanticUndefined else mine.default
+    parser = engine_named if parameter.annotation is Engine else None
     return parameter.replace(
-        annotation=Annotated[parameter.annotation, _typer_info(field, mine.help)], default=default
+        annotation=Annotated[parameter.annotation, _typer_info(field, mine.help, parser=parser)],
+        default=default,
     )
 
 

@@ -11,6 +11,7 @@ import typer
 
 from builder.cli.common import out, text_table
 from builder.cli.options import declared, given_options, takes_options
+from builder.engines import Engine
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from builder.stacks.options import float_list
 
@@ -31,7 +32,7 @@ def plan_memory(
     mla: Annotated[
         bool, typer.Option("--mla", help="MLA KV cache (DeepSeek; ik_llama.cpp -mla; mainline always)")
     ] = False,
-    engine: str = declared(),
+    engine: Engine = declared(),
     ubatch_size: int = declared(512, help="the stack's -ub (the presets: 2048)"),
     mmap: bool | None = declared(help="the stack's mmap setting (the engine's default: mapped)"),
     draft_model: Path | None = declared(

@@ -15,7 +15,7 @@ from rich.text import Text
 from builder.cli.common import out
 from builder.cli.options import declared, given_options, group_values, takes_options
 from builder.cli.progress import build_display
-from builder.engines import engine_names, get_engine
+from builder.engines import Engine, adapters
 from builder.errors import SpecError
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
@@ -69,7 +69,7 @@ def down(
 
 @takes_options()
 def demo(
-    engine: str = declared(),
+    engine: Engine = declared(),
     source: Annotated[
         str | None,
         typer.Option(
@@ -80,9 +80,9 @@ def demo(
     project: str | None = declared(help="compose project (default: moe-stack-demo-<engine>); a second demo"),
 ) -> None:
     """Build the CPU image, fetch the demo model, bring the stack up and have it complete a sentence."""
-    adapter = get_engine(engine)
+    adapter = engine
     if not adapter.serves_on_cpu or adapter.sdist is None or adapter.sdist_ref is None:
-        able = [e.name for e in map(get_engine, engine_names()) if e.serves_on_cpu and e.sdist]
+        able = [e.name for e in adapters() if e.serves_on_cpu and e.sdist]
         raise SpecError(
             f"the demo builds its engine from a PyPI sdist and serves on the CPU, which {adapter.name} "
             f"can't: use --engine {' or '.join(able)}"
@@ -104,7 +104,7 @@ def demo(
     sys.stderr.write(f"[2/3] starting the stack for {image} with the demo model\n")
     started = time.monotonic()
     generated_by = " ".join(["moe-stack", *sys.argv[1:]])
-    compose_file = start_demo(adapter.name, image, port, generated_by, project)
+    compose_file = start_demo(adapter, image, port, generated_by, project)
     sys.stderr.write(f"[3/3] healthy after {time.monotonic() - started:.1f} s; asking for a completion\n")
     answer = complete(port)
     speed = f", {answer.decode_tokens_per_s:.1f} tok/s decode" if answer.decode_tokens_per_s else ""

@@ -47,7 +47,7 @@ def publish_targets(facts: ImageFacts, prefix: str) -> list[str]:
             f"image version {facts.variant!r} is not a moe-stack variant tag; rebuild it with "
             "`moe-stack build`"
         )
-    return publish_tags(facts.engine, variant, prefix)
+    return publish_tags(get_engine(facts.engine), variant, prefix)
 
 
 def publish(images: list[str], prefix: str) -> list[Pushed]:
@@ -82,7 +82,7 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
 def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_only: bool = False) -> Pulled:
     """Pull the variant of `engine` at `ref` (default: the pinned one) that fits `host` best."""
     adapter = get_engine(engine)
-    repo = repository(naming.repository(prefix, adapter.name))
+    repo = repository(naming.repository(prefix, adapter))
     offered = offered_variants(repo)
     wanted = ref or short_ref(image_spec(adapter).ref)
     at_ref = [o for o in offered if o.ref == wanted]

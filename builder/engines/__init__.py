@@ -27,17 +27,27 @@ def get_engine(name: str) -> Engine:
 
 
 def _adapter(value: object) -> object:
-    """A name read at an edge (an option, a file, a label) as its adapter; an adapter as itself."""
-    return get_engine(value) if isinstance(value, str) else value
+    """A name read at an edge (an option, a file, a label) as its adapter; an adapter as itself. An
+    unknown name is a ValueError, which pydantic reports against the field that held it."""
+    if not isinstance(value, str):
+        return value
+    if value not in _ENGINES:
+        raise ValueError(f"unknown engine {value!r}: choose one of {', '.join(_ENGINES)}")
+    return _ENGINES[value]
 
 
-# A model field holding an engine's adapter: validated from its name, written as its name. The specs in
-# builder.spec sit below the adapters and keep the name; a model above them (a stack's options) holds this.
+# A model field holding an engine's adapter: validated from its name, written as its name (the specs,
+# engines/specs.py, and a stack's options hold one).
 EngineField = Annotated[Engine, BeforeValidator(_adapter), PlainSerializer(lambda e: e.name, return_type=str)]
 
 
 def engine_names() -> list[str]:
     return list(_ENGINES)
+
+
+def adapters() -> tuple[Engine, ...]:
+    """Every engine's adapter, in the registry's order."""
+    return tuple(_ENGINES.values())
 
 
 def bench_engine(name: str) -> LlamaFamilyEngine:
@@ -52,4 +62,4 @@ def bench_engine(name: str) -> LlamaFamilyEngine:
     return engine
 
 
-__all__ = ["Engine", "EngineField", "bench_engine", "engine_names", "get_engine"]
+__all__ = ["Engine", "EngineField", "adapters", "bench_engine", "engine_names", "get_engine"]

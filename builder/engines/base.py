@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
@@ -23,10 +23,8 @@ from builder.spec import (
     CudaTarget,
     EngineSource,
     GitSource,
-    ImageSpec,
     LocalSource,
     PypiSource,
-    StackSpec,
 )
 
 CUDA_STUB_DIR = "/tmp/cuda-stub"
@@ -36,6 +34,9 @@ CUDA_STUB_SETUP = (
     f"mkdir -p {CUDA_STUB_DIR}",
     f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1",
 )
+
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import ImageSpec, StackSpec
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
 
@@ -52,6 +53,10 @@ API_ROUTES: dict[ClientApi, str] = {
 
 class Engine(ABC):
     """An inference engine moe-stack builds into an image and runs in a stack."""
+
+    def __str__(self) -> str:
+        """Its name: what a message, a label or a file says of it."""
+        return self.name
 
     name: str  # spec name, e.g. "llama.cpp"
     slug: str  # image repository name, e.g. "llama-cpp"
@@ -272,7 +277,7 @@ class Engine(ABC):
         unread = [
             name
             for name in ENGINE_OPTIONS
-            if name not in self.honours and getattr(stack, name) != StackSpec.model_fields[name].default
+            if name not in self.honours and getattr(stack, name) != type(stack).model_fields[name].default
         ]
         if unread:
             raise StackError(

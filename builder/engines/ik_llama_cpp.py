@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
-from builder.spec import StackSpec
+
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import StackSpec
 
 # The architectures whose NextN (MTP) tensors its loader knows (llama-load-tensors.cpp at 007d640).
 NEXTN_ARCHITECTURES = frozenset({"glm4moe", "glm-dsa", "bailingmoe2"})

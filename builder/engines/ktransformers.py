@@ -8,6 +8,7 @@ import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
@@ -19,16 +20,7 @@ from builder.models.kt_weights import read_converted
 from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
-from builder.spec import (
-    BaseImages,
-    CpuTarget,
-    CudaTarget,
-    EngineSource,
-    ImageSpec,
-    LocalSource,
-    PypiSource,
-    StackSpec,
-)
+from builder.spec import BaseImages, CpuTarget, CudaTarget, EngineSource, LocalSource, PypiSource
 
 # kt-kernel 0.7.2's backends that read GGUF, and those that run on AMX (see StackSpec.kt_method).
 GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
@@ -63,6 +55,9 @@ KT_VARIANTS: tuple[tuple[str, frozenset[str]], ...] = (
     ("avx512_base", frozenset({"avx512f", "avx512bw"})),
     ("avx2", frozenset({"avx2"})),
 )
+
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import ImageSpec, StackSpec
 # What kt-kernel's loader (and so a CPU-only kernel image) imports beside the kernel itself.
 KT_KERNEL_IMPORTS = ("torch", "numpy", "gguf", "safetensors")
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.platform.flags import has_flag, takes_value
-from builder.spec import StackSpec
+
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import StackSpec
 
 
 class LlamaCpp(LlamaFamilyEngine):

@@ -6,6 +6,7 @@ import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.contract import (
     API_KEY_PATH,
@@ -36,7 +37,10 @@ from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_choices, has_flag, takes_value
 from builder.platform.targets import GGML_X86_FEATURES
 from builder.platform.toolchain import Toolchain
-from builder.spec import CpuTarget, CudaTarget, ImageSpec, StackSpec
+from builder.spec import CpuTarget, CudaTarget
+
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
 # The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at

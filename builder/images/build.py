@@ -28,7 +28,7 @@ from builder.contract import (
     local_only,
 )
 from builder.docker_client import docker
-from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted, SpecError
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu
@@ -39,7 +39,7 @@ from builder.images.render import render_files
 from builder.platform.flags import LABEL as FLAGS_LABEL
 from builder.platform.flags import parse_contract, to_label
 from builder.platform.targets import best_cpu_target
-from builder.spec import GitSource, ImageSpec, LocalSource
+from builder.spec import GitSource, LocalSource
 
 # The stage the image is; the others only build it. A tools image is the stage after it.
 RUNTIME_STAGE = "runtime"
@@ -200,9 +200,7 @@ def plan_build(
     the built chat page the image embeds (chat_page.py)."""
     created = created or datetime.now(UTC)
     holds = spec.source.holds if isinstance(spec.source, LocalSource) else "tree"
-    contexts = (
-        {get_engine(spec.engine).source_context(holds): str(source_tree)} if source_tree is not None else {}
-    )
+    contexts = {spec.engine.source_context(holds): str(source_tree)} if source_tree is not None else {}
     if page is not None:
         contexts[CHAT_PAGE_CONTEXT] = str(page)
     return BuildPlan(
@@ -266,7 +264,7 @@ def contract_stand_in(spec: ImageSpec, host: CpuInfo) -> ImageSpec | None:
     `spec`'s server (a zen4 image built on an AVX2-only host: its --help dies of an illegal instruction).
     The flags a server accepts don't depend on the instructions it was compiled for, so that build's
     --help is the contract; None when the host runs `spec`'s own (or it picks its code path at run time)."""
-    engine = get_engine(spec.engine)
+    engine = spec.engine
     if spec.cpu.runtime_dispatch or engine.installs_wheels or set(spec.cpu.required_flags) <= host.flags:
         return None
     target = best_cpu_target(host.flags)
@@ -368,16 +366,16 @@ def build_image(
 ) -> str:
     """Render `spec` into the cache and build it (or push it, when `publishing`); returns the tag.
     The whole path `build`, CI and the demo take. `ccache_dir`: the compile cache carried in and out."""
-    if ccache_dir is not None and not get_engine(spec.engine).carries_ccache:
+    if ccache_dir is not None and not spec.engine.carries_ccache:
         raise SpecError(f"{spec.engine}'s image build compiles nothing through ccache: drop --ccache-dir")
-    get_engine(spec.engine).check_local_source(spec, tree)
+    spec.engine.check_local_source(spec, tree)
     context = build_context(spec)
     page = page_for(spec, tree, show)
     stand_in = contract_stand_in(spec, read_cpu())
     contract_plan = plan_build(stand_in, build_context(stand_in), tree, page=page) if stand_in else None
     return run_build(
         build_plan(spec, context, tree, publishing, page),
-        get_engine(spec.engine).required_flags(spec.cuda),
+        spec.engine.required_flags(spec.cuda),
         log_path or cache_dir() / "logs" / f"build-{build_name(spec)}.log",
         show,
         contract_plan,
@@ -391,7 +389,7 @@ def page_for(spec: ImageSpec, tree: Path | None, show: Callable[[str], None]) ->
     it too: its build shares the configure stage, and so the compile, with the server's. Its build's
     container is made from the image's own Debian base where the image is a CPU one on a given base,
     else from the project's (ensure_base)."""
-    ui = get_engine(spec.engine).chat_page_dir
+    ui = spec.engine.chat_page_dir
     if ui is None:
         return None
     base = spec.base.build if spec.cuda.version is None else None

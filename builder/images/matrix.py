@@ -11,11 +11,12 @@ from typing import Any
 import yaml
 
 from builder.engines import Engine, get_engine
+from builder.engines.specs import ImageSpec
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag
 from builder.platform.toolchain import CUDA_RELEASES, driver_runs
-from builder.spec import CudaTarget, ImageSpec
+from builder.spec import CudaTarget
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def default_image_spec(
         )
 
     chosen = _newest_published(
-        engine.name, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
+        engine, gpu, runs_here, lambda spec: (spec.cpu.name == default_cpu, len(spec.cpu.required_flags))
     )
     if chosen is not None:
         return chosen
@@ -136,7 +137,7 @@ def published() -> list[Published]:
     ]
 
 
-def published_image(engine: str, cpus: tuple[str, ...], gpu: bool) -> ImageSpec | None:
+def published_image(engine: Engine, cpus: tuple[str, ...], gpu: bool) -> ImageSpec | None:
     """The published image of `engine` for the first of `cpus` it has one for: its newest CUDA release's
     with `gpu`, else its CPU-only one (None: no such image is published)."""
     for cpu in cpus:
@@ -151,7 +152,7 @@ def _targets(cpu: str, spec: ImageSpec) -> bool:
 
 
 def _newest_published(
-    engine: str,
+    engine: Engine,
     gpu: bool,
     fits: Callable[[ImageSpec], bool],
     then: Callable[[ImageSpec], tuple[bool, int]] = lambda spec: (True, 0),
@@ -161,7 +162,7 @@ def _newest_published(
     chosen = [
         entry.spec
         for entry in published()
-        if entry.spec.engine == engine and (entry.spec.cuda.version is not None) == gpu and fits(entry.spec)
+        if entry.spec.engine is engine and (entry.spec.cuda.version is not None) == gpu and fits(entry.spec)
     ]
     return max(chosen, key=lambda spec: (_release(spec), *then(spec))) if chosen else None
 
@@ -215,10 +216,10 @@ def ci_rows(specs: list[ImageSpec]) -> list[dict[str, str]]:
     beside it, `timeout_minutes` the job's limit."""
     rows = []
     for spec in specs:
-        engine = get_engine(spec.engine)
+        engine = spec.engine
         rows.append(
             {
-                "engine": spec.engine,
+                "engine": spec.engine.name,
                 "ref": spec.ref,
                 "cuda": spec.cuda.version or "none",
                 "cuda_archs": ",".join(str(a) for a in spec.cuda.archs),

@@ -14,9 +14,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engines import Engine, get_engine
+from builder.engines import Engine
+from builder.engines.specs import ImageSpec
 from builder.platform.targets import CPU_TARGETS, cpu_target
-from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, ImageSpec, LocalSource
+from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, LocalSource
 
 DEFAULT_REGISTRY = "ghcr.io"
 DEFAULT_NAMESPACE = "moe-stack"
@@ -59,7 +60,7 @@ def image_spec(
         else engine.default_source(ref)
     )
     spec = ImageSpec(
-        engine=engine.name,
+        engine=engine,
         source=source,
         cpu=cpu_target(cpu),
         cuda=cuda,
@@ -87,9 +88,9 @@ def variant_tag(spec: ImageSpec) -> str:
     return f"{short_ref(spec.ref)}-{target_key(spec)}"
 
 
-def repository(prefix: str, engine: str, tools: bool = False) -> str:
+def repository(prefix: str, engine: Engine, tools: bool = False) -> str:
     """`<registry>/<namespace>/<slug>[-tools]` for `prefix` = `<registry>/<namespace>`."""
-    return f"{prefix}/{get_engine(engine).slug}{TOOLS_SUFFIX if tools else ''}"
+    return f"{prefix}/{engine.slug}{TOOLS_SUFFIX if tools else ''}"
 
 
 def image_tag(spec: ImageSpec) -> str:
@@ -116,7 +117,7 @@ def tools_image_of(image: str) -> str:
     return f"{repo}{TOOLS_SUFFIX}:{tag}"
 
 
-def publish_tags(engine: str, variant: Variant, prefix: str) -> list[str]:
+def publish_tags(engine: Engine, variant: Variant, prefix: str) -> list[str]:
     """Where an image of `engine` and `variant` goes under `prefix`: the immutable tag, then the alias."""
     repo = repository(prefix, engine)
     return [f"{repo}:{variant.tag}", f"{repo}:{variant.alias}"]
@@ -124,12 +125,12 @@ def publish_tags(engine: str, variant: Variant, prefix: str) -> list[str]:
 
 def cache_key(spec: ImageSpec) -> str:
     """`<slug>-<cpu|cudaX.Y>-<isa>`: shared by every ref of one target (ccache, CI's layer cache)."""
-    return f"{get_engine(spec.engine).slug}-{target_key(spec)}"
+    return f"{spec.engine.slug}-{target_key(spec)}"
 
 
 def context_name(spec: ImageSpec) -> str:
     """The directory name `build` renders `spec`'s context under."""
-    return f"{get_engine(spec.engine).slug}-{variant_tag(spec)}"
+    return f"{spec.engine.slug}-{variant_tag(spec)}"
 
 
 def build_name(spec: ImageSpec) -> str:

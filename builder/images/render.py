@@ -19,10 +19,9 @@ from builder.contract import (
     PARSER_FLAGS_FILE,
     ROUTER_PRESET,
 )
-from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.files import replace_rendered_dir, templates_root
 from builder.images.naming import cache_key, variant_tag
-from builder.spec import ImageSpec
 
 
 def template_environment() -> jinja2.Environment:
@@ -40,7 +39,7 @@ def template_environment() -> jinja2.Environment:
 
 def image_labels(spec: ImageSpec) -> dict[str, str]:
     """Labels fixed at render time (the build adds `created`)."""
-    engine = get_engine(spec.engine)
+    engine = spec.engine
     return {
         "org.opencontainers.image.title": f"{engine.name} server ({variant_tag(spec)})",
         "org.opencontainers.image.description": (
@@ -65,7 +64,7 @@ def image_labels(spec: ImageSpec) -> dict[str, str]:
 
 def image_manifest(spec: ImageSpec) -> dict[str, object]:
     """/etc/moe-stack/image.json: what the image is, for tools running inside or beside it."""
-    engine = get_engine(spec.engine)
+    engine = spec.engine
     return {
         "builder_version": __version__,
         "engine": engine.name,
@@ -82,14 +81,14 @@ def image_manifest(spec: ImageSpec) -> dict[str, object]:
 
 def configure_args(spec: ImageSpec) -> list[str]:
     """The cmake configure arguments of an image built with cmake, compiler choice included."""
-    engine = get_engine(spec.engine)
+    engine = spec.engine
     engine.check_image(spec)
     return engine.configure_args(spec, engine.toolchain(spec))
 
 
 def render_files(spec: ImageSpec) -> dict[str, str]:
     """Every file of the build context, by name. Same spec → same bytes."""
-    engine = get_engine(spec.engine)
+    engine = spec.engine
     engine.check_image(spec)
     tools = engine.toolchain(spec)
     context = {

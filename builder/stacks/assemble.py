@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from builder.engines import EngineField, get_engine
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
@@ -28,7 +29,7 @@ from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
-from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
@@ -146,7 +147,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     flags = None if options.for_other_host else host.cpu.flags
     stack = StackSpec(
         project=options.project or project_name_for(model),
-        engine=adapter.name,
+        engine=adapter,
         image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
         model=model,
         port=options.port,
@@ -254,7 +255,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if facts is not None:
         check_architecture(facts, stack.model)
         if facts.cpu_target in CPU_TARGETS:
-            get_engine(stack.engine).check_image_target(stack, CPU_TARGETS[facts.cpu_target])
+            stack.engine.check_image_target(stack, CPU_TARGETS[facts.cpu_target])
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))
@@ -330,10 +331,9 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     return where
 
 
-def check_engine_loads(engine: str, model: Path) -> None:
+def check_engine_loads(adapter: Engine, model: Path) -> None:
     """StackError when the engine can't load `model`'s tensor layout, or when an engine that names the
     architectures it loads (no image label does) can't load `model`'s."""
-    adapter = get_engine(engine)
     adapter.check_layout(model)
     if adapter.gguf_architectures is None:
         return

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.engines.specs import StackSpec
 from builder.files import write_file_atomically
 from builder.images.image_facts import ImageFacts
-from builder.spec import StackSpec
 from builder.stacks.document import compose_document
 from builder.stacks.host_checks import router_files, stack_files
 from builder.stacks.stack_file import StackFile

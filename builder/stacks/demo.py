@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.engines import get_engine
+from builder.engines import Engine
+from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.formats import GGUF
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
-from builder.spec import StackSpec
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import served_name_for
 from builder.stacks.compose import compose_stack, write_stack
@@ -28,26 +28,24 @@ class Answer:
     decode_tokens_per_s: float | None
 
 
-def demo_project(engine_name: str) -> str:
+def demo_project(engine: Engine) -> str:
     """The demo stack's compose project (and its folder in the cache) unless `demo --project` names one."""
-    return f"moe-stack-demo-{get_engine(engine_name).slug}"
+    return f"moe-stack-demo-{engine.slug}"
 
 
-def start_demo(
-    engine_name: str, image: str, port: int, generated_by: str, project: str | None = None
-) -> Path:
+def start_demo(engine: Engine, image: str, port: int, generated_by: str, project: str | None = None) -> Path:
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = fetch_demo_model()
     stack = StackSpec(
-        project=project or demo_project(engine_name),
-        engine=engine_name,
+        project=project or demo_project(engine),
+        engine=engine,
         image=image,
         model=model,
         served_name=served_name_for(GGUF.stem(model)),
         port=port,
         threads=read_cpu().physical_cores,
         # Where the image has the chat page, the template that lets it send its tools.
-        chat_template=DEMO_JINJA_TEMPLATE if get_engine(engine_name).chat_page_dir else DEMO_CHAT_TEMPLATE,
+        chat_template=DEMO_JINJA_TEMPLATE if engine.chat_page_dir else DEMO_CHAT_TEMPLATE,
         start_period_s=start_period_for(model.stat().st_size),
     )
     compose_file = write_stack(

@@ -28,13 +28,13 @@ from builder.contract import (
     ROUTER_PRESET_ENV,
     prometheus_image,
 )
-from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.placement import numa_env
 from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
 from builder.platform.toolchain import CPU_BASE_SUITE
-from builder.spec import EngineOptions, StackSpec
+from builder.spec import EngineOptions
 from builder.stacks.record import OptionValue, Record, Served
 from builder.stacks.stack_file import (
     Deploy,
@@ -140,7 +140,7 @@ def compose_document(
         )
     record = Record(
         generated_by=generated_by,
-        engine=stack.engine,
+        engine=stack.engine.name,
         image=stack.image,
         model=files.model,
         served_name=stack.served_name,
@@ -162,7 +162,7 @@ def compose_document(
 def serves(stack: StackSpec, args: list[str]) -> Served:
     """What an engine service serves, for the readers of the file (smoke, tune, bench) that must not
     parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
-    engine = get_engine(stack.engine)
+    engine = stack.engine
     return Served(
         threads=stack.threads,
         gpu_layers=stack.gpu_layers,
@@ -244,7 +244,7 @@ def _router_command(
     stack: StackSpec, routed: tuple[StackSpec, ...], facts: ImageFacts | None
 ) -> tuple[list[str], str]:
     """The router's command and preset file; with the image's facts, every model's flags are checked."""
-    engine = get_engine(stack.engine)
+    engine = stack.engine
     names = [model.served_name for model in routed]
     if len(set(names)) != len(names):
         raise StackError(
@@ -294,7 +294,7 @@ def lint_exceptions(services: dict[str, Service]) -> dict[str, str]:
 
 def engine_pins(stack: StackSpec) -> bool:
     """Whether the engine keeps the stack's CPU weights in page-locked memory (see stacks/pinned_memory)."""
-    return stack.gpu != "none" and get_engine(stack.engine).pins_cpu_weights(stack.mmap, gpu=True)
+    return stack.gpu != "none" and stack.engine.pins_cpu_weights(stack.mmap, gpu=True)
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
@@ -315,7 +315,7 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
 def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     """The engine's arguments for `stack`, in the syntax of the image's engine version and checked
     against its flag contract when `facts` are known; the same for every output format."""
-    engine = get_engine(stack.engine)
+    engine = stack.engine
     if facts is not None and facts.engine != engine.name:
         raise StackError(
             f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine"
@@ -435,13 +435,13 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     policy = numa_env(stack.numa, stack.numa_nodes)
     if policy:
         environment[NUMA_ENV] = policy
-    if policy or get_engine(stack.engine).binds_numa_memory:
+    if policy or stack.engine.binds_numa_memory:
         caps.append("SYS_NICE")
     if stack.hugetlbfs != "off":
         environment[HUGETLBFS_ENV] = HUGETLBFS_DIR
     if stack.mlock:
         caps.append("IPC_LOCK")
-    if stack.api_key_file is not None and get_engine(stack.engine).key_file_from_env:
+    if stack.api_key_file is not None and stack.engine.key_file_from_env:
         environment[API_KEY_FILE_ENV] = API_KEY_PATH
     return environment, caps
 

@@ -9,13 +9,12 @@ import stat
 from pathlib import Path
 
 from builder.contract import IMAGE_UID, MODEL_DIR
-from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
 from builder.platform.targets import best_cpu_target
-from builder.spec import StackSpec
 from builder.stacks.document import StackFiles, directory_mount, file_mount
 from builder.stacks.stack_file import Mount
 
@@ -30,7 +29,7 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
     model = stack.model.parent.resolve() / stack.model.name
-    parts = get_engine(stack.engine).model_format.parts(model)
+    parts = stack.engine.model_format.parts(model)
     mounts = model_mounts(model, parts)
     if model.is_dir():  # a directory of weights (kt-kernel's converted ones): it and each of its files
         for part in parts:
@@ -54,7 +53,7 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     mounts: dict[str, Mount] = {}
     for model in models:
         named = model.model.parent.resolve() / model.model.name
-        for part in get_engine(model.engine).model_format.parts(named):
+        for part in model.engine.model_format.parts(named):
             source = part.resolve()
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"

@@ -14,12 +14,12 @@ import yaml
 
 from builder import __version__
 from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
 from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
-from builder.spec import StackSpec
 from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_environment, pinned_image
 from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
 

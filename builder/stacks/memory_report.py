@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.engines import get_engine
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, ComputeEstimate, gpu_compute, prefill_pool
 from builder.models.planner import GIB, ModelFacts, Plan, size
@@ -158,9 +157,8 @@ class MemoryReport:
         return [*split, *(f"-ot '{rule}'   # {size(moved)}" for rule, moved in self.plan.rule_bytes)]
 
 
-def memory_report(engine: str, model: Path, ask: MemoryAsk) -> MemoryReport:
-    """Plan `model` on `engine` for `ask`."""
-    adapter = get_engine(engine)
+def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
+    """Plan `model` on `adapter`'s engine for `ask`."""
     model = adapter.check_model(model)
     facts = adapter.model_format.facts(model)
     latent = adapter.caches_latent(3 if ask.mla else None)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.engines import Engine, get_engine
+from builder.engines import Engine
+from builder.engines.specs import StackSpec
 from builder.models.planner import GIB, kv_cache_bytes
-from builder.spec import StackSpec
 
 MIB = 1024**2
 # The engine's CPU compute buffers and its process beside the weights and caches (ik_llama.cpp's CPU
@@ -51,7 +51,7 @@ def beside_model_bytes(engine: Engine) -> int:
 
 
 def memory_use(stack: StackSpec) -> MemoryUse:
-    adapter = get_engine(stack.engine)
+    adapter = stack.engine
     kv = 0
     if stack.gpu == "none":
         kv = kv_cache_bytes(

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from builder.engines import get_engine
+from builder.engines import Engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.models.planner import size
-from builder.spec import StackSpec
 from builder.stacks.document import engine_pins
 
 # Left to the kernel, the engine's own buffers and the page cache beside the pinned weights.
@@ -25,13 +25,13 @@ def pinned_bytes(stack: StackSpec) -> int:
     routed experts and the token embeddings."""
     if not engine_pins(stack):
         return 0
-    facts = get_engine(stack.engine).model_format.facts(stack.model)
+    facts = stack.engine.model_format.facts(stack.model)
     return sum(facts.expert_bytes) + facts.embedding_bytes
 
 
-def pinning_fix(engine: str) -> str:
+def pinning_fix(engine: Engine) -> str:
     """What avoids pinning, for `engine`."""
-    if not get_engine(engine).pins_cpu_weights(True, gpu=True):
+    if not engine.pins_cpu_weights(True, gpu=True):
         return "keep the weights mapped (--mmap)"
     return (
         f"no setting of {engine} avoids it: use a host with more RAM, a smaller quant, or mainline llama.cpp "

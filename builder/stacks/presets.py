@@ -13,13 +13,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from builder.engines import engine_names, get_engine
+from builder.engines import adapters, engine_names, get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.toolchain import MIN_DRIVER
-from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions, StackSpec
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.compose import compose_stack
 from builder.stacks.document import cpu_only, start_period_for
 
@@ -259,17 +260,17 @@ def example_stacks() -> dict[str, str]:
     """compose/<preset>.<engine>.yaml text for every preset and engine (what the test keeps current)."""
     files = {}
     for preset in load_presets().values():
-        for engine in engine_names():
+        for adapter in adapters():
+            engine = adapter.name
             if engine not in preset.engines:
                 continue
-            adapter = get_engine(engine)
-            gpu_image = published_image(engine, EXAMPLE_CPUS, gpu=True)
+            gpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=True)
             if gpu_image is None:  # nothing built to name (ktransformers-legacy)
                 continue
             image = image_tag(gpu_image)
             stack = StackSpec(
                 project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
-                engine=engine,
+                engine=adapter,
                 image=image,
                 model=Path("/models") / preset.example_model,
                 threads=EXAMPLE_THREADS,
@@ -289,7 +290,7 @@ def example_stacks() -> dict[str, str]:
             cpu = gpu_image.cpu.name
             facts = contract.facts_for(image, cpu, image.rpartition(":")[2]) if contract else None
             cpu_profile = None
-            cpu_image = published_image(engine, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
+            cpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
             if cpu_image is not None:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
                 cpu_stack = cpu_only(stack, image_tag(cpu_image))
                 generated_by += f" --cpu-image {cpu_stack.image}"

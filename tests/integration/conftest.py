@@ -23,6 +23,7 @@ from python_on_whales import DockerClient
 from builder.docker_client import docker
 from builder.engines import get_engine
 from builder.engines.ktransformers import PYTHON_CPU_BASE
+from builder.engines.specs import StackSpec
 from builder.errors import DockerUnavailable
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
@@ -31,7 +32,7 @@ from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import fetch_demo_model
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.spec import BaseImages, StackSpec
+from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from python_on_whales import DockerClient
 
-from builder.spec import EXPERTS_ON_CPU_RULE, StackSpec
+from builder.engines.specs import StackSpec
+from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.compose import compose_stack, write_stack
 
 pytestmark = pytest.mark.integration

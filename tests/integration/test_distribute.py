@@ -19,10 +19,10 @@ from python_on_whales import DockerClient
 from builder.distribute.bundle import sha256
 from builder.distribute.choose import choose_variant
 from builder.distribute.registry import manifest_digest, repository
+from builder.engines.specs import StackSpec
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import parse_variant
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
+from builder.engines.specs import StackSpec
 from builder.images.image_facts import read_image_facts
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only
 from builder.stacks.host_checks import free_local_port

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from builder.engines.specs import StackSpec
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.spec import StackSpec
 from tests.cli import run_cli_in_process
 
 # CI explores the same examples every run (a landing must not hinge on a lucky draw); elsewhere each run

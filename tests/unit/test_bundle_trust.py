@@ -20,8 +20,8 @@ from builder.distribute import bundle as bundle_module
 from builder.distribute.bundle import BundleError, LoadOptions, load_bundle
 from builder.distribute.bundle_trust import check_images_tar, check_local_names, check_saved_names
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.engines.specs import StackSpec
 from builder.safe_tar import extract_files
-from builder.spec import StackSpec
 from builder.stacks.document import project_name_for
 from builder.stacks.stack_file import StackFile
 from tests.specs import compose_dict, routed_stacks

@@ -20,7 +20,7 @@ AVX2_ONLY_FLAGS = "avx avx2 bmi1 bmi2 f16c fma abm movbe xsave fpu sse4_2 ht"
 
 def _matrix(engine: str) -> list[Variant]:
     """What CI publishes for `engine` (moe-stack matrix), as a registry would list it."""
-    return [parse_variant(variant_tag(spec)) for spec in buildable() if spec.engine == engine]
+    return [parse_variant(variant_tag(spec)) for spec in buildable() if spec.engine.name == engine]
 
 
 def _host(tmp_path: Path, flags: str, smi: str = ""):

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts
 from builder.models.model_files import check_gguf
 from builder.platform.targets import cpu_target
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_host_runs, check_port_free

@@ -14,10 +14,11 @@ from builder import spec
 from builder.cli import stack as cli_stack
 from builder.cli.main import app
 from builder.cli.options import PANEL
-from builder.engines import engine_names, get_engine
+from builder.engines import engine_names, get_engine, specs
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.platform.flags import option_names
-from builder.spec import ENGINE_OPTIONS, StackSpec
+from builder.spec import ENGINE_OPTIONS
 from tests.specs import compose_dict
 
 DATA = Path(__file__).parent / "data"
@@ -220,16 +221,16 @@ def test_the_file_records_what_it_serves(tmp_path: Path, engine: str) -> None:
 def test_each_neutral_option_is_declared_once() -> None:
     """Its type, default and limits live in NeutralOptions alone: EngineOptions (presets, the command
     line) and StackSpec inherit them, so a limit can't hold on one and not the other."""
-    tree = ast.parse(Path(spec.__file__).read_text())
     declared: dict[str, list[str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    declared.setdefault(item.target.id, []).append(node.name)
+    for module in (spec, specs):
+        for node in ast.parse(Path(module.__file__).read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        declared.setdefault(item.target.id, []).append(node.name)
     for name in spec.NeutralOptions.model_fields:
         assert declared[name] == ["NeutralOptions"], (name, declared[name])
-        assert repr(spec.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
+        assert repr(specs.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
 
 
 def test_compose_takes_each_neutral_option_from_its_declaration() -> None:

@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.models.model_files import DEMO_JINJA_TEMPLATE
 from builder.platform.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
-from builder.spec import StackSpec
 
 DATA = Path(__file__).parent / "data"
 MAINLINE = parse_help((DATA / "llama.cpp-0c1e57098-help.txt").read_text())

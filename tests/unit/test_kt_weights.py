@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SourceError, StackError
 from builder.host.probe import probe
 from builder.models.kt_weights import converted_facts, read_checkpoint, read_converted
 from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.targets import cpu_target
-from builder.spec import StackSpec
 from builder.stacks.host_checks import stack_files
 from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
 from builder.stacks.stack_file import Mount

@@ -18,6 +18,7 @@ from builder.engines.ktransformers import (
     torch_index,
 )
 from builder.engines.llama_cpp import LlamaCpp
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.build import plan_build
@@ -33,7 +34,7 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.flags import parse_contract
 from builder.platform.targets import cpu_target
-from builder.spec import BaseImages, ImageSpec, LocalSource, StackSpec
+from builder.spec import BaseImages, LocalSource
 from builder.stacks.presets import get_preset
 from tests.cli import run_cli_in_process
 from tests.kt_layout import write_converted
@@ -84,9 +85,7 @@ def test_source_builds_name_the_cpu_target_never_native() -> None:
         spec = UNPUBLISHED[spec_name]
         return dict(
             item.split("=", 1)
-            for item in get_engine(spec.engine).template_values(
-                spec, get_engine(spec.engine).toolchain(spec)
-            )["build_env"]
+            for item in spec.engine.template_values(spec, spec.engine.toolchain(spec))["build_env"]
         )
 
     assert build_env("ktransformers-source-cuda12.8-sapphirerapids") == {

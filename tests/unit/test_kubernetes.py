@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target
@@ -17,7 +18,7 @@ from builder.images.naming import image_spec, image_tag
 from builder.models.synth_families import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.platform.targets import CPU_TARGETS
-from builder.spec import CudaTarget, StackSpec
+from builder.spec import CudaTarget
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.kubernetes import NFD_CPUID, KubeOptions, manifests, resource_name, to_kubernetes_yaml
 from builder.stacks.memory_use import MemoryUse, memory_use

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.host.probe import probe
-from builder.spec import StackSpec
 from tests.hosts import EPYC_9554_FLAGS, fake_host
 from tests.specs import compose_dict, readable_file
 

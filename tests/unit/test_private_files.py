@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.files import write_file_atomically
-from builder.spec import StackSpec
 from tests.specs import compose_dict
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -154,7 +154,7 @@ def test_edge_images_build_upstream_heads_under_the_edge_alias(tmp_path: Path) -
     heads = edge_refs(load_pins(), RecordedUpstream())
     assert heads == {"llama.cpp": MAINLINE_HEAD, "ik_llama.cpp": IK_HEAD}
     specs = edge_specs(heads)
-    assert {(s.engine, s.cuda.version, s.cpu.name) for s in specs} == {
+    assert {(s.engine.name, s.cuda.version, s.cpu.name) for s in specs} == {
         (engine, cuda, cpu)
         for engine in heads
         for cuda in (None, "13.0")

@@ -8,10 +8,11 @@ import pytest
 from pydantic import ValidationError
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.errors import SpecError
 from builder.images.naming import image_spec, variant_tag
 from builder.platform.targets import cpu_target
-from builder.spec import CudaTarget, GitSource, ImageSpec, LocalSource, StackSpec
+from builder.spec import CudaTarget, GitSource, LocalSource
 from tests.specs import default_spec
 
 

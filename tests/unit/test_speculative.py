@@ -11,12 +11,13 @@ import pytest
 
 from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_compute
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import kv_cache_bytes, read_facts
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
-from builder.spec import EngineOptions, StackSpec
+from builder.spec import EngineOptions
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]

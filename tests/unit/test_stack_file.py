@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from builder.contract import NUMA_ENV
+from builder.engines.specs import StackSpec
 from builder.errors import StackError
-from builder.spec import StackSpec
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.stack_file import StackFile, StackFileError
 from tests.specs import compose_dict

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines import get_engine
+from builder.engines.specs import ImageSpec
 from builder.images.matrix import buildable, cuda_target
 from builder.images.naming import context_name, image_spec
-from builder.spec import ImageSpec, LocalSource
+from builder.spec import LocalSource
 
 # A checkout path never reaches the render (the named build context replaces the clone stage).
 _CHECKOUT = Path("/src/ktransformers")

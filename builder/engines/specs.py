@@ -1,0 +1,181 @@
+"""What to build (ImageSpec) and what to run (StackSpec), each holding its engine's adapter: validated
+from the engine's name where one is read (an option, a stack file, an image label), written as the name.
+
+Every model forbids unknown fields; cross-field rules live in validators whose messages name the
+field and the fix, so the CLI can show them as one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from builder.engines import EngineField
+from builder.spec import (
+    DEFAULT_BASES,
+    NO_CUDA,
+    BaseImages,
+    CpuTarget,
+    CudaTarget,
+    EngineOptions,
+    EngineSource,
+    NeutralOptions,
+    NumaPolicy,
+)
+
+
+class ImageSpec(BaseModel):
+    """One image: engine × source × CUDA target × CPU target, on given base images."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    engine: EngineField
+    source: EngineSource
+    cpu: CpuTarget
+    cuda: CudaTarget = NO_CUDA
+    base: BaseImages = DEFAULT_BASES  # None fields: the toolchain's defaults
+    registry: str = "ghcr.io"
+    namespace: str = "moe-stack"
+    # The tools image: the server image plus the engine's benchmark, quantize and GGUF tools, built
+    # from the same build stage (same -march, same ISA guard) and published as `<slug>-tools`.
+    tools: bool = False
+
+    @property
+    def ref(self) -> str:
+        return self.source.ref
+
+
+class StackSpec(NeutralOptions):
+    """A compose stack serving one GGUF model from one image (its neutral options declared once, in
+    NeutralOptions)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    project: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    engine: EngineField
+    image: str
+    model: Path
+    port: int = Field(default=8080, ge=1, le=65535)
+    bind: str = "127.0.0.1"
+    threads: int = Field(ge=1)
+    parallel: int = Field(default=1, ge=1, le=256)
+    override_tensors: tuple[str, ...] = ()
+    chat_template: str | None = None  # a built-in name or Jinja text, for GGUFs that carry none
+    # The model's name in the API (/v1/models, a request's "model"): the same whatever the engine.
+    served_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")
+    jinja: bool = True  # the model's own (Jinja) chat template: tool calls and the thinking switch need it
+    metrics: bool = True  # the engine's Prometheus endpoint (/metrics), behind the same loopback port
+    # A Prometheus service beside the engine, scraping it, its UI on this port (0: no monitoring).
+    monitoring_port: int = Field(default=0, ge=0, le=65535)
+    # KTransformers: how many experts per layer stay on the GPU.
+    gpu_experts: int | None = Field(default=None, ge=0)
+    # KTransformers reads the model's config and tokenizer from its Hugging Face directory; Python in
+    # that directory (a config's auto_map) runs only when the user asks for it.
+    config_dir: Path | None = None
+    trust_remote_code: bool = False
+    # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
+    # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
+    numa: NumaPolicy = "none"
+    numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
+    # NUMA nodes the stack's CPUs span: KTransformers runs one CPU thread pool per node.
+    numa_node_count: int = Field(default=1, ge=1)
+    cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
+    gpu: Literal["none", "nvidia", "cdi"] = "none"
+    gpu_ids: tuple[int, ...] = ()  # the GPUs the container gets, by device index (empty: all)
+    # Several GPUs: each one's share of the layers (llama.cpp's -ts), as the plan sized them.
+    tensor_split: tuple[int, ...] = ()
+    # The engine places layers and experts itself (--fit): no -ngl or -ot rules are written.
+    engine_fit: bool = False
+    # VRAM the placement leaves free on each GPU: the plan's (--fit-vram-gb) or the engine's own fit.
+    vram_margin_mib: int = Field(default=1024, ge=0)
+    mlock: bool = False
+    hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
+    # Or, for any engine that mmaps its weights: the model copied onto a hugetlbfs volume of this
+    # page size by the entrypoint, so the mapping is backed by the reserved pool.
+    hugetlbfs: Literal["off", "2M", "1G"] = "off"
+    # /dev/shm: Docker's 64 MB default is too small for CUDA IPC and the Python engines' workers.
+    shm_size: str = "1g"
+    api_key_file: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    start_period_s: int = Field(default=120, ge=5)
+
+    def with_options(self, options: EngineOptions) -> StackSpec:
+        """This stack with `options` as its engine options (validated again as a whole)."""
+        return StackSpec.model_validate(self.model_dump() | options.model_dump())
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StackSpec:
+        if self.mmap is False and self.hugetlbfs != "off":
+            raise ValueError(
+                "--no-mmap reads the model into the engine's memory, so a hugetlbfs copy (which backs the "
+                "mmap) would go unused: drop --hugetlbfs, or give --mmap"
+            )
+        if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
+            raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        if (self.gpu_ids or self.tensor_split or self.engine_fit) and self.gpu == "none":
+            raise ValueError(
+                "--gpus, a multi-GPU plan and --placement fit need a GPU: give --gpu nvidia or cdi"
+            )
+        if self.tensor_split and self.gpu_ids and len(self.tensor_split) != len(self.gpu_ids):
+            raise ValueError(
+                f"the plan is for {len(self.tensor_split)} GPUs and --gpus names {len(self.gpu_ids)}: "
+                "give one --fit-vram-gb size per GPU"
+            )
+        if self.engine_fit and (self.override_tensors or self.gpu_layers is not None):
+            raise ValueError(
+                "--placement fit leaves -ngl and -ot to the engine: drop --override-tensor, "
+                "--experts-on-cpu, --fit-vram-gb and --gpu-layers"
+            )
+        if (
+            self.batch_size is not None
+            and self.ubatch_size is not None
+            and self.ubatch_size > self.batch_size
+        ):
+            raise ValueError(
+                f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
+                "batch is part of a logical one; raise --batch-size or lower --ubatch-size"
+            )
+        if self.hugepages and self.hugetlbfs != "off":
+            raise ValueError(
+                "--hugepages (the engine maps hugepages itself) and --hugetlbfs (the model is copied "
+                "onto a hugetlbfs volume) are two ways to the same pool: pick one"
+            )
+        return self
+
+    @field_validator("bind")
+    @classmethod
+    def _address(cls, bind: str) -> str:
+        try:
+            ipaddress.ip_address(bind)
+        except ValueError:
+            raise ValueError(
+                f"{bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 or one of "
+                "this host's addresses"
+            ) from None
+        return bind
+
+    @field_validator("shm_size")
+    @classmethod
+    def _size(cls, size: str) -> str:
+        if not re.fullmatch(r"[1-9][0-9]*[kmg]?", size):
+            raise ValueError(f"{size!r} is not a size: give one like 1g, 512m or 65536k")
+        return size
+
+    @field_validator("override_tensors")
+    @classmethod
+    def _rules(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        for rule in rules:
+            pattern, sep, buftype = rule.rpartition("=")
+            if not sep or not pattern or not buftype:
+                raise ValueError(
+                    f"override rule {rule!r} must look like REGEX=BUFFER_TYPE, e.g. 'ffn_.*_exps=CPU'"
+                )
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"override rule {rule!r}: bad regex ({err})") from None
+        return rules
