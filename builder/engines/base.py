@@ -27,6 +27,9 @@ from builder.spec import (
     PypiSource,
 )
 
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import ImageSpec, StackSpec
+
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
 # time, point the loader at the toolkit's stub.
@@ -35,8 +38,6 @@ CUDA_STUB_SETUP = (
     f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1",
 )
 
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import ImageSpec, StackSpec
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
 
@@ -53,10 +54,6 @@ API_ROUTES: dict[ClientApi, str] = {
 
 class Engine(ABC):
     """An inference engine moe-stack builds into an image and runs in a stack."""
-
-    def __str__(self) -> str:
-        """Its name: what a message, a label or a file says of it."""
-        return self.name
 
     name: str  # spec name, e.g. "llama.cpp"
     slug: str  # image repository name, e.g. "llama-cpp"
@@ -131,6 +128,10 @@ class Engine(ABC):
     # The client APIs its server answers at the pinned ref (`smoke` checks each with the official
     # client, and says in one line which of API_ROUTES it lacks).
     apis: tuple[ClientApi, ...] = ("openai-chat",)
+
+    def __str__(self) -> str:
+        """Its name: what a message, a label or a file says of it."""
+        return self.name
 
     # -- source -------------------------------------------------------------------------------
     @property

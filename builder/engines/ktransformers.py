@@ -22,6 +22,9 @@ from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
 from builder.spec import BaseImages, CpuTarget, CudaTarget, EngineSource, LocalSource, PypiSource
 
+if TYPE_CHECKING:  # the specs hold an adapter: they import this package
+    from builder.engines.specs import ImageSpec, StackSpec
+
 # kt-kernel 0.7.2's backends that read GGUF, and those that run on AMX (see StackSpec.kt_method).
 GGUF_KT_METHODS = frozenset({"LLAMAFILE"})
 AMX_KT_METHODS = frozenset({"AMXINT4", "AMXINT8"})
@@ -56,8 +59,6 @@ KT_VARIANTS: tuple[tuple[str, frozenset[str]], ...] = (
     ("avx2", frozenset({"avx2"})),
 )
 
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import ImageSpec, StackSpec
 # What kt-kernel's loader (and so a CPU-only kernel image) imports beside the kernel itself.
 KT_KERNEL_IMPORTS = ("torch", "numpy", "gguf", "safetensors")
 
