@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,3 +23,16 @@ def tracked_copy(into: Path) -> Path:
     subprocess.run([*GIT, "add", "-A"], cwd=into, check=True)
     subprocess.run([*GIT, "commit", "-qm", "as checked out"], cwd=into, check=True)
     return into
+
+
+def unit_suite(repo: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """The pure unit tests (no cli, no lint) run in `repo`, as a changed copy would be checked."""
+    command = [sys.executable, "-m", "pytest", "-q", "tests/unit", "-m", "not cli and not lint"]
+    return subprocess.run(
+        [*command, "-p", "no:cacheprovider", *extra],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )

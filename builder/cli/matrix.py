@@ -30,46 +30,6 @@ from builder.images.naming import variant_tag
 from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
 from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
 
-CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
-RefOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ref", help="engine git ref (default: the pinned one); with --source, the label for the image tag"
-    ),
-]
-SourceOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--source",
-        help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)",
-    ),
-]
-ProgressOpt = Annotated[
-    str,
-    typer.Option(
-        "--progress",
-        help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
-    ),
-]
-CudaOpt = Annotated[
-    str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
-]
-ArchsOpt = Annotated[
-    str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
-]
-BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
-BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
-RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
-CudaBaseOpt = Annotated[
-    str,
-    typer.Option(
-        "--cuda-base",
-        help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made "
-        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`) or debian (moe-stack/cuda:12.4-*, "
-        "from Debian's non-free archive by `moe-stack base --cuda 12.4`)",
-    ),
-]
-
 
 def matrix(
     as_json: Annotated[

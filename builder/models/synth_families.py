@@ -22,7 +22,15 @@ from typing import ClassVar
 
 import gguf
 
-from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES, DeepSeek2Shape, MoeShape, Tensor
+from builder.models.synth_shapes import (
+    SEED_SHAPES,
+    TINY_SHAPES,
+    DeepSeek2Shape,
+    MoeShape,
+    Tensor,
+    dense_or_shared_moe,
+    nextn_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,7 @@ class Glm4MoeShape(MoeShape):
 
     def tensors(self, n_vocab: int) -> Iterator[Tensor]:
         yield from super().tensors(n_vocab)
-        h = self.hidden
-        for i in range(self.layers, self.blocks):
-            yield from self.layer(i)
-            yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
-            yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
-            yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
-            yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
+        yield from nextn_blocks(self)
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
@@ -78,17 +80,7 @@ class Glm4MoeShape(MoeShape):
             yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
             yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
         yield f"{p}.post_attention_norm.weight", (h,), "norm"
-        if i < self.dense_layers:
-            yield f"{p}.ffn_gate.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_up.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_down.weight", (self.dense_ffn, h), "quant"
-            return
-        yield from self.routed_experts(i)
-        yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
-        shared = self.expert_ffn * self.shared_experts
-        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+        yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
 
 
 @dataclass(frozen=True)

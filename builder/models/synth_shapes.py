@@ -183,13 +183,7 @@ class DeepSeek2Shape(MoeShape):
 
     def tensors(self, n_vocab: int) -> Iterator[Tensor]:
         yield from super().tensors(n_vocab)
-        h = self.hidden
-        for i in range(self.layers, self.blocks):  # the NextN layer: a MoE block and its projections
-            yield from self.layer(i)
-            yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
-            yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
-            yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
-            yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
+        yield from nextn_blocks(self)
 
     @property
     def cached_lengths(self) -> tuple[int, int]:
@@ -232,17 +226,38 @@ class DeepSeek2Shape(MoeShape):
         yield f"{p}.attn_v_b.weight", (self.kv_lora, self.v_head_dim, self.heads), "quant"
         yield f"{p}.attn_output.weight", (self.heads * self.v_head_dim, h), "quant"
         yield f"{p}.ffn_norm.weight", (h,), "norm"
-        if i < self.dense_layers:
-            yield f"{p}.ffn_gate.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_up.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_down.weight", (self.dense_ffn, h), "quant"
-            return
-        yield from self.routed_experts(i)
-        yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
-        shared = self.expert_ffn * self.shared_experts
-        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+        yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
+
+
+def dense_or_shared_moe(
+    shape: MoeShape, i: int, dense_layers: int, dense_ffn: int, shared_experts: int
+) -> Iterator[Tensor]:
+    """DeepSeek's FFN, which GLM-4.x shares: a dense FFN in the leading layers, else the routed experts
+    with their selection bias and `shared_experts` shared ones of the experts' width."""
+    p, h = f"blk.{i}", shape.hidden
+    if i < dense_layers:
+        yield f"{p}.ffn_gate.weight", (h, dense_ffn), "quant"
+        yield f"{p}.ffn_up.weight", (h, dense_ffn), "quant"
+        yield f"{p}.ffn_down.weight", (dense_ffn, h), "quant"
+        return
+    yield from shape.routed_experts(i)
+    yield f"{p}.exp_probs_b.bias", (shape.experts,), "f32"
+    shared = shape.expert_ffn * shared_experts
+    yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
+    yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
+    yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+
+
+def nextn_blocks(shape: MoeShape) -> Iterator[Tensor]:
+    """The multi-token-prediction blocks after the layers, as mainline's converter keeps them: a layer
+    of the model's own kind and its NextN projections."""
+    h = shape.hidden
+    for i in range(shape.layers, shape.blocks):
+        yield from shape.layer(i)
+        yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
+        yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
+        yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
+        yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from builder.images.image_facts import read_image_facts
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import fetch_demo_model
+from builder.models.synth_families import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
@@ -147,6 +148,18 @@ def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = write_moe_gguf(directory / "tiny-qwen3moe-q8_0.gguf", MoeShape())
     model.chmod(0o644)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny model of each architecture synth-moe writes, readable by the engine's user (uid 10001)."""
+    directory = tmp_path_factory.mktemp("tiny-models")
+    directory.chmod(0o755)
+    models = {}
+    for arch, shape in TINY.items():
+        models[arch] = write_moe_gguf(directory / f"tiny-{arch}.gguf", shape)
+        models[arch].chmod(0o644)
+    return models
 
 
 free_port = free_local_port

@@ -18,7 +18,6 @@ from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.models.planner import kv_cache_bytes, read_facts
 from builder.models.synth_families import FAMILY_TINY_SHAPES
-from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
@@ -31,26 +30,15 @@ pytestmark = pytest.mark.integration
 CASES = [(arch, engine) for arch in FAMILY_TINY_SHAPES for engine in ENGINES]
 
 
-@pytest.fixture(scope="module")
-def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    directory = tmp_path_factory.mktemp("family-models")
-    directory.chmod(0o755)  # the engine runs as uid 10001
-    models = {}
-    for arch, shape in FAMILY_TINY_SHAPES.items():
-        models[arch] = write_moe_gguf(directory / f"tiny-{arch}.gguf", shape)
-        models[arch].chmod(0o644)
-    return models
-
-
 @pytest.mark.parametrize(("arch", "engine"), CASES, ids=[f"{a}-{e}" for a, e in CASES])
 def test_family_serves_without_a_preset(
-    arch: str, engine: str, base_image: str, family_models: dict[str, Path], tmp_path: Path
+    arch: str, engine: str, base_image: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     image = build_engine_image(engine, "avx2", base_image)
     port = free_local_port()
     verbose = ("-lv", "4") if "-lv" in read_image_facts(image.tag).server_flags else ()  # mainline's KV log
     options = StackOptions(
-        model=family_models[arch],
+        model=tiny_models[arch],
         engine=engine,
         image=image.tag,
         port=port,
@@ -70,7 +58,7 @@ def test_family_serves_without_a_preset(
         reply = chat(port, "What is an expert?", max_tokens=8)
         assert reply.completion_tokens > 0 and reply.text, reply
         logs = DockerClient(compose_files=[compose_file]).compose.logs()
-    facts = read_facts(family_models[arch])
+    facts = read_facts(tiny_models[arch])
     shape = FAMILY_TINY_SHAPES[arch]
     assert facts.arch == arch and facts.expert_layers == shape.blocks - getattr(shape, "dense_layers", 0)
     planned = kv_cache_bytes(facts, 4096, "f16", get_engine(engine).caches_latent(None))

@@ -29,8 +29,6 @@ from builder.images.recorded_contracts import (
     recorded_contract,
 )
 from builder.models.planner import kv_cache_bytes, read_facts
-from builder.models.synth_families import TINY
-from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
@@ -44,21 +42,9 @@ PRESETS = sorted(load_presets().values(), key=lambda p: p.name)
 CASES = [(preset.name, engine) for preset in PRESETS for engine in ENGINES if engine in preset.engines]
 
 
-@pytest.fixture(scope="module")
-def arch_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny model of each architecture, readable by the engine's user (uid 10001)."""
-    directory = tmp_path_factory.mktemp("arch-models")
-    directory.chmod(0o755)
-    models = {}
-    for arch, shape in TINY.items():
-        models[arch] = write_moe_gguf(directory / f"tiny-{arch}.gguf", shape)
-        models[arch].chmod(0o644)
-    return models
-
-
 @pytest.mark.parametrize(("preset", "engine"), CASES, ids=[f"{p}-{e}" for p, e in CASES])
 def test_preset_serves_its_architecture(
-    preset: str, engine: str, base_image: str, arch_models: dict[str, Path], tmp_path: Path
+    preset: str, engine: str, base_image: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     engine_image = build_engine_image(engine, "avx2", base_image)
     chosen = next(p for p in PRESETS if p.name == preset)
@@ -68,7 +54,7 @@ def test_preset_serves_its_architecture(
         ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()
     )  # mainline's buffer log
     options = StackOptions(
-        model=arch_models[chosen.architecture],
+        model=tiny_models[chosen.architecture],
         engine=engine,
         image=engine_image.tag,
         preset=preset,

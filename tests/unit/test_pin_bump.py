@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from builder.platform.pins import Bump, bump_pins, load_pins
-from tests.repo_copy import tracked_copy
+from tests.repo_copy import tracked_copy, unit_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github/workflows/refs.yml"
@@ -63,27 +63,7 @@ def test_a_pin_bump_keeps_the_suite_green(tmp_path: Path) -> None:
         moved
     )
     assert any(path.startswith("compose/") for path in moved), "the example stacks name the pinned images"
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "tests/unit",
-            "-m",
-            "not cli and not lint",
-            "-p",
-            "no:cacheprovider",
-            "-x",
-            "--deselect",
-            PARTED,
-        ],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    suite = unit_suite(repo, env, "-x", "--deselect", PARTED)
     assert suite.returncode == 0, suite.stdout[-3000:]
     # The one test a bump fails by design: the pin has left the tree the suite builds (the sdists), so the
     # pull request stays red until the tested tree follows it (a newer sdist) or the pin goes back.

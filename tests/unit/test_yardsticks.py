@@ -14,7 +14,7 @@ import pytest
 
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.host_checks import free_local_port
-from tests.repo_copy import tracked_copy
+from tests.repo_copy import tracked_copy, unit_suite
 
 FORK = '''"""A llama.cpp fork (the yardstick test's)."""
 
@@ -115,22 +115,5 @@ def test_a_fork_keeps_the_unit_suite_green(tmp_path: Path) -> None:
         check=False,
     )
     assert golden.returncode == 0, golden.stdout[-2000:]
-    suite = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "tests/unit",
-            "-m",
-            "not cli and not lint",
-            "-p",
-            "no:cacheprovider",
-        ],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    suite = unit_suite(repo, env)
     assert suite.returncode == 0, suite.stdout[-3000:]
