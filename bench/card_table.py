@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from builder.engines import get_engine
+from builder.engines import Engine, get_engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
 from builder.models.synth_families import synth_shape
@@ -20,7 +20,7 @@ from builder.stacks.presets import get_preset, load_presets
 from builder.stacks.vram_levers import GpuDemand, enough
 
 PRESETS = {preset.name: preset.architecture for preset in load_presets().values()}
-ENGINES = ("ik_llama.cpp", "llama.cpp")
+ENGINES = (get_engine("ik_llama.cpp"), get_engine("llama.cpp"))
 
 
 def hybrid_quant_facts(arch: str) -> ModelFacts:
@@ -29,10 +29,9 @@ def hybrid_quant_facts(arch: str) -> ModelFacts:
     return replace(experts, other_bytes=rest.other_bytes, embedding_bytes=rest.embedding_bytes)
 
 
-def cell(preset: str, engine: str, facts: ModelFacts, card_gib: int) -> str:
+def cell(preset: str, adapter: Engine, facts: ModelFacts, card_gib: int) -> str:
     """One card's outcome: the experts it takes, or the change that makes the preset fit."""
-    options = get_preset(preset).engine_options(engine)
-    adapter = get_engine(engine)
+    options = get_preset(preset).engine_options(adapter)
     demand = GpuDemand(
         adapter,
         facts,

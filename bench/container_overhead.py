@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from builder.contract import MODEL_DIR
-from builder.engines import get_engine
+from builder.engines import Engine
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.specs import StackSpec
 from builder.files import cache_dir
@@ -37,13 +37,10 @@ from builder.stacks.run import down, up
 DEFAULT_IMAGE = "localhost/moe-stack-test/llama-cpp:0c1e57098-cpu-avx2"
 
 
-def native_server(engine_name: str, cpu: str) -> Path:
+def native_server(engine: Engine, cpu: str) -> Path:
     """llama-server built on this host with the image's configure arguments (ccache launchers dropped)."""
-    engine = get_engine(engine_name)
     if not isinstance(engine, LlamaFamilyEngine):
-        raise SystemExit(
-            f"{engine_name} is not built with cmake: the native comparison is for llama.cpp's family"
-        )
+        raise SystemExit(f"{engine} is not built with cmake: the native comparison is for llama.cpp's family")
     tree = resolve_local(engine, f"pypi:{engine.sdist}")
     build = cache_dir() / "native" / f"{engine.slug}-{cpu}"
     binary = build / "bin" / engine.server_target
@@ -91,7 +88,7 @@ def main() -> None:
     threads = read_cpu().physical_cores
     stack = StackSpec(
         project="bench-overhead",
-        engine=get_engine(facts.engine),
+        engine=facts.engine,
         image=options.image,
         model=model,
         port=free_local_port(),

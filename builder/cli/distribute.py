@@ -13,6 +13,7 @@ from builder.cli.options import declared, takes_options
 from builder.distribute.bundle import LoadOptions, load_bundle, make_bundle, sha256, unreadable_models
 from builder.distribute.publish import publish as publish_images
 from builder.distribute.publish import pull as pull_image
+from builder.engines import Engine
 from builder.errors import SpecError
 from builder.host.probe import probe
 from builder.images.naming import DEFAULT_PREFIX
@@ -39,7 +40,7 @@ def publish(
 @takes_options()
 def pull(
     source: FromOpt = DEFAULT_PREFIX,
-    engine: str = declared(),
+    engine: Engine = declared(),
     ref: Annotated[
         str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")
     ] = None,

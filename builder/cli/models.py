@@ -18,7 +18,7 @@ from builder.cli.common import (
 )
 from builder.cli.options import declared, takes_options
 from builder.docker_client import docker
-from builder.engines import get_engine
+from builder.engines import KTRANSFORMERS
 from builder.errors import (
     SpecError,
 )
@@ -273,7 +273,7 @@ def kt_convert(
 
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None
-    name = image or image_tag(default_image_spec(get_engine("ktransformers"), True, driver))
+    name = image or image_tag(default_image_spec(KTRANSFORMERS, True, driver))
     checkpoint = read_checkpoint(user_path(model).resolve())
     plan = plan_conversion(checkpoint, source, method, host, name, out_dir, numa_pools, threads)
     client = docker()

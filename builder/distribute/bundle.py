@@ -22,7 +22,6 @@ from python_on_whales.exceptions import DockerException
 from builder.distribute.bundle_trust import check_images_tar, check_local_names
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.docker_client import describe, docker
-from builder.engines import get_engine
 from builder.errors import MoeStackError, StackError
 from builder.files import file_sha256, write_file_atomically
 from builder.models.formats import FORMATS
@@ -71,7 +70,7 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         raise BundleError(
             f"model {model} named by {compose_file} does not exist here; the bundle records its checksum"
         )
-    parts = {part.name: part for part in get_engine(record.engine).model_format.parts(model)}
+    parts = {part.name: part for part in record.engine.model_format.parts(model)}
     for name, source in _model_sources(document):  # a router's other models, a cache's links
         if parts.setdefault(name, source).resolve() != source.resolve():
             raise BundleError(

@@ -27,7 +27,6 @@ from builder.contract import (
     ROUTER_PRESET_ENV,
     prometheus_image,
 )
-from builder.engines import engine_names
 from builder.errors import MoeStackError
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stacks.document import (
@@ -286,10 +285,6 @@ def _record(given: Record, choices: LoadChoices, engines: list[str]) -> Record:
     """x-moe-stack again: the bundle's own facts (engine, image, names, options, what each service
     serves), each of its type (StackFile.parse checked that); the model where load put it, the profiles
     of the services as rebuilt, no tuning record and no lint exceptions (stack_document derives them)."""
-    if given.engine not in engine_names():
-        raise UntrustedBundle(
-            f"its x-moe-stack names the engine {given.engine!r}, which moe-stack doesn't know"
-        )
     texts = [given.generated_by, given.image, given.served_name or "", *given.models]
     if any(_CONTROL.search(text) for text in texts):
         raise UntrustedBundle("its x-moe-stack record holds a control character")

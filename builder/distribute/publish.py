@@ -19,7 +19,7 @@ from builder.distribute.registry import (
     repository,
 )
 from builder.docker_client import describe, docker
-from builder.engines import get_engine
+from builder.engines import Engine
 from builder.host.probe import HostFacts, missing_flags
 from builder.images import naming
 from builder.images.image_facts import ImageFacts, read_image_facts
@@ -47,7 +47,7 @@ def publish_targets(facts: ImageFacts, prefix: str) -> list[str]:
             f"image version {facts.variant!r} is not a moe-stack variant tag; rebuild it with "
             "`moe-stack build`"
         )
-    return publish_tags(get_engine(facts.engine), variant, prefix)
+    return publish_tags(facts.engine, variant, prefix)
 
 
 def publish(images: list[str], prefix: str) -> list[Pushed]:
@@ -79,9 +79,10 @@ def publish(images: list[str], prefix: str) -> list[Pushed]:
     return pushed
 
 
-def pull(engine: str, prefix: str, host: HostFacts, ref: str | None = None, cpu_only: bool = False) -> Pulled:
-    """Pull the variant of `engine` at `ref` (default: the pinned one) that fits `host` best."""
-    adapter = get_engine(engine)
+def pull(
+    adapter: Engine, prefix: str, host: HostFacts, ref: str | None = None, cpu_only: bool = False
+) -> Pulled:
+    """Pull the variant of the engine at `ref` (default: the pinned one) that fits `host` best."""
     repo = repository(naming.repository(prefix, adapter))
     offered = offered_variants(repo)
     wanted = ref or short_ref(image_spec(adapter).ref)

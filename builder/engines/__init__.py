@@ -13,8 +13,12 @@ from builder.engines.llama_cpp import LlamaCpp
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import SpecError, StackError
 
+# The two engines that code names outright: mainline is the default engine (the demo's, doctor's
+# reference run), KTransformers the only one that converts weights (`kt-convert`).
+LLAMA_CPP = LlamaCpp()
+KTRANSFORMERS = KTransformers()
 _ENGINES: dict[str, Engine] = {
-    e.name: e for e in (LlamaCpp(), IkLlamaCpp(), KTransformers(), KTransformersLegacy())
+    e.name: e for e in (LLAMA_CPP, IkLlamaCpp(), KTRANSFORMERS, KTransformersLegacy())
 }
 
 
@@ -50,16 +54,24 @@ def adapters() -> tuple[Engine, ...]:
     return tuple(_ENGINES.values())
 
 
-def bench_engine(name: str) -> LlamaFamilyEngine:
-    """The adapter of an engine whose tools image has llama-bench (tune and `bench --tool` drive it), or
+def bench_engine(engine: Engine) -> LlamaFamilyEngine:
+    """`engine` as an engine whose tools image has llama-bench (tune and `bench --tool` drive it), or
     a StackError saying to measure the server instead."""
-    engine = get_engine(name)
     if not isinstance(engine, LlamaFamilyEngine) or not engine.tool_targets:
         raise StackError(
-            f"{name} has no tools image with llama-bench; measure its server with `moe-stack bench FILE` "
-            "(no --tool)"
+            f"{engine.name} has no tools image with llama-bench; measure its server with "
+            "`moe-stack bench FILE` (no --tool)"
         )
     return engine
 
 
-__all__ = ["Engine", "EngineField", "adapters", "bench_engine", "engine_names", "get_engine"]
+__all__ = [
+    "KTRANSFORMERS",
+    "LLAMA_CPP",
+    "Engine",
+    "EngineField",
+    "adapters",
+    "bench_engine",
+    "engine_names",
+    "get_engine",
+]

@@ -8,7 +8,8 @@ from python_on_whales.exceptions import DockerException
 
 from builder.contract import ARCHITECTURES_LABEL, LABEL_PREFIX
 from builder.docker_client import describe, docker
-from builder.errors import StackError
+from builder.engines import Engine, get_engine
+from builder.errors import SpecError, StackError
 from builder.platform.flags import LABEL as FLAGS_LABEL
 from builder.platform.flags import from_label
 
@@ -16,7 +17,7 @@ from builder.platform.flags import from_label
 @dataclass(frozen=True)
 class ImageFacts:
     image: str
-    engine: str
+    engine: Engine
     engine_ref: str
     variant: str  # `<ref>-<cpu|cudaX.Y>-<isa>`, the image's immutable tag
     cpu_target: str
@@ -50,9 +51,15 @@ def read_image_facts(image: str) -> ImageFacts:
             f"image {image} was not built by moe-stack (no flag contract label); rebuild it with "
             "`moe-stack build`, or pass --skip-image-checks"
         )
+    try:
+        engine = get_engine(labels[f"{LABEL_PREFIX}.engine"])
+    except SpecError as err:
+        raise StackError(
+            f"image {image}: {err} (did a newer moe-stack build it?), or pass --skip-image-checks"
+        ) from None
     return ImageFacts(
         image=image,
-        engine=labels[f"{LABEL_PREFIX}.engine"],
+        engine=engine,
         engine_ref=labels.get(f"{LABEL_PREFIX}.engine-ref", "?"),
         variant=labels.get("org.opencontainers.image.version", "?"),
         cpu_target=labels.get(f"{LABEL_PREFIX}.cpu-target", "?"),

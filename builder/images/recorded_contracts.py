@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.engines import Engine
 from builder.files import templates_root
 from builder.images.image_facts import ImageFacts
 from builder.platform.targets import cpu_target
@@ -16,7 +17,7 @@ from builder.platform.targets import cpu_target
 
 @dataclass(frozen=True)
 class RecordedContract:
-    engine: str
+    engine: Engine
     ref: str  # the engine ref of the image it was read from
     source: str  # where that image's engine came from (a PyPI sdist)
     flags: dict[str, str]
@@ -36,11 +37,11 @@ class RecordedContract:
         )
 
 
-def contract_path(engine: str) -> Path:
-    return templates_root() / "contracts" / f"{engine}.json"
+def contract_path(engine: Engine) -> Path:
+    return templates_root() / "contracts" / f"{engine.name}.json"
 
 
-def recorded_contract(engine: str) -> RecordedContract | None:
+def recorded_contract(engine: Engine) -> RecordedContract | None:
     """The contract recorded for `engine`, None where none is (the legacy KTransformers server has no
     --help contract). KTransformers' is SGLang's --help as read on the GPU machine
     (bench/results/kt-gpu-2026-12-01): no image of it is built where the tests run."""
@@ -49,7 +50,7 @@ def recorded_contract(engine: str) -> RecordedContract | None:
         return None
     data = json.loads(path.read_text())
     return RecordedContract(
-        engine=data["engine"],
+        engine=engine,
         ref=data["ref"],
         source=data["source"],
         flags=data["flags"],
@@ -62,7 +63,7 @@ def contract_text(contract: RecordedContract) -> str:
     return (
         json.dumps(
             {
-                "engine": contract.engine,
+                "engine": contract.engine.name,
                 "ref": contract.ref,
                 "source": contract.source,
                 "flags": contract.flags,

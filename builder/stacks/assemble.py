@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from builder.engines import EngineField, get_engine
+from builder.engines import EngineField
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH
 from builder.engines.specs import StackSpec
@@ -106,7 +106,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         arch = adapter.model_format.facts(model).arch
         check_model_architecture(options.preset, arch, model, options.presets_file)
     engine_options, preset_rules = merge_options(
-        options.preset, adapter.name, options.engine_options, options.presets_file
+        options.preset, adapter, options.engine_options, options.presets_file
     )
     if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
         engine_options = checked_speculative(engine_options, model, adapter)
@@ -349,7 +349,7 @@ def check_engine_loads(adapter: Engine, model: Path) -> None:
 def check_architecture(facts: ImageFacts, model: Path) -> None:
     """StackError when the image's engine can't load `model`'s architecture (its tree names no such one),
     saying whether the pinned version's image can."""
-    arch = get_engine(facts.engine).model_format.facts(model).arch
+    arch = facts.engine.model_format.facts(model).arch
     if not facts.architectures or arch in facts.architectures:
         return
     pinned = recorded_contract(facts.engine)

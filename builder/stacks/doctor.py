@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from builder.engines import get_engine
+from builder.engines import LLAMA_CPP
 from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
@@ -343,7 +343,7 @@ def _model_fits(host: HostFacts, model_bytes: int) -> Finding:
     its buffers, as a stack's memory sum counts them) against RAM + VRAM."""
     vram = sum(gpu.memory_mib for gpu in host.gpus) * 1024**2
     room = host.mem_total_bytes + vram
-    beside = beside_model_bytes(get_engine("llama.cpp"))
+    beside = beside_model_bytes(LLAMA_CPP)
     needed = model_bytes + beside
     what = f"the model ({size(model_bytes)}) and the server's prompt cache and buffers ({size(beside)})"
     if needed > room:

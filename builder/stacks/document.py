@@ -140,7 +140,7 @@ def compose_document(
         )
     record = Record(
         generated_by=generated_by,
-        engine=stack.engine.name,
+        engine=stack.engine,
         image=stack.image,
         model=files.model,
         served_name=stack.served_name,
@@ -316,7 +316,7 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     """The engine's arguments for `stack`, in the syntax of the image's engine version and checked
     against its flag contract when `facts` are known; the same for every output format."""
     engine = stack.engine
-    if facts is not None and facts.engine != engine.name:
+    if facts is not None and facts.engine is not engine:
         raise StackError(
             f"image {facts.image} holds {facts.engine}, not {engine.name}; pick the matching --engine"
         )

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from builder.engines import adapters, engine_names, get_engine
+from builder.engines import Engine, adapters, engine_names
 from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.images.matrix import published_image
@@ -48,32 +48,32 @@ class Preset:
     # Engines that can't serve the preset's model, each with the reason (said when one is asked for).
     unsupported: dict[str, str] = field(default_factory=dict)
 
-    def _check_engine(self, engine: str) -> None:
-        if engine in self.unsupported:
+    def _check_engine(self, engine: Engine) -> None:
+        if engine.name in self.unsupported:
             raise SpecError(
-                f"preset {self.name}: {engine} can't serve it ({self.unsupported[engine]}); use --engine "
-                f"{' or '.join(self.engines)}"
+                f"preset {self.name}: {engine} can't serve it ({self.unsupported[engine.name]}); use "
+                f"--engine {' or '.join(self.engines)}"
             )
-        if engine not in self.engines:
+        if engine.name not in self.engines:
             raise SpecError(
                 f"preset {self.name} has no settings for {engine}; it has {', '.join(self.engines)}"
             )
 
-    def engine_options(self, engine: str) -> EngineOptions:
+    def engine_options(self, engine: Engine) -> EngineOptions:
         """The engine options for `engine` (its entry may null a common one); SpecError if the preset
         has no such engine."""
         self._check_engine(engine)
-        return _engine_options(self.name, self.options, self.engines[engine], engine, self.source)
+        return _engine_options(self.name, self.options, self.engines[engine.name], engine, self.source)
 
-    def override_rules(self, engine: str) -> tuple[str, ...]:
+    def override_rules(self, engine: Engine) -> tuple[str, ...]:
         """The preset's -ot rules for `engine`: all routed experts on the CPU, where it takes rules."""
         self._check_engine(engine)
-        wanted = bool(self.options.get("experts_on_cpu")) and get_engine(engine).takes_override_rules
+        wanted = bool(self.options.get("experts_on_cpu")) and engine.takes_override_rules
         return (EXPERTS_ON_CPU_RULE,) if wanted else ()
 
 
 def merge_options(
-    preset: str | None, engine: str, given: EngineOptions, user_file: Path | None = None
+    preset: str | None, engine: Engine, given: EngineOptions, user_file: Path | None = None
 ) -> tuple[EngineOptions, tuple[str, ...]]:
     """The engine options: the preset's for `engine`, overridden by those `given` (the fields set in
     it); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
@@ -221,18 +221,19 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
         source=source,
         unsupported={str(engine): reason for engine, reason in unsupported.items()},
     )
-    for engine in engines:  # every engine's options valid now, not when a stack asks for them
-        preset.engine_options(engine)
+    for adapter in adapters():  # every engine's options valid now, not when a stack asks for them
+        if adapter.name in engines:
+            preset.engine_options(adapter)
     return preset
 
 
 def _engine_options(
-    name: str, common: dict[str, object], extra: dict[str, object], engine: str, source: Path
+    name: str, common: dict[str, object], extra: dict[str, object], engine: Engine, source: Path
 ) -> EngineOptions:
     """The preset's options for `engine`: the common ones it honours (a preset says what its model wants,
     the engine takes what it reads: KTransformers no cache type or layer count), then its own entry's,
     all of which it must honour (compose refuses the rest, as it refuses a user's)."""
-    honoured = get_engine(engine).honours
+    honoured = engine.honours
     values = {  # an option no engine has (a typo) stays, to be refused by name
         key: value
         for key, value in common.items()
@@ -279,14 +280,14 @@ def example_stacks() -> dict[str, str]:
                 gpu="nvidia",
                 start_period_s=start_period_for(preset.example_size_gb * 10**9),
                 config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
-                override_tensors=preset.override_rules(engine),
+                override_tensors=preset.override_rules(adapter),
                 served_name=preset.name,
-            ).with_options(preset.engine_options(engine))
+            ).with_options(preset.engine_options(adapter))
             generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (
                 f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""
             )
             # Checked against the flags recorded from the engine's server (none: KTransformers' legacy one).
-            contract = recorded_contract(engine)
+            contract = recorded_contract(adapter)
             cpu = gpu_image.cpu.name
             facts = contract.facts_for(image, cpu, image.rpartition(":")[2]) if contract else None
             cpu_profile = None

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from builder import __version__
+from builder.engines import EngineField
 
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 # An engine option as recorded: a plain value, or a list of them (override rules, a tensor split).
@@ -106,10 +107,12 @@ _LEFT_OUT_EMPTY = ("loaded-from", "models", "cpu-weights", "profiles", "tuned")
 class Record(_Kebab):
     """x-moe-stack, its keys in the file's order."""
 
+    model_config = ConfigDict(arbitrary_types_allowed=True)  # the engine's adapter (EngineField)
+
     generator: StrictStr = f"moe-stack {__version__}"
     generated_by: StrictStr  # the command that made the file
     loaded_from: StrictStr | None = None  # the bundle `load` made it from, and how it was verified
-    engine: StrictStr
+    engine: EngineField
     image: StrictStr
     model: Path  # the model's first (or only) file on the host
     served_name: StrictStr | None

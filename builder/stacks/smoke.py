@@ -15,7 +15,6 @@ from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import NUMA_ENV
-from builder.engines import get_engine
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
@@ -191,7 +190,7 @@ def _gpu(stack: StackUnderTest) -> tuple[bool, str]:
     nodes = _run(stack.container, ["sh", "-c", "ls /dev/nvidia[0-9]* 2>/dev/null || true"]).split()
     if not nodes:
         return False, "no GPU device nodes in the container"
-    placed, seen = get_engine(stack.record.engine).gpu_use(str(stack.container.logs()))
+    placed, seen = stack.record.engine.gpu_use(str(stack.container.logs()))
     if placed is None:  # the log says neither: ask the driver what the GPU holds
         used = _run(stack.container, ["sh", "-c", _GPU_MEMORY]).split()
         placed = any(mib.isdigit() and int(mib) > _IDLE_GPU_MIB for mib in used)
@@ -241,12 +240,7 @@ def _cpus_of(cpulist: str) -> set[int]:
 def _api_checks(stack: StackUnderTest) -> list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]]:
     """What a client sees (no Docker needed: `api_checks` runs them where the engine runs without it): the
     served name and a completion, each API the engine serves through its official client, metrics."""
-    try:
-        engine = get_engine(stack.record.engine)
-    except MoeStackError as err:
-        unread = str(err)
-        return [("apis", lambda _: (False, unread))]
-    through_clients = [(name, _through_clients(check)) for name, check in client_checks(engine)]
+    through_clients = [(name, _through_clients(check)) for name, check in client_checks(stack.record.engine)]
     return [
         ("served-name", _served_name),
         ("completion", _completion),

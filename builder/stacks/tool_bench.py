@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from builder.contract import MODEL_DIR, NUMA_ENV
-from builder.engines import bench_engine
 from builder.engines.llama_bench import ToolArgs, llama_bench_args, sweep_bench_args
+from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import without
 from builder.errors import StackError
 
@@ -120,9 +120,8 @@ class BenchRow:
         return statistics.stdev(self.samples_tps) if len(self.samples_tps) > 1 else 0.0
 
 
-def program(engine_name: str, tool: str) -> str:
-    """The program of `tool` in `engine_name`'s tools image."""
-    engine = bench_engine(engine_name)
+def program(engine: LlamaFamilyEngine, tool: str) -> str:
+    """The program of `tool` in `engine`'s tools image."""
     if tool == "llama-bench":
         return "llama-bench"
     if tool == "sweep-bench":
@@ -135,7 +134,7 @@ def program(engine_name: str, tool: str) -> str:
 
 
 def tool_args(
-    engine_name: str,
+    engine: LlamaFamilyEngine,
     tool: str,
     server_args: list[str],
     tool_flags: dict[str, str],
@@ -145,7 +144,6 @@ def tool_args(
 ) -> ToolArgs:
     """The tool's full argument list for a stack running `server_args`; `tool_flags` is the tool's
     own flag contract (llama-bench's --help; for sweep-bench, the server's, whose parser it shares)."""
-    engine = bench_engine(engine_name)
     if tool == "sweep-bench":
         translated = sweep_bench_args(server_args, tool_flags)
         # It measures each ubatch-sized window up to the context size, generating -n tokens in each.

@@ -16,6 +16,7 @@ from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.docker_client import describe, docker
+from builder.engines import Engine, bench_engine
 from builder.errors import StackError
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
@@ -129,7 +130,7 @@ class ToolBench:
 
 def stack_server_args(
     stack: StackFile, compose_file: Path, profile: str | None
-) -> tuple[str, str, list[str]]:
+) -> tuple[Engine, str, list[str]]:
     """(engine, image, server arguments) of a one-model stack file."""
     service = stack.service(engine_service_name(profile))
     record = stack.record
@@ -153,7 +154,8 @@ def bench_with_tool(
 ) -> ToolBench:
     """Run `tool` from the tools image beside the stack's image, with the stack's flags; `starting`
     hears one line once everything is checked and the run begins."""
-    engine, image, server_args = stack_server_args(StackFile.read(compose_file), compose_file, profile)
+    served_by, image, server_args = stack_server_args(StackFile.read(compose_file), compose_file, profile)
+    engine = bench_engine(served_by)
     name = program(engine, tool)
     runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
     runner.check_image()

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from builder.engines import bench_engine
 from builder.engines.llama_bench import ToolArgs
+from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Args, Dimension, Env
 from builder.errors import StackError
 from builder.stacks.host_checks import free_local_port
@@ -159,7 +159,7 @@ def plan_search(dimensions: list[Dimension], budget_s: float, trial_s: float) ->
 class Tuner:
     """The search over `dimensions` for the stack running `args`, measured through `runner`."""
 
-    engine: str
+    engine: LlamaFamilyEngine
     runner: Runner
     bench_flags: dict[str, str]
     args: Args
@@ -177,7 +177,7 @@ class Tuner:
         started = time.monotonic()
         if self.served:
             trial_args = server_trial_args(
-                bench_engine(self.engine).server_target,
+                self.engine.server_target,
                 setting.args,
                 free_local_port(),
                 self.prompt_tokens,

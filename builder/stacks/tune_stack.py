@@ -89,8 +89,8 @@ def tune_stack(
     default the stack's), after probing the memory bandwidth the same way; `only`: these dimensions
     alone (none: all)."""
     document = StackFile.read(compose_file)
-    engine, image, args = stack_server_args(document, compose_file, profile)
-    bench_engine(engine)  # an engine with llama-bench, else one line
+    served_by, image, args = stack_server_args(document, compose_file, profile)
+    engine = bench_engine(served_by)  # an engine with llama-bench, else one line
     name = engine_service_name(profile)
     service = document.service(name)
     record = document.record
@@ -125,7 +125,7 @@ def tune_stack(
             "this moe-stack's `compose`"
         )
     hybrid = served.gpu_layers not in (None, 0)
-    dimensions = chosen(bench_engine(engine).tune_dimensions(args, len(probe().nodes), hybrid), only)
+    dimensions = chosen(engine.tune_dimensions(args, len(probe().nodes), hybrid), only)
     tuner = Tuner(
         engine=engine,
         runner=runner,
@@ -149,7 +149,7 @@ def tune_stack(
     return Tuned(
         result=result,
         bandwidth=bandwidth,
-        bytes_per_token=bench_engine(engine).model_format.facts(model).read_per_token(hybrid),
+        bytes_per_token=engine.model_format.facts(model).read_per_token(hybrid),
         hybrid=hybrid,
     )
 

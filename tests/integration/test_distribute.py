@@ -78,7 +78,7 @@ def test_publish_then_pull_the_variant_for_this_host(
     pulled = f"{repo.name}:{expected}"
     assert f"pulled {pulled} ({pushed[pulled]})" in result.stdout
     facts = read_image_facts(pulled)  # labels survived the round trip
-    assert facts.engine == "llama.cpp" and "--override-tensor" in facts.server_flags
+    assert facts.engine.name == "llama.cpp" and "--override-tensor" in facts.server_flags
     stack = start_stack(
         BuiltImage(engine="llama.cpp", tag=pulled, ref="0c1e57098", cpu=facts.cpu_target), moe_model
     )

@@ -89,7 +89,7 @@ def test_kernel_image_is_the_wheel_not_a_server(
 ) -> None:
     image = kt_image("portable")
     facts = read_image_facts(image)
-    assert facts.engine == "ktransformers" and facts.cpu_target == "portable"
+    assert facts.engine.name == "ktransformers" and facts.cpu_target == "portable"
     assert facts.server_flags == {}  # no SGLang in a CPU-only image
     config = docker_client.image.inspect(image).config
     assert config.user == "10001:10001"

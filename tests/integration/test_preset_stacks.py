@@ -113,10 +113,10 @@ def test_recorded_contract_is_the_images(engine: str, base_image: str) -> None:
     source = f"pypi:{get_engine(engine).sdist}"
     if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
         write_file_atomically(
-            contract_path(engine),
+            contract_path(get_engine(engine)),
             contract_text(
                 RecordedContract(
-                    engine=engine,
+                    engine=get_engine(engine),
                     ref=facts.engine_ref,
                     source=source,
                     flags=facts.server_flags,
@@ -124,7 +124,7 @@ def test_recorded_contract_is_the_images(engine: str, base_image: str) -> None:
                 )
             ),
         )
-    recorded = recorded_contract(engine)
+    recorded = recorded_contract(get_engine(engine))
     assert recorded is not None, f"no contract recorded for {engine}: run with MOE_STACK_UPDATE_GOLDEN=1"
     assert (recorded.ref, recorded.source) == (facts.engine_ref, source)
     assert recorded.architectures == facts.architectures, (

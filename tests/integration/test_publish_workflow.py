@@ -114,7 +114,7 @@ def test_the_workflow_step_publishes_a_matrix_row(
     for reference in digests:
         docker_client.image.pull(reference, quiet=True)
         facts = read_image_facts(reference)
-        assert facts.engine == "llama.cpp" and facts.cpu_target == "avx2", reference
+        assert facts.engine.name == "llama.cpp" and facts.cpu_target == "avx2", reference
         assert "--override-tensor" in facts.server_flags
     # A tag the registry serves at another digest than the build's (a raced push) is refused in one line.
     stale = tmp_path / "stale.json"

@@ -247,7 +247,7 @@ def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Pa
     llama-arch.cpp names it not) is refused at emit time, saying whether the pinned version's does."""
     old = ImageFacts(
         image="ik:9c4e21a",
-        engine="ik_llama.cpp",
+        engine=get_engine("ik_llama.cpp"),
         engine_ref="9c4e21a",
         variant="9c4e21a-cpu-avx2",
         cpu_target="avx2",

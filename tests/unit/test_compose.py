@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from builder.engines import get_engine
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import CpuInfo
@@ -128,7 +129,7 @@ def test_project_name_from_model_file_and_directory() -> None:
 def _facts(**update: object) -> ImageFacts:
     values = {
         "image": "img:1",
-        "engine": "llama.cpp",
+        "engine": get_engine("llama.cpp"),
         "engine_ref": "r",
         "variant": "r-cpu-zen4",
         "cpu_target": "zen4",
@@ -159,7 +160,7 @@ def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
     ):
         compose_dict(_stack(tmp_path, mmap=False), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
-        compose_dict(_stack(tmp_path), "x", _facts(engine="ik_llama.cpp"))
+        compose_dict(_stack(tmp_path), "x", _facts(engine=get_engine("ik_llama.cpp")))
 
 
 def test_host_without_the_image_flags_is_refused() -> None:

@@ -378,9 +378,9 @@ def test_gpu_experts_from_the_vram_plan() -> None:
 
 def test_presets_carry_ktransformers_without_llama_cpp_options() -> None:
     preset = get_preset("qwen3-235b-a22b")
-    options = preset.engine_options("ktransformers")
+    options = preset.engine_options(get_engine("ktransformers"))
     # No expert backend: the weights name it (a GGUF: LLAMAFILE; a kt-convert directory: its method).
-    assert options.kt_method is None and preset.override_rules("ktransformers") == ()
+    assert options.kt_method is None and preset.override_rules(get_engine("ktransformers")) == ()
     assert options.cache_type is None and options.gpu_layers is None and options.ctx_size == 16384
     assert "ktransformers-legacy" in get_preset("deepseek-r1-671b").engines
     assert "ktransformers-legacy" not in get_preset("qwen3-next-80b-a3b").engines
@@ -428,7 +428,7 @@ def test_each_preset_gives_sglang_its_reasoning_and_tool_call_parsers(tmp_path: 
         "qwen3-next-80b-a3b": (None, "qwen"),
     }
     for name, (reasoning, tools) in expected.items():
-        stack = _stack(tmp_path).with_options(get_preset(name).engine_options("ktransformers"))
+        stack = _stack(tmp_path).with_options(get_preset(name).engine_options(get_engine("ktransformers")))
         args = KT.server_args(stack, None)
         got = args[args.index("--reasoning-parser") + 1] if "--reasoning-parser" in args else None
         assert (got, args[args.index("--tool-call-parser") + 1]) == (reasoning, tools), name
@@ -458,7 +458,7 @@ def test_the_recorded_sglang_contract_is_the_help_read_on_the_gpu() -> None:
     """dockerfiles/contracts/ktransformers.json (what compose/'s KTransformers stacks are checked
     against) is sglang-kt 0.7.2's --help as the H200 run printed it, parsed as an image build parses it."""
     help_text = (REPO / "bench/results/kt-gpu-2026-12-01/sglang-help.txt").read_text()
-    recorded = recorded_contract("ktransformers")
+    recorded = recorded_contract(get_engine("ktransformers"))
     assert recorded is not None and recorded.ref == "0.7.2"
     assert recorded.flags == parse_contract(help_text, None)
     assert {"--kt-num-gpu-experts", "--reasoning-parser", "--tool-call-parser", "--api-key"} <= set(

@@ -53,7 +53,7 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
     mapped = EngineOptions(mmap=True)
     assert use(gpu="nvidia", hugetlbfs="1G", engine_options=mapped) == (default + BUFFERS_BYTES, size)
     # CPU-only: its KV cache (the preset's context and cache type) is in RAM too
-    options = chosen.engine_options(engine)
+    options = chosen.engine_options(get_engine(engine))
     kv = kv_cache_bytes(
         read_facts(model),
         options.ctx_size,

@@ -26,7 +26,7 @@ def test_seed_presets() -> None:
         *("glm-4.6", "gpt-oss-120b", "minimax-m2"),  # the families (../shared/MOE-FAMILIES.md)
     }
     r1 = get_preset("deepseek-r1-671b")
-    assert r1.engine_options("ik_llama.cpp") == EngineOptions(
+    assert r1.engine_options(get_engine("ik_llama.cpp")) == EngineOptions(
         ctx_size=32768,
         cache_type="q8_0",
         gpu_layers=99,
@@ -39,8 +39,8 @@ def test_seed_presets() -> None:
         batch_size=2048,
         ubatch_size=2048,
     )
-    assert r1.override_rules("ik_llama.cpp") == (EXPERTS_ON_CPU_RULE,)
-    mainline = r1.engine_options("llama.cpp")
+    assert r1.override_rules(get_engine("ik_llama.cpp")) == (EXPERTS_ON_CPU_RULE,)
+    mainline = r1.engine_options(get_engine("llama.cpp"))
     assert mainline.mla is None and mainline.moe_offload_batch is None and mainline.ctx_size == 32768
     with pytest.raises(SpecError, match="unknown preset 'r2'"):
         get_preset("r2")
@@ -73,7 +73,7 @@ def test_a_preset_needs_no_nulls_each_engine_takes_what_it_honours() -> None:
     assert not any(re.search(r":\s*null\b", line) for line in lines)
     for preset in load_presets().values():
         for engine in preset.engines:
-            given = preset.engine_options(engine).model_dump(exclude_unset=True)
+            given = preset.engine_options(get_engine(engine)).model_dump(exclude_unset=True)
             assert set(given) <= get_engine(engine).honours, (preset.name, engine, set(given))
-    kt = get_preset("qwen3-235b-a22b").engine_options("ktransformers")
+    kt = get_preset("qwen3-235b-a22b").engine_options(get_engine("ktransformers"))
     assert kt.cache_type is None and kt.gpu_layers is None and kt.ctx_size == 16384

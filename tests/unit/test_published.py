@@ -86,5 +86,5 @@ def test_the_pinned_ref_is_the_tree_the_suite_builds() -> None:
     for name in ("llama.cpp", "ik_llama.cpp"):
         engine = get_engine(name)
         assert engine.sdist_ref is not None and pinned_ref(name) == engine.sdist_ref, (name, engine.sdist)
-        contract = recorded_contract(name)
+        contract = recorded_contract(engine)
         assert contract is not None and contract.ref == engine.sdist_ref  # recorded from that build

@@ -38,7 +38,7 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _args(engine: str, model: Path, gpu: str = "none", **options: object) -> list[str]:
     stack = StackSpec(project="p", engine=engine, image="i:1", model=model, threads=2, gpu=gpu, **options)  # type: ignore[arg-type]
-    contract = recorded_contract(engine)
+    contract = recorded_contract(get_engine(engine))
     assert contract is not None
     return get_engine(engine).server_args(stack, contract.flags)
 
@@ -67,7 +67,7 @@ def test_each_engine_writes_a_draft_in_its_own_syntax(ggufs: dict[str, Path]) ->
 def test_an_older_mainline_without_the_new_spellings_gets_the_old_or_a_refusal(
     ggufs: dict[str, Path],
 ) -> None:
-    contract = recorded_contract("llama.cpp")
+    contract = recorded_contract(get_engine("llama.cpp"))
     assert contract is not None
     older = {k: v for k, v in contract.flags.items() if not k.startswith("--spec-draft")}
     older["--spec-type"] = "none,ngram-cache"

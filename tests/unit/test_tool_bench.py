@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.engines import get_engine
+from builder.engines import bench_engine, get_engine
 from builder.engines.llama_bench import llama_bench_args, server_settings, sweep_bench_args
 from builder.errors import SpecError, StackError
 from builder.images.build import TOOLS_STAGE, plan_build
@@ -229,7 +229,7 @@ def test_sweep_bench_keeps_the_servers_own_flags_and_the_context() -> None:
 
 def test_tool_args_add_the_tests_and_output_format() -> None:
     server = ["--model", "/models/m.gguf", "--threads", "2"]
-    bench = tool_args("llama.cpp", "llama-bench", server, MAINLINE_BENCH, 512, 128, 3)
+    bench = tool_args(get_engine("llama.cpp"), "llama-bench", server, MAINLINE_BENCH, 512, 128, 3)
     assert bench.args == [
         "-m",
         "/models/m.gguf",
@@ -244,9 +244,9 @@ def test_tool_args_add_the_tests_and_output_format() -> None:
         "-o",
         "json",
     ]
-    sweep = tool_args("ik_llama.cpp", "sweep-bench", server, IK_SERVER, 512, 32, 3)
+    sweep = tool_args(get_engine("ik_llama.cpp"), "sweep-bench", server, IK_SERVER, 512, 32, 3)
     assert sweep.args == [*server, "-n", "32", "--output-format", "jsonl"]
-    assert program("ik_llama.cpp", "sweep-bench") == "llama-sweep-bench"
+    assert program(get_engine("ik_llama.cpp"), "sweep-bench") == "llama-sweep-bench"
 
 
 @pytest.mark.parametrize(
@@ -259,7 +259,7 @@ def test_tool_args_add_the_tests_and_output_format() -> None:
 )
 def test_tools_an_engine_lacks_are_refused(engine: str, tool: str, said: str) -> None:
     with pytest.raises(StackError, match=said):
-        program(engine, tool)
+        program(bench_engine(get_engine(engine)), tool)
 
 
 def test_llama_bench_json_reads_back_as_prefill_and_decode_rows() -> None:
@@ -376,4 +376,4 @@ def test_a_router_stack_is_not_benchmarked_as_one_model(tmp_path: Path) -> None:
     routed = routed_stacks(tmp_path)
     with pytest.raises(StackError, match="routes several models; benchmark one model's stack"):
         stack_server_args(compose_stack(routed[0], "x", routed=routed), tmp_path / "compose.yaml", None)
-    assert stack_server_args(compose_stack(routed[0], "x"), tmp_path / "compose.yaml", None)[0] == "llama.cpp"
+    assert stack_server_args(compose_stack(routed[0], "x"), tmp_path / "compose.yaml", None)[0].name == "llama.cpp"

@@ -81,7 +81,7 @@ def _tuner(runner: StandIn, objective: str = "both", engine: str = "ik_llama.cpp
     adapter = get_engine(engine)
     assert isinstance(adapter, LlamaFamilyEngine)
     return Tuner(
-        engine=engine,
+        engine=adapter,
         runner=runner,
         bench_flags=IK_BENCH,
         args=list(STACK),
@@ -349,7 +349,7 @@ def test_a_drafting_stack_is_tuned_by_served_trials() -> None:
     drafting = [*STACK, "--api-key-file", "/run/secrets/key", "-md", "/models/d.gguf"]
     runner = Served()
     tuner = Tuner(
-        engine="ik_llama.cpp",
+        engine=ik,
         runner=runner,  # type: ignore[arg-type]
         bench_flags=IK_BENCH,
         args=drafting,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.host.probe import HostFacts, probe
 from builder.models.synth_moe import MoeShape, write_moe_gguf
@@ -51,9 +52,9 @@ def test_a_new_preset_is_added_and_a_packaged_one_changed(tmp_path: Path, host: 
     mine = _file(tmp_path, MINE)
     presets = load_presets(mine)
     assert set(presets) == {*load_presets(), "glm-air-like"} and presets["glm-air-like"].source == mine
-    r1 = presets["deepseek-r1-671b"].engine_options("ik_llama.cpp")
+    r1 = presets["deepseek-r1-671b"].engine_options(get_engine("ik_llama.cpp"))
     assert (r1.ctx_size, r1.mla, r1.fused_moe, r1.ubatch_size) == (16384, 2, True, 2048)
-    assert load_presets()["deepseek-r1-671b"].engine_options("ik_llama.cpp").ctx_size == 32768
+    assert load_presets()["deepseek-r1-671b"].engine_options(get_engine("ik_llama.cpp")).ctx_size == 32768
 
     model = write_moe_gguf(tmp_path / "models" / "m.gguf", MoeShape(layers=2))
     options = StackOptions(model=model, preset="glm-air-like", presets_file=mine, skip_image_checks=True)
