@@ -41,13 +41,13 @@ def main() -> None:
     options = parser.parse_args()
     bounds = [
         float(b)
-        for b in re.findall(r"^read GB/s ([\d.]+)", (options.results / "bench.log").read_text(), re.M)
+        for b in re.findall(r"^read GB/s ([\d.]+)", (options.results / "bench.log").read_text(), re.MULTILINE)
     ]
     bound = statistics.median(bounds)
     routed = {
         m[1]: int(m[2])
         for m in re.finditer(
-            r"^(\w+) routed_bytes_per_token (\d+)", (options.results / "models.txt").read_text(), re.M
+            r"^(\w+) routed_bytes_per_token (\d+)", (options.results / "models.txt").read_text(), re.MULTILINE
         )
     }
     rates = decode_rates(options.results / "bench.csv")
@@ -87,7 +87,8 @@ def main() -> None:
         low, high = row["decode_tps_range"]
         print(
             f"| {row['shape'].split()[0]} {row['quant']} | {row['decode_tps']} ({low}-{high}) | "
-            f"{row['routed_bytes_per_token'] / 1e6:.0f} | **{row['ratio']:.2f}** | {row['cpu_side_ratio']:.2f} |"
+            f"{row['routed_bytes_per_token'] / 1e6:.0f} | **{row['ratio']:.2f}** | "
+            f"{row['cpu_side_ratio']:.2f} |"
         )
 
 

@@ -144,7 +144,10 @@ def _top(change: dict[str, object]) -> dict:
             "pass --config-dir",
         ),
         (_top({"x-moe-stack": {}}), "lacks x-moe-stack.generated-by"),
-        (_top({"x-moe-stack": {**EMITTED["x-moe-stack"], "engine": "vllm"}}), "x-moe-stack.engine .*unknown engine 'vllm'"),
+        (
+            _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "engine": "vllm"}}),
+            "x-moe-stack.engine .*unknown engine 'vllm'",
+        ),
         (
             _top({"x-moe-stack": {**EMITTED["x-moe-stack"], "served-name": "x\n  evil: 1"}}),
             "control character",

@@ -376,4 +376,5 @@ def test_a_router_stack_is_not_benchmarked_as_one_model(tmp_path: Path) -> None:
     routed = routed_stacks(tmp_path)
     with pytest.raises(StackError, match="routes several models; benchmark one model's stack"):
         stack_server_args(compose_stack(routed[0], "x", routed=routed), tmp_path / "compose.yaml", None)
-    assert stack_server_args(compose_stack(routed[0], "x"), tmp_path / "compose.yaml", None)[0].name == "llama.cpp"
+    engine, _, _ = stack_server_args(compose_stack(routed[0], "x"), tmp_path / "compose.yaml", None)
+    assert engine.name == "llama.cpp"
