@@ -14,6 +14,7 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 SHAPES = {
     "r1": "r1-12 (R1 widths, 3 dense + 9 MoE layers, 32 experts, top-8)",
@@ -52,7 +53,7 @@ def main() -> None:
     }
     rates = decode_rates(options.results / "bench.csv")
     gpu_s = {c.split(":")[0]: 1 / statistics.median(r) for c, r in rates.items() if c.endswith(":gpu")}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for candidate, tps in rates.items():
         if candidate.endswith(":gpu"):
             continue
