@@ -16,7 +16,8 @@ from builder.cli.common import out, text_table
 from builder.cli.options import declared, takes_options
 from builder.errors import SpecError
 from builder.spec import duration_seconds
-from builder.stacks.benchmark import measure
+from builder.stacks.bandwidth import DecodeBound
+from builder.stacks.benchmark import measure, running_bound
 from builder.stacks.compose import write_stack
 from builder.stacks.run import published_ports, stack_api_key
 from builder.stacks.run import up as stack_up
@@ -125,6 +126,9 @@ def bench(
         " ".join(f"{v:.1f}" for v in speed.decode_tps),
     )
     out.print(table)
+    bound = running_bound(compose_file, profile)
+    said = bound.said(speed.decode) if isinstance(bound, DecodeBound) else f"no bandwidth bound: {bound}"
+    out.print(said or "no bandwidth bound: the read rate was not measured", highlight=False, soft_wrap=True)
 
 
 def _say(line: str) -> None:
@@ -247,13 +251,9 @@ def _print_tuned(tuned: Tuned) -> None:
         out.print(Text(f"failed, left out: {setting}: {why}", style="yellow"), soft_wrap=True)
     if result.skipped:
         out.print(Text(f"left out: {'; '.join(result.skipped)}", style="yellow"), soft_wrap=True)
-    ratio = tuned.bound_ratio(result.tuned_tps[1])
-    if ratio is not None:
-        out.print(
-            f"decode {result.tuned_tps[1]:.2f} t/s = {ratio:.2f} of the bandwidth bound "
-            f"({tuned.bandwidth_gbps:.1f} GB/s ÷ {tuned.bytes_per_token / 1e6:.1f} MB read per token)",
-            highlight=False,
-        )
+    bound = tuned.said(result.tuned_tps[1])
+    if bound is not None:
+        out.print(bound, highlight=False, soft_wrap=True)
 
 
 def _print_trials(result: TuneResult) -> None:

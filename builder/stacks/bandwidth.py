@@ -33,3 +33,42 @@ def parse_bandwidth(printed: str) -> ReadBandwidth | None:
     if "best" not in found:
         return None
     return ReadBandwidth(found["best"], found.get("median"), found.get("min"))
+
+
+@dataclass(frozen=True)
+class DecodeBound:
+    """Decode's ceiling where the weights stream from RAM: the read rate ÷ the bytes a token reads (the
+    active experts in a hybrid stack, every active weight CPU-only). `tune` and `bench` both report
+    their decode against it."""
+
+    bandwidth: ReadBandwidth | None  # None: not measured (an image without the tool, too little memory)
+    bytes_per_token: int  # weight bytes the CPU reads per decoded token
+    hybrid: bool
+
+    @property
+    def bandwidth_gbps(self) -> float | None:
+        """The bound's read rate: the probe's best round."""
+        return self.bandwidth.best if self.bandwidth else None
+
+    @property
+    def bound_tps(self) -> float | None:
+        """Decode's ceiling: read bandwidth ÷ bytes read per token."""
+        return (
+            self.bandwidth_gbps * 1e9 / self.bytes_per_token
+            if self.bandwidth_gbps and self.bytes_per_token
+            else None
+        )
+
+    def bound_ratio(self, decode_tps: float) -> float | None:
+        bound = self.bound_tps
+        return decode_tps / bound if bound else None
+
+    def said(self, decode_tps: float) -> str | None:
+        """`decode X t/s = R of the bandwidth bound (...)`, None without a measured bound."""
+        ratio = self.bound_ratio(decode_tps)
+        if ratio is None or self.bandwidth is None:
+            return None
+        return (
+            f"decode {decode_tps:.2f} t/s = {ratio:.2f} of the bandwidth bound ({self.bandwidth.describe()} "
+            f"÷ {self.bytes_per_token / 1e6:.1f} MB read per token)"
+        )

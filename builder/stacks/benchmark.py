@@ -1,4 +1,5 @@
-"""`moe-stack bench`: prefill and decode speed of a running stack, with exactly its engine flags.
+"""`moe-stack bench`: prefill and decode speed of a running stack, with exactly its engine flags, and
+its decode against the memory bandwidth bound read inside the engine's container.
 
 The engine's own `/completion` endpoint reports its timings (prompt and predicted tokens per second),
 so the figures are the server's, not the HTTP round trip's. Prompt caching is off, so every
@@ -9,9 +10,17 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
+from python_on_whales.exceptions import DockerException
+
+from builder.docker_client import describe
 from builder.errors import StackError
 from builder.stacks.api import EngineApi
+from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, parse_bandwidth
+from builder.stacks.run import running_container
+from builder.stacks.stack_file import StackFile
+from builder.stacks.tool_run import engine_service_name
 
 # A sentence of ordinary words: about one token per word in every tokenizer moe-stack serves.
 _FILLER = "the quick brown fox jumps over the lazy dog while the river runs past the old mill "
@@ -62,3 +71,27 @@ def measure(
         decode.append(float(timings["predicted_per_second"]))
         n_prompt, n_gen = int(timings.get("prompt_n", 0)), int(timings.get("predicted_n", 0))
     return Speed(prompt_tokens=n_prompt, generated_tokens=n_gen, prefill_tps=prefill, decode_tps=decode)
+
+
+def running_bound(compose_file: Path, profile: str | None) -> DecodeBound | str:
+    """The decode bound of a running one-model stack: moe-stack-bandwidth run inside its engine's
+    container (on the CPUs and memory the engine has), and the bytes its model reads per token; or why
+    there is none."""
+    stack = StackFile.read(compose_file)
+    name = engine_service_name(profile)
+    served = stack.record.serves.get(name)
+    if served is None or stack.record.models:
+        return "the file records no single model it serves"
+    container = running_container(compose_file, name, profile)
+    if container is None:
+        return f"no running container of {name}"
+    try:
+        printed = container.execute([TOOL, str(ARRAY_MIB)])
+    except DockerException as err:
+        return f"{TOOL} did not run in the container: {describe(err)}"
+    bandwidth = parse_bandwidth(printed if isinstance(printed, str) else "")
+    if bandwidth is None:
+        return f"{TOOL} printed no read rate"
+    hybrid = served.gpu_layers not in (None, 0)
+    facts = stack.record.engine.model_format.facts(stack.record.model)
+    return DecodeBound(bandwidth=bandwidth, bytes_per_token=facts.read_per_token(hybrid), hybrid=hybrid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from python_on_whales import DockerClient
+from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import prometheus_image
@@ -43,6 +43,16 @@ def published_ports(compose_file: Path, document: StackFile | None = None) -> li
     """(host address, port) pairs the stack publishes."""
     services = (document or StackFile.read(compose_file)).services.values()
     return sorted({pair for service in services for pair in service.published})  # gpu and cpu: the same port
+
+
+def running_container(compose_file: Path, service: str, profile: str | None) -> Container | None:
+    """The running container of the stack's `service`, None when it isn't running."""
+    running = DockerClient(
+        compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]
+    ).compose.ps()
+    return next(
+        (c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == service), None
+    )
 
 
 def stack_api_key(compose_file: Path) -> str | None:

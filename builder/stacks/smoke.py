@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from python_on_whales import Container, DockerClient
+from python_on_whales import Container
 from python_on_whales.exceptions import DockerException
 
 from builder.contract import NUMA_ENV
@@ -20,7 +20,7 @@ from builder.stacks.api import EngineApi
 from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
 from builder.stacks.document import CPU_SERVICE, SERVICE
 from builder.stacks.record import Record, Served
-from builder.stacks.run import published_ports, stack_api_key, up
+from builder.stacks.run import published_ports, running_container, stack_api_key, up
 from builder.stacks.stack_file import Service, StackFile
 
 
@@ -111,12 +111,7 @@ def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     api = EngineApi(
         port, "127.0.0.1" if bind == "0.0.0.0" else bind, stack_api_key(compose_file), timeout_s=300
     )
-    running = DockerClient(
-        compose_files=[compose_file], compose_profiles=[profile] if profile else ["*"]
-    ).compose.ps()
-    container = next(
-        (c for c in running if (c.config.labels or {}).get("com.docker.compose.service") == name), None
-    )
+    container = running_container(compose_file, name, profile)
     return StackUnderTest(stack_file=stack_file, name=name, service=service, api=api, container=container)
 
 

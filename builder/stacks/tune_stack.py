@@ -17,7 +17,7 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
+from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
 from builder.stacks.record import Bound, Rates, Ratios, Tuning
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import NativeRunner, Runner
@@ -26,31 +26,10 @@ from builder.stacks.tune import Objective, Tuner, TuneResult, chosen
 
 
 @dataclass(frozen=True)
-class Tuned:
-    """A finished search and what it is measured against."""
+class Tuned(DecodeBound):
+    """A finished search and the bound it is measured against (the probe's read rate)."""
 
     result: TuneResult
-    bandwidth: ReadBandwidth | None  # the probe's read rate
-    bytes_per_token: int  # weight bytes the CPU reads per decoded token
-    hybrid: bool
-
-    @property
-    def bandwidth_gbps(self) -> float | None:
-        """The bound's read rate: the probe's best round."""
-        return self.bandwidth.best if self.bandwidth else None
-
-    @property
-    def bound_tps(self) -> float | None:
-        """Decode's ceiling: read bandwidth ÷ bytes read per token."""
-        return (
-            self.bandwidth_gbps * 1e9 / self.bytes_per_token
-            if self.bandwidth_gbps and self.bytes_per_token
-            else None
-        )
-
-    def bound_ratio(self, decode_tps: float) -> float | None:
-        bound = self.bound_tps
-        return decode_tps / bound if bound else None
 
 
 def read_bandwidth(

@@ -29,3 +29,14 @@ def test_bench_reports_prefill_and_decode(
     assert set(rows) == {"prefill", "decode"}, result.stdout
     assert rows["prefill"][0] >= 64 and rows["decode"][0] == 16
     assert rows["prefill"][1] > 0 and rows["decode"][1] > 0
+    # Its decode against the read rate measured inside the engine's container (the image's tool).
+    bound = re.search(
+        r"^decode ([\d.]+) t/s = ([\d.]+) of the bandwidth bound "
+        r"\(([\d.]+) GB/s .*÷ ([\d.]+) MB read per token\)",
+        result.stdout,
+        re.MULTILINE,
+    )
+    assert bound is not None, result.stdout
+    decode, ratio, read_gbps, megabytes = (float(value) for value in bound.groups())
+    assert abs(decode - rows["decode"][1]) < 0.1 and read_gbps > 0 and megabytes > 0
+    assert ratio == pytest.approx(decode / (read_gbps * 1e3 / megabytes), abs=0.01)
