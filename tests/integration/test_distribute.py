@@ -60,16 +60,17 @@ def test_publish_then_pull_the_variant_for_this_host(
     empty = run_cli("pull", "--from", f"{registry}/nobody-published-here")
     assert empty.returncode == 1 and "holds no moe-stack variants" in empty.stderr
     assert len(empty.stderr.strip().splitlines()) == 1, empty.stderr
-    images = [build_engine_image("llama.cpp", cpu, base_image) for cpu in ("avx2", "zen4", "sapphirerapids")]
+    # The better variant this host can't run (no AMX here, nor on CI) is published and passed over.
+    images = [build_engine_image("llama.cpp", cpu, base_image) for cpu in ("avx2", "sapphirerapids")]
     prefix = f"{registry}/moe-stack"
     result = run_cli("publish", *(i.tag for i in images), "--to", prefix)
     assert result.returncode == 0, result.stderr
     pushed = dict(re.findall(r"^pushed (\S+) (sha256:[0-9a-f]{64})$", result.stdout, re.MULTILINE))
-    assert len(pushed) == 6, result.stdout  # each image: immutable tag + moving alias
+    assert len(pushed) == 4, result.stdout  # each image: immutable tag + moving alias
     repo = repository(f"{prefix}/llama-cpp")
     for tag, digest in pushed.items():
         assert manifest_digest(repo, tag.rpartition(":")[2]) == digest
-    assert pushed[f"{repo.name}:cpu-zen4"] == pushed[f"{repo.name}:0c1e57098-cpu-zen4"]
+    assert pushed[f"{repo.name}:cpu-sapphirerapids"] == pushed[f"{repo.name}:0c1e57098-cpu-sapphirerapids"]
 
     _untag(docker_client, prefix)
     result = run_cli("pull", "--from", prefix, "--engine", "llama.cpp")

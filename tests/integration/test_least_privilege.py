@@ -18,10 +18,10 @@ pytestmark = pytest.mark.integration
 SECRET_WORDS = re.compile(r"(?i)(token|secret|passw|api[_-]?key|credential)")
 TEST_IMAGES = [
     ("llama.cpp", "avx2"),
-    ("llama.cpp", "zen4"),
     ("llama.cpp", "sapphirerapids"),
     ("ik_llama.cpp", "avx2"),
-    pytest.param("ik_llama.cpp", "zen4", marks=pytest.mark.slow),  # built for the slow tier only
+    pytest.param("llama.cpp", "zen4", marks=pytest.mark.slow),  # built for the slow tier only
+    pytest.param("ik_llama.cpp", "zen4", marks=pytest.mark.slow),
 ]
 
 

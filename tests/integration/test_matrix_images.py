@@ -48,6 +48,21 @@ def test_avx512_vnni_only_in_avx512_images(
     assert avx2.count("vpdpbusd") == 0 and "zmm" not in avx2, "avx2 build uses instructions x86-64-v3 lacks"
 
 
+def test_avx512_vnni_and_amx_only_in_the_sapphirerapids_image(
+    docker_client: DockerClient, amx_image: BuiltImage, base_image: str, tmp_path: Path
+) -> None:
+    """Every run's proof of a targeted build (the zen4 ones are nightly): mainline's sapphirerapids
+    llama-server holds AVX-512 VNNI dot products and AMX tile ops; its avx2 build holds neither."""
+    avx2_image = build_engine_image("llama.cpp", "avx2", base_image)
+    spr = _disassembly(docker_client, amx_image, tmp_path / "spr")
+    avx2 = _disassembly(docker_client, avx2_image, tmp_path / "avx2")
+    assert spr.count("vpdpbusd") > 10 and "zmm" in spr, "the sapphirerapids build lacks AVX-512 VNNI"
+    assert spr.count("tdpbssd") > 0, "the sapphirerapids build lacks AMX INT8 tile ops"
+    assert not any(op in avx2 for op in ("vpdpbusd", "zmm", "tdpbssd")), (
+        "avx2 build uses what x86-64-v3 lacks"
+    )
+
+
 @pytest.mark.slow
 def test_ik_zen4_gets_the_fast_avx512_path(
     base_image: str, moe_model: Path, start_stack: StackFactory
