@@ -9,12 +9,14 @@
 # Its bridge and subnet are its own (Docker's docs on running several daemons: a separate --bridge,
 # --iptables=false); builds reach the package mirrors through rules of ours (a masquerade, and forwarding
 # past the host daemon's FORWARD policy of DROP), and compose networks get addresses from a pool apart
-# from the host daemon's.
+# from the host daemon's, whose services reach each other through a rule of ours (without it the first
+# cold run's monitoring test failed: Prometheus never reached the engine).
 set -euo pipefail
 action=${1:?start or stop}
 dir=${2:?a scratch directory}
 bridge=mscold0
 subnet=172.29.0.0/16
+pool=10.210.0.0/16  # compose networks' addresses: services talk to each other (Prometheus to the engine)
 
 case "$action" in
 start)
@@ -29,9 +31,10 @@ start)
   iptables -t nat -A POSTROUTING -s "$subnet" ! -o "$bridge" -j MASQUERADE
   iptables -I FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT
   iptables -I FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+  iptables -I FORWARD -s "$pool" -d "$pool" -j ACCEPT
   setsid dockerd --data-root "$dir/data" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
     -H "unix://$dir/docker.sock" --bridge "$bridge" --iptables=false --ip-masq=false \
-    --default-address-pool base=10.210.0.0/16,size=24 >"$dir/dockerd.log" 2>&1 </dev/null &
+    --default-address-pool "base=$pool,size=24" >"$dir/dockerd.log" 2>&1 </dev/null &
   for _ in $(seq 60); do
     if DOCKER_HOST="unix://$dir/docker.sock" docker info >/dev/null 2>&1; then
       echo "unix://$dir/docker.sock"
@@ -52,6 +55,7 @@ stop)
   iptables -t nat -D POSTROUTING -s "$subnet" ! -o "$bridge" -j MASQUERADE 2>/dev/null || true
   iptables -D FORWARD -i "$bridge" ! -o "$bridge" -j ACCEPT 2>/dev/null || true
   iptables -D FORWARD -o "$bridge" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT 2>/dev/null || true
+  iptables -D FORWARD -s "$pool" -d "$pool" -j ACCEPT 2>/dev/null || true
   ip link del "$bridge" 2>/dev/null || true
   umount -R "$dir/data" 2>/dev/null || true
   rm -rf "$dir"
