@@ -57,8 +57,8 @@ def budget_args(
     if budget > 0 and not engine.thinking_token_budget:
         raise StackError(
             f"{engine.name}'s --reasoning-budget is a switch, -1 (think) or 0 (don't), not a token count "
-            f"({budget}): give --thinking off, or serve with mainline llama.cpp, whose budget ends thinking "
-            "after N tokens"
+            f"({budget}): drop it or give --thinking off, or serve with mainline llama.cpp, whose budget "
+            "ends thinking after N tokens"
         )
     return [_flag(engine, flags, "--reasoning-budget", option), str(budget)]
 
@@ -87,7 +87,7 @@ def _check_template(engine: LlamaFamilyEngine, stack: StackSpec) -> None:
         them = "it" if len(given) == 1 else "them"
         raise StackError(
             f"{', '.join(given)}: the model gets {them} through its Jinja chat template, which this stack "
-            f"leaves out (--no-jinja, or a built-in --chat-template name); drop {them}, or that"
+            f"turns off (--no-jinja, or a built-in --chat-template name): drop {them}, or keep the template"
         )
 
 

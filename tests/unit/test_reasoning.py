@@ -89,7 +89,7 @@ def test_ik_refuses_a_token_budget_naming_the_fix() -> None:
         StackError, match=r"^ik_llama.cpp's --reasoning-budget is a switch, -1 \(think\) or 0"
     ):
         _reasoning("ik_llama.cpp", IK, reasoning_budget=512)
-    with pytest.raises(StackError, match="give --thinking off, or serve with mainline llama.cpp"):
+    with pytest.raises(StackError, match="drop it or give --thinking off, or serve with mainline llama.cpp"):
         _reasoning("ik_llama.cpp", None, thinking="on", reasoning_budget=2048)
 
 
