@@ -202,6 +202,14 @@ KtMethod = Literal[
 
 
 FlashAttention = Literal["on", "off", "auto"]
+# A reasoning model's thinking (its <think> before the answer): on, off, or auto (the chat template's own
+# default). At 5-20 tok/s of hybrid decode it is the largest latency lever a user has.
+Thinking = Literal["on", "off", "auto"]
+# The effort gpt-oss's template reads (`reasoning_effort`; OpenAI's default medium).
+ReasoningEffort = Literal["low", "medium", "high"]
+# Where the llama.cpp engines return a reply's thoughts (common_reasoning_format_from_name in both at their
+# pins): none (left in the content), deepseek (reasoning_content), deepseek-legacy (both), auto.
+ReasoningFormat = Literal["auto", "none", "deepseek", "deepseek-legacy"]
 # How the image's entrypoint places the engine's memory and threads with numactl.
 NumaPolicy = Literal["none", "interleave", "membind", "cpunodebind"]
 
@@ -319,6 +327,31 @@ class NeutralOptions(_Spec):
         help="KTransformers: the tool-call parser, e.g. deepseekv3, qwen (default: the preset's)",
         pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$",
     )
+    # Reasoning, engine-neutral: each adapter writes it in its engine's syntax (engines/reasoning.py), and a
+    # preset refuses what its model can't do (R1 can't stop thinking; Qwen3-Next Instruct can't start).
+    thinking: Thinking | None = option(
+        None,
+        "--thinking",
+        help="a reasoning model thinks before it answers: on, off or auto (its chat template's default; "
+        "default: the preset's)",
+    )
+    reasoning_budget: int | None = option(
+        None,
+        "--reasoning-budget",
+        help="most tokens a reply thinks (-1: no limit, 0: none; ik_llama.cpp takes -1 or 0 only)",
+        ge=-1,
+    )
+    reasoning_effort: ReasoningEffort | None = option(
+        None,
+        "--reasoning-effort",
+        help="low, medium or high, for templates that read it (gpt-oss; default: the preset's)",
+    )
+    reasoning_format: ReasoningFormat | None = option(
+        None,
+        "--reasoning-format",
+        help="where the llama.cpp engines return thoughts: deepseek (reasoning_content), none (in the "
+        "content), deepseek-legacy (both) or auto (default: the engine's)",
+    )
     # False: read the weights into the engine's own memory instead of mmapping the file (mainline
     # llama.cpp then keeps the CPU-side weights in the GPU's pinned host memory: faster prefill offload).
     mmap: bool | None = option(
@@ -391,6 +424,20 @@ class NeutralOptions(_Spec):
     draft_max: int | None = option(
         None, "--draft-max", help="most tokens drafted a step (default: the engine's)", ge=1, le=64
     )
+
+    @model_validator(mode="after")
+    def _thinking_and_budget(self) -> NeutralOptions:
+        """A budget says how long a reply thinks: none for one that doesn't think, not none for one that
+        must."""
+        budget = self.reasoning_budget
+        if self.thinking == "off" and budget not in (None, 0):
+            raise ValueError(
+                f"--thinking off with --reasoning-budget {budget}: a reply that doesn't think has no "
+                "thinking to budget; drop --reasoning-budget"
+            )
+        if self.thinking == "on" and budget == 0:
+            raise ValueError("--thinking on with --reasoning-budget 0 (no thinking): drop one of them")
+        return self
 
 
 class EngineOptions(NeutralOptions):

@@ -101,6 +101,15 @@ class Engine(ABC):
     # same thing (--api-key, --api-key-file): an extra argument in any of them would set what a
     # moe-stack option sets (test_flags checks the adapter writes no other flag).
     flag_spellings: tuple[frozenset[str], ...] = ()
+    # Flags it writes whose repeats add to one another rather than replace (the llama.cpp engines'
+    # --chat-template-kwargs, merged key by key): a user's extra one adds its own keys, so it is not
+    # refused as a repeat of the stack's.
+    merged_flags: frozenset[str] = frozenset()
+    # Why it reads no such option, where there is more to say than "drop it" (option name, reason).
+    unread_reasons: tuple[tuple[str, str], ...] = ()
+    # Whether its server ends a reply's thinking after a token budget (--reasoning-budget N > 0), whatever
+    # the chat template does; without one a budget of 0 is only the template's switch.
+    thinking_token_budget: bool = False
     # Flags whose next argument is a model file or directory: the entrypoint checks it is readable
     # (and stages a file on hugetlbfs), so a missing mount is one clear line, not a slow failure.
     model_flags: tuple[str, ...] = ()
@@ -281,9 +290,13 @@ class Engine(ABC):
             if name not in self.honours and getattr(stack, name) != type(stack).model_fields[name].default
         ]
         if unread:
+            reasons = dict(self.unread_reasons)
+            why = "".join(
+                f"; {reason}" for reason in dict.fromkeys(reasons[n] for n in unread if n in reasons)
+            )
             raise StackError(
                 f"{self.name} does not read {', '.join(ENGINE_OPTIONS[name] for name in unread)}: drop "
-                f"{'it' if len(unread) == 1 else 'them'}"
+                f"{'it' if len(unread) == 1 else 'them'}{why}"
             )
         return self.arguments(stack, flags) + list(stack.extra_args)
 

@@ -305,6 +305,12 @@ _SGLANG_WEIGHTS = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 _SGLANG_KV = re.compile(r"KV Cache is allocated\. #tokens: (\d+)")
 
 
+_PER_REQUEST = (
+    'SGLang takes thinking per request: a request\'s chat_template_kwargs {"enable_thinking": false} or its '
+    "reasoning_effort"
+)
+
+
 class KTransformers(_PythonEngine):
     name = "ktransformers"
     slug = "ktransformers"
@@ -342,6 +348,13 @@ class KTransformers(_PythonEngine):
             "trust_remote_code",
             "extra_args",
         }
+    )
+    # SGLang switches thinking and its effort per request (a request's chat_template_kwargs
+    # {"enable_thinking": false}, its reasoning_effort), with no server flag for either (sglang-kt 0.7.2's
+    # --help, dockerfiles/contracts/ktransformers.json); its --reasoning-parser splits out the thoughts.
+    unread_reasons = (
+        *((name, _PER_REQUEST) for name in ("thinking", "reasoning_budget", "reasoning_effort")),
+        ("reasoning_format", "its --reasoning-parser puts a reply's thoughts in reasoning_content"),
     )
     flag_spellings = tuple(
         frozenset({flag})

@@ -9,7 +9,7 @@ from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
-from builder.platform.flags import has_flag, takes_value
+from builder.platform.flags import has_flag, looks_like_flag, takes_value
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
@@ -33,7 +33,16 @@ class LlamaCpp(LlamaFamilyEngine):
     # tools/server/server.cpp at the pinned ref routes /v1/chat/completions, /v1/responses, /v1/messages
     # (post_anthropic_messages) and /v1/messages/count_tokens (post_anthropic_count_tokens).
     apis = ("openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens")
-    flag_spellings = (*LlamaFamilyEngine.flag_spellings, frozenset({"--sleep-idle-seconds"}))
+    flag_spellings = (
+        *LlamaFamilyEngine.flag_spellings,
+        frozenset({"--sleep-idle-seconds"}),
+        frozenset({"-rea", "--reasoning"}),
+        frozenset({"--reasoning-effort"}),
+    )
+    # `--reasoning on|off|auto`, `--reasoning-effort LEVEL`, and a --reasoning-budget that ends thinking
+    # after N tokens, at the pinned ref (engines/reasoning.py).
+    reasoning_flags = True
+    thinking_token_budget = True
     jinja_by_default = True  # `--jinja, --no-jinja ... (default: enabled)` at the pinned ref
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
     chat_page_dir = "tools/ui"  # a Svelte app; its CMake embeds tools/ui/dist when it is there
@@ -170,7 +179,7 @@ def _ini_lines(args: list[str], flags: dict[str, str] | None) -> list[str]:
         takes = (
             takes_value(flags, flag)
             if flags is not None
-            else at + 1 < len(args) and not args[at + 1].startswith("-")
+            else at + 1 < len(args) and not looks_like_flag(args[at + 1])  # `--reasoning-budget -1`
         )
         value = args[at + 1] if takes else "true"
         at += 2 if takes else 1

@@ -17,6 +17,7 @@ from builder.contract import (
     TOOLS_LABEL,
 )
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
+from builder.engines.reasoning import TEMPLATE_KWARGS, reasoning_args
 from builder.engines.tune_space import (
     LOAD_MODE,
     Dimension,
@@ -72,6 +73,11 @@ class LlamaFamilyEngine(Engine):
         False  # whether its server renders chat with the Jinja template unless told not to
     )
     load_mode_syntax: bool = False  # whether its current syntax is `--load-mode` (else --no-mmap / --mlock)
+    # Whether its current syntax has mainline's --reasoning and --reasoning-effort (else the budget switches
+    # thinking, and the template's kwargs carry the effort: engines/reasoning.py).
+    reasoning_flags: bool = False
+    # A user's extra --chat-template-kwargs adds its keys to the stack's (both engines merge them).
+    merged_flags = frozenset({TEMPLATE_KWARGS})
     # Its host prompt cache when the stack doesn't size one (-cram's default at both pinned refs, MiB).
     prompt_cache_default_mib: int = 8192
     # The KV cache types its -ctk/-ctv take at the pinned ref (mainline's: its --help's "allowed values").
@@ -115,7 +121,18 @@ class LlamaFamilyEngine(Engine):
             "draft_model",
             "mtp",
             "draft_max",
+            "thinking",
+            "reasoning_budget",
+            "reasoning_effort",
+            "reasoning_format",
         }
+    )
+    # SGLang's parsers are KTransformers' own; these engines pick theirs from the chat template.
+    unread_reasons = (
+        (
+            "reasoning_parser",
+            "the llama.cpp engines parse by the chat template (--reasoning-format says where thoughts go)",
+        ),
     )
     # Every flag the adapter writes, with its other spellings in the --help of both (tests/unit/data;
     # test_flags holds the two to it) and the flags that set the same thing under another name.
@@ -153,6 +170,9 @@ class LlamaFamilyEngine(Engine):
             ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),
             ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
             ("--spec-type",),
+            ("--reasoning-budget",),
+            ("--reasoning-format",),
+            (TEMPLATE_KWARGS,),
         )
     )
     # The neutral sampling and batch options, and the flag each is written as.
@@ -360,6 +380,7 @@ class LlamaFamilyEngine(Engine):
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
         args += self.speculative_args(stack, flags)
+        args += reasoning_args(self, stack, flags)
         for field, flag in self.option_flags:
             value = getattr(stack, field)
             if value is not None:
@@ -372,6 +393,11 @@ class LlamaFamilyEngine(Engine):
         if stack.api_key_file is not None:
             args += ["--api-key-file", API_KEY_PATH]
         return args
+
+    def renders_jinja(self, stack: StackSpec) -> bool:
+        """Whether the server renders chat with a Jinja template (a built-in template's name turns it off:
+        `arguments`)."""
+        return stack.jinja and not (stack.chat_template and not is_jinja(stack.chat_template))
 
     # -- tune ---------------------------------------------------------------------------------
     def tune_dimensions(self, args: list[str], numa_nodes: int, gpu: bool) -> list[Dimension]:

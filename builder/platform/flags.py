@@ -109,6 +109,11 @@ def check_args(args: list[str], flags: dict[str, str], who: str) -> None:
         )
 
 
+def looks_like_flag(arg: str) -> bool:
+    """Whether a command-line word is a flag rather than a value (`-1`, a budget or seed, is a value)."""
+    return bool(_LOOKS_LIKE_FLAG.match(arg))
+
+
 def takes_value(flags: dict[str, str], flag: str) -> bool:
     """Whether `flag` is given a value (e.g. ik's `-fa` became `-fa on|off|auto` in PR #863)."""
     return bool(flags.get(flag))

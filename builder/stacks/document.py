@@ -329,8 +329,9 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
     if facts is not None:
         check_args(command, facts.server_flags, facts.who)
     # An extra argument in any spelling of a flag the adapter writes would set what a moe-stack option
-    # sets (`--port=9000` is `--port 9000`: the flag part of every `--flag=value` counts too).
-    reserved = set().union(*engine.flag_spellings)
+    # sets (`--port=9000` is `--port 9000`: the flag part of every `--flag=value` counts too); a flag whose
+    # repeats merge (Engine.merged_flags) adds to the stack's instead.
+    reserved = set().union(*engine.flag_spellings) - engine.merged_flags
     clashing = sorted(
         reserved.intersection(arg.split("=", 1)[0] for arg in stack.extra_args if arg.startswith("-"))
     )

@@ -28,7 +28,16 @@ from builder.stacks.document import cpu_only, start_period_for
 # `compose --presets FILE`, else this variable.
 PRESETS_ENV = "MOE_STACK_PRESETS"
 # A preset's keys that describe its model rather than set a stack option.
-_DESCRIPTIVE = ("description", "architecture", "example_model", "example_size_gb", "engines", "unsupported")
+_DESCRIPTIVE = (
+    "description",
+    "architecture",
+    "example_model",
+    "example_size_gb",
+    "engines",
+    "unsupported",
+    "always_thinks",
+    "never_thinks",
+)
 # C0 (ESC, so every terminal sequence, included) but tab and newline, DEL and C1: `presets` prints a
 # preset's text, and a presets file is data, never terminal commands (a title, a cleared screen, a
 # clipboard write). A chat template (Jinja) spans lines, so newlines and tabs stay.
@@ -47,6 +56,10 @@ class Preset:
     source: Path  # the file it came from (the last one that set a key of it)
     # Engines that can't serve the preset's model, each with the reason (said when one is asked for).
     unsupported: dict[str, str] = field(default_factory=dict)
+    # Why its model thinks whatever a switch says (its template has none), or never does ("": it has the
+    # template's switch): --thinking off, or on, is then refused, never silently ignored.
+    always_thinks: str = ""
+    never_thinks: str = ""
 
     def _check_engine(self, engine: Engine) -> None:
         if engine.name in self.unsupported:
@@ -65,6 +78,26 @@ class Preset:
         self._check_engine(engine)
         return _engine_options(self.name, self.options, self.engines[engine.name], engine, self.source)
 
+    def check_thinking(self, options: EngineOptions, engine: Engine) -> None:
+        """SpecError where `options` ask the model to stop thinking when it can't, or to think when it
+        doesn't (its template has no switch: a silent no-op, or thoughts the parser then misses)."""
+        where = "" if engine.thinking_token_budget else "mainline llama.cpp's "
+        cap = f"{where}--reasoning-budget N caps it"
+        if self.always_thinks and options.thinking == "off":
+            raise SpecError(
+                f"preset {self.name}: the model always thinks ({self.always_thinks}), so --thinking off "
+                f"can't stop it: drop it; {cap}"
+            )
+        if self.always_thinks and options.reasoning_budget == 0 and not engine.thinking_token_budget:
+            raise SpecError(
+                f"preset {self.name}: the model always thinks ({self.always_thinks}), and {engine}'s "
+                f"--reasoning-budget 0 only turns the template's switch off: drop it; {cap}"
+            )
+        if self.never_thinks and options.thinking == "on":
+            raise SpecError(
+                f"preset {self.name}: the model does not think ({self.never_thinks}): drop --thinking on"
+            )
+
     def override_rules(self, engine: Engine) -> tuple[str, ...]:
         """The preset's -ot rules for `engine`: all routed experts on the CPU, where it takes rules."""
         self._check_engine(engine)
@@ -80,7 +113,9 @@ def merge_options(
     if preset is None:
         return given, ()
     chosen = get_preset(preset, user_file)
-    return given.over(chosen.engine_options(engine)), chosen.override_rules(engine)
+    options = given.over(chosen.engine_options(engine))
+    chosen.check_thinking(options, engine)
+    return options, chosen.override_rules(engine)
 
 
 def check_model_architecture(preset: str, arch: str, model: Path, user_file: Path | None = None) -> None:
@@ -207,6 +242,11 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
     options = {k: v for k, v in entry.items() if k not in _DESCRIPTIVE}
     if not isinstance(options.get("experts_on_cpu", False), bool):
         raise wrong("experts_on_cpu", "true or false")
+    for key in ("always_thinks", "never_thinks"):
+        if not isinstance(entry.get(key, ""), str):
+            raise wrong(key, "why the model thinks whatever a switch says (always), or never does: a text")
+    if entry.get("always_thinks") and entry.get("never_thinks"):
+        raise wrong("never_thinks", "a model that always thinks can't also never think: give one of them")
     size = entry.get("example_size_gb", 0)
     if not isinstance(size, int) or size < 0:
         raise wrong("example_size_gb", "a whole number of GB")
@@ -220,10 +260,12 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
         engines=engines,
         source=source,
         unsupported={str(engine): reason for engine, reason in unsupported.items()},
+        always_thinks=entry.get("always_thinks", ""),
+        never_thinks=entry.get("never_thinks", ""),
     )
     for adapter in adapters():  # every engine's options valid now, not when a stack asks for them
         if adapter.name in engines:
-            preset.engine_options(adapter)
+            preset.check_thinking(preset.engine_options(adapter), adapter)
     return preset
 
 

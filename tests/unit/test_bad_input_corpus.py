@@ -127,6 +127,9 @@ def test_render(engine: str, cpu: str, cuda: str | None, archs: str | None, ref:
                     "--kt-method",
                     "--gpu-experts",
                     "--config-dir",
+                    "--thinking",
+                    "--reasoning-budget",
+                    "--reasoning-effort",
                 ]
             ),
             WORD,

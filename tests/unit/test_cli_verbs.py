@@ -219,6 +219,33 @@ def test_compose_for_ktransformers_from_a_preset_and_a_vram_plan(tmp_path: Path)
 
 
 @pytest.mark.cli
+def test_thinking_is_one_option_each_engine_writes_its_own_way(tmp_path: Path) -> None:
+    """`--thinking off` on the Qwen3 preset: mainline's --reasoning off, ik_llama.cpp's --reasoning-budget 0;
+    a token budget ik_llama.cpp lacks, a contradiction, a bad value: one line each, exit 1."""
+    model = _tiny_model(tmp_path)
+    out = tmp_path / "c.yaml"
+    common = ["compose", "--model", str(model), "--skip-image-checks", "--port", "18563", "-o", str(out)]
+    common += ["--preset", "qwen3-235b-a22b"]
+    for engine, written in (
+        ("llama.cpp", ["--reasoning", "off"]),
+        ("ik_llama.cpp", ["--reasoning-budget", "0"]),
+    ):
+        emitted = run_cli(*common, "--engine", engine, "--thinking", "off")
+        assert emitted.returncode == 0, emitted.stderr
+        command = yaml.safe_load(out.read_text())["services"]["engine"]["command"]
+        at = command.index(written[0])
+        assert command[at : at + 2] == written, command
+    for given, said in (
+        (["--engine", "ik_llama.cpp", "--reasoning-budget", "512"], "--reasoning-budget is a switch"),
+        (["--thinking", "off", "--reasoning-budget", "512"], "--thinking off with --reasoning-budget 512"),
+        (["--thinking", "maybe"], "--thinking: Input should be 'on', 'off' or 'auto'"),
+    ):
+        refused = run_cli(*common, *given)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+
+
+@pytest.mark.cli
 def test_idle_unload_is_a_duration_mainline_reads_and_others_refuse(tmp_path: Path) -> None:
     model = _tiny_model(tmp_path)
     out = tmp_path / "c.yaml"
