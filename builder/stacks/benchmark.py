@@ -12,13 +12,10 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from python_on_whales.exceptions import DockerException
-
-from builder.docker_client import describe
 from builder.errors import StackError
 from builder.stacks.api import EngineApi
 from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, parse_bandwidth
-from builder.stacks.run import running_container
+from builder.stacks.run import run_in_service
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_run import engine_service_name
 
@@ -82,14 +79,10 @@ def running_bound(compose_file: Path, profile: str | None) -> DecodeBound | str:
     served = stack.record.serves.get(name)
     if served is None or stack.record.models:
         return "the file records no single model it serves"
-    container = running_container(compose_file, name, profile)
-    if container is None:
-        return f"no running container of {name}"
     try:
-        printed = container.execute([TOOL, str(ARRAY_MIB)])
-    except DockerException as err:
-        return f"{TOOL} did not run in the container: {describe(err)}"
-    bandwidth = parse_bandwidth(printed if isinstance(printed, str) else "")
+        bandwidth = parse_bandwidth(run_in_service(compose_file, name, profile, [TOOL, str(ARRAY_MIB)]))
+    except StackError as err:
+        return str(err)
     if bandwidth is None:
         return f"{TOOL} printed no read rate"
     hybrid = served.gpu_layers not in (None, 0)

@@ -55,6 +55,19 @@ def running_container(compose_file: Path, service: str, profile: str | None) -> 
     )
 
 
+def run_in_service(compose_file: Path, service: str, profile: str | None, command: list[str]) -> str:
+    """What `command` prints run inside the stack's running `service` (as the image's user); StackError
+    when it isn't running or the command fails."""
+    container = running_container(compose_file, service, profile)
+    if container is None:
+        raise StackError(f"no running container of {service}")
+    try:
+        printed = container.execute(command)
+    except DockerException as err:
+        raise StackError(f"{command[0]} did not run in the container: {describe(err)}") from None
+    return printed if isinstance(printed, str) else ""
+
+
 def stack_api_key(compose_file: Path) -> str | None:
     """The API key a stack enforces (first line of its secret file), or None."""
     for secret in (StackFile.read(compose_file).secrets or {}).values():
