@@ -1,0 +1,30 @@
+"""The README's timing of its own two commands is the newest run of bench/readme_figures.sh, not a figure
+written by hand: the demo's and the suite's minutes, the suite's count, the demo still serving."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _newest_figures() -> dict[str, object]:
+    runs = sorted(ROOT.glob("bench/results/readme-figures-*/figures.json"))
+    assert runs, "bench/readme_figures.sh has never recorded a run"
+    return dict(json.loads(runs[-1].read_text()))
+
+
+def test_the_readme_quotes_the_newest_measured_run() -> None:
+    figures = _newest_figures()
+    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: wrapped text compares whole
+    passed = re.search(r"(\d+) passed, (\d+) failed", str(figures["tests_summary"]))
+    assert passed, figures["tests_summary"]
+    cold = "cold" if figures["cold"] in ("1", "isolated") else "warm"
+    quoted = (
+        f"{cold}, on {figures['cores']} cores ({figures['date']}): the demo {figures['demo_minutes']} min, "
+        f"the suite {figures['tests_minutes']} min ({passed[1]} passed, {passed[2]} failed)"
+    )
+    assert quoted in readme, quoted
+    assert ("the demo still serving at the end" in readme) == bool(figures["demo_still_serving"])
