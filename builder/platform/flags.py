@@ -101,7 +101,7 @@ def from_label(value: str) -> dict[str, str]:
 
 def check_args(args: list[str], flags: dict[str, str], who: str) -> None:
     """Fail naming the first flag in `args` that the engine (described by `who`) does not accept."""
-    unknown = [arg for arg in args if _LOOKS_LIKE_FLAG.match(arg) and arg.split("=", 1)[0] not in flags]
+    unknown = [arg for arg in args if looks_like_flag(arg) and arg.split("=", 1)[0] not in flags]
     if unknown:
         raise StackError(
             f"{who} does not accept {', '.join(unknown)} (its --help lists no such flag); "
