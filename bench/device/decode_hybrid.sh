@@ -1,41 +1,53 @@
 #!/usr/bin/env bash
-# Issue 46, part 2 in hybrid: ik_llama.cpp's decode with all layers on the H200 and the routed experts in
-# CPU RAM (the R1 preset's layout), each lever of the CPU side and the GPU side, against the read bound
-# measured beside it. One pipeline runs in the background (setsid) and outlives a call; each call waits
-# on it until its budget and copies what is done to $OUT:
+# Issue 46, part 2 in hybrid: decode with all layers on the H200 and the routed experts in CPU RAM (the R1
+# preset's layout), under ik_llama.cpp and mainline llama.cpp, each lever of the CPU side and the GPU side,
+# against the read bound measured beside it. One pipeline runs in the background (setsid) and outlives a
+# call; each call waits on it until its budget and copies what is done to $OUT:
 #
-#   decode_hybrid.sh start   facts; ik_llama.cpp with CUDA (the image's configure arguments, carried in
-#                            $CARRIED/ik_llama.cpp.cuda.cmake-args) beside writing the slices; the 4-bit
-#                            variants (llama-quantize --pure); then REPEATS rounds, each every candidate
-#                            once in turn, the bound read at the start of each round
+#   decode_hybrid.sh start   facts; both engines with CUDA (the images' configure arguments, carried in
+#                            $CARRIED/<engine>.cuda.cmake-args), built side by side beside writing the
+#                            slices; the 4-bit variants (ik's llama-quantize); then REPEATS rounds, each
+#                            every candidate once in turn, the bound read at the start of each round
 #   decode_hybrid.sh wait    waits for the pipeline (the machine must still be the one `start` ran on)
+#   decode_hybrid.sh rebench the rounds alone again, on the builds and files `start` left (same machine),
+#                            into res2/ until the budget (the 2026-12-03 levers run: its first rounds'
+#                            output was lost, and its round 1 overlapped that pipeline's tail)
 #
-# A candidate is SLICE:TYPE[:LEVER...]; a lever is a llama-bench flag pair without its dash (rtr=1,
-# gr=1, sas=1, muge=1, t=8) or `gpu`, every tensor on the GPU (the GPU side's own time per token).
-# Carried: $CARRIED/ik_llama.cpp.tar.xz (ik-llama-cpp-python 0.1.5's vendor/ik_llama.cpp), $CARRIED/whl.
+# A candidate is ENGINE/SLICE:TYPE[:LEVER...]. ENGINE is ik (ik_llama.cpp) or ml (mainline llama.cpp).
+# TYPE is a whole-file type (Q4_0 is the slice as written; others every tensor, llama-quantize --pure) or
+# exps=TYPE: the routed experts alone repacked offline into TYPE, every other tensor as written (what a
+# user does once with --custom-q to keep mmap and fast loads). A lever is a llama-bench flag pair without
+# its dash (rtr=1, gr=1, sas=1, muge=1, thp=1, t=12; -repack=0 for mainline's --repack) or `gpu`, every
+# tensor on the GPU (the GPU side's own time per token).
+# Carried: $CARRIED/ik_llama.cpp.tar.xz (ik-llama-cpp-python 0.1.5's vendor/ik_llama.cpp),
+# $CARRIED/llama.cpp.tar.xz (the pinned mainline ref), their cmake-args, $CARRIED/whl.
 set -uo pipefail
 repo=$(pwd)
 carried=${CARRIED:-$repo/.device/fs}
 work=/tmp/decode-hybrid
 res=$work/res
 deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
-REPEATS=${REPEATS:-3} NGEN=${NGEN:-64}
+REPEATS=${REPEATS:-3} NGEN=${NGEN:-32}
 # R1 widths: 12 layers, 3 dense, 9 MoE layers of 32 experts (a token reads 8 of each: 1.78 GB of Q4_0).
 # Qwen3-235B widths: 12 MoE layers of 32 experts (8 read: 1.02 GB of Q4_0).
 R1="synth_shape('deepseek2', layers=12, experts=32, quant='Q4_0')"
 Q235="synth_shape('qwen3moe', layers=12, experts=32, quant='Q4_0')"
-CANDIDATES=${CANDIDATES:-"r1:Q4_0 r1:Q4_0:rtr=1 r1:Q4_0_R8 r1:IQ4_XS r1:IQ4_XS:rtr=1 r1:Q4_0_R8:gr=1
-  r1:Q4_0_R8:sas=1 r1:Q4_0_R8:muge=1 r1:Q4_0_R8:t=12 r1:Q4_0:gpu q235:Q4_0 q235:Q4_0_R8 q235:Q4_0:gpu"}
-# The preset's (compose/deepseek-r1-671b.ik_llama.cpp.yaml) as llama-bench takes them; -mla on R1 only.
-PRESET=(-ngl 99 -fa 1 -ctk q8_0 -b 2048 -ub 2048)
+CANDIDATES=${CANDIDATES:-"ik/r1:Q4_0 ik/r1:Q4_0:rtr=1 ik/r1:exps=Q4_0_R8 ik/r1:exps=Q4_0_R8:gr=1
+  ik/r1:exps=Q4_0_R8:sas=1 ik/r1:exps=Q4_0_R8:muge=1 ik/r1:exps=Q4_0_R8:thp=1 ik/r1:exps=Q4_0_R8:t=12
+  ik/r1:Q4_0:gpu ik/q235:Q4_0 ik/q235:Q4_0:rtr=1 ik/q235:exps=Q4_0_R8 ik/q235:Q4_0:gpu
+  ml/r1:Q4_0 ml/r1:Q4_0:-repack=0 ml/r1:Q4_0:gpu ml/q235:Q4_0 ml/q235:Q4_0:gpu"}
+# The presets' (compose/deepseek-r1-671b.*.yaml) as llama-bench takes them; -mla on R1 under ik only.
+PRESET=(-ngl 99 -ctk q8_0 -b 2048 -ub 2048)
 EXPERTS_ON_CPU='blk\.[0-9]+\.ffn_.*_exps\.weight=CPU'
 
-build() {
-  mkdir -p "$work/ik" && tar -C "$work/ik" --strip-components=1 -xJf "$carried/ik_llama.cpp.tar.xz" &&
-    sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$work/ik" seed &&
-    mapfile -t args <"$carried/ik_llama.cpp.cuda.cmake-args" &&
-    cmake -S "$work/ik" -B "$work/ik/build" -G Ninja "${args[@]}" &&
-    cmake --build "$work/ik/build" --target llama-bench llama-quantize --parallel 16
+build() {  # ENGINE (ik or ml) TARBALL CMAKE-ARGS TARGET...: both at once share the 16 cores
+  local dir=$work/$1 tarball=$2 args_file=$3
+  shift 3
+  mkdir -p "$dir" && tar -C "$dir" --strip-components=1 -xJf "$carried/$tarball" &&
+    sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$dir" seed &&
+    mapfile -t args <"$carried/$args_file" &&
+    cmake -S "$dir" -B "$dir/build" -G Ninja "${args[@]}" &&
+    cmake --build "$dir/build" --target "$@" --parallel 16
 }
 
 models() {  # each slice in Q4_0, with what a token reads (routed experts; all tensors)
@@ -52,24 +64,35 @@ for name, shape in (('r1', $R1), ('q235', $Q235)):
           facts.read_per_token(False), 'file_bytes', path.stat().st_size, flush=True)"
 }
 
-quantize() {  # every type the candidates name, from the slice's Q4_0 file, every tensor of that type
-  local cand slice type
+quantize() {  # every type the candidates name, from the slice's Q4_0 file
+  local cand slice type how
   for cand in $CANDIDATES; do
-    IFS=: read -r slice type _ <<<"$cand"
+    IFS=: read -r slice type _ <<<"${cand#*/}"
     [ -s "$work/$slice-$type.gguf" ] && continue
+    if [[ $type == exps=* ]]; then  # the experts alone; every other quantized tensor stays Q4_0
+      how=(--custom-q "ffn_.*_exps\\.weight=${type#exps=},.*=q4_0" Q4_0)
+      how[1]=${how[1],,}
+    else
+      how=(--pure "$type")
+    fi
     local t0=$SECONDS
-    "$work/ik/build/bin/llama-quantize" --allow-requantize --pure \
-      "$work/$slice-Q4_0.gguf" "$work/$slice-$type.gguf" "$type" 16 >"$res/quantize-$slice-$type.log" 2>&1
+    "$work/ik/build/bin/llama-quantize" --allow-requantize "${how[@]:0:${#how[@]}-1}" \
+      "$work/$slice-Q4_0.gguf" "$work/$slice-$type.gguf" "${how[-1]}" 16 >"$res/quantize-$slice-$type.log" 2>&1
     echo "$slice $type quantized in $((SECONDS - t0)) s: $(tail -1 "$res/quantize-$slice-$type.log")"
   done
   ls -l "$work"/*.gguf
 }
 
 bench_args() {  # CANDIDATE: llama-bench's arguments
-  local slice type levers lever
-  IFS=: read -r slice type levers <<<"$1"
+  local engine=${1%%/*} slice type levers lever
+  IFS=: read -r slice type levers <<<"${1#*/}"
   local args=(-m "$work/$slice-$type.gguf" "${PRESET[@]}" -p 0 -n "$NGEN" -r 2 -o csv)
-  [ "$slice" = r1 ] && args+=(-mla 3)
+  if [ "$engine" = ik ]; then
+    args+=(-fa 1)
+    [ "$slice" = r1 ] && args+=(-mla 3)
+  else
+    args+=(-fa on -ctv q8_0)  # as mainline's R1 preset: for an MLA model src/llama-context.cpp refuses
+  fi                          # K and V cache types that differ (the levers run lost its mainline R1 rows so)
   [[ ":$levers:" == *:gpu:* ]] || args+=(-ot "$EXPERTS_ON_CPU")
   [[ ":$levers:" == *:t=* ]] || args+=(-t 16)
   for lever in ${levers//:/ }; do
@@ -85,8 +108,8 @@ bench() {  # REPEATS rounds, each every candidate once, in turn
     for cand in $CANDIDATES; do
       mapfile -t args < <(bench_args "$cand")
       echo "== round $round $cand: ${args[*]}"
-      "$work/ik/build/bin/llama-bench" "${args[@]}" 2>>"$res/bench-stderr.log" |
-        sed "s/^/$cand,$round,/" | tee -a "$res/bench.csv"
+      "$work/${cand%%/*}/build/bin/llama-bench" "${args[@]}" 2>>"$res/bench-stderr.log" |
+        sed "s#^#$cand,$round,#" | tee -a "$res/bench.csv"
     done
   done
 }
@@ -99,20 +122,25 @@ pipeline() {
     gcc --version | head -1; nvcc --version | tail -1; df -h /tmp | tail -1
   } >"$res/facts.txt" 2>&1
   gcc -O3 -fopenmp -march=sapphirerapids -o "$work/bw" "$repo/dockerfiles/common/moe-stack-bandwidth.c"
-  build >"$res/build.log" 2>&1 & local builder=$!
+  build ik ik_llama.cpp.tar.xz ik_llama.cpp.cuda.cmake-args llama-bench llama-quantize >"$res/build-ik.log" 2>&1 &
+  local ik=$!
+  build ml llama.cpp.tar.xz llama.cpp.cmake-args llama-bench >"$res/build-ml.log" 2>&1 &
+  local ml=$!
   local t0=$SECONDS
   models >>"$res/models.txt" 2>&1
   echo "models written in $((SECONDS - t0)) s" >>"$res/progress.txt"
-  wait "$builder" || { echo "build failed" >>"$res/progress.txt"; return 1; }
-  echo "built at $((SECONDS - t0)) s" >>"$res/progress.txt"
+  wait "$ik" || { echo "ik build failed" >>"$res/progress.txt"; return 1; }
+  echo "ik built at $((SECONDS - t0)) s" >>"$res/progress.txt"
   quantize >>"$res/progress.txt" 2>&1
+  wait "$ml" || echo "mainline build failed: its candidates are left out" >>"$res/progress.txt"
+  echo "built at $((SECONDS - t0)) s" >>"$res/progress.txt"
   bench >"$res/bench.log" 2>&1
   echo "bench done at $((SECONDS - t0)) s" >>"$res/progress.txt"
 }
 
 collect() {  # wait for the pipeline until the budget, then copy the results
   while [ "$(date +%s)" -lt "$deadline" ] && [ ! -e "$work/done" ]; do sleep 5; done
-  cat "$res/progress.txt" "$res/models.txt" 2>/dev/null; tail -3 "$res/build.log" 2>/dev/null
+  cat "$res/progress.txt" "$res/models.txt" 2>/dev/null; tail -n 3 "$res"/build-*.log 2>/dev/null
   tail -4 "$res/bench.log" 2>/dev/null
   [ -z "${OUT:-}" ] || tar -C "$work" -cJf "$OUT/res.tar.xz" res
 }
@@ -134,5 +162,14 @@ start)
 wait)
   [ -d "$res" ] || { echo "no pipeline on this machine: it was handed back since \`start\`" >&2; exit 1; }
   collect
+  ;;
+rebench)
+  [ -e "$work/done" ] || { echo "no finished pipeline on this machine: run \`start\` first" >&2; exit 1; }
+  res=$work/res2
+  mkdir -p "$res" && cp "$work/res/models.txt" "$work/res/facts.txt" "$work/res/progress.txt" "$res/"
+  timeout $((deadline - $(date +%s))) bash -c "$(declare -f bench_args bench); $(declare -p PRESET)
+    work=$work res=$res REPEATS=$REPEATS NGEN=$NGEN EXPERTS_ON_CPU='$EXPERTS_ON_CPU'
+    CANDIDATES='$(echo $CANDIDATES)'; bench" >"$res/bench.log" 2>&1
+  [ -z "${OUT:-}" ] || tar -C "$work" -cJf "$OUT/res2.tar.xz" res2
   ;;
 esac
