@@ -19,13 +19,18 @@ from builder.cli.common import (
 from builder.docker_client import docker, gpu_passthrough_available
 from builder.errors import (
     DockerUnavailable,
+    ModelError,
+    StackError,
 )
 from builder.host.probe import probe
 from builder.models.formats import GGUF
 from builder.models.hub import size_problems
 from builder.models.kt_weights import read_checkpoint
+from builder.models.planner import ModelFacts, read_facts
 from builder.platform.local_cuda import local_cuda_images
-from builder.stacks.doctor import as_dicts, diagnose
+from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
+from builder.stacks.doctor import as_dicts, bandwidth_finding, diagnose
+from builder.stacks.run import run_in_image
 
 
 def doctor(
@@ -36,6 +41,15 @@ def doctor(
             "-m",
             help="also check this GGUF fits in RAM + VRAM; or, for a Hugging Face checkpoint directory, "
             "whether kt-kernel's AMX weights are converted beside it",
+        ),
+    ] = None,
+    bandwidth: Annotated[
+        str | None,
+        typer.Option(
+            "--bandwidth",
+            metavar="IMAGE",
+            help="also measure this host's memory read rate with moe-stack-bandwidth in IMAGE (an engine "
+            "image built for this CPU), and with --model GGUF the decode ceiling it sets",
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="findings as JSON")] = False,
@@ -62,6 +76,8 @@ def doctor(
         checkpoint=read_checkpoint(checkpoint.resolve()).path if checkpoint else None,
         cuda_bases={name: client.image.exists(name) for name in local_cuda_images()} if client else None,
     )
+    if bandwidth is not None:
+        findings.append(bandwidth_finding(bandwidth, _read_rate(bandwidth), _facts(gguf)))
     if as_json:
         sys.stdout.write(json.dumps(as_dicts(findings), indent=2) + "\n")
     else:
@@ -79,3 +95,21 @@ def doctor(
         out.print(table)
     if any(finding.level == "FAIL" for finding in findings):
         raise typer.Exit(1)
+
+
+def _read_rate(image: str) -> ReadBandwidth | str:
+    """moe-stack-bandwidth's figures in a container of `image`, or why there are none."""
+    try:
+        printed = run_in_image(image, [TOOL, str(ARRAY_MIB)])
+    except StackError as err:
+        return str(err)
+    return parse_bandwidth(printed) or f"{TOOL} printed no read rate: {printed.strip()[-120:]!r}"
+
+
+def _facts(gguf: Path | None) -> ModelFacts | None:
+    """The model's facts for the decode ceiling; None without a GGUF or one whose header can't be read
+    here (the model finding above already says what is wrong with its files)."""
+    try:
+        return read_facts(GGUF.check(gguf)) if gguf else None
+    except ModelError:
+        return None

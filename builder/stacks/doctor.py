@@ -14,11 +14,12 @@ from builder.engines import LLAMA_CPP
 from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
-from builder.models.planner import size
+from builder.models.planner import ModelFacts, size
 from builder.platform.local_cuda import LOCAL_CUDA, WHERE, origin_of
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, driver_runs, highest_cuda
 from builder.spec import cuda_knows_arch
+from builder.stacks.bandwidth import DecodeBound, ReadBandwidth
 from builder.stacks.kt_convert import default_output
 from builder.stacks.memory_use import beside_model_bytes
 from builder.stacks.pinned_memory import pinned_finding
@@ -403,6 +404,32 @@ def _numa_policies(host: HostFacts, model_bytes: int) -> list[Finding]:
         )
     )
     return findings
+
+
+def bandwidth_finding(image: str, measured: ReadBandwidth | str, model: ModelFacts | None) -> Finding:
+    """This host's memory read rate as moe-stack-bandwidth in `image` measures it (built for the image's
+    CPU target, wide loads, threads pinned to cores: the way decode reads the experts), and with a model
+    decode's ceiling: hybrid (the routed experts a token runs through, from RAM) and CPU-only (every
+    active weight). `measured` is why it couldn't be read, when it couldn't."""
+    if isinstance(measured, str):
+        return Finding(
+            "WARN",
+            "bandwidth",
+            f"no read rate: {measured}",
+            "name an engine image built for this CPU (moe-stack images) that has moe-stack-bandwidth",
+        )
+    said = f"memory read rate {measured.describe()}, best of 5 rounds (moe-stack-bandwidth in {image})"
+    if model is not None:
+        ceilings = []
+        for kind, hybrid in ([("hybrid", True)] if model.expert_count else []) + [("CPU-only", False)]:
+            bound = DecodeBound(measured, model.read_per_token(hybrid), hybrid)
+            if bound.bound_tps is not None:
+                ceilings.append(
+                    f"{kind} decode can't pass {bound.bound_tps:.1f} t/s "
+                    f"({bound.bytes_per_token / 1e6:.1f} MB read a token)"
+                )
+        said += "; " + ", ".join(ceilings)
+    return Finding("OK", "bandwidth", said)
 
 
 def as_dicts(findings: list[Finding]) -> list[dict[str, str]]:

@@ -68,6 +68,34 @@ def run_in_service(compose_file: Path, service: str, profile: str | None, comman
     return printed if isinstance(printed, str) else ""
 
 
+def run_in_image(image: str, command: list[str]) -> str:
+    """What `command` prints run once in a fresh container of the local `image` (as the image's user, no
+    network, no capabilities); StackError naming its last error line when the image is missing or the
+    command fails."""
+    client = docker()
+    if not client.image.exists(image):
+        raise StackError(f"no image {image} in the Docker store (`docker images` lists them)")
+    printed: list[str] = []
+    errors: list[str] = []
+    try:
+        for source, raw in client.container.run(
+            image,
+            command[1:],
+            entrypoint=command[0],
+            remove=True,
+            pull="never",
+            networks=["none"],
+            cap_drop=["ALL"],
+            security_options=["no-new-privileges"],
+            stream=True,
+        ):
+            (printed if source == "stdout" else errors).append(raw.decode(errors="replace"))
+    except DockerException:
+        said = [line for line in "".join(errors).splitlines() if line.strip() and "--help" not in line]
+        raise StackError(f"{command[0]} failed in {image}: {(said or ['no output'])[-1].strip()}") from None
+    return "".join(printed)
+
+
 def stack_api_key(compose_file: Path) -> str | None:
     """The API key a stack enforces (first line of its secret file), or None."""
     for secret in (StackFile.read(compose_file).secrets or {}).values():

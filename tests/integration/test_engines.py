@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -17,6 +18,7 @@ from builder.errors import StackError
 from builder.files import cache_dir
 from builder.images.prometheus import make_prometheus
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE
+from builder.models.planner import read_facts
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.api import EngineApi
@@ -88,6 +90,31 @@ def test_isa_guard_names_missing_flags(engine_image: BuiltImage, tmp_path: Path)
         "moe-stack: this image needs CPU flags this host lacks: moe_stack_no_such_flag; use an image built "
         "for this CPU (moe-stack doctor names it)"
     )
+
+
+def test_doctor_reads_the_decode_bound_in_an_engine_image(base_image: str, moe_model: Path) -> None:
+    image = build_engine_image("llama.cpp", "avx2", base_image)  # the default tier's, already built
+    result = run_cli("doctor", "--bandwidth", image.tag, "--model", str(moe_model), "--json")
+    found = {f["topic"]: f for f in json.loads(result.stdout)}["bandwidth"]
+    assert found["level"] == "OK", found
+    said = re.fullmatch(
+        r"memory read rate ([\d.]+) GB/s \(median ([\d.]+), min ([\d.]+)\), best of 5 rounds "
+        rf"\(moe-stack-bandwidth in {re.escape(image.tag)}\); hybrid decode can't pass ([\d.]+) t/s "
+        r"\(([\d.]+) MB read a token\), CPU-only decode can't pass ([\d.]+) t/s \(([\d.]+) MB read a token\)",
+        found["message"],
+    )
+    assert said is not None, found["message"]
+    best, median, low, hybrid_tps, hybrid_mb, cpu_tps, cpu_mb = map(float, said.groups())
+    assert 0 < low <= median <= best
+    # The ceilings: the read rate over what a token reads (the routed experts alone in hybrid)
+    routed, every = (read_facts(moe_model).read_per_token(hybrid) for hybrid in (True, False))
+    assert (hybrid_mb, cpu_mb) == (round(routed / 1e6, 1), round(every / 1e6, 1))
+    assert hybrid_tps == pytest.approx(best * 1e9 / routed, rel=0.01)
+    assert cpu_tps == pytest.approx(best * 1e9 / every, rel=0.01)
+    missing = run_cli("doctor", "--bandwidth", "moe-stack-test/no-such-image:1", "--json")
+    warned = {f["topic"]: f for f in json.loads(missing.stdout)}["bandwidth"]
+    assert warned["level"] == "WARN", warned
+    assert "no image moe-stack-test/no-such-image:1" in warned["message"], warned
 
 
 def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start_stack: StackFactory) -> None:

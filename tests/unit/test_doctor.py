@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from builder.host.probe import probe
+from builder.models.planner import ModelFacts
 from builder.platform.toolchain import highest_cuda
-from builder.stacks.doctor import Finding, diagnose
+from builder.stacks.bandwidth import ReadBandwidth
+from builder.stacks.doctor import Finding, bandwidth_finding, diagnose
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted
@@ -201,3 +203,25 @@ def test_doctor_names_a_registry_free_base_for_each_driver_and_gpu() -> None:
     assert _cuda_images("12.8", "570.86.15", 120).endswith(
         "no registry-free base runs arch 120 on this driver (CUDA 12.8 is registry-only here)"
     )
+
+
+def test_the_bandwidth_finding_gives_decode_its_ceiling() -> None:
+    # A read rate of 100 GB/s; a model whose layers hold 2 GB of routed experts each (8 of 256 read a
+    # token) beside 10 GB of other weights: hybrid reads 60 x 62.5 MB, CPU-only 10 GB more.
+    rate = ReadBandwidth(100.0, 90.0, 80.0)
+    moe = ModelFacts("deepseek2", 60, (2 * 10**9,) * 60, 10 * 10**9, 1, 1, 1, None, 256, 8)
+    found = bandwidth_finding("moe-stack/llama-cpp:cpu-zen4", rate, moe)
+    assert found.level == "OK"
+    assert found.message == (
+        "memory read rate 100.0 GB/s (median 90.0, min 80.0), best of 5 rounds (moe-stack-bandwidth in "
+        "moe-stack/llama-cpp:cpu-zen4); hybrid decode can't pass 26.7 t/s (3750.0 MB read a token), "
+        "CPU-only decode can't pass 7.3 t/s (13750.0 MB read a token)"
+    )
+    dense = ModelFacts("llama", 32, (0,) * 32, 4 * 10**9, 8, 128, 128)
+    assert bandwidth_finding("x", rate, dense).message.endswith(
+        "; CPU-only decode can't pass 25.0 t/s (4000.0 MB read a token)"
+    )
+    assert bandwidth_finding("x", rate, None).message.endswith("(moe-stack-bandwidth in x)")
+    refused = bandwidth_finding("x", "no image x in the Docker store", moe)
+    assert (refused.level, refused.message) == ("WARN", "no read rate: no image x in the Docker store")
+    assert "moe-stack images" in refused.fix
