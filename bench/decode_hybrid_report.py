@@ -78,9 +78,7 @@ def main() -> None:
         )
     }
     rates = decode_rates(options.results / "bench.csv", rounds)
-    gpu_s = {
-        split_candidate(c)[:2]: 1 / statistics.median(r) for c, r in rates.items() if c.endswith(":gpu")
-    }
+    gpu_s = {split_candidate(c)[:2]: 1 / statistics.median(r) for c, r in rates.items() if c.endswith(":gpu")}
     rows: list[dict[str, Any]] = []
     for candidate, tps in rates.items():
         if candidate.endswith(":gpu"):
@@ -116,7 +114,8 @@ def main() -> None:
     for row in rows:
         low, high = row["decode_tps_range"]
         print(
-            f"| {row['engine']} | {row['shape'].split()[0]} {row['quant']} | {row['decode_tps']} ({low}-{high}) | "
+            f"| {row['engine']} | {row['shape'].split()[0]} {row['quant']} | "
+            f"{row['decode_tps']} ({low}-{high}) | "
             f"{row['routed_bytes_per_token'] / 1e6:.0f} | **{row['ratio']:.2f}** | "
             f"{row['cpu_side_ratio']:.2f} |"
         )

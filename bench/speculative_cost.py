@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--draft-max", type=int, default=4)
     args = parser.parse_args()
-    image = args.image or image_tag(default_image_spec(args.engine, gpu=False))
+    image = args.image or image_tag(default_image_spec(get_engine(args.engine), gpu=False))
     with tempfile.TemporaryDirectory(prefix="moe-stack-spec-") as tmp, contextlib.ExitStack() as running:
         directory = Path(tmp)
         directory.chmod(0o755)

@@ -10,6 +10,9 @@ CHAT_PAGE_CONTEXT = "chat-page"
 MODEL_DIR = "/models"  # the model's directory (or its files), read-only
 CONFIG_DIR = "/model-config"  # KTransformers: the model's Hugging Face directory, beside the weights
 HUGETLBFS_DIR = "/hugepages"  # where the entrypoint stages a model onto a hugetlbfs volume
+# The persistent prompt cache (`compose --keep-prompts`): the server's saved slots, on the stack's named
+# volume (Docker copies this directory's owner, the image's user, into a new volume).
+PROMPTS_DIR = "/var/lib/moe-stack/prompts"
 API_KEY_SECRET = "moe-stack-api-key"
 API_KEY_PATH = f"/run/secrets/{API_KEY_SECRET}"
 ENGINE_DIR = "/opt/engine"  # the engine's programs (bin/) and libraries
@@ -38,6 +41,10 @@ PROMETHEUS_CONFIG_ENV = "MOE_STACK_PROMETHEUS_CONFIG"  # the scrape configuratio
 NUMA_ENV = "MOE_STACK_NUMA"  # the numactl policy: interleave[:NODES] | membind:NODES | cpunodebind:NODES
 HUGETLBFS_ENV = "MOE_STACK_HUGETLBFS"  # where the entrypoint stages the model (a hugetlbfs mount)
 API_KEY_FILE_ENV = "MOE_STACK_API_KEY_FILE"  # the key's file, for a server that takes no key file flag
+# The prompt cache's name for this model and engine build: the entrypoint restores the slots saved
+# under it once the server is healthy and saves them when the container is stopped.
+PROMPTS_ENV = "MOE_STACK_PROMPTS"
+SLOTS_ENV = "MOE_STACK_SLOTS"  # how many slots the server has (--parallel): each is saved and restored
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
 IMAGE_ENV = (
@@ -45,6 +52,7 @@ IMAGE_ENV = (
     "MOE_STACK_MODEL_FLAGS",
     "MOE_STACK_TOOLS_DIR",
     "MOE_STACK_ROUTER_PRESET_FILE",
+    "MOE_STACK_PROMPTS_DIR",  # the prompt cache's mount point (PROMPTS_DIR), for moe-stack-prompts
     SERVER_MODULE_ENV,
     "MOE_STACK_HEALTH_PATH",
     "MOE_STACK_SKIP_ISA_GUARD",

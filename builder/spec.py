@@ -469,5 +469,6 @@ ENGINE_OPTIONS: dict[str, str] = {
     "hugepages": "--hugepages",
     "hugetlbfs": "--hugetlbfs",
     "api_key_file": "--api-key-file",
+    "keep_prompts": "--keep-prompts",
     "extra_args": "extra engine arguments (after --)",
 }

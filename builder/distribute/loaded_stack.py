@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.contract import (
+    API_KEY_FILE_ENV,
+    API_KEY_PATH,
     CONFIG_DIR,
     CONTAINER_PORT,
     HUGETLBFS_DIR,
     HUGETLBFS_ENV,
     MODEL_DIR,
     NUMA_ENV,
+    PROMPTS_ENV,
     ROUTER_PRESET_ENV,
+    SLOTS_ENV,
     prometheus_image,
 )
 from builder.errors import MoeStackError
@@ -37,6 +41,8 @@ from builder.stacks.document import (
     HUGETLBFS_VOLUME,
     MONITORING_MOUNT,
     MONITORING_SERVICE,
+    PROMPTS_MOUNT,
+    PROMPTS_STOP_GRACE,
     SERVICE,
     config_mount,
     file_mount,
@@ -60,6 +66,8 @@ _SIZE = re.compile(r"[1-9][0-9]*[kmg]?")
 _SECONDS = re.compile(r"([1-9][0-9]{0,5})s")
 _PAGE_SIZE = re.compile(r"pagesize=(2M|1G),.*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_PROMPTS_KEY = re.compile(r"[0-9a-f]{16}")
+_SLOTS = re.compile(r"[1-9][0-9]{0,2}")
 
 
 class UntrustedBundle(MoeStackError):
@@ -148,6 +156,8 @@ def _engine_service(
         placement(environment, caps, cpuset or None, _gpu(name, service)),
         choices.api_key_file is not None,
     )
+    if PROMPTS_ENV in environment:
+        rebuilt = rebuilt.model_copy(update={"stop_grace_period": PROMPTS_STOP_GRACE})
     if profiled:
         return rebuilt.model_copy(update={"profiles": (GPU_PROFILE if name == SERVICE else CPU_PROFILE,)})
     return rebuilt
@@ -207,17 +217,20 @@ def _other_mounts(
             mounts.append(config_mount(choices.config_dir.resolve()))
         elif volume == HUGETLBFS_MOUNT and environment.get(HUGETLBFS_ENV) == HUGETLBFS_DIR:
             mounts.append(HUGETLBFS_MOUNT)
+        elif volume == PROMPTS_MOUNT and PROMPTS_ENV in environment:
+            mounts.append(PROMPTS_MOUNT)
         else:
             raise UntrustedBundle(
                 f"service {name} mounts {volume.source} at {target}; a moe-stack stack "
-                "mounts only the model, its config directory and its hugetlbfs volume"
+                "mounts only the model, its config directory, its hugetlbfs volume and its prompt cache"
             )
     return mounts
 
 
 def _environment(name: str, service: Service) -> dict[str, str]:
     environment = service.env
-    unknown = sorted(set(environment) - {NUMA_ENV, HUGETLBFS_ENV, ROUTER_PRESET_ENV})
+    known = {NUMA_ENV, HUGETLBFS_ENV, ROUTER_PRESET_ENV, PROMPTS_ENV, SLOTS_ENV, API_KEY_FILE_ENV}
+    unknown = sorted(set(environment) - known)
     if unknown:
         raise UntrustedBundle(
             f"service {name} sets the environment variable {unknown[0]}, which moe-stack never sets"
@@ -226,8 +239,14 @@ def _environment(name: str, service: Service) -> dict[str, str]:
         raise UntrustedBundle(
             f"service {name}'s NUMA policy {environment[NUMA_ENV]!r} is not one moe-stack writes"
         )
+    if environment.get(API_KEY_FILE_ENV, API_KEY_PATH) != API_KEY_PATH:
+        raise UntrustedBundle(f"service {name} reads its API key elsewhere than {API_KEY_PATH}")
     if environment.get(HUGETLBFS_ENV, HUGETLBFS_DIR) != HUGETLBFS_DIR:
         raise UntrustedBundle(f"service {name} stages the model elsewhere than {HUGETLBFS_DIR}")
+    if not _PROMPTS_KEY.fullmatch(environment.get(PROMPTS_ENV, "0" * 16)) or not _SLOTS.fullmatch(
+        environment.get(SLOTS_ENV, "1")
+    ):
+        raise UntrustedBundle(f"service {name}'s prompt cache is not named as moe-stack names it")
     preset = environment.get(ROUTER_PRESET_ENV, "")
     if _CONTROL.search(preset.replace("\n", "")):
         raise UntrustedBundle(f"service {name}'s router preset holds a control character")

@@ -38,7 +38,11 @@ class LlamaCpp(LlamaFamilyEngine):
         frozenset({"--sleep-idle-seconds"}),
         frozenset({"-rea", "--reasoning"}),
         frozenset({"--reasoning-effort"}),
+        frozenset({"--swa-full"}),
     )
+    # --swa-full is a switch, the same however often given: a user's own (`-- --swa-full`) stays allowed
+    # beside the one --keep-prompts writes for a sliding-window model (own_args).
+    merged_flags = LlamaFamilyEngine.merged_flags | {"--swa-full"}
     # `--reasoning on|off|auto`, `--reasoning-effort LEVEL`, and a --reasoning-budget that ends thinking
     # after N tokens, at the pinned ref (engines/reasoning.py).
     reasoning_flags = True
@@ -59,15 +63,22 @@ class LlamaCpp(LlamaFamilyEngine):
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """Idle unload: `--sleep-idle-seconds N` (the server frees the model, and loads it again on the
-        next request; at the pinned ref, tools/server)."""
+        next request; at the pinned ref, tools/server). A kept prompt cache of a sliding-window model:
+        `--swa-full`, without which a restored slot holds only the window of those layers and the server
+        prefills the prompt again (measured: bench/results/prompt-restart-2026-12-03)."""
+        args = []
+        if stack.keep_prompts and stack.sliding_window and "--swa-full" not in stack.extra_args:
+            if not has_flag(flags, "--swa-full"):
+                raise StackError(f"this {self.name} build has no --swa-full; drop --keep-prompts")
+            args.append("--swa-full")
         if stack.idle_unload is None:
-            return []
+            return args
         if not has_flag(flags, "--sleep-idle-seconds"):
             raise StackError(
                 f"this {self.name} build has no --sleep-idle-seconds; drop --idle-unload, or build the "
                 "pinned ref (`moe-stack build --engine llama.cpp`)"
             )
-        return ["--sleep-idle-seconds", str(stack.idle_unload)]
+        return [*args, "--sleep-idle-seconds", str(stack.idle_unload)]
 
     def draft_type_args(self, flags: dict[str, str] | None) -> list[str]:
         """`--spec-type draft-simple`: with -md alone the pinned server only drafts if the file names an

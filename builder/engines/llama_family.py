@@ -14,6 +14,7 @@ from builder.contract import (
     CONTAINER_PORT,
     ENGINE_BIN_DIR,
     MODEL_DIR,
+    PROMPTS_DIR,
     TOOLS_LABEL,
 )
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # the specs hold an adapter: they import this package
 # The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at
 # CCACHE_CONFIG and named by CCACHE_CONFIGPATH (so ccache reads no ccache.conf from the cache directory),
 # and the script that copies only ccache's objects into and out of the cache mount (images/ccache_carry.py).
+SLOT_SAVE_FLAG = "--slot-save-path"  # both servers' slot files: POST /slots/ID?action=save|restore
 CCACHE_CONFIG_FILE = "ccache.conf"
 CCACHE_CONFIG = "/etc/moe-stack-ccache.conf"
 CCACHE_OBJECTS_SCRIPT = "ccache-objects.sh"
@@ -117,6 +119,7 @@ class LlamaFamilyEngine(Engine):
             "mlock",
             "hugetlbfs",
             "api_key_file",
+            "keep_prompts",
             "extra_args",
             "draft_model",
             "mtp",
@@ -166,6 +169,7 @@ class LlamaFamilyEngine(Engine):
             ("-cram", "--cache-ram"),
             ("-lm", "--load-mode", "--no-mmap", "--mmap", "--mlock"),
             ("--api-key", "--api-key-file"),
+            (SLOT_SAVE_FLAG,),
             ("-md", "--model-draft", "--spec-draft-model"),
             ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),
             ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
@@ -315,7 +319,7 @@ class LlamaFamilyEngine(Engine):
     def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
         files = {
             name: (root / "common" / name).read_text()
-            for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c")
+            for name in ("moe-stack-hugecopy.c", "moe-stack-bandwidth.c", "moe-stack-prompts")
         }
         for name in (CCACHE_CONFIG_FILE, CCACHE_OBJECTS_SCRIPT):  # the compile cache's settings, its carrier
             files[name] = (root / "llama-cpp-family" / name).read_text()
@@ -392,6 +396,10 @@ class LlamaFamilyEngine(Engine):
         args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.api_key_file is not None:
             args += ["--api-key-file", API_KEY_PATH]
+        if stack.keep_prompts:
+            if not has_flag(flags, SLOT_SAVE_FLAG):
+                raise StackError(f"this {self.name} build has no {SLOT_SAVE_FLAG}; drop --keep-prompts")
+            args += [SLOT_SAVE_FLAG, f"{PROMPTS_DIR}/"]
         return args
 
     def renders_jinja(self, stack: StackSpec) -> bool:

@@ -100,6 +100,12 @@ class StackSpec(NeutralOptions):
     # /dev/shm: Docker's 64 MB default is too small for CUDA IPC and the Python engines' workers.
     shm_size: str = "1g"
     api_key_file: Path | None = None
+    # The persistent prompt cache: the server's slots saved on a named volume when the container stops
+    # and restored when it is healthy again (llama.cpp engines' --slot-save-path).
+    keep_prompts: bool = False
+    # The model's attention keeps a sliding window in some layers (its GGUF's attention.sliding_window):
+    # read where it matters, for --keep-prompts.
+    sliding_window: bool = False
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 

@@ -17,6 +17,7 @@ from builder.contract import (
     IMAGE_UID,
     LABEL_PREFIX,
     PARSER_FLAGS_FILE,
+    PROMPTS_DIR,
     ROUTER_PRESET,
 )
 from builder.engines.specs import ImageSpec
@@ -102,6 +103,7 @@ def render_files(spec: ImageSpec) -> dict[str, str]:
         "build_packages": tools.build_packages,
         "runtime_packages": tools.runtime_packages,
         "uid": IMAGE_UID,
+        "prompts_dir": PROMPTS_DIR,
         "engine_dir": ENGINE_DIR,
         "contract_dir": CONTRACT_DIR,
         "help_file": HELP_FILE,

@@ -89,6 +89,9 @@ class ModelFacts:
     # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
     # layers' cache on both engines, tests/integration/test_families.py).
     nextn_layers: int = 0
+    # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): their cache keeps only
+    # the window, and a saved slot with it (mainline restores such a slot only with --swa-full).
+    sliding_window: int = 0
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -268,6 +271,7 @@ def read_facts(path: Path) -> ModelFacts:
         vocab=vocab,
         hidden=embd,
         nextn_layers=nextn,
+        sliding_window=max(0, _number(reader, f"{arch}.attention.sliding_window", default=0)),
     )
 
 

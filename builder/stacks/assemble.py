@@ -75,6 +75,7 @@ class StackOptions(BaseModel):
     trust_remote_code: bool = False
     gpu_experts: int | None = None
     mlock: bool = False
+    keep_prompts: bool = False
     hugepages: bool = False
     hugetlbfs: Literal["off", "2M", "1G"] = "off"
     shm_size: str = "1g"
@@ -174,6 +175,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         engine_fit=options.placement == "fit",
         vram_margin_mib=round(options.vram_margin_gb * 1024),
         mlock=options.mlock,
+        keep_prompts=options.keep_prompts,
+        sliding_window=options.keep_prompts and adapter.model_format.facts(model).sliding_window > 0,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,
         shm_size=options.shm_size,

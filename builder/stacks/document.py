@@ -25,7 +25,10 @@ from builder.contract import (
     PROMETHEUS_CONFIG_ENV,
     PROMETHEUS_DATA,
     PROMETHEUS_PORT,
+    PROMPTS_DIR,
+    PROMPTS_ENV,
     ROUTER_PRESET_ENV,
+    SLOTS_ENV,
     prometheus_image,
 )
 from builder.engines.specs import StackSpec
@@ -60,6 +63,11 @@ HEALTHCHECK = ("CMD", "/usr/local/bin/moe-stack-health")
 # A server that logs every request must not fill the disk: at most 3 × 50 MB per service.
 LOGGING = Logging(driver="json-file", options={"max-size": "50m", "max-file": "3"})
 MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
+PROMPTS_VOLUME = "prompts"
+PROMPTS_MOUNT = Mount(type="volume", source=PROMPTS_VOLUME, target=PROMPTS_DIR)
+# How long a stop waits for the server's slots to be saved before Docker kills it (its default is 10 s):
+# a long context's cache is gigabytes (Qwen3-235B's f16 KV at 128k tokens: 12 GB), a minute on a slow disk.
+PROMPTS_STOP_GRACE = "5m"
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
@@ -73,6 +81,7 @@ class StackFiles:
     model: Path  # the model's first (or only) file
     mounts: tuple[Mount, ...]  # the model's bind mounts
     api_key: Path | None = None
+    model_bytes: int = 0  # the model's files together (0: not read, as for another machine's stack)
 
 
 def directory_mount(model: Path) -> Mount:
@@ -116,10 +125,12 @@ def compose_document(
     `routed` (each model's stack), one server switches between those models: `stack` gives the
     service (image, port, placement) and each routed stack that model's own flags.
     """
-    service = _service(stack, facts, files.mounts)
+    service = _service(stack, facts, files)
     if routed:
         if cpu_profile is not None or stack.hugetlbfs != "off":
             raise StackError("a stack of several models has one service: drop --cpu-image and --hugetlbfs")
+        if stack.keep_prompts:
+            raise StackError("--keep-prompts keeps one model's slots: drop it for a stack of several models")
         command, preset = _router_command(stack, routed, facts)
         service = service.model_copy(
             update={"command": tuple(command), "environment": {**service.env, ROUTER_PRESET_ENV: preset}}
@@ -128,7 +139,7 @@ def compose_document(
     if cpu_profile is not None:
         cpu_stack, cpu_facts = cpu_profile
         services[SERVICE] = service.model_copy(update={"profiles": (GPU_PROFILE,)})
-        cpu_service = _service(cpu_stack, cpu_facts, files.mounts)
+        cpu_service = _service(cpu_stack, cpu_facts, files)
         services[CPU_SERVICE] = cpu_service.model_copy(update={"profiles": (CPU_PROFILE,)})
     if stack.monitoring_port:
         if routed or not stack.metrics:
@@ -185,6 +196,8 @@ def stack_document(
         volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
     if MONITORING_SERVICE in services:
         volumes[MONITORING_VOLUME] = Volume()
+    if any(PROMPTS_MOUNT in (service.volumes or ()) for service in services.values()):
+        volumes[PROMPTS_VOLUME] = Volume()
     return StackFile(
         name=project,
         record=record.model_copy(update={"lint_exceptions": lint_exceptions(services)}),
@@ -366,15 +379,21 @@ _HARDENED: _Hardening = {
 }
 
 
-def _service(stack: StackSpec, facts: ImageFacts | None, mounts: tuple[Mount, ...]) -> Service:
+def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> Service:
     volumes = (
-        *mounts,
+        *files.mounts,
         *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
         *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else []),
+        *([PROMPTS_MOUNT] if stack.keep_prompts else []),
     )
+    image = pinned_image(stack, facts)
     environment, caps = entrypoint_environment(stack)
-    return service_of(
-        pinned_image(stack, facts),
+    if stack.keep_prompts:
+        environment |= {PROMPTS_ENV: prompts_key(stack, image, files), SLOTS_ENV: str(stack.parallel)}
+        if stack.api_key_file is not None:  # the slots' endpoints want the key too
+            environment[API_KEY_FILE_ENV] = API_KEY_PATH
+    service = service_of(
+        image,
         engine_command(stack, facts),
         published(CONTAINER_PORT, stack.port, stack.bind),
         volumes,
@@ -383,6 +402,20 @@ def _service(stack: StackSpec, facts: ImageFacts | None, mounts: tuple[Mount, ..
         placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
         stack.api_key_file is not None,
     )
+    return (
+        service.model_copy(update={"stop_grace_period": PROMPTS_STOP_GRACE})
+        if stack.keep_prompts
+        else service
+    )
+
+
+def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:
+    """The prompt cache's name: the image (its digest where pinned: the engine build), the model (its
+    file's name and its size) and what shapes a slot's KV cache. A slot saved under one key is restored
+    only into a server started under the same: never another model's or build's."""
+    shape = (stack.ctx_size, stack.parallel, stack.cache_type, stack.cache_type_v, stack.mla)
+    text = f"{image}|{files.model.name}|{files.model_bytes}|{shape}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def service_of(

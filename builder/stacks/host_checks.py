@@ -44,7 +44,9 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)
-    return StackFiles(model=model, mounts=mounts, api_key=key)
+    return StackFiles(
+        model=model, mounts=mounts, api_key=key, model_bytes=sum(p.stat().st_size for p in parts)
+    )
 
 
 def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:

@@ -86,6 +86,11 @@ def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) 
             "--mlock needs an unlimited memlock limit, which a pod spec can't set: drop it for "
             "Kubernetes (or raise the limit in the container runtime's defaults)"
         )
+    if stack.keep_prompts:
+        raise StackError(
+            "--keep-prompts keeps the slots on a compose volume; a pod would need a PersistentVolumeClaim "
+            "(not written yet): drop it for Kubernetes"
+        )
     if options.replicas < 1:
         raise StackError(f"--replicas {options.replicas}: a Deployment runs at least 1")
     command = engine_command(stack, facts)

@@ -80,6 +80,8 @@ class MemoryReport:
             "cpu_weights": "pinned" if self.pinned else "mapped",
             "prompt_cache_bytes": prompt_cache_bytes(self.engine),
             "ram_total_bytes": result.cpu_bytes + self.beside,
+            # compose --keep-prompts: the slot files on the stack's volume, at most the KV cache
+            "kept_prompts_disk_bytes": result.kv_bytes if "keep_prompts" in self.engine.honours else 0,
         }
 
     def gpu_rows(self) -> list[tuple[str, str, str]]:
@@ -149,6 +151,17 @@ class MemoryReport:
                 f"{self.engine.name}'s default prompt cache (compose --cache-ram sizes it)",
             ),
             ("total in RAM", size(result.cpu_bytes + self.beside), f"of {ask.ram_gb:g} GiB"),
+            *(
+                [
+                    (
+                        "kept prompts on disk",
+                        size(result.kv_bytes),
+                        "compose --keep-prompts: at most the KV cache",
+                    )
+                ]
+                if "keep_prompts" in self.engine.honours
+                else []
+            ),
         ]
 
     def flags(self) -> list[str]:

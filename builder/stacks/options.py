@@ -181,6 +181,12 @@ class StackCommandLine(BaseModel):
     api_key_file: Path | None = option(
         None, "--api-key-file", help="file with the API key(s), passed as a compose secret"
     )
+    keep_prompts: bool = option(
+        False,
+        "--keep-prompts",
+        help="keep the server's prompt cache across restarts: its slots saved on a named volume when the "
+        "container stops, restored when it is healthy (llama.cpp engines)",
+    )
     skip_image_checks: bool = option(
         False,
         "--skip-image-checks",
@@ -232,7 +238,7 @@ _AS_GIVEN = {
     "engine", "image", "cpu_image", "project", "port", "bind", "presets_file", "threads", "parallel",
     "experts_on_cpu", "vram_margin_gb", "placement", "chat_template", "served_name", "jinja", "metrics",
     "numa", "gpu", "config_dir", "trust_remote_code", "gpu_experts", "mlock", "hugepages", "hugetlbfs",
-    "shm_size", "api_key_file", "skip_image_checks", "for_other_host",
+    "shm_size", "api_key_file", "keep_prompts", "skip_image_checks", "for_other_host",
 }  # fmt: skip
 
 

@@ -121,6 +121,7 @@ class Service(_Part):
     shm_size: StrictStr | None = None
     healthcheck: Healthcheck | None = None
     restart: StrictStr | None = None
+    stop_grace_period: StrictStr | None = None
     logging: Logging | None = None
     environment: dict[str, StrictStr] | None = None
     ulimits: dict[str, Ulimit] | None = None

@@ -55,6 +55,7 @@ def test_render_writes_a_build_context(tmp_path: Path) -> None:
         "moe-stack-entrypoint",
         "moe-stack-health",
         "moe-stack-hugecopy.c",
+        "moe-stack-prompts",
         "required-cpu-flags",
     ]
     assert json.loads((tmp_path / "ctx/image.json").read_text())["cuda_archs"] == [86, 89, 90, 120]
@@ -138,6 +139,7 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
     # RAM: the weights left there, the engine's 8 GiB prompt cache and 2 GiB of its own buffers
     assert doc["prompt_cache_bytes"] == 8 * 2**30
     assert doc["ram_total_bytes"] == doc["cpu_bytes"] + 10 * 2**30
+    assert doc["kept_prompts_disk_bytes"] == doc["kv_bytes"] > 0  # --keep-prompts: at most the KV cache
     refused = run_cli("synth-moe", str(tmp_path / "x.gguf"), "--tiny", "--hidden", "100")
     assert refused.returncode == 1 and "multiple of 32" in refused.stderr
 

@@ -16,6 +16,8 @@ DECLARED = {
     contract.API_KEY_FILE_ENV,
     contract.ROUTER_PRESET_ENV,
     contract.PROMETHEUS_CONFIG_ENV,
+    contract.PROMPTS_ENV,
+    contract.SLOTS_ENV,
     *contract.IMAGE_ENV,
 }
 

@@ -40,6 +40,7 @@ STACK_OWN = {
     "shm_size",
     "start_period_s",
     "vram_margin_mib",  # written only by the engine-fit placement (with engine_fit), else the plan's
+    "sliding_window",  # a fact of the model, read for --keep-prompts
 }
 # A value other than the default for each engine option (valid together with the base stack).
 CHANGED: dict[str, object] = {
@@ -83,6 +84,7 @@ CHANGED: dict[str, object] = {
     "hugepages": True,
     "hugetlbfs": "2M",
     "api_key_file": "key",
+    "keep_prompts": True,
     "extra_args": ("--verbose",),
     "draft_model": "d.gguf",
     "mtp": True,

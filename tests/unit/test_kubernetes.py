@@ -200,6 +200,8 @@ def test_hugepages_and_refusals(tmp_path: Path) -> None:
         manifests(stack.model_copy(update={"mlock": True, "hugetlbfs": "off"}), None, KubeOptions())
     with pytest.raises(StackError, match="--monitoring is compose's"):
         manifests(stack.model_copy(update={"monitoring_port": 9090}), None, KubeOptions())
+    with pytest.raises(StackError, match="--keep-prompts keeps the slots on a compose volume"):
+        manifests(stack.model_copy(update={"keep_prompts": True}), None, KubeOptions())
 
 
 def test_every_cpu_target_flag_nfd_labels_is_named() -> None:

@@ -1,0 +1,92 @@
+"""`compose --keep-prompts`: the server's slots on a named volume of the stack, under a key of the model
+and the engine build, a stop long enough to save them; refused where it can't be kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.engines.specs import StackSpec
+from builder.errors import StackError
+from builder.host.probe import probe
+from builder.models.planner import read_facts
+from builder.models.synth_families import synth_shape
+from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.stacks.assemble import StackOptions, assemble_stack
+from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.specs import compose_dict, readable_file, routed_stacks
+
+
+def _stack(model: Path, **options: object) -> StackSpec:
+    return StackSpec.model_validate(
+        {"project": "p", "engine": "llama.cpp", "image": "i:1", "model": model, "threads": 4, **options}
+    )
+
+
+def test_the_slots_are_saved_on_the_stacks_volume_under_the_models_key(tmp_path: Path) -> None:
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF" + b"\0" * 60)
+    doc = compose_dict(_stack(model, keep_prompts=True, parallel=2), "x")
+    service = doc["services"]["engine"]
+    command = service["command"]
+    assert command[command.index("--slot-save-path") + 1] == "/var/lib/moe-stack/prompts/"
+    mount = {"type": "volume", "source": "prompts", "target": "/var/lib/moe-stack/prompts"}
+    assert mount in service["volumes"]
+    assert doc["volumes"]["prompts"] == {}
+    assert service["stop_grace_period"] == "5m"  # Docker's 10 s can't save a long context's cache
+    key = service["environment"]["MOE_STACK_PROMPTS"]
+    assert len(key) == 16 and int(key, 16) >= 0 and service["environment"]["MOE_STACK_SLOTS"] == "2"
+    # The same stack gets the same key; another model file, image or KV shape another one.
+    again = compose_dict(_stack(model, keep_prompts=True, parallel=2), "y")["services"]["engine"]
+    assert again["environment"]["MOE_STACK_PROMPTS"] == key
+    model.write_bytes(b"GGUF" + b"\0" * 61)  # the same name, another file (a re-quantized download)
+    others = [
+        _stack(model, keep_prompts=True, parallel=2),
+        _stack(tmp_path / "m" / "x.gguf", keep_prompts=True, parallel=2, image="i:2"),
+        _stack(tmp_path / "m" / "x.gguf", keep_prompts=True, parallel=2, ctx_size=8192),
+    ]
+    keys = {compose_dict(s, "x")["services"]["engine"]["environment"]["MOE_STACK_PROMPTS"] for s in others}
+    assert len(keys) == 3 and key not in keys
+    plain = compose_dict(_stack(model), "x")
+    assert "volumes" not in plain and "stop_grace_period" not in plain["services"]["engine"]
+
+
+def test_where_it_cant_be_kept_it_is_refused(tmp_path: Path) -> None:
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+    with pytest.raises(StackError, match="ktransformers does not read --keep-prompts: drop it"):
+        compose_dict(_stack(model, keep_prompts=True, engine="ktransformers"), "x")
+    routed = routed_stacks(tmp_path)
+    with pytest.raises(StackError, match="--keep-prompts keeps one model's slots"):
+        compose_dict(routed[0].model_copy(update={"keep_prompts": True}), "x", routed=routed)
+
+
+def test_a_bundle_keeps_its_prompt_cache_and_nothing_else_by_that_name(tmp_path: Path) -> None:
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+    doc = compose_dict(_stack(model, keep_prompts=True), "x")
+    rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(model,))).document()
+    assert rebuilt["volumes"] == doc["volumes"]
+    assert rebuilt["services"]["engine"]["environment"] == doc["services"]["engine"]["environment"]
+    assert rebuilt["services"]["engine"]["stop_grace_period"] == "5m"
+    doc["services"]["engine"]["environment"]["MOE_STACK_PROMPTS"] = "../../etc"
+    with pytest.raises(UntrustedBundle, match="prompt cache is not named as moe-stack names it"):
+        rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(model,)))
+
+
+def test_a_sliding_window_model_keeps_its_full_cache_on_mainline(tmp_path: Path) -> None:
+    # Gemma 3's restored slot was prefilled again without it (bench/results/prompt-restart-2026-12-03)
+    host = probe(
+        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=8, threads=1, node_gib=64),
+        nvidia_smi_text="",
+    )
+    swa = write_moe_gguf(tmp_path / "models" / "oss.gguf", synth_shape("gpt-oss", tiny=True))
+    full = write_moe_gguf(tmp_path / "models" / "moe.gguf", MoeShape(layers=4))
+    assert read_facts(swa).sliding_window > 0 and read_facts(full).sliding_window == 0
+
+    def command(model: Path, engine: str, keep: bool) -> list[str]:
+        stack = assemble_stack(StackOptions(model=model, engine=engine, image="i:1", keep_prompts=keep), host)
+        return list(compose_dict(stack, "x")["services"]["engine"]["command"])
+
+    assert "--swa-full" in command(swa, "llama.cpp", True)
+    assert "--swa-full" not in command(swa, "llama.cpp", False)  # the window alone, as the engine chooses
+    assert "--swa-full" not in command(full, "llama.cpp", True)
