@@ -42,7 +42,6 @@ from builder.stacks.document import (
     MONITORING_MOUNT,
     MONITORING_SERVICE,
     PROMPTS_MOUNT,
-    PROMPTS_STOP_GRACE,
     SERVICE,
     config_mount,
     file_mount,
@@ -156,8 +155,6 @@ def _engine_service(
         placement(environment, caps, cpuset or None, _gpu(name, service)),
         choices.api_key_file is not None,
     )
-    if PROMPTS_ENV in environment:
-        rebuilt = rebuilt.model_copy(update={"stop_grace_period": PROMPTS_STOP_GRACE})
     if profiled:
         return rebuilt.model_copy(update={"profiles": (GPU_PROFILE if name == SERVICE else CPU_PROFILE,)})
     return rebuilt

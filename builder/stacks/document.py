@@ -392,7 +392,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
         environment |= {PROMPTS_ENV: prompts_key(stack, image, files), SLOTS_ENV: str(stack.parallel)}
         if stack.api_key_file is not None:  # the slots' endpoints want the key too
             environment[API_KEY_FILE_ENV] = API_KEY_PATH
-    service = service_of(
+    return service_of(
         image,
         engine_command(stack, facts),
         published(CONTAINER_PORT, stack.port, stack.bind),
@@ -401,11 +401,6 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
         stack.start_period_s,
         placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
         stack.api_key_file is not None,
-    )
-    return (
-        service.model_copy(update={"stop_grace_period": PROMPTS_STOP_GRACE})
-        if stack.keep_prompts
-        else service
     )
 
 
@@ -447,6 +442,8 @@ def service_of(
             start_interval="2s",
         ),
         restart="unless-stopped",
+        # a service that keeps its prompts saves them as it stops: give the save its time
+        stop_grace_period=PROMPTS_STOP_GRACE if PROMPTS_MOUNT in volumes else None,
         logging=LOGGING,
         **placed,
         secrets=(API_KEY_SECRET,) if api_key else None,

@@ -81,8 +81,14 @@ class MemoryReport:
             "prompt_cache_bytes": prompt_cache_bytes(self.engine),
             "ram_total_bytes": result.cpu_bytes + self.beside,
             # compose --keep-prompts: the slot files on the stack's volume, at most the KV cache
-            "kept_prompts_disk_bytes": result.kv_bytes if "keep_prompts" in self.engine.honours else 0,
+            "kept_prompts_disk_bytes": self.kept_prompts_bytes,
         }
+
+    @property
+    def kept_prompts_bytes(self) -> int:
+        """compose --keep-prompts' slot files on the stack's volume: at most the KV cache (0: the engine
+        keeps none)."""
+        return self.plan.kv_bytes if "keep_prompts" in self.engine.honours else 0
 
     def gpu_rows(self) -> list[tuple[str, str, str]]:
         """What the GPUs hold, row by row: (what, size, where or why)."""
