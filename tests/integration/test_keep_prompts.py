@@ -31,14 +31,16 @@ def _prefilled(stack: RunningStack) -> tuple[int, int]:
     return int(timings["prompt_n"]), int(timings.get("cache_n", reply.get("tokens_cached", 0)))
 
 
-def _logs_until(stack: RunningStack, line: str, timeout_s: float = 120) -> str:
+def _logs_until(stack: RunningStack, line: str, times: int = 1, timeout_s: float = 120) -> str:
+    """The engine's log once `line` is in it `times` times (AssertionError with its helper's lines if not)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         logs = str(stack.client.compose.logs())
-        if line in logs:
+        if logs.count(line) >= times:
             return logs
         time.sleep(1)
-    raise AssertionError(f"no {line!r} in the engine's log within {timeout_s:.0f} s:\n{logs[-3000:]}")
+    said = [entry for entry in logs.splitlines() if "moe-stack-prompts:" in entry]
+    raise AssertionError(f"no {line!r} ×{times} in the engine's log within {timeout_s:.0f} s: {said}")
 
 
 def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
@@ -58,8 +60,10 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     deadline = time.monotonic() + 120
     while not answers_health(stack.port) and time.monotonic() < deadline:
         time.sleep(1)
-    logs = _logs_until(stack, "restore slot 0: done")
-    assert "save slot 0: done" in logs, logs[-3000:]
+    # ik_llama.cpp at its pinned ref loses some replies to a save or restore it did (moe-stack-prompts)
+    logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)  # the first start's, then this
+    said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
+    assert any("save slot 0: done" in line or "save slot 0: written" in line for line in said), said
     after, cached = _prefilled(stack)
     assert after < 10 and cached > 500, (after, cached)  # from the restored slot, not prefilled again
 
