@@ -14,11 +14,14 @@
 #                            output was lost, and its round 1 overlapped that pipeline's tail)
 #
 # A candidate is ENGINE/SLICE:TYPE[:LEVER...]. ENGINE is ik (ik_llama.cpp) or ml (mainline llama.cpp).
+# SLICE is r1, q235 (decode: 32 experts, 12 layers) or r1p (prefill: R1's 256 experts, so that the GPU
+# offload threshold and the experts' upload per micro-batch are the real model's; 1 dense + 3 MoE layers).
 # TYPE is a whole-file type (Q4_0 is the slice as written; others every tensor, llama-quantize --pure) or
 # exps=TYPE: the routed experts alone repacked offline into TYPE, every other tensor as written (what a
 # user does once with --custom-q to keep mmap and fast loads). A lever is a llama-bench flag pair without
-# its dash (rtr=1, gr=1, sas=1, muge=1, thp=1, t=12; -repack=0 for mainline's --repack) or `gpu`, every
-# tensor on the GPU (the GPU side's own time per token).
+# its dash (rtr=1, gr=1, sas=1, muge=1, thp=1, t=12, amb=512, cuda=offload-batch-size=1; -repack=0 for
+# mainline's --repack; b= and ub= replace the preset's 2048), `gpu`, every tensor on the GPU (the GPU
+# side's own time per token), or `pp`: prefill of PROMPTS tokens instead of decode.
 # Carried: $CARRIED/ik_llama.cpp.tar.xz (ik-llama-cpp-python 0.1.5's vendor/ik_llama.cpp),
 # $CARRIED/llama.cpp.tar.xz (the pinned mainline ref), their cmake-args, $CARRIED/whl.
 set -uo pipefail
@@ -32,12 +35,16 @@ REPEATS=${REPEATS:-3} NGEN=${NGEN:-32}
 # Qwen3-235B widths: 12 MoE layers of 32 experts (8 read: 1.02 GB of Q4_0).
 R1="synth_shape('deepseek2', layers=12, experts=32, quant='Q4_0')"
 Q235="synth_shape('qwen3moe', layers=12, experts=32, quant='Q4_0')"
+# R1 widths with all 256 experts (8 groups, top-4 groups): 1 dense + 3 MoE layers, 6.3 GB of experts each.
+R1P="synth_shape('deepseek2', layers=4, dense_layers=1, quant='Q4_0')"
+PROMPTS=${PROMPTS:-2048,8192}
 CANDIDATES=${CANDIDATES:-"ik/r1:Q4_0 ik/r1:Q4_0:rtr=1 ik/r1:exps=Q4_0_R8 ik/r1:exps=Q4_0_R8:gr=1
   ik/r1:exps=Q4_0_R8:sas=1 ik/r1:exps=Q4_0_R8:muge=1 ik/r1:exps=Q4_0_R8:thp=1 ik/r1:exps=Q4_0_R8:t=12
   ik/r1:Q4_0:gpu ik/q235:Q4_0 ik/q235:Q4_0:rtr=1 ik/q235:exps=Q4_0_R8 ik/q235:Q4_0:gpu
   ml/r1:Q4_0 ml/r1:Q4_0:-repack=0 ml/r1:Q4_0:gpu ml/q235:Q4_0 ml/q235:Q4_0:gpu"}
-# The presets' (compose/deepseek-r1-671b.*.yaml) as llama-bench takes them; -mla on R1 under ik only.
-PRESET=(-ngl 99 -ctk q8_0 -b 2048 -ub 2048)
+# The presets' (compose/deepseek-r1-671b.*.yaml) as llama-bench takes them (and -b/-ub 2048, below); -mla
+# on R1 under ik only.
+PRESET=(-ngl 99 -ctk q8_0)
 EXPERTS_ON_CPU='blk\.[0-9]+\.ffn_.*_exps\.weight=CPU'
 
 build() {  # ENGINE (ik or ml) TARBALL CMAKE-ARGS TARGET...: both at once share the 16 cores
@@ -50,13 +57,16 @@ build() {  # ENGINE (ik or ml) TARBALL CMAKE-ARGS TARGET...: both at once share 
     cmake --build "$dir/build" --target "$@" --parallel 16
 }
 
-models() {  # each slice in Q4_0, with what a token reads (routed experts; all tensors)
+models() {  # each slice the candidates name, in Q4_0, with what a token reads (routed experts; all tensors)
   python3 -c "
 from pathlib import Path
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.models.planner import read_facts
-for name, shape in (('r1', $R1), ('q235', $Q235)):
+named = {c.split('/')[1].split(':')[0] for c in '$(echo $CANDIDATES)'.split()}
+for name, shape in (('r1', $R1), ('q235', $Q235), ('r1p', $R1P)):
+    if name not in named:
+        continue
     path = Path('$work') / f'{name}-Q4_0.gguf'
     write_moe_gguf(path, shape)
     facts = read_facts(path)
@@ -86,17 +96,21 @@ quantize() {  # every type the candidates name, from the slice's Q4_0 file
 bench_args() {  # CANDIDATE: llama-bench's arguments
   local engine=${1%%/*} slice type levers lever
   IFS=: read -r slice type levers <<<"${1#*/}"
-  local args=(-m "$work/$slice-$type.gguf" "${PRESET[@]}" -p 0 -n "$NGEN" -r 2 -o csv)
+  local b=2048 ub=2048 run=(-p 0 -n "$NGEN")
+  for lever in ${levers//:/ }; do
+    case $lever in b=*) b=${lever#b=} ;; ub=*) ub=${lever#ub=} ;; pp) run=(-p "$PROMPTS" -n 0) ;; esac
+  done
+  local args=(-m "$work/$slice-$type.gguf" "${PRESET[@]}" -b "$b" -ub "$ub" "${run[@]}" -r 2 -o csv)
   if [ "$engine" = ik ]; then
     args+=(-fa 1)
-    [ "$slice" = r1 ] && args+=(-mla 3)
+    [[ $slice == r1* ]] && args+=(-mla 3)
   else
     args+=(-fa on -ctv q8_0)  # as mainline's R1 preset: for an MLA model src/llama-context.cpp refuses
   fi                          # K and V cache types that differ (the levers run lost its mainline R1 rows so)
   [[ ":$levers:" == *:gpu:* ]] || args+=(-ot "$EXPERTS_ON_CPU")
   [[ ":$levers:" == *:t=* ]] || args+=(-t 16)
   for lever in ${levers//:/ }; do
-    [ "$lever" = gpu ] || args+=("-${lever%%=*}" "${lever#*=}")
+    case $lever in gpu | pp | b=* | ub=*) ;; *) args+=("-${lever%%=*}" "${lever#*=}") ;; esac
   done
   printf '%s\n' "${args[@]}"
 }
@@ -153,7 +167,8 @@ start)
   export PYTHONPATH="$work/site:$repo"
   echo "start $(date +%s)" >"$res/progress.txt"
   setsid bash -c "$(declare -f build models quantize bench_args bench pipeline); $(declare -p PRESET)
-    work=$work res=$res repo=$repo carried=$carried REPEATS=$REPEATS NGEN=$NGEN R1=\"$R1\" Q235=\"$Q235\"
+    work=$work res=$res repo=$repo carried=$carried REPEATS=$REPEATS NGEN=$NGEN PROMPTS=$PROMPTS
+    R1=\"$R1\" Q235=\"$Q235\" R1P=\"$R1P\"
     EXPERTS_ON_CPU='$EXPERTS_ON_CPU' CANDIDATES='$(echo $CANDIDATES)' PYTHONPATH=$PYTHONPATH; pipeline; touch $work/done" \
     </dev/null >"$work/pipeline.log" 2>&1 &
   sleep 45; cat "$work/pipeline.log" "$res/models.txt" 2>/dev/null
@@ -168,7 +183,7 @@ rebench)
   res=$work/res2
   mkdir -p "$res" && cp "$work/res/models.txt" "$work/res/facts.txt" "$work/res/progress.txt" "$res/"
   timeout $((deadline - $(date +%s))) bash -c "$(declare -f bench_args bench); $(declare -p PRESET)
-    work=$work res=$res REPEATS=$REPEATS NGEN=$NGEN EXPERTS_ON_CPU='$EXPERTS_ON_CPU'
+    work=$work res=$res REPEATS=$REPEATS NGEN=$NGEN PROMPTS=$PROMPTS EXPERTS_ON_CPU='$EXPERTS_ON_CPU'
     CANDIDATES='$(echo $CANDIDATES)'; bench" >"$res/bench.log" 2>&1
   [ -z "${OUT:-}" ] || tar -C "$work" -cJf "$OUT/res2.tar.xz" res2
   ;;

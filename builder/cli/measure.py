@@ -39,7 +39,15 @@ TuneWriteOpt = Annotated[
 ]
 TuneOutFileOpt = Annotated[Path | None, typer.Option("--out", "-o", help="where to write the tuned stack")]
 TunePlotFileOpt = Annotated[Path | None, typer.Option("--plot", help="also a PNG chart of every trial")]
-TunePromptTokensOpt = Annotated[int, typer.Option("--prompt-tokens", "-p", help="prefill test length")]
+TunePromptTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--prompt-tokens",
+        "-p",
+        help="prefill test length (default: 8192 on a GPU stack, whose prefill the micro-batch decides on "
+        "long prompts; 512 on the CPU)",
+    ),
+]
 TuneGenerateOpt = Annotated[int, typer.Option("--generate", "-n", help="decode test length")]
 TuneOnlyOpt = Annotated[
     str | None,
@@ -172,7 +180,7 @@ def tune(
     write: TuneWriteOpt = False,
     out_file: TuneOutFileOpt = None,
     plot_file: TunePlotFileOpt = None,
-    prompt_tokens: TunePromptTokensOpt = 512,
+    prompt_tokens: TunePromptTokensOpt = None,
     generate: TuneGenerateOpt = 64,
     only: TuneOnlyOpt = None,
     tools_image: TuneToolsImageOpt = None,
@@ -226,13 +234,15 @@ def _print_tuned(tuned: Tuned) -> None:
     )
     if changed:
         out.print(
-            f"tuned ÷ stack (confirm rounds, alternating): prefill {result.ratios[0]:.2f} "
+            f"tuned ÷ stack (confirm rounds, alternating): prefill of {result.prompt_tokens} tokens "
+            f"{result.ratios[0]:.2f} "
             f"({pre_low:.2f}-{pre_high:.2f}), decode {result.ratios[1]:.2f} ({dec_low:.2f}-{dec_high:.2f})",
             highlight=False,
         )
     else:
         out.print(
-            f"the stack's own trials (median): prefill {result.baseline_tps[0]:.1f} t/s, decode "
+            f"the stack's own trials (median): prefill of {result.prompt_tokens} tokens "
+            f"{result.baseline_tps[0]:.1f} t/s, decode "
             f"{result.baseline_tps[1]:.2f} t/s",
             highlight=False,
         )

@@ -420,7 +420,7 @@ class LlamaFamilyEngine(Engine):
         dimensions.append(
             Dimension(
                 "ubatch",
-                ubatch_sizes(value_of(args, ("-ub", "--ubatch-size"))),
+                ubatch_sizes(value_of(args, ("-ub", "--ubatch-size")), gpu),
                 setting_ubatch,
                 affects="prefill",
             )

@@ -136,9 +136,11 @@ def draft_max_dimension(args: Args, flag: str) -> Dimension:
     return Dimension("draft-max", values, setting_value(spellings), affects="decode")
 
 
-def ubatch_sizes(current: str | None) -> tuple[str, ...]:
-    """512 … 4096 (prefill: on the device -ub 512 → 2048 → 4096 took a 235B slice from 1871 to 4928 to
-    5313 t/s), the stack's own first."""
-    sizes = ["512", "1024", "2048", "4096"]
+def ubatch_sizes(current: str | None, gpu: bool) -> tuple[str, ...]:
+    """512 … 4096, and 8192 on a GPU stack, the stack's own first. Prefill on the device: -ub 512 → 2048 →
+    4096 took a 235B slice from 1871 to 4928 to 5313 t/s; with R1's 256 experts, whose every micro-batch
+    copies each layer's experts to the GPU, an 8192-token prompt went 6285 → 8897 → 11056 t/s at 2048 →
+    4096 → 8192 (bench/results/decode-bound-2026-12-03/prefill-search)."""
+    sizes = ["512", "1024", "2048", "4096", *(["8192"] if gpu else [])]
     first = current if current is not None else "512"
     return tuple(dict.fromkeys([first, *sizes]))

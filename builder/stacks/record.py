@@ -86,6 +86,7 @@ class Tuning(_Kebab):
     changed: dict[str, StrictStr]  # setting: "stack's -> tuned"
     trials: StrictInt
     seconds: StrictInt
+    prompt_tokens: StrictInt | None = None  # the prefill test's length (files of earlier tunes lack it)
     stack_tps: Rates
     tuned_tps: Rates
     tuned_over_stack: Ratios

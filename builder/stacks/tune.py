@@ -43,6 +43,14 @@ MIN_GAIN = 0.03  # a winner must beat the incumbent by at least this much, whate
 ROUNDS = 3  # samples per candidate (fewer when the budget is short; never below MIN_ROUNDS)
 MIN_ROUNDS = 2
 
+# The prefill test's prompt: on a GPU stack, long (each micro-batch copies a layer's CPU experts to the GPU,
+# so the micro-batch decides prefill only on prompts longer than it: an 8192-token prompt on R1's widths
+# went 6285 → 11056 t/s from -ub 2048 to 8192, a 2048-token one not at all, bench/results/
+# decode-bound-2026-12-03/prefill-search); on the CPU, llama-bench's usual 512, which keeps each of the
+# search's trials short where prefill is slow.
+HYBRID_PROMPT_TOKENS = 8192
+CPU_PROMPT_TOKENS = 512
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -87,6 +95,7 @@ class TuneResult:
     tuned_tps: tuple[float, float] = (0.0, 0.0)
     ratio_spread: tuple[tuple[float, float], tuple[float, float]] = ((0.0, 0.0), (0.0, 0.0))
     seconds: float = 0.0
+    prompt_tokens: int = CPU_PROMPT_TOKENS  # the prefill test's length (its rates are of this prompt)
     # What the search picked but the confirm round did not bear out (the stack is kept then).
     not_confirmed: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # "dimension=value" → why its trial failed
@@ -166,7 +175,7 @@ class Tuner:
     env: Env
     dimensions: list[Dimension]
     objective: Objective = "both"
-    prompt_tokens: int = 512
+    prompt_tokens: int = CPU_PROMPT_TOKENS
     generate: int = 64
     progress: Callable[[str], None] = lambda line: None
     served: bool = False  # trials serve the stack (a completion's timings), not llama-bench
@@ -216,7 +225,9 @@ class Tuner:
     def run(self, budget_s: float) -> TuneResult:
         started = time.monotonic()
         baseline = Setting({d.name: d.values[0] for d in self.dimensions}, list(self.args), dict(self.env))
-        result = TuneResult(objective=self.objective, baseline=baseline, best=baseline)
+        result = TuneResult(
+            objective=self.objective, baseline=baseline, best=baseline, prompt_tokens=self.prompt_tokens
+        )
         warm = self._trial(result, "warm-up", "stack", baseline)  # pays the model's page-in; not compared
         timing = self._trial(result, "warm-up", "stack", baseline)  # what a warm trial takes
         measurable, unmeasurable = [], []

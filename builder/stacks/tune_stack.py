@@ -22,7 +22,7 @@ from builder.stacks.record import Bound, Rates, Ratios, Tuning
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service_name, stack_server_args
-from builder.stacks.tune import Objective, Tuner, TuneResult, chosen
+from builder.stacks.tune import CPU_PROMPT_TOKENS, HYBRID_PROMPT_TOKENS, Objective, Tuner, TuneResult, chosen
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def tune_stack(
     native_bin: Path | None = None,
     model_dir: Path | None = None,
     profile: str | None = None,
-    prompt_tokens: int = 512,
+    prompt_tokens: int | None = None,
     generate: int = 64,
     only: tuple[str, ...] = (),
     progress: Callable[[str], None] = lambda line: None,
@@ -66,7 +66,7 @@ def tune_stack(
     """Search `compose_file`'s stack for `budget_s` seconds (its tools image in a container shaped like
     the stack's, or the native builds in `native_bin`, the model's directory being `model_dir`, by
     default the stack's), after probing the memory bandwidth the same way; `only`: these dimensions
-    alone (none: all)."""
+    alone (none: all); prefill on a prompt of `prompt_tokens` (None: the stack's kind's default)."""
     document = StackFile.read(compose_file)
     served_by, image, args = stack_server_args(document, compose_file, profile)
     engine = bench_engine(served_by)  # an engine with llama-bench, else one line
@@ -113,7 +113,7 @@ def tune_stack(
         env=env,
         dimensions=dimensions,
         objective=objective,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt_tokens or (HYBRID_PROMPT_TOKENS if hybrid else CPU_PROMPT_TOKENS),
         generate=generate,
         progress=progress,
         served=speculates(args),
@@ -178,6 +178,7 @@ def _tuned_record(tuned: Tuned, generated_by: str, now: datetime | None, host: s
         },
         trials=len(result.trials),
         seconds=round(result.seconds),
+        prompt_tokens=result.prompt_tokens,
         stack_tps=Rates(prefill=round(result.baseline_tps[0], 1), decode=round(result.baseline_tps[1], 2)),
         tuned_tps=Rates(prefill=round(result.tuned_tps[0], 1), decode=round(result.tuned_tps[1], 2)),
         tuned_over_stack=Ratios(

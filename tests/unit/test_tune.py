@@ -26,7 +26,7 @@ from builder.platform.flags import parse_help
 from builder.stacks.bandwidth import ReadBandwidth
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
-from builder.stacks.tune import MIN_GAIN, Tuner, chosen, plan_search, searched, winner
+from builder.stacks.tune import HYBRID_PROMPT_TOKENS, MIN_GAIN, Tuner, chosen, plan_search, searched, winner
 from builder.stacks.tune_stack import Tuned, tuned_document
 
 DATA = Path(__file__).parent / "data"
@@ -53,8 +53,8 @@ STACK = [
 
 class StandIn:
     """llama-bench's JSON for the arguments it gets: prefill grows with -ub (2.5x from 512 to 4096, as
-    measured on the device), decode peaks at 15 threads and drops 40 % at 8; `-rtr 1` adds 20 % to
-    decode. The first run is 40 % slower (the model's page-in)."""
+    measured on the device, and no more at 8192), decode peaks at 15 threads and drops 40 % at 8; `-rtr 1`
+    adds 20 % to decode. The first run is 40 % slower (the model's page-in)."""
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
@@ -63,7 +63,7 @@ class StandIn:
         self.calls.append(args)
         given = dict(zip(args[::2], args[1::2], strict=False))
         ub, threads = int(given.get("-ub", 512)), int(given.get("-t", 16))
-        prefill = 1000.0 * {512: 1.0, 1024: 1.6, 2048: 2.3, 4096: 2.5}[ub]
+        prefill = 1000.0 * {512: 1.0, 1024: 1.6, 2048: 2.3, 4096: 2.5, 8192: 2.5}[ub]
         decode = {16: 40.0, 15: 41.0, 14: 39.0, 8: 24.0}[threads] * (1.2 if given.get("-rtr") == "1" else 1.0)
         if len(self.calls) == 1:
             prefill, decode = prefill * 0.6, decode * 0.6
@@ -106,20 +106,8 @@ def test_the_search_finds_the_known_best_and_keeps_what_only_noise_would_move() 
 def test_candidates_alternate_their_order_between_rounds() -> None:
     result = _tuner(StandIn()).run(budget_s=10_000)
     ubatch = [t.value for t in result.trials if t.dimension == "ubatch"]
-    assert ubatch == [
-        "512",
-        "1024",
-        "2048",
-        "4096",
-        "4096",
-        "2048",
-        "1024",
-        "512",
-        "512",
-        "1024",
-        "2048",
-        "4096",
-    ]
+    forward = ["512", "1024", "2048", "4096", "8192"]
+    assert ubatch == [*forward, *reversed(forward), *forward]
     confirm = [t.value for t in result.trials if t.dimension == "confirm"]
     assert confirm == ["stack", "tuned", "tuned", "stack", "stack", "tuned"]
 
@@ -236,12 +224,11 @@ def test_search_spaces_per_engine_and_host() -> None:
     with_mla = [*STACK, "-mla", "3"]
     dims = {d.name: d for d in ik.tune_dimensions(with_mla, numa_nodes=2, gpu=True)}
     assert list(dims) == ["threads", "ubatch", "offload", "rtr", "fmoe", "amb", "no-mmap", "numa"]
-    assert dims["threads"].values == ("16", "15", "14", "8") and dims["ubatch"].values == (
-        "512",
-        "1024",
-        "2048",
-        "4096",
-    )
+    assert dims["threads"].values == ("16", "15", "14", "8")
+    # 8192 on a GPU stack alone: there each micro-batch copies the CPU experts to the GPU.
+    assert dims["ubatch"].values == ("512", "1024", "2048", "4096", "8192")
+    cpu_dims = {d.name: d for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)}
+    assert cpu_dims["ubatch"].values == ("512", "1024", "2048", "4096")
     assert dims["offload"].values[0] == "default" and dims["offload"].affects == "prefill"
     assert [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=False)] == [
         "threads",
@@ -410,7 +397,11 @@ def test_bytes_read_per_token() -> None:
 
 
 def test_the_tuned_stack_records_the_run() -> None:
-    result = _tuner(StandIn()).run(budget_s=10_000)
+    runner = StandIn()
+    tuner = _tuner(runner)
+    tuner.prompt_tokens = HYBRID_PROMPT_TOKENS  # what tune_stack gives a GPU stack
+    result = tuner.run(budget_s=10_000)
+    assert all(call[call.index("-p") + 1] == "8192" for call in runner.calls if "-p" in call)
     served = {"threads": 99, "gpu-layers": 99, "metrics": True, "tool-calls": True}
     document = {
         "name": "p",
@@ -448,6 +439,7 @@ def test_the_tuned_stack_records_the_run() -> None:
         "threads": int(result.best.values["threads"]),
     }
     assert record["date"] == "2026-11-30T00:00:00Z" and record["host"] == "h"
+    assert record["prompt-tokens"] == 8192  # the prefill rates are of this prompt
     assert StackFile.parse(derived).document() == derived, "a tuned file reads back as written"
     assert record["tuned-over-stack"]["prefill"].startswith("2.50")
     # 48 t/s tuned decode ÷ (100 GB/s ÷ 2 GB per token = 50 t/s).
