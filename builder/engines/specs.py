@@ -106,6 +106,8 @@ class StackSpec(NeutralOptions):
     # The model's attention keeps a sliding window in some layers (its GGUF's attention.sliding_window):
     # read where it matters, for --keep-prompts.
     sliding_window: bool = False
+    # No preset named: what the options were derived from and what they set (x-moe-stack.derived).
+    derived: str | None = None
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 

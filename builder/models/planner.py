@@ -92,6 +92,7 @@ class ModelFacts:
     # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): their cache keeps only
     # the window, and a saved slot with it (mainline restores such a slot only with --swa-full).
     sliding_window: int = 0
+    context_length: int = 0  # the context it was trained for ({arch}.context_length; 0: not said)
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -272,6 +273,7 @@ def read_facts(path: Path) -> ModelFacts:
         hidden=embd,
         nextn_layers=nextn,
         sliding_window=max(0, _number(reader, f"{arch}.attention.sliding_window", default=0)),
+        context_length=max(0, _number(reader, f"{arch}.context_length", default=0)),
     )
 
 

@@ -220,6 +220,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         vocab=vocab_size(shape),
         hidden=shape.hidden,
         nextn_layers=shape.blocks - shape.layers,
+        context_length=shape.context,
     )
 
 

@@ -30,6 +30,7 @@ from builder.models.kt_weights import check_same_model
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stacks.derived import derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
@@ -103,12 +104,16 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
     adapter = options.engine
     model = adapter.check_model(options.model)
+    facts = adapter.model_format.facts(model)
     if options.preset is not None:
-        arch = adapter.model_format.facts(model).arch
-        check_model_architecture(options.preset, arch, model, options.presets_file)
-    engine_options, preset_rules = merge_options(
-        options.preset, adapter, options.engine_options, options.presets_file
-    )
+        check_model_architecture(options.preset, facts.arch, model, options.presets_file)
+    derived = None if options.preset else derived_preset(facts, adapter, options.gpu != "none")
+    if derived is None:
+        engine_options, preset_rules = merge_options(
+            options.preset, adapter, options.engine_options, options.presets_file
+        )
+    else:
+        engine_options, preset_rules = options.engine_options.over(derived.options), derived.override_rules
     if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
         engine_options = checked_speculative(engine_options, model, adapter)
     gpu_experts = options.gpu_experts
@@ -176,7 +181,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         vram_margin_mib=round(options.vram_margin_gb * 1024),
         mlock=options.mlock,
         keep_prompts=options.keep_prompts,
-        sliding_window=options.keep_prompts and adapter.model_format.facts(model).sliding_window > 0,
+        sliding_window=options.keep_prompts and facts.sliding_window > 0,
+        derived=derived.said if derived is not None else None,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,
         shm_size=options.shm_size,

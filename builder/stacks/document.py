@@ -156,6 +156,7 @@ def compose_document(
         model=files.model,
         served_name=stack.served_name,
         engine_options=engine_options(stack),
+        derived=stack.derived,
         flags_checked=facts is not None,
         serves={
             SERVICE: serves(stack, services[SERVICE].args),

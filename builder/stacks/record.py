@@ -102,7 +102,7 @@ class Tuning(_Kebab):
 
 
 # Keys the file leaves out when they hold nothing (served-name stays, as null).
-_LEFT_OUT_EMPTY = ("loaded-from", "models", "cpu-weights", "profiles", "tuned")
+_LEFT_OUT_EMPTY = ("loaded-from", "derived", "models", "cpu-weights", "profiles", "tuned")
 
 
 class Record(_Kebab):
@@ -119,6 +119,7 @@ class Record(_Kebab):
     served_name: StrictStr | None
     models: tuple[StrictStr, ...] = ()  # a router's models, by served name
     engine_options: dict[str, OptionValue]  # the neutral options set (preset or command line)
+    derived: StrictStr | None = None  # no preset: what the model's facts gave (stacks/derived.py)
     flags_checked: StrictBool  # emitted against the image's flag contract
     cpu_weights: Literal["pinned"] | None = None  # the engine keeps the CPU weights in page-locked memory
     profiles: tuple[StrictStr, ...] = ()  # the compose profiles of a file with a GPU and a CPU service

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from builder.distribute.publish import no_variants
+from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
@@ -109,8 +110,7 @@ def test_docker_daemon_unreachable(tmp_path: Path, verb: str) -> None:
 @pytest.mark.cli
 def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     tmp_path.chmod(0o755)
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=2))  # compose reads its header
     model.chmod(0o644)
     result = run_cli(
         "compose",
@@ -145,8 +145,7 @@ def test_compose_emits_a_valid_file(tmp_path: Path) -> None:
     ],
 )
 def test_compose_option_errors(tmp_path: Path, extra: list[str], needle: str) -> None:
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    model = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=2))
     result = run_cli(
         "compose",
         "--model",
@@ -340,8 +339,7 @@ def test_tune_refusals(tmp_path: Path) -> None:
         run_cli("tune", "x.yaml", "--model-dir", str(tmp_path)), "--model-dir goes with --native-bin"
     )
     tmp_path.chmod(0o755)  # the stack checks uid 10001 could read the model
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=2))
     model.chmod(0o644)
     stack = tmp_path / "s.yaml"
     port = str(free_local_port())  # never the default 8080, which the user's demo may hold

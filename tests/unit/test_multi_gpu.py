@@ -87,7 +87,7 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
         gpus=(2, 3),
         fit_vram_gb=(vram_gb, vram_gb),
         port=18432,
-        engine_options=EngineOptions(ctx_size=512, cache_type="q8_0", gpu_layers=99),
+        engine_options=EngineOptions(ctx_size=512, cache_type="q8_0", gpu_layers=99, ubatch_size=512),
     )
     stack = assemble_stack(options, host)
     share = max(1, round(vram_gb))  # -ts: each GPU's VRAM in whole GiB

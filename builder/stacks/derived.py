@@ -1,0 +1,68 @@
+"""The preset a model without one gets (`compose` with no --preset): the engine options and placement the
+packaged presets give their models, derived from the model's own facts (its architecture, experts, dense
+layers, attention kind), and a line saying so in the stack's x-moe-stack.derived. A dense model gets none:
+the presets' rules are for MoE models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from builder.engines import Engine
+from builder.models.planner import ModelFacts
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+
+# The presets' context where the model was trained for at least as much (R1, GLM-4.6 and Qwen3-Next's).
+CONTEXT = 32768
+# -ub and -b on a GPU stack, as every preset but Qwen3-Next's (its recurrent layers split a batch
+# themselves): hybrid prefill 1871 → 4928 t/s from 512 to 2048 on the device (presets.yaml).
+GPU_BATCH = 2048
+# ik_llama.cpp moves a batch's CPU-expert matmuls to the GPU once batch × used ≥ N × all experts: the
+# presets pick N so that a batch of about 32 tokens does (R1: 32 × 8 / 256 = 1; Qwen3-235B: 2).
+OFFLOAD_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Derived:
+    options: EngineOptions  # those the engine honours
+    override_rules: tuple[str, ...]  # the -ot rules (routed experts on the CPU, where the engine takes rules)
+    said: str  # x-moe-stack.derived: what was read, and what it set
+
+
+def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | None:
+    """The presets' rules for an MoE model of `facts` served by `engine` (None: a dense model)."""
+    if not facts.expert_count:
+        return None
+    context = min(CONTEXT, facts.context_length) if facts.context_length else CONTEXT
+    wanted: dict[str, object] = {"ctx_size": context, "cache_type": "q8_0", "flash_attention": "on"}
+    if gpu and not facts.recurrent_state_bytes:
+        wanted |= {"batch_size": GPU_BATCH, "ubatch_size": GPU_BATCH}
+    wanted["fused_moe"] = True
+    if facts.mla_dim:
+        wanted["mla"] = 3
+    if gpu:
+        wanted["moe_offload_batch"] = max(1, OFFLOAD_TOKENS * facts.experts_used // facts.expert_count)
+    options = EngineOptions.model_validate({k: v for k, v in wanted.items() if k in engine.honours})
+    rules = (EXPERTS_ON_CPU_RULE,) if engine.takes_override_rules else ()
+    set_ = [*(f"{name}={value}" for name, value in options.model_dump(exclude_unset=True).items())]
+    placed = ["routed experts on the CPU"] if rules else []
+    return Derived(
+        options,
+        rules,
+        f"no preset: from the model's {_described(facts)}: {', '.join(placed + set_)}",
+    )
+
+
+def _described(facts: ModelFacts) -> str:
+    """`deepseek2, 256 experts (8 used) in 58 of 61 layers, MLA attention`."""
+    if facts.mla_dim:
+        attention = "MLA attention"
+    elif facts.recurrent_state_bytes:
+        attention = f"attention in {facts.cached_layers} of {facts.layers} layers, recurrent in the rest"
+    elif facts.sliding_window:
+        attention = f"sliding-window attention ({facts.sliding_window} tokens) in some layers"
+    else:
+        attention = "grouped-query attention" if facts.kv_heads < facts.heads else "attention"
+    return (
+        f"{facts.arch}, {facts.expert_count} experts ({facts.experts_used} used) in {facts.expert_layers} "
+        f"of {facts.layers} layers, {attention}"
+    )

@@ -1,0 +1,88 @@
+"""A model without a preset gets the presets' rules from its own facts (stacks/derived.py), says so in
+its record, and the user's options still win."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.engines import get_engine
+from builder.host.probe import HostFacts, probe
+from builder.models.synth_families import synth_shape
+from builder.models.synth_moe import shape_facts, write_moe_gguf
+from builder.models.synth_shapes import TINY_SHAPES
+from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.derived import derived_preset
+from builder.stacks.presets import load_presets
+from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.specs import compose_dict
+
+# What every packaged preset says of its model's placement, and the derivation must say the same.
+PLACEMENT = ("cache_type", "flash_attention", "fused_moe", "mla", "moe_offload_batch", "ubatch_size")
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> HostFacts:
+    return probe(
+        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=512),
+        nvidia_smi_text="",
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(load_presets()))
+@pytest.mark.parametrize("engine", ["ik_llama.cpp", "llama.cpp"])
+def test_the_derivation_gives_each_presets_model_its_placement(preset: str, engine: str) -> None:
+    """At its model's real widths and expert counts, a preset's architecture derives the placement the
+    preset gives it (context and sampling are the model card's, which a GGUF does not hold)."""
+    chosen = load_presets()[preset]
+    adapter = get_engine(engine)
+    facts = shape_facts(synth_shape(chosen.architecture))
+    derived = derived_preset(facts, adapter, gpu=True)
+    assert derived is not None
+    wanted = chosen.engine_options(adapter)
+    for name in PLACEMENT:
+        assert getattr(derived.options, name) == getattr(wanted, name), (preset, engine, name)
+    assert derived.override_rules == chosen.override_rules(adapter) == (EXPERTS_ON_CPU_RULE,)
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "qwen3moe", "qwen3next", "gpt-oss", "glm4moe"])
+def test_a_gpu_stack_without_a_preset_is_the_hybrid_layout(
+    tmp_path: Path, host: HostFacts, arch: str
+) -> None:
+    shape = synth_shape(arch, tiny=True)
+    model = write_moe_gguf(tmp_path / "models" / f"{arch}.gguf", shape)
+    stack = assemble_stack(StackOptions(model=model, engine="ik_llama.cpp", gpu="nvidia"), host)
+    command = compose_dict(stack, "x")["services"]["engine"]["command"]
+    assert command[command.index("--override-tensor") + 1] == EXPERTS_ON_CPU_RULE
+    assert int(command[command.index("--n-gpu-layers") + 1]) > shape.layers
+    assert command[command.index("--cache-type-k") + 1] == "q8_0" and stack.fused_moe  # ik's default now
+    assert ("-mla" in command) == (arch == "deepseek2")
+    # 32 x 2 used / 8 experts: a batch of 32 tokens takes the CPU experts to the GPU.
+    assert command[command.index("-cuda") + 1] == "offload-batch-size=8"
+    # The recurrent layers of qwen3next split a batch themselves: no -ub, as its preset.
+    assert ("--ubatch-size" in command) == (arch != "qwen3next")
+    record = compose_dict(stack, "x")["x-moe-stack"]
+    assert record["derived"].startswith(f"no preset: from the model's {arch}, 8 experts (2 used)")
+    assert "routed experts on the CPU" in record["derived"]
+
+
+def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host: HostFacts) -> None:
+    model = write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY_SHAPES["qwen3moe"])
+    given = EngineOptions(cache_type="f16", ubatch_size=512)
+    stack = assemble_stack(StackOptions(model=model, gpu="nvidia", engine_options=given), host)
+    assert (stack.cache_type, stack.ubatch_size, stack.flash_attention) == ("f16", 512, "on")
+    # The tiny model was trained for 40960 tokens: the presets' 32768; a shorter training, that.
+    assert stack.ctx_size == 32768
+    short = write_moe_gguf(
+        tmp_path / "models" / "short.gguf", synth_shape("qwen3moe", tiny=True, context=2048)
+    )
+    assert assemble_stack(StackOptions(model=short), host).ctx_size == 2048
+    dense = shape_facts(synth_shape("qwen3moe", tiny=True))
+    dense_facts = dense.__class__(**{**dense.__dict__, "expert_count": 0, "experts_used": 0})
+    assert derived_preset(dense_facts, get_engine("llama.cpp"), gpu=True) is None
+    # A preset named: nothing derived, and the record says nothing of it.
+    deepseek = write_moe_gguf(tmp_path / "models" / "r1.gguf", TINY_SHAPES["deepseek2"])
+    preset = assemble_stack(StackOptions(model=deepseek, preset="deepseek-r1-671b", gpu="nvidia"), host)
+    assert preset.derived is None and "derived" not in compose_dict(preset, "x")["x-moe-stack"]
