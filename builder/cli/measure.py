@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from builder.cli.common import out, text_table
+from builder.cli.common import out, raw_stderr, text_table
 from builder.cli.options import declared, takes_options
 from builder.errors import SpecError
 from builder.spec import duration_seconds
@@ -138,10 +138,6 @@ def bench(
     out.print(said or "no bandwidth bound: the read rate was not measured", highlight=False, soft_wrap=True)
 
 
-def _say(line: str) -> None:
-    sys.stderr.write(line + "\n")
-
-
 def _bench_with_tool(
     compose_file: Path,
     tool: str,
@@ -152,7 +148,7 @@ def _bench_with_tool(
     profile: str | None,
 ) -> None:
     result = bench_with_tool(
-        compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile, starting=_say
+        compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile, starting=raw_stderr
     )
     out.print(Text(f"{result.image}: {result.program} {' '.join(result.args)}", style="dim"), soft_wrap=True)
     for note in result.left_out:
@@ -209,7 +205,7 @@ def tune(
         prompt_tokens,
         generate,
         tuple(name.strip() for name in only.split(",") if name.strip()) if only else (),
-        progress=_say,
+        progress=raw_stderr,
     )
     _print_tuned(tuned)
     document = StackFile.read(compose_file)

@@ -55,8 +55,13 @@ def up(
     profile: str | None = declared(),
 ) -> None:
     """Start a stack and wait until the engine is healthy."""
-    stack_up(compose_file, timeout, profile)
+    stack_up(compose_file, timeout, profile, progress=_loading)
     out.print(f"healthy: {compose_file}")
+
+
+def _loading(line: str) -> None:
+    """A load progress line, on stdout: stderr holds a failure's one line alone."""
+    out.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def down(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from python_on_whales import Container, DockerClient
@@ -11,7 +12,9 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
+from builder.stacks.document import CPU_PROFILE, CPU_SERVICE, SERVICE
 from builder.stacks.host_checks import check_port_free
+from builder.stacks.load_progress import watching_load
 from builder.stacks.stack_file import Service, StackFile
 
 
@@ -106,9 +109,15 @@ def stack_api_key(compose_file: Path) -> str | None:
     return None
 
 
-def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
+def up(
+    compose_file: Path,
+    timeout_s: int,
+    profile: str | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
-    is healthy; on failure say why, with the engine's last log."""
+    is healthy, its engine's newest log line said through `progress` as it loads; on failure say why,
+    with the engine's last log."""
     document = StackFile.read(compose_file)
     profiles = _profiles(compose_file, document, profile)
     client = _client(compose_file, profiles)
@@ -118,7 +127,8 @@ def up(compose_file: Path, timeout_s: int, profile: str | None = None) -> None:
         for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
     try:
-        client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
+        with watching_load(client, CPU_SERVICE if profiles == [CPU_PROFILE] else SERVICE, progress):
+            client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
     except DockerException as err:
         missing = _missing_images(document, profiles)
         if missing:

@@ -61,7 +61,13 @@ def test_family_serves_without_a_preset(
     facts = read_facts(tiny_models[arch])
     shape = FAMILY_TINY_SHAPES[arch]
     assert facts.arch == arch and facts.expert_layers == shape.blocks - getattr(shape, "dense_layers", 0)
-    planned = kv_cache_bytes(facts, 4096, "f16", get_engine(engine).caches_latent(None))
+    stack = stack_plan.stack
+    # No preset: the presets' rules, derived from the GGUF and said in the record (q8_0 cache among them).
+    assert document.record.derived is not None and document.record.derived.startswith(
+        f"no preset: from the model's {arch}"
+    )
+    assert stack.cache_type == "q8_0" and stack.flash_attention == "on"
+    planned = kv_cache_bytes(facts, 4096, stack.cache_type, get_engine(engine).caches_latent(stack.mla))
     logged = sum(float(mib) for mib in re.findall(r"CPU KV buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
     assert logged, logs[-2000:]
     if arch == "gpt-oss" and engine == "llama.cpp":

@@ -121,6 +121,31 @@ def test_missing_model_is_named_and_up_fails(base_image: str, moe_model: Path, t
         run_cli("down", str(compose_file))
 
 
+def test_up_says_where_the_load_is_until_healthy(base_image: str, moe_model: Path, tmp_path: Path) -> None:
+    """`moe-stack up` says the engine's newest log line as it loads (on stdout: stderr keeps a failure's
+    one line), and once more when the stack is healthy."""
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    port = free_local_port()
+    stack = StackSpec(
+        project=f"mst-load-{port}", engine="llama.cpp", image=image.tag, model=moe_model, port=port, threads=2
+    )
+    compose_file = write_stack(
+        compose_stack(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml"
+    )
+    try:
+        result = run_cli("up", str(compose_file), "--timeout", "120", timeout=240)
+        assert result.returncode == 0, result.stderr
+        said = [line for line in result.stdout.splitlines() if line.startswith("loading (")]
+        assert said and re.fullmatch(r"loading \(\d+ s\): \S.*", said[-1]), result.stdout
+        assert "healthy:" in result.stdout.split("loading (")[-1]  # after the last load line
+        # Each is a line of the engine's own log (the last one, its newest once healthy).
+        log = DockerClient(compose_files=[compose_file]).compose.logs(no_log_prefix=True)
+        shown = {" ".join(line.split()) for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", log).splitlines()}
+        assert all(line.split("): ", 1)[1].rstrip("…") in " ".join(shown) for line in said), (said, log)
+    finally:
+        run_cli("down", str(compose_file))
+
+
 def test_gpu_stack_without_gpu_passthrough_is_refused(
     base_image: str, moe_model: Path, tmp_path: Path, docker_client: DockerClient
 ) -> None:
