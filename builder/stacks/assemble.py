@@ -182,7 +182,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         mlock=options.mlock,
         keep_prompts=options.keep_prompts,
         sliding_window=options.keep_prompts and facts.sliding_window > 0,
-        derived=derived.said if derived is not None else None,
+        derived=derived.said(options.engine_options) if derived is not None else None,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,
         shm_size=options.shm_size,

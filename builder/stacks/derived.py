@@ -25,7 +25,21 @@ OFFLOAD_TOKENS = 32
 class Derived:
     options: EngineOptions  # those the engine honours
     override_rules: tuple[str, ...]  # the -ot rules (routed experts on the CPU, where the engine takes rules)
-    said: str  # x-moe-stack.derived: what was read, and what it set
+    source: str  # what was read: `deepseek2, 256 experts (8 used) in 58 of 61 layers, MLA attention`
+
+    def said(self, given: EngineOptions) -> str:
+        """x-moe-stack.derived: what was read, and what it set that the user's `given` options left."""
+        kept = {
+            k: v
+            for k, v in self.options.model_dump(exclude_unset=True).items()
+            if k not in given.model_fields_set
+        }
+        settings = (["routed experts on the CPU"] if self.override_rules else []) + [
+            f"{name}={value}" for name, value in kept.items()
+        ]
+        return (
+            f"no preset: from the model's {self.source}: {', '.join(settings) or 'nothing the options left'}"
+        )
 
 
 def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | None:
@@ -43,13 +57,7 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
         wanted["moe_offload_batch"] = max(1, OFFLOAD_TOKENS * facts.experts_used // facts.expert_count)
     options = EngineOptions.model_validate({k: v for k, v in wanted.items() if k in engine.honours})
     rules = (EXPERTS_ON_CPU_RULE,) if engine.takes_override_rules else ()
-    set_ = [*(f"{name}={value}" for name, value in options.model_dump(exclude_unset=True).items())]
-    placed = ["routed experts on the CPU"] if rules else []
-    return Derived(
-        options,
-        rules,
-        f"no preset: from the model's {_described(facts)}: {', '.join(placed + set_)}",
-    )
+    return Derived(options, rules, _described(facts))
 
 
 def _described(facts: ModelFacts) -> str:

@@ -73,6 +73,8 @@ def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host:
     given = EngineOptions(cache_type="f16", ubatch_size=512)
     stack = assemble_stack(StackOptions(model=model, gpu="nvidia", engine_options=given), host)
     assert (stack.cache_type, stack.ubatch_size, stack.flash_attention) == ("f16", 512, "on")
+    assert stack.derived is not None and "cache_type" not in stack.derived and "ubatch" not in stack.derived
+    assert "flash_attention=on" in stack.derived  # what it set, not what the user did
     # The tiny model was trained for 40960 tokens: the presets' 32768; a shorter training, that.
     assert stack.ctx_size == 32768
     short = write_moe_gguf(

@@ -49,6 +49,7 @@ TALK_TO_DOCKER = {
     "builder.images.cuda_base",
     "builder.images.image_facts",
     "builder.stacks.run",
+    "builder.stacks.load_progress",  # reads the engine's log while `up` waits
     "builder.stacks.smoke",
     "builder.distribute.publish",
     "builder.images.prometheus",
