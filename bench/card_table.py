@@ -14,24 +14,24 @@ from dataclasses import replace
 from builder.engines import Engine, get_engine
 from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
 from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
-from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts
-from builder.stacks.presets import get_preset, load_presets
+from builder.stacks.presets import Preset, load_presets
 from builder.stacks.vram_levers import GpuDemand, enough
 
-PRESETS = {preset.name: preset.architecture for preset in load_presets().values()}
+PRESETS = list(load_presets().values())
 ENGINES = (get_engine("ik_llama.cpp"), get_engine("llama.cpp"))
 
 
-def hybrid_quant_facts(arch: str) -> ModelFacts:
-    """4-bit (Q4_0-sized) routed experts, everything else Q8_0-sized: bytes as the usual hybrid GGUFs."""
-    experts, rest = shape_facts(synth_shape(arch)), shape_facts(synth_shape(arch, quant="Q8_0"))
+def hybrid_quant_facts(preset: Preset) -> ModelFacts:
+    """The preset's model at 4-bit (Q4_0-sized) routed experts, everything else Q8_0-sized: bytes as the
+    usual hybrid GGUFs."""
+    experts, rest = shape_facts(preset.model_shape()), shape_facts(preset.model_shape("Q8_0"))
     return replace(experts, other_bytes=rest.other_bytes, embedding_bytes=rest.embedding_bytes)
 
 
-def cell(preset: str, adapter: Engine, facts: ModelFacts, card_gib: int) -> str:
+def cell(preset: Preset, adapter: Engine, facts: ModelFacts, card_gib: int) -> str:
     """One card's outcome: the experts it takes, or the change that makes the preset fit."""
-    options = get_preset(preset).engine_options(adapter)
+    options = preset.engine_options(adapter)
     demand = GpuDemand(
         adapter,
         facts,
@@ -63,18 +63,18 @@ def main() -> None:
     cards = [int(c) for c in parser.parse_args().cards.split(",")]
     print("| preset (context, -ub) | engine | " + " | ".join(f"{c} GB card" for c in cards) + " |")
     print("|---|---|" + "---|" * len(cards))
-    for preset, arch in PRESETS.items():
-        facts = hybrid_quant_facts(arch)
+    for preset in PRESETS:
+        facts = hybrid_quant_facts(preset)
         for engine in ENGINES:
-            options = get_preset(preset).engine_options(engine)
-            name = f"{preset} ({options.ctx_size // 1024}k, {options.ubatch_size or DEFAULT_UBATCH})"
+            options = preset.engine_options(engine)
+            name = f"{preset.name} ({options.ctx_size // 1024}k, {options.ubatch_size or DEFAULT_UBATCH})"
             row = [cell(preset, engine, facts, card) for card in cards]
             print(f"| {name} | {engine} | " + " | ".join(row) + " |")
     print(
         "\nGPU total (weights but token embeddings, KV cache, compute buffer, CUDA context, prefill's pool) "
         "and the routed experts the spare VRAM takes, layer by layer; 1 GiB of each card kept free. "
         "Routed experts in all: "
-        + ", ".join(f"{p} {size(sum(hybrid_quant_facts(a).expert_bytes))}" for p, a in PRESETS.items())
+        + ", ".join(f"{p.name} {size(sum(hybrid_quant_facts(p).expert_bytes))}" for p in PRESETS)
         + "."
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
+from builder.models.synth_families import synth_shape
+from builder.models.synth_shapes import MoeShape
 from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.compose import compose_stack
@@ -33,6 +35,7 @@ _DESCRIPTIVE = (
     "architecture",
     "example_model",
     "example_size_gb",
+    "example_shape",
     "engines",
     "unsupported",
     "always_thinks",
@@ -56,10 +59,17 @@ class Preset:
     source: Path  # the file it came from (the last one that set a key of it)
     # Engines that can't serve the preset's model, each with the reason (said when one is asked for).
     unsupported: dict[str, str] = field(default_factory=dict)
+    # The example model's widths where they differ from its architecture's full-size synth shape
+    # (Kimi-K2 is deepseek2 with 384 experts and 64 heads): what the card table plans.
+    example_shape: dict[str, int] = field(default_factory=dict)
     # Why its model thinks whatever a switch says (its template has none), or never does ("": it has the
     # template's switch): --thinking off, or on, is then refused, never silently ignored.
     always_thinks: str = ""
     never_thinks: str = ""
+
+    def model_shape(self, quant: str = "Q4_0") -> MoeShape:
+        """The full-size shape of the preset's example model (its architecture's, with its own widths)."""
+        return synth_shape(self.architecture, False, quant=quant, **self.example_shape)
 
     def _check_engine(self, engine: Engine) -> None:
         if engine.name in self.unsupported:
@@ -250,6 +260,21 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
     size = entry.get("example_size_gb", 0)
     if not isinstance(size, int) or size < 0:
         raise wrong("example_size_gb", "a whole number of GB")
+    shape = entry.get("example_shape") or {}
+    if not isinstance(shape, dict) or not all(isinstance(v, int) for v in shape.values()):
+        raise wrong(
+            "example_shape", "a mapping of a synth shape's fields (experts, heads...) to whole numbers"
+        )
+    if shape:
+        try:
+            known = {f.name for f in fields(synth_shape(entry["architecture"]))}
+            if set(shape) - known:
+                raise ValueError(
+                    f"no field {min(set(shape) - known)}; a shape has {', '.join(sorted(known))}"
+                )
+            synth_shape(entry["architecture"], **shape)
+        except ValueError as err:
+            raise wrong("example_shape", str(err).split("\n")[0]) from None
     preset = Preset(
         name=name,
         description=entry["description"],
@@ -262,6 +287,7 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
         unsupported={str(engine): reason for engine, reason in unsupported.items()},
         always_thinks=entry.get("always_thinks", ""),
         never_thinks=entry.get("never_thinks", ""),
+        example_shape={str(k): v for k, v in shape.items()},
     )
     for adapter in adapters():  # every engine's options valid now, not when a stack asks for them
         if adapter.name in engines:

@@ -29,17 +29,37 @@ from builder.images.recorded_contracts import (
     recorded_contract,
 )
 from builder.models.planner import kv_cache_bytes, read_facts
+from builder.models.synth_families import synth_shape
+from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
-from builder.stacks.presets import load_presets
+from builder.stacks.presets import Preset, load_presets
 from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
 
 pytestmark = pytest.mark.integration
 
 PRESETS = sorted(load_presets().values(), key=lambda p: p.name)
 CASES = [(preset.name, engine) for preset in PRESETS for engine in ENGINES if engine in preset.engines]
+
+
+# The routing of a preset's own model, where its example shape changes its architecture's (Kimi-K2: 384
+# experts, past llama.cpp's old limit of 256, without groups, one dense layer), kept at tiny widths.
+ROUTING = ("experts", "expert_groups", "groups_used", "dense_layers")
+
+
+def _tiny_model(preset: Preset, tiny_models: dict[str, Path], directory: Path) -> Path:
+    """A tiny model of the preset's architecture, with its own model's routing."""
+    routing = {key: value for key, value in preset.example_shape.items() if key in ROUTING}
+    if not routing:
+        return tiny_models[preset.architecture]
+    directory.chmod(0o755)  # the engine's user (uid 10001) reads it
+    model = write_moe_gguf(
+        directory / f"tiny-{preset.name}.gguf", synth_shape(preset.architecture, True, **routing)
+    )
+    model.chmod(0o644)
+    return model
 
 
 @pytest.mark.parametrize(("preset", "engine"), CASES, ids=[f"{p}-{e}" for p, e in CASES])
@@ -54,7 +74,7 @@ def test_preset_serves_its_architecture(
         ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()
     )  # mainline's buffer log
     options = StackOptions(
-        model=tiny_models[chosen.architecture],
+        model=_tiny_model(chosen, tiny_models, tmp_path),
         engine=engine,
         image=engine_image.tag,
         preset=preset,
@@ -81,6 +101,8 @@ def test_preset_serves_its_architecture(
         logs = DockerClient(compose_files=[compose_file]).compose.logs()
     # The preset's own settings reached the engine, as its log shows them.
     assert command[command.index("--ctx-size") + 1] == str(chosen.options["ctx_size"])
+    facts = read_facts(stack_plan.stack.model)
+    assert facts.expert_count == chosen.example_shape.get("experts", facts.expert_count)
     if chosen.architecture == "deepseek2" and engine == "ik_llama.cpp":
         assert "Adjusted mainline llama.cpp MLA tensors" in logs and "mla_attn      = 3" in logs, logs[-2000:]
     assert "exceeds the training context" not in logs

@@ -38,7 +38,7 @@ def test_the_derivation_gives_each_presets_model_its_placement(preset: str, engi
     preset gives it (context and sampling are the model card's, which a GGUF does not hold)."""
     chosen = load_presets()[preset]
     adapter = get_engine(engine)
-    facts = shape_facts(synth_shape(chosen.architecture))
+    facts = shape_facts(chosen.model_shape())
     derived = derived_preset(facts, adapter, gpu=True)
     assert derived is not None
     wanted = chosen.engine_options(adapter)

@@ -105,6 +105,14 @@ def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ),
         ('"x\\e[2J":\n  description: d\n', "the preset name 'x\\x1b[2J' holds a control character"),
         ("x: {description: d\n", "is not valid YAML (line"),
+        (
+            "x:\n  description: d\n  architecture: deepseek2\n  example_shape: {expertz: 3}\n  engines: {}\n",
+            "preset x: example_shape: no field expertz; a shape has context, dense_ffn",
+        ),
+        (
+            "x:\n  description: d\n  architecture: deepseek2\n  example_shape: {experts: x}\n  engines: {}\n",
+            "preset x: example_shape: a mapping of a synth shape's fields",
+        ),
     ],
 )
 def test_a_mistake_is_one_line_naming_file_preset_and_key(tmp_path: Path, text: str, said: str) -> None:
