@@ -260,21 +260,10 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
     size = entry.get("example_size_gb", 0)
     if not isinstance(size, int) or size < 0:
         raise wrong("example_size_gb", "a whole number of GB")
-    shape = entry.get("example_shape") or {}
-    if not isinstance(shape, dict) or not all(isinstance(v, int) for v in shape.values()):
-        raise wrong(
-            "example_shape", "a mapping of a synth shape's fields (experts, heads...) to whole numbers"
-        )
-    if shape:
-        try:
-            known = {f.name for f in fields(synth_shape(entry["architecture"]))}
-            if set(shape) - known:
-                raise ValueError(
-                    f"no field {min(set(shape) - known)}; a shape has {', '.join(sorted(known))}"
-                )
-            synth_shape(entry["architecture"], **shape)
-        except ValueError as err:
-            raise wrong("example_shape", str(err).split("\n")[0]) from None
+    try:
+        shape = _example_shape(entry["architecture"], entry.get("example_shape") or {})
+    except ValueError as err:
+        raise wrong("example_shape", str(err).split("\n")[0]) from None
     preset = Preset(
         name=name,
         description=entry["description"],
@@ -287,12 +276,26 @@ def _preset(name: str, entry: dict[str, Any], source: Path) -> Preset:
         unsupported={str(engine): reason for engine, reason in unsupported.items()},
         always_thinks=entry.get("always_thinks", ""),
         never_thinks=entry.get("never_thinks", ""),
-        example_shape={str(k): v for k, v in shape.items()},
+        example_shape=shape,
     )
     for adapter in adapters():  # every engine's options valid now, not when a stack asks for them
         if adapter.name in engines:
             preset.check_thinking(preset.engine_options(adapter), adapter)
     return preset
+
+
+def _example_shape(architecture: str, given: object) -> dict[str, int]:
+    """A preset's example_shape, checked to be changes the architecture's synth shape takes; ValueError
+    says what is wrong."""
+    if not isinstance(given, dict) or not all(type(value) is int for value in given.values()):
+        raise ValueError("a mapping of a synth shape's fields (experts, heads...) to whole numbers")
+    shape = {str(key): value for key, value in given.items()}
+    if shape:
+        known = {f.name for f in fields(synth_shape(architecture))}
+        if set(shape) - known:
+            raise ValueError(f"no field {min(set(shape) - known)}; a shape has {', '.join(sorted(known))}")
+        synth_shape(architecture, False, **shape)
+    return shape
 
 
 def _engine_options(
