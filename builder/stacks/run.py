@@ -12,10 +12,10 @@ from python_on_whales.exceptions import DockerException
 from builder.contract import prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.document import CPU_PROFILE, CPU_SERVICE, SERVICE
 from builder.stacks.host_checks import check_port_free
 from builder.stacks.load_progress import watching_load
 from builder.stacks.stack_file import Service, StackFile
+from builder.stacks.tool_run import engine_service_name
 
 
 def _require(compose_file: Path) -> Path:
@@ -127,7 +127,7 @@ def up(
         for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
     try:
-        with watching_load(client, CPU_SERVICE if profiles == [CPU_PROFILE] else SERVICE, progress):
+        with watching_load(client, engine_service_name(profile), progress):
             client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
     except DockerException as err:
         missing = _missing_images(document, profiles)

@@ -3,6 +3,7 @@ its record, and the user's options still win."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,7 @@ def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host:
         tmp_path / "models" / "short.gguf", synth_shape("qwen3moe", tiny=True, context=2048)
     )
     assert assemble_stack(StackOptions(model=short), host).ctx_size == 2048
-    dense = shape_facts(synth_shape("qwen3moe", tiny=True))
-    dense_facts = dense.__class__(**{**dense.__dict__, "expert_count": 0, "experts_used": 0})
+    dense_facts = replace(shape_facts(synth_shape("qwen3moe", tiny=True)), expert_count=0, experts_used=0)
     assert derived_preset(dense_facts, get_engine("llama.cpp"), gpu=True) is None
     # A preset named: nothing derived, and the record says nothing of it.
     deepseek = write_moe_gguf(tmp_path / "models" / "r1.gguf", TINY_SHAPES["deepseek2"])
