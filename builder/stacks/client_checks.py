@@ -40,6 +40,10 @@ _WEATHER = "What is the weather in Paris?"
 # What the clients raise for an answer they can't take (HTTP errors, refused connections, bad JSON).
 CLIENT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError)
 _RETRIES = 1
+# Every check samples greedily, so one model answers one way: at the server's default temperature a
+# random-weight model's tool_use came and went between runs. anthropic 2.16's client takes no
+# `temperature` (its models fix it), so it travels in the body, where llama-server reads it.
+_GREEDY: dict[str, object] = {"temperature": 0}
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def _not_served(seen: str) -> ClientCheck:
 
 def _chat(clients: Clients) -> tuple[bool, str]:
     reply = clients.openai.chat.completions.create(
-        model=clients.model, max_tokens=8, temperature=0, messages=[{"role": "user", "content": _HELLO}]
+        model=clients.model, max_tokens=8, extra_body=_GREEDY, messages=[{"role": "user", "content": _HELLO}]
     )
     choice = reply.choices[0]
     tokens = reply.usage.completion_tokens if reply.usage else 0
@@ -171,7 +175,7 @@ def _responses(clients: Clients) -> tuple[bool, str]:
 
 def _messages(clients: Clients) -> tuple[bool, str]:
     reply = clients.anthropic.messages.create(
-        model=clients.model, max_tokens=8, messages=[{"role": "user", "content": _HELLO}]
+        model=clients.model, max_tokens=8, extra_body=_GREEDY, messages=[{"role": "user", "content": _HELLO}]
     )
     text = "".join(block.text for block in reply.content if block.type == "text")
     return (
@@ -184,7 +188,7 @@ def _messages_stream(clients: Clients) -> tuple[bool, str]:
     """Streamed as Anthropic's events (message_start, content_block_delta ..., message_stop), which
     the client assembles into the final message."""
     with clients.anthropic.messages.stream(
-        model=clients.model, max_tokens=8, messages=[{"role": "user", "content": _HELLO}]
+        model=clients.model, max_tokens=8, extra_body=_GREEDY, messages=[{"role": "user", "content": _HELLO}]
     ) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
@@ -202,6 +206,7 @@ def _messages_tool_use(clients: Clients) -> tuple[bool, str]:
     reply = clients.anthropic.messages.create(
         model=clients.model,
         max_tokens=64,
+        extra_body=_GREEDY,
         tools=[ANTHROPIC_TOOL],
         tool_choice={"type": "any"},
         messages=[{"role": "user", "content": _WEATHER}],

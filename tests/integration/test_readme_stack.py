@@ -99,10 +99,12 @@ def test_the_readme_stack_lines_run_as_written(readme_image: str, moe_model: Pat
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as reply:
             assert b'"object"' in reply.read()
         smoke = run(SMOKE_LINE)
-        # A random-weight model calls no tool, so smoke's strict tool-call check fails (the README says
-        # so): every other check passes.
-        failed = [row.split()[0] for row in smoke.stdout.splitlines() if row.split()[1:2] == ["FAIL"]]
-        assert smoke.returncode == 1 and failed == ["tool-call"], smoke.stdout
+        # A random-weight model makes no proper tool call, so smoke's strict tool-call check fails (the
+        # README says so); the Messages API's tool_use may fail with it (which one the weights happen to
+        # pass is theirs), and every other check passes.
+        failed = {row.split()[0] for row in smoke.stdout.splitlines() if row.split()[1:2] == ["FAIL"]}
+        assert smoke.returncode == 1 and "tool-call" in failed, smoke.stdout
+        assert failed <= {"tool-call", "messages-tool-use"}, smoke.stdout
     finally:
         stopped = run(down)
     assert stopped.returncode == 0, stopped.stderr

@@ -113,6 +113,7 @@ def test_only_a_chat_call_of_the_tool_passes(
     assert result is passed and said.startswith(seen)
     asked = engine.asked[0]
     assert asked["tool_choice"] == "required" and asked["tools"][0]["function"]["name"] == TOOL_NAME
+    assert asked["temperature"] == 0
 
 
 @pytest.mark.parametrize(
@@ -146,6 +147,8 @@ def test_only_a_tool_use_of_the_tool_passes(
     assert result is passed and said.startswith(seen)
     asked = engine.asked[0]
     assert asked["tool_choice"] == {"type": "any"} and asked["tools"][0]["name"] == TOOL_NAME
+    # Greedy, though the anthropic client takes no temperature: one model answers one way.
+    assert asked["temperature"] == 0
 
 
 def test_a_stack_without_tool_calls_is_not_asked_for_one(engine: Engine) -> None:
