@@ -164,3 +164,13 @@ def user_path(path: Path) -> Path:
             f"{str(path).split('/', 1)[0]} names no user with a home on this host; give the path "
             "without ~, or ~/ for your own home"
         ) from None
+
+
+def check_beside_model(path: Path, model: Path, what: str) -> None:
+    """A file the engine loads with the model (a draft model, a vision projector) must sit in the model's
+    directory, which the stack mounts read-only: SpecError naming `what` otherwise."""
+    if path.parent.resolve() != model.parent.resolve():
+        raise SpecError(
+            f"the {what} {path} is not in the model's directory {model.parent.resolve()}, which the "
+            "stack mounts read-only: put it (or a link to it) there"
+        )

@@ -424,6 +424,14 @@ class NeutralOptions(_Spec):
     draft_max: int | None = option(
         None, "--draft-max", help="most tokens drafted a step (default: the engine's)", ge=1, le=64
     )
+    # Images: the model's multimodal projector (a `clip` GGUF: its vision tower), loaded beside the model
+    # (both llama.cpp engines' --mmproj); chat requests may then carry images (stacks/vision.py).
+    mmproj: Path | None = option(
+        None,
+        "--mmproj",
+        help="the model's vision projector (mmproj-*.gguf, in the model's directory): chat requests may "
+        "carry images (on the GPU with the attention)",
+    )
 
     @model_validator(mode="after")
     def _thinking_and_budget(self) -> NeutralOptions:

@@ -38,14 +38,15 @@ def plan_memory(
     draft_model: Path | None = declared(
         help="the stack's draft model (its weights, KV and buffer on the GPU)"
     ),
+    mmproj: Path | None = declared(help="the stack's vision projector (its weights and buffer on the GPU)"),
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Plan VRAM and RAM for a hybrid run and print the -ot rules (experts on CPU, leftover VRAM filled):
     weights, the KV cache (MLA latent, recurrent state), the engine's measured compute buffer, a draft
-    model's share."""
+    model's and a vision projector's share."""
     # The limits of the options a stack shares are the stack's (spec.NeutralOptions), named by flag.
     given = {"ctx_size": ctx_size, "cache_type": cache_type, "ubatch_size": ubatch_size}
-    options = given_options(given | {"mmap": mmap, "draft_model": draft_model})
+    options = given_options(given | {"mmap": mmap, "draft_model": draft_model, "mmproj": mmproj})
     vrams = float_list(vram_gb, "--vram-gb")
     ask = MemoryAsk(vrams, ram_gb, vram_margin_gb, ctx_size, cache_type, mla, ubatch_size, mmap, options)
     report = memory_report(engine, model, ask)

@@ -60,11 +60,12 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
         )
     record = document.record
-    if record.engine_options.get("draft_model"):
-        raise BundleError(
-            f"{compose_file} serves with a draft model ({record.engine_options['draft_model']}); a bundle "
-            "carries the model's own files only: emit the stack without --draft-model to bundle it"
-        )
+    for option, what in (("draft_model", "a draft model"), ("mmproj", "a vision projector")):
+        if record.engine_options.get(option):
+            raise BundleError(
+                f"{compose_file} serves with {what} ({record.engine_options[option]}); a bundle carries the "
+                f"model's own files only: emit the stack without --{option.replace('_', '-')} to bundle it"
+            )
     model = record.model
     if not model.is_file():
         raise BundleError(

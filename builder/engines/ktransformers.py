@@ -355,6 +355,7 @@ class KTransformers(_PythonEngine):
     unread_reasons = (
         *((name, _PER_REQUEST) for name in ("thinking", "reasoning_budget", "reasoning_effort")),
         ("reasoning_format", "its --reasoning-parser puts a reply's thoughts in reasoning_content"),
+        ("mmproj", "its stacks here serve text models; images need a llama.cpp engine"),
     )
     flag_spellings = tuple(
         frozenset({flag})

@@ -124,6 +124,7 @@ class LlamaFamilyEngine(Engine):
             "draft_model",
             "mtp",
             "draft_max",
+            "mmproj",
             "thinking",
             "reasoning_budget",
             "reasoning_effort",
@@ -174,6 +175,7 @@ class LlamaFamilyEngine(Engine):
             ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),
             ("--draft-max", "--draft", "--draft-n", "--spec-draft-n-max"),
             ("--spec-type",),
+            ("-mm", "--mmproj"),
             ("--reasoning-budget",),
             ("--reasoning-format",),
             (TEMPLATE_KWARGS,),
@@ -384,6 +386,7 @@ class LlamaFamilyEngine(Engine):
             args += self.flash_attention_args(stack.flash_attention, flags)
         args += self.own_args(stack, flags)
         args += self.speculative_args(stack, flags)
+        args += self.projector_args(stack, flags)
         args += reasoning_args(self, stack, flags)
         for field, flag in self.option_flags:
             value = getattr(stack, field)
@@ -510,6 +513,15 @@ class LlamaFamilyEngine(Engine):
         if stack.draft_max is not None:
             args += [self.draft_max_flag(flags), str(stack.draft_max)]
         return args
+
+    def projector_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """The vision projector beside the model (`--mmproj /models/NAME`); with a GPU both engines put it
+        there (their --mmproj-offload default), which the plan counts."""
+        if stack.mmproj is None:
+            return []
+        if not has_flag(flags, "--mmproj"):
+            raise StackError(f"this {self.name} build has no --mmproj; drop --mmproj")
+        return ["--mmproj", f"{MODEL_DIR}/{stack.mmproj.name}"]
 
     def _draft_flag(self, flags: dict[str, str] | None, flag: str, option: str) -> str:
         if not has_flag(flags, flag):

@@ -175,7 +175,7 @@ class Plan:
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
-def _open(path: Path) -> gguf.GGUFReader:
+def open_gguf(path: Path) -> gguf.GGUFReader:
     """A reader of a complete GGUF: a cut header, or tensor data that runs past the file's end (an
     interrupted download), is a ModelError; so is a header whose counts don't fit the file."""
     check_header(path)
@@ -224,28 +224,28 @@ def model_bytes(path: Path) -> int:
 def read_facts(path: Path) -> ModelFacts:
     """ModelFacts from a GGUF's header (every part of a split one); ModelError when unreadable."""
     parts = split_parts(path)
-    reader = _open(parts[0])
-    arch = _text(reader, "general.architecture")
-    layers = _number(reader, f"{arch}.block_count")
+    reader = open_gguf(parts[0])
+    arch = header_text(reader, "general.architecture")
+    layers = header_number(reader, f"{arch}.block_count")
     if not 1 <= layers <= MAX_LAYERS:
         raise ModelError(
             f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
         )
-    expert, other = _weight_bytes(path, [reader, *(_open(p) for p in parts[1:])], layers)
-    heads = _number(reader, f"{arch}.attention.head_count")
-    embd = _number(reader, f"{arch}.embedding_length")
+    expert, other = _weight_bytes(path, [reader, *(open_gguf(p) for p in parts[1:])], layers)
+    heads = header_number(reader, f"{arch}.attention.head_count")
+    embd = header_number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
         raise ModelError(
             f"{path} says it has {heads} attention heads and embedding length {embd}; the file is corrupt"
         )
-    experts = _number(reader, f"{arch}.expert_count", default=0)
+    experts = header_number(reader, f"{arch}.expert_count", default=0)
     if not 0 <= experts <= MAX_EXPERTS:
         raise ModelError(f"{path} says it has {experts} experts per layer; a model has at most {MAX_EXPERTS}")
     kv_heads, key_dim, value_dim, mla_dim = _cached_dims(reader, arch, heads, embd)
-    used = _number(reader, f"{arch}.expert_used_count", default=0)
+    used = header_number(reader, f"{arch}.expert_used_count", default=0)
     if not 0 <= used <= experts:
         raise ModelError(f"{path} says each token uses {used} of its {experts} experts")
-    nextn = _number(reader, f"{arch}.nextn_predict_layers", default=0)
+    nextn = header_number(reader, f"{arch}.nextn_predict_layers", default=0)
     if not 0 <= nextn < layers:
         raise ModelError(
             f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
@@ -272,8 +272,8 @@ def read_facts(path: Path) -> ModelFacts:
         vocab=vocab,
         hidden=embd,
         nextn_layers=nextn,
-        sliding_window=max(0, _number(reader, f"{arch}.attention.sliding_window", default=0)),
-        context_length=max(0, _number(reader, f"{arch}.context_length", default=0)),
+        sliding_window=max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0)),
+        context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
     )
 
 
@@ -302,20 +302,20 @@ def _cached_dims(
 ) -> tuple[int, int, int, int | None]:
     """What a token's KV cache holds per layer: KV heads, key and value widths, and with MLA the
     latent's width (kv_lora_rank + rope dims)."""
-    kv_heads = _number(reader, f"{arch}.attention.head_count_kv", default=heads)
-    key_dim = _number(reader, f"{arch}.attention.key_length", default=embd // heads)
-    value_dim = _number(reader, f"{arch}.attention.value_length", default=embd // heads)
+    kv_heads = header_number(reader, f"{arch}.attention.head_count_kv", default=heads)
+    key_dim = header_number(reader, f"{arch}.attention.key_length", default=embd // heads)
+    value_dim = header_number(reader, f"{arch}.attention.value_length", default=embd // heads)
     if f"{arch}.attention.kv_lora_rank" not in reader.fields:
         return kv_heads, key_dim, value_dim, None
-    mla_dim = _number(reader, f"{arch}.attention.kv_lora_rank") + _number(
+    mla_dim = header_number(reader, f"{arch}.attention.kv_lora_rank") + header_number(
         reader, f"{arch}.rope.dimension_count"
     )
     if f"{arch}.attention.key_length_mla" in reader.fields:
         # Mainline's form: one "KV head" of the latent (576/512); without MLA every head caches
         # its full key and value (ik_llama.cpp converts to that: head_count_kv = head_count).
         kv_heads = heads
-        key_dim = _number(reader, f"{arch}.attention.key_length_mla")
-        value_dim = _number(reader, f"{arch}.attention.value_length_mla")
+        key_dim = header_number(reader, f"{arch}.attention.key_length_mla")
+        value_dim = header_number(reader, f"{arch}.attention.value_length_mla")
     return kv_heads, key_dim, value_dim, mla_dim
 
 
@@ -326,10 +326,10 @@ def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) 
     if not recurrent_layers or f"{arch}.ssm.state_size" not in reader.fields:
         return 0
     return recurrent_state_bytes(
-        _number(reader, f"{arch}.ssm.state_size"),
-        _number(reader, f"{arch}.ssm.inner_size"),
-        _number(reader, f"{arch}.ssm.group_count"),
-        _number(reader, f"{arch}.ssm.conv_kernel"),
+        header_number(reader, f"{arch}.ssm.state_size"),
+        header_number(reader, f"{arch}.ssm.inner_size"),
+        header_number(reader, f"{arch}.ssm.group_count"),
+        header_number(reader, f"{arch}.ssm.conv_kernel"),
         recurrent_layers,
     )
 
@@ -350,7 +350,7 @@ def _value(reader: gguf.GGUFReader, key: str) -> Any:
     return value
 
 
-def _text(reader: gguf.GGUFReader, key: str) -> str:
+def header_text(reader: gguf.GGUFReader, key: str) -> str:
     value = _value(reader, key)
     if value is None:
         raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
@@ -360,7 +360,7 @@ def _text(reader: gguf.GGUFReader, key: str) -> str:
         raise ModelError(f"the GGUF's {key} is not UTF-8 text; the file is corrupt") from None
 
 
-def _number(reader: gguf.GGUFReader, key: str, default: int | None = None) -> int:
+def header_number(reader: gguf.GGUFReader, key: str, default: int | None = None) -> int:
     value = _value(reader, key)
     if value is None:
         if default is not None:

@@ -36,6 +36,7 @@ from builder.stacks.host_checks import check_config_dir, check_host_runs, check_
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.vision import checked_projector, projector_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 
@@ -116,6 +117,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         engine_options, preset_rules = options.engine_options.over(derived.options), derived.override_rules
     if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
         engine_options = checked_speculative(engine_options, model, adapter)
+    if "mmproj" in adapter.honours:
+        engine_options = checked_projector(engine_options, model, adapter)
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()
     if options.placement == "fit":
@@ -199,7 +202,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
 def _vram_plan(
     options: StackOptions, adapter: Engine, model: Path, given: EngineOptions, ram_bytes: int
 ) -> Plan:
-    """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model counted."""
+    """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model and a vision
+    projector counted."""
     demand = GpuDemand(
         engine=adapter,
         facts=adapter.model_format.facts(model),
@@ -213,7 +217,7 @@ def _vram_plan(
         [int(gb * GIB) for gb in options.fit_vram_gb],
         ram_bytes,
         margin=int(options.vram_margin_gb * GIB),
-        draft=draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch),
+        beside=draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch) + projector_bytes(given),
         cache_type_v=given.cache_type_v,
     )
 
@@ -288,10 +292,10 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
             "whose server routes between models (mainline llama.cpp)"
         )
     routed = tuple(assemble_stack(options, host) for options in models)
-    if any(model.draft_model is not None or model.mtp for model in routed):
+    if any(model.draft_model is not None or model.mtp or model.mmproj is not None for model in routed):
         raise SpecError(
-            "speculative decoding (--draft-model, --mtp) is for a stack of one model: emit that model's "
-            "stack on its own"
+            "speculative decoding (--draft-model, --mtp) and images (--mmproj) are for a stack of one "
+            "model: emit that model's stack on its own"
         )
     base = routed[0]
     facts = _checked_facts(base.image, first, host)

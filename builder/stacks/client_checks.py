@@ -5,7 +5,10 @@ field, an event out of order in a stream) fails here as it would fail the agent.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,15 +52,16 @@ _GREEDY: dict[str, object] = {"temperature": 0}
 @dataclass(frozen=True)
 class Clients:
     """Both official clients pointed at one stack, the model they ask for, and whether the stack renders
-    tools (its Jinja template: without one the tool checks are not asked)."""
+    tools (its Jinja template: without one the tool checks are not asked) and images (its projector)."""
 
     openai: openai.OpenAI
     anthropic: anthropic.Anthropic
     model: str
     tool_calls: bool
+    images: bool = False
 
 
-def clients_for(api: EngineApi, model: str, tool_calls: bool) -> Clients:
+def clients_for(api: EngineApi, model: str, tool_calls: bool, images: bool = False) -> Clients:
     """The clients as an agent configures them (a base URL and a key), following no redirect (whatever a
     redirect points at never gets the key), and retrying once where agents' clients retry twice: both
     llama.cpp engines at times close a kept-alive connection after a streamed Messages reply, and the
@@ -82,6 +86,7 @@ def clients_for(api: EngineApi, model: str, tool_calls: bool) -> Clients:
         ),
         model=model,
         tool_calls=tool_calls,
+        images=images,
     )
 
 
@@ -165,6 +170,49 @@ def _tool_call(clients: Clients) -> tuple[bool, str]:
     return isinstance(arguments, dict), f"{TOOL_NAME}({json.dumps(arguments)})"
 
 
+def sample_png(side: int = 64) -> bytes:
+    """A `side`-pixel RGB PNG (a diagonal gradient), as a client sends a screenshot."""
+    rows = b"".join(
+        b"\x00" + bytes(channel for x in range(side) for channel in (x * 4 % 256, y * 4 % 256, 128))
+        for y in range(side)
+    )
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _image(clients: Clients) -> tuple[bool, str]:
+    """A chat turn that carries an image (a data: URL, as agents send a screenshot) beside the same turn
+    without it: the image must reach the model, its tokens counted in the prompt. A server that drops
+    the image part answers the same count and fails; one without a projector refuses the request."""
+    if not clients.images:
+        return True, "not asked: the stack loads no vision projector (--mmproj)"
+    url = "data:image/png;base64," + base64.b64encode(sample_png()).decode()
+
+    def prompt_tokens(with_image: bool) -> tuple[int, str]:
+        text: dict[str, object] = {"type": "text", "text": "Describe the image."}
+        image: dict[str, object] = {"type": "image_url", "image_url": {"url": url}}
+        reply = clients.openai.chat.completions.create(
+            model=clients.model,
+            max_tokens=8,
+            temperature=0,
+            messages=[{"role": "user", "content": [text, image] if with_image else [text]}],  # type: ignore[list-item,misc]
+        )
+        return (reply.usage.prompt_tokens if reply.usage else 0), str(reply.choices[0].message.content)
+
+    plain, _ = prompt_tokens(with_image=False)
+    seen, answer = prompt_tokens(with_image=True)
+    return seen > plain, f"the image took {seen - plain} prompt tokens ({seen} in all): {answer!r}"
+
+
 def _responses(clients: Clients) -> tuple[bool, str]:
     reply = clients.openai.responses.create(
         model=clients.model, input=_HELLO, max_output_tokens=8, temperature=0
@@ -229,7 +277,12 @@ def _count_tokens(clients: Clients) -> tuple[bool, str]:
 
 # Each API's checks, by the names smoke prints.
 _BY_API: dict[ClientApi, list[tuple[str, ClientCheck]]] = {
-    "openai-chat": [("chat", _chat), ("chat-stream", _chat_stream), ("tool-call", _tool_call)],
+    "openai-chat": [
+        ("chat", _chat),
+        ("chat-stream", _chat_stream),
+        ("tool-call", _tool_call),
+        ("image", _image),
+    ],
     "openai-responses": [("responses", _responses)],
     "anthropic-messages": [
         ("messages", _messages),

@@ -173,13 +173,15 @@ def compose_document(
 
 def serves(stack: StackSpec, args: list[str]) -> Served:
     """What an engine service serves, for the readers of the file (smoke, tune, bench) that must not
-    parse an engine's flags: its CPU threads, GPU layers, and whether /metrics and tool calls are on."""
+    parse an engine's flags: its CPU threads, GPU layers, and whether /metrics, tool calls and images
+    are on."""
     engine = stack.engine
     return Served(
         threads=stack.threads,
         gpu_layers=stack.gpu_layers,
         metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
         tool_calls=engine.tool_calls_flag is not None and engine.tool_calls_flag in args,
+        images=stack.mmproj is not None,
     )
 
 

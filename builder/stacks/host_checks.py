@@ -36,11 +36,12 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
             check_readable_in_container(part)
     else:
         check_readable_in_container(model, parent_too=mounts[0].target == MODEL_DIR)
-    if stack.draft_model is not None:  # beside the model (stacks/speculative.py): in its mount
-        draft = stack.draft_model.parent.resolve() / stack.draft_model.name
-        check_readable_in_container(draft.resolve(), parent_too=False)
-        if mounts[0].target != MODEL_DIR:  # the model's files mounted one by one: the draft's too
-            mounts = (*mounts, file_mount(draft.resolve(), draft.name))
+    # A draft model and a vision projector sit beside the model (files.check_beside_model): in its mount.
+    for beside in (path for path in (stack.draft_model, stack.mmproj) if path is not None):
+        named = beside.parent.resolve() / beside.name
+        check_readable_in_container(named.resolve(), parent_too=False)
+        if mounts[0].target != MODEL_DIR:  # the model's files mounted one by one: this one's too
+            mounts = (*mounts, file_mount(named.resolve(), named.name))
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)

@@ -1,6 +1,6 @@
 """`moe-stack plan`'s report: a model's hybrid run planned for the VRAM and RAM given (stacks/vram_levers.py),
-with what sits beside the plan (the engine's compute buffer and prefill pool, a draft model, the prompt
-cache), as the rows of a table, the flags that place it, or JSON."""
+with what sits beside the plan (the engine's compute buffer and prefill pool, a draft model, a vision
+projector, the prompt cache), as the rows of a table, the flags that place it, or JSON."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from builder.models.planner import GIB, ModelFacts, Plan, size
 from builder.spec import EngineOptions
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.vision import checked_projector, projector_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 
@@ -29,7 +30,7 @@ class MemoryAsk:
     mla: bool
     ubatch_size: int
     mmap: bool | None
-    options: EngineOptions  # the neutral ones given, checked by their declarations (the draft model)
+    options: EngineOptions  # the neutral ones given, checked by their declarations (draft, projector)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class MemoryReport:
     compute: ComputeEstimate
     pool: int  # prefill's CUDA pool growth past load
     draft: int  # the draft model's VRAM
+    projector: int  # the vision projector's VRAM (weights and the vision tower's buffer)
     pinned: bool  # weights in RAM page-locked (else mapped)
     beside: int  # the prompt cache and the engine's buffers, in RAM beside the weights
 
@@ -76,6 +78,7 @@ class MemoryReport:
             "compute_bytes": self.compute.bytes,
             "prefill_pool_bytes": self.pool,
             "draft_bytes": self.draft,
+            "projector_bytes": self.projector,
             "compute_measured": self.compute.measured,
             "cpu_weights": "pinned" if self.pinned else "mapped",
             "prompt_cache_bytes": prompt_cache_bytes(self.engine),
@@ -122,6 +125,15 @@ class MemoryReport:
             draft_model = ask.options.draft_model
             name = draft_model.name if draft_model else ""
             rows.append((f"draft model {name} (weights, f16 KV, buffer)", size(self.draft), "GPU (-ngld 99)"))
+        if self.projector:
+            mmproj = ask.options.mmproj
+            rows.append(
+                (
+                    f"vision projector {mmproj.name if mmproj else ''} (weights, buffer)",
+                    size(self.projector),
+                    "GPU (--mmproj); its buffer an estimate from its widths",
+                )
+            )
         return rows
 
     def total_rows(self) -> list[tuple[str, str, str]]:
@@ -183,9 +195,10 @@ def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
     latent = adapter.caches_latent(3 if ask.mla else None)
     ctx, ubatch = ask.ctx_size, ask.ubatch_size
     draft = draft_vram_bytes(checked_speculative(ask.options, model, adapter), adapter, ctx, ubatch)
+    projector = projector_bytes(checked_projector(ask.options, model, adapter))
     demand = GpuDemand(adapter, facts, ctx, ubatch, ask.cache_type, latent)
     vrams = [int(v * GIB) for v in ask.vram_gb]
-    result = vram_plan(demand, vrams, int(ask.ram_gb * GIB), int(ask.vram_margin_gb * GIB), draft)
+    result = vram_plan(demand, vrams, int(ask.ram_gb * GIB), int(ask.vram_margin_gb * GIB), draft + projector)
     return MemoryReport(
         ask=ask,
         model=model,
@@ -196,6 +209,7 @@ def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
         compute=gpu_compute(adapter, facts, ctx, ubatch, latent),
         pool=prefill_pool(adapter, facts, ctx, ubatch, latent),
         draft=draft,
+        projector=projector,
         pinned=adapter.pins_cpu_weights(ask.mmap, gpu=True),
         # Beside the weights in RAM: the engine's host prompt cache (its default; compose --cache-ram
         # sizes it) and its own buffers, as a stack's memory sum counts them (stacks/memory_use.py).

@@ -1,6 +1,7 @@
 """What a stack takes of its host's memory, summed once: the model's files (page cache, or the engine's
-own or pinned memory, or hugepages where the stack stages it there), a CPU-only stack's KV cache, the
-engine's host prompt cache and its own CPU buffers. The Kubernetes requests are made from it."""
+own or pinned memory, or hugepages where the stack stages it there), a CPU-only stack's KV cache and
+vision projector, the engine's host prompt cache and its own CPU buffers. The Kubernetes requests are
+made from it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from builder.engines import Engine
 from builder.engines.specs import StackSpec
 from builder.models.planner import GIB, kv_cache_bytes
+from builder.stacks.vision import projector_bytes
 
 MIB = 1024**2
 # The engine's CPU compute buffers and its process beside the weights and caches (ik_llama.cpp's CPU
@@ -23,12 +25,13 @@ class MemoryUse:
     kv_bytes: int  # the KV cache a CPU-only stack keeps in RAM (a GPU stack's is on the GPU)
     prompt_cache_bytes: int  # the engine's host prompt cache (--cache-ram, or the engine's default)
     buffers_bytes: int = BUFFERS_BYTES
+    projector_bytes: int = 0  # a CPU-only stack's vision projector (a GPU stack's is on the GPU)
 
     @property
     def memory_bytes(self) -> int:
         """Ordinary memory: everything but the hugepages."""
         model = 0 if self.on_hugepages else self.model_bytes
-        return model + self.kv_bytes + self.prompt_cache_bytes + self.buffers_bytes
+        return model + self.kv_bytes + self.prompt_cache_bytes + self.buffers_bytes + self.projector_bytes
 
     @property
     def hugepage_bytes(self) -> int:
@@ -67,4 +70,5 @@ def memory_use(stack: StackSpec) -> MemoryUse:
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=kv,
         prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram),
+        projector_bytes=projector_bytes(stack) if stack.gpu == "none" else 0,
     )

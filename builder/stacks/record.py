@@ -47,6 +47,13 @@ class Served(_Kebab):
     gpu_layers: StrictInt | None
     metrics: StrictBool  # its /metrics endpoint is on
     tool_calls: StrictBool  # chat is rendered with the model's own (Jinja) template, which tool calls need
+    images: StrictBool = False  # chat reads images: the model's vision projector is loaded (--mmproj)
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        """`images` written where it is on: the files of stacks without a projector stay as they were."""
+        dumped: dict[str, object] = handler(self)
+        return {key: value for key, value in dumped.items() if key != "images" or value}
 
 
 class Rates(_Kebab):

@@ -57,8 +57,9 @@ class StackUnderTest:
     @cached_property
     def clients(self) -> Clients:
         """The official clients, pointed at the stack as an agent would point them."""
-        tool_calls = self.served is not None and self.served.tool_calls
-        return clients_for(self.api, _model(self), tool_calls)
+        served = self.served
+        tool_calls, images = (served.tool_calls, served.images) if served is not None else (False, False)
+        return clients_for(self.api, _model(self), tool_calls, images)
 
 
 def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.errors import SpecError
-from builder.files import user_path
+from builder.files import check_beside_model, user_path
 from builder.models.planner import kv_cache_bytes
 from builder.spec import EngineOptions
 
@@ -47,11 +47,7 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
     if options.draft_model is None:
         return options
     draft = adapter.check_model(user_path(options.draft_model))
-    if draft.parent.resolve() != model.parent.resolve():
-        raise SpecError(
-            f"the draft model {draft} is not in the model's directory {model.parent.resolve()}, which the "
-            "stack mounts read-only: put it (or a link to it) there"
-        )
+    check_beside_model(draft, model, "draft model")
     draft_vocab, vocab = adapter.model_format.facts(draft).vocab, facts.vocab
     if abs(draft_vocab - vocab) > VOCAB_MAX_DIFFERENCE:
         raise SpecError(

@@ -46,13 +46,13 @@ def vram_plan(
     vram_bytes: list[int],
     ram_bytes: int,
     margin: int,
-    draft: int = 0,
+    beside: int = 0,
     cache_type_v: str | None = None,
 ) -> Plan:
-    """The plan for `demand` on GPUs of `vram_bytes`: the engine's measured compute buffer (and a draft
-    model's share) reserved, then experts into what is left; SpecError naming the levers when even the
-    fixed part does not fit."""
-    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.latent) + draft
+    """The plan for `demand` on GPUs of `vram_bytes`: the engine's measured compute buffer (and `beside`,
+    what the stack's other models take: a draft model, a vision projector) reserved, then experts into
+    what is left; SpecError naming the levers when even the fixed part does not fit."""
+    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.latent) + beside
     try:
         return plan(
             demand.facts,

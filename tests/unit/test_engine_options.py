@@ -90,6 +90,7 @@ CHANGED: dict[str, object] = {
     "draft_model": "d.gguf",
     "mtp": True,
     "draft_max": 4,
+    "mmproj": "mmproj-m.gguf",
 }
 # Flags an engine takes several times by design (one -ot rule each).
 REPEATED = {"--override-tensor"}
@@ -97,7 +98,7 @@ REPEATED = {"--override-tensor"}
 
 def _base(tmp_path: Path, engine: str) -> dict[str, object]:
     tmp_path.chmod(0o755)
-    for name in ("m.gguf", "key", "d.gguf"):
+    for name in ("m.gguf", "key", "d.gguf", "mmproj-m.gguf"):
         (tmp_path / name).write_bytes(b"GGUF")
         (tmp_path / name).chmod(0o644)
     (tmp_path / "config").mkdir(mode=0o755, exist_ok=True)
@@ -116,7 +117,7 @@ def _base(tmp_path: Path, engine: str) -> dict[str, object]:
 
 def _value(tmp_path: Path, name: str) -> object:
     value = CHANGED[name]
-    paths = ("config_dir", "api_key_file", "draft_model")
+    paths = ("config_dir", "api_key_file", "draft_model", "mmproj")
     return tmp_path / value if name in paths and isinstance(value, str) else value
 
 

@@ -4,6 +4,7 @@ the engine lacks is one line; a server that answers nothing is a failed check, n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from builder.stacks.api import EngineApi
 from builder.stacks.client_checks import (
     TOOL_NAME,
     Clients,
+    _image,
     _messages_tool_use,
     _tool_call,
     client_checks,
@@ -158,16 +160,39 @@ def test_a_stack_without_tool_calls_is_not_asked_for_one(engine: Engine) -> None
     assert engine.asked == []
 
 
+def test_an_image_must_reach_the_prompt(engine: Engine) -> None:
+    """The image goes as a data: URL beside the same turn without it; a server whose prompt does not grow
+    with it (here one answering 5 prompt tokens to both) dropped it. A stack without a projector is not
+    asked (the suite's tests/integration/test_vision.py serves one that passes)."""
+    engine.chat_reply({"role": "assistant", "content": "A picture."})
+    passed, seen = _image(dataclasses.replace(clients(engine), images=True))
+    assert not passed and seen == "the image took 0 prompt tokens (5 in all): 'A picture.'"
+    plain, with_image = engine.asked
+    assert [part["type"] for part in plain["messages"][0]["content"]] == ["text"]
+    part = with_image["messages"][0]["content"][1]
+    assert part["type"] == "image_url" and part["image_url"]["url"].startswith(
+        "data:image/png;base64,iVBORw0KGgo"
+    )
+    assert _image(clients(engine)) == (True, "not asked: the stack loads no vision projector (--mmproj)")
+    assert len(engine.asked) == 2
+
+
 def test_an_engine_is_checked_on_each_api_it_serves_and_one_line_for_each_it_lacks() -> None:
     names = [name for name, _ in client_checks(get_engine("llama.cpp"))]
     assert names == [
-        "chat", "chat-stream", "tool-call", "responses",
+        "chat", "chat-stream", "tool-call", "image", "responses",
         "messages", "messages-stream", "messages-tool-use", "count-tokens",
     ]  # fmt: skip
     legacy = get_engine("ktransformers-legacy")
     checks = client_checks(legacy)
     lacking = [(name, check) for name, check in checks if name in API_ROUTES]
-    assert [name for name, _ in checks] == ["chat", "chat-stream", "tool-call", *(n for n, _ in lacking)]
+    assert [name for name, _ in checks] == [
+        "chat",
+        "chat-stream",
+        "tool-call",
+        "image",
+        *(n for n, _ in lacking),
+    ]
     assert [name for name, _ in lacking] == [
         "openai-responses",
         "anthropic-messages",

@@ -1,0 +1,45 @@
+"""Images in a stack: the model's multimodal projector (`--mmproj`, a `clip` GGUF beside the model in its
+directory, so the stack's one read-only mount carries both), checked against the model before anything
+is written, and the memory it takes counted by the plan.
+
+Both llama.cpp engines load the projector with the model and put it on the GPU when the stack has one
+(their --mmproj-offload default): its weights and the vision tower's compute buffer sit beside the
+model's plan. An image in a chat request becomes the projector's tokens in the prompt (the suite's tiny
+InternVL projector: 16 tokens for a 64-pixel image; a real one hundreds to thousands), prefilled as any.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.engines.base import Engine
+from builder.errors import SpecError
+from builder.files import check_beside_model, user_path
+from builder.models.projector import read_projector
+from builder.spec import EngineOptions, NeutralOptions
+
+
+def checked_projector(options: EngineOptions, model: Path, adapter: Engine) -> EngineOptions:
+    """`options` with the projector's path resolved, once it fits `model`: one line naming the problem
+    otherwise (not a vision projector, elsewhere than the model's directory, made for a model of
+    another width)."""
+    if options.mmproj is None:
+        return options
+    projector = adapter.check_model(user_path(options.mmproj))
+    check_beside_model(projector, model, "vision projector")
+    facts, width = read_projector(projector), adapter.model_format.facts(model).hidden
+    if facts.projection_dim != width:
+        raise SpecError(
+            f"the projector {projector.name} writes {facts.projection_dim}-wide embeddings and {model.name} "
+            f"is {width} wide: give the mmproj made for this model (the engines refuse this one)"
+        )
+    return options.model_copy(update={"mmproj": projector})
+
+
+def projector_bytes(options: NeutralOptions) -> int:
+    """Memory the projector takes beside the model's plan (its weights and the vision tower's buffer; on
+    the GPU in a GPU stack, else in RAM); 0 without one."""
+    if options.mmproj is None:
+        return 0
+    facts = read_projector(options.mmproj)
+    return facts.weight_bytes + facts.encoder_buffer_bytes
