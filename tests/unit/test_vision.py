@@ -15,6 +15,7 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SpecError, StackError
+from builder.host.probe import probe
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import GIB
 from builder.models.projector import read_projector
@@ -22,6 +23,7 @@ from builder.models.synth_mmproj import write_mmproj_gguf
 from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
+from builder.stacks.assemble import StackOptions, plan_models
 from builder.stacks.document import serves
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from builder.stacks.memory_use import memory_use
@@ -143,3 +145,13 @@ def test_the_plan_and_a_cpu_stacks_memory_count_it(ggufs: dict[str, Path]) -> No
         == counted
     )
     assert counted < GIB
+
+
+def test_a_stack_routing_several_models_refuses_it(ggufs: dict[str, Path]) -> None:
+    second = write_moe_gguf(ggufs["model"].parent / "m2.gguf", QWEN, seed=2)
+    models = [
+        StackOptions(model=model, engine_options=EngineOptions(mmproj=projector), for_other_host=True)
+        for model, projector in ((ggufs["model"], ggufs["mmproj"]), (second, None))
+    ]
+    with pytest.raises(SpecError, match=r"images \(--mmproj\) are for a stack of one model"):
+        plan_models(models, probe())
