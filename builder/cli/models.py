@@ -156,6 +156,14 @@ SynthMtpOpt = Annotated[
         help="deepseek2: with DeepSeek's multi-token-prediction layer (mainline's --spec-type draft-mtp)",
     ),
 ]
+SynthMmprojOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--mmproj",
+        help="also write a tiny random vision projector for the model here (InternVL's kind; put it in "
+        "the model's directory to try `compose --mmproj`)",
+    ),
+]
 SynthFileFormatOpt = Annotated[
     Literal["gguf", "hf"],
     typer.Option(
@@ -204,6 +212,7 @@ def synth_moe(
     quant: SynthQuantOpt = None,
     seed: int = 0,
     mtp: SynthMtpOpt = False,
+    mmproj: SynthMmprojOpt = None,
     file_format: SynthFileFormatOpt = "gguf",
 ) -> None:
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
@@ -230,9 +239,16 @@ def synth_moe(
     except ValueError as error:
         raise SpecError(f"synth-moe: {error}") from None
     if file_format == "hf":
+        if mmproj is not None:
+            raise SpecError("synth-moe --mmproj writes a GGUF projector for a GGUF model: drop --format hf")
         write_checkpoint(out_file, shape, seed, vocab)
         return
     write_gguf(out_file, shape, seed)
+    if mmproj is not None:
+        from builder.models.synth_mmproj import write_mmproj_gguf
+
+        projector = write_mmproj_gguf(user_path(mmproj), shape.hidden, seed)
+        out.print(f"wrote {projector} (a vision projector for it: images of 64 pixels, 16 tokens each)")
 
 
 def kt_convert(

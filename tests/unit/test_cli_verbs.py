@@ -145,6 +145,33 @@ def test_synth_moe_and_plan(tmp_path: Path) -> None:
 
 
 @pytest.mark.cli
+def test_synth_moe_writes_a_projector_that_plan_and_compose_take(tmp_path: Path) -> None:
+    model, projector = tmp_path / "tiny.gguf", tmp_path / "mmproj-tiny.gguf"
+    made = run_cli("synth-moe", str(model), "--tiny", "--mmproj", str(projector))
+    assert made.returncode == 0 and projector.is_file(), made.stderr
+    plain = json.loads(run_cli("plan", str(model), "--json").stdout)
+    planned = run_cli("plan", str(model), "--mmproj", str(projector), "--json")
+    assert planned.returncode == 0, planned.stderr
+    doc = json.loads(planned.stdout)
+    assert doc["projector_bytes"] > 0 and doc["gpu_bytes"] - plain["gpu_bytes"] == doc["projector_bytes"]
+    out = tmp_path / "c.yaml"
+    tmp_path.chmod(0o755)  # the engine's user reads the model's directory
+    composed = run_cli(
+        "compose", "--model", str(model), "--mmproj", str(projector), "--skip-image-checks",
+        "--out", str(out), "--port", str(free_local_port()),
+    )  # fmt: skip
+    assert composed.returncode == 0, composed.stderr
+    stack = yaml.safe_load(out.read_text())
+    command = stack["services"]["engine"]["command"]
+    assert command[command.index("--mmproj") + 1] == "/models/mmproj-tiny.gguf"
+    assert stack["x-moe-stack"]["serves"]["engine"]["images"] is True
+    refused = run_cli(
+        "synth-moe", str(tmp_path / "hf"), "--tiny", "--format", "hf", "--mmproj", str(projector)
+    )
+    assert refused.returncode == 1 and refused.stderr.strip().endswith("drop --format hf")
+
+
+@pytest.mark.cli
 def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     model = _tiny_model(tmp_path)
     # 0.0105 GiB over llama.cpp's compute reserve for this model (-ub 512, 4096 tokens) = 11,274,289 B;
