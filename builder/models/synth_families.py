@@ -12,6 +12,11 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
 - minimax-m2 (MiniMax-M2 and its successors): q/k norms over all heads' width, not per head; sigmoid
   routing with an expert bias; no shared expert; both engines read the expert width as
   feed_forward_length.
+- qwen35moe (Qwen3.5/3.6-MoE: 35B-A3B, 122B-A10B, 397B-A17B): Qwen3-Next's layers (three gated delta
+  nets, then gated full attention, a shared expert) with the delta net's beta and alpha projections as
+  two tensors, and interleaved multimodal rotary sections (the models read images natively), which both
+  engines require (mainline's src/models/qwen35moe.cpp, ik's llama-hparams.cpp and llama-load-tensors.cpp
+  at the pinned refs). No MTP block: ik_llama.cpp reads no nextn_predict_layers for it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from builder.models.synth_shapes import (
     TINY_SHAPES,
     DeepSeek2Shape,
     MoeShape,
+    Qwen3NextShape,
     Tensor,
     dense_or_shared_moe,
     nextn_blocks,
@@ -138,6 +144,32 @@ class MiniMaxM2Shape(MoeShape):
         yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
 
 
+@dataclass(frozen=True)
+class Qwen35MoeShape(Qwen3NextShape):
+    arch: ClassVar[str] = "qwen35moe"
+
+    @property
+    def rope_sections(self) -> list[int]:
+        """rope.dimension_sections: the rotary pairs split 11:11:10 over temporal, height and width (the
+        released files' [11, 11, 10, 0] at 64 rotary dimensions); text positions make it plain rotary."""
+        pairs = self.rope_dim // 2
+        side = pairs * 11 // 32
+        return [side, side, pairs - 2 * side, 0]
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        writer.add_rope_dimension_sections(self.rope_sections)
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        for name, ne, kind in super().layer(i):
+            if name.endswith(".ssm_ba.weight"):
+                prefix = name.removesuffix("ssm_ba.weight")
+                yield f"{prefix}ssm_beta.weight", (self.hidden, self.ssm_v_heads), kind
+                yield f"{prefix}ssm_alpha.weight", (self.hidden, self.ssm_v_heads), kind
+            else:
+                yield name, ne, kind
+
+
 def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
     yield f"{p}.attn_q.weight", (h, q), "quant"
     yield f"{p}.attn_k.weight", (h, kv), "quant"
@@ -195,6 +227,27 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         quant="Q4_0",
         vocab=200064,
     ),
+    # Qwen3.5-397B-A17B: 60 layers, 32 query / 2 KV heads of 256, 512 experts of 1024 and a shared one,
+    # top-10; linear attention 16 key / 64 value heads of 128 (GGUF headers quoted in llama.cpp PR #23269
+    # and ik_llama.cpp issue #1432; 35B-A3B: 40 layers of 2048, 256 experts of 512, top-8).
+    "qwen35moe": Qwen35MoeShape(
+        layers=60,
+        hidden=4096,
+        heads=32,
+        kv_heads=2,
+        head_dim=256,
+        expert_ffn=1024,
+        experts=512,
+        experts_used=10,
+        context=262144,
+        quant="Q4_0",
+        vocab=248320,
+        shared_ffn=1024,
+        ssm_groups=16,
+        ssm_v_heads=64,
+        rope_dim=64,
+        rope_base=10_000_000.0,
+    ),
 }
 # Small models of each, for the suite's CPU stacks (the byte-level vocabulary); the real models' training
 # contexts.
@@ -203,6 +256,14 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
     # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.
     "gpt-oss": GptOssShape(heads=8, context=FAMILY_SHAPES["gpt-oss"].context),
     "minimax-m2": MiniMaxM2Shape(context=FAMILY_SHAPES["minimax-m2"].context),
+    "qwen35moe": Qwen35MoeShape(
+        layers=4,
+        hidden=256,
+        expert_ffn=128,
+        experts=8,
+        experts_used=2,
+        context=FAMILY_SHAPES["qwen35moe"].context,
+    ),
 }
 
 # Every architecture synth-moe writes: the seed's three, then the families.
