@@ -167,8 +167,10 @@ def user_path(path: Path) -> Path:
 
 
 def check_beside_model(path: Path, model: Path, what: str) -> None:
-    """A file the engine loads with the model (a draft model, a vision projector) must sit in the model's
-    directory, which the stack mounts read-only: SpecError naming `what` otherwise."""
+    """A file the engine loads with the model (a draft model, a vision projector) must exist and sit in the
+    model's directory, which the stack mounts read-only: SpecError naming `what` otherwise."""
+    if not path.is_file():
+        raise SpecError(f"the {what} {path} does not exist; give the path of its .gguf file")
     if path.parent.resolve() != model.parent.resolve():
         raise SpecError(
             f"the {what} {path} is not in the model's directory {model.parent.resolve()}, which the "

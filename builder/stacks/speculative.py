@@ -46,8 +46,8 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
         )
     if options.draft_model is None:
         return options
+    check_beside_model(user_path(options.draft_model), model, "draft model")
     draft = adapter.check_model(user_path(options.draft_model))
-    check_beside_model(draft, model, "draft model")
     draft_vocab, vocab = adapter.model_format.facts(draft).vocab, facts.vocab
     if abs(draft_vocab - vocab) > VOCAB_MAX_DIFFERENCE:
         raise SpecError(

@@ -25,8 +25,8 @@ def checked_projector(options: EngineOptions, model: Path, adapter: Engine) -> E
     another width)."""
     if options.mmproj is None:
         return options
+    check_beside_model(user_path(options.mmproj), model, "vision projector")
     projector = adapter.check_model(user_path(options.mmproj))
-    check_beside_model(projector, model, "vision projector")
     facts, width = read_projector(projector), adapter.model_format.facts(model).hidden
     if facts.projection_dim != width:
         raise SpecError(

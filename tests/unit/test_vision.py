@@ -94,6 +94,12 @@ def test_a_projector_elsewhere_than_the_models_directory_is_refused(
     elsewhere.write_bytes(ggufs["mmproj"].read_bytes())
     with pytest.raises(SpecError, match="the vision projector .* is not in the model's directory"):
         checked_projector(EngineOptions(mmproj=elsewhere), ggufs["model"], get_engine("ik_llama.cpp"))
+    with pytest.raises(SpecError, match="the vision projector .*/absent.gguf does not exist; give the path"):
+        checked_projector(
+            EngineOptions(mmproj=ggufs["model"].parent / "absent.gguf"),
+            ggufs["model"],
+            get_engine("llama.cpp"),
+        )
 
 
 def _stack(engine: str, ggufs: dict[str, Path], gpu: str = "none") -> StackSpec:
