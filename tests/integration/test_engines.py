@@ -185,8 +185,9 @@ def test_agents_speak_to_it_through_the_official_clients(
     # smoke, as a user runs it on this stack: every API answers; a base model of 270M calls no tool
     checks = {check.name: check for check in api_checks(stack.compose_file, EngineApi(stack.port))}
     answered = set(checks) - {"tool-call", "messages-tool-use"}
-    assert answered == {"served-name", "completion", "chat", "chat-stream", "responses", "messages",
+    assert answered == {"served-name", "completion", "chat", "chat-stream", "image", "responses", "messages",
                         "messages-stream", "count-tokens", "metrics"}  # fmt: skip
+    assert checks["image"].seen.startswith("not asked"), checks["image"]  # no projector in this stack
     assert all(checks[name].passed for name in answered), checks
 
 
