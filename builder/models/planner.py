@@ -93,6 +93,10 @@ class ModelFacts:
     # the window, and a saved slot with it (mainline restores such a slot only with --swa-full).
     sliding_window: int = 0
     context_length: int = 0  # the context it was trained for ({arch}.context_length; 0: not said)
+    # DeepSeek Sparse Attention's indexer (GLM-5's glm-dsa): the key width a token caches per layer beside
+    # the latent ({arch}.attention.indexer.key_length; 0: none). Mainline caches it (llama_kv_cache_dsa);
+    # ik_llama.cpp at its pin builds no indexer and caches none: counted, the plan is an upper bound there.
+    indexer_dim: int = 0
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -274,6 +278,7 @@ def read_facts(path: Path) -> ModelFacts:
         nextn_layers=nextn,
         sliding_window=max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0)),
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
+        indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
     )
 
 
@@ -379,11 +384,12 @@ def kv_cache_bytes(
 ) -> int:
     """KV cache bytes for `ctx` tokens: per attention layer K rows of `cache_type` and V rows of
     `cache_type_v` (default: the same), or with MLA (`mla`: the engine caches the latent, see its adapter's
-    `caches_latent`) the compressed latent and rope part, of K's type; plus the recurrent layers' state for
-    each sequence."""
+    `caches_latent`) the compressed latent and rope part, of K's type, and a sparse-attention indexer's
+    keys; plus the recurrent layers' state for each sequence."""
     v_type = cache_type_v or cache_type
     if mla and facts.mla_dim:
         per_token = row_bytes(cache_type, facts.mla_dim)
+        per_token += row_bytes(cache_type, facts.indexer_dim) if facts.indexer_dim else 0
     else:
         per_token = facts.kv_heads * (
             row_bytes(cache_type, facts.key_dim) + row_bytes(v_type, facts.value_dim)

@@ -12,6 +12,12 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
 - minimax-m2 (MiniMax-M2 and its successors): q/k norms over all heads' width, not per head; sigmoid
   routing with an expert bias; no shared expert; both engines read the expert width as
   feed_forward_length.
+- glm-dsa (GLM-5, 5.1): DeepSeek's MLA layout (a q latent, the KV latent, dense leading layers, a
+  shared expert, sigmoid routing) with DeepSeek Sparse Attention's indexer in every layer: its heads'
+  queries from the q latent, one key a token, a projection to the heads' weights, a normed key. Both
+  engines require the indexer's tensors at the pinned refs; mainline runs it and caches its keys, ik_llama.cpp
+  loads and never uses them (its graph is deepseek2's). GLM-5.2's indexer in 21 layers only is left out:
+  ik_llama.cpp at its pin can't load it.
 - qwen35moe (Qwen3.5/3.6-MoE: 35B-A3B, 122B-A10B, 397B-A17B): Qwen3-Next's layers (three gated delta
   nets, then gated full attention, a shared expert) with the delta net's beta and alpha projections as
   two tensors, and interleaved multimodal rotary sections (the models read images natively), which both
@@ -145,6 +151,44 @@ class MiniMaxM2Shape(MoeShape):
 
 
 @dataclass(frozen=True)
+class GlmDsaShape(DeepSeek2Shape):
+    arch: ClassVar[str] = "glm-dsa"
+    indexer_heads: int = 4
+    indexer_key: int = 128  # mainline rotates it with a Hadamard matrix: a power of two, 64 at least
+    indexer_top_k: int = 2048
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.q_lora:
+            raise ValueError("glm-dsa's indexer reads the query latent: give q_lora")
+        if (
+            self.indexer_key < 64
+            or self.indexer_key & (self.indexer_key - 1)
+            or self.indexer_key < self.rope_dim
+        ):
+            raise ValueError("the indexer's key width must be a power of two, 64 and the rope dims at least")
+
+    @property
+    def indexer_dim(self) -> int:
+        return self.indexer_key
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        writer.add_indexer_head_count(self.indexer_heads)
+        writer.add_indexer_key_length(self.indexer_key)
+        writer.add_indexer_top_k(self.indexer_top_k)
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        yield from super().layer(i)
+        p, key = f"blk.{i}.indexer", self.indexer_key
+        yield f"{p}.k_norm.weight", (key,), "norm"
+        yield f"{p}.k_norm.bias", (key,), "f32"
+        yield f"{p}.proj.weight", (self.hidden, self.indexer_heads), "quant"
+        yield f"{p}.attn_k.weight", (self.hidden, key), "quant"
+        yield f"{p}.attn_q_b.weight", (self.q_lora, self.indexer_heads * key), "quant"
+
+
+@dataclass(frozen=True)
 class Qwen35MoeShape(Qwen3NextShape):
     arch: ClassVar[str] = "qwen35moe"
 
@@ -227,6 +271,28 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         quant="Q4_0",
         vocab=200064,
     ),
+    # GLM-5: 78 layers (3 dense, 12288 wide) + 1 NextN, 64 heads, q_lora 2048, kv_lora 512, key 192 + 64
+    # rope, value 256, 256 experts of 2048 and a shared one, top-8, no groups; its indexer 32 heads of 128,
+    # top-2048 (zai-org's config and GGUF headers quoted in the engines' issues; 5.1 the same widths).
+    "glm-dsa": GlmDsaShape(
+        layers=78,
+        hidden=6144,
+        heads=64,
+        head_dim=256,
+        v_head_dim=256,
+        q_lora=2048,
+        expert_ffn=2048,
+        experts=256,
+        experts_used=8,
+        context=202752,
+        quant="Q4_0",
+        vocab=154880,
+        dense_layers=3,
+        dense_ffn=12288,
+        rope_base=1_000_000.0,
+        mtp_layers=1,
+        indexer_heads=32,
+    ),
     # Qwen3.5-397B-A17B: 60 layers, 32 query / 2 KV heads of 256, 512 experts of 1024 and a shared one,
     # top-10; linear attention 16 key / 64 value heads of 128 (GGUF headers quoted in llama.cpp PR #23269
     # and ik_llama.cpp issue #1432; 35B-A3B: 40 layers of 2048, 256 experts of 512, top-8).
@@ -256,6 +322,14 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
     # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.
     "gpt-oss": GptOssShape(heads=8, context=FAMILY_SHAPES["gpt-oss"].context),
     "minimax-m2": MiniMaxM2Shape(context=FAMILY_SHAPES["minimax-m2"].context),
+    "glm-dsa": GlmDsaShape(
+        layers=3,
+        hidden=256,
+        expert_ffn=128,
+        experts=8,
+        experts_used=2,
+        context=FAMILY_SHAPES["glm-dsa"].context,
+    ),
     "qwen35moe": Qwen35MoeShape(
         layers=4,
         hidden=256,

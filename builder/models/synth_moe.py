@@ -221,6 +221,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         hidden=shape.hidden,
         nextn_layers=shape.blocks - shape.layers,
         context_length=shape.context,
+        indexer_dim=shape.indexer_dim,
     )
 
 

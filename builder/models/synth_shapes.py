@@ -72,6 +72,11 @@ class MoeShape:
         return self.head_dim, self.head_dim
 
     @property
+    def indexer_dim(self) -> int:
+        """The sparse-attention indexer's key width a token caches per layer (glm-dsa; 0: none)."""
+        return 0
+
+    @property
     def blocks(self) -> int:
         """block_count: the layers, and the multi-token-prediction layers after them."""
         return self.layers

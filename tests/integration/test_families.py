@@ -6,24 +6,22 @@ engine allocated."""
 from __future__ import annotations
 
 import contextlib
-import re
 import uuid
 from pathlib import Path
 
 import pytest
 from python_on_whales import DockerClient
 
-from builder.engines import get_engine
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
-from builder.models.planner import kv_cache_bytes, read_facts
+from builder.models.planner import read_facts
 from builder.models.synth_families import FAMILY_TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
-from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
+from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
 
 pytestmark = pytest.mark.integration
 
@@ -67,14 +65,5 @@ def test_family_serves_without_a_preset(
         f"no preset: from the model's {arch}"
     )
     assert stack.cache_type == "q8_0" and stack.flash_attention == "on"
-    planned = kv_cache_bytes(facts, 4096, stack.cache_type, get_engine(engine).caches_latent(stack.mla))
-    # With the recurrent state a hybrid model keeps beside its KV cache (mainline logs it apart: RS).
-    buffers = re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)
-    logged = sum(float(mib) for mib in buffers) * 1024**2
-    assert logged, logs[-2000:]
-    if arch == "gpt-oss" and engine == "llama.cpp":
-        # Mainline caches the sliding-window layers (every other one) for the window only: the plan,
-        # which counts every layer at the full context, is an upper bound there (not yet windowed).
-        assert logged < planned, (planned, logged)
-    else:
-        assert abs(planned - logged) <= 0.10 * logged, (planned, logged)
+    assert stack.ctx_size == 4096
+    check_kv_as_planned(facts, stack, logs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import uuid
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from builder.images.recorded_contracts import (
     contract_text,
     recorded_contract,
 )
-from builder.models.planner import kv_cache_bytes, read_facts
+from builder.models.planner import read_facts
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
@@ -36,7 +35,7 @@ from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.presets import Preset, load_presets
-from tests.integration.conftest import ENGINES, build_engine_image, serve_stack
+from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
 
 pytestmark = pytest.mark.integration
 
@@ -107,23 +106,7 @@ def test_preset_serves_its_architecture(
         assert "Adjusted mainline llama.cpp MLA tensors" in logs and "mla_attn      = 3" in logs, logs[-2000:]
     assert "exceeds the training context" not in logs
     # The plan's KV cache (the latent, the recurrent state) is what the engine allocated, within 10 %.
-    stack = stack_plan.stack
-    planned = kv_cache_bytes(
-        read_facts(stack.model),
-        stack.ctx_size,
-        stack.cache_type or "f16",
-        get_engine(engine).caches_latent(stack.mla),
-        stack.parallel,
-    )
-    logged = (
-        sum(float(mib) for mib in re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)) * 1024**2
-    )
-    if chosen.architecture == "gpt-oss" and engine == "llama.cpp":
-        # Mainline keeps the sliding-window layers' cache to the window: the plan, which counts every
-        # layer at the full context, is an upper bound there (not yet windowed).
-        assert 0 < logged < planned, (planned, logged)
-    else:
-        assert logged and abs(planned - logged) <= 0.10 * logged, (planned, logged)
+    check_kv_as_planned(facts, stack_plan.stack, logs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -185,13 +185,14 @@ def test_family_shapes_are_the_real_models() -> None:
     """GLM-4.6, gpt-oss-120b, MiniMax-M2 and Qwen3.5-397B-A17B at full size: the total and active
     parameters computed from their configs (../shared/MOE-FAMILIES.md §2: 352.8B/33.6B without the NextN
     block, 116.8B/5.7B with the embeddings, 228.7B/11.0B; Qwen3.5's name says 397B/17B, its vision tower
-    and MTP block left out here), counted over the tensor tables synth-moe writes (at the real
-    vocabularies)."""
+    and MTP block left out here; GLM-5's 744B/40B, without its NextN block), counted over the tensor
+    tables synth-moe writes (at the real vocabularies)."""
     expected = {
         "glm4moe": (352.8, 33.6),
         "gpt-oss": (116.8, 5.7),
         "minimax-m2": (228.7, 11.0),
         "qwen35moe": (396.3, 17.3),
+        "glm-dsa": (743.9, 41.8),
     }
     for arch, shape in FAMILY_SHAPES.items():
         total = active = 0
