@@ -168,13 +168,14 @@ class DeepSeek2Shape(MoeShape):
             )
         if not 0 <= self.mtp_layers <= 1:
             raise ValueError("mtp_layers must be 0 or 1 (DeepSeek-V3/R1 have one)")
+        # Mainline asserts 0 < groups_used < expert_groups for more than one group (llama-model.cpp).
         if self.expert_groups and (
             self.experts % self.expert_groups
-            or not 0 < self.groups_used <= self.expert_groups
+            or not 0 < self.groups_used < max(2, self.expert_groups)
             or self.experts_used > self.groups_used * self.experts // self.expert_groups
         ):
             raise ValueError(
-                "experts must divide into expert_groups, 0 < groups_used <= expert_groups, and the "
+                "experts must divide into expert_groups, 0 < groups_used < expert_groups, and the "
                 "groups used must hold experts_used experts"
             )
 

@@ -177,6 +177,8 @@ def test_seed_shapes_are_the_real_models() -> None:
     assert synth_shape("deepseek2", layers=4, experts=4).expert_groups == 0  # too few to group
     with pytest.raises(ValueError, match="Lite model"):
         synth_shape("deepseek2", layers=27)
+    with pytest.raises(ValueError, match="0 < groups_used < expert_groups"):  # mainline asserts it
+        synth_shape("deepseek2", groups_used=8)
     with pytest.raises(ValueError, match="unknown architecture 'llama'"):
         synth_shape("llama")
 
