@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import anthropic
 import openai
 from anthropic.types import ToolParam
-from openai.types.chat import ChatCompletionFunctionToolParam
+from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionFunctionToolParam
 
 from builder.engines.base import API_ROUTES, ClientApi, Engine
 from builder.stacks.api import EngineApi
@@ -198,13 +198,13 @@ def _image(clients: Clients) -> tuple[bool, str]:
     url = "data:image/png;base64," + base64.b64encode(sample_png()).decode()
 
     def prompt_tokens(with_image: bool) -> tuple[int, str]:
-        text: dict[str, object] = {"type": "text", "text": "Describe the image."}
-        image: dict[str, object] = {"type": "image_url", "image_url": {"url": url}}
+        text: ChatCompletionContentPartParam = {"type": "text", "text": "Describe the image."}
+        image: ChatCompletionContentPartParam = {"type": "image_url", "image_url": {"url": url}}
         reply = clients.openai.chat.completions.create(
             model=clients.model,
             max_tokens=8,
             temperature=0,
-            messages=[{"role": "user", "content": [text, image] if with_image else [text]}],  # type: ignore[list-item,misc]
+            messages=[{"role": "user", "content": [text, image] if with_image else [text]}],
         )
         return (reply.usage.prompt_tokens if reply.usage else 0), str(reply.choices[0].message.content)
 
