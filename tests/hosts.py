@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builder.host.probe import HostFacts, probe
 from builder.platform.targets import cpu_target
 
 EPYC_9554_FLAGS = " ".join(cpu_target("zen4").required_flags) + " fpu sse4_2 ht"
@@ -52,3 +53,11 @@ def fake_host(
         node.joinpath("hugepages/hugepages-2048kB/nr_hugepages").write_text(f"{hugepages_2m}\n")
         node.joinpath("hugepages/hugepages-1048576kB/nr_hugepages").write_text("0\n")
     return root
+
+
+def epyc_host(
+    root: Path, sockets: int = 1, cores: int = 32, threads: int = 2, node_gib: int = 512, smi: str = ""
+) -> HostFacts:
+    """An EPYC 9554 (Zen 4) host's facts as the probe reads them from a tree under `root`, its GPUs those
+    `smi` (nvidia-smi's CSV) lists: none by default."""
+    return probe(fake_host(root, EPYC_9554_FLAGS, sockets, cores, threads, node_gib), nvidia_smi_text=smi)

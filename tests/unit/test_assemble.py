@@ -33,7 +33,7 @@ from builder.stacks.assemble import (
 )
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import EPYC_9554_FLAGS, epyc_host, fake_host
 from tests.specs import compose_dict
 
 AVX2_FLAGS = " ".join(cpu_target("avx2").required_flags) + " fpu sse4_2 ht"
@@ -43,10 +43,7 @@ from tests.kt_layout import write_converted
 @pytest.fixture
 def epyc(tmp_path: Path) -> HostFacts:
     """Two sockets of 32 Zen 4 cores with SMT, 288 GiB each."""
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
-        nvidia_smi_text="",
-    )
+    return epyc_host(tmp_path / "h", sockets=2, node_gib=288)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
-from builder.host.probe import HostFacts, probe
+from builder.host.probe import HostFacts
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
@@ -17,7 +17,7 @@ from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.derived import derived_preset
 from builder.stacks.presets import load_presets
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import epyc_host
 from tests.specs import compose_dict
 
 # What every packaged preset says of its model's placement, and the derivation must say the same.
@@ -26,10 +26,7 @@ PLACEMENT = ("cache_type", "flash_attention", "fused_moe", "mla", "moe_offload_b
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostFacts:
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=512),
-        nvidia_smi_text="",
-    )
+    return epyc_host(tmp_path / "h", node_gib=512)
 
 
 @pytest.mark.parametrize("preset", sorted(load_presets()))

@@ -11,12 +11,11 @@ import pytest
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
-from builder.host.probe import probe
 from builder.models.planner import read_facts
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import StackOptions, assemble_stack
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import epyc_host
 from tests.specs import compose_dict, readable_file, routed_stacks
 
 
@@ -76,10 +75,7 @@ def test_a_bundle_keeps_its_prompt_cache_and_nothing_else_by_that_name(tmp_path:
 
 def test_a_sliding_window_model_keeps_its_full_cache_on_mainline(tmp_path: Path) -> None:
     # Gemma 3's restored slot was prefilled again without it (bench/results/prompt-restart-2026-12-03)
-    host = probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=8, threads=1, node_gib=64),
-        nvidia_smi_text="",
-    )
+    host = epyc_host(tmp_path / "h", cores=8, threads=1, node_gib=64)
     swa = write_moe_gguf(tmp_path / "models" / "oss.gguf", synth_shape("gpt-oss", tiny=True))
     full = write_moe_gguf(tmp_path / "models" / "moe.gguf", MoeShape(layers=4))
     assert read_facts(swa).sliding_window > 0 and read_facts(full).sliding_window == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
-from builder.host.probe import HostFacts, probe
+from builder.host.probe import HostFacts
 from builder.models.planner import GIB, kv_cache_bytes, read_facts
 from builder.models.synth_families import TINY
 from builder.models.synth_moe import write_moe_gguf
@@ -17,17 +17,14 @@ from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import BUFFERS_BYTES, memory_use
 from builder.stacks.presets import load_presets
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import epyc_host
 
 MIB = 1024**2
 
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostFacts:
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=576),
-        nvidia_smi_text="",
-    )
+    return epyc_host(tmp_path / "h", node_gib=576)
 
 
 @pytest.mark.parametrize("preset", sorted(load_presets()))

@@ -10,12 +10,12 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
-from builder.host.probe import HostFacts, probe
+from builder.host.probe import HostFacts
 from builder.models.planner import GIB, ModelFacts, layer_split, plan, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import epyc_host
 from tests.specs import compose_dict
 
 TWO_4090 = "NVIDIA GeForce RTX 4090, 8.9, 570.86.15, 24564\n" * 2
@@ -35,10 +35,7 @@ R1 = ModelFacts(
 
 
 def _host(tmp_path: Path, smi: str) -> HostFacts:
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=32, threads=2, node_gib=768),
-        nvidia_smi_text=smi,
-    )
+    return epyc_host(tmp_path / "h", node_gib=768, smi=smi)
 
 
 def test_layer_split_is_llama_cpps() -> None:

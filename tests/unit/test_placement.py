@@ -11,16 +11,13 @@ from builder.engines.specs import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.host.probe import probe
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import EPYC_9554_FLAGS, epyc_host, fake_host
 from tests.specs import compose_dict, readable_file
 
 
 @pytest.fixture
 def epyc(tmp_path: Path):
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=2, cores=32, threads=2, node_gib=288),
-        nvidia_smi_text="",
-    )
+    return epyc_host(tmp_path / "h", sockets=2, node_gib=288)
 
 
 def test_defaults_interleave_on_physical_cores(epyc) -> None:

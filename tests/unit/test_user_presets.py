@@ -10,12 +10,12 @@ import pytest
 
 from builder.engines import get_engine
 from builder.errors import SpecError
-from builder.host.probe import HostFacts, probe
+from builder.host.probe import HostFacts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.presets import PRESETS_ENV, load_presets, presets_file
 from tests.cli import run_cli
-from tests.hosts import EPYC_9554_FLAGS, fake_host
+from tests.hosts import epyc_host
 
 MINE = """
 glm-air-like:
@@ -36,10 +36,7 @@ deepseek-r1-671b:
 
 @pytest.fixture
 def host(tmp_path: Path) -> HostFacts:
-    return probe(
-        fake_host(tmp_path / "h", EPYC_9554_FLAGS, sockets=1, cores=16, threads=2, node_gib=256),
-        nvidia_smi_text="",
-    )
+    return epyc_host(tmp_path / "h", cores=16, node_gib=256)
 
 
 def _file(tmp_path: Path, text: str) -> Path:
