@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 from python_on_whales import Container, DockerClient
@@ -113,11 +114,11 @@ def up(
     compose_file: Path,
     timeout_s: int,
     profile: str | None = None,
-    progress: Callable[[str], None] = lambda line: None,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Start the stack (of a file with gpu/cpu profiles: `profile`, by default gpu) and wait until it
-    is healthy, its engine's newest log line said through `progress` as it loads; on failure say why,
-    with the engine's last log."""
+    is healthy, its engine's newest log line said through `progress` (if given) as it loads; on failure
+    say why, with the engine's last log."""
     document = StackFile.read(compose_file)
     profiles = _profiles(compose_file, document, profile)
     client = _client(compose_file, profiles)
@@ -127,7 +128,10 @@ def up(
         for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
     try:
-        with watching_load(client, engine_service_name(profile), progress):
+        watching = (
+            watching_load(client, engine_service_name(profile), progress) if progress else nullcontext()
+        )
+        with watching:
             client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
     except DockerException as err:
         missing = _missing_images(document, profiles)
