@@ -20,7 +20,6 @@ CLIP_ARCH = "clip"
 
 @dataclass(frozen=True)
 class ProjectorFacts:
-    path: Path
     kind: str  # clip.projector_type: gemma3, qwen3vl_merger, llama4, kimivl...
     projection_dim: int  # the embedding width it writes: the model's must match
     weight_bytes: int  # every tensor's data
@@ -59,7 +58,6 @@ def read_projector(path: Path) -> ProjectorFacts:
         "clip.projector_type",
     )
     return ProjectorFacts(
-        path=path,
         kind=header_text(reader, kind_key),
         projection_dim=header_number(reader, "clip.vision.projection_dim"),
         weight_bytes=sum(int(t.n_bytes) for t in reader.tensors),
