@@ -132,7 +132,7 @@ def up(
             watching_load(client, engine_service_name(profile), progress) if progress else nullcontext()
         )
         with watching:
-            client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
+            _start(client, timeout_s, progress)
     except DockerException as err:
         missing = _missing_images(document, profiles)
         if missing:
@@ -144,6 +144,29 @@ def up(
         raise StackError(
             f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}"
         ) from None
+
+
+# runc's init can lose the pipe to its parent on a loaded host before the engine runs at all ("read
+# init-p: connection reset by peer": moby/moby#42953; gitpod retries it, gitpod-io/gitpod#9247). Nothing
+# of the stack started, so starting it once more is safe; any other failure is the stack's own.
+RUNTIME_LOST_INIT = "read init-p: connection reset by peer"
+
+
+def runtime_lost_init(err: DockerException) -> bool:
+    """Whether Docker failed to start a container because runc's init was cut off (a host hiccup)."""
+    return RUNTIME_LOST_INIT in describe(err)
+
+
+def _start(client: DockerClient, timeout_s: int, progress: Callable[[str], None] | None) -> None:
+    """`compose up --wait`, once more when the container runtime lost a container's init."""
+    try:
+        client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
+    except DockerException as err:
+        if not runtime_lost_init(err):
+            raise
+        if progress:
+            progress(f"Docker could not start a container ({describe(err)}); starting it again")
+        client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
 
 
 def _active(document: StackFile, profiles: list[str]) -> dict[str, Service]:

@@ -38,7 +38,7 @@ from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down
+from builder.stacks.run import RUNTIME_LOST_INIT, down
 from tests.integration.wheelhouse import make_kt_wheelhouse
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
@@ -223,19 +223,22 @@ def serve_stack(running: contextlib.ExitStack, compose_file: Path, port: int, wa
     """Bring a written stack up with pytest-docker (`up --wait`, then its health endpoint), removed when
     `running` closes; a failed `up` is cleaned before it is reported."""
     project = str(yaml.safe_load(compose_file.read_text())["name"])
-    try:
-        services = running.enter_context(
-            get_docker_services(
-                "docker compose",
-                str(compose_file),
-                project,
-                [f"up --wait --wait-timeout {wait_s}"],
-                ["down --volumes --remove-orphans --timeout 10"],
+    for attempt in (1, 2):
+        try:
+            services = running.enter_context(
+                get_docker_services(
+                    "docker compose",
+                    str(compose_file),
+                    project,
+                    [f"up --wait --wait-timeout {wait_s}"],
+                    ["down --volumes --remove-orphans --timeout 10"],
+                )
             )
-        )
-    except Exception:  # a failed `up` leaves its containers: remove them before reporting
-        down(compose_file)
-        raise
+            break
+        except Exception as err:  # a failed `up` leaves its containers: remove them before reporting
+            down(compose_file)
+            if attempt == 2 or RUNTIME_LOST_INIT not in str(err):  # the host's hiccup `up` retries too
+                raise
     services.wait_until_responsive(check=lambda: answers_health(port), timeout=wait_s, pause=1)
     return RunningStack(
         compose_file=compose_file, port=port, client=DockerClient(compose_files=[compose_file])

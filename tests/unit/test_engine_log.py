@@ -2,8 +2,10 @@
 
 from pathlib import Path
 
+from python_on_whales.exceptions import DockerException
+
 from builder.engines import get_engine
-from builder.stacks.run import log_error_summary
+from builder.stacks.run import log_error_summary, runtime_lost_init
 
 DATA = Path(__file__).parent / "data"
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
@@ -53,3 +55,16 @@ def test_each_engine_log_says_what_it_put_on_the_gpu() -> None:
     assert kt.gpu_use(sglang) == (True, "weights 0.38 GB on the GPU, KV cache of 32978591 tokens")
     assert kt.gpu_use("KTransformers EP is enabled.\n")[0] is None
     assert get_engine("ktransformers-legacy").gpu_use(sglang)[0] is None  # its log is not read
+
+
+def test_only_a_lost_container_init_counts_as_the_hosts_hiccup() -> None:
+    """`up` starts the stack again only when Docker's runtime lost the container's init (the engine never
+    ran); an engine that failed is reported at once."""
+    lost = (
+        b"Error response from daemon: failed to create task for container: failed to create shim task: OCI "
+        b"runtime create failed: runc create failed: unable to start container process: waiting for init "
+        b"preliminary setup: read init-p: connection reset by peer: unknown\n"
+    )
+    unhealthy = b"container mst-engine-1 is unhealthy\n"
+    assert runtime_lost_init(DockerException(["docker", "compose", "up"], 1, stderr=lost))
+    assert not runtime_lost_init(DockerException(["docker", "compose", "up"], 1, stderr=unhealthy))
