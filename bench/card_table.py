@@ -12,7 +12,8 @@ import argparse
 from dataclasses import replace
 
 from builder.engines import Engine, get_engine
-from builder.engines.compute_buffers import DEFAULT_UBATCH, gpu_reserve
+from builder.engines.compute_buffers import gpu_reserve
+from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
 from builder.models.synth_moe import shape_facts
 from builder.stacks.presets import Preset, load_presets
@@ -38,12 +39,14 @@ def cell(preset: Preset, adapter: Engine, facts: ModelFacts, card_gib: int) -> s
         options.ctx_size,
         options.ubatch_size or DEFAULT_UBATCH,
         options.cache_type or "f16",
-        adapter.caches_latent(options.mla),
+        adapter.cache_layout(options.mla),
     )
-    reserve = gpu_reserve(adapter, facts, demand.ctx, demand.ubatch, demand.latent)
+    reserve = gpu_reserve(adapter, facts, demand.ctx, demand.ubatch, demand.layout.latent)
     try:
         vram, ram = card_gib * GIB, 4096 * GIB
-        fitted = plan(facts, vram, ram, demand.ctx, demand.cache_type, demand.latent, reserve)
+        fitted = plan(
+            facts, vram, ram, demand.ctx, demand.cache_type, demand.layout, reserve, ubatch=demand.ubatch
+        )
     except VramShortfall as shortfall:
         least, frees = enough(demand, shortfall.missing)
         if frees < shortfall.missing:

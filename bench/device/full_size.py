@@ -43,14 +43,13 @@ from seed_models import BUFFER, MODELS, PROMPT, contract, stop
 from builder.engines import get_engine
 from builder.engines.compute_buffers import (
     CUDA_CONTEXT_BYTES,
-    DEFAULT_UBATCH,
     gpu_compute,
     prefill_pool,
 )
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import probe
-from builder.models.planner import kv_cache_bytes
+from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
 from builder.platform.flags import check_args
@@ -177,9 +176,10 @@ def planned(stack: StackSpec) -> dict[str, object]:
     prefill pool."""
     adapter = stack.engine
     facts = adapter.model_format.facts(stack.model)
-    latent = adapter.caches_latent(stack.mla)
+    layout = adapter.cache_layout(stack.mla, stack.swa_full)
+    latent = layout.latent
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"
-    kv = kv_cache_bytes(facts, ctx, cache, latent, cache_type_v=stack.cache_type_v)
+    kv = kv_cache_bytes(facts, ctx, cache, layout, stack.parallel, stack.cache_type_v, ubatch)
     compute = gpu_compute(adapter, facts, ctx, ubatch, latent)
     pool = prefill_pool(adapter, facts, ctx, ubatch, latent)
     gpu_layers = experts_on_gpu(stack, facts) if not stack.engine_fit else []

@@ -13,6 +13,7 @@ from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
+from builder.models.kv_cache import CacheLayout
 from builder.platform.local_cuda import LOCAL_CUDA
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS
@@ -268,9 +269,11 @@ class Engine(ABC):
         the CPU (a GPU stack that fell back), or None where the log says neither."""
         return None, f"{self.name}'s log is not read for what it places on a GPU"
 
-    def caches_latent(self, mla: int | None) -> bool:
-        """Whether a DeepSeek (MLA) model's KV cache holds the compressed latent with this `mla` setting."""
-        return bool(mla)
+    def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
+        """What the KV cache holds with this `mla` setting (a DeepSeek model's compressed latent, or each
+        head's K and V) and `swa_full` (sliding-window layers at the full context); an engine whose cache
+        is not read counts every layer at the full context and any indexer keys: an upper bound."""
+        return CacheLayout(latent=bool(mla))
 
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
         """Whether the weights left on the CPU sit in pinned (page-locked) host memory rather than the

@@ -44,7 +44,6 @@ CUDA_CONTEXT_BYTES = 1024 * MIB
 # Unmeasured: with the context, the flat 2 GiB reserve moe-stack kept before any buffer was measured.
 UNMEASURED_BYTES = 1024 * MIB
 R1_HEADS = 128
-DEFAULT_UBATCH = 512  # both engines' -ub when a stack doesn't set one
 F16_MASK_BYTES = 2  # the attention mask: ubatch x context, f16 (mainline's fits show exactly this term)
 # One routed-expert tensor (ffn_up/gate/down_exps of a layer) of the slices the fits were measured on:
 # 32 (R1, Qwen3-235B) or 128 (Qwen3-Next) experts of the real widths, Q4_0 (18 bytes per 32 weights).

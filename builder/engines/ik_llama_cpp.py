@@ -9,6 +9,7 @@ from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
+from builder.models.kv_cache import CacheLayout
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
@@ -90,10 +91,12 @@ class IkLlamaCpp(LlamaFamilyEngine):
         self.check_fit(flags)
         return ["--n-gpu-layers", "999", "--fit", "--fit-margin", str(margin_mib)]
 
-    def caches_latent(self, mla: int | None) -> bool:
-        """MLA 3 unless -mla says otherwise (common.h at the pin, 55d3c05: `mla_attn = 3`): a DeepSeek stack
-        without -mla caches the latent (27 MiB where f16 K/V would be 1.9 GiB, on the H200)."""
-        return mla is None or mla > 0
+    def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
+        """The latent with MLA 3 unless -mla says otherwise (common.h at the pin, 55d3c05: `mla_attn = 3`;
+        27 MiB where f16 K/V would be 1.9 GiB, on the H200); no indexer keys (it builds glm-dsa on
+        deepseek2's graph: the tiny GLM-5 logged the latent alone); every sliding-window layer at the full
+        context (its cache has no window: src/llama.cpp only masks)."""
+        return CacheLayout(latent=mla is None or mla > 0, indexer=False)
 
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
         """A CUDA build places tensors overridden to the CPU in CUDA_Host (pinned) buffers, mapped or not:

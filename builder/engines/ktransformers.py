@@ -17,6 +17,7 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.models.formats import KT_WEIGHTS, ModelFormat
 from builder.models.kt_weights import read_converted
+from builder.models.kv_cache import CacheLayout
 from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
@@ -390,9 +391,9 @@ class KTransformers(_PythonEngine):
     config_dir_weights = True
     pypi_torch_cuda = "12.8"  # kt-kernel 0.7.2 and sglang-kt pin torch 2.9.1: PyPI's is the CUDA 12.8 build
 
-    def caches_latent(self, mla: int | None) -> bool:
-        """SGLang serves DeepSeek with MLA: its cache holds the latent."""
-        return True
+    def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
+        """SGLang serves DeepSeek with MLA: its cache holds the latent (the rest counted as the base does)."""
+        return CacheLayout(latent=True)
 
     def gpu_use(self, log: str) -> tuple[bool | None, str]:
         weights, kv = _SGLANG_WEIGHTS.findall(log), _SGLANG_KV.findall(log)

@@ -9,6 +9,7 @@ from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
+from builder.models.kv_cache import CacheLayout
 from builder.platform.flags import has_flag, looks_like_flag, takes_value
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
@@ -105,10 +106,11 @@ class LlamaCpp(LlamaFamilyEngine):
             )
         return kind
 
-    def caches_latent(self, mla: int | None) -> bool:
-        """It always caches the latent of a DeepSeek model in the form its converter writes (K 576, V a view
-        of it: the CPU and CUDA logs show `V (q8_0): 0.00 MiB`); it has no -mla."""
-        return True
+    def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
+        """Always the latent of a DeepSeek model in the form its converter writes (K 576, V a view of it: the
+        CPU and CUDA logs show `V (q8_0): 0.00 MiB`; it has no -mla), an indexer's keys beside it
+        (llama_kv_cache_dsa), and sliding-window layers to their window unless --swa-full."""
+        return CacheLayout(latent=True, windowed=not swa_full)
 
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
         """With a GPU and `--load-mode none`, CPU weights are read into CUDA_Host (pinned) buffers; mapped,

@@ -111,6 +111,11 @@ class StackSpec(NeutralOptions):
     extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 
+    @property
+    def swa_full(self) -> bool:
+        """Whether a sliding-window model's cache keeps every layer at the full context on mainline."""
+        return keeps_whole_window(self.keep_prompts, self.extra_args)
+
     def with_options(self, options: EngineOptions) -> StackSpec:
         """This stack with `options` as its engine options (validated again as a whole)."""
         return StackSpec.model_validate(self.model_dump() | options.model_dump())
@@ -187,3 +192,9 @@ class StackSpec(NeutralOptions):
             except re.error as err:
                 raise ValueError(f"override rule {rule!r}: bad regex ({err})") from None
         return rules
+
+
+def keeps_whole_window(keep_prompts: bool, extra_args: tuple[str, ...]) -> bool:
+    """Whether mainline caches sliding-window layers at the full context (--swa-full): a kept prompt cache
+    needs it to restore such a model's slots (the adapter then gives it), or the user gave it."""
+    return keep_prompts or "--swa-full" in extra_args

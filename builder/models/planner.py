@@ -20,29 +20,22 @@ import gguf
 
 from builder.errors import ModelError, SpecError
 from builder.models.gguf_bounds import check_header
-from builder.spec import EXPERTS_ON_CPU_RULE, CacheType
+from builder.models.kv_cache import (
+    DEFAULT_UBATCH,
+    PER_HEAD,
+    CacheLayout,
+    cache_element_bytes,
+    kv_cache_bytes,
+)
+from builder.spec import EXPERTS_ON_CPU_RULE
 
 ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 # A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers
 # have none.
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv_a_mqa)\.weight$")
-# Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
-CACHE_BYTES: dict[CacheType, float] = {
-    "f32": 4.0,
-    "f16": 2.0,
-    "bf16": 2.0,
-    "q8_0": 34 / 32,
-    "q5_1": 24 / 32,
-    "q5_0": 22 / 32,
-    "q4_1": 20 / 32,
-    "q4_0": 18 / 32,
-    "iq4_nl": 18 / 32,
-    "q6_0": 26 / 32,  # ik_llama.cpp's: 16 + 8 bytes of 4 + 2 bits and an f16 scale per 32
-    "q8_KV": 1.0,  # ik_llama.cpp's: a byte an element, and ROW_META_BYTES a row (one head's K or V)
-}
-# ik_llama.cpp's row-wise types carry metadata per row (ggml.c's row_meta_size): q8_KV 8 bytes. Its CPU
-# build logged `K (q8_KV): 2.25 MiB` for 2 Mi elements in rows of 64: (64 + 8) / 64 bytes an element.
-ROW_META_BYTES = {"q8_KV": 8}
+# Sliding-window patterns of the architectures moe-stack serves whose GGUF may not say one (mainline's
+# load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2}.cpp at 0c1e57098).
+WINDOW_PATTERN = {"gpt-oss": 2, "gemma3": 6, "gemma2": 2}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
@@ -89,13 +82,13 @@ class ModelFacts:
     # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
     # layers' cache on both engines, tests/integration/test_families.py).
     nextn_layers: int = 0
-    # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): their cache keeps only
-    # the window, and a saved slot with it (mainline restores such a slot only with --swa-full).
+    # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): mainline's cache keeps
+    # only the window there, and a saved slot with it (it restores such a slot only with --swa-full).
     sliding_window: int = 0
+    window_layers: int = 0  # of the cached layers, those that attend over the window only
     context_length: int = 0  # the context it was trained for ({arch}.context_length; 0: not said)
     # DeepSeek Sparse Attention's indexer (GLM-5's glm-dsa): the key width a token caches per layer beside
-    # the latent ({arch}.attention.indexer.key_length; 0: none). Mainline caches it (llama_kv_cache_dsa);
-    # ik_llama.cpp at its pin builds no indexer and caches none: counted, the plan is an upper bound there.
+    # the latent ({arch}.attention.indexer.key_length; 0: none), where the engine builds it (CacheLayout).
     indexer_dim: int = 0
 
     @property
@@ -255,6 +248,7 @@ def read_facts(path: Path) -> ModelFacts:
             f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
         )
     cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
+    window = max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0))
     embeddings = [t for t in reader.tensors if t.name == "token_embd.weight"]
     embedding = sum(int(t.n_bytes) for t in embeddings)
     vocab = int(embeddings[0].shape[1]) if embeddings and len(embeddings[0].shape) > 1 else 0
@@ -276,7 +270,8 @@ def read_facts(path: Path) -> ModelFacts:
         vocab=vocab,
         hidden=embd,
         nextn_layers=nextn,
-        sliding_window=max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0)),
+        sliding_window=window,
+        window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
     )
@@ -322,6 +317,24 @@ def _cached_dims(
         key_dim = header_number(reader, f"{arch}.attention.key_length_mla")
         value_dim = header_number(reader, f"{arch}.attention.value_length_mla")
     return kv_heads, key_dim, value_dim, mla_dim
+
+
+def _window_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
+    """How many of `layers` keep a sliding window, as mainline reads it: the GGUF's per-layer flags or
+    pattern (`{arch}.attention.sliding_window_pattern`), else the architecture's pattern; an architecture
+    without one counts none (every layer at the full context: an upper bound)."""
+    field_ = reader.fields.get(f"{arch}.attention.sliding_window_pattern")
+    said = [int(field_.parts[index][0]) for index in field_.data] if field_ else []
+    if len(said) > 1:
+        return sum(1 for flag in said[:layers] if flag)
+    pattern = said[0] if said else WINDOW_PATTERN.get(arch)
+    return 0 if pattern is None else windowed_layers(pattern, layers)
+
+
+def windowed_layers(pattern: int, layers: int) -> int:
+    """Of each `pattern` layers the last attends to the whole context, the others to the window (0: every
+    layer keeps a window), as mainline's set_swa_pattern lays them out."""
+    return sum(1 for layer in range(layers) if pattern == 0 or layer % pattern < pattern - 1)
 
 
 def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) -> int:
@@ -374,58 +387,22 @@ def header_number(reader: gguf.GGUFReader, key: str, default: int | None = None)
     return int(value[0])
 
 
-def kv_cache_bytes(
-    facts: ModelFacts,
-    ctx: int,
-    cache_type: str,
-    mla: bool,
-    sequences: int = 1,
-    cache_type_v: str | None = None,
-) -> int:
-    """KV cache bytes for `ctx` tokens: per attention layer K rows of `cache_type` and V rows of
-    `cache_type_v` (default: the same), or with MLA (`mla`: the engine caches the latent, see its adapter's
-    `caches_latent`) the compressed latent and rope part, of K's type, and a sparse-attention indexer's
-    keys; plus the recurrent layers' state for each sequence."""
-    v_type = cache_type_v or cache_type
-    if mla and facts.mla_dim:
-        per_token = row_bytes(cache_type, facts.mla_dim)
-        per_token += row_bytes(cache_type, facts.indexer_dim) if facts.indexer_dim else 0
-    else:
-        per_token = facts.kv_heads * (
-            row_bytes(cache_type, facts.key_dim) + row_bytes(v_type, facts.value_dim)
-        )
-    cache = int(per_token * ctx * facts.cached_layers)
-    return cache + facts.recurrent_state_bytes * sequences
-
-
-def row_bytes(cache_type: str, elements: int) -> float:
-    """Bytes of one cached row of `elements` (a head's K or V for one token, or the MLA latent)."""
-    return elements * cache_element_bytes(cache_type) + ROW_META_BYTES.get(cache_type, 0)
-
-
-def cache_element_bytes(cache_type: str) -> float:
-    """Bytes per cached element of a KV cache type; SpecError naming the types for an unknown one."""
-    for known, size in CACHE_BYTES.items():
-        if known == cache_type:
-            return size
-    raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")
-
-
 def plan(
     facts: ModelFacts,
     vram_bytes: int | Sequence[int],
     ram_bytes: int,
     ctx: int,
     cache_type: str = "f16",
-    mla: bool = False,
+    layout: CacheLayout = PER_HEAD,
     gpu_reserve: int = DEFAULT_GPU_RESERVE,
     cache_type_v: str | None = None,
     margin: int = DEFAULT_VRAM_MARGIN,
+    ubatch: int = DEFAULT_UBATCH,
 ) -> Plan:
     """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM (less `margin`) filled with the
     experts of its own first layers that have any (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
     vrams = _checked_vrams(vram_bytes, margin)
-    kv = kv_cache_bytes(facts, ctx, cache_type, mla, cache_type_v=cache_type_v)
+    kv = kv_cache_bytes(facts, ctx, cache_type, layout, cache_type_v=cache_type_v, ubatch=ubatch)
     cpu = sum(facts.expert_bytes)
     devices = []
     for index, (vram, layers) in enumerate(zip(vrams, layer_split(facts.layers, vrams), strict=True)):

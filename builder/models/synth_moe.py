@@ -15,7 +15,14 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from builder.models.planner import CACHED_ATTENTION, ROUTED_EXPERT, ModelFacts, recurrent_state_bytes
+from builder.models.planner import (
+    CACHED_ATTENTION,
+    ROUTED_EXPERT,
+    WINDOW_PATTERN,
+    ModelFacts,
+    recurrent_state_bytes,
+    windowed_layers,
+)
 from builder.models.synth_shapes import QUANTS, DeepSeek2Shape, MoeShape, Qwen3NextShape, Tensor
 
 CHATML = (
@@ -192,6 +199,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         if CACHED_ATTENTION.match(name):
             cached.add(name.split(".")[1])
     kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
+    window: int = getattr(shape, "sliding_window", 0)  # gpt-oss's
     if isinstance(shape, DeepSeek2Shape):
         kv_heads, value, latent = shape.heads, shape.v_head_dim, shape.kv_lora + shape.rope_dim
     if isinstance(shape, Qwen3NextShape):
@@ -222,6 +230,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         nextn_layers=shape.blocks - shape.layers,
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,
+        sliding_window=window,
+        window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,
     )
 
 

@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from builder.engines import EngineField
 from builder.engines.base import Engine
-from builder.engines.compute_buffers import DEFAULT_UBATCH
-from builder.engines.specs import StackSpec
+from builder.engines.specs import StackSpec, keeps_whole_window
 from builder.errors import SpecError, StackError
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
@@ -27,6 +26,7 @@ from builder.images.matrix import default_image_spec, published
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kt_weights import check_same_model
+from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -210,7 +210,7 @@ def _vram_plan(
         ctx=given.ctx_size,
         ubatch=given.ubatch_size or DEFAULT_UBATCH,
         cache_type=given.cache_type or "f16",
-        latent=adapter.caches_latent(given.mla),
+        layout=adapter.cache_layout(given.mla, keeps_whole_window(options.keep_prompts, options.engine_args)),
     )
     return vram_plan(
         demand,

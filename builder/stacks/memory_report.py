@@ -192,11 +192,12 @@ def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
     """Plan `model` on `adapter`'s engine for `ask`."""
     model = adapter.check_model(model)
     facts = adapter.model_format.facts(model)
-    latent = adapter.caches_latent(3 if ask.mla else None)
+    layout = adapter.cache_layout(3 if ask.mla else None)
+    latent = layout.latent
     ctx, ubatch = ask.ctx_size, ask.ubatch_size
     draft = draft_vram_bytes(checked_speculative(ask.options, model, adapter), adapter, ctx, ubatch)
     projector = projector_bytes(checked_projector(ask.options, model, adapter))
-    demand = GpuDemand(adapter, facts, ctx, ubatch, ask.cache_type, latent)
+    demand = GpuDemand(adapter, facts, ctx, ubatch, ask.cache_type, layout)
     vrams = [int(v * GIB) for v in ask.vram_gb]
     result = vram_plan(demand, vrams, int(ask.ram_gb * GIB), int(ask.vram_margin_gb * GIB), draft + projector)
     return MemoryReport(

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from builder.engines import Engine
 from builder.engines.specs import StackSpec
-from builder.models.planner import GIB, kv_cache_bytes
+from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
+from builder.models.planner import GIB
 from builder.stacks.vision import projector_bytes
 
 MIB = 1024**2
@@ -61,9 +62,10 @@ def memory_use(stack: StackSpec) -> MemoryUse:
             adapter.model_format.facts(stack.model),
             stack.ctx_size,
             stack.cache_type or "f16",
-            adapter.caches_latent(stack.mla),
+            adapter.cache_layout(stack.mla, stack.swa_full),
             stack.parallel,
             stack.cache_type_v,
+            stack.ubatch_size or DEFAULT_UBATCH,
         )
     return MemoryUse(
         model_bytes=adapter.model_format.size(stack.model),

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from builder.engines import Engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
-from builder.models.planner import ModelFacts, Plan, VramShortfall, kv_cache_bytes, plan, size
+from builder.models.kv_cache import CacheLayout, kv_cache_bytes
+from builder.models.planner import ModelFacts, Plan, VramShortfall, plan, size
 
 SMALLEST_UBATCH = 512  # both engines' default micro-batch: below it prefill slows for little VRAM
 SHORTEST_CONTEXT = 4096
@@ -33,12 +34,11 @@ class GpuDemand:
     ctx: int
     ubatch: int
     cache_type: str
-    latent: bool
+    layout: CacheLayout  # what the engine caches with the stack's settings
 
     def bytes(self) -> int:
-        return kv_cache_bytes(self.facts, self.ctx, self.cache_type, self.latent) + gpu_reserve(
-            self.engine, self.facts, self.ctx, self.ubatch, self.latent
-        )
+        kv = kv_cache_bytes(self.facts, self.ctx, self.cache_type, self.layout, ubatch=self.ubatch)
+        return kv + gpu_reserve(self.engine, self.facts, self.ctx, self.ubatch, self.layout.latent)
 
 
 def vram_plan(
@@ -52,7 +52,9 @@ def vram_plan(
     """The plan for `demand` on GPUs of `vram_bytes`: the engine's measured compute buffer (and `beside`,
     what the stack's other models take: a draft model, a vision projector) reserved, then experts into
     what is left; SpecError naming the levers when even the fixed part does not fit."""
-    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.latent) + beside
+    reserve = (
+        gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent) + beside
+    )
     try:
         return plan(
             demand.facts,
@@ -60,10 +62,11 @@ def vram_plan(
             ram_bytes,
             demand.ctx,
             demand.cache_type,
-            demand.latent,
+            demand.layout,
             gpu_reserve=reserve,
             cache_type_v=cache_type_v,
             margin=margin,
+            ubatch=demand.ubatch,
         )
     except VramShortfall as shortfall:
         raise SpecError(advice(shortfall, demand)) from None

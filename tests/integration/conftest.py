@@ -7,7 +7,6 @@ Without a Docker daemon the integration tests are skipped, except under CI, wher
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import urllib.request
@@ -31,8 +30,9 @@ from builder.images.build import build_image
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
+from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.model_files import fetch_demo_model
-from builder.models.planner import ModelFacts, kv_cache_bytes
+from builder.models.planner import ModelFacts
 from builder.models.synth_families import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
@@ -255,23 +255,18 @@ def budget_minutes(refusal: str) -> int:
 
 def check_kv_as_planned(facts: ModelFacts, stack: StackSpec, logs: str) -> None:
     """The KV cache the engine logged (its KV and recurrent-state buffers: mainline logs the state apart,
-    RS) against the plan's, within 10 %; where the plan is knowingly an upper bound, below it."""
-    engine = stack.engine
+    RS, and a sliding-window model's windowed layers apart) against the plan's for the engine's layout,
+    within 10 %."""
     planned = kv_cache_bytes(
-        facts, stack.ctx_size, stack.cache_type or "f16", engine.caches_latent(stack.mla), stack.parallel
+        facts,
+        stack.ctx_size,
+        stack.cache_type or "f16",
+        stack.engine.cache_layout(stack.mla, stack.swa_full),
+        stack.parallel,
+        stack.cache_type_v,
+        stack.ubatch_size or DEFAULT_UBATCH,
     )
     buffers = re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)
     logged = sum(float(mib) for mib in buffers) * 1024**2
     assert logged, logs[-2000:]
-    if facts.arch == "gpt-oss" and engine.name == "llama.cpp":
-        # Mainline keeps the sliding-window layers' cache to the window: the plan, which counts every
-        # layer at the full context, is an upper bound there (not yet windowed).
-        assert logged < planned, (planned, logged)
-    elif facts.indexer_dim and engine.name == "ik_llama.cpp":
-        # ik_llama.cpp at its pin keeps no sparse-attention indexer keys (glm-dsa): the latent alone, the
-        # plan's less the indexer's (an upper bound there).
-        unindexed = dataclasses.replace(facts, indexer_dim=0)
-        latent = kv_cache_bytes(unindexed, stack.ctx_size, stack.cache_type or "f16", True, stack.parallel)
-        assert abs(latent - logged) <= 0.10 * logged < planned, (planned, latent, logged)
-    else:
-        assert abs(planned - logged) <= 0.10 * logged, (planned, logged)
+    assert abs(planned - logged) <= 0.10 * logged, (planned, logged)

@@ -27,7 +27,8 @@ from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.images.render import image_labels, render_files
 from builder.images.source import resolve_local
-from builder.models.planner import GIB, ModelFacts, kv_cache_bytes
+from builder.models.kv_cache import CacheLayout, kv_cache_bytes
+from builder.models.planner import GIB, ModelFacts
 from builder.models.planner import plan as make_plan
 from builder.models.synth_hf import write_hf_checkpoint
 from builder.models.synth_moe import MoeShape, write_moe_gguf
@@ -369,8 +370,10 @@ def test_gpu_experts_from_the_vram_plan() -> None:
         mla_dim=576,
         expert_count=256,
     )
-    fitted = make_plan(r1, 24 * GIB, 512 * GIB, 16384, "q8_0", mla=True)
-    spare = 24 * GIB - GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", True) - 2 * GIB  # 1 GiB margin
+    fitted = make_plan(r1, 24 * GIB, 512 * GIB, 16384, "q8_0", layout=CacheLayout(latent=True))
+    spare = (
+        24 * GIB - GIB - 14 * GIB - kv_cache_bytes(r1, 16384, "q8_0", CacheLayout(latent=True)) - 2 * GIB
+    )  # 1 GiB margin
     one_expert_all_layers = 58 * 6 * GIB // 256
     assert fitted.gpu_experts_per_layer == spare // one_expert_all_layers > 0
     assert fitted.gpu_expert_layers == spare // (6 * GIB)

@@ -10,7 +10,8 @@ import pytest
 
 from builder.engines import get_engine
 from builder.host.probe import HostFacts
-from builder.models.planner import GIB, kv_cache_bytes, read_facts
+from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
+from builder.models.planner import GIB, read_facts
 from builder.models.synth_families import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
@@ -55,7 +56,8 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
         read_facts(model),
         options.ctx_size,
         options.cache_type or "f16",
-        get_engine(engine).caches_latent(options.mla),
+        get_engine(engine).cache_layout(options.mla),
+        ubatch=options.ubatch_size or DEFAULT_UBATCH,
     )
     assert use() == (size + kv + default + BUFFERS_BYTES, 0)
 

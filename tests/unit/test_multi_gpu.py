@@ -11,6 +11,7 @@ from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts
+from builder.models.kv_cache import CacheLayout
 from builder.models.planner import GIB, ModelFacts, layer_split, plan, read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -48,7 +49,7 @@ def test_layer_split_is_llama_cpps() -> None:
 
 
 def test_a_plan_over_two_gpus_fills_each_with_its_own_layers() -> None:
-    result = plan(R1, [24 * GIB, 24 * GIB], 768 * GIB, 32768, "q8_0", mla=True)
+    result = plan(R1, [24 * GIB, 24 * GIB], 768 * GIB, 32768, "q8_0", layout=CacheLayout(latent=True))
     first, second = result.devices
     assert first.layers == range(31) and second.layers == range(31, 61)
     # each fills from its own first layer that holds experts (R1's first three are dense)
@@ -57,12 +58,12 @@ def test_a_plan_over_two_gpus_fills_each_with_its_own_layers() -> None:
     assert result.tensor_split == (24, 24)
     assert result.override_rules[0].endswith("=CUDA0") and result.override_rules[1].endswith("=CUDA1")
     assert result.override_rules[-1] == EXPERTS_ON_CPU_RULE
-    single = plan(R1, 24 * GIB, 768 * GIB, 32768, "q8_0", mla=True)
+    single = plan(R1, 24 * GIB, 768 * GIB, 32768, "q8_0", layout=CacheLayout(latent=True))
     # One 24 GiB card: 19.4 GB held and a 1 GiB margin leave no room for a 5.7 GB layer of experts
     assert single.tensor_split == () and single.override_rules == (EXPERTS_ON_CPU_RULE,)
     assert result.gpu_expert_layers > single.gpu_expert_layers
     with pytest.raises(SpecError, match=r"on GPU 1 \(3 of 61 layers\), 1.8 GiB more"):
-        plan(R1, [24 * GIB, 2 * GIB], 768 * GIB, 32768, "q8_0", mla=True)
+        plan(R1, [24 * GIB, 2 * GIB], 768 * GIB, 32768, "q8_0", layout=CacheLayout(latent=True))
 
 
 @pytest.fixture

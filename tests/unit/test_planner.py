@@ -15,7 +15,6 @@ import pytest
 
 from builder.engines import get_engine
 from builder.engines.compute_buffers import (
-    DEFAULT_UBATCH,
     MIB,
     gpu_compute,
     gpu_reserve,
@@ -23,23 +22,23 @@ from builder.engines.compute_buffers import (
     prefill_pool,
 )
 from builder.errors import ModelError, SpecError
+from builder.models.kv_cache import CACHE_BYTES, DEFAULT_UBATCH, CacheLayout, kv_cache_bytes
 from builder.models.planner import (
-    CACHE_BYTES,
     DEFAULT_VRAM_MARGIN,
     GIB,
     DevicePlan,
     ModelFacts,
     device_rules,
-    kv_cache_bytes,
     plan,
     read_facts,
 )
-from builder.models.synth_families import synth_shape
+from builder.models.synth_families import TINY, synth_shape
 from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CacheType
 from tests.cli import run_cli
 
+LATENT, HEADS = CacheLayout(latent=True), CacheLayout()  # an MLA model's latent; each head's K and V
 # The default synthetic model: 4 layers, hidden 256, 8 experts of FFN 128, Q8_0 (34 bytes per 32 weights).
 # Per layer: gate + up + down = 3 × 8 × 128 × 256 weights × 34/32 = 835,584 bytes.
 EXPERT_LAYER_BYTES = 3 * 8 * 128 * 256 * 34 // 32
@@ -73,17 +72,17 @@ def test_reads_expert_bytes_per_layer(moe: Path) -> None:
 
 def test_kv_cache_sizes() -> None:
     # R1 with MLA, 32768 tokens of q8_0: 576 × 32768 × 61 × 34/32 = 1,223,294,976 bytes
-    assert kv_cache_bytes(R1, 32768, "q8_0", mla=True) == 1_223_294_976
+    assert kv_cache_bytes(R1, 32768, "q8_0", LATENT) == 1_223_294_976
     # without MLA, f16: 128 × (192 + 128) × 32768 × 61 × 2 = 163,745,628,160 bytes (152.5 GiB)
-    assert kv_cache_bytes(R1, 32768, "f16", mla=False) == 163_745_628_160
+    assert kv_cache_bytes(R1, 32768, "f16", HEADS) == 163_745_628_160
     with pytest.raises(SpecError, match="unknown cache type q3_k"):
-        kv_cache_bytes(R1, 1024, "q3_k", mla=False)
+        kv_cache_bytes(R1, 1024, "q3_k", HEADS)
 
 
 def test_leftover_vram_takes_the_first_layers_experts(moe: Path) -> None:
     facts = read_facts(moe)
     # The token embeddings stay in RAM (both engines): the GPU holds the other non-expert weights.
-    fixed = facts.other_bytes - facts.embedding_bytes + kv_cache_bytes(facts, 4096, "f16", False) + 2 * GIB
+    fixed = facts.other_bytes - facts.embedding_bytes + kv_cache_bytes(facts, 4096, "f16", HEADS) + 2 * GIB
     fixed += DEFAULT_VRAM_MARGIN  # kept free
     two_layers = plan(facts, fixed + 2 * EXPERT_LAYER_BYTES + 100, GIB, 4096, "f16")
     assert two_layers.gpu_expert_layers == 2
@@ -112,14 +111,14 @@ def test_too_large_says_by_how_much() -> None:
     with pytest.raises(
         SpecError, match=r"routed experts need 305.0 GiB of RAM, 49.0 GiB more than the 256.0 GiB"
     ):
-        plan(R1, 24 * GIB, 256 * GIB, 32768, "q8_0", mla=True)
+        plan(R1, 24 * GIB, 256 * GIB, 32768, "q8_0", layout=LATENT)
     with pytest.raises(
         SpecError,
         match=r"need 17.1 GiB of VRAM, 2.1 GiB more than the 16.0 GiB given less its 1.0 GiB margin",
     ):
-        plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True)
+        plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", layout=LATENT)
     with pytest.raises(SpecError, match=r"need 17.1 GiB of VRAM, 1.1 GiB more than the 16.0 GiB given"):
-        plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", mla=True, margin=0)
+        plan(R1, 16 * GIB, 512 * GIB, 32768, "q8_0", layout=LATENT, margin=0)
 
 
 def test_the_plan_keeps_a_margin_and_moves_only_layers_with_experts() -> None:
@@ -128,15 +127,15 @@ def test_the_plan_keeps_a_margin_and_moves_only_layers_with_experts() -> None:
     would move nothing while the table said three layers' experts were on the GPU."""
     dense_first = replace(R1, expert_bytes=(0,) * 3 + (5 * GIB,) * 58)
     # 14 GiB of other weights, 1.1 GiB of cache, 2 GiB of reserve: 17.1 GiB before any expert
-    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB)
+    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", layout=LATENT, gpu_reserve=2 * GIB)
     assert fitted.devices[0].expert_layers == (3, 4, 5) and fitted.gpu_bytes <= 36.5 * GIB
     assert fitted.override_rules[0] == r"blk\.(3|4|5)\.ffn_.*_exps\.weight=CUDA0"
     unkept = plan(
-        dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB, margin=0
+        dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", layout=LATENT, gpu_reserve=2 * GIB, margin=0
     )
     assert unkept.devices[0].expert_layers == (3, 4, 5, 6)  # the fourth fits only in the margin
     with pytest.raises(SpecError, match="a VRAM margin of 24.0 GiB leaves nothing"):
-        plan(dense_first, 24 * GIB, 512 * GIB, 32768, "q8_0", mla=True, margin=24 * GIB)
+        plan(dense_first, 24 * GIB, 512 * GIB, 32768, "q8_0", layout=LATENT, margin=24 * GIB)
 
 
 @pytest.mark.cli
@@ -206,7 +205,7 @@ def _logged(run: dict, where: str, kinds: tuple[str, ...]) -> float:
 
 
 def test_shape_facts_are_what_the_file_says(tmp_path: Path) -> None:
-    for arch, shape in TINY_SHAPES.items():
+    for arch, shape in TINY.items():
         assert shape_facts(shape) == read_facts(write_moe_gguf(tmp_path / f"{arch}.gguf", shape)), arch
 
 
@@ -215,7 +214,7 @@ def test_kv_cache_is_what_the_cpu_build_logs(tmp_path: Path) -> None:
     tiny deepseek2 `KV buffer size = 57.38 MiB ... K (q8_0): 57.38 MiB, V (q8_0): 0.00 MiB` (the latent);
     tiny qwen3next `KV 8.50 MiB ( 32768 cells, 1 layers ...)`, `RS 3.14 MiB (4 cells ...)`: 4 sequences."""
     r1 = read_facts(write_moe_gguf(tmp_path / "ds.gguf", TINY_SHAPES["deepseek2"]))
-    assert kv_cache_bytes(r1, 32768, "q8_0", mla=True) == 576 * 32768 * 3 * 34 // 32  # 57.375 MiB
+    assert kv_cache_bytes(r1, 32768, "q8_0", LATENT) == 576 * 32768 * 3 * 34 // 32  # 57.375 MiB
     assert (r1.kv_heads, r1.key_dim, r1.value_dim) == (
         8,
         192,
@@ -224,8 +223,7 @@ def test_kv_cache_is_what_the_cpu_build_logs(tmp_path: Path) -> None:
     qn = read_facts(write_moe_gguf(tmp_path / "qn.gguf", TINY_SHAPES["qwen3next"]))
     assert qn.cached_layers == 1
     assert (
-        kv_cache_bytes(qn, 32768, "q8_0", mla=False, sequences=4) - 4 * qn.recurrent_state_bytes
-        == 8.5 * 1024**2
+        kv_cache_bytes(qn, 32768, "q8_0", HEADS, sequences=4) - 4 * qn.recurrent_state_bytes == 8.5 * 1024**2
     )
     assert round(4 * qn.recurrent_state_bytes / 1024**2, 2) == 3.14
 
@@ -246,10 +244,11 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
             int(command[command.index("--ubatch-size") + 1]) if "--ubatch-size" in command else DEFAULT_UBATCH
         )
         adapter = get_engine(run["engine"])
-        latent = adapter.caches_latent(int(command[command.index("-mla") + 1]) if "-mla" in command else None)
+        layout = adapter.cache_layout(int(command[command.index("-mla") + 1]) if "-mla" in command else None)
+        latent = layout.latent
         planned = {
             "weights": facts.gpu_weight_bytes,
-            "kv": kv_cache_bytes(facts, ctx, "q8_0", latent),
+            "kv": kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch),
             "compute": gpu_compute(get_engine(run["engine"]), facts, ctx, ubatch, latent).bytes,
         }
         logged = {
@@ -287,18 +286,18 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
         arch, changes = DEVICE_MODELS[run["model"]]
         facts = shape_facts(synth_shape(arch, **changes))
         ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
-        latent = get_engine(run["engine"]).caches_latent(int(_flag(run, "-mla") or 0) or None)
+        layout = get_engine(run["engine"]).cache_layout(int(_flag(run, "-mla") or 0) or None)
         planned = (
             facts.gpu_weight_bytes
-            + kv_cache_bytes(facts, ctx, "q8_0", latent)
-            + gpu_reserve(get_engine(run["engine"]), facts, ctx, ubatch, latent)
+            + kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch)
+            + gpu_reserve(get_engine(run["engine"]), facts, ctx, ubatch, layout.latent)
         )
         used = run["gpu_used_after_long_prefill_mib"] * MIB
         assert used <= planned <= 1.10 * used, (run["case"], planned / MIB, used / MIB)
         # The pool grew past load: by what the term plans for that prompt (ik), or inside the allowance.
         growth = used - run["gpu_used_mib"] * MIB
         prompt = run["long_prompt_tokens"]
-        expected = prefill_pool(get_engine(run["engine"]), facts, prompt, ubatch, latent)
+        expected = prefill_pool(get_engine(run["engine"]), facts, prompt, ubatch, layout.latent)
         if run["engine"] == "ik_llama.cpp":
             assert abs(growth - expected) <= 0.05 * growth, (run["case"], growth / MIB, expected / MIB)
         else:
@@ -387,13 +386,13 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
 def test_k_and_v_of_different_types_are_sized_apart() -> None:
     """Per attention layer and token: K rows of K's type, V rows of V's (the MLA latent: K's alone)."""
     facts = shape_facts(synth_shape("qwen3moe", layers=4, experts=8))
-    same = kv_cache_bytes(facts, 4096, "q8_0", mla=False)
-    mixed = kv_cache_bytes(facts, 4096, "q8_0", mla=False, cache_type_v="q4_0")
+    same = kv_cache_bytes(facts, 4096, "q8_0", HEADS)
+    mixed = kv_cache_bytes(facts, 4096, "q8_0", HEADS, cache_type_v="q4_0")
     rows = facts.kv_heads * 4096 * facts.cached_layers
     assert same - mixed == int(rows * facts.value_dim * (34 - 18) / 32)
     r1 = shape_facts(synth_shape("deepseek2", layers=4, experts=8))
-    assert kv_cache_bytes(r1, 4096, "q8_0", mla=True, cache_type_v="q4_0") == kv_cache_bytes(
-        r1, 4096, "q8_0", True
+    assert kv_cache_bytes(r1, 4096, "q8_0", LATENT, cache_type_v="q4_0") == kv_cache_bytes(
+        r1, 4096, "q8_0", LATENT
     )
 
 
@@ -401,16 +400,16 @@ def test_ik_only_cache_types_are_what_its_cpu_build_logs(tmp_path: Path) -> None
     """ik_llama.cpp's CPU image (ikpy-0.1.5), the tiny qwen3moe, -c 4096 -ctk q8_KV -ctv q6_0 (this
     machine, 2026-12-01): `KV self size = 3.88 MiB, K (q8_KV): 2.25 MiB, V (q6_0): 1.62 MiB`."""
     facts = read_facts(write_moe_gguf(tmp_path / "t.gguf", TINY_SHAPES["qwen3moe"]))
-    assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q8_KV") == 2 * 2.25 * 1024**2
-    assert kv_cache_bytes(facts, 4096, "q8_KV", mla=False, cache_type_v="q6_0") == 3.875 * 1024**2
+    assert kv_cache_bytes(facts, 4096, "q8_KV", HEADS, cache_type_v="q8_KV") == 2 * 2.25 * 1024**2
+    assert kv_cache_bytes(facts, 4096, "q8_KV", HEADS, cache_type_v="q6_0") == 3.875 * 1024**2
 
 
 def test_the_plan_says_which_layers_and_bytes_each_rule_moves() -> None:
     dense_first = replace(R1, expert_bytes=(0,) * 3 + (5 * GIB,) * 58)
-    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", mla=True, gpu_reserve=2 * GIB)
+    fitted = plan(dense_first, int(37.5 * GIB), 512 * GIB, 32768, "q8_0", layout=LATENT, gpu_reserve=2 * GIB)
     assert fitted.experts_where() == "CPU, layers 3-5 on GPU 0 (15.0 GiB)"
     assert [moved for _, moved in fitted.rule_bytes] == [15 * GIB, 55 * 5 * GIB]
-    assert plan(dense_first, 20 * GIB, 512 * GIB, 32768, "q8_0", mla=True).experts_where() == "CPU"
+    assert plan(dense_first, 20 * GIB, 512 * GIB, 32768, "q8_0", layout=LATENT).experts_where() == "CPU"
 
 
 def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
@@ -418,12 +417,12 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
     without a preset plans that cache and the compute buffer measured for it, not f16 K/V and a flat
     2 GiB (which refused 5.2 GiB that the engine's own fit used, on the H200)."""
     ik = get_engine("ik_llama.cpp")
-    assert ik.caches_latent(None) and ik.caches_latent(3) and not ik.caches_latent(0)
+    assert ik.cache_layout(None).latent and ik.cache_layout(3).latent and not ik.cache_layout(0).latent
     facts = shape_facts(synth_shape("deepseek2"))
-    latent = kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(None))
-    assert latent * 50 < kv_cache_bytes(facts, 32768, "f16", ik.caches_latent(0))
+    latent = kv_cache_bytes(facts, 32768, "f16", ik.cache_layout(None))
+    assert latent * 50 < kv_cache_bytes(facts, 32768, "f16", ik.cache_layout(0))
     assert not gpu_compute(
-        get_engine("ik_llama.cpp"), facts, 32768, DEFAULT_UBATCH, ik.caches_latent(None)
+        get_engine("ik_llama.cpp"), facts, 32768, DEFAULT_UBATCH, ik.cache_layout(None).latent
     ).basis.startswith("not measured")
 
 

@@ -7,6 +7,7 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
+from builder.models.kv_cache import CacheLayout
 from builder.models.planner import GIB, VramShortfall, plan
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import shape_facts
@@ -16,14 +17,14 @@ QWEN3_235B = shape_facts(synth_shape("qwen3moe", quant="Q8_0"))
 
 
 def _refusal(demand: GpuDemand, vram_gib: int) -> VramShortfall:
-    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.latent)
+    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent)
     with pytest.raises(VramShortfall) as refused:
         plan(demand.facts, vram_gib * GIB, 1024 * GIB, demand.ctx, demand.cache_type, gpu_reserve=reserve)
     return refused.value
 
 
 def test_each_lever_frees_what_the_plan_would_then_need() -> None:
-    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", latent=False)
+    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", CacheLayout())
     found = {lever.option: lever.saves for lever in levers(demand)}
     assert list(found) == ["-ub 1024", "--ctx-size 16384", "--cache-type q8_0"]  # cheapest first
     for option, saves in found.items():
@@ -32,11 +33,11 @@ def test_each_lever_frees_what_the_plan_would_then_need() -> None:
     assert found["--ctx-size 16384"] >= 0.5 * (
         demand.bytes() - gpu_reserve(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, False)
     )
-    assert levers(GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 4096, 512, "q4_0", latent=False)) == []
+    assert levers(GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 4096, 512, "q4_0", CacheLayout())) == []
 
 
 def test_a_refusal_names_the_change_that_is_enough() -> None:
-    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", latent=False)
+    demand = GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, "f16", CacheLayout())
     refused = _refusal(demand, 12)
     least, frees = enough(demand, refused.missing)
     assert frees >= refused.missing and (least.ubatch, least.ctx, least.cache_type) == (512, 8192, "f16")

@@ -1,0 +1,102 @@
+"""The KV cache an engine keeps for a model: its bytes from the model's attention and the engine's layout.
+
+Engines cache the same model differently (read at their pins): mainline llama.cpp keeps a sliding-window
+layer's cells to its window and caches a sparse-attention indexer's keys; ik_llama.cpp keeps every layer at
+the full context and builds no indexer. Each adapter says which in its `cache_layout`; this module counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from builder.errors import SpecError
+from builder.spec import CacheType
+
+if TYPE_CHECKING:
+    from builder.models.planner import ModelFacts
+
+# Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
+CACHE_BYTES: dict[CacheType, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+    "iq4_nl": 18 / 32,
+    "q6_0": 26 / 32,  # ik_llama.cpp's: 16 + 8 bytes of 4 + 2 bits and an f16 scale per 32
+    "q8_KV": 1.0,  # ik_llama.cpp's: a byte an element, and ROW_META_BYTES a row (one head's K or V)
+}
+# ik_llama.cpp's row-wise types carry metadata per row (ggml.c's row_meta_size): q8_KV 8 bytes. Its CPU
+# build logged `K (q8_KV): 2.25 MiB` for 2 Mi elements in rows of 64: (64 + 8) / 64 bytes an element.
+ROW_META_BYTES = {"q8_KV": 8}
+DEFAULT_UBATCH = 512  # both engines' -ub when a stack doesn't set one
+# Mainline pads a cache's cells to this (llama-context.cpp and llama-kv-cache-iswa.cpp at 0c1e57098).
+CELL_PAD = 256
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What an engine's cache holds for a model with its stack's settings."""
+
+    latent: bool = False  # MLA: the compressed latent and rope part a token, not each head's K and V
+    indexer: bool = True  # a sparse-attention indexer's keys beside the latent (glm-dsa)
+    windowed: bool = False  # sliding-window layers hold their window and a micro-batch, not the context
+
+
+PER_HEAD = CacheLayout()  # each head's K and V, every layer at the full context
+
+
+def kv_cache_bytes(
+    facts: ModelFacts,
+    ctx: int,
+    cache_type: str,
+    layout: CacheLayout,
+    sequences: int = 1,
+    cache_type_v: str | None = None,
+    ubatch: int = DEFAULT_UBATCH,
+) -> int:
+    """KV cache bytes for `ctx` tokens over `sequences` (the server's slots): per cached layer K rows of
+    `cache_type` and V rows of `cache_type_v` (default: the same), or, with the latent, the latent and rope
+    part of K's type and the indexer's keys where the layout keeps them; plus the recurrent layers' state
+    for each sequence."""
+    v_type = cache_type_v or cache_type
+    if layout.latent and facts.mla_dim:
+        per_token = row_bytes(cache_type, facts.mla_dim)
+        per_token += row_bytes(cache_type, facts.indexer_dim) if layout.indexer and facts.indexer_dim else 0
+    else:
+        per_token = facts.kv_heads * (
+            row_bytes(cache_type, facts.key_dim) + row_bytes(v_type, facts.value_dim)
+        )
+    windowed = facts.window_layers if layout.windowed and facts.sliding_window else 0
+    cells = ctx * (facts.cached_layers - windowed)
+    cells += window_cells(facts.sliding_window, ctx, sequences, ubatch) * windowed
+    return int(per_token * cells) + facts.recurrent_state_bytes * sequences
+
+
+def window_cells(window: int, ctx: int, sequences: int, ubatch: int) -> int:
+    """Cells a sliding-window layer keeps on mainline: each sequence's stream (the server's slots, not
+    unified) holds its window and a micro-batch, padded, at most its share of the context
+    (llama-kv-cache-iswa.cpp at 0c1e57098)."""
+    stream = _pad(_pad(ctx) // sequences)
+    return sequences * _pad(min(stream, window + ubatch))
+
+
+def _pad(cells: int) -> int:
+    return -(-cells // CELL_PAD) * CELL_PAD
+
+
+def row_bytes(cache_type: str, elements: int) -> float:
+    """Bytes of one cached row of `elements` (a head's K or V for one token, or the MLA latent)."""
+    return elements * cache_element_bytes(cache_type) + ROW_META_BYTES.get(cache_type, 0)
+
+
+def cache_element_bytes(cache_type: str) -> float:
+    """Bytes per cached element of a KV cache type; SpecError naming the types for an unknown one."""
+    for known, size in CACHE_BYTES.items():
+        if known == cache_type:
+            return size
+    raise SpecError(f"unknown cache type {cache_type}: choose one of {', '.join(CACHE_BYTES)}")

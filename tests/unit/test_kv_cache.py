@@ -1,0 +1,85 @@
+"""The KV cache each engine keeps for a model: what a sliding-window or sparse-attention model costs
+depends on the engine, and the plan counts what that engine allocates."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import gguf
+
+from builder.engines import get_engine
+from builder.models.kv_cache import CacheLayout, kv_cache_bytes, row_bytes, window_cells
+from builder.models.planner import read_facts, windowed_layers
+from builder.models.synth_families import TINY, GptOssShape, synth_shape
+from builder.models.synth_moe import shape_facts, write_moe_gguf
+
+MAINLINE, IK = get_engine("llama.cpp"), get_engine("ik_llama.cpp")
+
+
+def test_a_window_layer_keeps_its_window_and_a_micro_batch_per_slot_on_mainline() -> None:
+    """llama-kv-cache-iswa.cpp at 0c1e57098: each slot's stream keeps the window and one micro-batch,
+    padded to 256 cells, never more than the slot's share of the context."""
+    assert window_cells(128, 4096, 1, 512) == 768
+    assert window_cells(128, 32768, 4, 2048) == 4 * 2304
+    assert window_cells(4096, 2048, 1, 512) == 2048  # a context shorter than the window: all of it
+    # mainline's patterns: gpt-oss alternates (18 of 36), Gemma 3 keeps five of each six (15 of 18)
+    assert windowed_layers(2, 36) == 18 and windowed_layers(6, 18) == 15 and windowed_layers(0, 5) == 5
+
+
+def test_gpt_oss_costs_mainline_a_window_and_ik_the_whole_context() -> None:
+    """gpt-oss-120b at 128k: mainline keeps half its layers to the window; ik_llama.cpp (no windowed cache
+    at 55d3c05, only a mask) and mainline with --swa-full keep all 36 at the full context."""
+    facts = shape_facts(synth_shape("gpt-oss"))
+    assert (facts.sliding_window, facts.window_layers, facts.cached_layers) == (128, 18, 36)
+    per_token = facts.kv_heads * 2 * row_bytes("f16", facts.key_dim)
+    ctx, ubatch = 131072, 2048
+    windowed = kv_cache_bytes(facts, ctx, "f16", MAINLINE.cache_layout(None), ubatch=ubatch)
+    assert windowed == int(per_token * (18 * ctx + 18 * 2304))
+    whole = int(per_token * 36 * ctx)
+    assert kv_cache_bytes(facts, ctx, "f16", IK.cache_layout(None), ubatch=ubatch) == whole
+    assert kv_cache_bytes(facts, ctx, "f16", MAINLINE.cache_layout(None, swa_full=True)) == whole
+    assert whole - windowed > 4 * 1024**3  # what counting every layer in full over-planned a card by
+
+
+def test_only_mainline_caches_the_sparse_attention_indexer() -> None:
+    """GLM-5 (glm-dsa): mainline caches the indexer's 128-wide keys beside the 576-wide latent
+    (llama_kv_cache_dsa); ik_llama.cpp at its pin builds glm-dsa on deepseek2's graph and caches the
+    latent alone (the tiny model's 13.50 MiB at 4096 tokens, f16, tests/integration/test_families.py)."""
+    facts = shape_facts(TINY["glm-dsa"])
+    latent = int(row_bytes("f16", facts.mla_dim or 0) * 4096 * facts.cached_layers)
+    assert kv_cache_bytes(facts, 4096, "f16", IK.cache_layout(None)) == latent
+    assert kv_cache_bytes(facts, 4096, "f16", MAINLINE.cache_layout(None)) == int(latent * (576 + 128) / 576)
+
+
+@dataclass(frozen=True)
+class _SaysItsPattern(GptOssShape):
+    """gpt-oss as a converter that writes `attention.sliding_window_pattern` would: per-layer flags, or a
+    period."""
+
+    flags: tuple[bool, ...] = ()
+    period: int | None = None
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        key = f"{self.arch}.attention.sliding_window_pattern"
+        if self.flags:
+            writer.add_array(key, list(self.flags))
+        if self.period is not None:
+            writer.add_uint32(key, self.period)
+
+
+def test_the_files_own_pattern_counts_before_the_architectures(tmp_path: Path) -> None:
+    tiny = TINY["gpt-oss"]
+    base = asdict(tiny)
+    assert read_facts(write_moe_gguf(tmp_path / "a.gguf", tiny)).window_layers == 2  # the arch's: 2 of 4
+    flagged = _SaysItsPattern(**base, flags=(True, True, True, False))
+    assert read_facts(write_moe_gguf(tmp_path / "b.gguf", flagged)).window_layers == 3
+    every = _SaysItsPattern(**base, period=0)
+    assert read_facts(write_moe_gguf(tmp_path / "c.gguf", every)).window_layers == 4
+
+
+def test_a_layout_nobody_reads_counts_every_layer_in_full() -> None:
+    """KTransformers' cache is not read here: every layer at the full context, indexer included."""
+    assert get_engine("ktransformers").cache_layout(None) == CacheLayout(latent=True)
+    assert not CacheLayout().windowed and CacheLayout().indexer
