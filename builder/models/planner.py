@@ -398,11 +398,12 @@ def plan(
     cache_type_v: str | None = None,
     margin: int = DEFAULT_VRAM_MARGIN,
     ubatch: int = DEFAULT_UBATCH,
+    sequences: int = 1,
 ) -> Plan:
     """Experts on the CPU, the rest on the GPUs, each GPU's leftover VRAM (less `margin`) filled with the
     experts of its own first layers that have any (`vram_bytes`: one GPU's, or each GPU's in CUDA order)."""
     vrams = _checked_vrams(vram_bytes, margin)
-    kv = kv_cache_bytes(facts, ctx, cache_type, layout, cache_type_v=cache_type_v, ubatch=ubatch)
+    kv = kv_cache_bytes(facts, ctx, cache_type, layout, sequences, cache_type_v, ubatch)
     cpu = sum(facts.expert_bytes)
     devices = []
     for index, (vram, layers) in enumerate(zip(vrams, layer_split(facts.layers, vrams), strict=True)):

@@ -211,6 +211,7 @@ def _vram_plan(
         ubatch=given.ubatch_size or DEFAULT_UBATCH,
         cache_type=given.cache_type or "f16",
         layout=adapter.cache_layout(given.mla, keeps_whole_window(options.keep_prompts, options.engine_args)),
+        sequences=options.parallel,
     )
     return vram_plan(
         demand,

@@ -35,9 +35,12 @@ class GpuDemand:
     ubatch: int
     cache_type: str
     layout: CacheLayout  # what the engine caches with the stack's settings
+    sequences: int = 1  # the server's slots (--parallel)
 
     def bytes(self) -> int:
-        kv = kv_cache_bytes(self.facts, self.ctx, self.cache_type, self.layout, ubatch=self.ubatch)
+        kv = kv_cache_bytes(
+            self.facts, self.ctx, self.cache_type, self.layout, self.sequences, ubatch=self.ubatch
+        )
         return kv + gpu_reserve(self.engine, self.facts, self.ctx, self.ubatch, self.layout.latent)
 
 
@@ -67,6 +70,7 @@ def vram_plan(
             cache_type_v=cache_type_v,
             margin=margin,
             ubatch=demand.ubatch,
+            sequences=demand.sequences,
         )
     except VramShortfall as shortfall:
         raise SpecError(advice(shortfall, demand)) from None

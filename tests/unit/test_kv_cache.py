@@ -3,7 +3,7 @@ depends on the engine, and the plan counts what that engine allocates."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -13,6 +13,7 @@ from builder.models.kv_cache import CacheLayout, kv_cache_bytes, row_bytes, wind
 from builder.models.planner import read_facts, windowed_layers
 from builder.models.synth_families import TINY, GptOssShape, synth_shape
 from builder.models.synth_moe import shape_facts, write_moe_gguf
+from builder.stacks.vram_levers import GpuDemand
 
 MAINLINE, IK = get_engine("llama.cpp"), get_engine("ik_llama.cpp")
 
@@ -83,3 +84,10 @@ def test_a_layout_nobody_reads_counts_every_layer_in_full() -> None:
     """KTransformers' cache is not read here: every layer at the full context, indexer included."""
     assert get_engine("ktransformers").cache_layout(None) == CacheLayout(latent=True)
     assert not CacheLayout().windowed and CacheLayout().indexer
+
+
+def test_a_gpu_plan_counts_the_state_of_every_slot() -> None:
+    """`--parallel 4` on Qwen3-Next: four sequences' recurrent state on the GPU, not one."""
+    facts = shape_facts(synth_shape("qwen3next"))
+    one = GpuDemand(MAINLINE, facts, 32768, 512, "q8_0", MAINLINE.cache_layout(None))
+    assert replace(one, sequences=4).bytes() - one.bytes() == 3 * facts.recurrent_state_bytes > 0
