@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import anthropic
 import openai
-from anthropic.types import ToolParam
+from anthropic.types import ImageBlockParam, TextBlockParam, ToolParam
 from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionFunctionToolParam
 
 from builder.engines.base import API_ROUTES, ClientApi, Engine
@@ -43,6 +43,7 @@ _WEATHER = "What is the weather in Paris?"
 # What the clients raise for an answer they can't take (HTTP errors, refused connections, bad JSON).
 CLIENT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError)
 _RETRIES = 1
+_NO_PROJECTOR = "not asked: the stack loads no vision projector (--mmproj)"
 # Every check samples greedily, so one model answers one way: at the server's default temperature a
 # random-weight model's tool_use came and went between runs. anthropic 2.16's client takes no
 # `temperature` (its models fix it), so it travels in the body, where llama-server reads it.
@@ -194,7 +195,7 @@ def _image(clients: Clients) -> tuple[bool, str]:
     without it: the image must reach the model, its tokens counted in the prompt. A server that drops
     the image part answers the same count and fails; one without a projector refuses the request."""
     if not clients.images:
-        return True, "not asked: the stack loads no vision projector (--mmproj)"
+        return True, _NO_PROJECTOR
     url = "data:image/png;base64," + base64.b64encode(sample_png()).decode()
 
     def prompt_tokens(with_image: bool) -> tuple[int, str]:
@@ -211,6 +212,34 @@ def _image(clients: Clients) -> tuple[bool, str]:
     plain, _ = prompt_tokens(with_image=False)
     seen, answer = prompt_tokens(with_image=True)
     return seen > plain, f"the image took {seen - plain} prompt tokens ({seen} in all): {answer!r}"
+
+
+def _messages_image(clients: Clients) -> tuple[bool, str]:
+    """The same through the Messages API: an image block (base64, as Claude Code sends a screenshot),
+    which both servers turn into the chat's image part; the prompt's input tokens must grow with it."""
+    if not clients.images:
+        return True, _NO_PROJECTOR
+    data = base64.b64encode(sample_png()).decode()
+
+    def input_tokens(with_image: bool) -> tuple[int, str]:
+        text: TextBlockParam = {"type": "text", "text": "Describe the image."}
+        image: ImageBlockParam = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": data},
+        }
+        reply = clients.anthropic.messages.create(
+            model=clients.model,
+            max_tokens=8,
+            extra_body=_GREEDY,
+            messages=[{"role": "user", "content": [text, image] if with_image else [text]}],
+        )
+        # The prompt whole: what the server read fresh and what it found in its prompt cache.
+        prompt = reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+        return prompt, "".join(b.text for b in reply.content if b.type == "text")
+
+    plain, _ = input_tokens(with_image=False)
+    seen, answer = input_tokens(with_image=True)
+    return seen > plain, f"the image took {seen - plain} input tokens ({seen} in all): {answer!r}"
 
 
 def _responses(clients: Clients) -> tuple[bool, str]:
@@ -288,6 +317,7 @@ _BY_API: dict[ClientApi, list[tuple[str, ClientCheck]]] = {
         ("messages", _messages),
         ("messages-stream", _messages_stream),
         ("messages-tool-use", _messages_tool_use),
+        ("messages-image", _messages_image),
     ],
     "anthropic-count-tokens": [("count-tokens", _count_tokens)],
 }

@@ -19,7 +19,8 @@ from tests.integration.conftest import answers_health, build_engine_image
 pytestmark = pytest.mark.integration
 CHECKS = {
     "healthy", "served-name", "completion", "chat", "chat-stream", "tool-call", "image", "responses",
-    "messages", "messages-stream", "messages-tool-use", "count-tokens", "flags", "placement", "gpu",
+    "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens", "flags",
+    "placement", "gpu",
     "metrics",
 }  # fmt: skip
 # A random-weight model writes prose where a tool call is asked for, in either API.

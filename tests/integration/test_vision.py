@@ -94,5 +94,9 @@ def test_an_image_reaches_the_model_through_the_projector(
         checks = {check["name"]: check for check in json.loads(smoked.stdout)}
         assert checks["image"]["passed"], checks["image"]
         assert checks["image"]["seen"].startswith(f"the image took {seen - plain} prompt tokens")
+        # The same image as an Anthropic image block (Claude Code's screenshots): both servers turn it
+        # into the chat's image part, so it costs the prompt as many tokens.
+        assert checks["messages-image"]["passed"], checks["messages-image"]
+        assert checks["messages-image"]["seen"].startswith(f"the image took {seen - plain} input tokens")
         logs = stack.client.compose.logs()
     assert "mmproj-tiny-qwen3moe.gguf" in logs, logs[-2000:]

@@ -21,6 +21,7 @@ from builder.stacks.client_checks import (
     TOOL_NAME,
     Clients,
     _image,
+    _messages_image,
     _messages_tool_use,
     _tool_call,
     client_checks,
@@ -177,11 +178,28 @@ def test_an_image_must_reach_the_prompt(engine: Engine) -> None:
     assert len(engine.asked) == 2
 
 
+def test_an_image_block_must_reach_the_prompt_through_messages(engine: Engine) -> None:
+    """An Anthropic image block (base64 PNG) beside the same turn without it: the prompt (fresh and
+    cached input tokens) must grow; here the server answers 5 to both, so the image was dropped."""
+    engine.messages_reply([{"type": "text", "text": "A picture."}], "end_turn")
+    passed, seen = _messages_image(dataclasses.replace(clients(engine), images=True))
+    assert not passed and seen == "the image took 0 input tokens (5 in all): 'A picture.'"
+    plain, with_image = engine.asked
+    assert [block["type"] for block in plain["messages"][0]["content"]] == ["text"]
+    block = with_image["messages"][0]["content"][1]
+    assert block["type"] == "image" and block["source"]["media_type"] == "image/png"
+    assert block["source"]["data"].startswith("iVBORw0KGgo") and with_image["temperature"] == 0
+    assert _messages_image(clients(engine)) == (
+        True,
+        "not asked: the stack loads no vision projector (--mmproj)",
+    )
+
+
 def test_an_engine_is_checked_on_each_api_it_serves_and_one_line_for_each_it_lacks() -> None:
     names = [name for name, _ in client_checks(get_engine("llama.cpp"))]
     assert names == [
         "chat", "chat-stream", "tool-call", "image", "responses",
-        "messages", "messages-stream", "messages-tool-use", "count-tokens",
+        "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens",
     ]  # fmt: skip
     legacy = get_engine("ktransformers-legacy")
     checks = client_checks(legacy)
