@@ -68,7 +68,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(cards))
     for preset in PRESETS:
         facts = hybrid_quant_facts(preset)
-        for engine in ENGINES:
+        for engine in (engine for engine in ENGINES if engine.name in preset.engines):
             options = preset.engine_options(engine)
             name = f"{preset.name} ({options.ctx_size // 1024}k, {options.ubatch_size or DEFAULT_UBATCH})"
             row = [cell(preset, engine, facts, card) for card in cards]

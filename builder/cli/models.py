@@ -129,8 +129,8 @@ SynthArchOpt = Annotated[
     str,
     typer.Option(
         help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
-        "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b), minimax-m2 (MiniMax-M2), qwen35moe (Qwen3.5-397B-A17B) "
-        "or glm-dsa (GLM-5)"
+        "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b), minimax-m2 (MiniMax-M2), qwen35moe (Qwen3.5-397B-A17B), "
+        "glm-dsa (GLM-5) or deepseek4 (DeepSeek-V4-Flash, mainline only)"
     ),
 ]
 SynthTinyOpt = Annotated[

@@ -63,6 +63,8 @@ def kv_cache_bytes(
     `cache_type` and V rows of `cache_type_v` (default: the same), or, with the latent, the latent and rope
     part of K's type and the indexer's keys where the layout keeps them; plus the recurrent layers' state
     for each sequence."""
+    if facts.compress_ratios:
+        return compressed_cache_bytes(facts, ctx, cache_type, layout, sequences, ubatch)
     v_type = cache_type_v or cache_type
     if layout.latent and facts.mla_dim:
         per_token = row_bytes(cache_type, facts.mla_dim)
@@ -75,6 +77,35 @@ def kv_cache_bytes(
     cells = ctx * (facts.cached_layers - windowed)
     cells += window_cells(facts.sliding_window, ctx, sequences, ubatch) * windowed
     return int(per_token * cells) + facts.recurrent_state_bytes * sequences
+
+
+def compressed_cache_bytes(
+    facts: ModelFacts, ctx: int, cache_type: str, layout: CacheLayout, sequences: int, ubatch: int
+) -> int:
+    """DeepSeek-V4's caches on mainline (llama-kv-cache-dsv4.cpp at 0c1e57098), each slot's apart
+    (unified or not): every layer's raw window of K rows (K and V are one head); on each compressed
+    layer a row per `ratio` tokens, and on the 4-token layers the indexer's key per 4 tokens too, in the
+    cache's type; and each compressed layer's compressor state in F32 (its kv and score planes, two rows a
+    compressed token in flight)."""
+    key, indexer = row_bytes(cache_type, facts.key_dim), row_bytes(cache_type, facts.indexer_dim)
+    stream = _pad(_pad(ctx) // sequences)
+    raw = (
+        window_cells(facts.sliding_window, ctx, sequences, ubatch) if layout.windowed else stream * sequences
+    )
+    total = raw * key * facts.layers
+    for layer, ratio in enumerate(facts.compress_ratios):
+        if not ratio:
+            continue
+        rows = sequences * _pad(-(-stream // ratio))
+        total += rows * (key + indexer if ratio == 4 else key)
+        if layer < facts.layers - facts.nextn_layers:  # the state of the layers that run
+            # kv and score planes: 8 rows of twice the widths (cache and indexer) on a 4-token layer,
+            # 128 rows of the key's on a 128-token one
+            width, rows_in_flight = (
+                (2 * (facts.key_dim + facts.indexer_dim), 8) if ratio == 4 else (facts.key_dim, 128)
+            )
+            total += sequences * 2 * width * rows_in_flight * 4
+    return int(total)
 
 
 def window_cells(window: int, ctx: int, sequences: int, ubatch: int) -> int:

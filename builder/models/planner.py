@@ -32,10 +32,10 @@ from builder.spec import EXPERTS_ON_CPU_RULE
 ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
 # A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers
 # have none.
-CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv_a_mqa)\.weight$")
+CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv|kv_a_mqa)\.weight$")
 # Sliding-window patterns of the architectures moe-stack serves whose GGUF may not say one (mainline's
-# load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2}.cpp at 0c1e57098).
-WINDOW_PATTERN = {"gpt-oss": 2, "gemma3": 6, "gemma2": 2}
+# load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2,deepseek4}.cpp at 0c1e57098).
+WINDOW_PATTERN = {"gpt-oss": 2, "gemma3": 6, "gemma2": 2, "deepseek4": 0}
 # VRAM kept free for compute buffers and the CUDA context (llama.cpp's are ~0.5-2 GB for these models).
 DEFAULT_GPU_RESERVE = 2 * 1024**3
 GIB = 1024**3
@@ -90,6 +90,9 @@ class ModelFacts:
     # DeepSeek Sparse Attention's indexer (GLM-5's glm-dsa): the key width a token caches per layer beside
     # the latent ({arch}.attention.indexer.key_length; 0: none), where the engine builds it (CacheLayout).
     indexer_dim: int = 0
+    # DeepSeek-V4's compressed attention: per layer, the tokens one compressed row of its cache stands for
+    # (4: read sparsely, the indexer's keys beside it; 128: read densely; 0: the raw window alone).
+    compress_ratios: tuple[int, ...] = ()
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -274,6 +277,7 @@ def read_facts(path: Path) -> ModelFacts:
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
+        compress_ratios=tuple(_numbers(reader, f"{arch}.attention.compress_ratios")[:layers]),
     )
 
 
@@ -323,12 +327,17 @@ def _window_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
     """How many of `layers` keep a sliding window, as mainline reads it: the GGUF's per-layer flags or
     pattern (`{arch}.attention.sliding_window_pattern`), else the architecture's pattern; an architecture
     without one counts none (every layer at the full context: an upper bound)."""
-    field_ = reader.fields.get(f"{arch}.attention.sliding_window_pattern")
-    said = [int(field_.parts[index][0]) for index in field_.data] if field_ else []
+    said = _numbers(reader, f"{arch}.attention.sliding_window_pattern")
     if len(said) > 1:
         return sum(1 for flag in said[:layers] if flag)
     pattern = said[0] if said else WINDOW_PATTERN.get(arch)
     return 0 if pattern is None else windowed_layers(pattern, layers)
+
+
+def _numbers(reader: gguf.GGUFReader, key: str) -> list[int]:
+    """A key's numbers, one or an array of them; [] when the GGUF lacks it."""
+    field_ = reader.fields.get(key)
+    return [int(field_.parts[index][0]) for index in field_.data] if field_ else []
 
 
 def windowed_layers(pattern: int, layers: int) -> int:

@@ -23,6 +23,12 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
   two tensors, and interleaved multimodal rotary sections (the models read images natively), which both
   engines require (mainline's src/models/qwen35moe.cpp, ik's llama-hparams.cpp and llama-load-tensors.cpp
   at the pinned refs). No MTP block: ik_llama.cpp reads no nextn_predict_layers for it.
+- deepseek4 (DeepSeek-V4-Flash; mainline only: ik_llama.cpp at its pin has no such architecture): a q
+  latent, one shared K=V head of 512 with attention sinks, a grouped low-rank output, four hyper-connection
+  residual streams, every layer MoE with a shared expert (the first three routed by a token table), and
+  compressed attention: every layer keeps a raw window of 128 tokens, and beside it one row per 4 tokens
+  (read sparsely, picked by a lightning indexer with its own keys) or per 128 tokens (read densely), in
+  turn from the third layer (llama-kv-cache-dsv4.cpp caches each kind apart).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from builder.models.synth_shapes import (
     dense_or_shared_moe,
     nextn_blocks,
 )
+
+HYPER_CONNECTIONS = 4  # deepseek4's residual streams (hc_mult): the only count mainline's graph takes
 
 
 @dataclass(frozen=True)
@@ -214,6 +222,137 @@ class Qwen35MoeShape(Qwen3NextShape):
                 yield name, ne, kind
 
 
+@dataclass(frozen=True)
+class DeepSeek4Shape(MoeShape):
+    """deepseek4 as mainline's loader reads it (src/models/deepseek4.cpp at 0c1e57098; the defaults: a tiny
+    model the loader and the CPU backend take, as in its tests/test-llama-archs.cpp)."""
+
+    arch: ClassVar[str] = "deepseek4"
+    kv_heads: int = 1  # one shared K=V head: the cache writes one row a token (the loader needs 1)
+    rope_dim: int = 32  # the rotary tail of each head
+    q_lora: int = 64
+    out_groups: int = 2  # the grouped output projection: heads per group, then a low rank
+    out_lora: int = 32
+    shared_experts: int = 1
+    sliding_window: int = 128  # every layer attends over this raw window of tokens
+    hash_layers: int = 1  # the first layers route each token by a fixed table, not the router
+    indexer_heads: int = 4
+    indexer_key: int = 64  # a multiple of 64 (its cache is Hadamard-rotated in blocks of 64)
+    indexer_top_k: int = 16
+    rope_base: float = 10_000.0
+    compress_rope_base: float = 160_000.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kv_heads != 1 or self.heads % self.out_groups or self.indexer_key % 64:
+            raise ValueError(
+                "deepseek4 needs one KV head, heads divisible by out_groups and an indexer key width "
+                "that is a multiple of 64 (mainline's loader and its Hadamard rotation)"
+            )
+        if self.rope_dim > min(self.head_dim, self.indexer_key) or self.hash_layers > self.layers:
+            raise ValueError("rope_dim must fit the head and the indexer key; hash_layers at most layers")
+
+    def ratio(self, i: int) -> int:
+        """Tokens one compressed row of layer `i` stands for: DeepSeek-V4-Flash's pattern, two layers of
+        the window alone, then 4 (sparse, with the indexer) and 128 (dense) in turn."""
+        return 0 if i < 2 else (4 if i % 2 == 0 else 128)
+
+    @property
+    def ratios(self) -> list[int]:
+        return [self.ratio(i) for i in range(self.layers)]
+
+    @property
+    def indexer_dim(self) -> int:
+        return self.indexer_key
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        key = f"{self.arch}"
+        writer.add_rope_dimension_count(self.rope_dim)
+        writer.add_q_lora_rank(self.q_lora)
+        writer.add_sliding_window(self.sliding_window)
+        writer.add_expert_shared_count(self.shared_experts)
+        writer.add_expert_weights_scale(1.5)  # routed_scaling_factor
+        writer.add_expert_weights_norm(True)
+        writer.add_float32(f"{key}.swiglu_clamp_exp", 10.0)  # swiglu_limit
+        writer.add_uint32(f"{key}.expert_gating_func", 4)  # sqrtsoftplus, the only scoring it loads
+        writer.add_indexer_head_count(self.indexer_heads)
+        writer.add_indexer_key_length(self.indexer_key)
+        writer.add_indexer_top_k(self.indexer_top_k)
+        writer.add_uint32(f"{key}.attention.output_group_count", self.out_groups)
+        writer.add_uint32(f"{key}.attention.output_lora_rank", self.out_lora)
+        writer.add_array(f"{key}.attention.compress_ratios", self.ratios)
+        writer.add_float32(f"{key}.attention.compress_rope_freq_base", self.compress_rope_base)
+        writer.add_uint32(f"{key}.hyper_connection.count", HYPER_CONNECTIONS)
+        writer.add_uint32(f"{key}.hyper_connection.sinkhorn_iterations", 20)
+        writer.add_float32(f"{key}.hyper_connection.epsilon", 1e-6)
+        writer.add_uint32(f"{key}.hash_layer_count", self.hash_layers)
+
+    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
+        h, streams = self.hidden, HYPER_CONNECTIONS * self.hidden
+        yield "token_embd.weight", (h, n_vocab), "quant"
+        for i in range(self.layers):
+            yield from self.layer(i)
+            if i < self.hash_layers:  # each token's experts, from a table of the vocabulary
+                yield f"blk.{i}.ffn_gate_tid2eid.weight", (self.experts_used, n_vocab), "expert-ids"
+        yield "output_norm.weight", (h,), "norm"
+        yield "output.weight", (h, n_vocab), "head"
+        yield "output_hc_fn.weight", (streams, HYPER_CONNECTIONS), "f32"
+        yield "output_hc_base.weight", (HYPER_CONNECTIONS,), "f32"
+        yield "output_hc_scale.weight", (1,), "f32"
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        p, h, d = f"blk.{i}", self.hidden, self.head_dim
+        mix = (2 + HYPER_CONNECTIONS) * HYPER_CONNECTIONS
+        yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield f"{p}.attn_sinks.weight", (self.heads,), "f32"
+        yield f"{p}.attn_q_a.weight", (h, self.q_lora), "quant"
+        yield f"{p}.attn_q_a_norm.weight", (self.q_lora,), "norm"
+        yield f"{p}.attn_q_b.weight", (self.q_lora, self.heads * d), "quant"
+        yield f"{p}.attn_kv.weight", (h, d), "quant"
+        yield f"{p}.attn_kv_a_norm.weight", (d,), "norm"
+        yield (
+            f"{p}.attn_output_a.weight",
+            (self.heads * d // self.out_groups, self.out_groups * self.out_lora),
+            "quant",
+        )
+        yield f"{p}.attn_output_b.weight", (self.out_groups * self.out_lora, h), "quant"
+        for part in ("attn", "ffn"):
+            yield f"{p}.hc_{part}_fn.weight", (HYPER_CONNECTIONS * h, mix), "f32"
+            yield f"{p}.hc_{part}_base.weight", (mix,), "f32"
+            yield f"{p}.hc_{part}_scale.weight", (3,), "f32"
+        yield from self._compressor(i)
+        yield f"{p}.ffn_norm.weight", (h,), "norm"
+        yield from self.routed_experts(i)
+        if i >= self.hash_layers:
+            yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
+        shared = self.expert_ffn * self.shared_experts
+        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
+        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
+        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+
+    def _compressor(self, i: int) -> Iterator[Tensor]:
+        """A compressed layer's compressor (its rows twice as wide on the 4-token layers), and there the
+        lightning indexer that picks the rows a query reads."""
+        ratio = self.ratio(i)
+        if not ratio:
+            return
+        p, h, d, key = f"blk.{i}", self.hidden, self.head_dim, self.indexer_key
+        width = (2 if ratio == 4 else 1) * d
+        yield f"{p}.attn_compressor_kv.weight", (h, width), "quant"
+        yield f"{p}.attn_compressor_gate.weight", (h, width), "quant"
+        yield f"{p}.attn_compressor_ape.weight", (width, ratio), "f32"
+        yield f"{p}.attn_compressor_norm.weight", (d,), "norm"
+        if ratio != 4:
+            return
+        yield f"{p}.indexer.proj.weight", (h, self.indexer_heads), "quant"
+        yield f"{p}.indexer.attn_q_b.weight", (self.q_lora, self.indexer_heads * key), "quant"
+        yield f"{p}.indexer_compressor_kv.weight", (h, 2 * key), "quant"
+        yield f"{p}.indexer_compressor_gate.weight", (h, 2 * key), "quant"
+        yield f"{p}.indexer_compressor_ape.weight", (2 * key, 4), "f32"
+        yield f"{p}.indexer_compressor_norm.weight", (key,), "norm"
+
+
 def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
     yield f"{p}.attn_q.weight", (h, q), "quant"
     yield f"{p}.attn_k.weight", (h, kv), "quant"
@@ -314,6 +453,30 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         rope_dim=64,
         rope_base=10_000_000.0,
     ),
+    # DeepSeek-V4-Flash: 43 layers, 64 heads of 512 (64 rotary) and one K=V head, q_lora 1024, 8 output
+    # groups of rank 1024, 256 experts of 2048 and a shared one, top-6, 3 hash-routed layers, window 128,
+    # indexer 64 heads of 128, top-512 (its config.json; 284B parameters, 13B active). No MTP block: the
+    # converter writes it to a file of its own.
+    "deepseek4": DeepSeek4Shape(
+        layers=43,
+        hidden=4096,
+        heads=64,
+        head_dim=512,
+        rope_dim=64,
+        q_lora=1024,
+        out_groups=8,
+        out_lora=1024,
+        expert_ffn=2048,
+        experts=256,
+        experts_used=6,
+        context=1_048_576,
+        quant="Q4_0",
+        vocab=129280,
+        hash_layers=3,
+        indexer_heads=64,
+        indexer_key=128,
+        indexer_top_k=512,
+    ),
 }
 # Small models of each, for the suite's CPU stacks (the byte-level vocabulary); the real models' training
 # contexts.
@@ -338,6 +501,8 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
         experts_used=2,
         context=FAMILY_SHAPES["qwen35moe"].context,
     ),
+    # Layers 2 and 3 compress by 4 and by 128: each kind of cache in four layers.
+    "deepseek4": DeepSeek4Shape(context=FAMILY_SHAPES["deepseek4"].context),
 }
 
 # Every architecture synth-moe writes: the seed's three, then the families.

@@ -154,6 +154,8 @@ def _array(rng: np.random.Generator, ne: tuple[int, ...], kind: str, model: MoeS
         return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if kind == "conv":
         return rng.normal(0.0, 0.3, shape).astype(np.float32)
+    if kind == "expert-ids":
+        return rng.integers(0, model.experts, shape, dtype=np.int32)
     return _quant_blocks(rng, ne, model.quant, unprintable_token_ids(model.vocab) if kind == "head" else [])
 
 
@@ -199,7 +201,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         if CACHED_ATTENTION.match(name):
             cached.add(name.split(".")[1])
     kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
-    window: int = getattr(shape, "sliding_window", 0)  # gpt-oss's
+    window: int = getattr(shape, "sliding_window", 0)  # gpt-oss's and deepseek4's
     if isinstance(shape, DeepSeek2Shape):
         kv_heads, value, latent = shape.heads, shape.v_head_dim, shape.kv_lora + shape.rope_dim
     if isinstance(shape, Qwen3NextShape):
@@ -230,6 +232,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         nextn_layers=shape.blocks - shape.layers,
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,
+        compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's
         sliding_window=window,
         window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,
     )
@@ -278,9 +281,8 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
                 name, byte_shape, np.dtype(np.uint8), tensor_bytes(ne, kind, shape.quant), raw_dtype=qtype
             )
         else:
-            writer.add_tensor_info(
-                name, tuple(reversed(ne)), np.dtype(np.float32), tensor_bytes(ne, kind, shape.quant)
-            )
+            dtype = np.dtype(np.int32 if kind == "expert-ids" else np.float32)
+            writer.add_tensor_info(name, tuple(reversed(ne)), dtype, tensor_bytes(ne, kind, shape.quant))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()

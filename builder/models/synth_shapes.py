@@ -22,7 +22,8 @@ import gguf
 QUANTS = {"Q8_0": gguf.GGMLQuantizationType.Q8_0, "Q4_0": gguf.GGMLQuantizationType.Q4_0}
 # A tensor of the table: its name, its ne (ggml's order: row length first) and what fills it:
 # "quant" (random blocks), "head" (the output matrix), "norm" (F32 ones), "f32" (small F32 values),
-# "decay" (F32, negative: the recurrent layers' A), "conv" (F32 convolution taps).
+# "decay" (F32, negative: the recurrent layers' A), "conv" (F32 convolution taps), "expert-ids" (I32
+# expert numbers: deepseek4's token-to-expert table).
 Tensor = tuple[str, tuple[int, ...], str]
 MIN_VOCAB = 512  # room for the byte-level vocabulary synth_moe writes before any padding
 

@@ -64,6 +64,8 @@ def _described(facts: ModelFacts) -> str:
     """`deepseek2, 256 experts (8 used) in 58 of 61 layers, MLA attention`."""
     if facts.mla_dim:
         attention = "MLA attention"
+    elif facts.compress_ratios:
+        attention = f"a {facts.sliding_window}-token window and compressed attention"
     elif facts.recurrent_state_bytes:
         attention = f"attention in {facts.cached_layers} of {facts.layers} layers, recurrent in the rest"
     elif facts.sliding_window:

@@ -255,8 +255,8 @@ def budget_minutes(refusal: str) -> int:
 
 def check_kv_as_planned(facts: ModelFacts, stack: StackSpec, logs: str) -> None:
     """The KV cache the engine logged (its KV and recurrent-state buffers: mainline logs the state apart,
-    RS, and a sliding-window model's windowed layers apart) against the plan's for the engine's layout,
-    within 10 %."""
+    RS, a sliding-window model's windowed layers apart, and DeepSeek-V4's four caches and three compressor
+    states each apart) against the plan's for the engine's layout, within 10 %."""
     planned = kv_cache_bytes(
         facts,
         stack.ctx_size,
@@ -266,7 +266,7 @@ def check_kv_as_planned(facts: ModelFacts, stack: StackSpec, logs: str) -> None:
         stack.cache_type_v,
         stack.ubatch_size or DEFAULT_UBATCH,
     )
-    buffers = re.findall(r"CPU (?:KV|RS) buffer size =\s+([\d.]+) MiB", logs)
+    buffers = re.findall(r"CPU (?:KV|RS|DSV4 \w+ state) buffer size =\s+([\d.]+) MiB", logs)
     logged = sum(float(mib) for mib in buffers) * 1024**2
     assert logged, logs[-2000:]
     assert abs(planned - logged) <= 0.10 * logged, (planned, logged)

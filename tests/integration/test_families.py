@@ -1,7 +1,7 @@
-"""The MoE families beyond the seed's three (GLM-4.x, gpt-oss, MiniMax-M2), each as `synth-moe --tiny`
-writes it, served by both llama.cpp engines' CPU images through `compose` with no preset (what a user
-of such a model gets today): healthy, a completion and a chat answered, the plan's KV cache what the
-engine allocated."""
+"""The MoE families beyond the seed's three (GLM-4.x, gpt-oss, MiniMax-M2, GLM-5, Qwen3.5, DeepSeek-V4),
+each as `synth-moe --tiny` writes it, served by the llama.cpp engines' CPU images whose tree has its
+architecture, through `compose` with no preset (what a user of such a model gets today): healthy, a
+completion and a chat answered, the plan's KV cache what the engine allocated."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
+from builder.engines import get_engine
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
+from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import read_facts
 from builder.models.synth_families import FAMILY_TINY_SHAPES
 from builder.spec import EngineOptions
@@ -21,11 +23,20 @@ from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
+from tests.cli import run_cli
 from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
 
 pytestmark = pytest.mark.integration
 
-CASES = [(arch, engine) for arch in FAMILY_TINY_SHAPES for engine in ENGINES]
+
+def _loads(engine: str, arch: str) -> bool:
+    """Whether the engine's pinned tree names `arch` (its recorded contract: DeepSeek-V4 mainline's alone)."""
+    contract = recorded_contract(get_engine(engine))
+    assert contract is not None, engine
+    return arch in contract.architectures
+
+
+CASES = [(arch, engine) for arch in FAMILY_TINY_SHAPES for engine in ENGINES if _loads(engine, arch)]
 
 
 @pytest.mark.parametrize(("arch", "engine"), CASES, ids=[f"{a}-{e}" for a, e in CASES])
@@ -67,3 +78,20 @@ def test_family_serves_without_a_preset(
     assert stack.cache_type == "q8_0" and stack.flash_attention == "on"
     assert stack.ctx_size == 4096
     check_kv_as_planned(facts, stack, logs)
+
+
+def test_an_engine_without_the_architecture_refuses_it_in_one_line(
+    base_image: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """DeepSeek-V4 on ik_llama.cpp, whose pinned tree has no deepseek4: compose says so against the image
+    and writes nothing (rather than a stack whose engine dies loading the model)."""
+    assert not _loads("ik_llama.cpp", "deepseek4") and _loads("llama.cpp", "deepseek4")
+    image = build_engine_image("ik_llama.cpp", "avx2", base_image)
+    out = tmp_path / "compose.yaml"
+    made = run_cli(
+        "compose", "--model", str(tiny_models["deepseek4"]), "--engine", "ik_llama.cpp", "--image", image.tag,
+        "--out", str(out),
+    )  # fmt: skip
+    assert made.returncode == 1 and not out.exists(), made.stderr
+    assert "can't load deepseek4 models like tiny-deepseek4.gguf" in made.stderr, made.stderr
+    assert len(made.stderr.strip().splitlines()) == 1, made.stderr

@@ -91,3 +91,20 @@ def test_a_gpu_plan_counts_the_state_of_every_slot() -> None:
     facts = shape_facts(synth_shape("qwen3next"))
     one = GpuDemand(MAINLINE, facts, 32768, 512, "q8_0", MAINLINE.cache_layout(None))
     assert replace(one, sequences=4).bytes() - one.bytes() == 3 * facts.recurrent_state_bytes > 0
+
+
+def test_deepseek_v4_caches_a_window_and_compressed_rows_per_slot() -> None:
+    """DeepSeek-V4-Flash's attention (43 layers: 21 compress by 4, 20 by 128), f16, -ub 512, against the
+    buffers mainline 0c1e57098's CPU build logged for a file of that attention (raw window, CSA, HCA and
+    indexer caches, and the three compressor states): 473.9 MiB at 65536 tokens, 615.6 MiB over 4 slots;
+    the compressed rows don't grow with the slots, the window and states do."""
+    facts = shape_facts(synth_shape("deepseek4"))
+    assert (facts.compress_ratios.count(4), facts.compress_ratios.count(128)) == (21, 20)
+    layout = MAINLINE.cache_layout(None)
+    mib = {slots: kv_cache_bytes(facts, 65536, "f16", layout, slots) / 1024**2 for slots in (1, 4)}
+    assert (round(mib[1], 1), round(mib[4], 1)) == (473.9, 615.6)
+    # A million tokens: 6.9 GiB, about 6880 bytes a token of compressed rows beside a constant window.
+    assert round(kv_cache_bytes(facts, 1 << 20, "f16", layout) / 1024**3, 2) == 6.76
+    # The tiny model the suite serves logged 0.38 + 0.12 + 0.03 + 0.12 MiB of caches and 0.01 + 0.06 +
+    # 0.01 of states at 4096 tokens.
+    assert kv_cache_bytes(shape_facts(TINY["deepseek4"]), 4096, "f16", layout) == 0.734375 * 1024**2
