@@ -9,9 +9,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engines import Engine
+from builder.engines import Engine, adapters
+from builder.errors import StackError
 from builder.files import templates_root
 from builder.images.image_facts import ImageFacts
+from builder.images.naming import short_ref
 from builder.platform.targets import cpu_target
 
 
@@ -55,6 +57,24 @@ def recorded_contract(engine: Engine) -> RecordedContract | None:
         source=data["source"],
         flags=data["flags"],
         architectures=tuple(data.get("architectures", ())),
+    )
+
+
+def check_pinned_architecture(engine: Engine, arch: str) -> None:
+    """StackError when `engine` at its pinned ref can't load `arch` models (its recorded tree names no
+    such architecture), naming the engines whose pins can."""
+    pinned = recorded_contract(engine)
+    if pinned is None or not pinned.architectures or arch in pinned.architectures:
+        return
+    able = [
+        other.name
+        for other in adapters()
+        if (contract := recorded_contract(other)) is not None and arch in contract.architectures
+    ]
+    instead = f"use --engine {' or '.join(able)}" if able else "no pinned engine here loads it"
+    raise StackError(
+        f"{engine} {short_ref(pinned.ref)} can't load {arch} models (its llama-arch.cpp names no {arch}); "
+        f"{instead}"
     )
 
 

@@ -24,7 +24,7 @@ from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
 from builder.images.matrix import default_image_spec, published
 from builder.images.naming import image_tag, short_ref
-from builder.images.recorded_contracts import recorded_contract
+from builder.images.recorded_contracts import check_pinned_architecture, recorded_contract
 from builder.models.kt_weights import check_same_model
 from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
@@ -270,6 +270,8 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
         check_architecture(facts, stack.model)
         if facts.cpu_target in CPU_TARGETS:
             stack.engine.check_image_target(stack, CPU_TARGETS[facts.cpu_target])
+    elif options.image is None:  # the pinned ref's image, not read here: its recorded tree says
+        check_pinned_architecture(stack.engine, stack.engine.model_format.facts(stack.model).arch)
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))

@@ -10,6 +10,7 @@ from typing import Any
 
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, ComputeEstimate, gpu_compute, prefill_pool
+from builder.images.recorded_contracts import check_pinned_architecture
 from builder.models.planner import GIB, ModelFacts, Plan, size
 from builder.spec import EngineOptions
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
@@ -192,6 +193,7 @@ def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
     """Plan `model` on `adapter`'s engine for `ask`."""
     model = adapter.check_model(model)
     facts = adapter.model_format.facts(model)
+    check_pinned_architecture(adapter, facts.arch)
     layout = adapter.cache_layout(3 if ask.mla else None)
     latent = layout.latent
     ctx, ubatch = ask.ctx_size, ask.ubatch_size
