@@ -85,10 +85,9 @@ def compressed_cache_bytes(
     """DeepSeek-V4's caches on mainline (llama-kv-cache-dsv4.cpp at 0c1e57098), each slot's apart
     (unified or not): every layer's raw window of K rows (K and V are one head); on each compressed
     layer a row per `ratio` tokens, and on the 4-token layers the indexer's key per 4 tokens too, in the
-    cache's type; and each compressed layer's compressor state in F32 (its kv and score planes, two rows a
-    compressed token in flight)."""
+    cache's type; and each compressed layer's compressor state in F32."""
     key, indexer = row_bytes(cache_type, facts.key_dim), row_bytes(cache_type, facts.indexer_dim)
-    stream = _pad(_pad(ctx) // sequences)
+    stream = _stream(ctx, sequences)
     raw = (
         window_cells(facts.sliding_window, ctx, sequences, ubatch) if layout.windowed else stream * sequences
     )
@@ -112,8 +111,12 @@ def window_cells(window: int, ctx: int, sequences: int, ubatch: int) -> int:
     """Cells a sliding-window layer keeps on mainline: each sequence's stream (the server's slots, not
     unified) holds its window and a micro-batch, padded, at most its share of the context
     (llama-kv-cache-iswa.cpp at 0c1e57098)."""
-    stream = _pad(_pad(ctx) // sequences)
-    return sequences * _pad(min(stream, window + ubatch))
+    return sequences * _pad(min(_stream(ctx, sequences), window + ubatch))
+
+
+def _stream(ctx: int, sequences: int) -> int:
+    """Each slot's share of the context, as mainline pads it (llama-context.cpp at 0c1e57098)."""
+    return _pad(_pad(ctx) // sequences)
 
 
 def _pad(cells: int) -> int:
