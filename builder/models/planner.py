@@ -30,8 +30,8 @@ from builder.models.kv_cache import (
 from builder.spec import EXPERTS_ON_CPU_RULE
 
 ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
-# A layer with a KV cache has a key projection (deepseek2: the latent's); qwen3next's recurrent layers
-# have none.
+# A layer with a KV cache has a key projection (deepseek2: the latent's; deepseek4: its one K=V head's);
+# qwen3next's recurrent layers have none.
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv|kv_a_mqa)\.weight$")
 # Sliding-window patterns of the architectures moe-stack serves whose GGUF may not say one (mainline's
 # load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2,deepseek4}.cpp at 0c1e57098).
