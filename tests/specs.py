@@ -1,4 +1,5 @@
-"""What the tests share: each engine's default image spec, and minimal fake engine source trees."""
+"""What the tests share: each engine's default image spec, minimal fake engine source trees, and the
+presets' engines."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from builder.engines.specs import ImageSpec, StackSpec
 from builder.platform.targets import cpu_target
 from builder.spec import GitSource
 from builder.stacks.compose import compose_stack
+from builder.stacks.presets import load_presets
 
 
 def default_spec(engine: str, cpu: str = "avx2") -> ImageSpec:
@@ -65,3 +67,13 @@ def routed_stacks(directory: Path) -> tuple[StackSpec, StackSpec]:
 def compose_dict(stack: StackSpec, generated_by: str, *args: Any, **options: Any) -> dict[str, Any]:
     """`compose_stack`'s file as plain data, as written (`$` doubled): what the tests assert on."""
     return compose_stack(stack, generated_by, *args, **options).document()
+
+
+def preset_engines(engines: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp")) -> list[tuple[str, str]]:
+    """Each preset by name with each of `engines` it has settings for (DeepSeek-V4: mainline's alone)."""
+    return [
+        (name, engine)
+        for name, preset in sorted(load_presets().items())
+        for engine in engines
+        if engine in preset.engines
+    ]

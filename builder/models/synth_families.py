@@ -267,7 +267,7 @@ class DeepSeek4Shape(MoeShape):
 
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)
-        key = f"{self.arch}"
+        key = self.arch
         writer.add_rope_dimension_count(self.rope_dim)
         writer.add_q_lora_rank(self.q_lora)
         writer.add_sliding_window(self.sliding_window)

@@ -36,11 +36,12 @@ from builder.stacks.demo import chat, complete
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.presets import Preset, load_presets
 from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
+from tests.specs import preset_engines
 
 pytestmark = pytest.mark.integration
 
 PRESETS = sorted(load_presets().values(), key=lambda p: p.name)
-CASES = [(preset.name, engine) for preset in PRESETS for engine in ENGINES if engine in preset.engines]
+CASES = preset_engines(tuple(ENGINES))
 
 
 # The routing of a preset's own model, where its example shape changes its architecture's (Kimi-K2: 384

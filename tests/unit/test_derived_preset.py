@@ -18,7 +18,7 @@ from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.derived import derived_preset
 from builder.stacks.presets import load_presets
 from tests.hosts import epyc_host
-from tests.specs import compose_dict
+from tests.specs import compose_dict, preset_engines
 
 # What every packaged preset says of its model's placement, and the derivation must say the same.
 PLACEMENT = ("cache_type", "flash_attention", "fused_moe", "mla", "moe_offload_batch", "ubatch_size")
@@ -29,16 +29,7 @@ def host(tmp_path: Path) -> HostFacts:
     return epyc_host(tmp_path / "h", node_gib=512)
 
 
-# Each preset on each llama.cpp engine it has settings for (DeepSeek-V4: mainline's alone).
-PRESET_ENGINES = [
-    (name, engine)
-    for name, preset in sorted(load_presets().items())
-    for engine in ("ik_llama.cpp", "llama.cpp")
-    if engine in preset.engines
-]
-
-
-@pytest.mark.parametrize(("preset", "engine"), PRESET_ENGINES)
+@pytest.mark.parametrize(("preset", "engine"), preset_engines())
 def test_the_derivation_gives_each_presets_model_its_placement(preset: str, engine: str) -> None:
     """At its model's real widths and expert counts, a preset's architecture derives the placement the
     preset gives it (context and sampling are the model card's, which a GGUF does not hold)."""

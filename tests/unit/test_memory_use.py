@@ -19,6 +19,7 @@ from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import BUFFERS_BYTES, memory_use
 from builder.stacks.presets import load_presets
 from tests.hosts import epyc_host
+from tests.specs import preset_engines
 
 MIB = 1024**2
 
@@ -28,16 +29,7 @@ def host(tmp_path: Path) -> HostFacts:
     return epyc_host(tmp_path / "h", node_gib=576)
 
 
-# Each preset on each llama.cpp engine it has settings for (DeepSeek-V4: mainline's alone).
-PRESET_ENGINES = [
-    (name, engine)
-    for name, preset in sorted(load_presets().items())
-    for engine in ("llama.cpp", "ik_llama.cpp")
-    if engine in preset.engines
-]
-
-
-@pytest.mark.parametrize(("preset", "engine"), PRESET_ENGINES)
+@pytest.mark.parametrize(("preset", "engine"), preset_engines())
 def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str, engine: str) -> None:
     chosen = load_presets()[preset]
     model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY[chosen.architecture])
