@@ -6,9 +6,10 @@ prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth 
 
   seed_models.py write DIR [MODEL…]         the models (default all: R1 and Qwen3-Next slices of 8 and
                                             16 layers, a Qwen3-235B slice of 8)
-  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:OPTION=V]
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:load=1][:OPTION=V]
                                             (OPTION: an EngineOptions field, e.g. fused_moe=0,
-                                            cache_type=f16); results
+                                            cache_type=f16; load=1: started, its buffers
+                                            read, stopped); results
                                             as JSON lines; each case waits for its engine's build
 
 BIN_ROOT/<engine>/build/bin/llama-server are the builds (BIN_ROOT/<engine>.done says "ok" once one is
@@ -51,6 +52,31 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "r1-8-e64": ("deepseek-r1-671b", synth_shape("deepseek2", layers=8, experts=64)),
     # q235-8 with Qwen3's real vocabulary (151936): the compute buffer's output stage at its real width.
     "q235-8-v": ("qwen3-235b-a22b", synth_shape("qwen3moe", layers=8, experts=32, vocab=151936)),
+    # Issue 45's families at their real widths, 4 layers (each kind of layer the family has: a dense one,
+    # window and full attention, Qwen3.5's delta nets and attention, DeepSeek-V4's ratios 0, 4 and 128),
+    # 16 experts and the synthetic vocabulary: small files whose compute buffer is the layers' stage
+    # (the expert copy and the output stage the plan computes from the sources beside it).
+    "glm46-4": ("glm-4.6", synth_shape("glm4moe", layers=4, dense_layers=1, experts=16, vocab=0)),
+    "gptoss-4": ("gpt-oss-120b", synth_shape("gpt-oss", layers=4, experts=16, vocab=0)),
+    "minimax-4": ("minimax-m2", synth_shape("minimax-m2", layers=4, experts=16, vocab=0)),
+    "glm5-4": ("glm-5", synth_shape("glm-dsa", layers=4, dense_layers=1, experts=16, vocab=0)),
+    "q35-4": ("qwen3.5-397b-a17b", synth_shape("qwen35moe", layers=4, experts=16, vocab=0)),
+    "kimi-4": (
+        "kimi-k2",
+        synth_shape(
+            "deepseek2",
+            layers=4,
+            dense_layers=1,
+            experts=16,
+            heads=64,
+            vocab=0,
+            expert_groups=0,
+            groups_used=0,
+        ),
+    ),
+    "dsv4-4": ("deepseek-v4-flash", synth_shape("deepseek4", layers=4, experts=16, vocab=0)),
+    # MiniMax-M2's 256 experts: prefill's expert copy at its real size, against the plan's from the sources.
+    "minimax-4-e256": ("minimax-m2", synth_shape("minimax-m2", layers=4, experts=256, vocab=0)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
@@ -152,15 +178,18 @@ def measure(
     changes: dict[str, object],
     shape: MoeShape,
     result: dict[str, object],
+    load_only: bool = False,
 ) -> None:
-    """Healthy, a completion, prefill and decode rounds, GPU memory after load, after the prefills and
-    after one prompt longer than the presets' -ub (prefill's offload may allocate beyond the buffers
-    logged at load), into `result`."""
+    """Healthy (and no more with `load_only`: the buffers a start logs), a completion, prefill and decode
+    rounds, GPU memory after load, after the prefills and after one prompt longer than the presets' -ub
+    (prefill's offload may allocate beyond the buffers logged at load), into `result`."""
     if not _healthy(api_port, started + 240, server):
         result["error"] = f"not healthy (exit {server.poll()})"
         return
     result["load_s"] = round(time.time() - started, 1)
     result["gpu_used_mib"] = _gpu_used_mib()
+    if load_only:
+        return
     # An engine that aborts mid-request may never answer: 16 tokens take well under 30 s on any case here.
     warm = EngineApi(api_port, timeout_s=30).post(
         "/completion", {"prompt": "hello the model", "n_predict": 16, "cache_prompt": False}
@@ -215,6 +244,7 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
         changes = {"ctx_size": changes.pop("ctx"), **changes}
     if "mmap" in changes:
         changes = {"mmap": bool(changes.pop("mmap")), **changes}
+    load_only = bool(changes.pop("load", 0))
     preset, shape = MODELS[name]
     flags = contract(engine, root)
     args = command(engine, directory / f"{name}.gguf", preset, flags, port, changes)
@@ -235,7 +265,7 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
             start_new_session=True,
         )
     try:
-        measure(api_port=port, server=server, started=started, changes=changes, shape=shape, result=result)
+        measure(port, server, started, changes, shape, result, load_only)
     except StackError as err:  # e.g. the server died on a request: its buffers are still in the log
         result["error"] = str(err)
     finally:
@@ -263,8 +293,12 @@ def main() -> None:
     directory, root, out = Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     deadline = time.time() + float(os.environ.get("CASES_S", "480"))
     port_base = int(os.environ.get("PORT_BASE", "18700"))  # another per call: a port can outlive its server
-    with (out / "results.jsonl").open("a") as results:
+    kept = root / "results.jsonl"  # every call's results on this machine: a case there is not run again
+    done = {json.loads(line)["case"] for line in kept.read_text().splitlines()} if kept.is_file() else set()
+    with (out / "results.jsonl").open("a") as results, kept.open("a") as all_results:
         for number, case in enumerate(sys.argv[5:]):
+            if case in done:
+                continue
             if time.time() > deadline:
                 print(f"deadline: {case} not run", flush=True)
                 continue
@@ -276,8 +310,9 @@ def main() -> None:
                 result = run_case(case, directory, root, out, port_base + number)
             except StackError as err:  # its command refused (a flag the build lacks): the next still runs
                 result = {"case": case, "error": str(err)}
-            results.write(json.dumps(result) + "\n")
-            results.flush()
+            for sink in (results, all_results):
+                sink.write(json.dumps(result) + "\n")
+                sink.flush()
             print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
 
 

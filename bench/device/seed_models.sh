@@ -3,7 +3,8 @@
 # window (see bench/device/seed_models.py for what is measured):
 #
 #   seed_models.sh start [CASE…]  wheels, facts, both engines' llama-server and llama-bench built in the
-#                          background with the builder's configure arguments (carried in
+#                          background ($CHAINED: one after the other, mainline first; $TARGETS: other
+#                          targets) with the builder's configure arguments (carried in
 #                          .device/seed/ENGINE.cmake-args with the engine trees), the models written
 #                          ($MODELS: names, default all); then the CASEs, each once its engine is built
 #                          (beside the other's build: for buffer sizes, not speed), until its budget
@@ -41,9 +42,10 @@ build() {  # ENGINE JOBS
   local src=$work/$1
   mkdir -p "$src" && tar -C "$src" --strip-components=1 -xJf "$carried/$1.tar.xz"
   sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$src" seed  # ik's sdist lacks its build-info step
+  [ "$1" = ik_llama.cpp ] && sh "$repo/dockerfiles/llama-cpp-family/cuda-no-lineinfo.sh" "$src"  # as its images
   mapfile -t args <"$carried/$1.cmake-args"
   { cmake -S "$src" -B "$src/build" -G Ninja "${args[@]}" &&
-    cmake --build "$src/build" --target llama-server llama-bench --parallel "$2" &&
+    cmake --build "$src/build" --target ${TARGETS:-llama-server llama-bench} --parallel "$2" &&
     gcc -O3 -fopenmp -ffast-math -o "$src/build/bin/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
     echo ok >"$work/$1.done"; } \
     >"$work/$1.build.log" 2>&1 || echo failed >"$work/$1.done"
@@ -81,9 +83,13 @@ start)
     lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node)'
     grep -E 'MemTotal' /proc/meminfo; gcc --version | head -1; nvcc --version | tail -1; df -h /tmp | tail -1
   } >"$out/facts.txt" 2>&1
-  # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
-  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 10" </dev/null >/dev/null 2>&1 &
-  setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 6" </dev/null >/dev/null 2>&1 &
+  if [ -n "${CHAINED:-}" ]; then  # mainline first on every core (its cases start while ik's builds), then ik
+    setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work TARGETS='${TARGETS:-}';
+      build llama.cpp $(nproc); build ik_llama.cpp $(nproc)" </dev/null >/dev/null 2>&1 &
+  else  # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
+    setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 10" </dev/null >/dev/null 2>&1 &
+    setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 6" </dev/null >/dev/null 2>&1 &
+  fi
   # shellcheck disable=SC2086  # MODELS: names, split
   time python3 "$repo/bench/device/seed_models.py" write "$work/models" ${MODELS:-} 2>&1 | tee "$out/models.jsonl"
   [ "$#" -eq 0 ] || CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run \
@@ -94,8 +100,10 @@ start)
 run)
   builds_here
   wheels
-  wait_builds
-  for engine in "${engines[@]}"; do [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; }; done
+  [ -n "${CHAINED:-}" ] || wait_builds  # chained: each case waits for its own engine (seed_models.py)
+  for engine in "${engines[@]}"; do
+    [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || tail -5 "$work/$engine.build.log" 2>/dev/null
+  done
   if [ ! -s "$out/bandwidth.txt" ]; then
     gcc -O3 -fopenmp -ffast-math -o "$work/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
       "$work/moe-stack-bandwidth" 4096 >"$out/bandwidth.txt" 2>&1
