@@ -130,7 +130,8 @@ SynthArchOpt = Annotated[
     typer.Option(
         help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
         "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b), minimax-m2 (MiniMax-M2), qwen35moe (Qwen3.5-397B-A17B), "
-        "glm-dsa (GLM-5) or deepseek4 (DeepSeek-V4-Flash, mainline only)"
+        "glm-dsa (GLM-5), deepseek4 (DeepSeek-V4-Flash, mainline only) or deepseek32 (DeepSeek-V3.2, "
+        "mainline only)"
     ),
 ]
 SynthTinyOpt = Annotated[

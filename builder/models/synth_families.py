@@ -29,6 +29,11 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
   compressed attention: every layer keeps a raw window of 128 tokens, and beside it one row per 4 tokens
   (read sparsely, picked by a lightning indexer with its own keys) or per 128 tokens (read densely), in
   turn from the third layer (llama-kv-cache-dsv4.cpp caches each kind apart).
+- deepseek32 (DeepSeek-V3.2 and V3.2-Exp; mainline only: ik_llama.cpp at its pin has no such architecture):
+  R1's layout (MLA, three dense layers, a shared expert, sigmoid routing in 4 of 8 groups, one MTP block)
+  with DeepSeek Sparse Attention's lightning indexer in every layer, as glm-dsa's tensors: mainline's
+  src/models/deepseek32.cpp at 0c1e57098 requires the indexer's tensors and the gating function's key,
+  and caches the latent and the indexer's keys (llama_kv_cache_dsa), the MTP block's in neither.
 """
 
 from __future__ import annotations
@@ -194,6 +199,14 @@ class GlmDsaShape(DeepSeek2Shape):
         yield f"{p}.proj.weight", (self.hidden, self.indexer_heads), "quant"
         yield f"{p}.attn_k.weight", (self.hidden, key), "quant"
         yield f"{p}.attn_q_b.weight", (self.q_lora, self.indexer_heads * key), "quant"
+
+
+@dataclass(frozen=True)
+class DeepSeek32Shape(GlmDsaShape):
+    """DeepSeek-V3.2: glm-dsa's tensors and keys under its own name (its graph ropes the indexer NeoX-style
+    and reads no indexer types: every layer runs its own)."""
+
+    arch: ClassVar[str] = "deepseek32"
 
 
 @dataclass(frozen=True)
@@ -477,6 +490,28 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         indexer_key=128,
         indexer_top_k=512,
     ),
+    # DeepSeek-V3.2: R1's widths (61 layers, 3 dense of 18432, 128 heads, q_lora 1536, kv_lora 512, 256
+    # experts of 2048 and a shared one, top-8 in 4 of 8 groups) and its MTP block, which the converter
+    # keeps; the indexer 64 heads of 128, top-2048 (its config.json: index_n_heads, index_head_dim,
+    # index_topk; ../shared/MOE-FAMILIES.md §2).
+    "deepseek32": DeepSeek32Shape(
+        layers=61,
+        hidden=7168,
+        heads=128,
+        q_lora=1536,
+        expert_ffn=2048,
+        experts=256,
+        experts_used=8,
+        context=163840,
+        quant="Q4_0",
+        vocab=129280,
+        dense_layers=3,
+        dense_ffn=18432,
+        expert_groups=8,
+        groups_used=4,
+        mtp_layers=1,
+        indexer_heads=64,
+    ),
 }
 # Small models of each, for the suite's CPU stacks (the byte-level vocabulary); the real models' training
 # contexts.
@@ -503,6 +538,18 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
     ),
     # Layers 2 and 3 compress by 4 and by 128: each kind of cache in four layers.
     "deepseek4": DeepSeek4Shape(context=FAMILY_SHAPES["deepseek4"].context),
+    # Grouped routing and the MTP block kept: the cache leaves that block out.
+    "deepseek32": DeepSeek32Shape(
+        layers=3,
+        hidden=256,
+        expert_ffn=128,
+        experts=8,
+        experts_used=2,
+        expert_groups=4,
+        groups_used=2,
+        mtp_layers=1,
+        context=FAMILY_SHAPES["deepseek32"].context,
+    ),
 }
 
 # Every architecture synth-moe writes: the seed's three, then the families.

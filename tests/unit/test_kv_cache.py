@@ -108,3 +108,25 @@ def test_deepseek_v4_caches_a_window_and_compressed_rows_per_slot() -> None:
     # The tiny model the suite serves logged 0.38 + 0.12 + 0.03 + 0.12 MiB of caches and 0.01 + 0.06 +
     # 0.01 of states at 4096 tokens.
     assert kv_cache_bytes(shape_facts(TINY["deepseek4"]), 4096, "f16", layout) == 0.734375 * 1024**2
+
+
+def test_deepseek_v3_2_caches_the_latent_and_the_indexer_keys_of_its_trunk() -> None:
+    """DeepSeek-V3.2 (deepseek32) on mainline: llama_kv_cache_dsa, as for GLM-5, the 576-wide latent and
+    the indexer's 128-wide key a layer, the MTP block's in neither. Mainline 0c1e57098's CPU build logged
+    288.00 + 64.00 MiB (f16) and 153.00 + 34.00 MiB (q8_0) at 65536 tokens for a file of V3.2's attention
+    in 4 layers and the MTP block, and 7.17 + 1.59 MiB (q8_0) at 4096 for the tiny model; ik_llama.cpp
+    can't load it (its pin has no deepseek32)."""
+    layout = MAINLINE.cache_layout(None)
+    four = shape_facts(
+        synth_shape("deepseek32", layers=4, dense_layers=1, dense_ffn=512, experts=8, expert_ffn=256, vocab=0)
+    )
+    assert (four.cached_layers, four.nextn_layers, four.mla_dim, four.indexer_dim) == (4, 1, 576, 128)
+    assert kv_cache_bytes(four, 65536, "f16", layout) == (288 + 64) * 1024**2
+    assert kv_cache_bytes(four, 65536, "q8_0", layout) == (153 + 34) * 1024**2
+    tiny = shape_facts(TINY["deepseek32"])
+    # 612 and 136 bytes a q8_0 row (576 and 128 elements), 3 layers: 7.17 and 1.59 MiB as logged
+    assert kv_cache_bytes(tiny, 4096, "q8_0", layout) == 3 * 4096 * (612 + 136)
+    # The real model, 61 layers: 1.39 GiB at 32k in q8_0 (the preset's), 13.1 GiB at 160k in f16.
+    full = shape_facts(synth_shape("deepseek32"))
+    assert round(kv_cache_bytes(full, 32768, "q8_0", layout) / 1024**3, 2) == 1.39
+    assert round(kv_cache_bytes(full, 163840, "f16", layout) / 1024**3, 1) == 13.1

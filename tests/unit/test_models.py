@@ -187,9 +187,9 @@ def test_family_shapes_are_the_real_models() -> None:
     """GLM-4.6, gpt-oss-120b, MiniMax-M2 and Qwen3.5-397B-A17B at full size: the total and active
     parameters computed from their configs (../shared/MOE-FAMILIES.md §2: 352.8B/33.6B without the NextN
     block, 116.8B/5.7B with the embeddings, 228.7B/11.0B; Qwen3.5's name says 397B/17B, its vision tower
-    and MTP block left out here; GLM-5's 744B/40B, without its NextN block; DeepSeek-V4-Flash's 284B/13B),
-    counted over the tensor
-    tables synth-moe writes (at the real vocabularies)."""
+    and MTP block left out here; GLM-5's 744B/40B, without its NextN block; DeepSeek-V4-Flash's 284B/13B;
+    DeepSeek-V3.2's 671B/37B as R1's 671.0/37.6 and its indexer's 0.9B in every layer, without its MTP
+    block), counted over the tensor tables synth-moe writes (at the real vocabularies)."""
     expected = {
         "glm4moe": (352.8, 33.6),
         "gpt-oss": (116.8, 5.7),
@@ -197,6 +197,7 @@ def test_family_shapes_are_the_real_models() -> None:
         "qwen35moe": (396.3, 17.3),
         "glm-dsa": (743.9, 41.8),
         "deepseek4": (284.3, 13.8),  # DeepSeek-V4-Flash: 284B / 13B, the embeddings' rows counted whole
+        "deepseek32": (671.9, 38.4),
     }
     for arch, shape in FAMILY_SHAPES.items():
         total = active = 0
