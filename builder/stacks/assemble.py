@@ -264,14 +264,16 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
         raise SpecError(
             "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too"
         )
-    check_engine_loads(stack.engine, stack.model)
     facts = _checked_facts(stack.image, options, host)
     if facts is not None:
         check_architecture(facts, stack.model)
-        if facts.cpu_target in CPU_TARGETS:
-            stack.engine.check_image_target(stack, CPU_TARGETS[facts.cpu_target])
     elif options.image is None:  # the pinned ref's image, not read here: its recorded tree says
         check_pinned_architecture(stack.engine, stack.engine.model_format.facts(stack.model).arch)
+    # After the architecture: a model the engine can't load at all is refused for that, not for its layout
+    # (DeepSeek-V3.2's MTP block on ik_llama.cpp, whose pin has no deepseek32).
+    check_engine_loads(stack.engine, stack.model)
+    if facts is not None and facts.cpu_target in CPU_TARGETS:
+        stack.engine.check_image_target(stack, CPU_TARGETS[facts.cpu_target])
     cpu_profile = None
     if options.cpu_image is not None:
         cpu_profile = (cpu_only(stack, options.cpu_image), _checked_facts(options.cpu_image, options, host))

@@ -18,27 +18,35 @@ from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from tests.hosts import epyc_host
 
-REFUSED = r"ik_llama.cpp 55d3c05bf7b3 can't load deepseek4 models .*; use --engine llama.cpp$"
+# DeepSeek-V4 and DeepSeek-V3.2: mainline's pinned tree names them, ik_llama.cpp's doesn't.
+MAINLINE_ONLY = ("deepseek4", "deepseek32")
 
 
-@pytest.fixture
-def deepseek4(tmp_path: Path) -> Path:
-    return write_moe_gguf(tmp_path / "models" / "v4.gguf", TINY["deepseek4"])
+def _refused(arch: str) -> str:
+    return rf"ik_llama.cpp 55d3c05bf7b3 can't load {arch} models .*; use --engine llama.cpp$"
 
 
-def test_plan_refuses_deepseek_v4_on_ik_and_plans_it_on_mainline(deepseek4: Path) -> None:
+@pytest.fixture(params=MAINLINE_ONLY)
+def mainline_only(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    arch: str = request.param
+    return arch, write_moe_gguf(tmp_path / "models" / f"{arch}.gguf", TINY[arch])
+
+
+def test_plan_refuses_it_on_ik_and_plans_it_on_mainline(mainline_only: tuple[str, Path]) -> None:
+    arch, model = mainline_only
     ask = MemoryAsk((24.0,), 64.0, 1.0, 8192, "q8_0", False, 512, None, EngineOptions())
-    with pytest.raises(StackError, match=REFUSED):
-        memory_report(get_engine("ik_llama.cpp"), deepseek4, ask)
-    assert memory_report(get_engine("llama.cpp"), deepseek4, ask).facts.arch == "deepseek4"
+    with pytest.raises(StackError, match=_refused(arch)):
+        memory_report(get_engine("ik_llama.cpp"), model, ask)
+    assert memory_report(get_engine("llama.cpp"), model, ask).facts.arch == arch
 
 
 def test_a_stack_of_the_pinned_image_unread_is_checked_against_its_record(
-    deepseek4: Path, tmp_path: Path
+    mainline_only: tuple[str, Path], tmp_path: Path
 ) -> None:
+    arch, model = mainline_only
     host: HostFacts = epyc_host(tmp_path / "h")
-    options = StackOptions(model=deepseek4, engine="ik_llama.cpp", skip_image_checks=True)
-    with pytest.raises(StackError, match=REFUSED):
+    options = StackOptions(model=model, engine="ik_llama.cpp", skip_image_checks=True)
+    with pytest.raises(StackError, match=_refused(arch)):
         plan_stack(options, host)
-    mainline = StackOptions(model=deepseek4, engine="llama.cpp", skip_image_checks=True)
+    mainline = StackOptions(model=model, engine="llama.cpp", skip_image_checks=True)
     assert plan_stack(mainline, host).stack.engine.name == "llama.cpp"
