@@ -1,7 +1,7 @@
-"""The MoE families beyond the seed's three (GLM-4.x, gpt-oss, MiniMax-M2, GLM-5, Qwen3.5, DeepSeek-V4),
-each as `synth-moe --tiny` writes it, served by the llama.cpp engines' CPU images whose tree has its
-architecture, through `compose` with no preset (what a user of such a model gets today): healthy, a
-completion and a chat answered, the plan's KV cache what the engine allocated."""
+"""The MoE families beyond the seed's three (GLM-4.x, gpt-oss, MiniMax-M2, GLM-5, Qwen3.5, DeepSeek-V4,
+DeepSeek-V3.2), each as `synth-moe --tiny` writes it, served by the llama.cpp engines' CPU images whose
+tree has its architecture, through `compose` with no preset (what a user of such a model gets today):
+healthy, a completion and a chat answered, the plan's KV cache what the engine allocated."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 
 def _loads(engine: str, arch: str) -> bool:
-    """Whether the engine's pinned tree names `arch` (its recorded contract: DeepSeek-V4 mainline's alone)."""
+    """Whether the engine's pinned tree names `arch` (its recorded contract: DeepSeek-V4 and V3.2 mainline's
+    alone)."""
     contract = recorded_contract(get_engine(engine))
     assert contract is not None, engine
     return arch in contract.architectures
@@ -80,18 +81,24 @@ def test_family_serves_without_a_preset(
     check_kv_as_planned(facts, stack, logs)
 
 
+# The families ik_llama.cpp's pinned tree can't load (DeepSeek-V4, DeepSeek-V3.2), mainline's can.
+MAINLINE_ONLY = [arch for arch in FAMILY_TINY_SHAPES if not _loads("ik_llama.cpp", arch)]
+
+
+@pytest.mark.parametrize("arch", MAINLINE_ONLY)
 def test_an_engine_without_the_architecture_refuses_it_in_one_line(
-    base_image: str, tiny_models: dict[str, Path], tmp_path: Path
+    arch: str, base_image: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """DeepSeek-V4 on ik_llama.cpp, whose pinned tree has no deepseek4: compose says so against the image
-    and writes nothing (rather than a stack whose engine dies loading the model)."""
-    assert not _loads("ik_llama.cpp", "deepseek4") and _loads("llama.cpp", "deepseek4")
+    """DeepSeek-V4 and V3.2 on ik_llama.cpp, whose pinned tree has no deepseek4 or deepseek32: compose says
+    so against the image and writes nothing (rather than a stack whose engine dies loading the model), for
+    the architecture before any layout (V3.2's MTP block)."""
+    assert _loads("llama.cpp", arch)
     image = build_engine_image("ik_llama.cpp", "avx2", base_image)
     out = tmp_path / "compose.yaml"
     made = run_cli(
-        "compose", "--model", str(tiny_models["deepseek4"]), "--engine", "ik_llama.cpp", "--image", image.tag,
+        "compose", "--model", str(tiny_models[arch]), "--engine", "ik_llama.cpp", "--image", image.tag,
         "--out", str(out),
     )  # fmt: skip
     assert made.returncode == 1 and not out.exists(), made.stderr
-    assert "can't load deepseek4 models like tiny-deepseek4.gguf" in made.stderr, made.stderr
+    assert f"can't load {arch} models like tiny-{arch}.gguf" in made.stderr, made.stderr
     assert len(made.stderr.strip().splitlines()) == 1, made.stderr

@@ -25,7 +25,7 @@ def test_seed_presets() -> None:
         *("deepseek-r1-671b", "qwen3-235b-a22b", "qwen3-next-80b-a3b"),  # the seed's
         # the families (../shared/MOE-FAMILIES.md)
         *("glm-4.6", "gpt-oss-120b", "minimax-m2", "kimi-k2", "qwen3.5-397b-a17b", "glm-5"),
-        "deepseek-v4-flash",
+        *("deepseek-v4-flash", "deepseek-v3.2"),
     }
     r1 = get_preset("deepseek-r1-671b")
     assert r1.engine_options(get_engine("ik_llama.cpp")) == EngineOptions(
@@ -81,12 +81,24 @@ def test_a_preset_needs_no_nulls_each_engine_takes_what_it_honours() -> None:
     assert kt.cache_type is None and kt.gpu_layers is None and kt.ctx_size == 16384
 
 
-def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it() -> None:
-    """DeepSeek-V4-Flash: mainline's alone (ik_llama.cpp's pinned tree has no deepseek4); the others are
-    refused in one line with the reason, and the card's sampling is the preset's."""
-    v4 = get_preset("deepseek-v4-flash")
-    assert list(v4.engines) == ["llama.cpp"]
-    options = v4.engine_options(get_engine("llama.cpp"))
-    assert (options.temperature, options.top_p, options.cache_type) == (1.0, 1.0, "q8_0")
-    with pytest.raises(SpecError, match=r"ik_llama.cpp can't serve it \(its pinned tree \(55d3c05\) has no"):
-        v4.engine_options(get_engine("ik_llama.cpp"))
+@pytest.mark.parametrize(
+    ("name", "arch", "sampling"),
+    [("deepseek-v4-flash", "deepseek4", (1.0, 1.0)), ("deepseek-v3.2", "deepseek32", (1.0, 0.95))],
+)
+def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it(
+    name: str, arch: str, sampling: tuple[float, float]
+) -> None:
+    """DeepSeek-V4-Flash and DeepSeek-V3.2: mainline's alone (ik_llama.cpp's pinned tree has neither
+    deepseek4 nor deepseek32); the others are refused in one line with the reason, and the card's sampling
+    is the preset's."""
+    preset = get_preset(name)
+    assert list(preset.engines) == ["llama.cpp"] and preset.architecture == arch
+    options = preset.engine_options(get_engine("llama.cpp"))
+    assert (options.temperature, options.top_p, options.cache_type) == (*sampling, "q8_0")
+    refused = rf"ik_llama.cpp can't serve it \(its pinned tree \(55d3c05\) has no {arch} architecture"
+    with pytest.raises(SpecError, match=refused):
+        preset.engine_options(get_engine("ik_llama.cpp"))
+    others = rf"^preset {name}: \S+ can't serve it \(.+\); use --engine llama.cpp$"
+    for engine in ("ktransformers", "ktransformers-legacy"):
+        with pytest.raises(SpecError, match=others):
+            preset.engine_options(get_engine(engine))
