@@ -45,6 +45,9 @@ API_KEY_FILE_ENV = "MOE_STACK_API_KEY_FILE"  # the key's file, for a server that
 # under it once the server is healthy and saves them when the container is stopped.
 PROMPTS_ENV = "MOE_STACK_PROMPTS"
 SLOTS_ENV = "MOE_STACK_SLOTS"  # how many slots the server has (--parallel): each is saved and restored
+# A stack that also unloads when idle: the seconds without a request after which the slots are saved,
+# before the server sleeps and frees them (StackSpec.prompts_saved_after_s).
+PROMPTS_QUIET_ENV = "MOE_STACK_PROMPTS_QUIET_S"
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
 IMAGE_ENV = (

@@ -27,6 +27,7 @@ from builder.contract import (
     MODEL_DIR,
     NUMA_ENV,
     PROMPTS_ENV,
+    PROMPTS_QUIET_ENV,
     ROUTER_PRESET_ENV,
     SLOTS_ENV,
     prometheus_image,
@@ -67,6 +68,7 @@ _PAGE_SIZE = re.compile(r"pagesize=(2M|1G),.*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PROMPTS_KEY = re.compile(r"[0-9a-f]{16}")
 _SLOTS = re.compile(r"[1-9][0-9]{0,2}")
+_QUIET = re.compile(r"[1-9][0-9]{0,5}")
 
 
 class UntrustedBundle(MoeStackError):
@@ -226,7 +228,15 @@ def _other_mounts(
 
 def _environment(name: str, service: Service) -> dict[str, str]:
     environment = service.env
-    known = {NUMA_ENV, HUGETLBFS_ENV, ROUTER_PRESET_ENV, PROMPTS_ENV, SLOTS_ENV, API_KEY_FILE_ENV}
+    known = {
+        NUMA_ENV,
+        HUGETLBFS_ENV,
+        ROUTER_PRESET_ENV,
+        PROMPTS_ENV,
+        SLOTS_ENV,
+        PROMPTS_QUIET_ENV,
+        API_KEY_FILE_ENV,
+    }
     unknown = sorted(set(environment) - known)
     if unknown:
         raise UntrustedBundle(
@@ -240,8 +250,10 @@ def _environment(name: str, service: Service) -> dict[str, str]:
         raise UntrustedBundle(f"service {name} reads its API key elsewhere than {API_KEY_PATH}")
     if environment.get(HUGETLBFS_ENV, HUGETLBFS_DIR) != HUGETLBFS_DIR:
         raise UntrustedBundle(f"service {name} stages the model elsewhere than {HUGETLBFS_DIR}")
-    if not _PROMPTS_KEY.fullmatch(environment.get(PROMPTS_ENV, "0" * 16)) or not _SLOTS.fullmatch(
-        environment.get(SLOTS_ENV, "1")
+    if (
+        not _PROMPTS_KEY.fullmatch(environment.get(PROMPTS_ENV, "0" * 16))
+        or not _SLOTS.fullmatch(environment.get(SLOTS_ENV, "1"))
+        or not _QUIET.fullmatch(environment.get(PROMPTS_QUIET_ENV, "1"))
     ):
         raise UntrustedBundle(f"service {name}'s prompt cache is not named as moe-stack names it")
     preset = environment.get(ROUTER_PRESET_ENV, "")

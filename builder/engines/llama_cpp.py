@@ -64,7 +64,8 @@ class LlamaCpp(LlamaFamilyEngine):
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """Idle unload: `--sleep-idle-seconds N` (the server frees the model, and loads it again on the
-        next request; at the pinned ref, tools/server). A kept prompt cache of a sliding-window model:
+        next request; at the pinned ref, tools/server), less the quiet after which a kept prompt cache is
+        saved (`StackSpec.server_sleep_s`). A kept prompt cache of a sliding-window model:
         `--swa-full`, without which a restored slot holds only the window of those layers and the server
         prefills the prompt again (measured: bench/results/prompt-restart-2026-12-03)."""
         args = []
@@ -79,7 +80,7 @@ class LlamaCpp(LlamaFamilyEngine):
                 f"this {self.name} build has no --sleep-idle-seconds; drop --idle-unload, or build the "
                 "pinned ref (`moe-stack build --engine llama.cpp`)"
             )
-        return [*args, "--sleep-idle-seconds", str(stack.idle_unload)]
+        return [*args, "--sleep-idle-seconds", str(stack.server_sleep_s)]
 
     def draft_type_args(self, flags: dict[str, str] | None) -> list[str]:
         """`--spec-type draft-simple`: with -md alone the pinned server only drafts if the file names an

@@ -27,6 +27,13 @@ from builder.spec import (
     NumaPolicy,
 )
 
+# A stack that keeps its prompts and unloads when idle saves its slots after this share of the idle
+# unload without a request (a quarter: the save then always comes before the server's own timer runs out,
+# which the save restarts), and takes an idle unload of at least this many seconds (the helper looks
+# once a second).
+QUIET_SHARE = 4
+MIN_IDLE_WITH_PROMPTS = 4
+
 
 class ImageSpec(BaseModel):
     """One image: engine × source × CUDA target × CPU target, on given base images."""
@@ -112,6 +119,24 @@ class StackSpec(NeutralOptions):
     start_period_s: int = Field(default=120, ge=5)
 
     @property
+    def prompts_saved_after_s(self) -> int | None:
+        """A stack that keeps its prompts and unloads when idle: the seconds without a request after which
+        the image's helper saves the slots, before the server sleeps and frees them (None: saved when the
+        container stops only)."""
+        if not self.keep_prompts or self.idle_unload is None:
+            return None
+        return max(1, self.idle_unload // QUIET_SHARE)
+
+    @property
+    def server_sleep_s(self) -> int | None:
+        """The server's own idle timer (`--sleep-idle-seconds`): the save restarts it, so it runs for what
+        is left of the idle unload after the save, and the server still sleeps `idle_unload` after the last
+        request."""
+        if self.idle_unload is None:
+            return None
+        return self.idle_unload - (self.prompts_saved_after_s or 0)
+
+    @property
     def swa_full(self) -> bool:
         """Whether a sliding-window model's cache keeps every layer at the full context on mainline."""
         return keeps_whole_window(self.keep_prompts, self.extra_args)
@@ -151,6 +176,11 @@ class StackSpec(NeutralOptions):
             raise ValueError(
                 f"ubatch_size {self.ubatch_size} is larger than batch_size {self.batch_size}: a physical "
                 "batch is part of a logical one; raise --batch-size or lower --ubatch-size"
+            )
+        if self.keep_prompts and self.idle_unload is not None and self.idle_unload < MIN_IDLE_WITH_PROMPTS:
+            raise ValueError(
+                f"--idle-unload {self.idle_unload}s leaves no time to save the prompt cache before the "
+                f"server sleeps: give at least {MIN_IDLE_WITH_PROMPTS}s, or drop --keep-prompts"
             )
         if self.hugepages and self.hugetlbfs != "off":
             raise ValueError(

@@ -27,6 +27,7 @@ from builder.contract import (
     PROMETHEUS_PORT,
     PROMPTS_DIR,
     PROMPTS_ENV,
+    PROMPTS_QUIET_ENV,
     ROUTER_PRESET_ENV,
     SLOTS_ENV,
     prometheus_image,
@@ -393,6 +394,8 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
     environment, caps = entrypoint_environment(stack)
     if stack.keep_prompts:
         environment |= {PROMPTS_ENV: prompts_key(stack, image, files), SLOTS_ENV: str(stack.parallel)}
+        if stack.prompts_saved_after_s is not None:
+            environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
         if stack.api_key_file is not None:  # the slots' endpoints want the key too
             environment[API_KEY_FILE_ENV] = API_KEY_PATH
     return service_of(

@@ -7,6 +7,7 @@ server keeps their full cache (--swa-full), measured here with the demo model (d
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -14,12 +15,30 @@ import pytest
 
 from builder.contract import PROMPTS_DIR
 from builder.stacks.api import EngineApi
-from tests.integration.conftest import BuiltImage, RunningStack, StackFactory, answers_health
+from tests.integration.conftest import (
+    BuiltImage,
+    RunningStack,
+    StackFactory,
+    answers_health,
+    build_engine_image,
+)
 
 pytestmark = pytest.mark.integration
 
 # About 2300 tokens of the tiny model's vocabulary: a prompt whose prefill a restored slot must spare.
 LONG_PROMPT = " ".join(f"Record {i}: the value of item {i} is {i * 7 % 13}." for i in range(60))
+
+
+def _sleeping(stack: RunningStack) -> bool:
+    return bool(json.loads(EngineApi(stack.port).get("/props"))["is_sleeping"])
+
+
+def _restarted(stack: RunningStack) -> None:
+    """`docker compose restart` (SIGTERM to the entrypoint's helper), then healthy again."""
+    stack.client.compose.restart()
+    deadline = time.monotonic() + 120
+    while not answers_health(stack.port) and time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def _prefilled(stack: RunningStack) -> tuple[int, int]:
@@ -56,10 +75,7 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     container = stack.client.compose.ps()[0]
     stray = f"{PROMPTS_DIR}/0123456789abcdef-slot0.bin"  # another model's or build's: removed on a save
     container.execute(["sh", "-c", f"echo other > {stray}; echo other > {stray}.tokens.json"])
-    stack.client.compose.restart()  # SIGTERM: the entrypoint saves slot 0, then stops the server
-    deadline = time.monotonic() + 120
-    while not answers_health(stack.port) and time.monotonic() < deadline:
-        time.sleep(1)
+    _restarted(stack)  # SIGTERM: the entrypoint saves slot 0, then stops the server
     # ik_llama.cpp at its pinned ref loses some replies to a save or restore it did (moe-stack-prompts)
     logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)  # the first start's, then this
     said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
@@ -70,3 +86,31 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     key = container.execute(["sh", "-c", "echo $MOE_STACK_PROMPTS"]).strip()
     saved = container.execute(["ls", PROMPTS_DIR]).split()  # ik_llama.cpp adds the slot's .tokens.json
     assert f"{key}-slot0.bin" in saved and all(name.startswith(f"{key}-slot0.bin") for name in saved), saved
+
+
+def test_an_idle_server_saves_its_slots_before_it_sleeps(
+    base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
+    """With `--idle-unload` (mainline): the helper saves the slots once the server is quiet, the server
+    sleeps the whole idle unload after the prompt, and a restart while it sleeps neither wakes it to save
+    nor loses the saved slot: the restarted server answers the prompt from it."""
+    image = build_engine_image("llama.cpp", "avx2", base_image)
+    stack = start_stack(image, moe_model, keep_prompts=True, idle_unload=8)  # saved after 2 s, asleep after 8
+    _logs_until(stack, "restore slot 0: nothing saved for this model and build yet")
+    first, _ = _prefilled(stack)
+    assert first > 500, first
+    asked = time.monotonic()
+    _logs_until(stack, "quiet for 2 s: saving the slots before the server sleeps")
+    _logs_until(stack, "save slot 0: done")
+    assert not _sleeping(stack), "asleep before the idle unload's 8 s"
+    deadline = time.monotonic() + 60
+    while not _sleeping(stack) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _sleeping(stack) and time.monotonic() - asked >= 7, "not asleep 8 s after the prompt"
+
+    _restarted(stack)  # asleep: not woken to be saved again
+    logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
+    assert "the server sleeps: its slots were saved before it slept" in logs, logs[-3000:]
+    assert logs.count("exiting sleeping state") == 0, "the stop woke the server"
+    after, cached = _prefilled(stack)
+    assert after < 10 and cached > 500, (after, cached)

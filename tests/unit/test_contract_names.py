@@ -18,6 +18,7 @@ DECLARED = {
     contract.PROMETHEUS_CONFIG_ENV,
     contract.PROMPTS_ENV,
     contract.SLOTS_ENV,
+    contract.PROMPTS_QUIET_ENV,
     *contract.IMAGE_ENV,
 }
 

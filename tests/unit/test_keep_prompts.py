@@ -87,3 +87,23 @@ def test_a_sliding_window_model_keeps_its_full_cache_on_mainline(tmp_path: Path)
     assert "--swa-full" in command(swa, "llama.cpp", True)
     assert "--swa-full" not in command(swa, "llama.cpp", False)  # the window alone, as the engine chooses
     assert "--swa-full" not in command(full, "llama.cpp", True)
+
+
+def test_an_idle_unload_saves_the_slots_before_the_server_sleeps(tmp_path: Path) -> None:
+    model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
+
+    def service(**options: object) -> dict:
+        return compose_dict(_stack(model, **options), "x")["services"]["engine"]
+
+    kept = service(keep_prompts=True, idle_unload=600)
+    command = kept["command"]
+    # The helper saves after a quarter of it without work; the save restarts the server's own timer,
+    # which gets the rest: the server sleeps 600 s after the last request either way.
+    assert kept["environment"]["MOE_STACK_PROMPTS_QUIET_S"] == "150"
+    assert command[command.index("--sleep-idle-seconds") + 1] == "450"
+    plain = service(idle_unload=600)
+    assert plain["command"][plain["command"].index("--sleep-idle-seconds") + 1] == "600"
+    assert "MOE_STACK_PROMPTS_QUIET_S" not in plain.get("environment", {})
+    assert "MOE_STACK_PROMPTS_QUIET_S" not in service(keep_prompts=True)["environment"]
+    with pytest.raises(ValueError, match="--idle-unload 3s leaves no time to save the prompt cache"):
+        _stack(model, keep_prompts=True, idle_unload=3)
