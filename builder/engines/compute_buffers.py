@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from builder.engines.buffer_grid import MAINLINE_GRIDS, grid_for
 from builder.models.planner import ModelFacts
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ SLICE_EXPERT_TENSOR_BYTES = {
 PEAKS_IN_MOE = {"qwen3moe": True, "qwen3next": True, "deepseek2": False}
 # ik's MoE activations on Qwen3-235B widths (hidden 4096): 72 MiB at -ub 512, 544 at 2048 (above).
 MOE_ACTIVATIONS_MIB = ((512, 72.0), (2048, 544.0))
-MOE_ACTIVATIONS_HIDDEN = 4096
+MOE_ACTIVATIONS_WIDTHS = (4096, 1536, 8)  # hidden, expert width, experts a token uses: Qwen3-235B's
 # Mainline on R1 widths, the layers' stage less the mask, at the micro-batches measured (MiB): 622 at
 # 32k/512, 1158 at 16k/1024, 1644 at 32k/2048 (and 1548 at 8k/2048, which the mask term predicts).
 # It is not linear in -ub (+536 MiB from 512 to 1024, +390 from 1024 to 2048): interpolated.
@@ -94,6 +95,7 @@ class BufferFits:
     copied_expert_tensors: int = 1  # expert tensors an offloaded op copies at once
     logits_in_buffer: bool = False  # a full micro-batch's logits in the buffer (`output_stage`)
     pool_grows: bool = False  # prefill grows its CUDA pool past the context's allowance (`prefill_pool`)
+    activation_scale: float = 1.0  # its MoE activations against ik's (`moe_activations`)
 
 
 def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
@@ -104,15 +106,16 @@ def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent
     if fitted is None:
         return unmeasured(fits, facts, ubatch)
     logged, measured, basis = fitted
-    slice_copy = expert_copy(fits, facts.arch, SLICE_EXPERT_TENSOR_BYTES[facts.arch])
-    model_copy = expert_copy(fits, facts.arch, max(facts.expert_bytes, default=0) // 3)
+    model_copy = expert_copy(fits, max(facts.expert_bytes, default=0) // 3)
     stage = logged
-    if PEAKS_IN_MOE[facts.arch] and model_copy != slice_copy:
+    peaks_in_moe = PEAKS_IN_MOE.get(facts.arch, False)
+    slice_copy = expert_copy(fits, SLICE_EXPERT_TENSOR_BYTES[facts.arch]) if peaks_in_moe else 0
+    if peaks_in_moe and model_copy != slice_copy:
         stage = max(0, logged - slice_copy) + model_copy
         measured = False
         basis += f", prefill's expert copy moved to this model's {size_mib(model_copy)} (from the sources)"
-    elif not PEAKS_IN_MOE[facts.arch]:
-        moe = model_copy + moe_activations(facts, ubatch)
+    elif not peaks_in_moe:
+        moe = model_copy + moe_activations(fits, facts, ubatch)
         if moe > stage:
             stage, measured = moe, False
             basis = (
@@ -134,8 +137,8 @@ def unmeasured(fits: BufferFits, facts: ModelFacts, ubatch: int) -> ComputeEstim
     """No fit for this engine and architecture: the larger of the flat reserve and what the sources say
     any architecture's micro-batch needs (prefill's copy of the largest expert tensor and the experts'
     activations; ik's logits): at GLM's, gpt-oss's and MiniMax's widths and -ub 2048 those exceed 1 GiB."""
-    copy = fits.copied_expert_tensors * (max(facts.expert_bytes, default=0) // 3)
-    stages = max(copy + moe_activations(facts, ubatch), output_stage(fits, facts, ubatch))
+    copy = expert_copy(fits, max(facts.expert_bytes, default=0) // 3)
+    stages = max(copy + moe_activations(fits, facts, ubatch), output_stage(fits, facts, ubatch))
     if stages <= UNMEASURED_BYTES:
         return ComputeEstimate(
             UNMEASURED_BYTES, False, "not measured for this engine and architecture: an estimate"
@@ -167,13 +170,17 @@ def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[
         # CPU build, which copies nothing, logged 544.02 MiB for the 32-expert file at 16k/2048).
         # 288 MiB at 16k/512 with 32 experts checks it (bench/results/seed-models-2026-12-01c).
         activations = max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * MIB
-        size = activations + expert_copy(IK_BUFFERS, facts.arch, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
+        size = activations + expert_copy(IK_BUFFERS, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
         return int(size), 512 <= ubatch <= 2048, "ik_llama.cpp on Qwen3-235B widths (H200, 3 points)"
     return None
 
 
 def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
     """Mainline llama.cpp's layers' stage (a LayerFit)."""
+    grid = grid_for(MAINLINE_GRIDS, facts)
+    if grid is not None:
+        at, inside = grid.size(ctx, ubatch)
+        return at, inside, f"llama.cpp on {facts.arch} widths (H200, 3 points, 16-expert slices)"
     if facts.arch == "deepseek2" and latent:
         inside = MAINLINE_R1_LAYERS_MIB[0][0] <= ubatch <= MAINLINE_R1_LAYERS_MIB[-1][0]
         size = interpolate(MAINLINE_R1_LAYERS_MIB, ubatch) * MIB + ubatch * ctx * F16_MASK_BYTES
@@ -192,15 +199,16 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
 # Mainline's MUL_MAT_ID copies one expert tensor, ik's fused up/gate two (ik's CPU build, which copies
 # nothing, logged the 544 MiB of activations that ik's CUDA 760 MiB less two 108 MiB tensors leaves;
 # Qwen3-235B widths, 32 experts, 16k/2048).
-MAINLINE_BUFFERS = BufferFits(_mainline_layers)
+# Mainline's activations: MiniMax-M2's slice with its 256 experts logged 1160 MiB at 32k/2048 (the 16-expert
+# slice 608), its one 648 MiB expert tensor copied and 512 MiB of activations, where ik's moved to its
+# widths (3072, 1536, 8) say 480 (bench/results/family-buffers-2026-12-04; one point).
+MAINLINE_BUFFERS = BufferFits(_mainline_layers, activation_scale=512.0 / 480.0)
 IK_BUFFERS = BufferFits(_ik_layers, copied_expert_tensors=2, logits_in_buffer=True, pool_grows=True)
 
 
-def expert_copy(fits: BufferFits, arch: str, tensor_bytes: int) -> int:
+def expert_copy(fits: BufferFits, tensor_bytes: int) -> int:
     """What prefill's offload copies into the compute buffer: `tensor_bytes` (one layer's ffn_*_exps
-    tensor) times the tensors an offloaded op takes (0 for an architecture without a fit)."""
-    if arch not in SLICE_EXPERT_TENSOR_BYTES:
-        return 0
+    tensor) times the tensors an offloaded op takes."""
     return fits.copied_expert_tensors * tensor_bytes
 
 
@@ -216,10 +224,16 @@ def output_stage(fits: BufferFits, facts: ModelFacts, ubatch: int) -> int:
     return ubatch * (facts.vocab + 2 * facts.hidden) * 4
 
 
-def moe_activations(facts: ModelFacts, ubatch: int) -> int:
-    """The routed experts' activations in prefill's MoE stage: ik's on Qwen3-235B widths, scaled by the
-    hidden width (an estimate beyond those widths)."""
-    scale = (facts.hidden or MOE_ACTIVATIONS_HIDDEN) / MOE_ACTIVATIONS_HIDDEN
+def moe_activations(fits: BufferFits, facts: ModelFacts, ubatch: int) -> int:
+    """The routed experts' activations in prefill's MoE stage: ik's on Qwen3-235B widths (f32 rows of the
+    hidden width and three of the expert's, for each expert a token uses: 4096 + 3 x 1536 floats x 8 experts
+    x 2048 tokens is the 544 MiB logged), moved to the model's widths and by the engine's
+    `activation_scale` (an estimate beyond the widths measured)."""
+    hidden = facts.hidden or MOE_ACTIVATIONS_WIDTHS[0]
+    ffn = facts.expert_ffn or MOE_ACTIVATIONS_WIDTHS[1]
+    used = facts.experts_used or MOE_ACTIVATIONS_WIDTHS[2]
+    measured = (MOE_ACTIVATIONS_WIDTHS[0] + 3 * MOE_ACTIVATIONS_WIDTHS[1]) * MOE_ACTIVATIONS_WIDTHS[2]
+    scale = fits.activation_scale * (hidden + 3 * ffn) * used / measured
     return int(max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * scale * MIB)
 
 

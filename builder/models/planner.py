@@ -77,6 +77,7 @@ class ModelFacts:
     embedding_bytes: int = 0  # token_embd: both engines keep it in RAM (only one row a token is read)
     vocab: int = 0  # tokens of the vocabulary (token_embd's rows): the logits a token outputs
     hidden: int = 0  # the embedding length
+    expert_ffn: int = 0  # a routed expert's feed-forward width ({arch}.expert_feed_forward_length)
     # Multi-token-prediction layers (DeepSeek's, GLM's and Qwen3-Next's NextN): the last `nextn_layers` of
     # `layers`, whose weights the plan counts as any layer's; both engines skip their KV cache unless MTP
     # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
@@ -272,6 +273,7 @@ def read_facts(path: Path) -> ModelFacts:
         embedding_bytes=embedding,
         vocab=vocab,
         hidden=embd,
+        expert_ffn=max(0, header_number(reader, f"{arch}.expert_feed_forward_length", default=0)),
         nextn_layers=nextn,
         sliding_window=window,
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,

@@ -229,6 +229,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         embedding_bytes=embedding,
         vocab=vocab_size(shape),
         hidden=shape.hidden,
+        expert_ffn=shape.expert_ffn,
         nextn_layers=shape.blocks - shape.layers,
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,

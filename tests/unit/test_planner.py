@@ -15,6 +15,7 @@ import pytest
 
 from builder.engines import get_engine
 from builder.engines.compute_buffers import (
+    IK_BUFFERS,
     MIB,
     gpu_compute,
     gpu_reserve,
@@ -33,7 +34,7 @@ from builder.models.planner import (
     read_facts,
 )
 from builder.models.synth_families import TINY, synth_shape
-from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
+from builder.models.synth_moe import MoeShape, shape_facts, tensor_bytes, vocab_size, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CacheType
 from tests.cli import run_cli
@@ -272,6 +273,66 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
             assert ram <= _logged(run, "CPU_Mapped", ("model",)), run["case"]
 
 
+# Issue 45's families on mainline (bench/device/seed_models.py's slices: 4 layers at real widths, 16
+# experts, the synthetic vocabulary; bench/results/family-buffers-2026-12-04).
+FAMILY_RUNS = RESULTS / "family-buffers-2026-12-04"
+FAMILY_MODELS = {
+    "glm46-4": ("glm4moe", {"dense_layers": 1}),
+    "gptoss-4": ("gpt-oss", {}),
+    "minimax-4": ("minimax-m2", {}),
+    "glm5-4": ("glm-dsa", {"dense_layers": 1}),
+    "q35-4": ("qwen35moe", {}),
+    "kimi-4": ("deepseek2", {"dense_layers": 1, "heads": 64, "expert_groups": 0, "groups_used": 0}),
+    "dsv4-4": ("deepseek4", {}),
+    "minimax-4-e256": ("minimax-m2", {"experts": 256}),
+}
+
+
+def test_the_families_plan_is_what_mainline_logged_on_the_h200() -> None:
+    """Each family's preset stack on mainline, at its preset's context and micro-batch, the other micro-batch
+    and a quarter of the context: the plan's KV cache to 0.1 % (DeepSeek-V4's states included), its compute
+    buffer within 10 % and never under it, and its GPU weights to the MiB (gpt-oss's within 4 %), but for
+    the NextN block of GLM's files, which the plan counts and mainline does not load (one layer's attention
+    and shared expert: a known over-count, checked to be exactly that)."""
+    runs = [
+        json.loads(line) for path in sorted(FAMILY_RUNS.glob("call*-results.jsonl")) for line in path.open()
+    ]
+    assert len(runs) == 22 and {run["model"] for run in runs} == set(FAMILY_MODELS)
+    engine = get_engine("llama.cpp")
+    for run in runs:
+        arch, changes = FAMILY_MODELS[run["model"]]
+        shape = synth_shape(arch, layers=4, **{"experts": 16, "vocab": 0, **changes})
+        facts = shape_facts(shape)
+        ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
+        layout = engine.cache_layout(None)
+        kv = kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch)
+        # DeepSeek-V4's compressor states log as "DSV4 ... state buffer size" lines beside its KV buffers
+        logged_kv = _logged(run, "CUDA0", ("KV", "RS")) + _logged(run, "state", ("model",))
+        assert kv == pytest.approx(logged_kv, rel=0.001, abs=0.05 * MIB), run["case"]
+        compute, logged = (
+            gpu_compute(engine, facts, ctx, ubatch, layout.latent),
+            _logged(run, "CUDA0", ("compute",)),
+        )
+        assert logged <= compute.bytes + MIB <= 1.10 * logged, (
+            run["case"],
+            compute.bytes / MIB,
+            logged / MIB,
+        )
+        nextn = (
+            sum(
+                tensor_bytes(ne, kind, shape.quant)
+                for name, ne, kind in shape.tensors(vocab_size(shape))
+                if name.startswith(f"blk.{shape.layers}.") and "_exps" not in name
+            )
+            if facts.nextn_layers
+            else 0
+        )
+        weights = _logged(run, "CUDA0", ("model",))
+        # gpt-oss's slice logged 2.1 MiB more than its tensors hold (60.5 for 58.4: not explained yet)
+        slack = 0.04 * weights if arch == "gpt-oss" else MIB
+        assert facts.gpu_weight_bytes - nextn == pytest.approx(weights, abs=slack), (run["case"], nextn / MIB)
+
+
 def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
     """nvidia-smi after a prompt of 20346 (R1) tokens, the presets' stacks on the H200
     (bench/results/seed-models-2026-12-02): the plan's weights, KV cache and reserve (compute buffer, CUDA
@@ -427,13 +488,16 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
 
 
 def test_an_unmeasured_architecture_gets_the_stages_the_sources_name() -> None:
-    """No fit for GLM-4.6's widths: at -ub 2048 ik's estimate is the larger of its output stage (the
-    micro-batch's logits, GLM's 151552-token vocabulary) and its two copied expert tensors with the
-    experts' activations, and over the flat 1 GiB; mainline at -ub 512 keeps the flat reserve."""
+    """No fit for GLM-4.6's widths on ik_llama.cpp (its build outlasted the device time: issue 45): at
+    -ub 2048 its estimate is the larger of its output stage (the micro-batch's logits, GLM's 151552-token
+    vocabulary) and its two copied expert tensors with the experts' activations, and over the flat 1 GiB;
+    mainline's was measured. DeepSeek-V3.2 on mainline, never measured, keeps the flat reserve at -ub 512."""
     facts = shape_facts(synth_shape("glm4moe", layers=8, experts=32))
-    moe_stage = 2 * (max(facts.expert_bytes) // 3) + moe_activations(facts, 2048)
+    moe_stage = 2 * (max(facts.expert_bytes) // 3) + moe_activations(IK_BUFFERS, facts, 2048)
     ik = gpu_compute(get_engine("ik_llama.cpp"), facts, 32768, 2048, latent=False)
     assert not ik.measured and ik.bytes == 2048 * (151552 + 2 * 5120) * 4 > max(moe_stage, GIB)
     assert "an estimate from the sources" in ik.basis
-    flat = gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=False)
+    assert gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=False).measured
+    ds32 = shape_facts(synth_shape("deepseek32", layers=4, experts=16))
+    flat = gpu_compute(get_engine("llama.cpp"), ds32, 32768, 512, latent=True)
     assert (flat.bytes, flat.measured) == (GIB, False)
