@@ -55,6 +55,22 @@ def running_registry(root: Path, users: dict[str, str] | None = None) -> Iterato
         process.terminate()
         process.wait(timeout=30)
         log.close()
+        _untag(address)
+
+
+def _untag(address: str) -> None:
+    """The host's tags of images pushed to or pulled from this registry, removed with it: its port is
+    never used again, and a day of test runs left dozens of them (an image they name keeps its other tags;
+    one in use by a container stays)."""
+    listed = subprocess.run(
+        ["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    tags = [tag for tag in listed.stdout.split() if tag.startswith(f"{address}/")]
+    if tags:
+        subprocess.run(["docker", "image", "rm", *tags], check=False, capture_output=True)
 
 
 def _wait_until_up(address: str, process: subprocess.Popen, log: Path) -> None:
