@@ -327,6 +327,10 @@ def test_the_families_plan_is_what_mainline_logged_on_the_h200() -> None:
             if facts.nextn_layers
             else 0
         )
+        if "gpu_used_after_long_prefill_mib" in run:  # the whole plan holds what the GPU held
+            planned = facts.gpu_weight_bytes + kv + gpu_reserve(engine, facts, ctx, ubatch, layout.latent)
+            used = run["gpu_used_after_long_prefill_mib"] * MIB
+            assert used <= planned <= 1.20 * used, (run["case"], planned / MIB, used / MIB)
         weights = _logged(run, "CUDA0", ("model",))
         # gpt-oss's slice logged 2.1 MiB more than its tensors hold (60.5 for 58.4: not explained yet)
         slack = 0.04 * weights if arch == "gpt-oss" else MIB
