@@ -27,12 +27,18 @@ def hybrid_quant_facts(preset: Preset) -> ModelFacts:
     """The preset's model at 4-bit (Q4_0-sized) routed experts, everything else Q8_0-sized: bytes as the
     usual hybrid GGUFs."""
     experts, rest = shape_facts(preset.model_shape()), shape_facts(preset.model_shape("Q8_0"))
-    return replace(experts, other_bytes=rest.other_bytes, embedding_bytes=rest.embedding_bytes)
+    return replace(
+        experts,
+        other_bytes=rest.other_bytes,
+        embedding_bytes=rest.embedding_bytes,
+        nextn_other_bytes=rest.nextn_other_bytes,
+    )
 
 
 def cell(preset: Preset, adapter: Engine, facts: ModelFacts, card_gib: int) -> str:
     """One card's outcome: the experts it takes, or the change that makes the preset fit."""
     options = preset.engine_options(adapter)
+    facts = adapter.loaded_facts(facts, options.mtp)
     demand = GpuDemand(
         adapter,
         facts,

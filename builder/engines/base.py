@@ -30,6 +30,7 @@ from builder.spec import (
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import ImageSpec, StackSpec
+    from builder.models.planner import ModelFacts
 
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build
@@ -268,6 +269,10 @@ class Engine(ABC):
         """What the engine's log says of the GPU: True and what it placed there, False and why it runs on
         the CPU (a GPU stack that fell back), or None where the log says neither."""
         return None, f"{self.name}'s log is not read for what it places on a GPU"
+
+    def loaded_facts(self, facts: ModelFacts, mtp: bool | None) -> ModelFacts:
+        """The model as this engine loads it (`mtp`: multi-token-prediction drafting asked for): all of it."""
+        return facts
 
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
         """What the KV cache holds with this `mla` setting (a DeepSeek model's compressed latent, or each

@@ -45,6 +45,7 @@ CUDA_CONTEXT_BYTES = 1024 * MIB
 # Unmeasured: with the context, the flat 2 GiB reserve moe-stack kept before any buffer was measured.
 UNMEASURED_BYTES = 1024 * MIB
 R1_HEADS = 128
+F32_BYTES = 4
 F16_MASK_BYTES = 2  # the attention mask: ubatch x context, f16 (mainline's fits show exactly this term)
 # One routed-expert tensor (ffn_up/gate/down_exps of a layer) of the slices the fits were measured on:
 # 32 (R1, Qwen3-235B) or 128 (Qwen3-Next) experts of the real widths, Q4_0 (18 bytes per 32 weights).
@@ -96,6 +97,7 @@ class BufferFits:
     logits_in_buffer: bool = False  # a full micro-batch's logits in the buffer (`output_stage`)
     pool_grows: bool = False  # prefill grows its CUDA pool past the context's allowance (`prefill_pool`)
     activation_scale: float = 1.0  # its MoE activations against ik's (`moe_activations`)
+    indexer_scores_in_pool: bool = False  # a sparse-attention indexer's scores grow the pool (`prefill_pool`)
 
 
 def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
@@ -202,7 +204,7 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
 # Mainline's activations: MiniMax-M2's slice with its 256 experts logged 1160 MiB at 32k/2048 (the 16-expert
 # slice 608), its one 648 MiB expert tensor copied and 512 MiB of activations, where ik's moved to its
 # widths (3072, 1536, 8) say 480 (bench/results/family-buffers-2026-12-04; one point).
-MAINLINE_BUFFERS = BufferFits(_mainline_layers, activation_scale=512.0 / 480.0)
+MAINLINE_BUFFERS = BufferFits(_mainline_layers, activation_scale=512.0 / 480.0, indexer_scores_in_pool=True)
 IK_BUFFERS = BufferFits(_ik_layers, copied_expert_tensors=2, logits_in_buffer=True, pool_grows=True)
 
 
@@ -248,9 +250,16 @@ def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
 def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """What ik_llama.cpp's CUDA pool grows by in prefill, beyond the CUDA context's allowance, for a
     prompt as long as the context: the measured figures, kept below -ub 2048 (never measured there, so
-    not lowered) and scaled with the micro-batch above it. Mainline's stays inside the allowance."""
-    if not engine.buffer_fits.pool_grows:
-        return 0
+    not lowered) and scaled with the micro-batch above it. Mainline's stays inside the allowance but for a
+    sparse-attention indexer's scores."""
+    fits = engine.buffer_fits
+    if not fits.pool_grows:
+        # Mainline's pool on GLM-5's widths grew by 382 MiB after a 20346-token prompt at -ub 2048, about
+        # 200 more than on GLM-4.6's, gpt-oss's and MiniMax-M2's (126-190), past the context's allowance:
+        # read as the indexer's f32 scores of a micro-batch against the context it has seen (one point,
+        # bench/results/family-buffers-2026-12-04; the plan takes a prompt that fills the context).
+        indexed = fits.indexer_scores_in_pool and facts.indexer_dim > 0
+        return ubatch * ctx * F32_BYTES if indexed else 0
     if facts.arch == "deepseek2" and latent:
         base, per_token = IK_R1_POOL_MIB
         mib = base + per_token * ctx * (facts.heads or R1_HEADS) / R1_HEADS

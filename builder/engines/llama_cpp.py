@@ -14,6 +14,7 @@ from builder.platform.flags import has_flag, looks_like_flag, takes_value
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
+    from builder.models.planner import ModelFacts
 
 
 class LlamaCpp(LlamaFamilyEngine):
@@ -106,6 +107,12 @@ class LlamaCpp(LlamaFamilyEngine):
                 "(`moe-stack build --engine llama.cpp`)"
             )
         return kind
+
+    def loaded_facts(self, facts: ModelFacts, mtp: bool | None) -> ModelFacts:
+        """Without MTP drafting it skips a file's NextN layers (their tensors are created TENSOR_SKIP unless
+        the loader loads MTP: src/models/glm4-moe.cpp and the others at the pinned ref); the H200 logged
+        GLM-4.6's and GLM-5's slices without them (bench/results/family-buffers-2026-12-04)."""
+        return facts if mtp else facts.without_nextn()
 
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
         """Always the latent of a DeepSeek model in the form its converter writes (K 576, V a view of it: the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from builder.models.kv_cache import (
 from builder.spec import EXPERTS_ON_CPU_RULE
 
 ROUTED_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(?:gate|up|down|gate_up)_exps\.")
+LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 # A layer with a KV cache has a key projection (deepseek2: the latent's; deepseek4: its one K=V head's);
 # qwen3next's recurrent layers have none.
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv|kv_a_mqa)\.weight$")
@@ -79,10 +80,12 @@ class ModelFacts:
     hidden: int = 0  # the embedding length
     expert_ffn: int = 0  # a routed expert's feed-forward width ({arch}.expert_feed_forward_length)
     # Multi-token-prediction layers (DeepSeek's, GLM's and Qwen3-Next's NextN): the last `nextn_layers` of
-    # `layers`, whose weights the plan counts as any layer's; both engines skip their KV cache unless MTP
+    # `layers`, whose weights mainline loads only for MTP drafting (`without_nextn`, the adapter's
+    # `loaded_facts`) and ik_llama.cpp always; both engines skip their KV cache unless MTP
     # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
     # layers' cache on both engines, tests/integration/test_families.py).
     nextn_layers: int = 0
+    nextn_other_bytes: int = 0  # those layers' weights but their routed experts (attention, shared expert)
     # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): mainline's cache keeps
     # only the window there, and a saved slot with it (it restores such a slot only with --swa-full).
     sliding_window: int = 0
@@ -100,6 +103,22 @@ class ModelFacts:
         """The non-expert weights a GPU stack holds in VRAM: all but the token embeddings (both engines
         keep those in RAM: the logs' CUDA0 model buffer is the rest, to the MiB)."""
         return self.other_bytes - self.embedding_bytes
+
+    def without_nextn(self) -> ModelFacts:
+        """The model as an engine that skips its NextN layers loads it (mainline without --mtp)."""
+        if not self.nextn_layers:
+            return self
+        kept = self.layers - self.nextn_layers
+        attention = None if self.attention_layers is None else self.attention_layers - self.nextn_layers
+        return replace(
+            self,
+            layers=kept,
+            expert_bytes=self.expert_bytes[:kept],
+            other_bytes=self.other_bytes - self.nextn_other_bytes,
+            attention_layers=attention,
+            nextn_layers=0,
+            nextn_other_bytes=0,
+        )
 
     @property
     def expert_layers(self) -> int:
@@ -232,7 +251,7 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(
             f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
         )
-    expert, other = _weight_bytes(path, [reader, *(open_gguf(p) for p in parts[1:])], layers)
+    expert, other, other_in_layer = _weight_bytes(path, [reader, *(open_gguf(p) for p in parts[1:])], layers)
     heads = header_number(reader, f"{arch}.attention.head_count")
     embd = header_number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
@@ -275,6 +294,7 @@ def read_facts(path: Path) -> ModelFacts:
         hidden=embd,
         expert_ffn=max(0, header_number(reader, f"{arch}.expert_feed_forward_length", default=0)),
         nextn_layers=nextn,
+        nextn_other_bytes=sum(other_in_layer[layers - nextn :]) if nextn else 0,
         sliding_window=window,
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
@@ -283,15 +303,21 @@ def read_facts(path: Path) -> ModelFacts:
     )
 
 
-def _weight_bytes(path: Path, readers: list[gguf.GGUFReader], layers: int) -> tuple[list[int], int]:
-    """The routed experts' bytes in each layer, and every other tensor's, over a split model's parts."""
+def _weight_bytes(
+    path: Path, readers: list[gguf.GGUFReader], layers: int
+) -> tuple[list[int], int, list[int]]:
+    """The routed experts' bytes in each layer, every other tensor's, and of those the bytes in each layer,
+    over a split model's parts."""
     expert = [0] * layers
     other = 0
+    other_in_layer = [0] * layers
     for part_reader in readers:
         for tensor in part_reader.tensors:
             match = ROUTED_EXPERT.match(tensor.name)
             if not match:
                 other += int(tensor.n_bytes)
+                if (block := LAYER_TENSOR.match(tensor.name)) and int(block.group(1)) < layers:
+                    other_in_layer[int(block.group(1))] += int(tensor.n_bytes)
                 continue
             layer = int(match.group(1))
             if layer >= layers:
@@ -300,7 +326,7 @@ def _weight_bytes(path: Path, readers: list[gguf.GGUFReader], layers: int) -> tu
                     "layers; the file is corrupt"
                 )
             expert[layer] += int(tensor.n_bytes)
-    return expert, other
+    return expert, other, other_in_layer
 
 
 def _cached_dims(

@@ -189,7 +189,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     """What the planner reads from the file `write_moe_gguf` writes for `shape`, without writing it (a
     test holds the two together): plans for full-size shapes that would take hundreds of GB to write."""
     experts = [0] * shape.blocks
-    other = embedding = 0
+    other = embedding = nextn_other = 0
     cached = set()
     for name, ne, kind in shape.tensors(vocab_size(shape)):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
@@ -197,6 +197,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
             experts[int(name.split(".")[1])] += n_bytes
             continue
         other += n_bytes
+        if name.startswith("blk.") and int(name.split(".")[1]) >= shape.layers:
+            nextn_other += n_bytes
         embedding += n_bytes if name == "token_embd.weight" else 0
         if CACHED_ATTENTION.match(name):
             cached.add(name.split(".")[1])
@@ -231,6 +233,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         hidden=shape.hidden,
         expert_ffn=shape.expert_ffn,
         nextn_layers=shape.blocks - shape.layers,
+        nextn_other_bytes=nextn_other,
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,
         compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's

@@ -206,7 +206,7 @@ def _vram_plan(
     projector counted."""
     demand = GpuDemand(
         engine=adapter,
-        facts=adapter.model_format.facts(model),
+        facts=adapter.loaded_facts(adapter.model_format.facts(model), given.mtp),
         ctx=given.ctx_size,
         ubatch=given.ubatch_size or DEFAULT_UBATCH,
         cache_type=given.cache_type or "f16",
