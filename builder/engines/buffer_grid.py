@@ -6,8 +6,9 @@ Ggml's allocator sizes the buffer by its largest stage, whose terms are a consta
 token, one per cached token (MLA's decompression) and one per both (the attention mask, ub x ctx): a
 bilinear form, which four corners fix. Where the corner of the short context at the other micro-batch was
 not run, it is completed on the assumption that the context's term is the mask's alone (it grows with the
-micro-batch); that holds for the engines' GQA and linear-attention graphs, not for ik_llama.cpp's -mla 3,
-whose four corners were all run.
+micro-batch), as mainline logged it to the MiB for GLM-4.6, MiniMax-M2 (GQA) and Kimi-K2 (MLA);
+ik_llama.cpp's -mla 3 has a term in the context alone (it decompresses the whole cache), so its cases run
+all four corners (bench/device/family_buffers.cases).
 """
 
 from __future__ import annotations
