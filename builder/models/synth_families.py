@@ -55,6 +55,11 @@ from builder.models.synth_shapes import (
     nextn_blocks,
 )
 
+# What DeepSeek-V3.2 takes from R1's shape (SEED_SHAPES["deepseek2"]): every width and the routing.
+R1_WIDTHS = (
+    "layers", "hidden", "heads", "q_lora", "expert_ffn", "experts", "experts_used", "context", "quant",
+    "dense_layers", "dense_ffn", "expert_groups", "groups_used",
+)  # fmt: skip
 HYPER_CONNECTIONS = 4  # deepseek4's residual streams (hc_mult): the only count mainline's graph takes
 
 
@@ -495,20 +500,8 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
     # keeps; the indexer 64 heads of 128, top-2048 (its config.json: index_n_heads, index_head_dim,
     # index_topk; ../shared/MOE-FAMILIES.md §2).
     "deepseek32": DeepSeek32Shape(
-        layers=61,
-        hidden=7168,
-        heads=128,
-        q_lora=1536,
-        expert_ffn=2048,
-        experts=256,
-        experts_used=8,
-        context=163840,
-        quant="Q4_0",
+        **{name: getattr(SEED_SHAPES["deepseek2"], name) for name in R1_WIDTHS},
         vocab=129280,
-        dense_layers=3,
-        dense_ffn=18432,
-        expert_groups=8,
-        groups_used=4,
         mtp_layers=1,
         indexer_heads=64,
     ),
