@@ -30,7 +30,7 @@ from builder.host.probe import probe
 from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.api import EngineApi

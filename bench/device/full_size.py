@@ -50,7 +50,7 @@ from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
 from builder.platform.flags import check_args
 from builder.spec import EngineOptions

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 
 SHAPES = {

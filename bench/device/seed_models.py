@@ -32,7 +32,7 @@ from pathlib import Path
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import probe
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import token_read_bytes, write_moe_gguf
 from builder.models.synth_shapes import MoeShape
 from builder.platform.flags import check_args, parse_contract

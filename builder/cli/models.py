@@ -130,8 +130,8 @@ SynthArchOpt = Annotated[
     typer.Option(
         help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
         "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b), minimax-m2 (MiniMax-M2), qwen35moe (Qwen3.5-397B-A17B), "
-        "glm-dsa (GLM-5), deepseek4 (DeepSeek-V4-Flash, mainline only) or deepseek32 (DeepSeek-V3.2, "
-        "mainline only)"
+        "glm-dsa (GLM-5), bailingmoe2 (Ling-1T), deepseek4 (DeepSeek-V4-Flash, mainline only) or deepseek32 "
+        "(DeepSeek-V3.2, mainline only)"
     ),
 ]
 SynthTinyOpt = Annotated[
@@ -220,7 +220,7 @@ def synth_moe(
     """Write a random-weight MoE GGUF of a seed model's architecture for tests and benchmarks: its real
     per-layer and per-expert shapes unless --tiny, all its layers and experts unless told fewer. Prints
     what a decoded token reads from RAM (routed experts) and from VRAM (the rest) in a hybrid stack."""
-    from builder.models.synth_families import synth_shape
+    from builder.models.synth_catalog import synth_shape
 
     given = {
         "layers": layers,

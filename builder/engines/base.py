@@ -97,6 +97,9 @@ class Engine(ABC):
     tool_calls_flag: str | None = None
     # The GGUF architectures it loads, where its image has no label that says (None: the label's).
     gguf_architectures: frozenset[str] | None = None
+    # The architectures whose expert groups it routes within only on its own switch (ik_llama.cpp's -ger
+    # for Ling's bailingmoe2): a stack of such a model with groups turns it on (StackSpec.grouped_routing).
+    groups_on_request: frozenset[str] = frozenset()
     # The stack options it reads (spec.ENGINE_OPTIONS); any other one a stack sets is refused.
     honours: frozenset[str] = frozenset()
     # Every flag the adapter writes, with its other spellings (`-c, --ctx-size`) and flags that set the
@@ -269,6 +272,11 @@ class Engine(ABC):
         """What the engine's log says of the GPU: True and what it placed there, False and why it runs on
         the CPU (a GPU stack that fell back), or None where the log says neither."""
         return None, f"{self.name}'s log is not read for what it places on a GPU"
+
+    def asks_for_groups(self, arch: str, expert_groups: int) -> bool:
+        """Whether a stack of this model turns on the engine's grouped routing (StackSpec.grouped_routing):
+        its experts are routed within groups the engine applies only when asked."""
+        return expert_groups > 1 and arch in self.groups_on_request
 
     def loaded_facts(self, facts: ModelFacts, mtp: bool | None) -> ModelFacts:
         """The model as this engine loads it (`mtp`: multi-token-prediction drafting asked for): all of it."""

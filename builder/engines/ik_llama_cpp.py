@@ -52,6 +52,10 @@ class IkLlamaCpp(LlamaFamilyEngine):
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
     honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}
+    # Ling's bailingmoe2 routes a token's experts within groups (mainline always does); ik_llama.cpp picks
+    # a plain top-k of all experts unless -ger (src/llama-build-context.cpp at the pin; with 0 groups it
+    # dies of SIGFPE, so a model without groups never gets it).
+    groups_on_request = frozenset({"bailingmoe2"})
     # examples/server/server.cpp at the pinned ref routes /v1/chat/completions, /v1/responses
     # (handle_responses), /v1/messages (handle_anthropic_messages, converted to a chat request) and
     # /v1/messages/count_tokens (handle_anthropic_count_tokens).
@@ -63,6 +67,7 @@ class IkLlamaCpp(LlamaFamilyEngine):
             ("-fmoe", "--fused-moe", "-no-fmoe", "--no-fused-moe"),
             ("-cuda", "--cuda-params"),
             ("-thp", "--transparent-huge-pages"),
+            ("-ger", "--grouped-expert-routing"),
         )
     )
 
@@ -165,8 +170,10 @@ class IkLlamaCpp(LlamaFamilyEngine):
         )
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """Fused MoE, MLA, the GPU offload batch and hugepages: ik_llama.cpp's own."""
+        """Fused MoE, MLA, the GPU offload batch, hugepages and grouped expert routing: ik_llama.cpp's own."""
         args = []
+        if stack.grouped_routing:
+            args += self.grouped_routing_args(flags)
         if stack.fused_moe is not None:
             args += self.fused_moe_args(stack.fused_moe, flags)
         if stack.mla is not None:
@@ -200,6 +207,14 @@ class IkLlamaCpp(LlamaFamilyEngine):
         if flags is not None and "-cuda" not in flags:
             raise StackError("this ik_llama.cpp build has no -cuda parameters; drop --moe-offload-batch")
         return ["-cuda", f"offload-batch-size={batch}"]
+
+    def grouped_routing_args(self, flags: dict[str, str] | None) -> list[str]:
+        if flags is not None and "-ger" not in flags:
+            raise StackError(
+                "this ik_llama.cpp build has no -ger switch, and without it a Ling model's experts are not "
+                "routed within their groups; build a newer ik_llama.cpp, or use mainline llama.cpp"
+            )
+        return ["-ger"]
 
     def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
         """-thp maps weights with MAP_HUGETLB from the host's reserved pool (falling back with a message)."""

@@ -113,6 +113,9 @@ class StackSpec(NeutralOptions):
     # The model's attention keeps a sliding window in some layers (its GGUF's attention.sliding_window):
     # read where it matters, for --keep-prompts.
     sliding_window: bool = False
+    # The model routes its experts within groups that this engine applies only when asked
+    # (Engine.groups_on_request): the stack asks, so the model routes as it was trained.
+    grouped_routing: bool = False
     # No preset named: what the options were derived from and what they set (x-moe-stack.derived).
     derived: str | None = None
     extra_args: tuple[str, ...] = ()

@@ -72,6 +72,9 @@ class ModelFacts:
     mla_dim: int | None = None  # deepseek2: kv_lora_rank + rope dims per token and layer, cached with MLA
     expert_count: int = 0  # routed experts per layer (0: not an MoE model)
     experts_used: int = 0  # routed experts each token runs through, per layer
+    # The groups a token's experts are chosen within ({arch}.expert_group_count; 0 or 1: none): mainline
+    # applies them itself, ik_llama.cpp to Ling's bailingmoe2 on its -ger switch only.
+    expert_groups: int = 0
     attention_layers: int | None = None  # layers with a KV cache (qwen3next: one in four); None: all
     recurrent_state_bytes: int = 0  # the recurrent layers' conv and SSM state, f32, per sequence
     heads: int = 0  # query heads
@@ -286,6 +289,7 @@ def read_facts(path: Path) -> ModelFacts:
         mla_dim=mla_dim,
         expert_count=experts,
         experts_used=used,
+        expert_groups=max(0, header_number(reader, f"{arch}.expert_group_count", default=0)),
         attention_layers=cached if cached else None,
         recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
         heads=heads,

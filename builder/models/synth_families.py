@@ -39,14 +39,13 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import gguf
 
 from builder.models.synth_shapes import (
     SEED_SHAPES,
-    TINY_SHAPES,
     DeepSeek2Shape,
     MoeShape,
     Qwen3NextShape,
@@ -544,28 +543,3 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
         context=FAMILY_SHAPES["deepseek32"].context,
     ),
 }
-
-# Every architecture synth-moe writes: the seed's three, then the families.
-SHAPES: dict[str, MoeShape] = {**SEED_SHAPES, **FAMILY_SHAPES}
-TINY: dict[str, MoeShape] = {**TINY_SHAPES, **FAMILY_TINY_SHAPES}
-
-
-def synth_shape(arch: str, tiny: bool = False, **changes: object) -> MoeShape:
-    """An architecture's full-size (or tiny) shape with `changes` (ValueError names what is wrong). Fewer
-    layers keep as many dense leading layers as still leave one MoE layer."""
-    shapes = TINY if tiny else SHAPES
-    if arch not in shapes:
-        raise ValueError(f"unknown architecture {arch!r}: choose one of {', '.join(shapes)}")
-    shape = shapes[arch]
-    if isinstance(shape, DeepSeek2Shape | Glm4MoeShape) and "dense_layers" not in changes:
-        layers = int(str(changes.get("layers", shape.layers)))
-        changes["dense_layers"] = min(shape.dense_layers, layers - 1)
-    if "experts" in changes and "experts_used" not in changes:
-        changes["experts_used"] = min(shape.experts_used, int(str(changes["experts"])))
-    if isinstance(shape, DeepSeek2Shape) and shape.expert_groups and "experts" in changes:
-        experts, used = int(str(changes["experts"])), int(str(changes["experts_used"]))
-        per_group = experts // shape.expert_groups
-        if experts % shape.expert_groups or used > shape.groups_used * per_group:
-            changes.setdefault("expert_groups", 0)  # too few experts to group: plain top-k
-            changes.setdefault("groups_used", 0)
-    return replace(shape, **changes)  # type: ignore[arg-type]

@@ -225,7 +225,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         mla_dim=latent,
         expert_count=shape.experts,
         experts_used=shape.experts_used,
-        attention_layers=len(cached),
+        expert_groups=getattr(shape, "expert_groups", 0),
+        attention_layers=len(cached) or None,  # as read_facts: no key projection it knows, every layer
         recurrent_state_bytes=state,
         heads=shape.heads,
         embedding_bytes=embedding,

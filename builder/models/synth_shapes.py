@@ -169,16 +169,7 @@ class DeepSeek2Shape(MoeShape):
             )
         if not 0 <= self.mtp_layers <= 1:
             raise ValueError("mtp_layers must be 0 or 1 (DeepSeek-V3/R1 have one)")
-        # Mainline asserts 0 < groups_used < expert_groups for more than one group (llama-model.cpp).
-        if self.expert_groups and (
-            self.experts % self.expert_groups
-            or not 0 < self.groups_used < max(2, self.expert_groups)
-            or self.experts_used > self.groups_used * self.experts // self.expert_groups
-        ):
-            raise ValueError(
-                "experts must divide into expert_groups, 0 < groups_used < expert_groups, and the "
-                "groups used must hold experts_used experts"
-            )
+        check_expert_groups(self, self.expert_groups, self.groups_used)
 
     @property
     def dense_width(self) -> int:
@@ -234,6 +225,21 @@ class DeepSeek2Shape(MoeShape):
         yield f"{p}.attn_output.weight", (self.heads * self.v_head_dim, h), "quant"
         yield f"{p}.ffn_norm.weight", (h,), "norm"
         yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
+
+
+def check_expert_groups(shape: MoeShape, groups: int, used: int) -> None:
+    """Routing within groups (0: none), as mainline asserts it for more than one group (llama-model.cpp):
+    the experts divide into the groups, 0 < used < groups, and the groups used hold the experts a token
+    runs through."""
+    if groups and (
+        shape.experts % groups
+        or not 0 < used < max(2, groups)
+        or shape.experts_used > used * shape.experts // groups
+    ):
+        raise ValueError(
+            "experts must divide into expert_groups, 0 < groups_used < expert_groups, and the groups used "
+            "must hold experts_used experts"
+        )
 
 
 def dense_or_shared_moe(

@@ -185,6 +185,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         mlock=options.mlock,
         keep_prompts=options.keep_prompts,
         sliding_window=options.keep_prompts and facts.sliding_window > 0,
+        grouped_routing=adapter.asks_for_groups(facts.arch, facts.expert_groups),
         derived=derived.said(options.engine_options) if derived is not None else None,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,

@@ -19,7 +19,7 @@ from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_shapes import MoeShape
 from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -353,6 +353,9 @@ def example_stacks() -> dict[str, str]:
                 config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
                 override_tensors=preset.override_rules(adapter),
                 served_name=preset.name,
+                grouped_routing=adapter.asks_for_groups(
+                    preset.architecture, getattr(preset.model_shape(), "expert_groups", 0)
+                ),
             ).with_options(preset.engine_options(adapter))
             generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (
                 f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""

@@ -33,7 +33,7 @@ from builder.images.source import resolve_local
 from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.model_files import fetch_demo_model
 from builder.models.planner import ModelFacts
-from builder.models.synth_families import TINY
+from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack

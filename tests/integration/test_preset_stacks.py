@@ -28,7 +28,7 @@ from builder.images.recorded_contracts import (
     recorded_contract,
 )
 from builder.models.planner import read_facts
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack

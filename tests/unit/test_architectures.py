@@ -11,7 +11,7 @@ import pytest
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import HostFacts
-from builder.models.synth_families import TINY
+from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack

@@ -10,7 +10,7 @@ import pytest
 
 from builder.engines import get_engine
 from builder.host.probe import HostFacts
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions

@@ -41,6 +41,7 @@ STACK_OWN = {
     "start_period_s",
     "vram_margin_mib",  # written only by the engine-fit placement (with engine_fit), else the plan's
     "sliding_window",  # a fact of the model, read for --keep-prompts
+    "grouped_routing",  # a fact of the model (expert groups) where the engine applies them on request
     "derived",  # no preset: what the model's facts gave, said in the stack's record
 }
 # A value other than the default for each engine option (valid together with the base stack).

@@ -12,7 +12,7 @@ from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuil
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.models.planner import read_facts
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import StackOptions, assemble_stack
 from tests.hosts import epyc_host

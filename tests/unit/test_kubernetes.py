@@ -15,7 +15,7 @@ from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
-from builder.models.synth_families import TINY
+from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import CudaTarget

@@ -12,7 +12,7 @@ from builder.engines import get_engine
 from builder.host.probe import HostFacts
 from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.planner import GIB, read_facts
-from builder.models.synth_families import TINY
+from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack

@@ -11,7 +11,7 @@ import pytest
 from builder.errors import ModelError
 from builder.models.model_files import check_gguf
 from builder.models.planner import ROUTED_EXPERT, read_facts
-from builder.models.synth_families import FAMILY_SHAPES, synth_shape
+from builder.models.synth_catalog import SHAPES, synth_shape
 from builder.models.synth_moe import (
     MoeShape,
     model_file_bytes,
@@ -184,12 +184,13 @@ def test_seed_shapes_are_the_real_models() -> None:
 
 
 def test_family_shapes_are_the_real_models() -> None:
-    """GLM-4.6, gpt-oss-120b, MiniMax-M2 and Qwen3.5-397B-A17B at full size: the total and active
-    parameters computed from their configs (../shared/MOE-FAMILIES.md §2: 352.8B/33.6B without the NextN
-    block, 116.8B/5.7B with the embeddings, 228.7B/11.0B; Qwen3.5's name says 397B/17B, its vision tower
-    and MTP block left out here; GLM-5's 744B/40B, without its NextN block; DeepSeek-V4-Flash's 284B/13B;
-    DeepSeek-V3.2's 671B/37B as R1's 671.0/37.6 and its indexer's 0.9B in every layer, without its MTP
-    block), counted over the tensor tables synth-moe writes (at the real vocabularies)."""
+    """The families at full size, their total and active parameters counted over the tensor tables
+    synth-moe writes (at the real vocabularies) against their configs (../shared/MOE-FAMILIES.md §2):
+    GLM-4.6 352.8B/33.6B without the NextN block, gpt-oss-120b 116.8B/5.7B with the embeddings, MiniMax-M2
+    228.7B/11.0B, Qwen3.5's 397B/17B by its name (its vision tower and MTP block left out here), GLM-5's
+    744B/40B without its NextN block, DeepSeek-V4-Flash's 284B/13B, DeepSeek-V3.2's 671B/37B as R1's
+    671.0/37.6 and its indexer's 0.9B in every layer (without its MTP block), Ling-1T's 1T/50B (ik_llama.cpp
+    printed 999.705B for the published GGUF)."""
     expected = {
         "glm4moe": (352.8, 33.6),
         "gpt-oss": (116.8, 5.7),
@@ -198,8 +199,11 @@ def test_family_shapes_are_the_real_models() -> None:
         "glm-dsa": (743.9, 41.8),
         "deepseek4": (284.3, 13.8),  # DeepSeek-V4-Flash: 284B / 13B, the embeddings' rows counted whole
         "deepseek32": (671.9, 38.4),
+        "bailingmoe2": (999.7, 51.1),  # Ling-1T: ~1T / ~50B; ik_llama.cpp printed 999.705B for the real file
     }
-    for arch, shape in FAMILY_SHAPES.items():
+    for arch, shape in SHAPES.items():
+        if arch in SEED_SHAPES:
+            continue
         total = active = 0
         for name, ne, _kind in shape.tensors(shape.vocab):
             if name.startswith(f"blk.{shape.layers}."):  # the NextN block

@@ -33,7 +33,7 @@ from builder.models.planner import (
     plan,
     read_facts,
 )
-from builder.models.synth_families import TINY, synth_shape
+from builder.models.synth_catalog import TINY, synth_shape
 from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CacheType

@@ -25,7 +25,7 @@ def test_seed_presets() -> None:
         *("deepseek-r1-671b", "qwen3-235b-a22b", "qwen3-next-80b-a3b"),  # the seed's
         # the families (../shared/MOE-FAMILIES.md)
         *("glm-4.6", "gpt-oss-120b", "minimax-m2", "kimi-k2", "qwen3.5-397b-a17b", "glm-5"),
-        *("deepseek-v4-flash", "deepseek-v3.2"),
+        *("deepseek-v4-flash", "deepseek-v3.2", "ling-1t"),
     }
     r1 = get_preset("deepseek-r1-671b")
     assert r1.engine_options(get_engine("ik_llama.cpp")) == EngineOptions(

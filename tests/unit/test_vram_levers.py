@@ -9,7 +9,7 @@ from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
 from builder.models.kv_cache import CacheLayout
 from builder.models.planner import GIB, VramShortfall, plan
-from builder.models.synth_families import synth_shape
+from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import shape_facts
 from builder.stacks.vram_levers import GpuDemand, advice, enough, levers
 
