@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,10 @@ from builder.platform.flags import has_flag, looks_like_flag, takes_value
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
     from builder.models.planner import ModelFacts
+
+# The architectures whose main context caches the NextN (MTP) layer whether it drafts with it or not: no
+# layer filter for it (src/llama-model.cpp's memory creation at 0c1e57098; deepseek2's and GLM's have one).
+NEXTN_CACHED = frozenset({"bailingmoe3"})
 
 
 class LlamaCpp(LlamaFamilyEngine):
@@ -111,8 +116,15 @@ class LlamaCpp(LlamaFamilyEngine):
     def loaded_facts(self, facts: ModelFacts, mtp: bool | None) -> ModelFacts:
         """Without MTP drafting it skips a file's NextN layers (their tensors are created TENSOR_SKIP unless
         the loader loads MTP: src/models/glm4-moe.cpp and the others at the pinned ref); the H200 logged
-        GLM-4.6's and GLM-5's slices without them (bench/results/family-buffers-2026-12-04)."""
-        return facts if mtp else facts.without_nextn()
+        GLM-4.6's and GLM-5's slices without them (bench/results/family-buffers-2026-12-04). Ling-3's
+        bailingmoe3 filters no layer out of its cache: the skipped MTP layer's latent is cached all the same
+        (its tiny file logged 2 cached layers of 1 MLA layer and the MTP block, with or without --mtp)."""
+        if mtp:
+            return facts
+        loaded = facts.without_nextn()
+        if facts.arch in NEXTN_CACHED:
+            return replace(loaded, attention_layers=facts.cached_layers + facts.nextn_layers)
+        return loaded
 
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
         """Always the latent of a DeepSeek model in the form its converter writes (K 576, V a view of it: the

@@ -273,7 +273,7 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(
             f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
         )
-    cached = len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
+    cached = _cached_layers(reader, arch, layers)
     window = max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0))
     embeddings = [t for t in reader.tensors if t.name == "token_embd.weight"]
     embedding = sum(int(t.n_bytes) for t in embeddings)
@@ -338,7 +338,7 @@ def _cached_dims(
 ) -> tuple[int, int, int, int | None]:
     """What a token's KV cache holds per layer: KV heads, key and value widths, and with MLA the
     latent's width (kv_lora_rank + rope dims)."""
-    kv_heads = header_number(reader, f"{arch}.attention.head_count_kv", default=heads)
+    kv_heads = max(_numbers(reader, f"{arch}.attention.head_count_kv") or [heads])  # the most a layer has
     key_dim = header_number(reader, f"{arch}.attention.key_length", default=embd // heads)
     value_dim = header_number(reader, f"{arch}.attention.value_length", default=embd // heads)
     if f"{arch}.attention.kv_lora_rank" not in reader.fields:
@@ -353,6 +353,15 @@ def _cached_dims(
         key_dim = header_number(reader, f"{arch}.attention.key_length_mla")
         value_dim = header_number(reader, f"{arch}.attention.value_length_mla")
     return kv_heads, key_dim, value_dim, mla_dim
+
+
+def _cached_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
+    """Layers with a KV cache: where the GGUF gives head_count_kv per layer, those whose count isn't 0 (the
+    KDA hybrids' recurrent layers have 0, and key projections too); else those with a key projection."""
+    per_layer = _numbers(reader, f"{arch}.attention.head_count_kv")
+    if len(per_layer) > 1:
+        return sum(1 for heads in per_layer[:layers] if heads)
+    return len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
 
 
 def _window_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
@@ -379,10 +388,20 @@ def windowed_layers(pattern: int, layers: int) -> int:
 
 
 def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) -> int:
-    """f32 state one sequence keeps per recurrent (gated delta net) layer: the convolution's last
-    d_conv - 1 inputs of the q/k/v channels and each value head's d_state x head_v matrix
-    (llama_memory_recurrent's R and S; matched the CPU log of a qwen3next to the byte)."""
-    if not recurrent_layers or f"{arch}.ssm.state_size" not in reader.fields:
+    """f32 state one sequence keeps per recurrent layer: a gated delta net's (the convolution's last
+    d_conv - 1 inputs of the q/k/v channels and each value head's d_state x head_v matrix:
+    llama_memory_recurrent's R and S, matched the CPU log of a qwen3next to the byte), or Kimi Delta
+    Attention's (kda_state_bytes)."""
+    if not recurrent_layers:
+        return 0
+    if f"{arch}.kda.head_dim" in reader.fields:
+        return kda_state_bytes(
+            header_number(reader, f"{arch}.attention.head_count"),
+            header_number(reader, f"{arch}.kda.head_dim"),
+            header_number(reader, f"{arch}.ssm.conv_kernel"),
+            recurrent_layers,
+        )
+    if f"{arch}.ssm.state_size" not in reader.fields:
         return 0
     return recurrent_state_bytes(
         header_number(reader, f"{arch}.ssm.state_size"),
@@ -396,6 +415,14 @@ def _recurrent_state(reader: gguf.GGUFReader, arch: str, recurrent_layers: int) 
 def recurrent_state_bytes(state: int, inner: int, groups: int, conv: int, layers: int) -> int:
     """The conv inputs ((conv - 1) x the q/k/v channels) and SSM state (state x inner) of `layers`, f32."""
     return 4 * layers * ((conv - 1) * (2 * state * groups + inner) + state * inner)
+
+
+def kda_state_bytes(heads: int, head_dim: int, conv: int, layers: int) -> int:
+    """f32 state one sequence keeps over `layers` Kimi Delta Attention layers: the q/k/v convolutions' last
+    conv - 1 inputs and each head's head_dim x head_dim delta-rule state (llama-hparams.cpp's n_embd_r and
+    n_embd_s; matched to the byte on mainline's CPU logs of Ling-3's and Kimi-K3's tiny files)."""
+    inner = heads * head_dim
+    return 4 * layers * (3 * (conv - 1) * inner + head_dim * inner)
 
 
 def _value(reader: gguf.GGUFReader, key: str) -> Any:

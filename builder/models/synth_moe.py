@@ -23,6 +23,7 @@ from builder.models.planner import (
     recurrent_state_bytes,
     windowed_layers,
 )
+from builder.models.synth_delta import KdaHybridShape
 from builder.models.synth_shapes import QUANTS, DeepSeek2Shape, MoeShape, Qwen3NextShape, Tensor
 
 CHATML = (
@@ -214,6 +215,9 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
             shape.ssm_conv,
             shape.layers - len(cached),
         )
+    if isinstance(shape, KdaHybridShape):  # head_count_kv per layer: its MLA layers (MTP block's too)
+        cached = {str(i) for i, heads in enumerate(shape.kv_head_counts) if heads}
+        state = shape.recurrent_state
     return ModelFacts(
         arch=shape.arch,
         layers=shape.blocks,

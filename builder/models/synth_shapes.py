@@ -68,6 +68,11 @@ class MoeShape:
         return self.expert_ffn
 
     @property
+    def kv_head_counts(self) -> int | list[int]:
+        """attention.head_count_kv: one count, or one a layer (0 where a layer caches nothing)."""
+        return self.kv_heads
+
+    @property
     def cached_lengths(self) -> tuple[int, int]:
         """key_length and value_length: per KV head, what the cache holds."""
         return self.head_dim, self.head_dim
@@ -90,7 +95,7 @@ class MoeShape:
         writer.add_feed_forward_length(self.dense_width)
         writer.add_expert_feed_forward_length(self.expert_ffn)
         writer.add_head_count(self.heads)
-        writer.add_head_count_kv(self.kv_heads)
+        writer.add_head_count_kv(self.kv_head_counts)
         writer.add_key_length(self.cached_lengths[0])
         writer.add_value_length(self.cached_lengths[1])
         writer.add_layer_norm_rms_eps(1e-6)
@@ -210,8 +215,15 @@ class DeepSeek2Shape(MoeShape):
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        nope = self.head_dim - self.rope_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield from self.mla_attention(p)
+        yield f"{p}.ffn_norm.weight", (h,), "norm"
+        yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
+
+    def mla_attention(self, p: str) -> Iterator[Tensor]:
+        """MLA's projections in layer `p`: the q latent (or a plain query), the KV latent and rope part,
+        the per-head up-projections of K and V, the output."""
+        h, nope = self.hidden, self.head_dim - self.rope_dim
         if self.q_lora:
             yield f"{p}.attn_q_a_norm.weight", (self.q_lora,), "norm"
             yield f"{p}.attn_q_a.weight", (h, self.q_lora), "quant"
@@ -223,8 +235,6 @@ class DeepSeek2Shape(MoeShape):
         yield f"{p}.attn_k_b.weight", (nope, self.kv_lora, self.heads), "quant"
         yield f"{p}.attn_v_b.weight", (self.kv_lora, self.v_head_dim, self.heads), "quant"
         yield f"{p}.attn_output.weight", (self.heads * self.v_head_dim, h), "quant"
-        yield f"{p}.ffn_norm.weight", (h,), "norm"
-        yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
 
 
 def check_expert_groups(shape: MoeShape, groups: int, used: int) -> None:

@@ -54,23 +54,27 @@ def beside_model_bytes(engine: Engine) -> int:
     return prompt_cache_bytes(engine) + BUFFERS_BYTES
 
 
+def stack_kv_bytes(stack: StackSpec) -> int:
+    """The KV cache (and recurrent state) the stack's engine keeps for its model as it loads it, at the
+    stack's context, cache types, slots and micro-batch."""
+    adapter = stack.engine
+    return kv_cache_bytes(
+        adapter.loaded_facts(adapter.model_format.facts(stack.model), stack.mtp),
+        stack.ctx_size,
+        stack.cache_type or "f16",
+        adapter.cache_layout(stack.mla, stack.swa_full),
+        stack.parallel,
+        stack.cache_type_v,
+        stack.ubatch_size or DEFAULT_UBATCH,
+    )
+
+
 def memory_use(stack: StackSpec) -> MemoryUse:
     adapter = stack.engine
-    kv = 0
-    if stack.gpu == "none":
-        kv = kv_cache_bytes(
-            adapter.model_format.facts(stack.model),
-            stack.ctx_size,
-            stack.cache_type or "f16",
-            adapter.cache_layout(stack.mla, stack.swa_full),
-            stack.parallel,
-            stack.cache_type_v,
-            stack.ubatch_size or DEFAULT_UBATCH,
-        )
     return MemoryUse(
         model_bytes=adapter.model_format.size(stack.model),
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
-        kv_bytes=kv,
+        kv_bytes=stack_kv_bytes(stack) if stack.gpu == "none" else 0,
         prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram),
         projector_bytes=projector_bytes(stack) if stack.gpu == "none" else 0,
     )

@@ -44,6 +44,11 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
             "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
             "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
         )
+    if options.mtp and facts.recurrent_state_bytes:
+        raise SpecError(
+            f"{model.name} keeps a recurrent state, and drafting with its MTP layer keeps one more copy of "
+            "it for each drafted token, which moe-stack doesn't plan yet: drop --mtp"
+        )
     if options.draft_model is None:
         return options
     check_beside_model(user_path(options.draft_model), model, "draft model")

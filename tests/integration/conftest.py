@@ -30,14 +30,13 @@ from builder.images.build import build_image
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
-from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.model_files import fetch_demo_model
-from builder.models.planner import ModelFacts
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
+from builder.stacks.memory_use import stack_kv_bytes
 from builder.stacks.run import RUNTIME_LOST_INIT, down
 from tests.integration.wheelhouse import make_kt_wheelhouse
 
@@ -253,19 +252,11 @@ def budget_minutes(refusal: str) -> int:
     return int(match.group(1))
 
 
-def check_kv_as_planned(facts: ModelFacts, stack: StackSpec, logs: str) -> None:
+def check_kv_as_planned(stack: StackSpec, logs: str) -> None:
     """The KV cache the engine logged (its KV and recurrent-state buffers: mainline logs the state apart,
     RS, a sliding-window model's windowed layers apart, and DeepSeek-V4's four caches and three compressor
     states each apart) against the plan's for the engine's layout, within 10 %."""
-    planned = kv_cache_bytes(
-        facts,
-        stack.ctx_size,
-        stack.cache_type or "f16",
-        stack.engine.cache_layout(stack.mla, stack.swa_full),
-        stack.parallel,
-        stack.cache_type_v,
-        stack.ubatch_size or DEFAULT_UBATCH,
-    )
+    planned = stack_kv_bytes(stack)
     buffers = re.findall(r"CPU (?:KV|RS|DSV4 \w+ state) buffer size =\s+([\d.]+) MiB", logs)
     logged = sum(float(mib) for mib in buffers) * 1024**2
     assert logged, logs[-2000:]

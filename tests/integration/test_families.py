@@ -78,7 +78,7 @@ def test_family_serves_without_a_preset(
     )
     assert stack.cache_type == "q8_0" and stack.flash_attention == "on"
     assert stack.ctx_size == 4096
-    check_kv_as_planned(facts, stack, logs)
+    check_kv_as_planned(stack, logs)
 
 
 # The families ik_llama.cpp's pinned tree can't load (DeepSeek-V4, DeepSeek-V3.2), mainline's can.

@@ -107,7 +107,7 @@ def test_preset_serves_its_architecture(
         assert "Adjusted mainline llama.cpp MLA tensors" in logs and "mla_attn      = 3" in logs, logs[-2000:]
     assert "exceeds the training context" not in logs
     # The plan's KV cache (the latent, the recurrent state) is what the engine allocated, within 10 %.
-    check_kv_as_planned(facts, stack_plan.stack, logs)
+    check_kv_as_planned(stack_plan.stack, logs)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

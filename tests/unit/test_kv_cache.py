@@ -131,3 +131,19 @@ def test_deepseek_v3_2_caches_the_latent_and_the_indexer_keys_of_its_trunk() -> 
     full = shape_facts(synth_shape("deepseek32"))
     assert round(kv_cache_bytes(full, 32768, "q8_0", layout) / 1024**3, 2) == 1.39
     assert round(kv_cache_bytes(full, 163840, "f16", layout) / 1024**3, 1) == 13.1
+
+
+def test_ling_3_caches_its_mla_layers_latent_and_keeps_its_kda_layers_state() -> None:
+    """Ling-3 (bailingmoe3) on mainline, a Kimi Delta Attention hybrid: the MLA layers (one a group, and
+    the MTP block, which mainline caches whether it drafts or not) keep the 576-wide latent a token, the KDA
+    layers an f32 state a slot. Mainline 0c1e57098's CPU build logged, for the tiny model at 4096 tokens over
+    4 slots, `9.00 MiB` of K in 2 layers and 3.21 MiB of recurrent state; one slot, q8_0: 4.78 MiB."""
+    layout = MAINLINE.cache_layout(None)
+    tiny = MAINLINE.loaded_facts(shape_facts(TINY["bailingmoe3"]), mtp=False)
+    assert (tiny.cached_layers, tiny.mla_dim, tiny.recurrent_state_bytes) == (2, 576, 841_728)
+    assert kv_cache_bytes(tiny, 4096, "f16", layout, sequences=4) == 9 * 1024**2 + 4 * 841_728
+    assert kv_cache_bytes(tiny, 4096, "q8_0", layout) == 2 * 4096 * 612 + 841_728
+    # Ling-3.0-flash: 7 MLA layers and the MTP block, 35 KDA layers of 32 heads of 128: 362.9 MiB at 32k, f16.
+    flash = MAINLINE.loaded_facts(shape_facts(synth_shape("bailingmoe3")), mtp=False)
+    assert (flash.cached_layers, flash.recurrent_state_bytes) == (8, 35 * 2_244_608)
+    assert round(kv_cache_bytes(flash, 32768, "f16", layout) / 1024**2, 1) == 362.9

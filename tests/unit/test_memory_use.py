@@ -50,10 +50,11 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
     # Staged on 1G pages (which back the mapping): the model is hugepages, not memory as well
     mapped = EngineOptions(mmap=True)
     assert use(gpu="nvidia", hugetlbfs="1G", engine_options=mapped) == (default + BUFFERS_BYTES, size)
-    # CPU-only: its KV cache (the preset's context and cache type) is in RAM too
+    # CPU-only: its KV cache (the preset's context and cache type, the model as the engine loads it) is in
+    # RAM too
     options = chosen.engine_options(get_engine(engine))
     kv = kv_cache_bytes(
-        read_facts(model),
+        get_engine(engine).loaded_facts(read_facts(model), options.mtp),
         options.ctx_size,
         options.cache_type or "f16",
         get_engine(engine).cache_layout(options.mla),

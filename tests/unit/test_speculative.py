@@ -16,6 +16,7 @@ from builder.errors import SpecError, StackError
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
 from builder.models.planner import read_facts
+from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
@@ -133,3 +134,12 @@ def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> 
     read = read_facts(ggufs["mtp"])
     assert (read.layers, read.nextn_layers) == (mtp_shape.layers + 1, 1)
     assert shape_facts(mtp_shape) == read
+
+
+def test_mtp_is_refused_for_a_model_with_a_recurrent_state(tmp_path: Path) -> None:
+    """Ling-3's MTP block: mainline drafts with it, and keeps a copy of the KDA layers' state for each
+    drafted token (its n_rs_seq rows at 0c1e57098: the tiny file logged 3 more with --mtp), which the plan
+    doesn't count: refused."""
+    model = write_moe_gguf(tmp_path / "ling3.gguf", TINY["bailingmoe3"])
+    with pytest.raises(SpecError, match=r"^ling3.gguf keeps a recurrent state, .* drop --mtp$"):
+        checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
