@@ -1,18 +1,20 @@
 """Every architecture `synth-moe` writes, full size and tiny: the seed's three, the families beside them
-(synth_families.py) and inclusionAI's Ling (synth_ling.py); `synth_shape` gives one with changes."""
+(synth_families.py), inclusionAI's Ling (synth_ling.py) and Kimi-K3 (synth_delta.py); `synth_shape` gives
+one with changes."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from builder.models.synth_delta import KIMI_K3, KIMI_K3_TINY
 from builder.models.synth_families import FAMILY_SHAPES
 from builder.models.synth_families import FAMILY_TINY_SHAPES as _FAMILY_TINY
 from builder.models.synth_ling import LING_SHAPES, LING_TINY_SHAPES
 from builder.models.synth_shapes import SEED_SHAPES, TINY_SHAPES, MoeShape
 
-SHAPES: dict[str, MoeShape] = {**SEED_SHAPES, **FAMILY_SHAPES, **LING_SHAPES}
+SHAPES: dict[str, MoeShape] = {**SEED_SHAPES, **FAMILY_SHAPES, **LING_SHAPES, "kimi-k3": KIMI_K3}
 # Small models of every architecture beyond the seed's three (the suite serves each) and of all of them.
-FAMILY_TINY_SHAPES: dict[str, MoeShape] = {**_FAMILY_TINY, **LING_TINY_SHAPES}
+FAMILY_TINY_SHAPES: dict[str, MoeShape] = {**_FAMILY_TINY, **LING_TINY_SHAPES, "kimi-k3": KIMI_K3_TINY}
 TINY: dict[str, MoeShape] = {**TINY_SHAPES, **FAMILY_TINY_SHAPES}
 
 

@@ -147,3 +147,19 @@ def test_ling_3_caches_its_mla_layers_latent_and_keeps_its_kda_layers_state() ->
     flash = MAINLINE.loaded_facts(shape_facts(synth_shape("bailingmoe3")), mtp=False)
     assert (flash.cached_layers, flash.recurrent_state_bytes) == (8, 35 * 2_244_608)
     assert round(kv_cache_bytes(flash, 32768, "f16", layout) / 1024**2, 1) == 362.9
+
+
+def test_kimi_k3_caches_its_mla_layers_latent_and_keeps_its_kda_layers_state() -> None:
+    """Kimi-K3 (kimi-k3) on mainline: its gated MLA layers (every 4th and the last) keep the 576-wide latent
+    a token, no V; its KDA layers an f32 state a slot. Mainline 0c1e57098's CPU build logged, for the tiny
+    model at 4096 tokens over 4 slots, `K (f16): 4.50 MiB` and 0.86 MiB of recurrent state; one slot at 32768,
+    q8_0: 19.12 MiB."""
+    layout = MAINLINE.cache_layout(None)
+    tiny = MAINLINE.loaded_facts(shape_facts(TINY["kimi-k3"]), mtp=False)
+    assert (tiny.cached_layers, tiny.recurrent_state_bytes) == (1, 224_256)
+    assert kv_cache_bytes(tiny, 4096, "f16", layout, sequences=4) == int(4.5 * 1024**2) + 4 * 224_256
+    assert kv_cache_bytes(tiny, 32768, "q8_0", layout) == 32768 * 612 + 224_256
+    # The real model: 24 MLA layers, 69 KDA layers of 96 heads of 128 (443.1 MiB a slot): 2.2 GiB at 128k.
+    full = shape_facts(synth_shape("kimi-k3"))
+    assert (full.cached_layers, round(full.recurrent_state_bytes / 1024**2, 1)) == (24, 443.1)
+    assert round(kv_cache_bytes(full, 131072, "q8_0", layout) / 1024**3, 1) == 2.2

@@ -190,7 +190,8 @@ def test_family_shapes_are_the_real_models() -> None:
     228.7B/11.0B, Qwen3.5's 397B/17B by its name (its vision tower and MTP block left out here), GLM-5's
     744B/40B without its NextN block, DeepSeek-V4-Flash's 284B/13B, DeepSeek-V3.2's 671B/37B as R1's
     671.0/37.6 and its indexer's 0.9B in every layer (without its MTP block), Ling-1T's 1T/50B (ik_llama.cpp
-    printed 999.705B for the published GGUF), Ling-3.0-flash's 124B/5.1B."""
+    printed 999.705B for the published GGUF), Ling-3.0-flash's 124B/5.1B, Kimi-K3's
+    2.8T/104B."""
     expected = {
         "glm4moe": (352.8, 33.6),
         "gpt-oss": (116.8, 5.7),
@@ -202,6 +203,7 @@ def test_family_shapes_are_the_real_models() -> None:
         # inclusionAI counts active parameters without the embeddings (1.3B and 0.4B here)
         "bailingmoe2": (999.7, 51.1),  # Ling-1T: ~1T / ~50B; ik_llama.cpp printed 999.705B for the real file
         "bailingmoe3": (124.4, 5.5),  # Ling-3.0-flash: 124B / 5.1B (127B with its MTP block)
+        "kimi-k3": (2779.5, 105.4),  # Kimi-K3: 2.8T / 104B
     }
     for arch, shape in SHAPES.items():
         if arch in SEED_SHAPES:
