@@ -130,8 +130,9 @@ SynthArchOpt = Annotated[
     typer.Option(
         help="qwen3moe (Qwen3-235B-A22B), deepseek2 (DeepSeek-R1, MLA), qwen3next (Qwen3-Next-80B-A3B), "
         "glm4moe (GLM-4.6), gpt-oss (gpt-oss-120b), minimax-m2 (MiniMax-M2), qwen35moe (Qwen3.5-397B-A17B), "
-        "glm-dsa (GLM-5), bailingmoe2 (Ling-1T), and mainline only: deepseek4 (DeepSeek-V4-Flash), deepseek32 "
-        "(DeepSeek-V3.2), bailingmoe3 (Ling-3.0-flash) or kimi-k3 (Kimi-K3)"
+        "glm-dsa (GLM-5), bailingmoe2 (Ling-1T), and mainline only: deepseek4 (DeepSeek-V4-Flash), "
+        "deepseek32 (DeepSeek-V3.2), bailingmoe3 (Ling-3.0-flash), kimi-k3 (Kimi-K3) or minimax-m3 "
+        "(MiniMax-M3)"
     ),
 ]
 SynthTinyOpt = Annotated[

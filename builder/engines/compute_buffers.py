@@ -71,6 +71,9 @@ MAINLINE_R1_LAYERS_MIB = ((512, 590.0), (1024, 1126.1), (2048, 1516.0))
 # on Qwen3-235B widths +520 and +536 (12155 tokens). Mainline on R1 widths +242 both times: with its
 # 603 MiB at load, inside CUDA_CONTEXT_BYTES.
 IK_R1_POOL_MIB = (352.2, (1246.0 - 464.0) / (20346 - 2545))  # at no prompt, a prompt token (128 heads)
+# MiniMax-M3's sparse attention in prefill: f32 values a context cell holds for each micro-batch token, over
+# all heads and per KV head, beside the rest of the graph (mainline's CPU build; see _mainline_layers).
+MSA_SCORES_BASE, MSA_SCORES_PER_KV_HEAD, MSA_GRAPH_BYTES = 1.6, 2.05, 3 * MIB
 IK_POOL_MIB = 536.0  # Qwen3-235B widths; Qwen3-Next's never measured, the same assumed
 POOL_UBATCH = 2048  # the micro-batch the growth was measured at
 
@@ -191,6 +194,14 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
         # As ik's (above): mainline 165/225/513 MiB at 8k, 32k and 131k.
         size = 136.79 * MIB + ctx * 2.9286 * KIB
         return int(size), True, "llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
+    if facts.arch == "minimax-m3":
+        # MiniMax Sparse Attention's prefill: f32 block scores and the block mask expanded to the cells, for
+        # each KV head, against the micro-batch. Fitted to 7 logs of the CPU build's buffer on a tiny file
+        # (4096-16384 tokens, -ub 512-2048, 2 and 4 KV heads: 47 to 716 MiB); the graph's tensors are the
+        # backend's whatever it is, but CUDA's buffer is not measured.
+        per_cell = MSA_SCORES_BASE + MSA_SCORES_PER_KV_HEAD * facts.kv_heads
+        size = MSA_GRAPH_BYTES + per_cell * ctx * ubatch * F32_BYTES
+        return int(size), False, "llama.cpp's CPU build on a tiny minimax-m3 (7 points; CUDA not measured)"
     if facts.arch == "qwen3moe":
         # 244 MiB at 16k/512, 908 at 16k/2048; 972 at 32k/2048 is the mask term's check (+64 MiB).
         size = 22.7 * MIB + ubatch * 0.40106 * MIB + ubatch * ctx * F16_MASK_BYTES

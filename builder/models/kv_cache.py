@@ -76,7 +76,24 @@ def kv_cache_bytes(
     windowed = facts.window_layers if layout.windowed and facts.sliding_window else 0
     cells = ctx * (facts.cached_layers - windowed)
     cells += window_cells(facts.sliding_window, ctx, sequences, ubatch) * windowed
-    return int(per_token * cells) + facts.recurrent_state_bytes * sequences
+    return (
+        int(per_token * cells)
+        + indexer_cache_bytes(facts, ctx, cache_type, v_type, layout)
+        + (facts.recurrent_state_bytes * sequences)
+    )
+
+
+def indexer_cache_bytes(facts: ModelFacts, ctx: int, k_type: str, v_type: str, layout: CacheLayout) -> int:
+    """MiniMax Sparse Attention's second cache beside heads' K and V (not the latent's): on each layer with
+    the indexer, its key a token and a value of the head's width that is allocated and never read
+    (llama_kv_cache_msa at 0c1e57098: its tiny file logged `K (f16): 2.00 MiB, V (f16): 1.00 MiB`)."""
+    if facts.mla_dim or not (layout.indexer and facts.indexer_dim and facts.indexer_layers):
+        return 0
+    return int(
+        ctx
+        * facts.indexer_layers
+        * (row_bytes(k_type, facts.indexer_dim) + row_bytes(v_type, facts.value_dim))
+    )
 
 
 def compressed_cache_bytes(

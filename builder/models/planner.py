@@ -34,6 +34,8 @@ LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 # A layer with a KV cache has a key projection (deepseek2: the latent's; deepseek4: its one K=V head's);
 # qwen3next's recurrent layers have none.
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv|kv_a_mqa)\.weight$")
+# A layer with a sparse-attention indexer has its key projection (glm-dsa's attn_k, minimax-m3's k_proj).
+INDEXER_KEY = re.compile(r"^blk\.(\d+)\.indexer\.(?:attn_k|k_proj)\.weight$")
 # Sliding-window patterns of the architectures moe-stack serves whose GGUF may not say one (mainline's
 # load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2,deepseek4}.cpp at 0c1e57098).
 WINDOW_PATTERN = {"gpt-oss": 2, "gemma3": 6, "gemma2": 2, "deepseek4": 0}
@@ -97,6 +99,9 @@ class ModelFacts:
     # DeepSeek Sparse Attention's indexer (GLM-5's glm-dsa): the key width a token caches per layer beside
     # the latent ({arch}.attention.indexer.key_length; 0: none), where the engine builds it (CacheLayout).
     indexer_dim: int = 0
+    # Layers with an indexer (its key projection): MiniMax-M3's sparse layers, whose keys (and a value of the
+    # head's width) mainline caches beside a non-latent cache (llama_kv_cache_msa).
+    indexer_layers: int = 0
     # DeepSeek-V4's compressed attention: per layer, the tokens one compressed row of its cache stands for
     # (4: read sparsely, the indexer's keys beside it; 128: read densely; 0: the raw window alone).
     compress_ratios: tuple[int, ...] = ()
@@ -303,6 +308,7 @@ def read_facts(path: Path) -> ModelFacts:
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
+        indexer_layers=len({match.group(1) for t in reader.tensors if (match := INDEXER_KEY.match(t.name))}),
         compress_ratios=tuple(_numbers(reader, f"{arch}.attention.compress_ratios")[:layers]),
     )
 

@@ -34,6 +34,13 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
   with DeepSeek Sparse Attention's lightning indexer in every layer, as glm-dsa's tensors: mainline's
   src/models/deepseek32.cpp at 0c1e57098 requires the indexer's tensors and the gating function's key,
   and caches the latent and the indexer's keys (llama_kv_cache_dsa), the MTP block's in neither.
+- minimax-m3 (MiniMax-M3; mainline only: ik_llama.cpp at its pin has no such architecture): MiniMax-M2's
+  grouped-query attention with per-head q/k norms, dense leading layers, a shared expert beside the routed
+  ones, and MiniMax Sparse Attention on every layer after the dense ones: a lightning indexer (a head per KV
+  head, one key of 128 a token) picks blocks of 128 tokens to attend to; mainline caches the indexer's key,
+  and a value of the head's width it never reads, in a second cache of those layers (llama_kv_cache_msa), and
+  runs it only with flash attention and a cache per slot (src/models/minimax-m3.cpp at 0c1e57098). The
+  indexer's projections stay F32 in real files, as the converter writes them.
 """
 
 from __future__ import annotations
@@ -370,6 +377,68 @@ class DeepSeek4Shape(MoeShape):
         yield f"{p}.indexer_compressor_norm.weight", (key,), "norm"
 
 
+@dataclass(frozen=True)
+class MiniMaxM3Shape(MoeShape):
+    arch: ClassVar[str] = "minimax-m3"
+    rope_base: float = 5_000_000.0
+    dense_layers: int = 1
+    dense_ffn: int = 512
+    shared_experts: int = 1
+    indexer_key: int = 128
+    indexer_top_k: int = 16  # blocks, not tokens
+    indexer_block: int = 128  # tokens a block
+    indexer_local: int = 1  # the query's own blocks, always attended to
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.dense_layers < self.layers:
+            raise ValueError("minimax-m3 needs dense_layers < layers (at least one sparse MoE layer)")
+        if self.indexer_key < self.head_dim // 2:
+            raise ValueError("minimax-m3's indexer key must hold the rotary dims (half the head)")
+
+    @property
+    def dense_width(self) -> int:
+        return self.dense_ffn
+
+    @property
+    def indexer_dim(self) -> int:
+        return self.indexer_key
+
+    def metadata(self, writer: gguf.GGUFWriter) -> None:
+        super().metadata(writer)
+        arch = self.arch
+        writer.add_rope_dimension_count(self.head_dim // 2)  # rotary_dim 64 of 128
+        writer.add_leading_dense_block_count(self.dense_layers)
+        writer.add_expert_shared_count(self.shared_experts)
+        writer.add_expert_weights_scale(2.0)  # routed_scaling_factor
+        writer.add_expert_weights_norm(True)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_indexer_head_count(self.kv_heads)  # its graph takes one indexer head per KV head
+        writer.add_indexer_key_length(self.indexer_key)
+        writer.add_indexer_top_k(self.indexer_top_k)
+        writer.add_uint32(f"{arch}.attention.indexer.block_size", self.indexer_block)
+        writer.add_uint32(f"{arch}.attention.indexer.local_blocks", self.indexer_local)
+
+    def layer(self, i: int) -> Iterator[Tensor]:
+        p, h = f"blk.{i}", self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield f"{p}.attn_q.weight", (h, q), "quant"
+        yield f"{p}.attn_k.weight", (h, kv), "quant"
+        yield f"{p}.attn_v.weight", (h, kv), "quant"
+        yield f"{p}.attn_output.weight", (q, h), "quant"
+        yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
+        yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+        yield f"{p}.ffn_norm.weight", (h,), "norm"
+        yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
+        if i >= self.dense_layers:
+            key = self.indexer_key
+            yield f"{p}.indexer.q_proj.weight", (h, self.kv_heads * key), "f32"
+            yield f"{p}.indexer.k_proj.weight", (h, key), "f32"
+            yield f"{p}.indexer.q_norm.weight", (key,), "norm"
+            yield f"{p}.indexer.k_norm.weight", (key,), "norm"
+
+
 def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
     yield f"{p}.attn_q.weight", (h, q), "quant"
     yield f"{p}.attn_k.weight", (h, kv), "quant"
@@ -494,6 +563,25 @@ FAMILY_SHAPES: dict[str, MoeShape] = {
         indexer_key=128,
         indexer_top_k=512,
     ),
+    # MiniMax-M3: 60 layers (3 dense of 12288, with full attention), 64 query / 4 KV heads of 128, 128
+    # experts of 3072 and a shared one, top-4, routed scale 2.0; its sparse attention's indexer 4 heads of
+    # 128, the top 16 blocks of 128 tokens and the query's own (its text_config; 426.2B parameters, 24.7B
+    # active, as ~428B / 23B published with its vision tower and without the output head).
+    "minimax-m3": MiniMaxM3Shape(
+        layers=60,
+        hidden=6144,
+        heads=64,
+        kv_heads=4,
+        head_dim=128,
+        expert_ffn=3072,
+        experts=128,
+        experts_used=4,
+        context=1_048_576,
+        quant="Q4_0",
+        vocab=200064,
+        dense_layers=3,
+        dense_ffn=12288,
+    ),
     # DeepSeek-V3.2: R1's widths (61 layers, 3 dense of 18432, 128 heads, q_lora 1536, kv_lora 512, 256
     # experts of 2048 and a shared one, top-8 in 4 of 8 groups) and its MTP block, which the converter
     # keeps; the indexer 64 heads of 128, top-2048 (its config.json: index_n_heads, index_head_dim,
@@ -530,6 +618,8 @@ FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
     ),
     # Layers 2 and 3 compress by 4 and by 128: each kind of cache in four layers.
     "deepseek4": DeepSeek4Shape(context=FAMILY_SHAPES["deepseek4"].context),
+    # One dense layer (full attention), two sparse ones (the indexer, MoE and a shared expert).
+    "minimax-m3": MiniMaxM3Shape(layers=3, context=FAMILY_SHAPES["minimax-m3"].context),
     # Grouped routing and the MTP block kept: the cache leaves that block out.
     "deepseek32": DeepSeek32Shape(
         layers=3,

@@ -17,6 +17,7 @@ import numpy as np
 
 from builder.models.planner import (
     CACHED_ATTENTION,
+    INDEXER_KEY,
     ROUTED_EXPERT,
     WINDOW_PATTERN,
     ModelFacts,
@@ -191,7 +192,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     test holds the two together): plans for full-size shapes that would take hundreds of GB to write."""
     experts = [0] * shape.blocks
     other = embedding = nextn_other = 0
-    cached = set()
+    cached, indexed = set(), set()
     for name, ne, kind in shape.tensors(vocab_size(shape)):
         n_bytes = tensor_bytes(ne, kind, shape.quant)
         if ROUTED_EXPERT.match(name):
@@ -203,6 +204,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         embedding += n_bytes if name == "token_embd.weight" else 0
         if CACHED_ATTENTION.match(name):
             cached.add(name.split(".")[1])
+        if INDEXER_KEY.match(name):
+            indexed.add(name.split(".")[1])
     kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
     window: int = getattr(shape, "sliding_window", 0)  # gpt-oss's and deepseek4's
     if isinstance(shape, DeepSeek2Shape):
@@ -241,6 +244,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         nextn_other_bytes=nextn_other,
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,
+        indexer_layers=len(indexed),
         compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's
         sliding_window=window,
         window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,

@@ -16,6 +16,9 @@ CONTEXT = 32768
 # -ub and -b on a GPU stack, as every preset but Qwen3-Next's (its recurrent layers split a batch
 # themselves): hybrid prefill 1871 → 4928 t/s from 512 to 2048 on the device (presets.yaml).
 GPU_BATCH = 2048
+# MiniMax Sparse Attention scores each micro-batch token against the context for each KV head in prefill
+# (compute_buffers.py: 2.4 GiB at 32k and -ub 2048 on MiniMax-M3): its preset's -ub 512 keeps that a quarter.
+SPARSE_UBATCH = 512
 # ik_llama.cpp moves a batch's CPU-expert matmuls to the GPU once batch × used ≥ N × all experts: the
 # presets pick N so that a batch of about 32 tokens does (R1: 32 × 8 / 256 = 1; Qwen3-235B: 2).
 OFFLOAD_TOKENS = 32
@@ -49,7 +52,8 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
     context = min(CONTEXT, facts.context_length) if facts.context_length else CONTEXT
     wanted: dict[str, object] = {"ctx_size": context, "cache_type": "q8_0", "flash_attention": "on"}
     if gpu and not facts.recurrent_state_bytes:
-        wanted |= {"batch_size": GPU_BATCH, "ubatch_size": GPU_BATCH}
+        ubatch = SPARSE_UBATCH if _block_sparse(facts) else GPU_BATCH
+        wanted |= {"batch_size": GPU_BATCH, "ubatch_size": ubatch}
     wanted["fused_moe"] = True
     if facts.mla_dim:
         wanted["mla"] = 3
@@ -58,6 +62,11 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
     options = EngineOptions.model_validate({k: v for k, v in wanted.items() if k in engine.honours})
     rules = (EXPERTS_ON_CPU_RULE,) if engine.takes_override_rules else ()
     return Derived(options, rules, _described(facts))
+
+
+def _block_sparse(facts: ModelFacts) -> bool:
+    """MiniMax Sparse Attention: an indexer beside each head's K and V (not the MLA latent's, as GLM-5's)."""
+    return facts.indexer_layers > 0 and not facts.mla_dim
 
 
 def _described(facts: ModelFacts) -> str:
@@ -70,6 +79,8 @@ def _described(facts: ModelFacts) -> str:
         attention = f"attention in {facts.cached_layers} of {facts.layers} layers, recurrent in the rest"
     elif facts.sliding_window:
         attention = f"sliding-window attention ({facts.sliding_window} tokens) in some layers"
+    elif _block_sparse(facts):
+        attention = f"grouped-query attention, sparse (an indexer's blocks) in {facts.indexer_layers} layers"
     else:
         attention = "grouped-query attention" if facts.kv_heads < facts.heads else "attention"
     return (

@@ -18,8 +18,9 @@ from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from tests.hosts import epyc_host
 
-# DeepSeek-V4, DeepSeek-V3.2, Ling-3 and Kimi-K3: mainline's pinned tree names them, ik_llama.cpp's doesn't.
-MAINLINE_ONLY = ("deepseek4", "deepseek32", "bailingmoe3", "kimi-k3")
+# DeepSeek-V4, DeepSeek-V3.2, Ling-3, Kimi-K3 and MiniMax-M3: mainline's pinned tree names them,
+# ik_llama.cpp's doesn't.
+MAINLINE_ONLY = ("deepseek4", "deepseek32", "bailingmoe3", "kimi-k3", "minimax-m3")
 
 
 def _refused(arch: str) -> str:

@@ -163,3 +163,18 @@ def test_kimi_k3_caches_its_mla_layers_latent_and_keeps_its_kda_layers_state() -
     full = shape_facts(synth_shape("kimi-k3"))
     assert (full.cached_layers, round(full.recurrent_state_bytes / 1024**2, 1)) == (24, 443.1)
     assert round(kv_cache_bytes(full, 131072, "q8_0", layout) / 1024**3, 1) == 2.2
+
+
+def test_minimax_m3_caches_its_indexer_keys_beside_each_heads_k_and_v() -> None:
+    """MiniMax-M3 on mainline (llama_kv_cache_msa): every layer's K and V of its KV heads, and on each sparse
+    layer a second cache of the indexer's 128-wide key and a value of the head's width that is never read.
+    Mainline 0c1e57098's CPU build logged, for the tiny model at 4096 tokens, 6.00 MiB (3 layers) and 3.00
+    MiB (2 layers: K 2.00, V 1.00); q8_0: 3.19 and 1.59 MiB."""
+    layout = MAINLINE.cache_layout(None)
+    tiny = shape_facts(TINY["minimax-m3"])
+    assert (tiny.cached_layers, tiny.indexer_layers, tiny.indexer_dim) == (3, 2, 128)
+    assert kv_cache_bytes(tiny, 4096, "f16", layout) == (6 + 3) * 1024**2
+    assert kv_cache_bytes(tiny, 4096, "q8_0", layout) == 4096 * (3 * 2 * 2 * 68 + 2 * (136 + 68))
+    # The real model: 120 KiB of K and V and 28.5 KiB of the indexer's a token at f16, 4.6 GiB at 32k.
+    full = shape_facts(synth_shape("minimax-m3"))
+    assert kv_cache_bytes(full, 1, "f16", layout) == (120 + 28.5) * 1024

@@ -191,7 +191,8 @@ def test_family_shapes_are_the_real_models() -> None:
     744B/40B without its NextN block, DeepSeek-V4-Flash's 284B/13B, DeepSeek-V3.2's 671B/37B as R1's
     671.0/37.6 and its indexer's 0.9B in every layer (without its MTP block), Ling-1T's 1T/50B (ik_llama.cpp
     printed 999.705B for the published GGUF), Ling-3.0-flash's 124B/5.1B, Kimi-K3's
-    2.8T/104B."""
+    2.8T/104B, MiniMax-M3's 428B/23B (its vision tower
+    counted, its embeddings and output head not)."""
     expected = {
         "glm4moe": (352.8, 33.6),
         "gpt-oss": (116.8, 5.7),
@@ -204,6 +205,8 @@ def test_family_shapes_are_the_real_models() -> None:
         "bailingmoe2": (999.7, 51.1),  # Ling-1T: ~1T / ~50B; ik_llama.cpp printed 999.705B for the real file
         "bailingmoe3": (124.4, 5.5),  # Ling-3.0-flash: 124B / 5.1B (127B with its MTP block)
         "kimi-k3": (2779.5, 105.4),  # Kimi-K3: 2.8T / 104B
+        # MiniMax-M3: ~428B with its vision tower / 23B (23.5 without its embeddings and output head)
+        "minimax-m3": (426.2, 26.0),
     }
     for arch, shape in SHAPES.items():
         if arch in SEED_SHAPES:

@@ -25,7 +25,7 @@ def test_seed_presets() -> None:
         *("deepseek-r1-671b", "qwen3-235b-a22b", "qwen3-next-80b-a3b"),  # the seed's
         # the families (../shared/MOE-FAMILIES.md)
         *("glm-4.6", "gpt-oss-120b", "minimax-m2", "kimi-k2", "qwen3.5-397b-a17b", "glm-5"),
-        *("deepseek-v4-flash", "deepseek-v3.2", "ling-1t", "ling-3.0-flash", "kimi-k3"),
+        *("deepseek-v4-flash", "deepseek-v3.2", "ling-1t", "ling-3.0-flash", "kimi-k3", "minimax-m3"),
     }
     r1 = get_preset("deepseek-r1-671b")
     assert r1.engine_options(get_engine("ik_llama.cpp")) == EngineOptions(
@@ -88,6 +88,7 @@ def test_a_preset_needs_no_nulls_each_engine_takes_what_it_honours() -> None:
         ("deepseek-v3.2", "deepseek32", (1.0, 0.95)),
         ("ling-3.0-flash", "bailingmoe3", (0.7, 0.9)),
         ("kimi-k3", "kimi-k3", (1.0, 0.95)),
+        ("minimax-m3", "minimax-m3", (1.0, 0.95)),
     ],
 )
 def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it(
