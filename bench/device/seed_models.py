@@ -77,6 +77,13 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "dsv4-4": ("deepseek-v4-flash", synth_shape("deepseek4", layers=4, experts=16, vocab=0)),
     # MiniMax-M2's 256 experts: prefill's expert copy at its real size, against the plan's from the sources.
     "minimax-4-e256": ("minimax-m2", synth_shape("minimax-m2", layers=4, experts=256, vocab=0)),
+    # The families added after the first measurements, each kind of layer: Ling-1T's dense and MoE layers,
+    # Ling-3's group of 5 KDA layers and an MLA one and its MTP block, Kimi-K3's 3 KDA layers and an MLA
+    # one, MiniMax-M3's dense layer and sparse ones.
+    "ling1t-4": ("ling-1t", synth_shape("bailingmoe2", layers=4, dense_layers=1, experts=16, vocab=0)),
+    "ling3-6": ("ling-3.0-flash", synth_shape("bailingmoe3", layers=6, dense_layers=1, experts=16, vocab=0)),
+    "k3-4": ("kimi-k3", synth_shape("kimi-k3", layers=4, experts=16, vocab=0)),
+    "m3-4": ("minimax-m3", synth_shape("minimax-m3", layers=4, dense_layers=1, experts=16, vocab=0)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's

@@ -30,7 +30,7 @@ from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.derived import derived_preset
+from builder.stacks.derived import block_sparse, derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
@@ -119,6 +119,8 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         engine_options = checked_speculative(engine_options, model, adapter)
     if "mmproj" in adapter.honours:
         engine_options = checked_projector(engine_options, model, adapter)
+    if block_sparse(facts):
+        _check_sparse_attention(engine_options, options)
     gpu_experts = options.gpu_experts
     tensor_split: tuple[int, ...] = ()
     if options.placement == "fit":
@@ -198,6 +200,22 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
     return stack
+
+
+def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None:
+    """MiniMax Sparse Attention runs only with flash attention and a cache per slot: otherwise mainline
+    attends densely over the whole context, with a warning in its log alone (src/models/minimax-m3.cpp at
+    0c1e57098), which the plan and a long context's speed don't expect."""
+    if given.flash_attention == "off":
+        raise SpecError(
+            "this model's sparse attention runs only with flash attention (off, the engine attends densely "
+            "over the whole context): drop --flash-attention off"
+        )
+    if {"--kv-unified", "-kvu"} & set(options.engine_args) and options.parallel > 1:
+        raise SpecError(
+            "this model's sparse attention needs a cache per slot (with --kv-unified and several slots the "
+            "engine attends densely): drop --kv-unified"
+        )
 
 
 def _vram_plan(

@@ -52,7 +52,7 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
     context = min(CONTEXT, facts.context_length) if facts.context_length else CONTEXT
     wanted: dict[str, object] = {"ctx_size": context, "cache_type": "q8_0", "flash_attention": "on"}
     if gpu and not facts.recurrent_state_bytes:
-        ubatch = SPARSE_UBATCH if _block_sparse(facts) else GPU_BATCH
+        ubatch = SPARSE_UBATCH if block_sparse(facts) else GPU_BATCH
         wanted |= {"batch_size": GPU_BATCH, "ubatch_size": ubatch}
     wanted["fused_moe"] = True
     if facts.mla_dim:
@@ -64,7 +64,7 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
     return Derived(options, rules, _described(facts))
 
 
-def _block_sparse(facts: ModelFacts) -> bool:
+def block_sparse(facts: ModelFacts) -> bool:
     """MiniMax Sparse Attention: an indexer beside each head's K and V (not the MLA latent's, as GLM-5's)."""
     return facts.indexer_layers > 0 and not facts.mla_dim
 
@@ -79,7 +79,7 @@ def _described(facts: ModelFacts) -> str:
         attention = f"attention in {facts.cached_layers} of {facts.layers} layers, recurrent in the rest"
     elif facts.sliding_window:
         attention = f"sliding-window attention ({facts.sliding_window} tokens) in some layers"
-    elif _block_sparse(facts):
+    elif block_sparse(facts):
         attention = f"grouped-query attention, sparse (an indexer's blocks) in {facts.indexer_layers} layers"
     else:
         attention = "grouped-query attention" if facts.kv_heads < facts.heads else "attention"

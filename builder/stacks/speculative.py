@@ -25,6 +25,11 @@ from builder.spec import EngineOptions
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
 # SPEC_VOCAB_MAX_SIZE_DIFFERENCE, in llama.cpp 0c1e57098 and ik_llama.cpp 007d640).
 VOCAB_MAX_DIFFERENCE = 128
+# Architectures whose MTP head the pinned converter writes to a file of its own, never into the model's
+# (DeepSeek-V4: conversion/deepseek.py at 0c1e57098, `--mtp` gives mtp-<name>.gguf). Mainline drafts with
+# such a head through `-md` and `--spec-type draft-mtp`; its CPU build died of SIGFPE reserving the draft
+# context for a tiny V4 (with the head apart or in the file alike), so moe-stack doesn't offer it yet.
+MTP_HEAD_APART = frozenset({"deepseek4"})
 
 
 def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) -> EngineOptions:
@@ -38,6 +43,12 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
     if options.draft_model is None and not options.mtp:
         return options
     facts = adapter.model_format.facts(model)
+    if options.mtp and facts.nextn_layers == 0 and facts.arch in MTP_HEAD_APART:
+        raise SpecError(
+            f"{model.name} carries no multi-token-prediction layer: {facts.arch}'s converter writes it to a "
+            "file of its own (convert_hf_to_gguf.py --mtp: mtp-<name>.gguf), which moe-stack doesn't serve "
+            "yet; drop --mtp"
+        )
     if options.mtp and facts.nextn_layers == 0:
         raise SpecError(
             f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
+from builder.errors import SpecError
 from builder.host.probe import HostFacts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import shape_facts, write_moe_gguf
@@ -84,3 +85,20 @@ def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host:
     deepseek = write_moe_gguf(tmp_path / "models" / "r1.gguf", TINY_SHAPES["deepseek2"])
     preset = assemble_stack(StackOptions(model=deepseek, preset="deepseek-r1-671b", gpu="nvidia"), host)
     assert preset.derived is None and "derived" not in compose_dict(preset, "x")["x-moe-stack"]
+
+
+def test_sparse_attention_that_would_run_dense_is_refused(tmp_path: Path, host: HostFacts) -> None:
+    """MiniMax-M3's sparse attention runs only with flash attention and a cache per slot; otherwise mainline
+    attends densely with a warning in its log alone: such a stack is refused in one line, and its derived
+    options keep the preset's -ub 512."""
+    model = write_moe_gguf(tmp_path / "models" / "m3.gguf", synth_shape("minimax-m3", tiny=True))
+    plain = assemble_stack(StackOptions(model=model, engine="llama.cpp", gpu="nvidia"), host)
+    assert (plain.flash_attention, plain.ubatch_size) == ("on", 512)
+    assert plain.derived is not None and "sparse (an indexer's blocks) in 2 layers" in plain.derived
+    off = StackOptions(model=model, engine="llama.cpp", engine_options=EngineOptions(flash_attention="off"))
+    with pytest.raises(SpecError, match=r"runs only with flash attention .*: drop --flash-attention off$"):
+        assemble_stack(off, host)
+    unified = StackOptions(model=model, engine="llama.cpp", parallel=2, engine_args=("-kvu",))
+    with pytest.raises(SpecError, match=r"needs a cache per slot .*: drop --kv-unified$"):
+        assemble_stack(unified, host)
+    assert assemble_stack(unified.model_copy(update={"parallel": 1}), host).extra_args == ("-kvu",)

@@ -143,3 +143,13 @@ def test_mtp_is_refused_for_a_model_with_a_recurrent_state(tmp_path: Path) -> No
     model = write_moe_gguf(tmp_path / "ling3.gguf", TINY["bailingmoe3"])
     with pytest.raises(SpecError, match=r"^ling3.gguf keeps a recurrent state, .* drop --mtp$"):
         checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
+
+
+def test_mtp_for_deepseek_v4_says_its_head_is_a_file_of_its_own(tmp_path: Path) -> None:
+    """DeepSeek-V4's converter never puts its MTP head in the model's file (`--mtp` writes mtp-<name>.gguf):
+    the refusal says so, not the advice for DeepSeek-V3's and Qwen3-Next's heads (`--no-mtp`)."""
+    model = write_moe_gguf(tmp_path / "v4.gguf", TINY["deepseek4"])
+    with pytest.raises(
+        SpecError, match=r"deepseek4's converter writes it to a file of its own .*; drop --mtp$"
+    ):
+        checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
