@@ -77,6 +77,7 @@ class Glm4MoeShape(MoeShape):
     shared_experts: int = 1
     nextn_layers: int = 1
     qk_norm: bool = True  # GLM-4.5/4.6/4.7 have them, GLM-4.5-Air not
+    routed_scale: float = 2.5  # expert_weights_scale: the routed experts' normalised weights times this
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,7 +97,7 @@ class Glm4MoeShape(MoeShape):
         writer.add_rope_dimension_count(self.head_dim // 2)  # partial_rotary_factor 0.5
         writer.add_leading_dense_block_count(self.dense_layers)
         writer.add_expert_shared_count(self.shared_experts)
-        writer.add_expert_weights_scale(2.5)
+        writer.add_expert_weights_scale(self.routed_scale)
         writer.add_expert_weights_norm(True)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if self.nextn_layers:
@@ -378,12 +379,14 @@ class DeepSeek4Shape(MoeShape):
 
 
 @dataclass(frozen=True)
-class MiniMaxM3Shape(MoeShape):
+class MiniMaxM3Shape(Glm4MoeShape):
+    """GLM-4.x's dense leading layers, shared expert and routing keys under MiniMax-M2's attention with
+    per-head norms, and MiniMax Sparse Attention's indexer on every layer after the dense ones."""
+
     arch: ClassVar[str] = "minimax-m3"
     rope_base: float = 5_000_000.0
-    dense_layers: int = 1
-    dense_ffn: int = 512
-    shared_experts: int = 1
+    nextn_layers: int = 0
+    routed_scale: float = 2.0
     indexer_key: int = 128
     indexer_top_k: int = 16  # blocks, not tokens
     indexer_block: int = 128  # tokens a block
@@ -391,14 +394,11 @@ class MiniMaxM3Shape(MoeShape):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0 <= self.dense_layers < self.layers:
-            raise ValueError("minimax-m3 needs dense_layers < layers (at least one sparse MoE layer)")
-        if self.indexer_key < self.head_dim // 2:
-            raise ValueError("minimax-m3's indexer key must hold the rotary dims (half the head)")
-
-    @property
-    def dense_width(self) -> int:
-        return self.dense_ffn
+        if self.nextn_layers or not self.qk_norm or self.indexer_key < self.head_dim // 2:
+            raise ValueError(
+                "minimax-m3 has q/k norms, no NextN layer, and an indexer key that holds the rotary dims "
+                "(half the head)"
+            )
 
     @property
     def indexer_dim(self) -> int:
@@ -407,12 +407,6 @@ class MiniMaxM3Shape(MoeShape):
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)
         arch = self.arch
-        writer.add_rope_dimension_count(self.head_dim // 2)  # rotary_dim 64 of 128
-        writer.add_leading_dense_block_count(self.dense_layers)
-        writer.add_expert_shared_count(self.shared_experts)
-        writer.add_expert_weights_scale(2.0)  # routed_scaling_factor
-        writer.add_expert_weights_norm(True)
-        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         writer.add_indexer_head_count(self.kv_heads)  # its graph takes one indexer head per KV head
         writer.add_indexer_key_length(self.indexer_key)
         writer.add_indexer_top_k(self.indexer_top_k)
@@ -421,14 +415,8 @@ class MiniMaxM3Shape(MoeShape):
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
-        yield f"{p}.attn_q.weight", (h, q), "quant"
-        yield f"{p}.attn_k.weight", (h, kv), "quant"
-        yield f"{p}.attn_v.weight", (h, kv), "quant"
-        yield f"{p}.attn_output.weight", (q, h), "quant"
-        yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
-        yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+        yield from self.gqa_attention(p)
         yield f"{p}.ffn_norm.weight", (h,), "norm"
         yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
         if i >= self.dense_layers:

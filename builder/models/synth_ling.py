@@ -67,6 +67,7 @@ class BailingMoe2Shape(Glm4MoeShape):
 @dataclass(frozen=True)
 class BailingMoe3Shape(KdaHybridShape):
     arch: ClassVar[str] = "bailingmoe3"
+    nextn_head_norm: ClassVar[str] = "layer_output_norm"
     heads: int = 4
     q_lora: int = 0  # Ling-3.0-flash has none (a plain attn_q); Ling-3.0-tiny 256
     layer_group: int = 4  # layer_group_size: the last layer of each group is MLA
@@ -92,14 +93,6 @@ class BailingMoe3Shape(KdaHybridShape):
             f"{self.arch}.expert_shared_feed_forward_length", self.expert_ffn * self.shared_experts
         )
 
-    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
-        h = self.hidden
-        yield "token_embd.weight", (h, n_vocab), "quant"
-        for i in range(self.blocks):
-            yield from self.layer(i)
-        yield "output_norm.weight", (h,), "norm"
-        yield "output.weight", (h, n_vocab), "head"
-
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
         inner = self.heads * self.kda_head_dim
@@ -121,11 +114,6 @@ class BailingMoe3Shape(KdaHybridShape):
         yield from dense_or_shared_moe(
             self, i, self.dense_layers if trunk else 0, self.dense_ffn, self.shared_experts
         )
-        if not trunk:
-            yield f"{p}.nextn.eh_proj.weight", (2 * h, h), "quant"
-            yield f"{p}.nextn.enorm.weight", (h,), "norm"
-            yield f"{p}.nextn.hnorm.weight", (h,), "norm"
-            yield f"{p}.layer_output_norm.weight", (h,), "norm"
 
 
 # Ling-1T (Ring-1T the same widths): the header of the published GGUF (ubergarm/Ling-1T-GGUF, written by

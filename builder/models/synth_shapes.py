@@ -33,6 +33,8 @@ class MoeShape:
     """qwen3moe: the fields every architecture has (the defaults: a tiny model for tests)."""
 
     arch: ClassVar[str] = "qwen3moe"
+    # A NextN (MTP) block's last norm, as the converter names it (Ling-3's is its layer_output_norm).
+    nextn_head_norm: ClassVar[str] = "nextn.shared_head_norm"
     layers: int = 4
     hidden: int = 256
     heads: int = 4
@@ -113,16 +115,20 @@ class MoeShape:
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
+        yield from self.gqa_attention(p)
+        yield f"{p}.ffn_norm.weight", (h,), "norm"
+        yield from self.routed_experts(i)
+
+    def gqa_attention(self, p: str) -> Iterator[Tensor]:
+        """Grouped-query attention's projections in layer `p`, with a q and a k norm a head."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_q.weight", (h, q), "quant"
         yield f"{p}.attn_k.weight", (h, kv), "quant"
         yield f"{p}.attn_v.weight", (h, kv), "quant"
         yield f"{p}.attn_output.weight", (q, h), "quant"
         yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
         yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
-        yield f"{p}.ffn_norm.weight", (h,), "norm"
-        yield from self.routed_experts(i)
 
     def routed_experts(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
@@ -280,7 +286,7 @@ def nextn_blocks(shape: MoeShape) -> Iterator[Tensor]:
         yield f"blk.{i}.nextn.eh_proj.weight", (2 * h, h), "quant"
         yield f"blk.{i}.nextn.enorm.weight", (h,), "norm"
         yield f"blk.{i}.nextn.hnorm.weight", (h,), "norm"
-        yield f"blk.{i}.nextn.shared_head_norm.weight", (h,), "norm"
+        yield f"blk.{i}.{shape.nextn_head_norm}.weight", (h,), "norm"
 
 
 @dataclass(frozen=True)
