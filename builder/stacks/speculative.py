@@ -20,6 +20,7 @@ from builder.engines.compute_buffers import gpu_compute
 from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
+from builder.models.planner import ModelFacts
 from builder.spec import EngineOptions
 
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
@@ -43,23 +44,8 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
     if options.draft_model is None and not options.mtp:
         return options
     facts = adapter.model_format.facts(model)
-    if options.mtp and facts.nextn_layers == 0 and facts.arch in MTP_HEAD_APART:
-        raise SpecError(
-            f"{model.name} carries no multi-token-prediction layer: {facts.arch}'s converter writes it to a "
-            "file of its own (convert_hf_to_gguf.py --mtp: mtp-<name>.gguf), which moe-stack doesn't serve "
-            "yet; drop --mtp"
-        )
-    if options.mtp and facts.nextn_layers == 0:
-        raise SpecError(
-            f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "
-            "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
-            "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
-        )
-    if options.mtp and facts.recurrent_state_bytes:
-        raise SpecError(
-            f"{model.name} keeps a recurrent state, and drafting with its MTP layer keeps one more copy of "
-            "it for each drafted token, which moe-stack doesn't plan yet: drop --mtp"
-        )
+    if options.mtp:
+        _check_mtp(facts, model)
     if options.draft_model is None:
         return options
     check_beside_model(user_path(options.draft_model), model, "draft model")
@@ -72,6 +58,28 @@ def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) ->
             "use a smaller model of the same family"
         )
     return options.model_copy(update={"draft_model": draft})
+
+
+def _check_mtp(facts: ModelFacts, model: Path) -> None:
+    """Drafting with the model's own MTP layer: the file must carry it, and the plan must count what
+    drafting keeps (not a recurrent state's copies)."""
+    if facts.nextn_layers == 0 and facts.arch in MTP_HEAD_APART:
+        raise SpecError(
+            f"{model.name} carries no multi-token-prediction layer: {facts.arch}'s converter writes it to a "
+            "file of its own (convert_hf_to_gguf.py --mtp: mtp-<name>.gguf), which moe-stack doesn't serve "
+            "yet; drop --mtp"
+        )
+    if facts.nextn_layers == 0:
+        raise SpecError(
+            f"{model.name} carries no multi-token-prediction layer (no nextn_predict_layers in its "
+            "header): drop --mtp, or use a GGUF converted with it (llama.cpp's convert_hf_to_gguf.py "
+            "keeps DeepSeek's and Qwen3-Next's unless --no-mtp)"
+        )
+    if facts.recurrent_state_bytes:
+        raise SpecError(
+            f"{model.name} keeps a recurrent state, and drafting with its MTP layer keeps one more copy of "
+            "it for each drafted token, which moe-stack doesn't plan yet: drop --mtp"
+        )
 
 
 def draft_vram_bytes(options: EngineOptions, adapter: Engine, ctx: int, ubatch: int) -> int:
