@@ -282,6 +282,10 @@ class Engine(ABC):
         """The model as this engine loads it (`mtp`: multi-token-prediction drafting asked for): all of it."""
         return facts
 
+    def loaded_model(self, model: Path, mtp: bool | None) -> ModelFacts:
+        """`loaded_facts` of the model file's facts."""
+        return self.loaded_facts(self.model_format.facts(model), mtp)
+
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
         """What the KV cache holds with this `mla` setting (a DeepSeek model's compressed latent, or each
         head's K and V) and `swa_full` (sliding-window layers at the full context); an engine whose cache

@@ -31,11 +31,10 @@ def synth_shape(arch: str, tiny: bool = False, **changes: object) -> MoeShape:
         changes["dense_layers"] = min(shape.dense_layers, layers - 1)
     if "experts" in changes and "experts_used" not in changes:
         changes["experts_used"] = min(shape.experts_used, int(str(changes["experts"])))
-    groups: int = getattr(shape, "expert_groups", 0)
-    groups_used: int = getattr(shape, "groups_used", 0)
+    groups = shape.expert_groups
     if groups and "experts" in changes:
         experts, used = int(str(changes["experts"])), int(str(changes["experts_used"]))
-        if experts % groups or used > groups_used * (experts // groups):
+        if experts % groups or used > shape.groups_used * (experts // groups):
             changes.setdefault("expert_groups", 0)  # too few experts to group: plain top-k
             changes.setdefault("groups_used", 0)
     return replace(shape, **changes)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ import gguf
 
 from builder.models.synth_delta import KdaHybridShape
 from builder.models.synth_families import Glm4MoeShape
-from builder.models.synth_shapes import MoeShape, Tensor, check_expert_groups, dense_or_shared_moe
+from builder.models.synth_shapes import MoeShape, Tensor, dense_or_shared_moe
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,6 @@ class BailingMoe2Shape(Glm4MoeShape):
             # converter writes the total width (mainline's src/models/bailingmoe2.cpp, ik's
             # llama-load-tensors.cpp): every Ling 2.0 model has one, and none a NextN block in its GGUF.
             raise ValueError("bailingmoe2 takes one shared expert, q/k norms and no NextN layer")
-        check_expert_groups(self, self.expert_groups, self.groups_used)
 
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)

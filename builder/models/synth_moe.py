@@ -232,7 +232,7 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         mla_dim=latent,
         expert_count=shape.experts,
         experts_used=shape.experts_used,
-        expert_groups=getattr(shape, "expert_groups", 0),
+        expert_groups=shape.expert_groups,
         attention_layers=len(cached) or None,  # as read_facts: no key projection it knows, every layer
         recurrent_state_bytes=state,
         heads=shape.heads,

@@ -50,6 +50,9 @@ class MoeShape:
     # with unused tokens to a real model's width (Qwen3's 151936, R1's 129280), so the embeddings, the
     # output head and the compute buffer's output stage have their real sizes.
     vocab: int = 0
+    # Routing within groups of experts (expert_group_count and _used_count; 0: plain top-k).
+    expert_groups: int = 0
+    groups_used: int = 0
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -63,6 +66,16 @@ class MoeShape:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.vocab and self.vocab < MIN_VOCAB:
             raise ValueError(f"vocab must be 0 (the byte-level vocabulary) or at least {MIN_VOCAB}")
+        # Mainline asserts these for more than one group (llama-model.cpp).
+        if self.expert_groups and (
+            self.experts % self.expert_groups
+            or not 0 < self.groups_used < max(2, self.expert_groups)
+            or self.experts_used > self.groups_used * self.experts // self.expert_groups
+        ):
+            raise ValueError(
+                "experts must divide into expert_groups, 0 < groups_used < expert_groups, and the groups "
+                "used must hold experts_used experts"
+            )
 
     @property
     def dense_width(self) -> int:
@@ -154,8 +167,6 @@ class DeepSeek2Shape(MoeShape):
     dense_layers: int = 1
     dense_ffn: int = 512
     shared_experts: int = 1
-    expert_groups: int = 0  # 0: no groups
-    groups_used: int = 0
     rope_base: float = 10_000.0
     # DeepSeek-V3/R1's multi-token-prediction layer, as mainline's converter keeps it: one more MoE
     # block after the others (block_count counts it, nextn_predict_layers says so) with its NextN
@@ -180,7 +191,6 @@ class DeepSeek2Shape(MoeShape):
             )
         if not 0 <= self.mtp_layers <= 1:
             raise ValueError("mtp_layers must be 0 or 1 (DeepSeek-V3/R1 have one)")
-        check_expert_groups(self, self.expert_groups, self.groups_used)
 
     @property
     def dense_width(self) -> int:
@@ -241,21 +251,6 @@ class DeepSeek2Shape(MoeShape):
         yield f"{p}.attn_k_b.weight", (nope, self.kv_lora, self.heads), "quant"
         yield f"{p}.attn_v_b.weight", (self.kv_lora, self.v_head_dim, self.heads), "quant"
         yield f"{p}.attn_output.weight", (self.heads * self.v_head_dim, h), "quant"
-
-
-def check_expert_groups(shape: MoeShape, groups: int, used: int) -> None:
-    """Routing within groups (0: none), as mainline asserts it for more than one group (llama-model.cpp):
-    the experts divide into the groups, 0 < used < groups, and the groups used hold the experts a token
-    runs through."""
-    if groups and (
-        shape.experts % groups
-        or not 0 < used < max(2, groups)
-        or shape.experts_used > used * shape.experts // groups
-    ):
-        raise ValueError(
-            "experts must divide into expert_groups, 0 < groups_used < expert_groups, and the groups used "
-            "must hold experts_used experts"
-        )
 
 
 def dense_or_shared_moe(

@@ -225,7 +225,7 @@ def _vram_plan(
     projector counted."""
     demand = GpuDemand(
         engine=adapter,
-        facts=adapter.loaded_facts(adapter.model_format.facts(model), given.mtp),
+        facts=adapter.loaded_model(model, given.mtp),
         ctx=given.ctx_size,
         ubatch=given.ubatch_size or DEFAULT_UBATCH,
         cache_type=given.cache_type or "f16",

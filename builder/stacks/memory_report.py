@@ -192,7 +192,7 @@ class MemoryReport:
 def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
     """Plan `model` on `adapter`'s engine for `ask`."""
     model = adapter.check_model(model)
-    facts = adapter.loaded_facts(adapter.model_format.facts(model), ask.options.mtp)
+    facts = adapter.loaded_model(model, ask.options.mtp)
     check_pinned_architecture(adapter, facts.arch)
     layout = adapter.cache_layout(3 if ask.mla else None)
     latent = layout.latent

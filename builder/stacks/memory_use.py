@@ -59,7 +59,7 @@ def stack_kv_bytes(stack: StackSpec) -> int:
     stack's context, cache types, slots and micro-batch."""
     adapter = stack.engine
     return kv_cache_bytes(
-        adapter.loaded_facts(adapter.model_format.facts(stack.model), stack.mtp),
+        adapter.loaded_model(stack.model, stack.mtp),
         stack.ctx_size,
         stack.cache_type or "f16",
         adapter.cache_layout(stack.mla, stack.swa_full),

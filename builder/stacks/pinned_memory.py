@@ -25,7 +25,7 @@ def pinned_bytes(stack: StackSpec) -> int:
     routed experts and the token embeddings."""
     if not engine_pins(stack):
         return 0
-    facts = stack.engine.loaded_facts(stack.engine.model_format.facts(stack.model), stack.mtp)
+    facts = stack.engine.loaded_model(stack.model, stack.mtp)
     return sum(facts.expert_bytes) + facts.embedding_bytes
 
 

@@ -354,7 +354,7 @@ def example_stacks() -> dict[str, str]:
                 override_tensors=preset.override_rules(adapter),
                 served_name=preset.name,
                 grouped_routing=adapter.asks_for_groups(
-                    preset.architecture, getattr(preset.model_shape(), "expert_groups", 0)
+                    preset.architecture, preset.model_shape().expert_groups
                 ),
             ).with_options(preset.engine_options(adapter))
             generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (

@@ -11,7 +11,7 @@ import pytest
 from builder.engines import get_engine
 from builder.host.probe import HostFacts
 from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
-from builder.models.planner import GIB, read_facts
+from builder.models.planner import GIB
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
@@ -54,7 +54,7 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
     # RAM too
     options = chosen.engine_options(get_engine(engine))
     kv = kv_cache_bytes(
-        get_engine(engine).loaded_facts(read_facts(model), options.mtp),
+        get_engine(engine).loaded_model(model, options.mtp),
         options.ctx_size,
         options.cache_type or "f16",
         get_engine(engine).cache_layout(options.mla),
