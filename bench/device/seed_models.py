@@ -84,6 +84,8 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "ling3-6": ("ling-3.0-flash", synth_shape("bailingmoe3", layers=6, dense_layers=1, experts=16, vocab=0)),
     "k3-4": ("kimi-k3", synth_shape("kimi-k3", layers=4, experts=16, vocab=0)),
     "m3-4": ("minimax-m3", synth_shape("minimax-m3", layers=4, dense_layers=1, experts=16, vocab=0)),
+    # DeepSeek-V3.2: R1's layers with the lightning indexer's key cache and scores.
+    "dsv32-4": ("deepseek-v3.2", synth_shape("deepseek32", layers=4, dense_layers=1, experts=16, vocab=0)),
 }
 PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's

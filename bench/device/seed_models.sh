@@ -3,7 +3,7 @@
 # window (see bench/device/seed_models.py for what is measured):
 #
 #   seed_models.sh start [CASE…]  wheels, facts, both engines' llama-server and llama-bench built in the
-#                          background ($CHAINED: one after the other, mainline first; $TARGETS: other
+#                          background ($CHAINED: one after the other, mainline first or $FIRST; $TARGETS: other
 #                          targets) with the builder's configure arguments (carried in
 #                          .device/seed/ENGINE.cmake-args with the engine trees), the models written
 #                          ($MODELS: names, default all); then the CASEs, each once its engine is built
@@ -83,9 +83,12 @@ start)
     lscpu | grep -E '^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node)'
     grep -E 'MemTotal' /proc/meminfo; gcc --version | head -1; nvcc --version | tail -1; df -h /tmp | tail -1
   } >"$out/facts.txt" 2>&1
-  if [ -n "${CHAINED:-}" ]; then  # mainline first on every core (its cases start while ik's builds), then ik
+  if [ -n "${CHAINED:-}" ]; then  # one engine after the other on every core (its cases start while the
+    # next builds): mainline first, or $FIRST
+    first=${FIRST:-llama.cpp} second=ik_llama.cpp
+    [ "$first" = ik_llama.cpp ] && second=llama.cpp
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work TARGETS='${TARGETS:-}';
-      build llama.cpp $(nproc); build ik_llama.cpp $(nproc)" </dev/null >/dev/null 2>&1 &
+      build $first $(nproc); build $second $(nproc)" </dev/null >/dev/null 2>&1 &
   else  # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 10" </dev/null >/dev/null 2>&1 &
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 6" </dev/null >/dev/null 2>&1 &
