@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from builder.engines.buffer_grid import MAINLINE_GRIDS, grid_for
+from builder.engines.buffer_grid import IK_GRIDS, IK_POOLS, MAINLINE_GRIDS, Grid, grid_for
 from builder.models.planner import ModelFacts
 
 if TYPE_CHECKING:
@@ -65,17 +65,12 @@ MOE_ACTIVATIONS_WIDTHS = (4096, 1536, 8)  # hidden, expert width, experts a toke
 # 32k/512, 1158 at 16k/1024, 1644 at 32k/2048 (and 1548 at 8k/2048, which the mask term predicts).
 # It is not linear in -ub (+536 MiB from 512 to 1024, +390 from 1024 to 2048): interpolated.
 MAINLINE_R1_LAYERS_MIB = ((512, 590.0), (1024, 1126.1), (2048, 1516.0))
-# Prefill's pool growth, nvidia-smi after prompts less after load (bench/results/seed-models-2026-12-02,
-# the presets' stacks, -ub 2048): ik_llama.cpp on R1 widths (-mla 3, 32k) +464 MiB after 2545-token
-# prompts and +1246 after a 20346-token one, linear in the prompt (a plan takes the whole context);
-# on Qwen3-235B widths +520 and +536 (12155 tokens). Mainline on R1 widths +242 both times: with its
-# 603 MiB at load, inside CUDA_CONTEXT_BYTES.
-IK_R1_POOL_MIB = (352.2, (1246.0 - 464.0) / (20346 - 2545))  # at no prompt, a prompt token (128 heads)
-# MiniMax-M3's sparse attention in prefill: f32 values a context cell holds for each micro-batch token, over
-# all heads and per KV head, beside the rest of the graph (mainline's CPU build; see _mainline_layers).
-MSA_SCORES_BASE, MSA_SCORES_PER_KV_HEAD, MSA_GRAPH_BYTES = 1.6, 2.05, 3 * MIB
-IK_POOL_MIB = 536.0  # Qwen3-235B widths; Qwen3-Next's never measured, the same assumed
-POOL_UBATCH = 2048  # the micro-batch the growth was measured at
+# Prefill's pool growth, nvidia-smi after prompts less after load: ik_llama.cpp's lines per architecture
+# (buffer_grid.IK_POOLS); elsewhere Qwen3-235B's +520 and +536 MiB (12155 tokens, -ub 2048,
+# bench/results/seed-models-2026-12-02), Qwen3-Next's never measured, the same assumed. Mainline on R1
+# widths +242 both times: with its 603 MiB at load, inside CUDA_CONTEXT_BYTES.
+IK_POOL_MIB = 536.0
+POOL_UBATCH = 2048  # the micro-batch that was measured at
 
 
 @dataclass(frozen=True)
@@ -156,8 +151,22 @@ def unmeasured(fits: BufferFits, facts: ModelFacts, ubatch: int) -> ComputeEstim
     )
 
 
+def _measured_grid(
+    grids: tuple[Grid, ...], engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool
+) -> tuple[int, bool, str] | None:
+    """The layers' stage from the engine's grid for the model's architecture (an MLA model's measured with
+    its latent cache, the presets' form), None where there is none."""
+    grid = grid_for(grids, facts)
+    if grid is None or (facts.mla_dim is not None and not latent):
+        return None
+    at, inside = grid.size(ctx, ubatch)
+    return at, inside, f"{engine} on {facts.arch} widths (H200, {grid.measured} points, 16-expert slices)"
+
+
 def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
     """ik_llama.cpp's layers' stage (a LayerFit)."""
+    if (gridded := _measured_grid(IK_GRIDS, "ik_llama.cpp", facts, ctx, ubatch, latent)) is not None:
+        return gridded
     if facts.arch == "deepseek2" and latent:
         heads = (facts.heads or R1_HEADS) / R1_HEADS
         # -mla 3 decompresses the whole cache for prefill: a term in the context. Fitted to 6888 MiB at
@@ -182,10 +191,8 @@ def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[
 
 def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
     """Mainline llama.cpp's layers' stage (a LayerFit)."""
-    grid = grid_for(MAINLINE_GRIDS, facts)
-    if grid is not None:
-        at, inside = grid.size(ctx, ubatch)
-        return at, inside, f"llama.cpp on {facts.arch} widths (H200, 3 points, 16-expert slices)"
+    if (gridded := _measured_grid(MAINLINE_GRIDS, "llama.cpp", facts, ctx, ubatch, latent)) is not None:
+        return gridded
     if facts.arch == "deepseek2" and latent:
         inside = MAINLINE_R1_LAYERS_MIB[0][0] <= ubatch <= MAINLINE_R1_LAYERS_MIB[-1][0]
         size = interpolate(MAINLINE_R1_LAYERS_MIB, ubatch) * MIB + ubatch * ctx * F16_MASK_BYTES
@@ -194,14 +201,6 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
         # As ik's (above): mainline 165/225/513 MiB at 8k, 32k and 131k.
         size = 136.79 * MIB + ctx * 2.9286 * KIB
         return int(size), True, "llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
-    if facts.arch == "minimax-m3":
-        # MiniMax Sparse Attention's prefill: f32 block scores and the block mask expanded to the cells, for
-        # each KV head, against the micro-batch. Fitted to 7 logs of the CPU build's buffer on a tiny file
-        # (4096-16384 tokens, -ub 512-2048, 2 and 4 KV heads: 47 to 716 MiB); the graph's tensors are the
-        # backend's whatever it is, but CUDA's buffer is not measured.
-        per_cell = MSA_SCORES_BASE + MSA_SCORES_PER_KV_HEAD * facts.kv_heads
-        size = MSA_GRAPH_BYTES + per_cell * ctx * ubatch * F32_BYTES
-        return int(size), False, "llama.cpp's CPU build on a tiny minimax-m3 (7 points; CUDA not measured)"
     if facts.arch == "qwen3moe":
         # 244 MiB at 16k/512, 908 at 16k/2048; 972 at 32k/2048 is the mask term's check (+64 MiB).
         size = 22.7 * MIB + ubatch * 0.40106 * MIB + ubatch * ctx * F16_MASK_BYTES
@@ -260,9 +259,9 @@ def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
 
 def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """What ik_llama.cpp's CUDA pool grows by in prefill, beyond the CUDA context's allowance, for a
-    prompt as long as the context: the measured figures, kept below -ub 2048 (never measured there, so
-    not lowered) and scaled with the micro-batch above it. Mainline's stays inside the allowance but for a
-    sparse-attention indexer's scores."""
+    prompt as long as the context: the measured figures, kept below the micro-batch they were measured at
+    (never measured there, so not lowered) and scaled with the micro-batch above it. Mainline's stays
+    inside the allowance but for a sparse-attention indexer's scores."""
     fits = engine.buffer_fits
     if not fits.pool_grows:
         # Mainline's pool on GLM-5's widths grew by 382 MiB after a 20346-token prompt at -ub 2048, about
@@ -271,12 +270,9 @@ def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, laten
         # bench/results/family-buffers-2026-12-04; the plan takes a prompt that fills the context).
         indexed = fits.indexer_scores_in_pool and facts.indexer_dim > 0
         return ubatch * ctx * F32_BYTES if indexed else 0
-    if facts.arch == "deepseek2" and latent:
-        base, per_token = IK_R1_POOL_MIB
-        mib = base + per_token * ctx * (facts.heads or R1_HEADS) / R1_HEADS
-    else:
-        mib = IK_POOL_MIB
-    return int(mib * max(1.0, ubatch / POOL_UBATCH) * MIB)
+    line = grid_for(IK_POOLS, facts) if facts.mla_dim is None or latent else None
+    mib, measured_at = (line.mib(ctx), line.ubatch) if line is not None else (IK_POOL_MIB, POOL_UBATCH)
+    return int(mib * max(1.0, ubatch / measured_at) * MIB)
 
 
 def gpu_reserve(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
 from builder.models.kv_cache import CacheLayout
+from builder.models.planner import ModelFacts
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
@@ -160,6 +162,18 @@ class IkLlamaCpp(LlamaFamilyEngine):
                 "(nextn_predict_layers) stops ik's loader; serve it with mainline llama.cpp, or convert "
                 "the model with convert_hf_to_gguf.py --no-mtp"
             )
+
+    def loaded_facts(self, facts: ModelFacts, mtp: bool | None) -> ModelFacts:
+        """Its loader skips the NextN layers it knows (TENSOR_SKIP in llama-load-tensors.cpp at 55d3c05:
+        glm4_moe's unless -mtp, which moe-stack never asks of it, glm_dsa's and bailingmoe2's always): the
+        H200 logged GLM-4.6's and GLM-5's slices with 434 and 567 MiB of GPU weights, the layers' experts
+        pinned but the NextN layer's (bench/results/family-buffers-2026-12-05; GLM-5's 567 keeps the NextN
+        layer's attn_k_b and attn_v_b, 7.9 MiB at its widths, which this leaves out). Beside the weights, the
+        MLA up-projection's form it builds (`ModelFacts.built_mla_bytes`: attn_kv_b for a file that has only
+        mainline's split form, 1 GiB for R1's 61 layers), counted with them; at -mla 1 it builds less, and
+        the plan counts it all the same."""
+        loaded = facts.without_nextn()
+        return replace(loaded, other_bytes=loaded.other_bytes + facts.built_mla_bytes, built_mla_bytes=0)
 
     def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
         """Its -mtp drafts with GLM-4.5's NextN layer only (llama-load-tensors.cpp at 007d640: glm4_moe and

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
@@ -36,6 +36,14 @@ LAYER_TENSOR = re.compile(r"^blk\.(\d+)\.")
 CACHED_ATTENTION = re.compile(r"^blk\.(\d+)\.attn_(?:k|kv|kv_a_mqa)\.weight$")
 # A layer with a sparse-attention indexer has its key projection (glm-dsa's attn_k, minimax-m3's k_proj).
 INDEXER_KEY = re.compile(r"^blk\.(\d+)\.indexer\.(?:attn_k|k_proj)\.weight$")
+# MLA's up-projections: split per head (attn_k_b, attn_v_b: mainline's converter) or fused (attn_kv_b).
+MLA_UP_PROJECTION = re.compile(r"^blk\.(\d+)\.attn_(k_b|v_b|kv_b)\.weight$")
+Q8_0_BLOCK = (32, 34)  # weights a Q8_0 block holds, its bytes
+FLOAT_WIDTHS = {
+    gguf.GGMLQuantizationType.F16: 2,
+    gguf.GGMLQuantizationType.BF16: 2,
+    gguf.GGMLQuantizationType.F32: 4,
+}
 # Sliding-window patterns of the architectures moe-stack serves whose GGUF may not say one (mainline's
 # load_swa_pattern defaults, src/models/{openai-moe,gemma3,gemma2,deepseek4}.cpp at 0c1e57098).
 WINDOW_PATTERN = {"gpt-oss": 2, "gemma3": 6, "gemma2": 2, "deepseek4": 0}
@@ -86,9 +94,9 @@ class ModelFacts:
     expert_ffn: int = 0  # a routed expert's feed-forward width ({arch}.expert_feed_forward_length)
     # Multi-token-prediction layers (DeepSeek's, GLM's and Qwen3-Next's NextN): the last `nextn_layers` of
     # `layers`, whose weights mainline loads only for MTP drafting (`without_nextn`, the adapter's
-    # `loaded_facts`) and ik_llama.cpp always; both engines skip their KV cache unless MTP
-    # drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3 of 4
-    # layers' cache on both engines, tests/integration/test_families.py).
+    # `loaded_facts`) and ik_llama.cpp never (moe-stack drafts with none on it); both skip their KV cache
+    # unless MTP drafting is on (ik_llama.cpp's n_layer_kv_from_start; served GLM-4.x-shaped files logged 3
+    # of 4 layers' cache on both engines, tests/integration/test_families.py).
     nextn_layers: int = 0
     nextn_other_bytes: int = 0  # those layers' weights but their routed experts (attention, shared expert)
     # Tokens of its sliding-window layers' attention (Gemma 3, gpt-oss; 0: none): mainline's cache keeps
@@ -105,6 +113,8 @@ class ModelFacts:
     # DeepSeek-V4's compressed attention: per layer, the tokens one compressed row of its cache stands for
     # (4: read sparsely, the indexer's keys beside it; 128: read densely; 0: the raw window alone).
     compress_ratios: tuple[int, ...] = ()
+    # The MLA up-projection's form the file lacks, as ik_llama.cpp builds it at load (`built_mla_bytes`).
+    built_mla_bytes: int = 0
 
     @property
     def gpu_weight_bytes(self) -> int:
@@ -259,7 +269,8 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(
             f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
         )
-    expert, other, other_in_layer = _weight_bytes(path, [reader, *(open_gguf(p) for p in parts[1:])], layers)
+    readers = [reader, *(open_gguf(p) for p in parts[1:])]
+    expert, other, other_in_layer = _weight_bytes(path, readers, layers)
     heads = header_number(reader, f"{arch}.attention.head_count")
     embd = header_number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
@@ -277,6 +288,11 @@ def read_facts(path: Path) -> ModelFacts:
     if not 0 <= nextn < layers:
         raise ModelError(
             f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
+        )
+    if nextn and not any(expert[: layers - nextn]) and not any(other_in_layer[: layers - nextn]):
+        raise ModelError(
+            f"{path.name} holds a multi-token-prediction head alone (convert_hf_to_gguf.py --mtp writes "
+            "mtp-<name>.gguf), no model: give the model's file, and --mtp where that file carries the head"
         )
     cached = _cached_layers(reader, arch, layers)
     window = max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0))
@@ -310,7 +326,39 @@ def read_facts(path: Path) -> ModelFacts:
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
         indexer_layers=len({match.group(1) for t in reader.tensors if (match := INDEXER_KEY.match(t.name))}),
         compress_ratios=tuple(_numbers(reader, f"{arch}.attention.compress_ratios")[:layers]),
+        built_mla_bytes=built_mla_bytes(
+            (t.name, int(t.n_elements), FLOAT_WIDTHS.get(t.tensor_type, 0))
+            for part_reader in readers
+            for t in part_reader.tensors
+        ),
     )
+
+
+def built_mla_bytes(tensors: Iterable[tuple[str, int, int]]) -> int:
+    """The MLA up-projection's form a file lacks, as ik_llama.cpp builds it at load from the form it has
+    (llm_prepare_mla at 55d3c05) and keeps beside it where that is (the H200 logged `Computed
+    blk.N.attn_kv_b.weight ... stored in buffer CUDA0`, bench/results/family-buffers-2026-12-05):
+    attn_kv_b from attn_k_b and attn_v_b (mainline's converter writes only those; at every -mla but 1),
+    Q8_0 unless both are 16-bit; attn_k_b and attn_v_b from attn_kv_b (at -mla 2 and 3), Q8_0 where it is
+    quantized. `tensors`: name, elements, and the bytes an element takes in a float type (0: quantized)."""
+    layers: dict[str, dict[str, tuple[int, int]]] = {}
+    for name, elements, width in tensors:
+        if match := MLA_UP_PROJECTION.match(name):
+            layers.setdefault(match.group(1), {})[match.group(2)] = (elements, width)
+    total = 0
+    for parts in layers.values():
+        if "kv_b" in parts and "k_b" not in parts:
+            elements, width = parts["kv_b"]
+            total += elements * width if width else _q8_0_bytes(elements)
+        elif "kv_b" not in parts and {"k_b", "v_b"} <= parts.keys():
+            (k_elements, k_width), (v_elements, v_width) = parts["k_b"], parts["v_b"]
+            elements = k_elements + v_elements
+            total += 2 * elements if k_width == v_width == 2 else _q8_0_bytes(elements)
+    return total
+
+
+def _q8_0_bytes(elements: int) -> int:
+    return elements * Q8_0_BLOCK[1] // Q8_0_BLOCK[0]
 
 
 def _weight_bytes(

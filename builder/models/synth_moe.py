@@ -21,6 +21,7 @@ from builder.models.planner import (
     ROUTED_EXPERT,
     WINDOW_PATTERN,
     ModelFacts,
+    built_mla_bytes,
     recurrent_state_bytes,
     windowed_layers,
 )
@@ -193,7 +194,8 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
     experts = [0] * shape.blocks
     other = embedding = nextn_other = 0
     cached, indexed = set(), set()
-    for name, ne, kind in shape.tensors(vocab_size(shape)):
+    tensors = list(shape.tensors(vocab_size(shape)))
+    for name, ne, kind in tensors:
         n_bytes = tensor_bytes(ne, kind, shape.quant)
         if ROUTED_EXPERT.match(name):
             experts[int(name.split(".")[1])] += n_bytes
@@ -246,6 +248,9 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         indexer_dim=shape.indexer_dim,
         indexer_layers=len(indexed),
         compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's
+        built_mla_bytes=built_mla_bytes(
+            (name, int(np.prod(ne)), 0 if _is_quantized(kind) else 4) for name, ne, kind in tensors
+        ),
         sliding_window=window,
         window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,
     )

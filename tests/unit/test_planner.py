@@ -29,12 +29,13 @@ from builder.models.planner import (
     GIB,
     DevicePlan,
     ModelFacts,
+    built_mla_bytes,
     device_rules,
     plan,
     read_facts,
 )
 from builder.models.synth_catalog import TINY, synth_shape
-from builder.models.synth_moe import MoeShape, shape_facts, write_moe_gguf
+from builder.models.synth_moe import MoeShape, shape_facts, tensor_bytes, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import CacheType
 from tests.cli import run_cli
@@ -273,9 +274,10 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
             assert ram <= _logged(run, "CPU_Mapped", ("model",)), run["case"]
 
 
-# Issue 45's families on mainline (bench/device/seed_models.py's slices: 4 layers at real widths, 16
-# experts, the synthetic vocabulary; bench/results/family-buffers-2026-12-04).
-FAMILY_RUNS = RESULTS / "family-buffers-2026-12-04"
+# Issue 45's families on both engines (bench/device/seed_models.py's slices: 4 layers at real widths, 6 for
+# Ling-3, 16 experts, the synthetic vocabulary; bench/results/family-buffers-2026-12-04: mainline, -05: ik
+# and the families added since on mainline).
+FAMILY_RUNS = (RESULTS / "family-buffers-2026-12-04", RESULTS / "family-buffers-2026-12-05")
 FAMILY_MODELS = {
     "glm46-4": ("glm4moe", {"dense_layers": 1}),
     "gptoss-4": ("gpt-oss", {}),
@@ -285,28 +287,57 @@ FAMILY_MODELS = {
     "kimi-4": ("deepseek2", {"dense_layers": 1, "heads": 64, "expert_groups": 0, "groups_used": 0}),
     "dsv4-4": ("deepseek4", {}),
     "minimax-4-e256": ("minimax-m2", {"experts": 256}),
+    "ling1t-4": ("bailingmoe2", {"dense_layers": 1}),
+    "ling3-6": ("bailingmoe3", {"layers": 6, "dense_layers": 1}),
+    "k3-4": ("kimi-k3", {}),
+    "m3-4": ("minimax-m3", {"dense_layers": 1}),
+    "dsv32-4": ("deepseek32", {"dense_layers": 1}),
 }
+# "Computed blk.0.attn_kv_b.weight as 512 x 16384 of type q8_0": ik's attn_kv_b built from the split form.
+COMPUTED_KV_B = re.compile(r"Computed blk\.\d+\.attn_kv_b\.weight as (\d+) x (\d+) of type q8_0")
 
 
-def test_the_families_plan_is_what_mainline_logged_on_the_h200() -> None:
-    """Each family's preset stack on mainline, at its preset's context and micro-batch, the other micro-batch
-    and a quarter of the context: the plan's KV cache to 0.1 % (DeepSeek-V4's states included), its compute
-    buffer within 10 % and never under it, its GPU weights to the MiB (gpt-oss's within 4 %) as mainline
-    loads them (without GLM's NextN block, which it skips unless drafting with it), and after a 20346-token
-    prompt the whole plan at or above what nvidia-smi showed (GLM-5's pool past the context's allowance
-    included), by at most a fifth."""
-    runs = [
-        json.loads(line) for path in sorted(FAMILY_RUNS.glob("call*-results.jsonl")) for line in path.open()
+def _family_runs() -> list[tuple[dict, Path]]:
+    """Each run, with the archive of its call's server logs."""
+    return [
+        (json.loads(line), path.with_name(path.name.replace("results.jsonl", "server-logs.tar.xz")))
+        for runs in FAMILY_RUNS
+        for path in sorted(runs.glob("call*-results.jsonl"))
+        for line in path.open()
     ]
-    assert len(runs) == 22 and {run["model"] for run in runs} == set(FAMILY_MODELS)
-    engine = get_engine("llama.cpp")
-    for run in runs:
+
+
+def _computed_kv_b(run: dict, archive: Path) -> int:
+    """Bytes of the attn_kv_b tensors ik_llama.cpp's log says it built (Q8_0: 34 bytes a 32 weights)."""
+    with tarfile.open(archive) as logs:
+        member = logs.extractfile(f"{run['case'].replace(':', '_').replace('=', '')}.log")
+        assert member is not None
+        log = member.read().decode(errors="replace")
+    return sum(int(rows) * int(cols) * 34 // 32 for rows, cols in COMPUTED_KV_B.findall(log))
+
+
+def test_the_families_plan_is_what_both_engines_logged_on_the_h200() -> None:
+    """Each family's preset stack on each engine that serves it, at its preset's context and micro-batch,
+    the other micro-batch and a quarter of the context (ik's MLA families at all four corners):
+    - the KV cache to 0.1 % (DeepSeek-V4's states included);
+    - the compute buffer never under the log: within 10 % where measured, within 30 % where the MoE stage
+      from the sources exceeds the measured grid (it overstates ik's activations on MiniMax-M2's widths);
+    - the GPU weights to the MiB (gpt-oss's within 4 %) as the engine loads them: without GLM's NextN block
+      (both skip it), with the attn_kv_b ik builds from DeepSeek-style split projections (its log's
+      `Computed` lines), ik's GLM-5 keeping its NextN layer's attn_k_b and attn_v_b beside the plan;
+    - after a 20346-token prompt the whole plan at or above what nvidia-smi showed (the pools' growth
+      included), by at most a quarter."""
+    runs = _family_runs()
+    assert len(runs) == 61 and {run["model"] for run, _ in runs} == set(FAMILY_MODELS)
+    for run, archive in runs:
+        engine = get_engine(run["engine"])
         arch, changes = FAMILY_MODELS[run["model"]]
-        shape = synth_shape(arch, layers=4, **{"experts": 16, "vocab": 0, **changes})
-        facts = engine.loaded_facts(shape_facts(shape), mtp=None)  # without GLM's NextN block
+        shape = synth_shape(arch, **{"layers": 4, "experts": 16, "vocab": 0, **changes})
+        facts = engine.loaded_facts(shape_facts(shape), mtp=None)
         ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
-        layout = engine.cache_layout(None)
-        kv = kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch)
+        layout = engine.cache_layout(int(_flag(run, "-mla") or 0) or None)
+        cache_type = _flag(run, "--cache-type-k") or "f16"
+        kv = kv_cache_bytes(facts, ctx, cache_type, layout, ubatch=ubatch)  # type: ignore[arg-type]
         # DeepSeek-V4's compressor states log as "DSV4 ... state buffer size" lines beside its KV buffers
         logged_kv = _logged(run, "CUDA0", ("KV", "RS")) + _logged(run, "state", ("model",))
         assert kv == pytest.approx(logged_kv, rel=0.001, abs=0.05 * MIB), run["case"]
@@ -314,16 +345,19 @@ def test_the_families_plan_is_what_mainline_logged_on_the_h200() -> None:
             gpu_compute(engine, facts, ctx, ubatch, layout.latent),
             _logged(run, "CUDA0", ("compute",)),
         )
-        assert logged <= compute.bytes + MIB <= 1.10 * logged, (
-            run["case"],
-            compute.bytes / MIB,
-            logged / MIB,
-        )
+        over = 1.10 if compute.measured else 1.30
+        assert logged <= compute.bytes + MIB <= over * logged, (run["case"], compute, logged / MIB)
         if "gpu_used_after_long_prefill_mib" in run:  # the whole plan holds what the GPU held
             planned = facts.gpu_weight_bytes + kv + gpu_reserve(engine, facts, ctx, ubatch, layout.latent)
             used = run["gpu_used_after_long_prefill_mib"] * MIB
-            assert used <= planned <= 1.20 * used, (run["case"], planned / MIB, used / MIB)
-        weights = _logged(run, "CUDA0", ("model",))
+            assert used <= planned <= 1.25 * used, (run["case"], planned / MIB, used / MIB)
+        weights = _logged(run, "CUDA0", ("model",)) + _computed_kv_b(run, archive)
+        if (run["engine"], arch) == ("ik_llama.cpp", "glm-dsa"):
+            weights -= sum(
+                tensor_bytes(ne, kind, shape.quant)
+                for name, ne, kind in shape.tensors(0)
+                if name in (f"blk.{shape.layers}.attn_k_b.weight", f"blk.{shape.layers}.attn_v_b.weight")
+            )
         # gpt-oss's slice logged 2.1 MiB more than its tensors hold (60.5 for 58.4: not explained yet)
         slack = 0.04 * weights if arch == "gpt-oss" else MIB
         assert facts.gpu_weight_bytes == pytest.approx(weights, abs=slack), run["case"]
@@ -341,7 +375,7 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
     }
     for run in runs:
         arch, changes = DEVICE_MODELS[run["model"]]
-        facts = shape_facts(synth_shape(arch, **changes))
+        facts = get_engine(run["engine"]).loaded_facts(shape_facts(synth_shape(arch, **changes)), mtp=None)
         ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
         layout = get_engine(run["engine"]).cache_layout(int(_flag(run, "-mla") or 0) or None)
         planned = (
@@ -484,24 +518,27 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
 
 
 def test_an_unmeasured_architecture_gets_the_stages_the_sources_name() -> None:
-    """No fit for GLM-4.6's widths on ik_llama.cpp (its build outlasted the device time: issue 45): at
-    -ub 2048 its estimate is the larger of its output stage (the micro-batch's logits, GLM's 151552-token
+    """An architecture measured on neither engine (dots1, written here at GLM-4.6's widths): at -ub 2048
+    ik_llama.cpp's estimate is the larger of its output stage (the micro-batch's logits, GLM's 151552-token
     vocabulary) and its two copied expert tensors with the experts' activations, and over the flat 1 GiB;
-    mainline's was measured. DeepSeek-V3.2 on mainline, never measured, keeps the flat reserve at -ub 512."""
-    facts = shape_facts(synth_shape("glm4moe", layers=8, experts=32))
+    mainline's at -ub 512 is the flat reserve. GLM-4.6 itself was measured on both."""
+    glm = shape_facts(synth_shape("glm4moe", layers=8, experts=32))
+    facts = replace(glm, arch="dots1")
     moe_stage = 2 * (max(facts.expert_bytes) // 3) + moe_activations(IK_BUFFERS, facts, 2048)
     ik = gpu_compute(get_engine("ik_llama.cpp"), facts, 32768, 2048, latent=False)
     assert not ik.measured and ik.bytes == 2048 * (151552 + 2 * 5120) * 4 > max(moe_stage, GIB)
     assert "an estimate from the sources" in ik.basis
-    assert gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=False).measured
-    ds32 = shape_facts(synth_shape("deepseek32", layers=4, experts=16))
-    flat = gpu_compute(get_engine("llama.cpp"), ds32, 32768, 512, latent=True)
+    flat = gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=True)
     assert (flat.bytes, flat.measured) == (GIB, False)
+    measured_slice = shape_facts(synth_shape("glm4moe", layers=4, dense_layers=1, experts=16, vocab=0))
+    for engine in ("llama.cpp", "ik_llama.cpp"):
+        assert gpu_compute(get_engine(engine), measured_slice, 32768, 2048, latent=False).measured
 
 
 def test_mainline_loads_a_nextn_block_only_to_draft_with_it() -> None:
-    """GLM's NextN layer: mainline creates its tensors TENSOR_SKIP unless it drafts with them (the H200's
-    GLM-4.6 and GLM-5 slices logged their GPU weights without it); ik_llama.cpp's plan keeps it."""
+    """GLM's NextN layer: mainline creates its tensors TENSOR_SKIP unless it drafts with them, ik_llama.cpp
+    always (moe-stack never turns its -mtp on); the H200's GLM-4.6 and GLM-5 slices logged their GPU weights
+    without it on both."""
     facts = shape_facts(synth_shape("glm4moe", layers=4, dense_layers=1, experts=16, vocab=0))
     assert facts.nextn_layers == 1 and facts.nextn_other_bytes > 0
     mainline = get_engine("llama.cpp")
@@ -511,4 +548,24 @@ def test_mainline_loads_a_nextn_block_only_to_draft_with_it() -> None:
     assert sum(loaded.expert_bytes) == sum(facts.expert_bytes[:-1])
     assert loaded.cached_layers == facts.cached_layers  # its cache was skipped either way
     assert mainline.loaded_facts(facts, mtp=True) == facts
-    assert get_engine("ik_llama.cpp").loaded_facts(facts, mtp=None) == facts
+    for mtp in (None, True):
+        assert get_engine("ik_llama.cpp").loaded_facts(facts, mtp=mtp) == loaded
+
+
+def test_ik_builds_the_mla_form_a_file_lacks() -> None:
+    """ik_llama.cpp's llm_prepare_mla (55d3c05): a layer with attn_k_b and attn_v_b and no attn_kv_b gets one
+    built from them, Q8_0 unless both are 16-bit floats, and one with attn_kv_b alone gets the split form,
+    Q8_0 where it is quantized; the plan counts it with the GPU weights (Kimi-K2's slice logged
+    4 x 512 x 16384 at Q8_0, 34.0 MiB, in CUDA0 beside its 503.4 MiB of weights)."""
+    k_b, v_b = 128 * 512 * 64, 512 * 128 * 64  # Kimi-K2's per layer: 64 heads, latent 512, 128 wide
+    split = [("blk.0.attn_k_b.weight", k_b, 0), ("blk.0.attn_v_b.weight", v_b, 0)]
+    assert built_mla_bytes(split) == (k_b + v_b) * 34 // 32 == 512 * 16384 * 34 // 32
+    assert built_mla_bytes([(name, n, 2) for name, n, _ in split]) == 2 * (k_b + v_b)
+    fused = ("blk.0.attn_kv_b.weight", k_b + v_b, 0)
+    assert built_mla_bytes([*split, fused]) == 0
+    assert built_mla_bytes([fused]) == built_mla_bytes(split)
+    assert built_mla_bytes([(fused[0], fused[1], 2)]) == 2 * (k_b + v_b)
+    kimi = shape_facts(synth_shape("deepseek2", layers=4, dense_layers=1, experts=16, heads=64, vocab=0))
+    loaded = get_engine("ik_llama.cpp").loaded_facts(kimi, mtp=None)
+    assert loaded.gpu_weight_bytes - kimi.gpu_weight_bytes == 4 * 512 * 16384 * 34 // 32
+    assert get_engine("llama.cpp").loaded_facts(kimi, mtp=None).gpu_weight_bytes == kimi.gpu_weight_bytes

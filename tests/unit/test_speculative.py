@@ -5,6 +5,7 @@ the VRAM plan."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,13 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.engines.specs import StackSpec
-from builder.errors import SpecError, StackError
+from builder.errors import ModelError, SpecError, StackError
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
 from builder.models.planner import read_facts
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import shape_facts, write_moe_gguf
-from builder.models.synth_shapes import TINY_SHAPES
+from builder.models.synth_shapes import TINY_SHAPES, DeepSeek2Shape, Tensor
 from builder.spec import EngineOptions
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 
@@ -153,3 +154,28 @@ def test_mtp_for_deepseek_v4_says_its_head_is_a_file_of_its_own(tmp_path: Path) 
         SpecError, match=r"deepseek4's converter writes it to a file of its own .*; drop --mtp$"
     ):
         checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _MtpHeadAlone(DeepSeek2Shape):
+    """What `convert_hf_to_gguf.py --mtp` writes (conversion/deepseek.py at 0c1e57098, `mtp_only`): the
+    NextN block, the embeddings, the final norm and the output head, and none of the model's layers."""
+
+    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
+        for tensor in super().tensors(n_vocab):
+            name = tensor[0]
+            if not name.startswith("blk.") or int(name.split(".")[1]) >= self.layers:
+                yield tensor
+
+
+def test_an_mtp_head_alone_is_refused_as_a_model_and_as_a_draft(ggufs: dict[str, Path]) -> None:
+    """A head converted apart drafts only beside its model (mainline's `-md` with `--spec-type draft-mtp`,
+    which moe-stack doesn't plan): given as the model or as a draft model, it is refused in one line,
+    not served as a small model of its own."""
+    shape = {**dataclasses.asdict(TINY_SHAPES["deepseek2"]), "mtp_layers": 1}
+    head = write_moe_gguf(ggufs["model"].parent / "mtp-r1.gguf", _MtpHeadAlone(**shape))
+    said = r"^mtp-r1.gguf holds a multi-token-prediction head alone .*, and --mtp where that file carries the head$"
+    with pytest.raises(ModelError, match=said):
+        read_facts(head)
+    with pytest.raises(ModelError, match=said):
+        checked_speculative(EngineOptions(draft_model=head), ggufs["mtp"], get_engine("llama.cpp"))
