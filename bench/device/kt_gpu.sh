@@ -20,4 +20,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 # The overlay first (transformers-kt, tokenizers 0.22 over the machine's), sgl_kernel's stand-ins,
 # this checkout (the builder, the image's scripts), then the builder's own dependencies.
 export PYTHONPATH="$work/site:$repo/bench/device/sgl_kernel_torch:$repo:$work/builder-site" PYTHONUNBUFFERED=1
-python3 "$repo/bench/device/kt_gpu.py" "$out" "$work" 2>&1 | tee "$out/run-${KT_GPU_PRESET:-qwen3-235b-a22b}.log"
+# KT_GPU_SCRIPT=kt_hicache.py: the prompt cache across a restart instead of the preset's checks
+script=${KT_GPU_SCRIPT:-kt_gpu.py}
+python3 "$repo/bench/device/$script" "$out" "$work" 2>&1 | tee "$out/run-${script%.py}-${KT_GPU_PRESET:-qwen3-235b-a22b}.log"
