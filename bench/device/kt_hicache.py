@@ -52,11 +52,14 @@ SHAPE = ["--arch", "deepseek2", "--layers", "2", "--experts", "16"]
 STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 # sglang-kt 0.7.2: the file backend needs the hierarchical cache on; a page of 64 tokens a file (the default
 # 1 writes a file a token); write_through files each prefix after its prefill; wait_complete reads a stored
-# prefix back before the request runs (best_effort stops at scheduling); no NUMA binding of the scheduler.
+# prefix back before the request runs (best_effort stops at scheduling); no NUMA binding of the scheduler;
+# torch's copies between GPU and host (`direct`: the default `kernel` is sgl_kernel's compiled transfer, which
+# this machine's stand-ins don't replace).
 HICACHE_ARGS = os.environ.get(
     "KT_HICACHE_ARGS",
     "--enable-hierarchical-cache --hicache-storage-backend file --hicache-write-policy write_through "
-    "--page-size 64 --hicache-storage-prefetch-policy wait_complete --disable-hicache-numa-detect",
+    "--page-size 64 --hicache-storage-prefetch-policy wait_complete --disable-hicache-numa-detect "
+    "--hicache-io-backend direct",
 ).split()
 WORDS = ("the", "expert", "model", "reads", "a", "token", "from", "memory", "and", "cache", "keeps", "it")
 
