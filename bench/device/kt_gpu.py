@@ -40,6 +40,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
 from builder.engines.ktransformers import KTransformers
@@ -136,6 +137,14 @@ def mapped(value: str, mounts: dict[str, str]) -> str:
         if value == inside or value.startswith(inside + "/"):
             return outside + value[len(inside) :]
     return value
+
+
+def serve(args: list[str], env: dict[str, str], log: IO[str]) -> subprocess.Popen:
+    """The image's entrypoint running the stack's command, in a process group of its own (`stop`)."""
+    return subprocess.Popen(
+        ["sh", str(REPO / "dockerfiles/common/moe-stack-entrypoint"), *args],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )  # fmt: skip
 
 
 def gpu_used_mib() -> int:
@@ -320,10 +329,7 @@ def main(out: Path, work: Path) -> None:
     result["image_env"] = image_env(service.image, server_bin)
     result["stack_env"] = stack_env
     log = (out / f"{NAME}-server.log").open("w")
-    server = subprocess.Popen(
-        ["sh", str(REPO / "dockerfiles/common/moe-stack-entrypoint"), *args],
-        stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True,
-    )  # fmt: skip
+    server = serve(args, run_env, log)
     start = time.time()
     try:
         if not healthy(server, start + float(os.environ.get("KT_GPU_START_S", "300"))):

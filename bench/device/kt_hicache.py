@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,12 +32,12 @@ from kt_gpu import (
     ENGINE,
     MULTICAST_OFF,
     PORT,
-    REPO,
     cli,
     healthy,
     image_env,
     install_server,
     mapped,
+    serve,
     stop,
 )
 
@@ -135,10 +134,7 @@ def main(out: Path, work: Path) -> None:
     for run, warm_up in enumerate((prompt(2, 600), prompt(3, 600))):
         log_path = out / f"kt-hicache-server-{run + 1}.log"
         with log_path.open("w") as log:
-            server = subprocess.Popen(
-                ["sh", str(REPO / "dockerfiles/common/moe-stack-entrypoint"), *args],
-                stdout=log, stderr=subprocess.STDOUT, env=run_env, start_new_session=True,
-            )  # fmt: skip
+            server = serve(args, run_env, log)
             start = time.time()
             try:
                 if not healthy(server, start + float(os.environ.get("KT_GPU_START_S", "240"))):
