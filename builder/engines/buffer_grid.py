@@ -40,7 +40,7 @@ class Grid:
     short_other: float | None = None
 
     @property
-    def measured(self) -> int:
+    def corners_run(self) -> int:
         """Corners run on the device (the fourth completed where it was not)."""
         return 3 if self.short_other is None else 4
 
@@ -84,11 +84,11 @@ class PoolLine:
 Measured = TypeVar("Measured", Grid, PoolLine)
 
 
-def grid_for(grids: tuple[Measured, ...], facts: ModelFacts) -> Measured | None:
+def measured_for(measured: tuple[Measured, ...], facts: ModelFacts) -> Measured | None:
     """What was measured for the model's architecture (and head count, where it names one)."""
-    for grid in grids:
-        if grid.arch == facts.arch and grid.heads in (None, facts.heads):
-            return grid
+    for entry in measured:
+        if entry.arch == facts.arch and entry.heads in (None, facts.heads):
+            return entry
     return None
 
 

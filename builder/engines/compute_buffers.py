@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from builder.engines.buffer_grid import IK_GRIDS, IK_POOLS, MAINLINE_GRIDS, Grid, grid_for
+from builder.engines.buffer_grid import IK_GRIDS, IK_POOLS, MAINLINE_GRIDS, Grid, measured_for
 from builder.models.planner import ModelFacts
 
 if TYPE_CHECKING:
@@ -156,11 +156,11 @@ def _measured_grid(
 ) -> tuple[int, bool, str] | None:
     """The layers' stage from the engine's grid for the model's architecture (an MLA model's measured with
     its latent cache, the presets' form), None where there is none."""
-    grid = grid_for(grids, facts)
+    grid = measured_for(grids, facts)
     if grid is None or (facts.mla_dim is not None and not latent):
         return None
     at, inside = grid.size(ctx, ubatch)
-    return at, inside, f"{engine} on {facts.arch} widths (H200, {grid.measured} points, 16-expert slices)"
+    return at, inside, f"{engine} on {facts.arch} widths (H200, {grid.corners_run} points, 16-expert slices)"
 
 
 def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
@@ -270,7 +270,7 @@ def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, laten
         # bench/results/family-buffers-2026-12-04; the plan takes a prompt that fills the context).
         indexed = fits.indexer_scores_in_pool and facts.indexer_dim > 0
         return ubatch * ctx * F32_BYTES if indexed else 0
-    line = grid_for(IK_POOLS, facts) if facts.mla_dim is None or latent else None
+    line = measured_for(IK_POOLS, facts) if facts.mla_dim is None or latent else None
     mib, measured_at = (line.mib(ctx), line.ubatch) if line is not None else (IK_POOL_MIB, POOL_UBATCH)
     return int(mib * max(1.0, ubatch / measured_at) * MIB)
 
