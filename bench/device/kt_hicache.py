@@ -1,5 +1,6 @@
 """KTransformers' prompt cache across a restart on the GPU machine (issue 45, point 1): SGLang's hierarchical
-cache with its file backend, under the R1 preset's stack (a 2-layer slice at R1's widths), run as
+cache with its file backend, under a preset's stack (KT_GPU_PRESET, as kt_gpu.py: a slice of 2 layers at
+Qwen3-235B's or R1's widths; Qwen3-Next's recurrent state is refused by the cache), run as
 bench/device/kt_gpu.py runs the server (natively: the image's packages, entrypoint and the stack's command,
 with that script's substitutions).
 
@@ -32,6 +33,8 @@ from kt_gpu import (
     ENGINE,
     MULTICAST_OFF,
     PORT,
+    PRESET,
+    SHAPE_ARGS,
     cli,
     healthy,
     image_env,
@@ -46,8 +49,6 @@ from builder.errors import StackError
 from builder.stacks.api import EngineApi
 from builder.stacks.stack_file import StackFile
 
-PRESET = "deepseek-r1-671b"
-SHAPE = ["--arch", "deepseek2", "--layers", "2", "--experts", "16"]
 STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 # sglang-kt 0.7.2: the file backend needs the hierarchical cache on; a page of 64 tokens a file (the default
 # 1 writes a file a token); write_through files each prefix after its prefill; wait_complete reads a stored
@@ -102,9 +103,9 @@ def main(out: Path, work: Path) -> None:
     gguf_dir, hf_dir, storage = work / "gguf", work / "hf", work / "prompts"
     for directory in (gguf_dir, storage):
         directory.mkdir(parents=True, exist_ok=True)
-    model = gguf_dir / "deepseek2-2l-16e-q4_0.gguf"
-    cli("synth-moe", *SHAPE, str(model))
-    cli("synth-moe", *SHAPE, "--format", "hf", str(hf_dir))
+    model = gguf_dir / f"{SHAPE_ARGS[1]}-{SHAPE_ARGS[3]}l-16e-q4_0.gguf"
+    cli("synth-moe", *SHAPE_ARGS, str(model))
+    cli("synth-moe", *SHAPE_ARGS, "--format", "hf", str(hf_dir))
     key_file = work / "api-key"
     key_file.write_text(secrets.token_urlsafe(24) + "\n")
     stack_file = out / "kt-hicache-stack.yaml"
