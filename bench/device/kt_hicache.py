@@ -130,7 +130,7 @@ def main(out: Path, work: Path) -> None:
         "XDG_CACHE_HOME": str(work / "home/.cache"),
     }
     result["command"] = args
-    long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "12000")))
+    long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "10000")))
     runs: list[dict[str, object]] = []
     for run, warm_up in enumerate((prompt(2, 600), prompt(3, 600))):
         log_path = out / f"kt-hicache-server-{run + 1}.log"
