@@ -53,7 +53,7 @@ from builder.platform.flags import check_args, check_choice, parse_contract
 from builder.stacks.api import EngineApi
 from builder.stacks.kt_convert import finish_conversion, plan_conversion
 from builder.stacks.smoke import api_checks
-from builder.stacks.stack_file import StackFile
+from builder.stacks.stack_file import Service, StackFile
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = KTransformers()
@@ -137,6 +137,25 @@ def mapped(value: str, mounts: dict[str, str]) -> str:
         if value == inside or value.startswith(inside + "/"):
             return outside + value[len(inside) :]
     return value
+
+
+def native_command(
+    service: Service, mounts: dict[str, str], server_bin: Path, work: Path
+) -> tuple[list[str], dict[str, str]]:
+    """The stack's command and environment on this machine: the container's paths mapped onto its own, on
+    127.0.0.1, with the image's environment and this machine's substitutions."""
+    args = [mapped(arg, mounts) for arg in service.args] + DEVICE_ARGS
+    args[args.index("--host") + 1] = "127.0.0.1"
+    env = {
+        **os.environ,
+        **MULTICAST_OFF,
+        **image_env(service.image, server_bin),
+        **{key: mapped(str(value), mounts) for key, value in service.env.items()},
+        **DEVICE_ENV,
+        "HOME": str(work / "home"),
+        "XDG_CACHE_HOME": str(work / "home/.cache"),
+    }
+    return args, env
 
 
 def serve(args: list[str], env: dict[str, str], log: IO[str]) -> subprocess.Popen:
@@ -315,19 +334,9 @@ def main(out: Path, work: Path) -> None:
     note(f"stack: {service.image}, {len(command)} arguments; {result['command_checked']}")
 
     mounts = {MODEL_DIR: str(weights_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
-    args = [mapped(arg, mounts) for arg in command] + DEVICE_ARGS
-    args[args.index("--host") + 1] = "127.0.0.1"
-    stack_env = {key: mapped(str(value), mounts) for key, value in service.env.items()}
-    run_env = {
-        **env,
-        **image_env(service.image, server_bin),
-        **stack_env,
-        **DEVICE_ENV,
-        "HOME": str(work / "home"),
-        "XDG_CACHE_HOME": str(work / "home/.cache"),
-    }
+    args, run_env = native_command(service, mounts, server_bin, work)
     result["image_env"] = image_env(service.image, server_bin)
-    result["stack_env"] = stack_env
+    result["stack_env"] = {key: mapped(str(value), mounts) for key, value in service.env.items()}
     log = (out / f"{NAME}-server.log").open("w")
     server = serve(args, run_env, log)
     start = time.time()

@@ -31,15 +31,13 @@ from kt_gpu import (
     DEVICE_ARGS,
     DEVICE_ENV,
     ENGINE,
-    MULTICAST_OFF,
     PORT,
     PRESET,
     SHAPE_ARGS,
     cli,
     healthy,
-    image_env,
     install_server,
-    mapped,
+    native_command,
     serve,
     stop,
 )
@@ -98,7 +96,6 @@ def main(out: Path, work: Path) -> None:
         "hicache": HICACHE_ARGS,
     }
     started = time.time()
-    env = {**os.environ, **MULTICAST_OFF}
     server_bin = install_server(work / "bin")
     gguf_dir, hf_dir, storage = work / "gguf", work / "hf", work / "prompts"
     for directory in (gguf_dir, storage):
@@ -118,17 +115,8 @@ def main(out: Path, work: Path) -> None:
     result["compose"] = "moe-stack " + " ".join(compose)
     service = StackFile.read(stack_file).service("engine")
     mounts = {MODEL_DIR: str(gguf_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
-    args = [mapped(arg, mounts) for arg in service.args] + DEVICE_ARGS
-    args[args.index("--host") + 1] = "127.0.0.1"
-    run_env = {
-        **env,
-        **image_env(service.image, server_bin),
-        **{key: mapped(str(value), mounts) for key, value in service.env.items()},
-        **DEVICE_ENV,
-        STORAGE_ENV: str(storage),
-        "HOME": str(work / "home"),
-        "XDG_CACHE_HOME": str(work / "home/.cache"),
-    }
+    args, run_env = native_command(service, mounts, server_bin, work)
+    run_env[STORAGE_ENV] = str(storage)
     result["command"] = args
     long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "10000")))
     runs: list[dict[str, object]] = []
