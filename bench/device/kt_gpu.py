@@ -264,6 +264,18 @@ def convert(hf_dir: Path, work: Path, out: Path, env: dict[str, str], result: di
     return weights.path
 
 
+def check_stand_ins() -> str:
+    """sgl_kernel's stand-ins against their references on the GPU (check_ops.py): its line, or exits with
+    what failed."""
+    ops = subprocess.run(
+        [sys.executable, str(REPO / "bench/device/sgl_kernel_torch/check_ops.py"), "cuda"],
+        capture_output=True, text=True, env={**os.environ, **MULTICAST_OFF}, check=False,
+    )  # fmt: skip
+    if ops.returncode:
+        raise SystemExit(ops.stdout + ops.stderr)
+    return (ops.stdout + ops.stderr).strip().splitlines()[-1]
+
+
 def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {"substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV}}
     started = time.time()
@@ -272,14 +284,8 @@ def main(out: Path, work: Path) -> None:
         print(f"[{time.time() - started:.0f}s] {step}", flush=True)
 
     env = {**os.environ, **MULTICAST_OFF}
-    ops = subprocess.run(
-        [sys.executable, str(REPO / "bench/device/sgl_kernel_torch/check_ops.py"), "cuda"],
-        capture_output=True, text=True, env=env, check=False,
-    )  # fmt: skip
-    result["stand_in_checks"] = (ops.stdout + ops.stderr).strip().splitlines()[-1:]
+    result["stand_in_checks"] = check_stand_ins()
     note(f"stand-ins: {result['stand_in_checks']}")
-    if ops.returncode:
-        raise SystemExit(ops.stdout + ops.stderr)
 
     server_bin = install_server(work / "bin")
     server_env = {**env, "MOE_STACK_SERVER_MODULE": ENGINE.server_module}

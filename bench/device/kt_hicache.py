@@ -34,6 +34,7 @@ from kt_gpu import (
     PORT,
     PRESET,
     SHAPE_ARGS,
+    check_stand_ins,
     cli,
     healthy,
     install_server,
@@ -94,7 +95,9 @@ def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {
         "substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV},
         "hicache": HICACHE_ARGS,
+        "stand_in_checks": check_stand_ins(),
     }
+    print(result["stand_in_checks"], flush=True)
     started = time.time()
     server_bin = install_server(work / "bin")
     gguf_dir, hf_dir, storage = work / "gguf", work / "hf", work / "prompts"

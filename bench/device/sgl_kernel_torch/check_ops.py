@@ -28,6 +28,7 @@ from sgl_kernel import (  # its loader found common_ops (no compiled library is 
     top_p_renorm_prob,
     topk_softmax,
 )
+from sgl_kernel.kvcacheio import transfer_kv_direct
 
 
 def check_norms() -> None:
@@ -175,6 +176,20 @@ def check_causal_conv1d() -> None:
     assert torch.equal(states[2], first[:, 4:7]), "conv update state"
 
 
+def check_kv_transfer() -> None:
+    """The hierarchical cache's copy: the GPU pool's pages to the host's and back (CPU tensors on both
+    sides when the device is the CPU)."""
+    device_k, device_v = torch.randn(3, 256, 4, 8), torch.randn(3, 256, 4, 8)
+    host_k, host_v = torch.zeros(3, 512, 4, 8, device="cpu"), torch.zeros(3, 512, 4, 8, device="cpu")
+    on_device, on_host = torch.arange(64, 128), torch.arange(320, 384, device="cpu")
+    transfer_kv_direct(list(device_k) + list(device_v), list(host_k) + list(host_v), on_device, on_host, 64)
+    assert torch.equal(host_k[:, 320:384], device_k[:, 64:128].cpu()), "transfer_kv_direct to the host"
+    assert not host_v[:, :320].any() and torch.equal(host_v[:, 320:384], device_v[:, 64:128].cpu()), "host v"
+    back = torch.arange(0, 64)
+    transfer_kv_direct([host_k[1], host_v[1]], [device_k[1], device_v[1]], on_host, back, 64)
+    assert torch.equal(device_k[1, :64], device_k[1, 64:128]), "transfer_kv_direct back to the device"
+
+
 def check_conv_against_sglang_triton() -> None:
     """On the GPU: the stand-in against SGLang's own Triton causal_conv1d_fn (the same contract)."""
     from sglang.srt.layers.attention.mamba.causal_conv1d_triton import causal_conv1d_fn
@@ -198,7 +213,7 @@ def main(device: str) -> None:
     torch.manual_seed(0)
     for check in (check_norms, check_silu_and_mul, check_rope, check_routing, check_align,
                   check_sum_and_sampling, check_grouped_routing, check_mla_parts,
-                  check_causal_conv1d):  # fmt: skip
+                  check_causal_conv1d, check_kv_transfer):  # fmt: skip
         check()
     if device == "cuda":
         check_conv_against_sglang_triton()

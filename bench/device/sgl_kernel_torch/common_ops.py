@@ -446,3 +446,17 @@ def causal_conv1d_update(
         out, _ = _conv_sequence(x[b], weight, bias_, state[:, -(width - 1) :], silu_activation)
         state.copy_(torch.cat((state, x[b].to(state.dtype)), dim=1)[:, -state.shape[1] :])
         x[b].copy_(out.to(x.dtype))
+
+
+@_op(
+    "transfer_kv_direct(Tensor[] src_layers, Tensor(a!)[] dst_layers, Tensor src_indices, "
+    "Tensor dst_indices, int page_size) -> ()"
+)
+def transfer_kv_direct(
+    src_layers: Any, dst_layers: Any, src_indices: Any, dst_indices: Any, page_size: Any
+) -> None:
+    """The hierarchical cache's copies between the GPU's KV pool and host memory (layer-first layout,
+    sgl_kernel's kvcacheio.py): each source layer's tokens at src_indices to the same layer's at
+    dst_indices, whichever side each is on. Whole pages in the kernel; any token list here."""
+    for src, dst in zip(src_layers, dst_layers, strict=True):
+        dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)].to(dst.device)
