@@ -48,6 +48,8 @@ SLOTS_ENV = "MOE_STACK_SLOTS"  # how many slots the server has (--parallel): eac
 # A stack that also unloads when idle: the seconds without a request after which the slots are saved,
 # before the server sleeps and frees them (StackSpec.prompts_saved_after_s).
 PROMPTS_QUIET_ENV = "MOE_STACK_PROMPTS_QUIET_S"
+# An engine that writes its prompts' files as it serves (KTransformers): the MiB they are pruned to.
+PROMPTS_MAX_ENV = "MOE_STACK_PROMPTS_MAX_MIB"
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
 IMAGE_ENV = (

@@ -196,8 +196,16 @@ def healthy(server: subprocess.Popen, deadline: float) -> bool:
     return False
 
 
-def stop(server: subprocess.Popen) -> None:
-    """The server's whole process group (SGLang's scheduler and detokenizer processes too)."""
+def stop(server: subprocess.Popen, grace_s: float = 0) -> None:
+    """The server's whole process group (SGLang's scheduler and detokenizer processes too). With
+    `grace_s`, its first process alone is asked first, as `docker stop` asks the container's, and given
+    that long (a stack's image helper stops the server itself)."""
+    if grace_s:
+        server.terminate()
+        try:
+            server.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
     for signal, wait_s in ((15, 30), (9, 10)):
         try:
             os.killpg(server.pid, signal)

@@ -1,17 +1,18 @@
-"""KTransformers' prompt cache across a restart on the GPU machine (issue 45, point 1): SGLang's hierarchical
-cache with its file backend, under a preset's stack (KT_GPU_PRESET, as kt_gpu.py: a slice of 2 layers at
-Qwen3-235B's or R1's widths; Qwen3-Next's recurrent state is refused by the cache), run as
-bench/device/kt_gpu.py runs the server (natively: the image's packages, entrypoint and the stack's command,
-with that script's substitutions).
+"""KTransformers' prompt cache across a restart on the GPU machine (issue 45, point 1): a preset's stack
+(KT_GPU_PRESET, as kt_gpu.py: a slice of 2 layers at Qwen3-235B's or R1's widths; Qwen3-Next's recurrent
+state is refused) composed with `--keep-prompts`, run as bench/device/kt_gpu.py runs the server (natively:
+the image's packages, entrypoint and prompt helper, and the stack's command, with that script's
+substitutions and SGLang's torch copies between GPU and host, `--hicache-io-backend direct`: the default
+`kernel` is sgl_kernel's compiled transfer, which this machine's stand-ins don't replace).
 
-  1. the slice written (GGUF and HF), the stack composed by moe-stack with the cache's flags as extra
-     engine arguments (HICACHE_ARGS: what a stack with --keep-prompts is to write);
-  2. served with the file backend's directory set; a warm-up, then a long prompt (cold), then it again
-     (from the GPU's cache);
-  3. stopped; the directory's files counted; served again on the same directory, a warm-up of another
-     text, the long prompt again (from the files, if they are read back);
+  1. the slice written (GGUF and HF), the stack composed by moe-stack with --keep-prompts;
+  2. served under the image's moe-stack-prompts, on a directory for the stack's volume: a warm-up, then a
+     long prompt (cold), then stopped as `docker stop` stops a container (the helper alone is signalled:
+     it has the last prompt's pages written, then stops the server);
+  3. served again on the same directory: a warm-up of another text, the long prompt (from the files, if
+     they are read back), then it again (from the GPU's cache);
   4. for each request (SGLang's native /generate): the seconds to its one token and where its cached
-     tokens came from (the GPU, host memory or the files).
+     tokens came from (the GPU, host memory or the files); the helper's lines; the files.
 
 A slice of two layers prefills in a fraction of a second: its times say whether the files are read back,
 not what a full model gains. Usage: kt_hicache.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-hicache.json and
@@ -43,23 +44,15 @@ from kt_gpu import (
     stop,
 )
 
-from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
+from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR, PROMPTS_DIR
 from builder.errors import StackError
 from builder.stacks.api import EngineApi
 from builder.stacks.stack_file import StackFile
 
-STORAGE_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
-# sglang-kt 0.7.2: the file backend needs the hierarchical cache on; a page of 64 tokens a file (the default
-# 1 writes a file a token); write_through files each prefix after its prefill; wait_complete reads a stored
-# prefix back before the request runs (best_effort stops at scheduling); no NUMA binding of the scheduler;
-# torch's copies between GPU and host (`direct`: the default `kernel` is sgl_kernel's compiled transfer, which
-# this machine's stand-ins don't replace).
-HICACHE_ARGS = os.environ.get(
-    "KT_HICACHE_ARGS",
-    "--enable-hierarchical-cache --hicache-storage-backend file --hicache-write-policy write_through "
-    "--page-size 64 --hicache-storage-prefetch-policy wait_complete --disable-hicache-numa-detect "
-    "--hicache-io-backend direct",
-).split()
+# The device's stand-in for sgl_kernel's compiled copies (above); the cache's other flags are the stack's.
+DEVICE_HICACHE_ARGS = ["--hicache-io-backend", "direct"]
+# Where the image's moe-stack-prompts is (on the image's PATH).
+HELPER_DIR = Path(__file__).resolve().parents[2] / "dockerfiles/ktransformers"
 WORDS = ("the", "expert", "model", "reads", "a", "token", "from", "memory", "and", "cache", "keeps", "it")
 
 
@@ -93,8 +86,7 @@ def files(directory: Path) -> dict[str, int]:
 
 def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {
-        "substituted": {"args": DEVICE_ARGS, "env": DEVICE_ENV},
-        "hicache": HICACHE_ARGS,
+        "substituted": {"args": DEVICE_ARGS + DEVICE_HICACHE_ARGS, "env": DEVICE_ENV},
         "stand_in_checks": check_stand_ins(),
     }
     print(result["stand_in_checks"], flush=True)
@@ -112,16 +104,23 @@ def main(out: Path, work: Path) -> None:
     compose = [
         "compose", "--engine", ENGINE.name, "--preset", PRESET, "--gpu", "nvidia", "--model", str(model),
         "--config-dir", str(hf_dir), "--api-key-file", str(key_file), "--skip-image-checks",
-        "--out", str(stack_file), "--", *HICACHE_ARGS,
+        "--keep-prompts", "--out", str(stack_file),
     ]  # fmt: skip
     cli(*compose)
     result["compose"] = "moe-stack " + " ".join(compose)
     service = StackFile.read(stack_file).service("engine")
-    mounts = {MODEL_DIR: str(gguf_dir), CONFIG_DIR: str(hf_dir), API_KEY_PATH: str(key_file)}
+    mounts = {
+        MODEL_DIR: str(gguf_dir),
+        CONFIG_DIR: str(hf_dir),
+        API_KEY_PATH: str(key_file),
+        PROMPTS_DIR: str(storage),
+    }
     args, run_env = native_command(service, mounts, server_bin, work)
-    run_env[STORAGE_ENV] = str(storage)
-    result["command"] = args
-    long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "10000")))
+    args += DEVICE_HICACHE_ARGS
+    # The image's ENV for its helper: where the stack's volume is mounted, and the helper on PATH.
+    run_env |= {"MOE_STACK_PROMPTS_DIR": str(storage), "PATH": f"{HELPER_DIR}:{run_env['PATH']}"}
+    result |= {"command": args, "environment": dict(service.env)}
+    long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "2500")))  # ~12.9k tokens of 16k
     runs: list[dict[str, object]] = []
     for run, warm_up in enumerate((prompt(2, 600), prompt(3, 600))):
         log_path = out / f"kt-hicache-server-{run + 1}.log"
@@ -138,19 +137,19 @@ def main(out: Path, work: Path) -> None:
                 try:
                     entry["warm_up"] = first_token(api, warm_up)
                     entry["long"] = first_token(api, long_text)
-                    entry["long_again"] = first_token(api, long_text)
+                    if run:  # the first run stops with the long prompt its last: the helper writes it
+                        entry["long_again"] = first_token(api, long_text)
                 except (StackError, OSError) as err:  # recorded; the files and the log still tell
                     entry["error"] = str(err)
-                time.sleep(float(os.environ.get("KT_HICACHE_SETTLE_S", "5")))  # writes behind the reply
                 entry["files_before_stop"] = files(storage)
             finally:
-                stop(server)
-        entry_files = files(storage)
-        runs[-1]["files_after_stop"] = entry_files
-        cached = [
-            line for line in log_path.read_text(errors="replace").splitlines() if "cached-token" in line
-        ]
-        runs[-1]["prefill_log"] = [line[-200:] for line in cached][-6:]
+                stopping = time.time()
+                stop(server, grace_s=300)  # the stack's stop grace
+                runs[-1]["stop_s"] = round(time.time() - stopping, 1)
+        runs[-1]["files_after_stop"] = files(storage)
+        lines = log_path.read_text(errors="replace").splitlines()
+        runs[-1]["helper"] = [line for line in lines if line.startswith("moe-stack-prompts:")]
+        runs[-1]["prefill_log"] = [line[-200:] for line in lines if "cached-token" in line][-6:]
         print(json.dumps(runs[-1]), flush=True)
         result |= {"runs": runs, "seconds": round(time.time() - started, 1)}  # each run's kept as it ends
         (out / "kt-hicache.json").write_text(json.dumps(result, indent=2) + "\n")

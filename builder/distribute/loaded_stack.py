@@ -27,6 +27,7 @@ from builder.contract import (
     MODEL_DIR,
     NUMA_ENV,
     PROMPTS_ENV,
+    PROMPTS_MAX_ENV,
     PROMPTS_QUIET_ENV,
     ROUTER_PRESET_ENV,
     SLOTS_ENV,
@@ -69,6 +70,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PROMPTS_KEY = re.compile(r"[0-9a-f]{16}")
 _SLOTS = re.compile(r"[1-9][0-9]{0,2}")
 _QUIET = re.compile(r"[1-9][0-9]{0,5}")
+_PROMPTS_MAX_MIB = re.compile(r"[1-9][0-9]{0,9}")
 
 
 class UntrustedBundle(MoeStackError):
@@ -235,6 +237,7 @@ def _environment(name: str, service: Service) -> dict[str, str]:
         PROMPTS_ENV,
         SLOTS_ENV,
         PROMPTS_QUIET_ENV,
+        PROMPTS_MAX_ENV,
         API_KEY_FILE_ENV,
     }
     unknown = sorted(set(environment) - known)
@@ -254,6 +257,7 @@ def _environment(name: str, service: Service) -> dict[str, str]:
         not _PROMPTS_KEY.fullmatch(environment.get(PROMPTS_ENV, "0" * 16))
         or not _SLOTS.fullmatch(environment.get(SLOTS_ENV, "1"))
         or not _QUIET.fullmatch(environment.get(PROMPTS_QUIET_ENV, "1"))
+        or not _PROMPTS_MAX_MIB.fullmatch(environment.get(PROMPTS_MAX_ENV, "1"))
     ):
         raise UntrustedBundle(f"service {name}'s prompt cache is not named as moe-stack names it")
     preset = environment.get(ROUTER_PRESET_ENV, "")

@@ -6,6 +6,7 @@ adapter module, its template folder and a matrix row."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -52,6 +53,24 @@ API_ROUTES: dict[ClientApi, str] = {
     "anthropic-messages": "/v1/messages",
     "anthropic-count-tokens": "/v1/messages/count_tokens",
 }
+
+
+@dataclass(frozen=True)
+class PromptStore:
+    """How an engine keeps a stack's prompts across restarts (`compose --keep-prompts`): files on the
+    stack's volume under the prompts key, restored into a server started under the same key."""
+
+    # Its files at most, as a multiple of the stack's KV cache.
+    disk_share: float
+    # Page-locked host memory it keeps for them beside the weights, as a multiple of the KV cache.
+    host_share: float = 0.0
+    # A file per server slot, saved and restored by the image's helper (MOE_STACK_SLOTS); else the server
+    # writes its files as it serves and the helper prunes them to the bound (MOE_STACK_PROMPTS_MAX_MIB).
+    per_slot: bool = False
+
+    def sizes(self, kv_bytes: int) -> tuple[int, int]:
+        """(disk, host memory) it takes for a stack whose KV cache is `kv_bytes`."""
+        return int(self.disk_share * kv_bytes), int(self.host_share * kv_bytes)
 
 
 class Engine(ABC):
@@ -131,13 +150,18 @@ class Engine(ABC):
     # none measured: a flat estimate).
     buffer_fits: BufferFits = BufferFits()
     cuda_compile_factor: float = 1.0
+    # How it keeps prompts across restarts (None: it can't); a store is what makes it honour keep_prompts.
+    prompt_store: PromptStore | None = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         """Buffer fits are measured for one engine: a subclass (a fork) that declares none of its own
-        plans with the flat estimate, not with the fits of the engine it derives from."""
+        plans with the flat estimate, not with the fits of the engine it derives from. An engine with a
+        prompt store honours --keep-prompts."""
         super().__init_subclass__(**kwargs)
         if "buffer_fits" not in cls.__dict__:
             cls.buffer_fits = BufferFits()
+        if cls.prompt_store is not None:
+            cls.honours = cls.honours | {"keep_prompts"}
 
     # The client APIs its server answers at the pinned ref (`smoke` checks each with the official
     # client, and says in one line which of API_ROUTES it lacks).

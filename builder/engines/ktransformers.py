@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
 from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
 from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
+from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
+from builder.engines.sglang_hicache import STORE as HICACHE_STORE
+from builder.engines.sglang_hicache import hicache_args
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo, missing_flags
 from builder.models.formats import KT_WEIGHTS, ModelFormat
@@ -240,6 +243,7 @@ class _PythonEngine(Engine):
             "gpu_libs_archs": ",".join(map(str, spec.cuda.archs))
             if has_server and self.carries_sgl_kernel
             else "",
+            "keeps_prompts": has_server and self.prompt_store is not None,
         }
 
     def context_files(self, root: Path, spec: ImageSpec) -> dict[str, str]:
@@ -249,6 +253,8 @@ class _PythonEngine(Engine):
             "moe-stack-kt-gpu-libs",
             "moe-stack-sglang-with-key",
         ]
+        if self.prompt_store is not None:
+            names.append("moe-stack-prompts")
         if self.installs_lock(spec):
             names.append(LOCK_FILE)
         return {name: (root / "ktransformers" / name).read_text() for name in names}
@@ -378,8 +384,11 @@ class KTransformers(_PythonEngine):
             "--enable-metrics",
             "--reasoning-parser",
             "--tool-call-parser",
+            *(flag for flag, _ in HICACHE_FLAGS),
         )
     )
+    # --keep-prompts: SGLang's hierarchical cache with its file backend (engines/sglang_hicache.py).
+    prompt_store = HICACHE_STORE
     model_flags = ("--model-path", "--kt-weight-path")
     model_format: ModelFormat = KT_WEIGHTS  # a GGUF (LLAMAFILE) or kt-kernel's converted directory (AMX)
     carries_sgl_kernel = True
@@ -605,6 +614,8 @@ class KTransformers(_PythonEngine):
             if value is not None:  # written even where the contract lacks it: compose then refuses it
                 check_choice(flags, flag, value, self.name)
                 args += [flag, value]
+        if stack.keep_prompts:
+            args += hicache_args(self.loaded_model(stack.model, stack.mtp), flags, self.name)
         return args
 
 

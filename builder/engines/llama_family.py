@@ -17,7 +17,7 @@ from builder.contract import (
     PROMPTS_DIR,
     TOOLS_LABEL,
 )
-from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, PromptStore
 from builder.engines.reasoning import TEMPLATE_KWARGS, reasoning_args
 from builder.engines.tune_space import (
     LOAD_MODE,
@@ -92,6 +92,9 @@ class LlamaFamilyEngine(Engine):
     drops_cuda_lineinfo: bool = False
     metrics_flag = "--metrics"
     tool_calls_flag = "--jinja"  # chat rendered with the model's own template, which tool calls need
+    # --keep-prompts: each slot's file (--slot-save-path), at most the KV cache, saved and restored by the
+    # image's moe-stack-prompts through the server's /slots actions.
+    prompt_store = PromptStore(disk_share=1.0, per_slot=True)
     honours = frozenset(
         {
             "ctx_size",
@@ -119,7 +122,6 @@ class LlamaFamilyEngine(Engine):
             "mlock",
             "hugetlbfs",
             "api_key_file",
-            "keep_prompts",
             "extra_args",
             "draft_model",
             "mtp",

@@ -27,6 +27,7 @@ from builder.contract import (
     PROMETHEUS_PORT,
     PROMPTS_DIR,
     PROMPTS_ENV,
+    PROMPTS_MAX_ENV,
     PROMPTS_QUIET_ENV,
     ROUTER_PRESET_ENV,
     SLOTS_ENV,
@@ -39,6 +40,7 @@ from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions
+from builder.stacks.memory_use import MIB, kept_prompts_bytes
 from builder.stacks.record import OptionValue, Record, Served
 from builder.stacks.stack_file import (
     Deploy,
@@ -393,11 +395,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
     image = pinned_image(stack, facts)
     environment, caps = entrypoint_environment(stack)
     if stack.keep_prompts:
-        environment |= {PROMPTS_ENV: prompts_key(stack, image, files), SLOTS_ENV: str(stack.parallel)}
-        if stack.prompts_saved_after_s is not None:
-            environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
-        if stack.api_key_file is not None:  # the slots' endpoints want the key too
-            environment[API_KEY_FILE_ENV] = API_KEY_PATH
+        environment |= prompts_environment(stack, prompts_key(stack, image, files))
     return service_of(
         image,
         engine_command(stack, facts),
@@ -408,6 +406,23 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
         placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
         stack.api_key_file is not None,
     )
+
+
+def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
+    """What the image's moe-stack-prompts reads for a stack that keeps its prompts under `key`: for an
+    engine that saves a file per slot, how many and when a quiet server's are saved; for one that writes
+    its files as it serves, the MiB they are pruned to; the API key's file, for its own requests."""
+    store = stack.engine.prompt_store
+    environment = {PROMPTS_ENV: key}
+    if store is not None and store.per_slot:
+        environment[SLOTS_ENV] = str(stack.parallel)
+        if stack.prompts_saved_after_s is not None:
+            environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
+    else:
+        environment[PROMPTS_MAX_ENV] = str(max(1, kept_prompts_bytes(stack)[0] // MIB))
+    if stack.api_key_file is not None:
+        environment[API_KEY_FILE_ENV] = API_KEY_PATH
+    return environment
 
 
 def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:

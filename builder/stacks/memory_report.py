@@ -84,15 +84,18 @@ class MemoryReport:
             "cpu_weights": "pinned" if self.pinned else "mapped",
             "prompt_cache_bytes": prompt_cache_bytes(self.engine),
             "ram_total_bytes": result.cpu_bytes + self.beside,
-            # compose --keep-prompts: the slot files on the stack's volume, at most the KV cache
-            "kept_prompts_disk_bytes": self.kept_prompts_bytes,
+            # compose --keep-prompts: the files on the stack's volume at most, and the page-locked pool
+            # the engine keeps for them beside the weights (0: it keeps none)
+            "kept_prompts_disk_bytes": self.kept_prompts[0],
+            "kept_prompts_host_bytes": self.kept_prompts[1],
         }
 
     @property
-    def kept_prompts_bytes(self) -> int:
-        """compose --keep-prompts' slot files on the stack's volume: at most the KV cache (0: the engine
-        keeps none)."""
-        return self.plan.kv_bytes if "keep_prompts" in self.engine.honours else 0
+    def kept_prompts(self) -> tuple[int, int]:
+        """compose --keep-prompts' (disk, host memory) at this plan's KV cache ((0, 0): the engine keeps
+        none)."""
+        store = self.engine.prompt_store
+        return store.sizes(self.plan.kv_bytes) if store is not None else (0, 0)
 
     def gpu_rows(self) -> list[tuple[str, str, str]]:
         """What the GPUs hold, row by row: (what, size, where or why)."""
@@ -170,18 +173,30 @@ class MemoryReport:
                 f"{self.engine.name}'s default prompt cache (compose --cache-ram sizes it)",
             ),
             ("total in RAM", size(result.cpu_bytes + self.beside), f"of {ask.ram_gb:g} GiB"),
-            *(
-                [
-                    (
-                        "kept prompts on disk",
-                        size(result.kv_bytes),
-                        "compose --keep-prompts: at most the KV cache",
-                    )
-                ]
-                if "keep_prompts" in self.engine.honours
-                else []
-            ),
+            *self._kept_prompts_rows(),
         ]
+
+    def _kept_prompts_rows(self) -> list[tuple[str, str, str]]:
+        """What compose --keep-prompts adds: the files on the stack's volume, and any pool in RAM."""
+        store, (disk, host) = self.engine.prompt_store, self.kept_prompts
+        if store is None:
+            return []
+        rows = [
+            (
+                "kept prompts on disk",
+                size(disk),
+                f"compose --keep-prompts: at most {store.disk_share:g} × the KV cache",
+            )
+        ]
+        if host:
+            rows.append(
+                (
+                    "kept prompts' pool in RAM",
+                    size(host),
+                    f"compose --keep-prompts: pinned, {store.host_share:g} × the KV cache, not in the total",
+                )
+            )
+        return rows
 
     def flags(self) -> list[str]:
         """The flags that place the model: -ts across GPUs, then each -ot rule with what it moves."""

@@ -24,7 +24,8 @@ class MemoryUse:
     model_bytes: int  # the model's files
     on_hugepages: bool  # staged onto hugetlbfs, or read from reserved hugepages: not counted as memory
     kv_bytes: int  # the KV cache a CPU-only stack keeps in RAM (a GPU stack's is on the GPU)
-    prompt_cache_bytes: int  # the engine's host prompt cache (--cache-ram, or the engine's default)
+    # the engine's host prompt cache (--cache-ram, or the engine's default; and the pool of kept prompts)
+    prompt_cache_bytes: int
     buffers_bytes: int = BUFFERS_BYTES
     projector_bytes: int = 0  # a CPU-only stack's vision projector (a GPU stack's is on the GPU)
 
@@ -69,12 +70,21 @@ def stack_kv_bytes(stack: StackSpec) -> int:
     )
 
 
+def kept_prompts_bytes(stack: StackSpec) -> tuple[int, int]:
+    """(disk, host memory) of the stack's kept prompts (`--keep-prompts`): its engine's files at most, on the
+    stack's volume, and the page-locked pool it keeps for them beside the weights; (0, 0) without."""
+    store = stack.engine.prompt_store
+    if not stack.keep_prompts or store is None:
+        return 0, 0
+    return store.sizes(stack_kv_bytes(stack))
+
+
 def memory_use(stack: StackSpec) -> MemoryUse:
     adapter = stack.engine
     return MemoryUse(
         model_bytes=adapter.model_format.size(stack.model),
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=stack_kv_bytes(stack) if stack.gpu == "none" else 0,
-        prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram),
+        prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram) + kept_prompts_bytes(stack)[1],
         projector_bytes=projector_bytes(stack) if stack.gpu == "none" else 0,
     )

@@ -184,8 +184,9 @@ class StackCommandLine(BaseModel):
     keep_prompts: bool = option(
         False,
         "--keep-prompts",
-        help="keep the server's prompt cache across restarts: its slots saved on a named volume when the "
-        "container stops, restored when it is healthy (llama.cpp engines)",
+        help="keep the server's prompt cache across restarts on a named volume: the llama.cpp engines' slots "
+        "saved when the container stops and restored when it is healthy; KTransformers' (SGLang's) page "
+        "files written as it serves and read back for a prompt seen before",
     )
     skip_image_checks: bool = option(
         False,

@@ -19,6 +19,7 @@ DECLARED = {
     contract.PROMPTS_ENV,
     contract.SLOTS_ENV,
     contract.PROMPTS_QUIET_ENV,
+    contract.PROMPTS_MAX_ENV,
     *contract.IMAGE_ENV,
 }
 

@@ -17,6 +17,8 @@ from builder.cli.options import PANEL
 from builder.engines import engine_names, get_engine, specs
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.models.synth_catalog import synth_shape
+from builder.models.synth_moe import write_moe_gguf
 from builder.platform.flags import option_names
 from builder.spec import ENGINE_OPTIONS
 from tests.specs import compose_dict
@@ -105,6 +107,8 @@ def _base(tmp_path: Path, engine: str) -> dict[str, object]:
     (tmp_path / "config").mkdir(mode=0o755, exist_ok=True)
     (tmp_path / "other-config").mkdir(mode=0o755, exist_ok=True)
     kt = engine.startswith("ktransformers")
+    if kt:  # a model SGLang's cache can keep (--keep-prompts reads its attention's kind)
+        write_moe_gguf(tmp_path / "m.gguf", synth_shape("qwen3moe", tiny=True)).chmod(0o644)
     return {
         "project": "p",
         "engine": engine,

@@ -1,5 +1,6 @@
-"""`compose --keep-prompts`: the server's slots on a named volume of the stack, under a key of the model
-and the engine build, a stop long enough to save them; refused where it can't be kept."""
+"""`compose --keep-prompts`: the server's slots (llama.cpp engines) or SGLang's page files (KTransformers)
+on a named volume of the stack, under a key of the model and the engine build, a stop long enough to save
+them; refused where they can't be kept."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.models.planner import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.memory_use import memory_use, stack_kv_bytes
 from tests.hosts import epyc_host
 from tests.specs import compose_dict, readable_file, routed_stacks
 
@@ -54,11 +57,61 @@ def test_the_slots_are_saved_on_the_stacks_volume_under_the_models_key(tmp_path:
 
 def test_where_it_cant_be_kept_it_is_refused(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
-    with pytest.raises(StackError, match="ktransformers does not read --keep-prompts: drop it"):
-        compose_dict(_stack(model, keep_prompts=True, engine="ktransformers"), "x")
+    with pytest.raises(StackError, match="ktransformers-legacy does not read --keep-prompts: drop it"):
+        compose_dict(_stack(model, keep_prompts=True, engine="ktransformers-legacy"), "x")
     routed = routed_stacks(tmp_path)
     with pytest.raises(StackError, match="--keep-prompts keeps one model's slots"):
         compose_dict(routed[0].model_copy(update={"keep_prompts": True}), "x", routed=routed)
+
+
+def _kt_stack(tmp_path: Path, arch: str, **options: object) -> StackSpec:
+    model = write_moe_gguf(tmp_path / "models" / f"{arch}.gguf", synth_shape(arch, tiny=True))
+    (tmp_path / "models").chmod(0o755)
+    model.chmod(0o644)
+    values = {"engine": "ktransformers", "gpu": "nvidia", "config_dir": tmp_path / "hf", "keep_prompts": True}
+    return _stack(model, **values | options)
+
+
+def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(tmp_path: Path) -> None:
+    stack = _kt_stack(tmp_path, "qwen3moe", ctx_size=8192, parallel=2)
+    doc = compose_dict(stack, "x")
+    service = doc["services"]["engine"]
+    command = service["command"]
+    # SGLang's hierarchical cache, a file a page of 64 tokens, each prompt written as its prefill ends and
+    # read back whole before a request runs (engines/sglang_hicache.py says why each).
+    for flag, value in HICACHE_FLAGS:
+        assert flag in command and (value is None or command[command.index(flag) + 1] == value)
+    assert {"type": "volume", "source": "prompts", "target": "/var/lib/moe-stack/prompts"} in service[
+        "volumes"
+    ]
+    assert service["stop_grace_period"] == "5m"  # the helper writes the last prompt's pages at the stop
+    environment = service["environment"]
+    assert re.fullmatch(r"[0-9a-f]{16}", environment["MOE_STACK_PROMPTS"])
+    assert "MOE_STACK_SLOTS" not in environment  # SGLang keeps pages, not slots
+    kv = stack_kv_bytes(stack)  # the stack's KV pool: 2 × 8192 tokens of the model's layers
+    assert kv > 0 and int(environment["MOE_STACK_PROMPTS_MAX_MIB"]) == 4 * kv // 2**20
+    # SGLang's host pool (2 × the GPU's pool, page-locked) is in the stack's memory, beside the default.
+    plain = stack.model_copy(update={"keep_prompts": False})
+    assert memory_use(stack).prompt_cache_bytes - memory_use(plain).prompt_cache_bytes == 2 * kv
+    assert "--enable-hierarchical-cache" not in compose_dict(plain, "x")["services"]["engine"]["command"]
+    # A bundle of it loads with its bound.
+    rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(stack.model,),
+                                                                 config_dir=tmp_path / "hf"))  # fmt: skip
+    assert rebuilt.document()["services"]["engine"]["environment"] == environment
+
+
+@pytest.mark.parametrize(
+    ("arch", "why"),
+    [
+        ("qwen3next", "holds attention's KV cache only \\(MHA and MLA\\), not the recurrent layers' state"),
+        ("deepseek32", "hold the attention cache but not the sparse-attention indexer's keys"),
+    ],
+)
+def test_ktransformers_refuses_to_keep_what_sglangs_files_cant_hold(
+    tmp_path: Path, arch: str, why: str
+) -> None:
+    with pytest.raises(StackError, match=f"ktransformers can't keep {arch}'s prompts: SGLang's .*{why}"):
+        compose_dict(_kt_stack(tmp_path, arch), "x")
 
 
 def test_a_bundle_keeps_its_prompt_cache_and_nothing_else_by_that_name(tmp_path: Path) -> None:
