@@ -98,6 +98,11 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
     rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(stack.model,),
                                                                  config_dir=tmp_path / "hf"))  # fmt: skip
     assert rebuilt.document()["services"]["engine"]["environment"] == environment
+    environment["MOE_STACK_PROMPTS_MAX_MIB"] = "0"  # a bundle that would have the helper remove every page
+    with pytest.raises(UntrustedBundle, match="prompt cache is not named as moe-stack names it"):
+        rebuild_stack(
+            doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(stack.model,), config_dir=tmp_path / "hf")
+        )
 
 
 @pytest.mark.parametrize(
