@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
-from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR
+from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR, PROMPTS_DIR
 from builder.engines.ktransformers import KTransformers
 from builder.errors import StackError
 from builder.host.probe import probe
@@ -128,6 +128,7 @@ def image_env(image: str, server: Path) -> dict[str, str]:
         "MOE_STACK_MODEL_FLAGS": " ".join(ENGINE.model_flags),
         "MOE_STACK_SERVER_MODULE": ENGINE.server_module,
         "MOE_STACK_HEALTH_PATH": ENGINE.health_path,
+        "MOE_STACK_PROMPTS_DIR": PROMPTS_DIR,  # the stack's prompt volume, for the image's helper
         **ENGINE.engine_env(spec),
     }
 
@@ -149,7 +150,7 @@ def native_command(
     env = {
         **os.environ,
         **MULTICAST_OFF,
-        **image_env(service.image, server_bin),
+        **{key: mapped(value, mounts) for key, value in image_env(service.image, server_bin).items()},
         **{key: mapped(str(value), mounts) for key, value in service.env.items()},
         **DEVICE_ENV,
         "HOME": str(work / "home"),

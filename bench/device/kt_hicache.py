@@ -117,8 +117,7 @@ def main(out: Path, work: Path) -> None:
     }
     args, run_env = native_command(service, mounts, server_bin, work)
     args += DEVICE_HICACHE_ARGS
-    # The image's ENV for its helper: where the stack's volume is mounted, and the helper on PATH.
-    run_env |= {"MOE_STACK_PROMPTS_DIR": str(storage), "PATH": f"{HELPER_DIR}:{run_env['PATH']}"}
+    run_env["PATH"] = f"{HELPER_DIR}:{run_env['PATH']}"  # the image's helper, as on its PATH
     result |= {"command": args, "environment": dict(service.env)}
     long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "2500")))  # ~12.9k tokens of 16k
     runs: list[dict[str, object]] = []
