@@ -33,21 +33,25 @@ class Tuned(DecodeBound):
 
 
 def read_bandwidth(
-    runner: Runner, env: dict[str, str], progress: Callable[[str], None]
+    runner: Runner, env: dict[str, str], progress: Callable[[str], None], tries: int = 2
 ) -> ReadBandwidth | None:
     """The read rate moe-stack-bandwidth measures where the trials run (on the CPUs they may use);
-    None (and why, to `progress`) when it can't: an image that predates it, too little memory."""
-    try:
-        printed = runner.run(TOOL, [str(ARRAY_MIB)], env).stdout
-    except StackError as err:
-        progress(f"no bandwidth figure, so no bound ratio: {err}")
-        return None
-    found = parse_bandwidth(printed)
-    if found is None:
-        progress(f"no bandwidth figure, so no bound ratio: {TOOL} printed {printed.strip()[-120:]!r}")
-    else:
-        progress(f"memory read rate {found.describe()}")
-    return found
+    None (and why, to `progress`) when it can't in `tries` runs: an image that predates it, too little
+    memory. A second run covers a one-off failure of the container's start on a busy host."""
+    for attempt in range(1, tries + 1):
+        try:
+            printed = runner.run(TOOL, [str(ARRAY_MIB)], env).stdout
+        except StackError as err:
+            why = str(err)
+        else:
+            found = parse_bandwidth(printed)
+            if found is not None:
+                progress(f"memory read rate {found.describe()}")
+                return found
+            why = f"{TOOL} printed {printed.strip()[-120:]!r}"
+        then = "once more" if attempt < tries else "so no bound ratio"
+        progress(f"no bandwidth figure ({why}); {then}")
+    return None
 
 
 def tune_stack(

@@ -171,6 +171,7 @@ def test_tune_searches_the_demo_stack_and_writes_the_winner(
     assert set(record["settings"]) == {"threads", "ubatch", "no-mmap"}
     assert record["stack-tps"]["decode"] > 0 and record["tuned-tps"]["prefill"] > 0
     # The bandwidth probe ran in the stack's container; the bound ratio is decode over it.
+    assert "bound" in record, result.stderr
     assert record["bound"]["read-gbps"] > 1 and 0 < record["bound"]["decode-over-bound"] < 5
     assert plot.stat().st_size > 10_000
     # The tuned file is a stack moe-stack can run: its command still names the model.

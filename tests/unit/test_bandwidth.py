@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from builder.stacks.bandwidth import ReadBandwidth, parse_bandwidth
+from builder.stacks.tool_bench import NativeRunner
+from builder.stacks.tune_stack import read_bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_SOURCE = ROOT / "dockerfiles/common/moe-stack-bandwidth.c"
@@ -101,3 +103,28 @@ def test_the_readers_parse_the_tool_and_its_predecessor() -> None:
     old = "threads 16\nread GB/s 90.6\ntriad GB/s 85.7\n(check 3)\n"
     assert parse_bandwidth(old) == ReadBandwidth(best=90.6)
     assert parse_bandwidth("moe-stack-bandwidth: can't map 2048 MiB on 2m pages\n") is None
+
+
+@needs_gcc
+def test_tune_runs_the_probe_once_more_after_a_failure_and_then_says_why_it_has_none(
+    tool: Path, tmp_path: Path
+) -> None:
+    # The first run fails as a container's start can on a busy host; the second is the real tool.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "moe-stack-bandwidth"
+    wrapper.write_text(
+        f'#!/bin/sh\n[ -e "{tmp_path}/ran" ] || {{ touch "{tmp_path}/ran"; echo "error: busy" >&2; exit 1; }}'
+        "\n"
+        f'exec "{tool}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    said: list[str] = []
+    found = read_bandwidth(NativeRunner(bin_dir, tmp_path), {}, said.append)
+    assert found is not None and found.best > 0
+    assert "error: busy" in said[0] and said[0].endswith("; once more")
+    assert said[1].startswith("memory read rate")
+    wrapper.write_text("#!/bin/sh\necho 'read at an unknown rate'\n")
+    said.clear()
+    assert read_bandwidth(NativeRunner(bin_dir, tmp_path), {}, said.append) is None
+    assert len(said) == 2 and "unknown rate" in said[1] and said[1].endswith("so no bound ratio")
