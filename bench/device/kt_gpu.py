@@ -7,8 +7,9 @@ what could not travel is substituted, each substitution written to the results:
   1. the stand-ins for sgl_kernel's compiled ops pass their checks on the GPU (sgl_kernel_torch/);
   2. the server's --help is captured (SGLang's flag contract, as the image's build records it);
   3. a random-weight model of the preset's architecture (KT_GPU_PRESET: qwen3-235b-a22b, deepseek-r1-671b
-     or qwen3-next-80b-a3b; PRESET_SHAPES) is written twice, as `moe-stack synth-moe` writes it: the
-     GGUF kt-kernel's LLAMAFILE experts read, and the Hugging Face directory SGLang reads the rest from;
+     or qwen3-next-80b-a3b; PRESET_SHAPES, or KT_GPU_LAYERS layers) is written twice, as `moe-stack
+     synth-moe` writes it: the GGUF kt-kernel's LLAMAFILE experts read, and the Hugging Face directory
+     SGLang reads the rest from;
   4. `moe-stack compose --engine ktransformers --preset PRESET --gpu nvidia` is run for this host, and
      its command checked against the captured --help;
   5. the image's entrypoint runs the file's exact command (container paths mapped onto this
@@ -88,7 +89,10 @@ PRESET_SHAPES = {
     "qwen3-next-80b-a3b": ["--arch", "qwen3next", "--layers", "4", "--experts", "16"],
 }
 PRESET = os.environ.get("KT_GPU_PRESET", "qwen3-235b-a22b")
-SHAPE_ARGS = PRESET_SHAPES[PRESET]
+# KT_GPU_LAYERS: a deeper slice of the same widths (kt_hicache.py's depth series)
+SHAPE_ARGS = list(PRESET_SHAPES[PRESET])
+if "KT_GPU_LAYERS" in os.environ:
+    SHAPE_ARGS[SHAPE_ARGS.index("--layers") + 1] = os.environ["KT_GPU_LAYERS"]
 AMX = os.environ.get("KT_GPU_WEIGHTS", "gguf") == "amx"
 NAME = "kt-amx" if AMX else "kt-gpu" if PRESET == "qwen3-235b-a22b" else f"kt-{PRESET}"
 DECODE_TOKENS, DECODE_ROUNDS = 64, 3

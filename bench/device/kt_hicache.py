@@ -6,17 +6,19 @@ substitutions and SGLang's torch copies between GPU and host, `--hicache-io-back
 `kernel` is sgl_kernel's compiled transfer, which this machine's stand-ins don't replace).
 
   1. the slice written (GGUF and HF), the stack composed by moe-stack with --keep-prompts;
-  2. served under the image's moe-stack-prompts, on a directory for the stack's volume: a warm-up, then a
-     long prompt (cold), then stopped as `docker stop` stops a container (the helper alone is signalled:
+  2. served under the image's moe-stack-prompts, on a directory for the stack's volume: a warm-up, then two
+     long prompts (cold), then stopped as `docker stop` stops a container (the helper alone is signalled:
      it has the last prompt's pages written, then stops the server);
-  3. served again on the same directory: a warm-up of another text, the long prompt (from the files, if
-     they are read back), then it again (from the GPU's cache);
+  3. served again on the same directory: a warm-up of another text, the long prompts (from the files, if
+     they are read back), then the first again (from the GPU's cache);
   4. for each request (SGLang's native /generate): the seconds to its one token and where its cached
      tokens came from (the GPU, host memory or the files); the helper's lines; the files.
 
 A slice of two layers prefills in a fraction of a second: its times say whether the files are read back,
-not what a full model gains. Usage: kt_hicache.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-hicache.json and
-the servers' logs).
+not what a full model gains. KT_GPU_LAYERS runs a deeper slice: kt_hicache_depth.py puts the depths side
+by side and follows each time's growth per layer to the model's depth.
+
+Usage: kt_hicache.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-hicache.json and the servers' logs).
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def files(directory: Path) -> dict[str, int]:
 
 def main(out: Path, work: Path) -> None:
     result: dict[str, object] = {
+        "preset": PRESET,
+        "shape": SHAPE_ARGS,
         "substituted": {"args": DEVICE_ARGS + DEVICE_HICACHE_ARGS, "env": DEVICE_ENV},
         "stand_in_checks": check_stand_ins(),
     }
@@ -119,7 +123,8 @@ def main(out: Path, work: Path) -> None:
     args += DEVICE_HICACHE_ARGS
     run_env["PATH"] = f"{HELPER_DIR}:{run_env['PATH']}"  # the image's helper, as on its PATH
     result |= {"command": args, "environment": dict(service.env)}
-    long_text = prompt(1, int(os.environ.get("KT_HICACHE_WORDS", "2500")))  # ~12.9k tokens of 16k
+    words = int(os.environ.get("KT_HICACHE_WORDS", "2500"))  # ~12.9k tokens of 16k
+    long_texts = [prompt(seed, words) for seed in (1, 4)]  # two texts: two cold and two restored times
     runs: list[dict[str, object]] = []
     for run, warm_up in enumerate((prompt(2, 600), prompt(3, 600))):
         log_path = out / f"kt-hicache-server-{run + 1}.log"
@@ -135,9 +140,9 @@ def main(out: Path, work: Path) -> None:
                 runs.append(entry)
                 try:
                     entry["warm_up"] = first_token(api, warm_up)
-                    entry["long"] = first_token(api, long_text)
-                    if run:  # the first run stops with the long prompt its last: the helper writes it
-                        entry["long_again"] = first_token(api, long_text)
+                    entry["long"] = [first_token(api, text) for text in long_texts]
+                    if run:  # the first run stops with a long prompt its last: the helper writes it
+                        entry["long_again"] = first_token(api, long_texts[0])
                 except (StackError, OSError) as err:  # recorded; the files and the log still tell
                     entry["error"] = str(err)
                 entry["files_before_stop"] = files(storage)

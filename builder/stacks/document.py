@@ -85,6 +85,7 @@ class StackFiles:
     mounts: tuple[Mount, ...]  # the model's bind mounts
     api_key: Path | None = None
     model_bytes: int = 0  # the model's files together (0: not read, as for another machine's stack)
+    config_weights_bytes: int = 0  # the --config-dir checkpoint's weight files together (0: none, not read)
 
 
 def directory_mount(model: Path) -> Mount:
@@ -427,10 +428,13 @@ def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
 
 def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:
     """The prompt cache's name: the image (its digest where pinned: the engine build), the model (its
-    file's name and its size) and what shapes a slot's KV cache. A slot saved under one key is restored
+    file's name and its size; and the checkpoint KTransformers' attention comes from, by its directory's
+    name and weights' size) and what shapes a slot's KV cache. A slot saved under one key is restored
     only into a server started under the same: never another model's or build's."""
     shape = (stack.ctx_size, stack.parallel, stack.cache_type, stack.cache_type_v, stack.mla)
     text = f"{image}|{files.model.name}|{files.model_bytes}|{shape}"
+    if stack.config_dir is not None:
+        text += f"|{stack.config_dir.name}|{files.config_weights_bytes}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -46,7 +46,11 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     if key is not None:
         check_readable_in_container(key, parent_too=False, private_fix=True)
     return StackFiles(
-        model=model, mounts=mounts, api_key=key, model_bytes=sum(p.stat().st_size for p in parts)
+        model=model,
+        mounts=mounts,
+        api_key=key,
+        model_bytes=sum(p.stat().st_size for p in parts),
+        config_weights_bytes=checkpoint_bytes(stack.config_dir) if stack.config_dir is not None else 0,
     )
 
 
@@ -119,6 +123,13 @@ def check_host_runs(facts: ImageFacts, cpu: CpuInfo) -> None:
 
 # The weight files a Hugging Face checkpoint holds (SGLang's loader takes these).
 CHECKPOINT_WEIGHTS = ("*.safetensors", "*.bin")
+
+
+def checkpoint_bytes(config_dir: Path) -> int:
+    """The size of a Hugging Face checkpoint's weight files (a snapshot's links followed)."""
+    return sum(
+        weights.stat().st_size for pattern in CHECKPOINT_WEIGHTS for weights in config_dir.glob(pattern)
+    )
 
 
 def check_config_dir(path: Path, weights: bool) -> Path:

@@ -105,6 +105,23 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
         )
 
 
+def test_ktransformers_prompts_key_follows_the_checkpoint_its_attention_comes_from(tmp_path: Path) -> None:
+    # SGLang builds attention from --config-dir's weights: another checkpoint there writes other KV pages.
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    weights = hf / "model.safetensors"
+    weights.write_bytes(b"\0" * 64)
+    stack = _kt_stack(tmp_path, "qwen3moe")
+
+    def key() -> str:
+        return str(compose_dict(stack, "x")["services"]["engine"]["environment"]["MOE_STACK_PROMPTS"])
+
+    first = key()
+    assert key() == first
+    weights.write_bytes(b"\0" * 65)  # the same name, other weights (another revision or precision)
+    assert key() != first
+
+
 @pytest.mark.parametrize(
     ("arch", "why"),
     [
