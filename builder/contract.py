@@ -50,6 +50,9 @@ SLOTS_ENV = "MOE_STACK_SLOTS"  # how many slots the server has (--parallel): eac
 PROMPTS_QUIET_ENV = "MOE_STACK_PROMPTS_QUIET_S"
 # An engine that writes its prompts' files as it serves (KTransformers): the MiB they are pruned to.
 PROMPTS_MAX_ENV = "MOE_STACK_PROMPTS_MAX_MIB"
+# SGLang's GIL switch interval under KTransformers' moe-stack-prompts (its own default: 0.5 ms); a stack
+# may set another (the image's moe-stack-switch-interval.pth applies it in every interpreter).
+SWITCH_INTERVAL_ENV = "MOE_STACK_SWITCH_INTERVAL_S"
 # ... and what the image sets itself (its Dockerfile's ENV).
 SERVER_MODULE_ENV = "MOE_STACK_SERVER_MODULE"  # a Python engine's server module (KTransformers)
 IMAGE_ENV = (

@@ -10,6 +10,10 @@ rm -rf "$work" && mkdir -p "$work/site" "$work/builder-site" "$out"
 tar -C "$work/site" -xJf "$repo/.device/kt/overlay.tar.xz"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$work/builder-site" \
   "$repo"/.device/seed/whl/*.whl
+# py-spy where prepare_kt_gpu.sh downloaded it (kt_hicache.py's KT_HICACHE_PROFILE)
+for wheel in "$repo"/.device/kt/py_spy-*.whl; do
+  [ -e "$wheel" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/tools" "$wheel"
+done
 {
   grep -m1 'model name' /proc/cpuinfo
   echo "cores: $(nproc); amx: $(grep -m1 -o -w 'amx_tile' /proc/cpuinfo || echo none); avx512_bf16: $(grep -m1 -o -w 'avx512_bf16' /proc/cpuinfo || echo none)"
@@ -19,6 +23,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 } >"$out/facts.txt" 2>&1
 # The overlay first (transformers-kt, tokenizers 0.22 over the machine's), sgl_kernel's stand-ins,
 # this checkout (the builder, the image's scripts), then the builder's own dependencies.
+# The image's .pth line (moe-stack-switch-interval.pth, in its site-packages there), which PYTHONPATH skips.
+printf 'import site\nsite.addsitedir(%s)\n' "'$repo/dockerfiles/ktransformers'" >"$work/site/sitecustomize.py"
 export PYTHONPATH="$work/site:$repo/bench/device/sgl_kernel_torch:$repo:$work/builder-site" PYTHONUNBUFFERED=1
 # KT_GPU_SCRIPT=kt_hicache.py: the prompt cache across a restart instead of the preset's checks
 script=${KT_GPU_SCRIPT:-kt_gpu.py}

@@ -16,7 +16,10 @@ substitutions and SGLang's torch copies between GPU and host, `--hicache-io-back
 
 A slice of two layers prefills in a fraction of a second: its times say whether the files are read back,
 not what a full model gains. KT_GPU_LAYERS runs a deeper slice: kt_hicache_depth.py puts the depths side
-by side and follows each time's growth per layer to the model's depth.
+by side and follows each time's growth per layer to the model's depth. KT_HICACHE_PROFILE=1 samples the
+restarted server's processes with py-spy while its long prompts are read back (restore-profile.txt).
+KT_HICACHE_SWITCH_INTERVAL_S sets SGLang's GIL switch interval instead of the image's helper (0.005:
+Python's own, as before the helper set one).
 
 Usage: kt_hicache.py OUT_DIR WORK_DIR (results: OUT_DIR/kt-hicache.json and the servers' logs).
 """
@@ -26,6 +29,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,6 +86,28 @@ def first_token(api: EngineApi, text: str) -> dict[str, object]:
     }
 
 
+def profiler(work: Path, pid: int, path: Path) -> subprocess.Popen | None:
+    """With KT_HICACHE_PROFILE=1: py-spy (kt_gpu.sh installs it in WORK/tools) sampling the server's
+    processes, their waiting threads too, without pausing them; its collapsed stacks go to `path` when it
+    is interrupted (`profiled_until_here`), what it says to `path`.log."""
+    spy = work / "tools/bin/py-spy"
+    if not os.environ.get("KT_HICACHE_PROFILE") or not spy.is_file():
+        return None
+    command = [str(spy), "record", "--pid", str(pid), "--subprocesses", "--idle", "--nonblocking"]
+    command += ["--rate", "200", "--format", "raw", "--output", str(path)]
+    with path.with_suffix(".log").open("w") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def profiled_until_here(spy: subprocess.Popen | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
 def files(directory: Path) -> dict[str, int]:
     found = [p for p in directory.rglob("*") if p.is_file()]
     return {"count": len(found), "bytes": sum(p.stat().st_size for p in found)}
@@ -122,7 +149,13 @@ def main(out: Path, work: Path) -> None:
     args, run_env = native_command(service, mounts, server_bin, work)
     args += DEVICE_HICACHE_ARGS
     run_env["PATH"] = f"{HELPER_DIR}:{run_env['PATH']}"  # the image's helper, as on its PATH
-    result |= {"command": args, "environment": dict(service.env)}
+    if interval := os.environ.get("KT_HICACHE_SWITCH_INTERVAL_S"):  # 0.005: Python's own, the helper's before
+        run_env["MOE_STACK_SWITCH_INTERVAL_S"] = interval
+    result |= {
+        "command": args,
+        "environment": dict(service.env),
+        "switch_interval_s": run_env.get("MOE_STACK_SWITCH_INTERVAL_S", "the helper's"),
+    }
     words = int(os.environ.get("KT_HICACHE_WORDS", "2500"))  # ~12.9k tokens of 16k
     long_texts = [prompt(seed, words) for seed in (1, 4)]  # two texts: two cold and two restored times
     runs: list[dict[str, object]] = []
@@ -140,7 +173,9 @@ def main(out: Path, work: Path) -> None:
                 runs.append(entry)
                 try:
                     entry["warm_up"] = first_token(api, warm_up)
+                    spy = profiler(work, server.pid, out / "restore-profile.txt") if run else None
                     entry["long"] = [first_token(api, text) for text in long_texts]
+                    profiled_until_here(spy)
                     if run:  # the first run stops with a long prompt its last: the helper writes it
                         entry["long_again"] = first_token(api, long_texts[0])
                 except (StackError, OSError) as err:  # recorded; the files and the log still tell

@@ -254,7 +254,7 @@ class _PythonEngine(Engine):
             "moe-stack-sglang-with-key",
         ]
         if self.prompt_store is not None:
-            names.append("moe-stack-prompts")
+            names += ["moe-stack-prompts", "moe-stack-switch-interval.pth"]
         if self.installs_lock(spec):
             names.append(LOCK_FILE)
         return {name: (root / "ktransformers" / name).read_text() for name in names}

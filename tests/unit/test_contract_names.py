@@ -20,6 +20,7 @@ DECLARED = {
     contract.SLOTS_ENV,
     contract.PROMPTS_QUIET_ENV,
     contract.PROMPTS_MAX_ENV,
+    contract.SWITCH_INTERVAL_ENV,
     *contract.IMAGE_ENV,
 }
 

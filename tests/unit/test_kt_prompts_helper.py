@@ -5,7 +5,8 @@ written at a stop.
 SGLang itself cannot run here (its server needs the GPU): the helper serves a stand-in with the two
 behaviours it relies on, as sglang-kt 0.7.2 has them: a page file per 64 tokens written under
 SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, and a prompt's pages written only when the next request is
-scheduled. The real server under the helper ran on the H200 (bench/results/kt-hicache-2026-12-05)."""
+scheduled. The real server under the helper ran on the H200 (bench/results/kt-hicache-2026-12-05). The
+stand-in's interpreter reads the image's moe-stack-switch-interval.pth as SGLang's would."""
 
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ from pathlib import Path
 HELPER = Path(__file__).parents[2] / "dockerfiles/ktransformers/moe-stack-prompts"
 PAGE = 512 * 1024  # a page file's bytes in the stand-in (a real one: 64 tokens of every layer's KV)
 KEY = "0123456789abcdef"
+SWITCH_PTH = HELPER.with_name("moe-stack-switch-interval.pth")
 STAND_IN = """
-import hashlib, http.server, json, os, pathlib, signal, sys
+import hashlib, http.server, json, os, pathlib, signal, site, sys
+site.addsitedir(sys.argv[1])  # the image's site-packages, with its .pth files, as an interpreter starts
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SGLang drains and exits 0
 directory = pathlib.Path(os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"])
+(directory.parent / "switch-interval").write_text(str(sys.getswitchinterval()))
 pending = []
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -80,6 +84,9 @@ def _page(path: Path, size: int, used: float) -> Path:
 def test_the_helper_keys_bounds_and_writes_the_last_prompt_at_the_stop(tmp_path: Path) -> None:
     root, port = tmp_path / "prompts", _free_port()
     (tmp_path / "stand-in.py").write_text(STAND_IN)
+    site_packages = tmp_path / "site-packages"
+    site_packages.mkdir()
+    (site_packages / SWITCH_PTH.name).write_text(SWITCH_PTH.read_text())
     other = _page(root / "fedcba9876543210" / "old_m.bin", PAGE, 1)  # another model's or build's cache
     stray = _page(root / "stray.bin", 10, 1)
     cut = _page(root / KEY / "cut_m.bin", 100, 5)  # a write a kill cut short
@@ -96,7 +103,7 @@ def test_the_helper_keys_bounds_and_writes_the_last_prompt_at_the_stop(tmp_path:
     }
     helper = subprocess.Popen(
         [sys.executable, str(HELPER), "serve", sys.executable, str(tmp_path / "stand-in.py"),
-         "--port", str(port)],
+         str(site_packages), "--port", str(port)],
         env=env, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -118,6 +125,8 @@ def test_the_helper_keys_bounds_and_writes_the_last_prompt_at_the_stop(tmp_path:
     assert "removed 1 page(s) cut short by a kill" in log
     assert "removed 3 least recently used page(s) to keep within 2 MiB" in log
     assert "3 page(s) written at the stop" in log
+    # SGLang's interpreters run with the helper's GIL switch interval (the image's .pth applies it).
+    assert (root / "switch-interval").read_text() == "0.0005"
 
 
 def test_the_helper_refuses_a_stack_that_names_no_cache(tmp_path: Path) -> None:
@@ -131,3 +140,13 @@ def test_the_helper_refuses_a_stack_that_names_no_cache(tmp_path: Path) -> None:
         done.stderr.strip()
         == "moe-stack-prompts: MOE_STACK_PROMPTS is not set: the stack names no prompt cache"
     )
+
+
+def test_the_images_pth_changes_nothing_where_the_interval_is_not_set(tmp_path: Path) -> None:
+    (tmp_path / SWITCH_PTH.name).write_text(SWITCH_PTH.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "MOE_STACK_SWITCH_INTERVAL_S"}
+    code = f"import site, sys; site.addsitedir({str(tmp_path)!r}); print(sys.getswitchinterval())"
+    printed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    assert float(printed) == 0.005  # Python's default
