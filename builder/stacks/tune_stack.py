@@ -37,7 +37,7 @@ def read_bandwidth(
 ) -> ReadBandwidth | None:
     """The read rate moe-stack-bandwidth measures where the trials run (on the CPUs they may use);
     None (and why, to `progress`) when it can't in `tries` runs: an image that predates it, too little
-    memory. A second run covers a one-off failure of the container's start on a busy host."""
+    memory. A second run covers a one-off failure on a busy host (CI lost the figure once, unexplained)."""
     for attempt in range(1, tries + 1):
         try:
             printed = runner.run(TOOL, [str(ARRAY_MIB)], env).stdout
