@@ -12,10 +12,13 @@ import pytest
 from tests.tools import dependency_command
 
 ROOT = Path(__file__).resolve().parents[2]
-# Python the images run, named without .py as commands (the KT image's key launcher and prompt helper).
+# Python the images run, named without .py as commands (the KT images' key launcher, prompt helper, kernel
+# check and GPU kernels' placer).
 IMAGE_PYTHON = (
     "dockerfiles/ktransformers/moe-stack-sglang-with-key",
     "dockerfiles/ktransformers/moe-stack-prompts",
+    "dockerfiles/ktransformers/moe-stack-kt-check",
+    "dockerfiles/ktransformers/moe-stack-kt-gpu-libs",
 )
 
 
