@@ -49,10 +49,8 @@ def timed(paths: list[Path], page_bytes: int, busy: bool, interval_s: float) -> 
         reader = threading.Thread(target=read_pages, args=(paths, page_bytes, pool))
         started = time.perf_counter()
         reader.start()
-        if busy:
-            spins = 0
-            while reader.is_alive():  # a scheduler's poll: Python, no sleep
-                spins += 1
+        while busy and reader.is_alive():  # a scheduler's poll: Python, no sleep
+            pass
         reader.join()
         return (time.perf_counter() - started) / len(paths)
     finally:
