@@ -27,6 +27,8 @@ PLATFORMS = (
     "manylinux2014_x86_64",
 )
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) --hash=sha256:([0-9a-f]{64})$")
+# PEP 427: {distribution}-{version}(-{build tag})?-{python tag}-{abi tag}-{platform tag}.whl
+_WHEEL_NAME = re.compile(r"([^-]+)-([0-9][^-]*)(?:-[0-9][^-]*)?-[^-]+-[^-]+-[^-]+\.whl")
 
 
 @dataclass(frozen=True, order=True)
@@ -45,9 +47,15 @@ def canonical_name(name: str) -> str:
 
 
 def wheel_name_version(filename: str) -> tuple[str, str]:
-    """A wheel file's project (canonical) and version: `torch-2.13.0+cpu-cp311-...whl`."""
-    name, version = filename.split("-")[:2]
-    return canonical_name(name), version
+    """A wheel file's project (canonical) and version: `torch-2.13.0+cpu-cp311-...whl`; SpecError for a
+    name without them."""
+    match = _WHEEL_NAME.fullmatch(filename)
+    if match is None:
+        raise SpecError(
+            f"{filename} is not a wheel's file name (NAME-VERSION-PYTHON-ABI-PLATFORM.whl); "
+            "remove it from the wheelhouse, or download the wheel again"
+        )
+    return canonical_name(match[1]), match[2]
 
 
 def lock_path() -> Path:

@@ -432,7 +432,7 @@ def _window_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
 def _numbers(reader: gguf.GGUFReader, key: str) -> list[int]:
     """A key's numbers, one or an array of them; [] when the GGUF lacks it."""
     field_ = reader.fields.get(key)
-    return [int(field_.parts[index][0]) for index in field_.data] if field_ else []
+    return [_count(field_.parts[index][0], key) for index in field_.data] if field_ else []
 
 
 def windowed_layers(pattern: int, layers: int) -> int:
@@ -506,7 +506,14 @@ def header_number(reader: gguf.GGUFReader, key: str, default: int | None = None)
         if default is not None:
             return default
         raise ModelError(f"the GGUF has no {key}; it is not a model moe-stack can plan for")
-    return int(value[0])
+    return _count(value[0], key)
+
+
+def _count(number: Any, key: str) -> int:
+    """A header number that must be whole: a float key holding NaN, infinity or a fraction is corrupt."""
+    if not float(number).is_integer():
+        raise ModelError(f"the GGUF's {key} is {float(number)}, not a whole number; the file is corrupt")
+    return int(number)
 
 
 def plan(

@@ -13,16 +13,17 @@ from contextlib import contextmanager
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.untrusted_text import printable
+
 POLL_S = 1.0
 WIDTH = 160  # a line is cut to this many characters
-# Terminal control sequences, and a loader's progress dots (llama.cpp's "....") alone on a line.
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
+# A loader's progress dots (llama.cpp's "....") alone on a line.
 _DOTS = re.compile(r"^[.\s]*$")
 
 
 def newest_line(log: str) -> str | None:
-    """The log's last line worth showing (control sequences out, cut to WIDTH); None when it has none."""
-    for line in reversed(_CONTROL.sub("", log).splitlines()):
+    """The log's last line worth showing (terminal controls out, cut to WIDTH); None when it has none."""
+    for line in reversed(printable(log).splitlines()):
         if not _DOTS.match(line):
             text = " ".join(line.split())
             return text if len(text) <= WIDTH else text[: WIDTH - 1] + "…"

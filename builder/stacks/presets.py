@@ -4,7 +4,6 @@ stacks emitted from them into compose/ (an EPYC 9374F, 32 Zen 4 cores with SMT, 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -25,6 +24,7 @@ from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.compose import compose_stack
 from builder.stacks.document import cpu_only, start_period_for
+from builder.untrusted_text import CONTROL, load_yaml, yaml_problem
 
 # A presets file of the user's own (the packaged one's schema), merged over the packaged presets: by
 # `compose --presets FILE`, else this variable.
@@ -44,7 +44,6 @@ _DESCRIPTIVE = (
 # C0 (ESC, so every terminal sequence, included) but tab and newline, DEL and C1: `presets` prints a
 # preset's text, and a presets file is data, never terminal commands (a title, a cleared screen, a
 # clipboard write). A chat template (Jinja) spans lines, so newlines and tabs stay.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -184,19 +183,17 @@ def get_preset(name: str, user_file: Path | None = None) -> Preset:
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except OSError as err:
         raise SpecError(f"presets file {path}: {err.strerror}; give a readable YAML file") from None
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise SpecError(f"presets file {path} is not valid YAML{where}; fix it") from None
+        raise SpecError(f"presets file {path} is not plain YAML: {yaml_problem(err)}; fix it") from None
     if not isinstance(data, dict) or not all(isinstance(entry, dict) for entry in data.values()):
         raise SpecError(
             f"presets file {path}: each preset is a mapping of its name to its keys (see {presets_file()})"
         )
     for name in data:
-        if _CONTROL.search(str(name)):
+        if CONTROL.search(str(name)):
             raise SpecError(
                 f"presets file {path}: the preset name {str(name)!r} holds a control character; "
                 "presets are plain text: remove it"
@@ -208,7 +205,7 @@ def _control_character_at(value: object, where: str) -> str | None:
     """The key path (`engines.llama.cpp.chat_template`) of the first text in `value`, key or value,
     holding a control character; None when there is none."""
     if isinstance(value, str):
-        return where if _CONTROL.search(value) else None
+        return where if CONTROL.search(value) else None
     items: list[tuple[object, object]] = []
     if isinstance(value, dict):
         items = list(value.items())
@@ -216,7 +213,7 @@ def _control_character_at(value: object, where: str) -> str | None:
         items = [(str(index), item) for index, item in enumerate(value)]
     for key, item in items:
         path = f"{where}.{key}" if where else str(key)
-        if _CONTROL.search(str(key)):
+        if CONTROL.search(str(key)):
             return f"{where}.{key!r}" if where else repr(key)
         found = _control_character_at(item, path)
         if found is not None:

@@ -10,13 +10,14 @@ from pathlib import Path
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
-from builder.contract import prometheus_image
+from builder.contract import LOADED_IMAGES, prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
 from builder.stacks.host_checks import check_port_free
 from builder.stacks.load_progress import watching_load
 from builder.stacks.stack_file import Service, StackFile
 from builder.stacks.tool_run import engine_service_name
+from builder.untrusted_text import printable
 
 
 def _require(compose_file: Path) -> Path:
@@ -60,8 +61,8 @@ def running_container(compose_file: Path, service: str, profile: str | None) -> 
 
 
 def run_in_service(compose_file: Path, service: str, profile: str | None, command: list[str]) -> str:
-    """What `command` prints run inside the stack's running `service` (as the image's user); StackError
-    when it isn't running or the command fails."""
+    """What `command` prints run inside the stack's running `service` (as the image's user), terminal
+    controls out; StackError when it isn't running or the command fails."""
     container = running_container(compose_file, service, profile)
     if container is None:
         raise StackError(f"no running container of {service}")
@@ -69,13 +70,13 @@ def run_in_service(compose_file: Path, service: str, profile: str | None, comman
         printed = container.execute(command)
     except DockerException as err:
         raise StackError(f"{command[0]} did not run in the container: {describe(err)}") from None
-    return printed if isinstance(printed, str) else ""
+    return printable(printed) if isinstance(printed, str) else ""
 
 
 def run_in_image(image: str, command: list[str]) -> str:
     """What `command` prints run once in a fresh container of the local `image` (as the image's user, no
-    network, no capabilities); StackError naming its last error line when the image is missing or the
-    command fails."""
+    network, no capabilities), terminal controls out; StackError naming its last error line when the
+    image is missing or the command fails."""
     client = docker()
     if not client.image.exists(image):
         raise StackError(f"no image {image} in the Docker store (`docker images` lists them)")
@@ -95,9 +96,11 @@ def run_in_image(image: str, command: list[str]) -> str:
         ):
             (printed if source == "stdout" else errors).append(raw.decode(errors="replace"))
     except DockerException:
-        said = [line for line in "".join(errors).splitlines() if line.strip() and "--help" not in line]
+        said = [
+            line for line in printable("".join(errors)).splitlines() if line.strip() and "--help" not in line
+        ]
         raise StackError(f"{command[0]} failed in {image}: {(said or ['no output'])[-1].strip()}") from None
-    return "".join(printed)
+    return printable("".join(printed))
 
 
 def stack_api_key(compose_file: Path) -> str | None:
@@ -198,13 +201,19 @@ def _check_local_images(document: StackFile, profiles: list[str]) -> None:
     for name, service in _active(document, profiles).items():
         image = service.image
         if service.pull_policy == "never" and not docker().image.exists(image):
-            how = (
-                "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
-            )
             raise StackError(
-                f"service {name} runs {image}, which is made on this host and is not here; make it "
-                f"with `{how}` (it is never pulled: that name on Docker Hub is not moe-stack's)"
+                f"service {name} runs {image}, which is made on this host and is not here; "
+                f"{_how_to_make(image, document)} (it is never pulled: that name on Docker Hub is not "
+                "moe-stack's)"
             )
+
+
+def _how_to_make(image: str, document: StackFile) -> str:
+    if image.startswith(LOADED_IMAGES):
+        bundle = (document.record.loaded_from or "BUNDLE").split(" ")[0]
+        return f"load its bundle again with `moe-stack load {bundle}`"
+    how = "moe-stack base --prometheus" if image.startswith(prometheus_image("")) else "moe-stack base"
+    return f"make it with `{how}`"
 
 
 def down(compose_file: Path) -> None:
@@ -225,8 +234,8 @@ def _service_log_tail(client: DockerClient) -> str:
 
 def log_error_summary(text: str) -> str:
     """One line of an engine's log that says why it stopped."""
-    # Terminal control sequences (the engine's progress lines) would end up inside the one-line error.
-    lines = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text).splitlines() if line.strip()]
+    # Terminal controls (the engine's progress lines) would end up inside the one-line error.
+    lines = [line for line in printable(text).splitlines() if line.strip()]
     said = [line for line in lines if re.match(r"\W*(error|fatal)\b", line, re.IGNORECASE)]
     errors = said or [line for line in lines if "error" in line.lower()]
     if not errors:

@@ -5,10 +5,12 @@ a half-written output."""
 from __future__ import annotations
 
 import os
+import struct
 import tempfile
 from pathlib import Path
 
 import gguf
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -187,6 +189,24 @@ def test_truncated_gguf_of_a_real_model(tmp_path: Path) -> None:
                 "is truncated: its tensors need",
             )
         ), result.stderr
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 2.5])
+@pytest.mark.parametrize(
+    "key", ["qwen3moe.block_count", "qwen3moe.attention.head_count", "qwen3moe.expert_count"]
+)
+def test_a_count_stored_as_a_float_that_is_no_whole_number(tmp_path: Path, key: str, value: float) -> None:
+    """A count the header stores as a float32 holding NaN, infinity or a fraction was a traceback (int()
+    of it): one line naming the key."""
+    model = write_moe_gguf(tmp_path / "m.gguf", MoeShape(layers=2))
+    data = bytearray(model.read_bytes())
+    at = data.index(key.encode()) + len(key)  # its u32 type (UINT32, 4) and its 4 bytes follow
+    assert struct.unpack_from("<I", data, at) == (4,)
+    struct.pack_into("<If", data, at, 6, value)  # FLOAT32, same size
+    model.write_bytes(bytes(data))
+    result = run_cli_in_process("plan", str(model), "--vram-gb", "24", "--ram-gb", "64")
+    _assert_clean(result)
+    assert result.returncode == 1 and f"the GGUF's {key} is {value}, not a whole number" in result.stderr
 
 
 @PROFILE

@@ -97,3 +97,13 @@ def test_a_wheelhouse_without_the_locked_wheels_is_refused_before_docker(tmp_pat
     with pytest.raises(SpecError, match=f"{KT_WHEEL} is not the locked kt-kernel 0.7.2 \\(sha256 differs\\)"):
         check_wheelhouse(tmp_path, locked)
     check_wheelhouse(tmp_path, (LockedWheel("kt-kernel", "0.7.2", file_sha256(tmp_path / KT_WHEEL)),))
+
+
+@pytest.mark.parametrize("name", ["kt_kernel.whl", "kt_kernel-cp311-cp311-linux_x86_64.whl", "x-.whl"])
+def test_a_wheel_file_without_a_version_in_its_name_is_one_line(tmp_path: Path, name: str) -> None:
+    """A file named like a wheel but without NAME-VERSION-... was a traceback (a failed unpacking)."""
+    (tmp_path / KT_WHEEL).write_bytes(b"")
+    (tmp_path / name).write_bytes(b"")
+    spec = image_spec(get_engine("ktransformers"), "avx2", tree=tmp_path, ref="0.7.2")
+    with pytest.raises(SpecError, match=f"{re.escape(name)} is not a wheel's file name .* remove it"):
+        build_image(spec, tmp_path, print)

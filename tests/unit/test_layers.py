@@ -7,7 +7,8 @@ and TYPE_CHECKING ones included):
     engines                 the engine adapters
     platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
     host, models            leaves: they import only the core
-    core                    builder, errors, files, fd_files, spec, contract, safe_tar, docker_client
+    core                    builder, errors, files, fd_files, spec, contract, safe_tar, docker_client,
+                            untrusted_text
 
 and only the modules that build, run or publish talk to Docker.
 """
@@ -29,6 +30,7 @@ CORE = {
     "builder.contract",
     "builder.safe_tar",
     "builder.docker_client",
+    "builder.untrusted_text",
 }
 LAYER = {
     "core": 0,

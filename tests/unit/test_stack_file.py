@@ -89,3 +89,9 @@ def test_a_missing_or_broken_file_is_one_line(tmp_path: Path) -> None:
     broken.write_text(yaml.safe_dump({"name": "x", "x-moe-stack": {"engine": "llama.cpp"}, "services": {}}))
     with pytest.raises(StackError, match=r"broken.yaml lacks x-moe-stack.generated-by.*emit it again"):
         StackFile.read(broken)
+    # An alias that refers to itself: a reader recursing into it ran out of stack (a traceback).
+    looped = tmp_path / "looped.yaml"
+    looped.write_text("name: &n [*n]\nservices: {}\n")
+    with pytest.raises(StackError, match=r"looped.yaml is not plain YAML: an alias \(\*name\)") as said:
+        StackFile.read(looped)
+    assert "\n" not in str(said.value)

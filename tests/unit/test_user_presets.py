@@ -101,7 +101,14 @@ def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "preset x: 'ctx\\x7f': holds a control character",
         ),
         ('"x\\e[2J":\n  description: d\n', "the preset name 'x\\x1b[2J' holds a control character"),
-        ("x: {description: d\n", "is not valid YAML (line"),
+        ("x: {description: d\n", "is not plain YAML: "),
+        # An alias that refers to itself (a reader recursing into it ran out of stack: a traceback once),
+        # and any alias at all: presets are written out in full.
+        ("x: &a\n  description: *a\n", "is not plain YAML: an alias (*name): write the value out in full"),
+        (
+            "d: &d {description: d}\nx: *d\n",
+            "is not plain YAML: an alias (*name): write the value out in full (line 2)",
+        ),
         (
             "x:\n  description: d\n  architecture: deepseek2\n  example_shape: {expertz: 3}\n  engines: {}\n",
             "preset x: example_shape: no field expertz; a shape has context, dense_ffn",
