@@ -82,3 +82,8 @@ def local_only(image: str) -> bool:
 
 def prometheus_image(suite: str) -> str:
     return f"{LOCAL_ONLY}prometheus:{suite}"
+
+
+# A loaded bundle's images, named under the bundle's digest (`moe-stack load`): never a name the builder
+# resolves (a base it starts FROM, the Prometheus image every monitored stack runs) nor another bundle's.
+LOADED_IMAGES = "moe-stack-loaded/"

@@ -107,11 +107,10 @@ LoadConfigDirOpt = Annotated[
 ]
 LoadApiKeyFileOpt = Annotated[
     Path | None,
-    typer.Option("--api-key-file", help="this host's API key file, for a stack that enforces a key"),
-]
-LoadReplaceImagesOpt = Annotated[
-    bool,
-    typer.Option("--replace-images", help="let the bundle's images replace local images of the same names"),
+    typer.Option(
+        "--api-key-file",
+        help="this host's API key file: the loaded stack checks this key (a bundle carries none of its own)",
+    ),
 ]
 
 
@@ -124,7 +123,6 @@ def load(
     bind: LoadBindOpt = "127.0.0.1",
     config_dir: LoadConfigDirOpt = None,
     api_key_file: LoadApiKeyFileOpt = None,
-    replace_images: LoadReplaceImagesOpt = False,
 ) -> None:
     """Check a bundle's digests, load its images and write its stack (rebuilt by moe-stack); needs no
     network."""
@@ -141,7 +139,6 @@ def load(
         bind=bind,
         config_dir=config_dir,
         api_key_file=api_key_file,
-        replace_images=replace_images,
     )
     compose_file = load_bundle(archive, dest, options)
     for problem in unreadable_models(compose_file):

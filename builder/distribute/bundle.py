@@ -19,16 +19,17 @@ from typing import Any
 import yaml
 from python_on_whales.exceptions import DockerException
 
-from builder.distribute.bundle_trust import check_images_tar, check_local_names
-from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.distribute.bundle_trust import check_images_tar, nameless
+from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, loaded_image, rebuild_stack
 from builder.docker_client import describe, docker
 from builder.errors import MoeStackError, StackError
 from builder.files import file_sha256, write_file_atomically
 from builder.models.formats import FORMATS
 from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.host_checks import check_readable_in_container
+from builder.stacks.host_checks import check_api_key_file, check_readable_in_container
 from builder.stacks.stack_file import StackFile
+from builder.untrusted_text import load_yaml, yaml_problem
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -121,14 +122,13 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
 class LoadOptions:
     """What the user decides of a loaded stack: the out-of-band digest (None: --unverified), where the
     model is when the bundle doesn't hold it, the address to publish on, the config directory and API
-    key file on this host, and whether local images of the same names may be replaced."""
+    key file on this host."""
 
     expect_sha256: str | None
     model_dir: Path | None = None
     bind: str = "127.0.0.1"
     config_dir: Path | None = None
     api_key_file: Path | None = None
-    replace_images: bool = False
 
 
 def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
@@ -162,13 +162,15 @@ def load_bundle(bundle: Path, dest: Path, options: LoadOptions) -> Path:
         model_home = dest / "models" if bundled else _model_home(bundle, models, options.model_dir)
         choices = LoadChoices(
             model_files=tuple(model_home / model["name"] for model in models),
+            bundle_digest=digest,
+            dest=dest,
             bind=options.bind,
             config_dir=options.config_dir,
             api_key_file=_key_file(options.api_key_file),
             loaded_from=f"{bundle.name} {digest} ({verified})",
         )
-        document = _rebuilt_stack(bundle, staging, manifest, choices, options.replace_images)
-        _load_images(bundle, staging / IMAGES, manifest["images"])
+        document = _rebuilt_stack(bundle, staging, manifest, choices)
+        _load_images(bundle, staging / IMAGES, manifest["images"], digest)
         dest.mkdir(exist_ok=True)
         if bundled:  # only now that everything checked out
             model_home.mkdir(exist_ok=True)
@@ -205,27 +207,21 @@ def _key_file(path: Path | None) -> Path | None:
         return None
     if not path.is_file():
         raise BundleError(f"--api-key-file {path} is not a file; give the file holding this host's API key")
+    check_api_key_file(path)
     return path.resolve()
 
 
-def _rebuilt_stack(
-    bundle: Path, staging: Path, manifest: dict[str, Any], choices: LoadChoices, replace: bool
-) -> StackFile:
+def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict[str, Any], choices: LoadChoices) -> StackFile:
     """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's, each
-    with the ID the manifest lists (read from images.tar before Docker sees it), and replace no other
-    local image (unless `replace`)."""
+    with the ID the manifest lists (read from images.tar before Docker sees it)."""
     try:
-        document = yaml.safe_load((staging / COMPOSE).read_text())
+        document = load_yaml((staging / COMPOSE).read_text())
         rebuilt = rebuild_stack(document, manifest["images"], choices)
         check_images_tar(staging / IMAGES, manifest["images"])
-        client = docker()
-        local = {
-            name: client.image.inspect(name).id if client.image.exists(name) else None
-            for name in manifest["images"]
-        }
-        check_local_names(manifest["images"], local, replace)
     except yaml.YAMLError as err:
-        raise BundleError(f"bundle {bundle}: its compose.yaml is not YAML ({err})") from None
+        raise BundleError(
+            f"bundle {bundle}: its compose.yaml is not plain YAML ({yaml_problem(err)})"
+        ) from None
     except UntrustedBundle as err:
         raise BundleError(f"bundle {bundle} refused: {err}") from None
     return rebuilt
@@ -347,13 +343,15 @@ def _model_home(bundle: Path, models: list[dict[str, Any]], model_dir: Path | No
     return home
 
 
-def _load_images(bundle: Path, archive: Path, expected: dict[str, str]) -> None:
+def _load_images(bundle: Path, archive: Path, expected: dict[str, str], digest: str) -> None:
+    """images.tar loaded with no name of its own (bundle_trust.nameless), each image then tagged by its
+    ID under the bundle's scope (loaded_image)."""
     client = docker()
     try:
-        client.image.load(archive, quiet=True)
+        client.image.load(nameless(archive), quiet=True)
     except DockerException as err:
         raise BundleError(f"docker load of {bundle} failed: {describe(err)}") from None
     for image, image_id in expected.items():
-        loaded = client.image.inspect(image).id if client.image.exists(image) else "absent"
-        if loaded != image_id:
-            raise BundleError(f"after loading {bundle}, {image} is {loaded}, the manifest says {image_id}")
+        if not client.image.exists(image_id):
+            raise BundleError(f"after loading {bundle}, this host has no image {image_id} ({image})")
+        client.image.tag(image_id, loaded_image(image, digest))

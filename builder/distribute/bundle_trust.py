@@ -1,21 +1,25 @@
-"""What `moe-stack load` checks of a bundle's images before `docker load` applies their names.
+"""What `moe-stack load` checks of a bundle's images, and how Docker is given them.
 
 A manifest only vouches for itself (the archive is held to a sha256 given out of band, bundle.py), and
 `docker load` honours every name inside images.tar: RepoTags of docker save's manifest.json, the legacy
 `repositories` file, and the OCI index.json's image names (what the containerd image store reads). So
-those names must be exactly the manifest's images, which are exactly the stack's (loaded_stack.py), each
-must get from images.tar the very image ID the manifest lists for it (the sha256 of its config blob, or
-for the containerd store the digest of the manifest or index it names, hashed here from the archive's
-bytes), and a name that already exists here with another ID is replaced only when the user asks. All of
-it is read from the tar in place, before `docker load` runs: once a name is applied, refusing is too late.
+those names must be exactly the manifest's images, which are exactly the stack's (loaded_stack.py), and
+each must get from images.tar the very image ID the manifest lists for it (the sha256 of its config
+blob, or for the containerd store the digest of the manifest or index it names, hashed here from the
+archive's bytes): read from the tar in place, before `docker load` runs. Docker is then given the
+archive with no name in it (`nameless`): a bundle's image is named only under the bundle's own scope
+(loaded_stack.loaded_image), never a name the builder starts FROM or another stack runs.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import json
 import re
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,6 +31,7 @@ _INDEX_LIMIT = 1 << 20  # manifest.json, index.json, repositories
 _BLOB_LIMIT = 8 << 20  # an image config, manifest or index
 _BLOBS_READ = 256  # configs, manifests and indexes read in all: a hostile index can't make load read more
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,10 @@ def _index_entries(archive: _SavedArchive) -> list[tuple[SavedName, str, frozens
             (SavedName(short_name(name), "index.json", ids), digest, configs) for name in sorted(names)
         ]
     return entries
+
+
+# The index.json annotations that name an image (containerd's image store reads them).
+_NAMING = ("io.containerd.image.name", "org.opencontainers.image.ref.name")
 
 
 def _index_names(annotations: dict[str, str]) -> set[str]:
@@ -238,14 +247,53 @@ def _file_members(tar: tarfile.TarFile) -> dict[str, tarfile.TarInfo]:
     return files
 
 
-def check_local_names(listed: dict[str, str], local_ids: dict[str, str | None], replace: bool) -> None:
-    """A name the bundle loads that this host already has as another image is replaced host-wide
-    (every stack running it): only when the user asks (`local_ids`: each listed name's local ID or None)."""
-    clashing = sorted(
-        name for name, image_id in listed.items() if local_ids.get(name) not in (None, image_id)
-    )
-    if clashing and not replace:
-        raise UntrustedBundle(
-            f"loading it would replace the local image {clashing[0]} (here {local_ids[clashing[0]]}, "
-            f"the bundle's {listed[clashing[0]]}); pass --replace-images if you mean to"
-        )
+def nameless(images_tar: Path) -> Iterator[bytes]:
+    """images.tar as `docker load` is given it: every name left out (manifest.json's RepoTags, index.json's
+    image names, the legacy `repositories` file), the images byte for byte. Docker then names nothing: the
+    images get only the names `load` tags them with (loaded_stack.loaded_image)."""
+    with tarfile.open(images_tar, "r:") as tar:
+        for member in tar:
+            where = member_path(member.name)
+            if where == "repositories":
+                continue
+            stream = tar.extractfile(member) if member.isreg() else None
+            if stream is not None and where in ("manifest.json", "index.json"):
+                data = _unnamed(where, json.loads(stream.read(_INDEX_LIMIT + 1)))
+                member = _resized(member, len(data))
+                stream = io.BytesIO(data)
+            yield member.tobuf(tar.format, tar.encoding, tar.errors)
+            if stream is not None:
+                while chunk := stream.read(_CHUNK):
+                    yield chunk
+                if member.size % tarfile.BLOCKSIZE:
+                    yield tarfile.NUL * (tarfile.BLOCKSIZE - member.size % tarfile.BLOCKSIZE)
+    yield tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+
+
+def _unnamed(where: str, document: Any) -> bytes:
+    """manifest.json's entries without their RepoTags, index.json's without the annotations naming them."""
+    if where == "manifest.json":
+        document = [{**entry, "RepoTags": None} for entry in document]
+    else:
+        document = {
+            **document,
+            "manifests": [
+                {
+                    **entry,
+                    "annotations": {
+                        key: value
+                        for key, value in (entry.get("annotations") or {}).items()
+                        if key not in _NAMING
+                    },
+                }
+                for entry in document.get("manifests") or []
+            ],
+        }
+    return json.dumps(document).encode()
+
+
+def _resized(member: tarfile.TarInfo, size: int) -> tarfile.TarInfo:
+    resized = copy.copy(member)
+    resized.size = size
+    resized.pax_headers = {key: value for key, value in member.pax_headers.items() if key != "size"}
+    return resized

@@ -6,13 +6,16 @@ then made again through the same builders `moe-stack compose` uses (stacks/docum
 the host is set by `load` and the user, not by the bundle: the model's mounts (its files, where `load`
 put or found them), the published address (loopback unless the user binds elsewhere), the config
 directory and the API key file (only from the user's options), and the compose project, named as
-`moe-stack compose` names it, from the model's file and where it is on this host (a bundle's own name
-could be another stack's: `up` would recreate that one, `down -v` remove its volumes). Anything else in
-a service is refused.
+a project of its own (a bundle's own name, or the one `compose` gives the same model, could be another
+stack's: `up` would recreate that one, share its prompt cache, and `down -v` remove its volumes). The
+images run under names scoped to the bundle (`loaded_image`), never a name the builder or another stack
+resolves; the API key is the host's: a bundle carrying one, or reading none where the user gives one, is
+refused. Anything else in a service is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from builder.contract import (
     CONTAINER_PORT,
     HUGETLBFS_DIR,
     HUGETLBFS_ENV,
+    LOADED_IMAGES,
     MODEL_DIR,
     NUMA_ENV,
     PROMPTS_ENV,
@@ -33,6 +37,7 @@ from builder.contract import (
     SLOTS_ENV,
     prometheus_image,
 )
+from builder.engines.base import KEY_FILE_FLAG, Engine
 from builder.errors import MoeStackError
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stacks.document import (
@@ -45,18 +50,19 @@ from builder.stacks.document import (
     MONITORING_SERVICE,
     PROMPTS_MOUNT,
     SERVICE,
+    api_key_environment,
     config_mount,
     file_mount,
     gpu_device,
     monitoring_service,
     placement,
-    project_name_for,
     published,
     service_of,
     stack_document,
 )
 from builder.stacks.record import Record, Served
 from builder.stacks.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
+from builder.untrusted_text import ANY_CONTROL
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).
 ALLOWED_CAPS = ("SYS_NICE", "IPC_LOCK")
@@ -66,11 +72,12 @@ _CPUSET = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 _SIZE = re.compile(r"[1-9][0-9]*[kmg]?")
 _SECONDS = re.compile(r"([1-9][0-9]{0,5})s")
 _PAGE_SIZE = re.compile(r"pagesize=(2M|1G),.*")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PROMPTS_KEY = re.compile(r"[0-9a-f]{16}")
 _SLOTS = re.compile(r"[1-9][0-9]{0,2}")
 _QUIET = re.compile(r"[1-9][0-9]{0,5}")
 _PROMPTS_MAX_MIB = re.compile(r"[1-9][0-9]{0,9}")
+# Every engine's key flags begin so (llama.cpp's --api-key and --api-key-file, SGLang's --api-key).
+_KEY_FLAGS = ("--api-key",)
 
 
 class UntrustedBundle(MoeStackError):
@@ -82,6 +89,8 @@ class LoadChoices:
     """What the user (and `load`) decide about the loaded stack's host side."""
 
     model_files: tuple[Path, ...]  # the model's files on this host, checked against the manifest
+    bundle_digest: str  # the archive's sha256 (`sha256:HEX`): its images' names and project derive from it
+    dest: Path  # the directory the stack is written to (a bundle loaded twice is two stacks)
     bind: str = "127.0.0.1"
     config_dir: Path | None = None
     api_key_file: Path | None = None
@@ -103,37 +112,70 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
         raise UntrustedBundle(
             f"its compose.yaml has no {SERVICE} service; it was not written by `moe-stack compose`"
         )
+    ran = {name: _image(name, service.image, listed_images) for name, service in given.services.items()}
+    if set(ran.values()) != set(listed_images):
+        raise UntrustedBundle(
+            f"its manifest lists the images {', '.join(sorted(listed_images))}, its stack runs "
+            f"{', '.join(sorted(set(ran.values())))}; a bundle holds exactly its stack's images"
+        )
     engines = [name for name in (SERVICE, CPU_SERVICE) if name in given.services]
     services: dict[str, Service] = {}
     for name in engines:
-        services[name] = _engine_service(name, given.services[name], listed_images, choices, len(engines) > 1)
+        services[name] = _engine_service(
+            name, given.services[name], given.record.engine, choices, len(engines) > 1
+        )
     if MONITORING_SERVICE in given.services:
         services[MONITORING_SERVICE] = _monitoring(given.services[MONITORING_SERVICE], engines, choices)
-    ran = {service.image.split("@")[0] for service in services.values()}
-    if ran != set(listed_images):
-        raise UntrustedBundle(
-            f"its manifest lists the images {', '.join(sorted(listed_images))}, its stack runs "
-            f"{', '.join(sorted(ran))}; a bundle holds exactly its stack's images"
+    services = {
+        name: service.model_copy(
+            update={"image": loaded_image(ran[name], choices.bundle_digest), "pull_policy": "never"}
         )
+        for name, service in services.items()
+    }
     hugetlbfs = any(HUGETLBFS_MOUNT in (service.volumes or ()) for service in services.values())
     return stack_document(
-        project_name_for(_loaded_model(choices)),  # never the bundle's `name:`
-        _record(given.record, choices, engines),
+        loaded_project_name(_loaded_model(choices), choices),  # never the bundle's `name:`, nor compose's
+        _record(given.record, listed_images, choices, engines),
         services,
         _page_size(given.volumes or {}) if hugetlbfs else None,
         choices.api_key_file,
     )
 
 
+def loaded_image(image: str, bundle_digest: str) -> str:
+    """The name a bundle's `image` gets here: under LOADED_IMAGES and the bundle's digest, its registry
+    left out (`ghcr.io/moe-stack/ik-llama-cpp:T` from bundle sha256:abc... is
+    `moe-stack-loaded/abc.../moe-stack/ik-llama-cpp:T`). No name the builder or another stack resolves
+    can be one of these, and a bundle's own can't be another bundle's."""
+    first, _, rest = image.partition("/")
+    path = rest if rest and ("." in first or ":" in first or first == "localhost") else image
+    return f"{LOADED_IMAGES}{_scope(bundle_digest)}/{path}"
+
+
+def loaded_project_name(model: Path, choices: LoadChoices) -> str:
+    """The loaded stack's compose project: the model's name, and a hash of the bundle and where it was
+    loaded. `compose` names its projects `moe-stack-...`: none of them is ever a loaded stack's."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", model.stem.lower()).strip("-_")
+    where = hashlib.sha256(f"{choices.bundle_digest}|{choices.dest}".encode()).hexdigest()[:12]
+    return f"{f'moe-loaded-{slug}'[:50].rstrip('-_')}-{where}"
+
+
+def _scope(bundle_digest: str) -> str:
+    digest = bundle_digest.removeprefix("sha256:")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise UntrustedBundle(f"its digest {bundle_digest!r} is not a sha256 digest")
+    return digest[:16]
+
+
 def _engine_service(
     name: str,
     service: Service,
-    listed_images: dict[str, str],
+    engine: Engine,
     choices: LoadChoices,
     profiled: bool,
 ) -> Service:
-    image = _image(name, service.image, listed_images)
-    environment, caps = _environment(name, service), _caps(name, service.cap_add)
+    keyed = _reads_key(name, service, choices)
+    environment, caps = _environment(name, service, engine, keyed), _caps(name, service.cap_add)
     volumes = (
         *(file_mount(path.resolve(), path.name) for path in choices.model_files),
         *_other_mounts(name, service.volumes or (), choices, environment),
@@ -147,11 +189,9 @@ def _engine_service(
     cpuset = service.cpuset
     if cpuset is not None and not _CPUSET.fullmatch(cpuset):
         raise UntrustedBundle(f"service {name}'s cpuset {cpuset!r} is not a list of CPUs like 0-15,32-47")
-    if service.secrets is not None and choices.api_key_file is None:
-        raise UntrustedBundle("its stack enforces an API key: pass --api-key-file with this host's key file")
     rebuilt = service_of(
-        image,
-        _command(name, service.command),
+        service.image,  # the name loaded_image gives it, once the services are made
+        [*_command(name, service.command), *(engine.key_args() if keyed else [])],
         published(CONTAINER_PORT, _port(name, service), choices.bind),
         volumes,
         shm_size,
@@ -175,21 +215,46 @@ def _monitoring(service: Service, engines: list[str], choices: LoadChoices) -> S
 
 
 def _image(name: str, image: str, listed_images: dict[str, str]) -> str:
+    """The image (as the manifest lists it) service `name` runs: its registry digest is the registry's,
+    and load names the image by the bundle instead."""
     base, _, digest = image.partition("@")
     if base not in listed_images:
         raise UntrustedBundle(f"service {name} runs {base}, which the bundle's manifest doesn't list")
     if digest and not _DIGEST.fullmatch(digest):
         raise UntrustedBundle(f"service {name}'s image digest {digest!r} is not a sha256 digest")
-    return image
+    return base
+
+
+def _reads_key(name: str, service: Service, choices: LoadChoices) -> bool:
+    """Whether the loaded service checks an API key: exactly when the user gives this host's key file;
+    a stack that enforced one of its own needs the user's."""
+    if service.secrets is not None and choices.api_key_file is None:
+        raise UntrustedBundle(
+            f"its stack's {name} enforces an API key: pass --api-key-file with this host's key file"
+        )
+    return choices.api_key_file is not None
 
 
 def _command(name: str, command: tuple[str, ...] | None) -> list[str]:
-    """The engine's arguments: they stay inside the container (read-only root, no capabilities)."""
+    """The engine's arguments, less the reading of the stack's key file (load writes its own: the key is
+    the host's): they stay inside the container (read-only root, no capabilities). A key of the bundle's
+    (any other --api-key argument) is refused."""
     if not command:
         raise UntrustedBundle(f"service {name}'s command is not a list of the engine's arguments")
-    if any(_CONTROL.search(arg) for arg in command):
+    if any(ANY_CONTROL.search(arg) for arg in command):
         raise UntrustedBundle(f"service {name}'s command holds a control character")
-    return list(command)
+    args = list(command)
+    for at in range(len(args) - 1):
+        if args[at : at + 2] == [KEY_FILE_FLAG, API_KEY_PATH]:
+            del args[at : at + 2]
+            break
+    carried = next((arg for arg in args if arg.split("=", 1)[0].startswith(_KEY_FLAGS)), None)
+    if carried is not None:
+        raise UntrustedBundle(
+            f"service {name}'s command sets its own API key ({carried.split('=', 1)[0]}); the key is this "
+            "host's: bundle the stack without one and load it with --api-key-file"
+        )
+    return args
 
 
 def _port(name: str, service: Service) -> int:
@@ -228,7 +293,8 @@ def _other_mounts(
     return mounts
 
 
-def _environment(name: str, service: Service) -> dict[str, str]:
+def _environment(name: str, service: Service, engine: Engine, keyed: bool) -> dict[str, str]:
+    """The entrypoint's and the prompt helper's variables, each checked; the key file's is load's own."""
     environment = service.env
     known = {
         NUMA_ENV,
@@ -251,6 +317,7 @@ def _environment(name: str, service: Service) -> dict[str, str]:
         )
     if environment.get(API_KEY_FILE_ENV, API_KEY_PATH) != API_KEY_PATH:
         raise UntrustedBundle(f"service {name} reads its API key elsewhere than {API_KEY_PATH}")
+    environment = {key: value for key, value in environment.items() if key != API_KEY_FILE_ENV}
     if environment.get(HUGETLBFS_ENV, HUGETLBFS_DIR) != HUGETLBFS_DIR:
         raise UntrustedBundle(f"service {name} stages the model elsewhere than {HUGETLBFS_DIR}")
     if (
@@ -261,9 +328,11 @@ def _environment(name: str, service: Service) -> dict[str, str]:
     ):
         raise UntrustedBundle(f"service {name}'s prompt cache is not named as moe-stack names it")
     preset = environment.get(ROUTER_PRESET_ENV, "")
-    if _CONTROL.search(preset.replace("\n", "")):
+    if ANY_CONTROL.search(preset.replace("\n", "")):
         raise UntrustedBundle(f"service {name}'s router preset holds a control character")
-    return environment
+    if any(line.strip().startswith(_KEY_FLAGS[0].lstrip("-")) for line in preset.splitlines()):
+        raise UntrustedBundle(f"service {name}'s router preset sets an API key; the key is this host's")
+    return environment | (api_key_environment(engine, PROMPTS_ENV in environment) if keyed else {})
 
 
 def _caps(name: str, cap_add: tuple[str, ...] | None) -> list[str]:
@@ -313,18 +382,23 @@ def _loaded_model(choices: LoadChoices) -> Path:
     return choices.model_files[0].parent.resolve() / choices.model_files[0].name
 
 
-def _record(given: Record, choices: LoadChoices, engines: list[str]) -> Record:
+def _record(given: Record, listed_images: dict[str, str], choices: LoadChoices, engines: list[str]) -> Record:
     """x-moe-stack again: the bundle's own facts (engine, image, names, options, what each service
-    serves), each of its type (StackFile.parse checked that); the model where load put it, the profiles
-    of the services as rebuilt, no tuning record and no lint exceptions (stack_document derives them)."""
+    serves), each of its type (StackFile.parse checked that); the model where load put it, the image by
+    its loaded name, the profiles of the services as rebuilt, no tuning record and no lint exceptions
+    (stack_document derives them)."""
     texts = [given.generated_by, given.image, given.served_name or "", *given.models]
-    if any(_CONTROL.search(text) for text in texts):
+    if any(ANY_CONTROL.search(text) for text in texts):
         raise UntrustedBundle("its x-moe-stack record holds a control character")
+    if given.image not in listed_images:
+        raise UntrustedBundle(
+            f"its x-moe-stack names the image {given.image}, which its manifest doesn't list"
+        )
     return Record(
         generated_by=given.generated_by,
         loaded_from=choices.loaded_from,
         engine=given.engine,
-        image=given.image,
+        image=loaded_image(given.image, choices.bundle_digest),
         model=_loaded_model(choices),
         served_name=given.served_name,
         models=given.models,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from builder.contract import API_KEY_PATH
 from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
@@ -40,6 +41,9 @@ CUDA_STUB_SETUP = (
     f"mkdir -p {CUDA_STUB_DIR}",
     f"ln -sf /usr/local/cuda/lib64/stubs/libcuda.so {CUDA_STUB_DIR}/libcuda.so.1",
 )
+
+# The flag a server reads the stack's API key file with (llama.cpp's, ik_llama.cpp's).
+KEY_FILE_FLAG = "--api-key-file"
 
 # Build stage a local engine tree replaces (through a named build context).
 SOURCE_CONTEXT = "engine-src"
@@ -152,6 +156,11 @@ class Engine(ABC):
     cuda_compile_factor: float = 1.0
     # How it keeps prompts across restarts (None: it can't); a store is what makes it honour keep_prompts.
     prompt_store: PromptStore | None = None
+
+    def key_args(self) -> list[str]:
+        """What its server's command says to check the stack's API key (the secret at API_KEY_PATH): the key
+        file flag, or nothing for a server whose launcher reads the file named in its environment."""
+        return [] if self.key_file_from_env else [KEY_FILE_FLAG, API_KEY_PATH]
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         """Buffer fits are measured for one engine: a subclass (a fork) that declares none of its own

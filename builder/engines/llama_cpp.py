@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder.contract import API_KEY_PATH, CONTAINER_PORT, ROUTER_PRESET
+from builder.contract import CONTAINER_PORT, ROUTER_PRESET
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
@@ -182,7 +182,7 @@ class LlamaCpp(LlamaFamilyEngine):
             str(CONTAINER_PORT),
         ]
         if stack.api_key_file is not None:
-            command += ["--api-key-file", API_KEY_PATH]
+            command += self.key_args()
         sections = ["version = 1", ""]
         for model in models:
             if model.served_name is None:

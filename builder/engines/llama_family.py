@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.contract import (
-    API_KEY_PATH,
     CHAT_PAGE_CONTEXT,
     CONTAINER_PORT,
     ENGINE_BIN_DIR,
@@ -400,7 +399,7 @@ class LlamaFamilyEngine(Engine):
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.api_key_file is not None:
-            args += ["--api-key-file", API_KEY_PATH]
+            args += self.key_args()
         if stack.keep_prompts:
             if not has_flag(flags, SLOT_SAVE_FLAG):
                 raise StackError(f"this {self.name} build has no {SLOT_SAVE_FLAG}; drop --keep-prompts")

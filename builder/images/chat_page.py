@@ -10,8 +10,9 @@ devDependency are its code, and none of it runs on the host. Here npm only downl
 with an integrity hash (a git dependency is cloned and prepared, its scripts run, even under
 --ignore-scripts). The build, `npm run build`, runs in a container of Debian's Node.js and npm made from
 the Debian base (`builder_image`): no network, a non-root user, a read-only root, every capability
-dropped, no new privileges, an environment of its own (no variable of the caller's), and one mount, a
-writable copy of `tools/ui` with the downloaded packages (`SandboxRun`). What it writes comes back as
+dropped, no new privileges, bounded processes, memory and CPUs, an environment of its own (no variable
+of the caller's), and one mount, a writable copy of `tools/ui` with the downloaded packages
+(`SandboxRun`). What it writes comes back as
 plain files, walked without following a link (`copy_output`).
 
 Left to itself the pinned tree fetches prebuilt assets from a Hugging Face bucket at build time (an
@@ -31,6 +32,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +60,10 @@ SANDBOX_ENV = {
     "NPM_CONFIG_UPDATE_NOTIFIER": "false",  # no registry to ask, without a network
 }
 # More than this is not a chat page (the page is about 3 MB).
+# What the build may take of the host: a fork bomb, a runaway allocation or a busy loop in a hostile build
+# script stops at these (the pinned tree's build: 98 s on 2 cores, bench/results/chat-page-2026-12-02).
+SANDBOX_PIDS = 1024
+SANDBOX_MEMORY = "4g"  # swap included
 MAX_PAGE_BYTES = 256 << 20
 MAX_PAGE_ENTRIES = 10_000
 
@@ -149,11 +155,18 @@ def lock_problem(lock: Path) -> str | None:
     if not isinstance(packages, dict):
         return "lists no packages (lockfileVersion 1?): regenerate it with npm 7 or newer"
     for where, entry in packages.items():
-        if where == "" or (isinstance(entry, dict) and entry.get("inBundle")):
-            continue  # the app itself; a package inside its parent's tarball
+        if where == "":
+            continue  # the app itself
+        # Bundled or not: npm ci fetches what an `inBundle` entry names too (a git URL with the user's
+        # credentials, before any sandbox runs).
         resolved = entry.get("resolved") if isinstance(entry, dict) else None
         integrity = entry.get("integrity") if isinstance(entry, dict) else None
-        if not (isinstance(resolved, str) and resolved.startswith("https://") and isinstance(integrity, str)):
+        if not (
+            isinstance(resolved, str)
+            and resolved.startswith("https://")
+            and urllib.parse.urlsplit(resolved).path.endswith(".tgz")
+            and isinstance(integrity, str)
+        ):
             return (
                 f"takes {where} from {resolved or 'no registry'}: only registry tarballs with an "
                 "integrity hash are installed on this host (a git or directory dependency runs its code)"
@@ -239,9 +252,11 @@ class SandboxRun:
     gid: int
     # The container's name, to remove it when the client stops waiting.
     name: str = field(default_factory=lambda: f"moe-stack-chat-page-{secrets.token_hex(6)}")
+    cpus: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1))
 
     def argv(self) -> list[str]:
-        """The whole `docker run` command line."""
+        """The whole `docker run` command line: one core of the host's left to it (the build gets the rest,
+        and at least one)."""
         env = [arg for key, value in SANDBOX_ENV.items() for arg in ("--env", f"{key}={value}")]
         return [
             "docker",
@@ -262,6 +277,14 @@ class SandboxRun:
             "ALL",
             "--security-opt",
             "no-new-privileges",
+            "--pids-limit",
+            str(SANDBOX_PIDS),
+            "--memory",
+            SANDBOX_MEMORY,
+            "--memory-swap",
+            SANDBOX_MEMORY,
+            "--cpus",
+            str(self.cpus),
             "--mount",
             f"type=bind,source={self.work},target={SANDBOX_DIR}",
             "--workdir",

@@ -80,8 +80,9 @@ class _Header:
             self.skip(_SIZE[kind])
 
 
-def check_header(path: Path) -> None:
-    """Walk the header of the GGUF at `path` with every count bounded; ModelError if it doesn't hold."""
+def check_header(path: Path) -> int:
+    """Walk the header of the GGUF at `path` with every count bounded; ModelError if it doesn't hold.
+    Returns its length: the bytes of its keys and tensor index, before the alignment to the data."""
     with path.open("rb") as handle:
         header = _Header(handle, path.stat().st_size, path)
         if handle.read(4) != b"GGUF":
@@ -100,3 +101,4 @@ def check_header(path: Path) -> None:
             if not 1 <= dims <= MAX_DIMS:
                 raise header.fail(f"a tensor with {dims} dimensions (ggml has 1 to {MAX_DIMS})")
             header.skip(8 * dims + 4 + 8)
+        return handle.tell()

@@ -63,8 +63,9 @@ class Clients:
 
 
 def clients_for(api: EngineApi, model: str, tool_calls: bool, images: bool = False) -> Clients:
-    """The clients as an agent configures them (a base URL and a key), following no redirect (whatever a
-    redirect points at never gets the key), and retrying once where agents' clients retry twice: both
+    """The clients as an agent configures them (a base URL and a key), following no redirect and through
+    no proxy, whatever the environment says (neither gets the key, nor answers for the stack), and
+    retrying once where agents' clients retry twice: both
     llama.cpp engines at times close a kept-alive connection after a streamed Messages reply, and the
     next request on it meets "Server disconnected without sending a response" (0c1e57098 and 55d3c05,
     anthropic 2.16); a server that is down or refuses fails the retry too."""
@@ -76,14 +77,14 @@ def clients_for(api: EngineApi, model: str, tool_calls: bool, images: bool = Fal
             api_key=key,
             timeout=api.timeout_s,
             max_retries=_RETRIES,
-            http_client=openai.DefaultHttpxClient(follow_redirects=False),
+            http_client=openai.DefaultHttpxClient(follow_redirects=False, trust_env=False),
         ),
         anthropic=anthropic.Anthropic(
             base_url=root,
             api_key=key,
             timeout=api.timeout_s,
             max_retries=_RETRIES,
-            http_client=anthropic.DefaultHttpxClient(follow_redirects=False),
+            http_client=anthropic.DefaultHttpxClient(follow_redirects=False, trust_env=False),
         ),
         model=model,
         tool_calls=tool_calls,

@@ -33,6 +33,7 @@ from builder.contract import (
     SLOTS_ENV,
     prometheus_image,
 )
+from builder.engines.base import Engine
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.host.placement import numa_env
@@ -86,6 +87,9 @@ class StackFiles:
     api_key: Path | None = None
     model_bytes: int = 0  # the model's files together (0: not read, as for another machine's stack)
     config_weights_bytes: int = 0  # the --config-dir checkpoint's weight files together (0: none, not read)
+    # The model's content hash (models/identity.py), read for a stack that keeps its prompts (None: not
+    # read, as for another machine's stack).
+    model_identity: str | None = None
 
 
 def directory_mount(model: Path) -> Mount:
@@ -412,7 +416,7 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
 def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
     """What the image's moe-stack-prompts reads for a stack that keeps its prompts under `key`: for an
     engine that saves a file per slot, how many and when a quiet server's are saved; for one that writes
-    its files as it serves, the MiB they are pruned to; the API key's file, for its own requests."""
+    its files as it serves, the MiB they are pruned to."""
     store = stack.engine.prompt_store
     environment = {PROMPTS_ENV: key}
     if store is not None and store.per_slot:
@@ -421,18 +425,24 @@ def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
             environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
     else:
         environment[PROMPTS_MAX_ENV] = str(max(1, kept_prompts_bytes(stack)[0] // MIB))
-    if stack.api_key_file is not None:
-        environment[API_KEY_FILE_ENV] = API_KEY_PATH
     return environment
 
 
+def api_key_environment(engine: Engine, keeps_prompts: bool) -> dict[str, str]:
+    """The key file's variable in a keyed stack's service, for whoever reads it from there: an engine that
+    takes no key file flag (its image's launcher), and the prompt helper's own requests."""
+    return {API_KEY_FILE_ENV: API_KEY_PATH} if engine.key_file_from_env or keeps_prompts else {}
+
+
 def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:
-    """The prompt cache's name: the image (its digest where pinned: the engine build), the model (its
-    file's name and its size; and the checkpoint KTransformers' attention comes from, by its directory's
-    name and weights' size) and what shapes a slot's KV cache. A slot saved under one key is restored
-    only into a server started under the same: never another model's or build's."""
+    """The prompt cache's name: the image (its digest where pinned: the engine build), the model (by its
+    content: the hash of its headers and tensor index; a stack for another machine by its file's name and
+    size; and the checkpoint KTransformers' attention comes from, by its directory's name and weights'
+    size) and what shapes a slot's KV cache. A slot saved under one key is restored only into a server
+    started under the same: never another model's or build's."""
     shape = (stack.ctx_size, stack.parallel, stack.cache_type, stack.cache_type_v, stack.mla)
-    text = f"{image}|{files.model.name}|{files.model_bytes}|{shape}"
+    model = files.model_identity or f"{files.model.name}|{files.model_bytes}"
+    text = f"{image}|{model}|{shape}"
     if stack.config_dir is not None:
         text += f"|{stack.config_dir.name}|{files.config_weights_bytes}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -497,8 +507,8 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
         environment[HUGETLBFS_ENV] = HUGETLBFS_DIR
     if stack.mlock:
         caps.append("IPC_LOCK")
-    if stack.api_key_file is not None and stack.engine.key_file_from_env:
-        environment[API_KEY_FILE_ENV] = API_KEY_PATH
+    if stack.api_key_file is not None:
+        environment |= api_key_environment(stack.engine, stack.keep_prompts)
     return environment, caps
 
 

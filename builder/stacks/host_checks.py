@@ -14,6 +14,7 @@ from builder.errors import StackError
 from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
+from builder.models.identity import model_identity
 from builder.platform.targets import best_cpu_target
 from builder.stacks.document import StackFiles, directory_mount, file_mount
 from builder.stacks.stack_file import Mount
@@ -44,6 +45,7 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
             mounts = (*mounts, file_mount(named.resolve(), named.name))
     key = stack.api_key_file.resolve() if stack.api_key_file is not None else None
     if key is not None:
+        check_api_key_file(key)
         check_readable_in_container(key, parent_too=False, private_fix=True)
     return StackFiles(
         model=model,
@@ -51,6 +53,7 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
         api_key=key,
         model_bytes=sum(p.stat().st_size for p in parts),
         config_weights_bytes=checkpoint_bytes(stack.config_dir) if stack.config_dir is not None else 0,
+        model_identity=model_identity(parts) if stack.keep_prompts else None,
     )
 
 
@@ -80,6 +83,23 @@ def model_mounts(model: Path, parts: list[Path]) -> tuple[Mount, ...]:
     if any(part.is_symlink() and part.resolve().parent != model.parent for part in parts):
         return tuple(file_mount(part.resolve(), part.name) for part in parts)
     return (directory_mount(model),)
+
+
+def check_api_key_file(path: Path) -> None:
+    """Refuse a key file without a key on its first line: the engines, the KTransformers image's launcher
+    and `smoke` take that line as the key, and an empty key is none (the server answers anyone)."""
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(64 * 1024)
+    except OSError as err:
+        raise StackError(
+            f"--api-key-file {path}: {err.strerror}; give the file holding the API key"
+        ) from None
+    if not first.strip():
+        raise StackError(
+            f"--api-key-file {path} has no key on its first line (the file is empty or blank): the engine "
+            "would check no key and answer anyone; write the key on its first line"
+        )
 
 
 def check_readable_in_container(

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import tarfile
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from python_on_whales import DockerClient
 
 from builder.distribute.bundle import sha256
 from builder.distribute.choose import choose_variant
+from builder.distribute.loaded_stack import loaded_image
 from builder.distribute.registry import manifest_digest, repository
 from builder.engines.specs import StackSpec
 from builder.host.probe import probe
@@ -26,6 +28,7 @@ from builder.images.naming import parse_variant
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.run import down, up
+from builder.stacks.stack_file import StackFile
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
 from tests.integration.registry import running_registry
@@ -156,10 +159,33 @@ def test_bundle_round_trip(
     assert result.returncode == 1 and "is truncated or not a tar archive" in result.stderr, result.stderr
     assert not docker_client.image.exists(image) and not (tmp_path / "bad" / "compose.yaml").exists()
 
+    empty_key = tmp_path / "empty-key"
+    empty_key.write_text(" \n")
+    result = run_cli(
+        "load",
+        str(archive),
+        "--dest",
+        str(tmp_path / "bad"),
+        "--expect-sha256",
+        digest,
+        "--api-key-file",
+        str(empty_key),
+    )
+    assert result.returncode == 1 and "has no key on its first line" in result.stderr, result.stderr
+
+    # The bundle's stack checks no key; this host's key is the user's: the loaded stack checks it.
+    key = tmp_path / "key"
+    key.write_text("this-hosts-key\n")
+    key.chmod(0o644)
     dest = tmp_path / "elsewhere"
-    result = run_cli("load", str(archive), "--dest", str(dest), "--expect-sha256", digest)
+    result = run_cli(
+        "load", str(archive), "--dest", str(dest), "--expect-sha256", digest, "--api-key-file", str(key)
+    )
     assert result.returncode == 0, result.stderr
-    assert docker_client.image.inspect(image).id == image_id
+    # Loaded with no name of its own: only under the bundle's scope (the builder or another stack may
+    # resolve the bundle's name, here one no image on this host had before).
+    assert not docker_client.image.exists(image)
+    assert docker_client.image.inspect(loaded_image(image, f"sha256:{digest}")).id == image_id
     loaded_model = dest / "models" / moe_model.name
     assert loaded_model.read_bytes() == moe_model.read_bytes()
     assert (
@@ -167,9 +193,17 @@ def test_bundle_round_trip(
     )  # no wider than it was
     dest.chmod(0o755)
     loaded = dest / "compose.yaml"
+    document = StackFile.read(loaded)
+    assert document.name.startswith("moe-loaded-") and document.name != stack.project
     try:
         up(loaded, timeout_s=180)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60) as response:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=60)
+        assert refused.value.code == 401
+        asked = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer this-hosts-key"}
+        )
+        with urllib.request.urlopen(asked, timeout=60) as response:
             assert response.status == 200
         mounts = DockerClient(compose_files=[loaded]).compose.ps()[0].mounts
         assert [(m.destination, m.source) for m in mounts if m.destination.startswith("/models")] == [
@@ -177,7 +211,7 @@ def test_bundle_round_trip(
         ]
     finally:
         down(loaded)
-        docker_client.image.remove(image, force=True)
+        docker_client.image.remove(loaded_image(image, f"sha256:{digest}"), force=True)
 
 
 def test_a_bundle_that_would_retag_local_images_is_refused(
@@ -189,6 +223,7 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
     built = build_engine_image("llama.cpp", "avx2", base_image)
     image = f"localhost/moe-stack-bundle/llama-cpp:{uuid.uuid4().hex[:8]}"
     docker_client.image.tag(built.tag, image)
+    made = [image]
     try:
         stack = StackSpec(project="mst-retag", engine="llama.cpp", image=image, model=moe_model, threads=2)
         compose_file = write_stack(
@@ -230,8 +265,8 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
         )
         assert result.returncode == 1 and "you expect; don't load it" in result.stderr, result.stderr
         assert not (tmp_path / "dest" / "compose.yaml").exists()
-        # The honest bundle, where this host has another image under the bundle's image name: replaced
-        # only when asked.
+        # The honest bundle, where this host has another image under the bundle's image name: that one
+        # stays what it is; the loaded stack runs the bundle's image under the bundle's own scope.
         own_id = docker_client.image.inspect(image).id
         docker_client.image.tag(base_image, image)
         result = run_cli(
@@ -244,23 +279,16 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
             "--model-dir",
             str(moe_model.parent),
         )
-        assert result.returncode == 1 and f"replace the local image {image}" in result.stderr, result.stderr
-        assert docker_client.image.inspect(image).id == base_id
-        result = run_cli(
-            "load",
-            str(archive),
-            "--dest",
-            str(tmp_path / "dest"),
-            "--expect-sha256",
-            printed[1],
-            "--model-dir",
-            str(moe_model.parent),
-            "--replace-images",
-        )
         assert result.returncode == 0, result.stderr
-        assert docker_client.image.inspect(image).id == own_id
+        assert docker_client.image.inspect(image).id == base_id
+        scoped = loaded_image(image, f"sha256:{printed[1]}")
+        made.append(scoped)
+        assert docker_client.image.inspect(scoped).id == own_id
+        assert StackFile.read(tmp_path / "dest" / "compose.yaml").service("engine").image == scoped
     finally:
-        docker_client.image.remove(image, force=True)
+        for name in made:
+            if docker_client.image.exists(name):
+                docker_client.image.remove(name, force=True)
 
 
 def test_a_bundle_listing_a_local_images_id_cannot_re_point_its_name(

@@ -8,12 +8,14 @@ server keeps their full cache (--swa-full), measured here with the demo model (d
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 
 from builder.contract import PROMPTS_DIR
+from builder.errors import StackError
 from builder.stacks.api import EngineApi
 from tests.integration.conftest import (
     BuiltImage,
@@ -84,8 +86,26 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     assert after < 10 and cached > 500, (after, cached)  # from the restored slot, not prefilled again
 
     key = container.execute(["sh", "-c", "echo $MOE_STACK_PROMPTS"]).strip()
+    token = container.execute(["cat", f"{PROMPTS_DIR}/.moe-stack/owner"]).strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", token), token
+    mine = f"{key}-{token}-slot0.bin"
     saved = container.execute(["ls", PROMPTS_DIR]).split()  # ik_llama.cpp adds the slot's .tokens.json
-    assert f"{key}-slot0.bin" in saved and all(name.startswith(f"{key}-slot0.bin") for name in saved), saved
+    assert mine in saved and all(name.startswith(mine) for name in saved), saved
+
+    # An API client drives the same slot actions under names it picks: it can't name the helper's file
+    # (the token), nor reach the token (a directory no slot action can name); what it saves goes at the
+    # helper's next save.
+    api = EngineApi(stack.port, timeout_s=30)
+    tried = [("save", "../x.bin"), ("save", ".moe-stack/owner")]
+    if engine_image.engine == "llama.cpp":  # ik_llama.cpp at its pin never answers a missing file's restore
+        tried += [("restore", f"{key}-slot0.bin"), ("restore", f"{key}-{'0' * 32}-slot0.bin")]
+    for action, name in tried:
+        with pytest.raises(StackError, match="answered HTTP"):
+            api.post(f"/slots/0?action={action}", {"filename": name})
+    api.post("/slots/0?action=save", {"filename": "a-clients.bin"})
+    assert "a-clients.bin" in container.execute(["ls", PROMPTS_DIR]).split()
+    container.execute(["moe-stack-prompts", "save"])
+    assert not [name for name in container.execute(["ls", PROMPTS_DIR]).split() if not name.startswith(mine)]
 
 
 def test_an_idle_server_saves_its_slots_before_it_sleeps(

@@ -1,8 +1,8 @@
 """What `load` trusts: its stack is rebuilt by moe-stack from a few parsed values (never the bundle's
 text), images.tar may name only the stack's images, each with the ID its manifest lists (read from the
-tar before Docker sees it), and replace no local image unasked, the stack's compose project is named
-as `compose` names it, and the archive is held to a sha256 given out of band, computed over exactly
-the bytes extracted."""
+tar before Docker sees it), Docker is given it with no name in it and the images are named under the
+bundle's own scope, the stack's compose project and API key are the loading host's, and the archive is
+held to a sha256 given out of band, computed over exactly the bytes extracted."""
 
 from __future__ import annotations
 
@@ -18,8 +18,14 @@ import yaml
 
 from builder.distribute import bundle as bundle_module
 from builder.distribute.bundle import BundleError, LoadOptions, load_bundle
-from builder.distribute.bundle_trust import check_images_tar, check_local_names, check_saved_names
-from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.distribute.bundle_trust import check_images_tar, check_saved_names, nameless
+from builder.distribute.loaded_stack import (
+    LoadChoices,
+    UntrustedBundle,
+    loaded_image,
+    loaded_project_name,
+    rebuild_stack,
+)
 from builder.engines.specs import StackSpec
 from builder.safe_tar import extract_files
 from builder.stacks.document import project_name_for
@@ -29,11 +35,30 @@ from tests.specs import compose_dict, routed_stacks
 ROOT = Path(__file__).resolve().parents[2]
 EMITTED = yaml.safe_load((ROOT / "compose/qwen3-235b-a22b.llama.cpp.yaml").read_text())
 IMAGES = {service["image"].split("@")[0]: "sha256:x" for service in EMITTED["services"].values()}
-HERE = LoadChoices(model_files=(Path("/srv/models/Qwen3-235B-A22B-Q4_K_M-00001-of-00003.gguf"),))
+BUNDLE = "sha256:" + "ab12" * 16  # the archive's digest: its images' names and project derive from it
+DEST = Path("/srv/loaded")
+
+
+def _choices(*model_files: Path, **choices: object) -> LoadChoices:
+    given: dict[str, object] = {"bundle_digest": BUNDLE, "dest": DEST, **choices}
+    return LoadChoices(model_files=model_files, **given)  # type: ignore[arg-type]
+
+
+HERE = _choices(Path("/srv/models/Qwen3-235B-A22B-Q4_K_M-00001-of-00003.gguf"))
 
 
 def _images(document: dict) -> dict[str, str]:
     return {service["image"].split("@")[0]: "sha256:x" for service in document["services"].values()}
+
+
+def _as_loaded(document: dict) -> dict:
+    """`document` with its images named as load names them: under the bundle's scope, never pulled."""
+    document = copy.deepcopy(document)
+    for service in document["services"].values():
+        service["image"] = loaded_image(service["image"].split("@")[0], BUNDLE)
+        service["pull_policy"] = "never"
+    document["x-moe-stack"]["image"] = loaded_image(document["x-moe-stack"]["image"], BUNDLE)
+    return document
 
 
 def _without_model_mounts(document: dict) -> dict:
@@ -53,20 +78,18 @@ def test_every_example_stack_is_rebuilt_as_emitted(path: Path) -> None:
     mounted file by file from where load put it."""
     document = yaml.safe_load(path.read_text())
     config = Path("/srv/config") if "/model-config" in path.read_text() else None
-    rebuilt = _rebuilt(
-        document, _images(document), LoadChoices(model_files=(Path("/srv/m/a.gguf"),), config_dir=config)
-    )
+    rebuilt = _rebuilt(document, _images(document), _choices(Path("/srv/m/a.gguf"), config_dir=config))
     for service in document["services"].values():  # the emitted config mount's source is the example's
         for volume in service["volumes"]:
             if volume.get("target") == "/model-config":
                 volume["source"] = "/srv/config"
-    assert _without_model_mounts(rebuilt) == _without_model_mounts(document)
+    assert _without_model_mounts(rebuilt) == _without_model_mounts(_as_loaded(document))
     engine = rebuilt["services"]["engine"]
     assert [v for v in engine["volumes"] if str(v["target"]).startswith("/models")] == [
         {"type": "bind", "source": "/srv/m/a.gguf", "target": "/models/a.gguf", "read_only": True}
     ]
     assert rebuilt["x-moe-stack"]["model"] == "/srv/m/a.gguf"
-    assert rebuilt["name"] == project_name_for(Path("/srv/m").resolve() / "a.gguf")
+    assert rebuilt["name"] == loaded_project_name(Path("/srv/m/a.gguf"), _choices())
 
 
 def _rebuilt(document: object, images: dict[str, str], choices: LoadChoices) -> dict:
@@ -209,7 +232,7 @@ def test_the_host_side_is_the_users() -> None:
     hostile["secrets"] = {"moe-stack-api-key": {"file": "/etc/shadow"}}
     hostile["x-moe-stack"]["model"] = "/etc/shadow"
     key = Path("/srv/key")
-    rebuilt = _rebuilt(hostile, IMAGES, LoadChoices(model_files=HERE.model_files, api_key_file=key))
+    rebuilt = _rebuilt(hostile, IMAGES, _choices(*HERE.model_files, api_key_file=key))
     engine = rebuilt["services"]["engine"]
     assert engine["ports"][0]["host_ip"] == "127.0.0.1"
     assert engine["volumes"] == [
@@ -222,7 +245,7 @@ def test_the_host_side_is_the_users() -> None:
     ]
     assert rebuilt["secrets"] == {"moe-stack-api-key": {"file": "/srv/key"}}
     assert rebuilt["x-moe-stack"]["model"] == str(HERE.model_files[0])
-    wide = _rebuilt(EMITTED, IMAGES, LoadChoices(model_files=HERE.model_files, bind="0.0.0.0"))
+    wide = _rebuilt(EMITTED, IMAGES, _choices(*HERE.model_files, bind="0.0.0.0"))
     assert {s["ports"][0]["host_ip"] for s in wide["services"].values()} == {"0.0.0.0"}
     without = _rebuilt(EMITTED, IMAGES, HERE)
     assert "secrets" not in without and all("secrets" not in s for s in without["services"].values())
@@ -256,9 +279,9 @@ def _monitored(tmp_path: Path) -> dict:
 
 def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path) -> None:
     monitored = _monitored(tmp_path)
-    rebuilt = _rebuilt(monitored, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+    rebuilt = _rebuilt(monitored, _images(monitored), _choices(tmp_path / "m.gguf"))
     assert rebuilt["volumes"] == monitored["volumes"]
-    assert rebuilt["services"]["prometheus"] == monitored["services"]["prometheus"]
+    assert rebuilt["services"]["prometheus"] == _as_loaded(monitored)["services"]["prometheus"]
     assert rebuilt["services"]["prometheus"]["pull_policy"] == "never"
     hostile = copy.deepcopy(monitored)
     hostile["volumes"]["hugepages"] = {
@@ -266,18 +289,16 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
         "driver_opts": {"type": "hugetlbfs", "o": "bind", "device": "/etc"},
     }
     with pytest.raises(UntrustedBundle, match="not moe-stack's hugetlbfs volume"):
-        _rebuilt(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+        _rebuilt(hostile, _images(monitored), _choices(tmp_path / "m.gguf"))
     hostile["volumes"]["hugepages"] = {**monitored["volumes"]["hugepages"], "name": "other-stack_data"}
-    renamed = _rebuilt(hostile, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))
+    renamed = _rebuilt(hostile, _images(monitored), _choices(tmp_path / "m.gguf"))
     assert renamed["volumes"]["hugepages"] == monitored["volumes"]["hugepages"]  # no name: this stack's own
     spying = copy.deepcopy(monitored)
     spying["services"]["prometheus"]["environment"]["MOE_STACK_PROMETHEUS_CONFIG"] = "scrape_configs: [evil]"
     spying["services"]["prometheus"]["ports"][0]["host_ip"] = "0.0.0.0"
     assert (
-        _rebuilt(spying, _images(monitored), LoadChoices(model_files=(tmp_path / "m.gguf",)))["services"][
-            "prometheus"
-        ]
-        == monitored["services"]["prometheus"]
+        _rebuilt(spying, _images(monitored), _choices(tmp_path / "m.gguf"))["services"]["prometheus"]
+        == _as_loaded(monitored)["services"]["prometheus"]
     )
 
 
@@ -285,8 +306,8 @@ def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
     routed = routed_stacks(tmp_path)
     files = [stack.model for stack in routed]
     router = compose_dict(routed[0], "x", routed=routed)
-    rebuilt = _rebuilt(router, {"img:1": "sha256:x"}, LoadChoices(model_files=tuple(files)))
-    assert _without_model_mounts(rebuilt) == _without_model_mounts(router)
+    rebuilt = _rebuilt(router, {"img:1": "sha256:x"}, _choices(*files))
+    assert _without_model_mounts(rebuilt) == _without_model_mounts(_as_loaded(router))
 
 
 def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> None:
@@ -518,26 +539,119 @@ def test_load_reads_images_tar_before_docker_sees_it(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.parametrize("name", ["qwen3-235b-a22b-llama-cpp", "someone-elses-stack", "../other"])
-def test_the_project_is_named_as_compose_names_it(name: str) -> None:
-    """A bundle's `name:` could be another stack's (`up` would recreate it, `down -v` remove its
-    volumes): the loaded stack's project comes from its model's file and place here, as compose's."""
+def test_the_project_is_the_loaded_stacks_own(name: str) -> None:
+    """A bundle's `name:` could be another stack's, and so could the project compose gives the same
+    model in the same place (a bundle loaded with --model-dir for a model the user serves): `up` would
+    recreate that stack, share its prompt cache volume, and `down -v` remove its volumes. The loaded
+    stack's project comes from the bundle and where it was loaded, in a namespace compose never uses."""
     rebuilt = _rebuilt(_top({"name": name}), IMAGES, HERE)
     model = HERE.model_files[0]
-    assert rebuilt["name"] == project_name_for(model.parent.resolve() / model.name)
-    assert rebuilt["name"].startswith("moe-stack-qwen3-235b-a22b-q4_k_m-00001-of-00003-")
+    assert rebuilt["name"] == loaded_project_name(model, HERE)
+    assert rebuilt["name"] != project_name_for(model.parent.resolve() / model.name)
+    assert rebuilt["name"].startswith("moe-loaded-qwen3-235b-a22b-q4_k_m-00001-of-00003-")
+    assert not project_name_for(model).startswith("moe-loaded-")
+    elsewhere = _rebuilt(_top({"name": name}), IMAGES, _choices(model, dest=Path("/srv/other")))
+    other_bundle = LoadChoices(model_files=(model,), bundle_digest="sha256:" + "cd34" * 16, dest=DEST)
+    assert len({rebuilt["name"], elsewhere["name"], _rebuilt(EMITTED, IMAGES, other_bundle)["name"]}) == 3
     with pytest.raises(UntrustedBundle, match="has a name moe-stack never writes"):
         _rebuilt(_top({"name": None}), IMAGES, HERE)
 
 
-def test_a_local_image_of_the_same_name_is_replaced_only_when_asked() -> None:
-    listed = {"moe-stack/prometheus:trixie": "sha256:bundle", "ghcr.io/moe-stack/llama-cpp:x": "sha256:same"}
-    here = {"moe-stack/prometheus:trixie": "sha256:mine", "ghcr.io/moe-stack/llama-cpp:x": "sha256:same"}
-    with pytest.raises(
-        UntrustedBundle, match="replace the local image moe-stack/prometheus:trixie .*--replace-images"
-    ):
-        check_local_names(listed, here, replace=False)
-    check_local_names(listed, here, replace=True)
-    check_local_names(listed, {name: None for name in listed}, replace=False)
+@pytest.mark.parametrize(
+    ("image", "loaded"),
+    [
+        ("ghcr.io/moe-stack/llama-cpp:x-cpu-avx2", "moe-stack/llama-cpp:x-cpu-avx2"),
+        ("localhost:5000/a/b:1", "a/b:1"),
+        ("localhost/moe-stack-bundle/llama-cpp:t", "moe-stack-bundle/llama-cpp:t"),
+        ("debian:trixie-slim", "debian:trixie-slim"),
+        ("moe-stack/prometheus:trixie", "moe-stack/prometheus:trixie"),
+    ],
+)
+def test_a_bundles_images_are_named_under_its_own_scope(image: str, loaded: str) -> None:
+    """A bundle's image could carry a name the builder starts FROM later (debian:trixie-slim,
+    moe-stack/debian) or one every monitored stack runs with its API key (moe-stack/prometheus): it is
+    loaded with no name and tagged under the bundle's digest alone."""
+    assert loaded_image(image, BUNDLE) == f"moe-stack-loaded/{BUNDLE[7:23]}/{loaded}"
+    assert loaded_image(image, "sha256:" + "cd34" * 16) != loaded_image(image, BUNDLE)
+    with pytest.raises(UntrustedBundle, match="not a sha256 digest"):
+        loaded_image(image, "sha256:../../x")
+
+
+def test_the_loaded_stack_runs_its_images_by_their_loaded_names() -> None:
+    rebuilt = _rebuilt(EMITTED, IMAGES, HERE)
+    for service in rebuilt["services"].values():
+        assert (
+            service["image"].startswith(f"moe-stack-loaded/{BUNDLE[7:23]}/") and "@" not in service["image"]
+        )
+        assert service["pull_policy"] == "never"  # the scoped name on Docker Hub is nobody's we know
+    assert rebuilt["x-moe-stack"]["image"] == loaded_image(EMITTED["x-moe-stack"]["image"], BUNDLE)
+
+
+def _keyed(command: list[str]) -> dict:
+    return _with({"command": command, "secrets": ["moe-stack-api-key"]})
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "/models/m.gguf", "--api-key", "the-authors-key"],
+        ["-m", "/models/m.gguf", "--api-key=the-authors-key"],
+        ["-m", "/models/m.gguf", "--api-key-file", "/models/authors-key"],
+        ["-m", "/models/m.gguf", "--api-key-file", "/run/secrets/moe-stack-api-key", "--api-key", "k"],
+    ],
+)
+def test_a_bundle_carrying_a_key_of_its_own_is_refused(command: list[str]) -> None:
+    """The key is the loading host's: a bundle's command holding its author's key (seen: the user's key
+    401, the author's 200) is refused in one line."""
+    with pytest.raises(UntrustedBundle, match="sets its own API key .*load it with --api-key-file"):
+        _rebuilt(_keyed(command), IMAGES, _choices(*HERE.model_files, api_key_file=Path("/srv/key")))
+
+
+def test_the_users_key_is_read_whatever_the_bundles_command_says() -> None:
+    """A bundle whose stack dropped the key file's flag can't serve open when the user gives a key: load
+    writes the engine's key reading itself."""
+    command = list(EMITTED["services"]["engine"]["command"])
+    assert "--api-key-file" not in command
+    for given in (command, [*command, "--api-key-file", "/run/secrets/moe-stack-api-key"]):
+        rebuilt = _rebuilt(_keyed(given), IMAGES, _choices(*HERE.model_files, api_key_file=Path("/srv/key")))
+        engine = rebuilt["services"]["engine"]
+        assert engine["command"] == [*command, "--api-key-file", "/run/secrets/moe-stack-api-key"]
+        assert engine["secrets"] == ["moe-stack-api-key"]
+        assert rebuilt["secrets"] == {"moe-stack-api-key": {"file": "/srv/key"}}
+    unkeyed = _rebuilt(EMITTED, IMAGES, _choices(*HERE.model_files, api_key_file=Path("/srv/key")))
+    assert unkeyed["services"]["engine"]["command"][-2:] == [
+        "--api-key-file",
+        "/run/secrets/moe-stack-api-key",
+    ]
+    router = copy.deepcopy(EMITTED)
+    router["services"]["engine"]["environment"] = {"MOE_STACK_ROUTER_PRESET": "[m]\napi-key = theirs\n"}
+    with pytest.raises(UntrustedBundle, match="router preset sets an API key"):
+        _rebuilt(router, IMAGES, HERE)
+
+
+def test_images_tar_is_given_to_docker_with_no_name_in_it(tmp_path: Path) -> None:
+    """What `docker load` reads names nothing: manifest.json's RepoTags, index.json's name annotations and
+    the legacy repositories file are gone; every other byte (the blobs) is as saved."""
+    manifest = _manifest_of(VICTIM)
+    saved = _saved(
+        tmp_path / "saved.tar",
+        [(VICTIM, [NAME, "debian:trixie-slim"])],
+        [_entry(manifest, f"docker.io/{NAME}")],
+        extra=(("repositories", json.dumps({"debian": {"trixie-slim": "x"}}).encode()),),
+    )
+    given = tmp_path / "given.tar"
+    given.write_bytes(b"".join(nameless(saved)))
+    with tarfile.open(given) as tar, tarfile.open(saved) as original:
+        names = tar.getnames()
+        assert "repositories" not in names and set(names) == set(original.getnames()) - {"repositories"}
+        assert json.load(tar.extractfile("manifest.json"))[0]["RepoTags"] is None  # type: ignore[arg-type]
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        assert index["manifests"][0]["annotations"] == {} and index["manifests"][0]["digest"] == _digest(
+            manifest[1]
+        )
+        for name in names:
+            if name.startswith("blobs/"):
+                assert tar.extractfile(name).read() == original.extractfile(name).read()  # type: ignore[union-attr]
 
 
 def test_the_archive_digest_is_of_the_bytes_extracted(tmp_path: Path) -> None:

@@ -214,7 +214,17 @@ def test_what_a_lock_may_install(tmp_path: Path) -> None:
         return lock_problem(lock)
 
     tarball = {"resolved": "https://registry.npmjs.org/a/-/a-1.0.0.tgz", "integrity": "sha512-AAAA"}
-    assert problem({"node_modules/a": tarball, "node_modules/a/node_modules/b": {"inBundle": True}}) is None
+    assert problem({"node_modules/a": tarball, "node_modules/a/node_modules/b": tarball}) is None
+    # Bundled or not: npm ci fetched an `inBundle` entry's git URL (with the user's credentials) before
+    # any sandbox ran.
+    git = {"resolved": "git+https://github.com/x/b.git#abc", "inBundle": True}
+    assert "node_modules/a/node_modules/b from git+https://" in str(
+        problem({"node_modules/a": tarball, "node_modules/a/node_modules/b": git})
+    )
+    assert "from no registry" in str(problem({"node_modules/a/node_modules/b": {"inBundle": True}}))
+    assert "from https://example.com/b" in str(
+        problem({"node_modules/b": {**tarball, "resolved": "https://example.com/b"}})  # not a tarball
+    )
     assert "node_modules/a from https://" in str(problem({"node_modules/a": {**tarball, "integrity": None}}))
     assert "node_modules/l from ../lib" in str(
         problem({"node_modules/l": {"resolved": "../lib", "link": True}})
@@ -231,7 +241,8 @@ def test_what_a_lock_may_install(tmp_path: Path) -> None:
 
 def test_the_build_runs_in_a_closed_container() -> None:
     """The whole `docker run` of the build: no network, the caller's or the images' unprivileged user, a
-    read-only root with a private /tmp, no capability nor a way to gain one, the copy of tools/ui its only
+    read-only root with a private /tmp, no capability nor a way to gain one, bounded processes, memory and
+    CPUs (one core of the host's left to it: SandboxRun.cpus), the copy of tools/ui its only
     mount, an environment of moe-stack's three variables (Docker passes nothing of the caller's), the
     image never pulled; and `npm run build` runs there, after the image's name."""
     run = SandboxRun(
@@ -240,6 +251,7 @@ def test_the_build_runs_in_a_closed_container() -> None:
         uid=10001,
         gid=10001,
         name="moe-stack-chat-page-test",
+        cpus=3,
     )
     assert run.argv() == [
         "docker",
@@ -260,6 +272,14 @@ def test_the_build_runs_in_a_closed_container() -> None:
         "ALL",
         "--security-opt",
         "no-new-privileges",
+        "--pids-limit",
+        "1024",
+        "--memory",
+        "4g",
+        "--memory-swap",
+        "4g",
+        "--cpus",
+        "3",
         "--mount",
         "type=bind,source=/cache/moe-stack/chat-page/.build-x/ui,target=/ui",
         "--workdir",
@@ -276,6 +296,7 @@ def test_the_build_runs_in_a_closed_container() -> None:
         "build",
     ]
     assert SandboxRun("i", Path("/w"), 1000, 1000).name != SandboxRun("i", Path("/w"), 1000, 1000).name
+    assert SandboxRun("i", Path("/w"), 1, 1).cpus == max(1, (os.cpu_count() or 1) - 1)
 
 
 def test_the_builds_output_comes_back_as_plain_files(tmp_path: Path) -> None:

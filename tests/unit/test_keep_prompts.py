@@ -4,6 +4,7 @@ them; refused where they can't be kept."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuil
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.models import identity
 from builder.models.planner import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
@@ -20,6 +22,8 @@ from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import memory_use, stack_kv_bytes
 from tests.hosts import epyc_host
 from tests.specs import compose_dict, readable_file, routed_stacks
+
+BUNDLE = "sha256:" + "0" * 64  # a loaded bundle's digest
 
 
 def _stack(model: Path, **options: object) -> StackSpec:
@@ -53,6 +57,40 @@ def test_the_slots_are_saved_on_the_stacks_volume_under_the_models_key(tmp_path:
     assert len(keys) == 3 and key not in keys
     plain = compose_dict(_stack(model), "x")
     assert "volumes" not in plain and "stop_grace_period" not in plain["services"]["engine"]
+
+
+def test_the_models_part_of_the_key_is_its_content_not_its_name_and_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another model file of the same name and size (another quantization of the same shapes, a
+    fine-tune) restored the old model's cache: the key hashes the GGUF's header and tensor index, read
+    once and kept under the file's inode, size and mtime."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def key(model: Path) -> str:
+        return compose_dict(_stack(model, keep_prompts=True), "x")["services"]["engine"]["environment"][
+            "MOE_STACK_PROMPTS"
+        ]
+
+    models = tmp_path / "m"
+    first = write_moe_gguf(models / "x.gguf", MoeShape(layers=2, rope_base=1e6))
+    other = write_moe_gguf(tmp_path / "other" / "x.gguf", MoeShape(layers=2, rope_base=5e5))
+    for path in (models, tmp_path / "other", first, other):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    assert first.stat().st_size == other.stat().st_size and first.name == other.name
+    before = key(first)
+    os.replace(other, first)  # the same name and size, another model
+    after = key(first)
+    assert after != before
+    renamed = first.rename(models / "y.gguf")  # the same model under another name: the same cache
+    assert key(renamed) == after
+    read: list[Path] = []
+    monkeypatch.setattr(identity, "check_header", lambda path: read.append(path) or 0)
+    key(renamed)
+    assert read == []  # the header was hashed once; its inode, size and mtime are unchanged
+    os.utime(renamed, ns=(1, 1))
+    key(renamed)
+    assert read == [renamed]
 
 
 def test_where_it_cant_be_kept_it_is_refused(tmp_path: Path) -> None:
@@ -95,14 +133,14 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
     assert memory_use(stack).prompt_cache_bytes - memory_use(plain).prompt_cache_bytes == 2 * kv
     assert "--enable-hierarchical-cache" not in compose_dict(plain, "x")["services"]["engine"]["command"]
     # A bundle of it loads with its bound.
-    rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(stack.model,),
-                                                                 config_dir=tmp_path / "hf"))  # fmt: skip
+    choices = LoadChoices(
+        model_files=(stack.model,), bundle_digest=BUNDLE, dest=tmp_path / "loaded", config_dir=tmp_path / "hf"
+    )
+    rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, choices)
     assert rebuilt.document()["services"]["engine"]["environment"] == environment
     environment["MOE_STACK_PROMPTS_MAX_MIB"] = "0"  # a bundle that would have the helper remove every page
     with pytest.raises(UntrustedBundle, match="prompt cache is not named as moe-stack names it"):
-        rebuild_stack(
-            doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(stack.model,), config_dir=tmp_path / "hf")
-        )
+        rebuild_stack(doc, {"i:1": "sha256:x"}, choices)
 
 
 def test_ktransformers_prompts_key_follows_the_checkpoint_its_attention_comes_from(tmp_path: Path) -> None:
@@ -139,13 +177,21 @@ def test_ktransformers_refuses_to_keep_what_sglangs_files_cant_hold(
 def test_a_bundle_keeps_its_prompt_cache_and_nothing_else_by_that_name(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     doc = compose_dict(_stack(model, keep_prompts=True), "x")
-    rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(model,))).document()
+    rebuilt = rebuild_stack(
+        doc,
+        {"i:1": "sha256:x"},
+        LoadChoices(model_files=(model,), bundle_digest=BUNDLE, dest=tmp_path / "loaded"),
+    ).document()
     assert rebuilt["volumes"] == doc["volumes"]
     assert rebuilt["services"]["engine"]["environment"] == doc["services"]["engine"]["environment"]
     assert rebuilt["services"]["engine"]["stop_grace_period"] == "5m"
     doc["services"]["engine"]["environment"]["MOE_STACK_PROMPTS"] = "../../etc"
     with pytest.raises(UntrustedBundle, match="prompt cache is not named as moe-stack names it"):
-        rebuild_stack(doc, {"i:1": "sha256:x"}, LoadChoices(model_files=(model,)))
+        rebuild_stack(
+            doc,
+            {"i:1": "sha256:x"},
+            LoadChoices(model_files=(model,), bundle_digest=BUNDLE, dest=tmp_path / "loaded"),
+        )
 
 
 def test_a_sliding_window_model_keeps_its_full_cache_on_mainline(tmp_path: Path) -> None:

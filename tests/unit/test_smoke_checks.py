@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -266,3 +268,58 @@ def test_the_engines_page_says_what_each_adapter_declares() -> None:
     for name, cells in said.items():
         served = [api for api, cell in zip(API_ROUTES, cells, strict=True) if cell == "yes"]
         assert served == list(get_engine(name).apis), name
+
+
+class Proxy(Engine):
+    """A proxy that answers every request itself, with figures of its own (what a hostile proxy on the
+    network path could do: fake bench's timings, read the stack's key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chat_reply(call(TOOL_NAME, json.dumps({"city": "Paris"})))
+        self.replies["/completion"] = {"timings": {"predicted_per_second": 1e9}}
+        handler = self.server.RequestHandlerClass
+        handler.do_GET = handler.do_POST  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Proxy]:
+    served = Proxy()
+    thread = threading.Thread(target=served.server.serve_forever, daemon=True)
+    thread.start()
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{served.port}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    yield served
+    served.server.shutdown()
+    served.server.server_close()
+
+
+def test_the_clients_talk_to_the_stack_directly_whatever_the_proxy_settings(
+    engine: Engine, proxy: Proxy
+) -> None:
+    """httpx (the official clients') honours HTTP_PROXY for loopback too: the stack's key and its answers
+    would go through whatever proxy the environment names."""
+    engine.chat_reply(call(TOOL_NAME, json.dumps({"city": "Oslo"})))
+    passed, said = _tool_call(clients(engine))
+    assert passed and "Oslo" in said, said
+    assert len(engine.asked) == 1 and proxy.asked == []
+
+
+@pytest.mark.cli
+def test_the_engine_api_talks_to_the_stack_directly_whatever_the_proxy_settings(
+    engine: Engine, proxy: Proxy
+) -> None:
+    """bench's and smoke's own requests (urllib, whose proxy handler reads the environment when the module
+    is imported: so in a process of its own here) never go through a proxy."""
+    engine.replies["/completion"] = {"timings": {"predicted_per_second": 12.5}}
+    asked = (
+        "from builder.stacks.api import EngineApi; "
+        f"print(EngineApi({engine.port}, api_key='k', timeout_s=10).post('/completion', {{}})['timings'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", asked], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0 and "12.5" in result.stdout, result.stderr
+    assert len(engine.asked) == 1 and proxy.asked == []
