@@ -6,14 +6,20 @@ prefill and decode speed (a warm-up, then rounds), against the memory-bandwidth 
 
   seed_models.py write DIR [MODEL…]         the models (default all: R1 and Qwen3-Next slices of 8 and
                                             16 layers, a Qwen3-235B slice of 8)
-  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = ENGINE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:load=1][:OPTION=V]
-                                            (OPTION: an EngineOptions field, e.g. fused_moe=0,
-                                            cache_type=f16; load=1: started, its buffers
-                                            read, stopped); results
-                                            as JSON lines; each case waits for its engine's build
+  seed_models.py run DIR BIN_ROOT OUT CASE…  CASE = TREE:MODEL[:ub=N][:ctx=N][:mmap=0|1][:load=1]
+                                            [:preset=none][:pp=N/N…][:extra=ARG/ARG…][:OPTION=V]
+                                            (TREE: an engine, or ENGINE@NAME for another tree of it;
+                                            OPTION: an EngineOptions field, e.g. fused_moe=0,
+                                            cache_type=f16; load=1: started, its buffers read,
+                                            stopped; preset=none: the stack compose derives with no
+                                            preset; pp: prefill once at each of these prompt lengths;
+                                            extra: engine arguments added); results as JSON lines;
+                                            each case waits for its tree's build. ROUNDS=N: the case
+                                            list N times over, alternating, the read bound measured at
+                                            the start of each round (BIN_ROOT/moe-stack-bandwidth)
 
-BIN_ROOT/<engine>/build/bin/llama-server are the builds (BIN_ROOT/<engine>.done says "ok" once one is
-built), BIN_ROOT/<engine>/common/common.cpp ik's parser (its --help leaves flags out, as in the images'
+BIN_ROOT/<tree>/build/bin/llama-server are the builds (BIN_ROOT/<tree>.done says "ok" once one is
+built), BIN_ROOT/<tree>/common/common.cpp ik's parser (its --help leaves flags out, as in the images'
 contract stage).
 """
 
@@ -87,7 +93,9 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     # DeepSeek-V3.2: R1's layers with the lightning indexer's key cache and scores.
     "dsv32-4": ("deepseek-v3.2", synth_shape("deepseek32", layers=4, dense_layers=1, experts=16, vocab=0)),
 }
-PROMPT = " ".join(["the expert model reads a token from memory and the cache"] * 48)  # ~530 tokens
+SENTENCE = "the expert model reads a token from memory and the cache"
+PROMPT = " ".join([SENTENCE] * 48)  # 2545 tokens of the synthetic vocabulary (530 in a real one)
+TOKENS_PER_SENTENCE = 53  # in the synthetic vocabulary: PROMPT, 48 of them, was 2545 tokens (r1-8)
 # "CUDA0 KV buffer size = 229.50 MiB" (both engines; ik's weights: "CUDA0 buffer size", mainline's
 # "model buffer")
 BUFFER = re.compile(r"(\S+)\s+(?:(model|KV|RS|compute|output) )?buffer size =\s+([\d.]+) MiB")
@@ -116,8 +124,9 @@ def write(directory: Path, names: list[str]) -> None:
             )
 
 
-def contract(engine: str, root: Path) -> dict[str, str]:
-    server = root / engine / "build/bin/llama-server"
+def contract(tree: str, root: Path) -> dict[str, str]:
+    engine = tree.split("@")[0]
+    server = root / tree / "build/bin/llama-server"
     help_text = subprocess.run(
         [str(server), "--help"], capture_output=True, text=True, timeout=60, check=False
     ).stdout
@@ -127,7 +136,7 @@ def contract(engine: str, root: Path) -> dict[str, str]:
             sorted(
                 set(
                     re.findall(
-                        r'"(--?[A-Za-z][A-Za-z0-9_.-]*)"', (root / engine / "common/common.cpp").read_text()
+                        r'"(--?[A-Za-z][A-Za-z0-9_.-]*)"', (root / tree / "common/common.cpp").read_text()
                     )
                 )
             )
@@ -136,9 +145,15 @@ def contract(engine: str, root: Path) -> dict[str, str]:
 
 
 def command(
-    engine: str, model: Path, preset: str, flags: dict[str, str], port: int, changes: dict[str, object]
+    engine: str,
+    model: Path,
+    preset: str | None,
+    flags: dict[str, str],
+    port: int,
+    changes: dict[str, object],
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """The stack's engine arguments as `moe-stack compose --preset P --gpu nvidia` writes them for this
+    """The stack's engine arguments as `moe-stack compose [--preset P] --gpu nvidia` writes them for this
     host (its physical cores), checked against the build's contract, pointed at the model and a local port."""
     options = StackOptions(
         model=model,
@@ -149,6 +164,7 @@ def command(
         image="native",
         skip_image_checks=True,
         engine_options=EngineOptions(**changes),  # type: ignore[arg-type]
+        engine_args=extra,
     )
     stack = assemble_stack(options, probe())
     args = get_engine(engine).server_args(stack, flags)
@@ -188,6 +204,7 @@ def measure(
     shape: MoeShape,
     result: dict[str, object],
     load_only: bool = False,
+    prompt_lengths: tuple[int, ...] = (),
 ) -> None:
     """Healthy (and no more with `load_only`: the buffers a start logs), a completion, prefill and decode
     rounds, GPU memory after load, after the prefills and after one prompt longer than the presets' -ub
@@ -215,6 +232,19 @@ def measure(
         prefill.append(timings["prompt_per_second"])
         decode.append(timings["predicted_per_second"])
     result["gpu_used_after_prefill_mib"] = _gpu_used_mib()
+    if prompt_lengths:  # prefill at each length (its own timings), in place of the long prompt below
+        prefill_at: dict[str, list[float]] = {}
+        for length in prompt_lengths:
+            prompt = " ".join([SENTENCE] * max(1, length // TOKENS_PER_SENTENCE))
+            timed = api.post("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": False})
+            at = timed["timings"]
+            prefill_at[str(length)] = [at["prompt_n"], round(at["prompt_per_second"], 1)]
+        result["prefill_at"] = prefill_at
+        result["prompt_tokens"] = reply["timings"]["prompt_n"]
+        result["decode_tps"] = [round(v, 2) for v in decode]
+        result["decode_median"] = round(statistics.median(decode), 2)
+        result["token_ram_bytes"], result["token_vram_bytes"] = token_read_bytes(shape)
+        return
     # A prompt longer than the presets' -ub 2048: every micro-batch full, the offload's copies widest.
     long = api.post("/completion", {"prompt": PROMPT * 8, "n_predict": 4, "cache_prompt": False})
     result["long_prompt_tokens"] = long["timings"]["prompt_n"]
@@ -243,10 +273,15 @@ def stop(server: subprocess.Popen) -> None:
 
 
 def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> dict[str, object]:
-    engine, name, *rest = case.split(":")
+    tree, name, *rest = case.split(":")
+    engine = tree.split("@")[0]
     changes: dict[str, object] = {
         key: int(value) if value.isdigit() else value for key, value in (item.split("=") for item in rest)
     }
+    named, shape = MODELS[name]
+    preset = None if changes.pop("preset", None) == "none" else named
+    lengths = tuple(int(n) for n in str(changes.pop("pp", "")).split("/") if n)
+    extra = tuple(str(changes.pop("extra", "")).split("/")) if "extra" in changes else ()
     if "ub" in changes:
         changes = {"ubatch_size": changes.pop("ub"), **changes}
     if "ctx" in changes:
@@ -254,13 +289,13 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
     if "mmap" in changes:
         changes = {"mmap": bool(changes.pop("mmap")), **changes}
     load_only = bool(changes.pop("load", 0))
-    preset, shape = MODELS[name]
-    flags = contract(engine, root)
-    args = command(engine, directory / f"{name}.gguf", preset, flags, port, changes)
-    log = out / f"{case.replace(':', '_').replace('=', '')}.log"
+    flags = contract(tree, root)
+    args = command(engine, directory / f"{name}.gguf", preset, flags, port, changes, extra)
+    log = out / f"{case.replace(':', '_').replace('=', '').replace('/', '-')}.log"
     result: dict[str, object] = {
         "case": case,
         "engine": engine,
+        "tree": tree,
         "model": name,
         "preset": preset,
         "command": args,
@@ -268,13 +303,13 @@ def run_case(case: str, directory: Path, root: Path, out: Path, port: int) -> di
     started = time.time()
     with log.open("w") as sink:
         server = subprocess.Popen(
-            [str(root / engine / "build/bin/llama-server"), *args],
+            [str(root / tree / "build/bin/llama-server"), *args],
             stdout=sink,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:
-        measure(port, server, started, changes, shape, result, load_only)
+        measure(port, server, started, changes, shape, result, load_only, lengths)
     except StackError as err:  # e.g. the server died on a request: its buffers are still in the log
         result["error"] = str(err)
     finally:
@@ -303,26 +338,48 @@ def main() -> None:
     deadline = time.time() + float(os.environ.get("CASES_S", "480"))
     port_base = int(os.environ.get("PORT_BASE", "18700"))  # another per call: a port can outlive its server
     kept = root / "results.jsonl"  # every call's results on this machine: a case there is not run again
-    done = {json.loads(line)["case"] for line in kept.read_text().splitlines()} if kept.is_file() else set()
+    done = {_key(json.loads(line)) for line in kept.read_text().splitlines()} if kept.is_file() else set()
+    cases = sys.argv[5:]
+    rounds = int(os.environ.get("ROUNDS", "1"))
     with (out / "results.jsonl").open("a") as results, kept.open("a") as all_results:
-        for number, case in enumerate(sys.argv[5:]):
-            if case in done:
-                continue
-            if time.time() > deadline:
-                print(f"deadline: {case} not run", flush=True)
-                continue
-            built = wait_built(case.split(":")[0], root, deadline)
-            if built != "ok":
-                print(f"{case} not run: its engine is {built}", flush=True)
-                continue
-            try:
-                result = run_case(case, directory, root, out, port_base + number)
-            except StackError as err:  # its command refused (a flag the build lacks): the next still runs
-                result = {"case": case, "error": str(err)}
-            for sink in (results, all_results):
-                sink.write(json.dumps(result) + "\n")
-                sink.flush()
-            print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
+        for round_ in range(1, rounds + 1):
+            bound = read_bound(root) if rounds > 1 else None
+            for number, case in enumerate(cases):
+                if (case, round_) in done:
+                    continue
+                if time.time() > deadline:
+                    print(f"deadline: {case} (round {round_}) not run", flush=True)
+                    continue
+                built = wait_built(case.split(":")[0], root, deadline)
+                if built != "ok":
+                    print(f"{case} not run: its tree is {built}", flush=True)
+                    continue
+                port = port_base + (round_ - 1) * len(cases) + number
+                try:
+                    result = run_case(case, directory, root, out, port)
+                except StackError as err:  # its command refused (a flag the build lacks): the next still runs
+                    result = {"case": case, "error": str(err)}
+                result |= {"round": round_, **({"bound_gbps": bound} if bound is not None else {})}
+                for sink in (results, all_results):
+                    sink.write(json.dumps(result) + "\n")
+                    sink.flush()
+                print(json.dumps({k: v for k, v in result.items() if k != "command"}), flush=True)
+
+
+def _key(result: dict[str, object]) -> tuple[object, object]:
+    return result["case"], result.get("round", 1)
+
+
+def read_bound(root: Path) -> float | None:
+    """The host's memory read rate now (moe-stack-bandwidth's best round, GB/s), for this round's bound."""
+    tool = root / "moe-stack-bandwidth"
+    if not tool.is_file():
+        return None
+    printed = subprocess.run(
+        [str(tool), "4096"], capture_output=True, text=True, timeout=120, check=False
+    ).stdout
+    found = re.search(r"^read GB/s ([\d.]+)$", printed, re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
 if __name__ == "__main__":

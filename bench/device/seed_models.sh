@@ -10,7 +10,9 @@
 #                          (beside the other's build: for buffer sizes, not speed), until its budget
 #   seed_models.sh run CASE…      waits for the builds, the bandwidth probe, then each case's server
 #                          (on ports from $PORT_BASE, default 18700: give each call its own)
-#   seed_models.sh tune ENGINE MODEL BUDGET [TUNE OPTIONS]
+#                          ($ROUNDS: the CASEs that many times over, alternating, the read bound at the
+#                          start of each round)
+#   seed_models.sh tune TREE MODEL BUDGET [TUNE OPTIONS]
 #                          the stack `moe-stack compose --preset P --gpu nvidia` emits for MODEL here,
 #                          searched by `moe-stack tune --native-bin` for BUDGET seconds (e.g. --decode
 #                          --only fmoe,amb,no-mmap)
@@ -25,6 +27,8 @@
 #   tar -cJf .device/seed/E.tar.xz <the engine tree the images build> (llama-cpp-python 0.3.36's
 #     vendor/llama.cpp, ik-llama-cpp-python 0.1.5's vendor/ik_llama.cpp)
 #   pip download gguf pydantic pydantic-core python-on-whales … -d .device/seed/whl
+# ($TREES: other trees than the two engines' pins, e.g. "ik_llama.cpp ik_llama.cpp@8337e4c" with
+# .device/seed/ik_llama.cpp@8337e4c.tar.xz: the mirror's tree of that ref, bench/device/ik_bump.cases)
 set -uo pipefail
 phase=${1:?start or run}
 shift
@@ -36,14 +40,16 @@ deadline=$(( $(date +%s) + ${BUDGET_S:-560} ))
 mkdir -p "$work/models" "$out"
 export PYTHONPATH="$work/site:$repo" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-engines=(llama.cpp ik_llama.cpp)
+# The trees built: an engine's name, or ENGINE@NAME for another tree of it (its tarball .device/seed/TREE.tar.xz,
+# the engine's cmake-args): e.g. TREES="ik_llama.cpp ik_llama.cpp@8337e4c" for a pin against a newer tree.
+read -r -a engines <<<"${TREES:-llama.cpp ik_llama.cpp}"
 
-build() {  # ENGINE JOBS
+build() {  # TREE JOBS
   local src=$work/$1
   mkdir -p "$src" && tar -C "$src" --strip-components=1 -xJf "$carried/$1.tar.xz"
   sh "$repo/dockerfiles/llama-cpp-family/build-info.sh" "$src" seed  # ik's sdist lacks its build-info step
-  [ "$1" = ik_llama.cpp ] && sh "$repo/dockerfiles/llama-cpp-family/cuda-no-lineinfo.sh" "$src"  # as its images
-  mapfile -t args <"$carried/$1.cmake-args"
+  [ "${1%@*}" = ik_llama.cpp ] && sh "$repo/dockerfiles/llama-cpp-family/cuda-no-lineinfo.sh" "$src"  # as its images
+  mapfile -t args <"$carried/${1%@*}.cmake-args"
   { cmake -S "$src" -B "$src/build" -G Ninja "${args[@]}" &&
     cmake --build "$src/build" --target ${TARGETS:-llama-server llama-bench} --parallel "$2" &&
     gcc -O3 -fopenmp -ffast-math -o "$src/build/bin/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c" &&
@@ -57,7 +63,9 @@ archive_logs() {  # eight files at most come back: the servers' logs travel in o
 }
 wait_builds() {
   local engine
-  while [ "$(date +%s)" -lt "$deadline" ] && [ "$(ls "$work"/*.done 2>/dev/null | wc -l)" -lt 2 ]; do sleep 5; done
+  while [ "$(date +%s)" -lt "$deadline" ] && [ "$(ls "$work"/*.done 2>/dev/null | wc -l)" -lt "${#engines[@]}" ]; do
+    sleep 5
+  done
   for engine in "${engines[@]}"; do
     echo "$engine: $(cat "$work/$engine.done" 2>/dev/null || echo building) $(tail -c 120 "$work/$engine.build.log" | tr '\n' ' ')"
   done
@@ -89,10 +97,17 @@ start)
     [ "$first" = ik_llama.cpp ] && second=llama.cpp
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work TARGETS='${TARGETS:-}';
       build $first $(nproc); build $second $(nproc)" </dev/null >/dev/null 2>&1 &
-  else  # ik's CUDA build is the longer (its flash-attention and MMQ instances): it gets most of the cores.
+  elif [ -z "${TREES:-}" ]; then  # ik's CUDA build is the longer (its flash-attention and MMQ instances):
+    # it gets most of the cores.
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build ik_llama.cpp 10" </dev/null >/dev/null 2>&1 &
     setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build llama.cpp 6" </dev/null >/dev/null 2>&1 &
+  else  # the trees side by side, the cores shared evenly
+    for tree in "${engines[@]}"; do
+      setsid bash -c "$(declare -f build); carried=$carried repo=$repo work=$work; build $tree $(( $(nproc) / ${#engines[@]} ))" \
+        </dev/null >/dev/null 2>&1 &
+    done
   fi
+  gcc -O3 -fopenmp -ffast-math -o "$work/moe-stack-bandwidth" "$repo/dockerfiles/common/moe-stack-bandwidth.c"
   # shellcheck disable=SC2086  # MODELS: names, split
   time python3 "$repo/bench/device/seed_models.py" write "$work/models" ${MODELS:-} 2>&1 | tee "$out/models.jsonl"
   [ "$#" -eq 0 ] || CASES_S=$(( deadline - $(date +%s) - 20 )) python3 "$repo/bench/device/seed_models.py" run \
@@ -126,7 +141,7 @@ tune)
   [ "$(cat "$work/$engine.done" 2>/dev/null)" = ok ] || { tail -30 "$work/$engine.build.log"; exit 1; }
   stack=$work/$engine-$name.yaml
   tag=$engine-$name$(printf '%s' "$*" | tr -c 'a-z0-9' '-')  # one file per tune: decode, prefill
-  python3 -m builder compose --engine "$engine" --model "$work/models/$name.gguf" --preset "$preset" --gpu nvidia \
+  python3 -m builder compose --engine "${engine%@*}" --model "$work/models/$name.gguf" --preset "$preset" --gpu nvidia \
     --skip-image-checks --for-other-host --port 18080 -o "$stack" >"$out/tune-$tag.txt" 2>&1 ||
     { cat "$out/tune-$tag.txt"; exit 1; }
   python3 -m builder tune "$stack" --native-bin "$work/$engine/build/bin" --budget "${budget}s" \
