@@ -64,9 +64,12 @@ class NativeRunner:
             *self._local(args),
         ]
         path = f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-        done = subprocess.run(
-            command, capture_output=True, text=True, check=False, env={**os.environ, "PATH": path}
-        )
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, check=False, env={**os.environ, "PATH": path}
+            )
+        except OSError as err:  # not in bin_dir nor on PATH: a build without the tool
+            raise StackError(f"{program} can't run from {self.bin_dir} ({err.strerror})") from None
         if done.returncode != 0:
             raise StackError(f"{program} failed (exit {done.returncode}): {last_error(done.stderr)}")
         return ToolOutput(done.stdout, done.stderr)

@@ -128,3 +128,11 @@ def test_tune_runs_the_probe_once_more_after_a_failure_and_then_says_why_it_has_
     said.clear()
     assert read_bandwidth(NativeRunner(bin_dir, tmp_path), {}, said.append) is None
     assert len(said) == 2 and "unknown rate" in said[1] and said[1].endswith("so no bound ratio")
+    # A native build without the tool (the device's, 2026-12-06: a traceback): no figure, said.
+    wrapper.unlink()
+    said.clear()
+    empty_path = {"PATH": str(tmp_path / "nothing")}
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(os, "environ", {**os.environ, **empty_path})
+        assert read_bandwidth(NativeRunner(bin_dir, tmp_path), {}, said.append) is None
+    assert len(said) == 2 and f"moe-stack-bandwidth can't run from {bin_dir}" in said[0], said
