@@ -8,6 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from builder.images.mirror import SOURCES_ENV
+from tests.sources import source_mirror
+
 ROOT = Path(__file__).resolve().parents[1]
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
 
@@ -28,10 +31,11 @@ def tracked_copy(into: Path) -> Path:
 def unit_suite(repo: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     """The pure unit tests (no cli, no lint) run in `repo`, as a changed copy would be checked."""
     command = [sys.executable, "-m", "pytest", "-q", "tests/unit", "-m", "not cli and not lint"]
+    mirror = source_mirror()  # the copy has no ../shared beside it: the checkout's mirror, by name
     return subprocess.run(
         [*command, "-p", "no:cacheprovider", *extra],
         cwd=repo,
-        env=env,
+        env={SOURCES_ENV: str(mirror), **env} if mirror is not None else env,
         capture_output=True,
         text=True,
         check=False,

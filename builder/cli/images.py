@@ -18,18 +18,19 @@ from builder.cli.common import (
 from builder.cli.options import declared, takes_options
 from builder.cli.progress import ProgressMode, build_display
 from builder.distribute.registry import checked_push
-from builder.engines import Engine
+from builder.engines import Engine, adapters
 from builder.engines.specs import ImageSpec
 from builder.errors import (
     SpecError,
 )
-from builder.files import cache_dir
+from builder.files import cache_dir, user_path
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import Publishing, build_context, build_image, build_plan
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.matrix import (
     cuda_target,
 )
+from builder.images.mirror import SOURCES_ENV, digest_of, mirror_dir, mirror_tree, write_tree
 from builder.images.naming import build_name, image_spec, variant_tag
 from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
@@ -37,6 +38,7 @@ from builder.images.render import render as render_context
 from builder.images.source import resolve_local
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
+from builder.platform.pins import pinned_ref
 from builder.spec import BaseImages, CudaTarget
 from builder.stacks.options import int_list
 
@@ -109,6 +111,14 @@ def _bases(
 
 
 BuildSourceOpt = SourceOpt
+BuildSourcesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--sources",
+        help=f"a source mirror (`moe-stack sources`): the engine's tree at --ref from it, checked file by "
+        f"file against its manifest, nothing fetched (default: ${SOURCES_ENV})",
+    ),
+]
 BuildRegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
 BuildNamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
 BuildDryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")]
@@ -219,12 +229,13 @@ def build(
     channel: BuildChannelOpt = None,
     tools: BuildToolsOpt = False,
     ccache_dir: BuildCcacheDirOpt = None,
+    sources: BuildSourcesOpt = None,
 ) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
     asked = Publishing(registry_cache, metadata_file, channel, attest)
     _check_publishing(asked, push)
     display = _progress(progress)
-    tree = resolve_local(engine, source) if source else None
+    tree, ref = _tree(engine, ref, source, sources)
     spec = image_spec(
         engine,
         cpu,
@@ -255,6 +266,26 @@ def build(
     out.print(f"built {tag} (full log: {log_path})", highlight=False, soft_wrap=True)
 
 
+def _tree(
+    engine: Engine, ref: str | None, source: str | None, sources: Path | None
+) -> tuple[Path | None, str | None]:
+    """The local tree a build uses and its ref: --source's, a source mirror's (--sources, else
+    MOE_STACK_SOURCES, for an engine a mirror holds), or none (a clone of --ref, or the engine's wheels)."""
+    if source is not None and sources is not None:
+        raise SpecError("--source and --sources both name the engine's tree: give one")
+    if source is not None:
+        return resolve_local(engine, source), ref
+    mirror = mirror_dir(sources)
+    if mirror is None:
+        return None, ref
+    if not engine.mirrored:
+        if sources is None:
+            return None, ref  # the environment's mirror: this engine installs wheels
+        raise SpecError(f"{engine.name} installs wheels, which a source mirror doesn't hold: give --source")
+    pinned = ref or pinned_ref(engine.name)
+    return mirror_tree(engine, pinned, mirror), pinned
+
+
 def _check_publishing(asked: Publishing, push: bool) -> None:
     """--push's own options only with --push, and a channel that can prefix a tag."""
     if (asked.cache_repo or asked.metadata_file or asked.channel or not asked.attest) and not push:
@@ -275,6 +306,42 @@ def _publishing(asked: Publishing, spec: ImageSpec, dry_run: bool) -> Publishing
     metadata_file = cache_dir() / "logs" / f"push-{build_name(spec)}.json"
     metadata_file.parent.mkdir(parents=True, exist_ok=True)
     return replace(asked, metadata_file=metadata_file)
+
+
+def sources(
+    dest: Annotated[Path, typer.Option("--dest", help="the mirror's directory (made if missing)")],
+    engines: Annotated[
+        list[str] | None,
+        typer.Option("--engine", help="only this engine (repeat it); default: every engine a mirror holds"),
+    ] = None,
+    upstream: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--upstream", help="ENGINE=URL: fetch ENGINE's tree from URL (a copy of its repository) instead"
+        ),
+    ] = None,
+) -> None:
+    """Write a source mirror: each pinned engine tree (`git archive` of its pin) as a tarball and a
+    manifest of its files, which `build --sources` builds from with no network; needs git and the
+    engines' repositories."""
+    urls = dict(_pair(given, "--upstream", "ENGINE=URL") for given in upstream or ())
+    chosen = [engine for engine in adapters() if engine.mirrored and (not engines or engine.name in engines)]
+    unknown = sorted(set(engines or ()) - {engine.name for engine in chosen})
+    if unknown or set(urls) - {engine.name for engine in chosen}:
+        held = ", ".join(engine.name for engine in adapters() if engine.mirrored)
+        raise SpecError(f"a source mirror holds {held}, not {', '.join(unknown or sorted(urls))}")
+    dest = user_path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for engine in chosen:
+        tree = write_tree(engine, pinned_ref(engine.name), urls.get(engine.name, engine.upstream_url), dest)
+        out.print(f"wrote {tree.tarball} and its manifest (sha256 {digest_of(tree)})", highlight=False)
+
+
+def _pair(given: str, option: str, form: str) -> tuple[str, str]:
+    key, sep, value = given.partition("=")
+    if not sep or not key or not value:
+        raise SpecError(f"{option} {given!r}: give {form}")
+    return key, value
 
 
 @takes_options()

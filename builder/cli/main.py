@@ -92,6 +92,7 @@ VERBS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("render", images.render),
     ("build", images.build),
     ("cmake-args", images.cmake_args),
+    ("sources", images.sources),
     ("base", images.base),
     ("fetch-model", models.fetch_model),
     ("synth-moe", models.synth_moe),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from builder.cli.common import (
     out,
     text_table,
 )
+from builder.engines import get_engine
 from builder.errors import (
     SpecError,
 )
@@ -26,9 +28,11 @@ from builder.images.matrix import (
     publish_set,
     variants,
 )
+from builder.images.mirror import mirror_dir
 from builder.images.naming import variant_tag
 from builder.images.refs import NetworkUpstream, edge_refs, plan_bumps
-from builder.platform.pins import bump_pins, load_pins, parse_pins, pins_path, summary
+from builder.platform.pins import Bump, bump_pins, load_pins, parse_pins, pins_path, summary
+from builder.stacks.bump_gate import gate_bump
 
 
 def matrix(
@@ -76,7 +80,12 @@ def matrix(
 
 def refs(
     bump: Annotated[
-        bool, typer.Option("--bump", help="write upstream's newer refs into the pins file")
+        bool,
+        typer.Option(
+            "--bump",
+            help="write upstream's newer refs into the pins file, each llama.cpp engine's once it proves "
+            "itself (smoke and an A/B bench against the pin on this host)",
+        ),
     ] = False,
     pins_file: Annotated[
         Path | None,
@@ -86,6 +95,20 @@ def refs(
         Path | None,
         typer.Option("--summary", help="also write a Markdown summary of the moves (a pull request's body)"),
     ] = None,
+    sources: Annotated[
+        Path | None,
+        typer.Option(
+            "--sources", help="the source mirror holding both trees (default: each ref's git clone)"
+        ),
+    ] = None,
+    gate_model: Annotated[
+        Path | None,
+        typer.Option("--gate-model", help="the GGUF the gate serves (default: a tiny synthetic MoE)"),
+    ] = None,
+    no_gate: Annotated[
+        bool,
+        typer.Option("--no-gate", help="write the bumps unproven (the tests of a pull request prove them)"),
+    ] = False,
 ) -> None:
     """Compare the pinned engine refs (dockerfiles/pins.yaml) with upstream: llama.cpp's newest bNNNN
     tag, ik_llama.cpp's main, kt-kernel on PyPI (git ls-remote and PyPI's JSON API)."""
@@ -98,8 +121,10 @@ def refs(
         out.print(f"{move.engine}: {move.old} -> {move.new} ({move.note})", highlight=False)
     if not bumps:
         out.print("every pinned ref is current")
-    if bump and bumps:
-        write_file_atomically(path, bump_pins(text, bumps))
+    refused = {} if not bump or no_gate else _gated_out(bumps, mirror_dir(sources), gate_model)
+    kept = [move for move in bumps if move.engine not in refused]
+    if bump and kept:
+        write_file_atomically(path, bump_pins(text, kept))
         out.print(
             f"wrote {path}; re-render the golden files: "
             "MOE_STACK_UPDATE_GOLDEN=1 pytest tests/unit/test_golden.py",
@@ -107,4 +132,24 @@ def refs(
             soft_wrap=True,
         )
     if summary_file is not None:
-        write_file_atomically(summary_file, summary(bumps))
+        write_file_atomically(summary_file, summary(kept))
+    if refused:
+        raise SpecError(f"refused: {'; '.join(f'{name}: {why}' for name, why in refused.items())}")
+
+
+def _gated_out(bumps: list[Bump], sources: Path | None, model: Path | None) -> dict[str, str]:
+    """Each bump of an engine built from a tree, proven (bump_gate.py), its table printed; the refused
+    ones, with why."""
+    refused = {}
+    for move in bumps:
+        engine = get_engine(move.engine)
+        if not engine.mirrored:
+            out.print(f"{move.engine}: not gated (it installs wheels)", highlight=False)
+            continue
+        with tempfile.TemporaryDirectory(prefix="moe-stack-gate-") as work:
+            verdict = gate_bump(engine, move.old, move.new, sources, model, Path(work), out.print)
+        for line in verdict.table():
+            out.print(line, highlight=False, soft_wrap=True)
+        if verdict.refused is not None:
+            refused[move.engine] = verdict.refused
+    return refused

@@ -111,6 +111,9 @@ class Engine(ABC):
     installs_wheels: bool = False  # installed from PyPI wheels or a wheelhouse, not built from a tree
     # The tree's directory of the chat page its server embeds, built by images/chat_page.py (None: none).
     chat_page_dir: str | None = None
+    # Whether its source is one git tree, which a source mirror holds (`git archive` of its ref alone:
+    # no submodules, no wheels; images/mirror.py).
+    mirrored: bool = False
     # A PyPI sdist vendoring the engine (hosts without GitHub build from it), and the ref its image gets.
     sdist: str | None = None
     sdist_ref: str | None = None

@@ -68,6 +68,7 @@ class LlamaFamilyEngine(Engine):
 
     template = "llama-cpp-family/Dockerfile.j2"
     carries_ccache = True
+    mirrored = True
     server_label = "llama-server"
     server_target: str = "llama-server"
     jinja_by_default: bool = (

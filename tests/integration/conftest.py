@@ -21,24 +21,27 @@ from pytest_docker.plugin import get_docker_services
 from python_on_whales import DockerClient
 
 from builder.docker_client import docker
-from builder.engines import get_engine
+from builder.engines import Engine, get_engine
 from builder.engines.ktransformers import PYTHON_CPU_BASE
 from builder.engines.specs import StackSpec
 from builder.errors import DockerUnavailable
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.image_facts import read_image_facts
-from builder.images.naming import image_spec
+from builder.images.mirror import mirrored, verified_tree
+from builder.images.naming import image_spec, short_ref
 from builder.images.source import resolve_local
 from builder.models.model_files import fetch_demo_model
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.platform.pins import pinned_ref
 from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.memory_use import stack_kv_bytes
 from builder.stacks.run import RUNTIME_LOST_INIT, down
 from tests.integration.wheelhouse import make_kt_wheelhouse
+from tests.sources import source_mirror
 
 ENGINES = ["llama.cpp", "ik_llama.cpp"]
 
@@ -49,6 +52,7 @@ class BuiltImage:
     tag: str
     ref: str
     cpu: str
+    source: str = ""  # what it was built from (mirror:TARBALL, pypi:SDIST), said in the suite's summary
 
 
 @dataclass(frozen=True)
@@ -81,27 +85,46 @@ def base_image(docker_client: DockerClient) -> str:
 _built: dict[tuple[str, str, bool], BuiltImage] = {}
 
 
+def suite_tree(engine: Engine) -> tuple[Path, str, str]:
+    """The tree the suite builds `engine` from, its ref and what it is (mirror:TARBALL or pypi:SDIST): the
+    pinned ref's from the source mirror (MOE_STACK_SOURCES, else ../shared/sources), each file held to
+    its manifest; else the tree of the PyPI sdist that vendors the engine (the pin's only where the sdist
+    vendors it)."""
+    mirror = source_mirror()
+    found = mirrored(mirror, engine, pinned_ref(engine.name)) if mirror is not None else None
+    if found is not None:
+        return verified_tree(found), found.ref, f"mirror:{found.name}"
+    assert engine.sdist is not None and engine.sdist_ref is not None, engine.name
+    return resolve_local(engine, f"pypi:{engine.sdist}"), engine.sdist_ref, f"pypi:{engine.sdist}"
+
+
 def build_engine_image(engine_name: str, cpu: str, base: str, tools: bool = False) -> BuiltImage:
-    """An engine's CPU-only image for `cpu` (or its tools image), built once per session from the PyPI
-    sdist that vendors it."""
+    """An engine's CPU-only image for `cpu` (or its tools image), built once per session from its suite
+    tree (suite_tree)."""
     if (engine_name, cpu, tools) not in _built:
         engine = get_engine(engine_name)
-        tree = resolve_local(engine, f"pypi:{engine.sdist}")
+        tree, ref, what = suite_tree(engine)
         spec = image_spec(
             engine,
             cpu,
             tree=tree,
-            ref=engine.sdist_ref,
+            ref=ref,
             base=BaseImages(build=base, runtime=base),
             registry="localhost",
             namespace="moe-stack-test",
             tools=tools,
         )
         tag = build_image(spec, tree, show=lambda line: None)
-        _built[(engine_name, cpu, tools)] = BuiltImage(
-            engine=engine.name, tag=tag, ref=engine.sdist_ref, cpu=cpu
-        )
+        _built[(engine_name, cpu, tools)] = BuiltImage(engine.name, tag, ref, cpu, what)
     return _built[(engine_name, cpu, tools)]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which tree each engine image of the session was built from, and whether that was the pin's."""
+    for image in _built.values():
+        pin = pinned_ref(image.engine)
+        which = "the pin" if image.ref == pin else f"not the pin {short_ref(pin)}: no source mirror holds it"
+        terminalreporter.write_line(f"built {image.tag} from {image.source} ({which})")
 
 
 @pytest.fixture(scope="session", params=ENGINES)

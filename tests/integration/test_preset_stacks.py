@@ -116,7 +116,7 @@ def test_recorded_contract_is_the_images(engine: str, base_image: str) -> None:
     label; MOE_STACK_UPDATE_GOLDEN=1 rewrites it from the image."""
     engine_image = build_engine_image(engine, "avx2", base_image)
     facts = read_image_facts(engine_image.tag)
-    source = f"pypi:{get_engine(engine).sdist}"
+    source = engine_image.source
     if os.environ.get("MOE_STACK_UPDATE_GOLDEN") == "1":
         write_file_atomically(
             contract_path(get_engine(engine)),

@@ -11,20 +11,31 @@ import pytest
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import HostFacts
+from builder.images.naming import short_ref
+from builder.images.recorded_contracts import recorded_contract
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
+from builder.platform.pins import pinned_ref
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from tests.hosts import epyc_host
 
-# DeepSeek-V4, DeepSeek-V3.2, Ling-3, Kimi-K3 and MiniMax-M3: mainline's pinned tree names them,
-# ik_llama.cpp's doesn't.
-MAINLINE_ONLY = ("deepseek4", "deepseek32", "bailingmoe3", "kimi-k3", "minimax-m3")
+# DeepSeek-V3.2 and Kimi-K3: mainline's pinned tree names them, ik_llama.cpp's (8337e4c) doesn't.
+MAINLINE_ONLY = ("deepseek32", "kimi-k3")
 
 
 def _refused(arch: str) -> str:
-    return rf"ik_llama.cpp 55d3c05bf7b3 can't load {arch} models .*; use --engine llama.cpp$"
+    pin = short_ref(pinned_ref("ik_llama.cpp"))
+    return rf"ik_llama.cpp {pin} can't load {arch} models .*; use --engine llama.cpp$"
+
+
+def test_mainline_only_is_what_the_recorded_contracts_say() -> None:
+    ik, mainline = (recorded_contract(get_engine(name)) for name in ("ik_llama.cpp", "llama.cpp"))
+    assert ik is not None and mainline is not None
+    assert {arch for arch in TINY if arch in mainline.architectures and arch not in ik.architectures} == set(
+        MAINLINE_ONLY
+    )
 
 
 @pytest.fixture(params=MAINLINE_ONLY)

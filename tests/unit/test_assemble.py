@@ -256,7 +256,7 @@ def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Pa
     with pytest.raises(
         StackError,
         match=r"ik_llama.cpp 9c4e21a \(ik:9c4e21a\) can't load deepseek2 models like "
-        r"moe.gguf .*the image of ik_llama.cpp 55d3c05bf7b3 does",
+        rf"moe.gguf .*the image of ik_llama.cpp {short_ref(pinned_ref('ik_llama.cpp'))} does",
     ):
         check_architecture(old, deepseek_model)
     check_architecture(replace(old, architectures=("deepseek2",)), deepseek_model)

@@ -14,6 +14,8 @@ import pytest
 from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.files import write_file_atomically
+from builder.images.recorded_contracts import recorded_contract
+from builder.platform.pins import pinned_ref
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.presets import example_stacks, get_preset, load_presets
 
@@ -94,17 +96,28 @@ def test_a_preset_needs_no_nulls_each_engine_takes_what_it_honours() -> None:
 def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it(
     name: str, arch: str, sampling: tuple[float, float]
 ) -> None:
-    """DeepSeek-V4-Flash and DeepSeek-V3.2: mainline's alone (ik_llama.cpp's pinned tree has neither
-    deepseek4 nor deepseek32); the others are refused in one line with the reason, and the card's sampling
-    is the preset's."""
+    """The families mainline loaded first: served by ik_llama.cpp where its pinned tree names the
+    architecture (its recorded contract: DeepSeek-V4, Ling-3 and MiniMax-M3 since 8337e4c), else refused in
+    one line naming that tree; KTransformers refused with the reason, and the card's sampling is the
+    preset's."""
     preset = get_preset(name)
-    assert list(preset.engines) == ["llama.cpp"] and preset.architecture == arch
+    ik = get_engine("ik_llama.cpp")
+    contract = recorded_contract(ik)
+    assert contract is not None
+    loads = arch in contract.architectures
+    assert list(preset.engines) == (["ik_llama.cpp", "llama.cpp"] if loads else ["llama.cpp"])
+    assert preset.architecture == arch
     options = preset.engine_options(get_engine("llama.cpp"))
     assert (options.temperature, options.top_p, options.cache_type) == (*sampling, "q8_0")
-    refused = rf"ik_llama.cpp can't serve it \(its pinned tree \(55d3c05\) has no {arch} architecture"
-    with pytest.raises(SpecError, match=refused):
-        preset.engine_options(get_engine("ik_llama.cpp"))
-    others = rf"^preset {name}: \S+ can't serve it \(.+\); use --engine llama.cpp$"
+    if loads:
+        assert preset.engine_options(ik).moe_offload_batch == 1
+    else:
+        refused = (
+            rf"ik_llama.cpp can't serve it \(its pinned tree \({pinned_ref(ik.name)[:7]}\) has no {arch} "
+        )
+        with pytest.raises(SpecError, match=refused):
+            preset.engine_options(ik)
+    others = rf"^preset {name}: \S+ can't serve it \(.+\); use --engine {' or '.join(preset.engines)}$"
     for engine in ("ktransformers", "ktransformers-legacy"):
         with pytest.raises(SpecError, match=others):
             preset.engine_options(get_engine(engine))
