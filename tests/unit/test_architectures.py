@@ -15,7 +15,6 @@ from builder.images.naming import short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
-from builder.platform.pins import pinned_ref
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.memory_report import MemoryAsk, memory_report
@@ -26,7 +25,9 @@ MAINLINE_ONLY = ("deepseek32", "kimi-k3")
 
 
 def _refused(arch: str) -> str:
-    pin = short_ref(pinned_ref("ik_llama.cpp"))
+    contract = recorded_contract(get_engine("ik_llama.cpp"))  # the tree the message names: the recorded one
+    assert contract is not None
+    pin = short_ref(contract.ref)
     return rf"ik_llama.cpp {pin} can't load {arch} models .*; use --engine llama.cpp$"
 
 

@@ -22,6 +22,7 @@ from builder.images.mirror import (
     verified_tree,
     write_tree,
 )
+from builder.images.recorded_contracts import recorded_contract
 from builder.platform.pins import pinned_ref
 from tests.cli import run_cli_in_process
 from tests.sources import source_mirror
@@ -158,14 +159,16 @@ def test_build_takes_the_mirror_and_refuses_a_changed_tree_in_one_line(
 
 
 @pytest.mark.skipif(MIRROR is None, reason="no source mirror here (MOE_STACK_SOURCES, ../shared/sources)")
-def test_the_shared_mirrors_ik_tree_is_the_pinned_one(
+def test_the_mirrors_ik_tree_is_the_one_the_contract_was_recorded_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The tree the suite builds ik_llama.cpp from is the pin's: every file of the mirror's tarball hashes
-    to the manifest's line, and the manifest is named for the pinned commit."""
+    """The tree the suite built ik_llama.cpp from (its recorded contract names it) is the mirror's: every
+    file of the tarball hashes to the manifest's line, and the manifest lists no other (that the pin is
+    that tree: tests/unit/test_published.py)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert MIRROR is not None
-    found = mirrored(MIRROR, IK, pinned_ref("ik_llama.cpp"))
-    assert found is not None, "the mirror holds no tree of ik_llama.cpp's pin"
+    contract = recorded_contract(IK)
+    assert MIRROR is not None and contract is not None
+    found = mirrored(MIRROR, IK, contract.ref)
+    assert found is not None and contract.source == f"mirror:{found.name}", contract.source
     top = verified_tree(found)
     assert manifest_text(top.parent) == found.manifest.read_text()  # the same lines, in the same order
