@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from builder.engines import Engine, get_engine
 from builder.engines.compute_buffers import gpu_reserve
+from builder.models.facts import ModelFacts
 from builder.models.kv_cache import DEFAULT_UBATCH
-from builder.models.planner import GIB, ModelFacts, VramShortfall, plan, size
+from builder.models.planner import GIB, VramShortfall, plan, size
 from builder.models.synth_moe import shape_facts
 from builder.stacks.presets import Preset, load_presets
 from builder.stacks.vram_levers import GpuDemand, enough
@@ -47,7 +48,7 @@ def cell(preset: Preset, adapter: Engine, facts: ModelFacts, card_gib: int) -> s
         options.cache_type or "f16",
         adapter.cache_layout(options.mla),
     )
-    reserve = gpu_reserve(adapter, facts, demand.ctx, demand.ubatch, demand.layout.latent)
+    reserve = gpu_reserve(adapter.buffer_fits, facts, demand.ctx, demand.ubatch, demand.layout.latent)
     try:
         vram, ram = card_gib * GIB, 4096 * GIB
         fitted = plan(

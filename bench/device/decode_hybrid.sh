@@ -62,7 +62,7 @@ models() {  # each slice the candidates name, in Q4_0, with what a token reads (
 from pathlib import Path
 from builder.models.synth_families import synth_shape
 from builder.models.synth_moe import write_moe_gguf
-from builder.models.planner import read_facts
+from builder.models.gguf_facts import read_facts
 named = {c.split('/')[1].split(':')[0] for c in '$(echo $CANDIDATES)'.split()}
 for name, shape in (('r1', $R1), ('q235', $Q235), ('r1p', $R1P)):
     if name not in named:

@@ -180,8 +180,8 @@ def planned(stack: StackSpec) -> dict[str, object]:
     latent = layout.latent
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"
     kv = kv_cache_bytes(facts, ctx, cache, layout, stack.parallel, stack.cache_type_v, ubatch)
-    compute = gpu_compute(adapter, facts, ctx, ubatch, latent)
-    pool = prefill_pool(adapter, facts, ctx, ubatch, latent)
+    compute = gpu_compute(adapter.buffer_fits, facts, ctx, ubatch, latent)
+    pool = prefill_pool(adapter.buffer_fits, facts, ctx, ubatch, latent)
     gpu_layers = experts_on_gpu(stack, facts) if not stack.engine_fit else []
     experts = sum(facts.expert_bytes[layer] for layer in gpu_layers)
     gpu = facts.gpu_weight_bytes + experts + kv + compute.bytes + CUDA_CONTEXT_BYTES + pool

@@ -23,10 +23,11 @@ from builder.errors import (
     StackError,
 )
 from builder.host.probe import probe
+from builder.models.facts import ModelFacts
 from builder.models.formats import GGUF
+from builder.models.gguf_facts import read_facts
 from builder.models.hub import size_problems
 from builder.models.kt_weights import read_checkpoint
-from builder.models.planner import ModelFacts, read_facts
 from builder.platform.local_cuda import local_cuda_images
 from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
 from builder.stacks.doctor import as_dicts, bandwidth_finding, diagnose

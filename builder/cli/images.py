@@ -25,7 +25,8 @@ from builder.errors import (
 )
 from builder.files import cache_dir, user_path
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
-from builder.images.build import Publishing, build_context, build_image, build_plan
+from builder.images.build import build_context, build_image, build_plan
+from builder.images.build_plan import Publishing
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
 from builder.images.matrix import (
     cuda_target,

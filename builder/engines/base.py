@@ -32,7 +32,7 @@ from builder.spec import (
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import ImageSpec, StackSpec
-    from builder.models.planner import ModelFacts
+    from builder.models.facts import ModelFacts
 
 CUDA_STUB_DIR = "/tmp/cuda-stub"
 # A CUDA build's server needs libcuda.so.1, which only the driver provides: for its --help at build

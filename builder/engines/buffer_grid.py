@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from builder.models.planner import ModelFacts
+    from builder.models.facts import ModelFacts
 
 MIB = 1024**2
 

@@ -29,13 +29,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from builder.engines.buffer_grid import IK_GRIDS, IK_POOLS, MAINLINE_GRIDS, Grid, measured_for
-from builder.models.planner import ModelFacts
-
-if TYPE_CHECKING:
-    from builder.engines.base import Engine
+from builder.models.facts import ModelFacts
 
 MIB = 1024**2
 KIB = 1024
@@ -98,10 +94,9 @@ class BufferFits:
     indexer_scores_in_pool: bool = False  # a sparse-attention indexer's scores grow the pool (`prefill_pool`)
 
 
-def gpu_compute(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
-    """The engine's CUDA compute buffer for a stack of `facts` at `ctx` tokens and micro-batch `ubatch`
-    (`latent`: the MLA cache)."""
-    fits = engine.buffer_fits
+def gpu_compute(fits: BufferFits, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
+    """An engine's CUDA compute buffer (`fits`: what its logs measured) for a stack of `facts` at `ctx`
+    tokens and micro-batch `ubatch` (`latent`: the MLA cache)."""
     fitted = fits.layers(facts, ctx, ubatch, latent) if fits.layers is not None else None
     if fitted is None:
         return unmeasured(fits, facts, ubatch)
@@ -257,12 +252,11 @@ def interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
+def prefill_pool(fits: BufferFits, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """What ik_llama.cpp's CUDA pool grows by in prefill, beyond the CUDA context's allowance, for a
     prompt as long as the context: the measured figures, kept below the micro-batch they were measured at
     (never measured there, so not lowered) and scaled with the micro-batch above it. Mainline's stays
     inside the allowance but for a sparse-attention indexer's scores."""
-    fits = engine.buffer_fits
     if not fits.pool_grows:
         # Mainline's pool on GLM-5's widths grew by 382 MiB after a 20346-token prompt at -ub 2048, about
         # 200 more than on GLM-4.6's, gpt-oss's and MiniMax-M2's (126-190), past the context's allowance:
@@ -275,11 +269,11 @@ def prefill_pool(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, laten
     return int(mib * max(1.0, ubatch / measured_at) * MIB)
 
 
-def gpu_reserve(engine: Engine, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
+def gpu_reserve(fits: BufferFits, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> int:
     """VRAM a plan keeps free beside weights and KV cache: the compute buffer, the CUDA context and
     prefill's pool growth."""
     return (
-        gpu_compute(engine, facts, ctx, ubatch, latent).bytes
+        gpu_compute(fits, facts, ctx, ubatch, latent).bytes
         + CUDA_CONTEXT_BYTES
-        + prefill_pool(engine, facts, ctx, ubatch, latent)
+        + prefill_pool(fits, facts, ctx, ubatch, latent)
     )

@@ -10,8 +10,8 @@ from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
 from builder.errors import StackError
+from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout
-from builder.models.planner import ModelFacts
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec

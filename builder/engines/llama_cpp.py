@@ -15,7 +15,7 @@ from builder.platform.flags import has_flag, looks_like_flag, takes_value
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
-    from builder.models.planner import ModelFacts
+    from builder.models.facts import ModelFacts
 
 # The architectures whose main context caches the NextN (MTP) layer whether it drafts with it or not: no
 # layer filter for it (src/llama-model.cpp's memory creation at 0c1e57098; deepseek2's and GLM's have one).

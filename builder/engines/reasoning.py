@@ -17,13 +17,23 @@ the server's, as a request's sampling values do. SGLang (KTransformers) switches
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from builder.errors import StackError
 
 if TYPE_CHECKING:  # the adapters call in here: no import back at run time
-    from builder.engines.llama_family import LlamaFamilyEngine
     from builder.engines.specs import StackSpec
+
+
+class Reasoner(Protocol):
+    """What these rules read of an engine (the llama.cpp adapters)."""
+
+    name: str
+    reasoning_flags: bool  # its current syntax has mainline's --reasoning and --reasoning-effort
+    thinking_token_budget: bool  # its --reasoning-budget N > 0 ends thinking after N tokens
+
+    def renders_jinja(self, stack: StackSpec) -> bool: ...
+
 
 TEMPLATE_KWARGS = "--chat-template-kwargs"
 # Where a build has no --reasoning, --reasoning-budget is the switch (ik_llama.cpp; mainline before it):
@@ -31,7 +41,7 @@ TEMPLATE_KWARGS = "--chat-template-kwargs"
 _SWITCH_BUDGETS = {"on": -1, "off": 0}
 
 
-def reasoning_args(engine: LlamaFamilyEngine, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+def reasoning_args(engine: Reasoner, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
     """The server arguments for `stack`'s reasoning options, in the syntax of `engine`'s build."""
     _check_template(engine, stack)
     args: list[str] = []
@@ -50,9 +60,7 @@ def reasoning_args(engine: LlamaFamilyEngine, stack: StackSpec, flags: dict[str,
     return args
 
 
-def budget_args(
-    engine: LlamaFamilyEngine, budget: int, option: str, flags: dict[str, str] | None
-) -> list[str]:
+def budget_args(engine: Reasoner, budget: int, option: str, flags: dict[str, str] | None) -> list[str]:
     """`--reasoning-budget N`: a token count where the engine cuts thinking off, else -1 or 0."""
     if budget > 0 and not engine.thinking_token_budget:
         raise StackError(
@@ -63,7 +71,7 @@ def budget_args(
     return [_flag(engine, flags, "--reasoning-budget", option), str(budget)]
 
 
-def effort_args(engine: LlamaFamilyEngine, effort: str, flags: dict[str, str] | None) -> list[str]:
+def effort_args(engine: Reasoner, effort: str, flags: dict[str, str] | None) -> list[str]:
     """`--reasoning-effort LEVEL` where the build has it, else the template's kwarg itself."""
     if _current(engine, flags, "--reasoning-effort"):
         return ["--reasoning-effort", effort]
@@ -71,7 +79,7 @@ def effort_args(engine: LlamaFamilyEngine, effort: str, flags: dict[str, str] | 
     return [_flag(engine, flags, TEMPLATE_KWARGS, "--reasoning-effort"), kwargs]
 
 
-def _check_template(engine: LlamaFamilyEngine, stack: StackSpec) -> None:
+def _check_template(engine: Reasoner, stack: StackSpec) -> None:
     """Thinking, its budget and effort reach the model through its Jinja template: neither engine
     switches them on its other path (a built-in template's name, --no-jinja)."""
     given = [
@@ -91,13 +99,13 @@ def _check_template(engine: LlamaFamilyEngine, stack: StackSpec) -> None:
         )
 
 
-def _current(engine: LlamaFamilyEngine, flags: dict[str, str] | None, flag: str) -> bool:
+def _current(engine: Reasoner, flags: dict[str, str] | None, flag: str) -> bool:
     """Whether the build has mainline's `flag` (--reasoning, --reasoning-effort): its contract says, else
     the adapter's current syntax does."""
     return engine.reasoning_flags if flags is None else flag in flags
 
 
-def _flag(engine: LlamaFamilyEngine, flags: dict[str, str] | None, flag: str, option: str) -> str:
+def _flag(engine: Reasoner, flags: dict[str, str] | None, flag: str, option: str) -> str:
     if flags is not None and flag not in flags:
         raise StackError(f"this {engine.name} build has no {flag}; drop {option}")
     return flag

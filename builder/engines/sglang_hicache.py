@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from builder.engines.base import PromptStore
 from builder.errors import StackError
-from builder.models.planner import ModelFacts
+from builder.models.facts import ModelFacts
 from builder.platform.flags import check_choice, has_flag
 
 # The host pool as a multiple of the GPU's KV pool (SGLang's default --hicache-ratio; it must be over 1):

@@ -20,10 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from builder.images.build import BuildPlan
+from builder.images.build_plan import BuildPlan
 
 SEED_CONTEXT = "ccache-seed"
 IMPORT_STAGE = "ccache-import"

@@ -42,6 +42,7 @@ from builder.docker_client import docker
 from builder.errors import MoeStackError
 from builder.files import cache_dir, content_dir
 from builder.images.baseimage import ensure_base
+from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.render import template_environment
 
 # What the build step leaves out of the sources' hash and copy, at the app's top level: npm's install
@@ -204,7 +205,6 @@ def install_packages(npm: str, ui: Path, into: Path) -> Path:
 def builder_image(base: str, show: Callable[[str], None]) -> str:
     """The build's container image: Debian's Node.js and npm on `base`, made once per base (its tag is a
     hash of its Dockerfile). BuildFailed (or DockerUnavailable) when it can't be made."""
-    from builder.images.build import BuildPlan, stream_build  # build.py imports this module
 
     dockerfile = builder_dockerfile(base)
     tag = f"{BUILDER_REPOSITORY}:{hashlib.sha256(dockerfile.encode()).hexdigest()[:12]}"

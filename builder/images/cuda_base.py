@@ -28,7 +28,7 @@ from builder.docker_client import docker
 from builder.errors import BaseImageError
 from builder.files import content_dir, templates_root
 from builder.images.baseimage import host_mirror
-from builder.images.build import BuildPlan, stream_build
+from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.render import template_environment
 from builder.platform.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
 from builder.platform.debian_cuda import DebianCuda

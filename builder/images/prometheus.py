@@ -10,7 +10,7 @@ from builder import __version__
 from builder.contract import IMAGE_UID, LABEL_PREFIX, PROMETHEUS_DATA, PROMETHEUS_PORT, prometheus_image
 from builder.docker_client import docker
 from builder.files import content_dir, templates_root
-from builder.images.build import BuildPlan, stream_build
+from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.render import template_environment
 
 _TEMPLATE_DIR = "prometheus"

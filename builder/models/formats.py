@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 from builder.files import user_path
+from builder.models.facts import ModelFacts
+from builder.models.gguf_facts import model_bytes, read_facts, split_parts
 from builder.models.kt_weights import converted_bytes, converted_facts, converted_files, read_converted
 from builder.models.model_files import check_gguf
-from builder.models.planner import ModelFacts, model_bytes, read_facts, split_parts
 
 _SPLIT_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from builder.errors import ModelError
 from builder.fd_files import read_capped
-from builder.models.planner import ModelFacts
+from builder.models.facts import ModelFacts
 
 INDEX = "model.safetensors.index.json"
 RECORD = "moe-stack-kt-weights.json"

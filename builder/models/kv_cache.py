@@ -14,7 +14,7 @@ from builder.errors import SpecError
 from builder.spec import CacheType
 
 if TYPE_CHECKING:
-    from builder.models.planner import ModelFacts
+    from builder.models.facts import ModelFacts
 
 # Bytes per cached element by KV cache type (block size, block bytes of the ggml type).
 CACHE_BYTES: dict[CacheType, float] = {

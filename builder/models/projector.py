@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import ModelError
-from builder.models.planner import header_number, header_text, open_gguf
+from builder.models.gguf_facts import header_number, header_text, open_gguf
 
 CLIP_ARCH = "clip"
 

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import gguf
 
-from builder.models.planner import kda_state_bytes
+from builder.models.gguf_facts import kda_state_bytes
 from builder.models.synth_shapes import DeepSeek2Shape, Tensor
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from builder.models.planner import (
+from builder.models.facts import ModelFacts
+from builder.models.gguf_facts import (
     CACHED_ATTENTION,
     INDEXER_KEY,
     ROUTED_EXPERT,
     WINDOW_PATTERN,
-    ModelFacts,
     built_mla_bytes,
     recurrent_state_bytes,
     windowed_layers,

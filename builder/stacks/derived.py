@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.engines import Engine
-from builder.models.planner import ModelFacts
+from builder.models.facts import ModelFacts
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 
 # The presets' context where the model was trained for at least as much (R1, GLM-4.6 and Qwen3-Next's).

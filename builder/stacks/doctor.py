@@ -13,8 +13,9 @@ from typing import Literal
 from builder.engines import LLAMA_CPP
 from builder.engines.ktransformers import AMX_FLAGS
 from builder.host.probe import HostFacts, missing_flags
+from builder.models.facts import ModelFacts
 from builder.models.kt_weights import AMX_BITS, is_converted, read_converted
-from builder.models.planner import ModelFacts, size
+from builder.models.planner import size
 from builder.platform.local_cuda import LOCAL_CUDA, WHERE, origin_of
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, driver_runs, highest_cuda

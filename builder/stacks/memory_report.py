@@ -11,7 +11,8 @@ from typing import Any
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, ComputeEstimate, gpu_compute, prefill_pool
 from builder.images.recorded_contracts import check_pinned_architecture
-from builder.models.planner import GIB, ModelFacts, Plan, size
+from builder.models.facts import ModelFacts
+from builder.models.planner import GIB, Plan, size
 from builder.spec import EngineOptions
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
@@ -224,8 +225,8 @@ def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
         facts=facts,
         plan=result,
         latent=latent,
-        compute=gpu_compute(adapter, facts, ctx, ubatch, latent),
-        pool=prefill_pool(adapter, facts, ctx, ubatch, latent),
+        compute=gpu_compute(adapter.buffer_fits, facts, ctx, ubatch, latent),
+        pool=prefill_pool(adapter.buffer_fits, facts, ctx, ubatch, latent),
         draft=draft,
         projector=projector,
         pinned=adapter.pins_cpu_weights(ask.mmap, gpu=True),

@@ -19,8 +19,8 @@ from builder.engines.base import Engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
+from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
-from builder.models.planner import ModelFacts
 from builder.spec import EngineOptions
 
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
@@ -92,4 +92,4 @@ def draft_vram_bytes(options: EngineOptions, adapter: Engine, ctx: int, ubatch: 
     facts = adapter.model_format.facts(options.draft_model)
     weights = facts.total_bytes - facts.embedding_bytes
     cache = kv_cache_bytes(facts, ctx, "f16", CacheLayout(), ubatch=ubatch)
-    return weights + cache + gpu_compute(adapter, facts, ctx, ubatch, latent=False).bytes
+    return weights + cache + gpu_compute(adapter.buffer_fits, facts, ctx, ubatch, latent=False).bytes

@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from builder.engines import Engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError
+from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
-from builder.models.planner import ModelFacts, Plan, VramShortfall, plan, size
+from builder.models.planner import Plan, VramShortfall, plan, size
 
 SMALLEST_UBATCH = 512  # both engines' default micro-batch: below it prefill slows for little VRAM
 SHORTEST_CONTEXT = 4096
@@ -41,7 +42,9 @@ class GpuDemand:
         kv = kv_cache_bytes(
             self.facts, self.ctx, self.cache_type, self.layout, self.sequences, ubatch=self.ubatch
         )
-        return kv + gpu_reserve(self.engine, self.facts, self.ctx, self.ubatch, self.layout.latent)
+        return kv + gpu_reserve(
+            self.engine.buffer_fits, self.facts, self.ctx, self.ubatch, self.layout.latent
+        )
 
 
 def vram_plan(
@@ -56,7 +59,8 @@ def vram_plan(
     what the stack's other models take: a draft model, a vision projector) reserved, then experts into
     what is left; SpecError naming the levers when even the fixed part does not fit."""
     reserve = (
-        gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent) + beside
+        gpu_reserve(demand.engine.buffer_fits, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent)
+        + beside
     )
     try:
         return plan(

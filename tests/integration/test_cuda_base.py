@@ -14,7 +14,7 @@ import pytest
 from python_on_whales import DockerClient
 
 from builder.engines import get_engine
-from builder.images.build import BuildPlan, stream_build
+from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import render

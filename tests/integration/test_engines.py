@@ -17,8 +17,8 @@ from python_on_whales import DockerClient
 from builder.errors import StackError
 from builder.files import cache_dir
 from builder.images.prometheus import make_prometheus
+from builder.models.gguf_facts import read_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE
-from builder.models.planner import read_facts
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.api import EngineApi

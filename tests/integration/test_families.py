@@ -16,7 +16,7 @@ from builder.engines import get_engine
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.recorded_contracts import recorded_contract
-from builder.models.planner import read_facts
+from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import FAMILY_TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_stack

@@ -27,7 +27,7 @@ from builder.images.recorded_contracts import (
     contract_text,
     recorded_contract,
 )
-from builder.models.planner import read_facts
+from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack

@@ -17,8 +17,9 @@ from builder.images.image_facts import ImageFacts
 from builder.images.naming import short_ref
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.formats import GGUF
+from builder.models.gguf_facts import read_facts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, read_facts
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.pins import pinned_ref
@@ -100,7 +101,7 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
     held = (
         facts.gpu_weight_bytes
         + kv_cache_bytes(facts, 16384, "q8_0", CacheLayout())
-        + gpu_reserve(get_engine("llama.cpp"), facts, 16384, 2048, latent=False)
+        + gpu_reserve(get_engine("llama.cpp").buffer_fits, facts, 16384, 2048, latent=False)
     )
     vram_gb = (held + DEFAULT_VRAM_MARGIN + 3.5 * facts.expert_bytes[0]) / GIB  # the margin kept free
     options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")

@@ -13,7 +13,8 @@ from builder.engines import get_engine
 from builder.engines.base import SOURCE_CONTEXT
 from builder.errors import BuildFailed, Interrupted
 from builder.host.probe import CpuInfo
-from builder.images.build import Publishing, contract_stand_in, local_bases, plan_build, stream_build
+from builder.images.build import contract_stand_in, plan_build
+from builder.images.build_plan import Publishing, local_bases, stream_build
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag
 from builder.platform.targets import cpu_target

@@ -13,7 +13,8 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.llama_family import CCACHE_CONFIG, CCACHE_OBJECTS_SCRIPT
 from builder.errors import SpecError
-from builder.images.build import BuildPlan, build_image, plan_build
+from builder.images.build import build_image, plan_build
+from builder.images.build_plan import BuildPlan
 from builder.images.ccache_carry import (
     EXPORT_STAGE,
     IMPORT_STAGE,

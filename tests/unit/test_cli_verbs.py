@@ -14,7 +14,8 @@ from builder.engines.compute_buffers import gpu_reserve
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.images.render import configure_args
-from builder.models.planner import GIB, read_facts
+from builder.models.gguf_facts import read_facts
+from builder.models.planner import GIB
 from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
@@ -177,7 +178,7 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
     # 0.0105 GiB over llama.cpp's compute reserve for this model (-ub 512, 4096 tokens) = 11,274,289 B;
     # minus other weights (1,065,120 B) and the f16 KV cache (2 heads × 128 × 4096 × 4 layers × 2 B =
     # 8,388,608 B) leaves 1,820,561 B: two expert layers of 835,584 B fit, three do not
-    reserve = gpu_reserve(get_engine("llama.cpp"), read_facts(model), 4096, 512, latent=False)
+    reserve = gpu_reserve(get_engine("llama.cpp").buffer_fits, read_facts(model), 4096, 512, latent=False)
     out = tmp_path / "c.yaml"
     result = run_cli(
         "compose",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from builder.host.probe import probe
-from builder.models.planner import ModelFacts
+from builder.models.facts import ModelFacts
 from builder.platform.toolchain import highest_cuda
 from builder.stacks.bandwidth import ReadBandwidth
 from builder.stacks.doctor import Finding, bandwidth_finding, diagnose

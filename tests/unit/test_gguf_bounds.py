@@ -15,7 +15,7 @@ import pytest
 
 from builder.errors import ModelError
 from builder.models.gguf_bounds import check_header
-from builder.models.planner import read_facts
+from builder.models.gguf_facts import read_facts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from tests.cli import run_cli
 
@@ -60,7 +60,7 @@ def test_hostile_headers_are_one_error_fast_and_flat(tmp_path: Path, data: bytes
     path.write_bytes(data)
     probe = (
         "import json, resource, sys, time\n"
-        "from builder.errors import ModelError\nfrom builder.models.planner import read_facts\n"
+        "from builder.errors import ModelError\nfrom builder.models.gguf_facts import read_facts\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_AS)\n"
         "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
         "resource.setrlimit(resource.RLIMIT_AS, (size * 4 + (1 << 30), hard))\n"

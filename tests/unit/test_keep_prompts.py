@@ -15,7 +15,7 @@ from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.models import identity
-from builder.models.planner import read_facts
+from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import StackOptions, assemble_stack

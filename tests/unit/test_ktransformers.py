@@ -27,8 +27,9 @@ from builder.images.naming import image_spec, image_tag
 from builder.images.recorded_contracts import recorded_contract
 from builder.images.render import image_labels, render_files
 from builder.images.source import resolve_local
+from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
-from builder.models.planner import GIB, ModelFacts
+from builder.models.planner import GIB
 from builder.models.planner import plan as make_plan
 from builder.models.synth_hf import write_hf_checkpoint
 from builder.models.synth_moe import MoeShape, write_moe_gguf

@@ -9,8 +9,8 @@ from pathlib import Path
 import gguf
 
 from builder.engines import get_engine
+from builder.models.gguf_facts import read_facts, windowed_layers
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes, row_bytes, window_cells
-from builder.models.planner import read_facts, windowed_layers
 from builder.models.synth_catalog import TINY, synth_shape
 from builder.models.synth_families import GptOssShape
 from builder.models.synth_moe import shape_facts, write_moe_gguf

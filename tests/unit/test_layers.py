@@ -47,6 +47,7 @@ DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish, and three of the CLI's modules.
 TALK_TO_DOCKER = {
     "builder.images.build",
+    "builder.images.build_plan",  # one buildx call, its log streamed
     "builder.images.baseimage",
     "builder.images.cuda_base",
     "builder.images.image_facts",
@@ -165,9 +166,9 @@ def test_the_rule_catches_a_wrong_import(module: str, target: str) -> None:
 # What reads a model file's own format: an adapter's ModelFormat (builder.models.formats) is the way
 # above the engines; the CLI's `doctor` names GGUF itself (its --model is "a GGUF").
 FORMAT_READERS = {
-    "builder.models.planner.read_facts",
-    "builder.models.planner.split_parts",
-    "builder.models.planner.model_bytes",
+    "builder.models.gguf_facts.read_facts",
+    "builder.models.gguf_facts.split_parts",
+    "builder.models.gguf_facts.model_bytes",
     "builder.models.model_files.check_gguf",
 }
 
@@ -187,9 +188,9 @@ def test_above_the_engines_a_model_is_read_through_its_adapters_format() -> None
 
 
 def test_the_format_rule_catches_a_direct_reader() -> None:
-    GRAPH["builder.stacks.assemble"].add("builder.models.planner.read_facts")
+    GRAPH["builder.stacks.assemble"].add("builder.models.gguf_facts.read_facts")
     try:
-        with pytest.raises(AssertionError, match="builder.stacks.assemble imports builder.models.planner"):
+        with pytest.raises(AssertionError, match="builder.stacks.assemble imports builder.models.gguf_facts"):
             test_above_the_engines_a_model_is_read_through_its_adapters_format()
     finally:
-        GRAPH["builder.stacks.assemble"].discard("builder.models.planner.read_facts")
+        GRAPH["builder.stacks.assemble"].discard("builder.models.gguf_facts.read_facts")

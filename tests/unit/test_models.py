@@ -9,8 +9,8 @@ import gguf
 import pytest
 
 from builder.errors import ModelError
+from builder.models.gguf_facts import ROUTED_EXPERT, read_facts
 from builder.models.model_files import check_gguf
-from builder.models.planner import ROUTED_EXPERT, read_facts
 from builder.models.synth_catalog import SHAPES, synth_shape
 from builder.models.synth_moe import (
     MoeShape,

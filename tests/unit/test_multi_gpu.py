@@ -11,8 +11,10 @@ from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_reserve
 from builder.errors import SpecError, StackError
 from builder.host.probe import HostFacts
+from builder.models.facts import ModelFacts
+from builder.models.gguf_facts import read_facts
 from builder.models.kv_cache import CacheLayout
-from builder.models.planner import GIB, ModelFacts, layer_split, plan, read_facts
+from builder.models.planner import GIB, layer_split, plan
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.assemble import StackOptions, assemble_stack
@@ -77,7 +79,8 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
     # share of attention and a 512-token cache, and the experts of layers 0 and 1 on the first GPU
     # (layer 2's stay in RAM), of layer 3 on the second
     vram_gb = (
-        gpu_reserve(get_engine("llama.cpp"), read_facts(model), 512, 512, latent=False) + 1.003 * GIB
+        gpu_reserve(get_engine("llama.cpp").buffer_fits, read_facts(model), 512, 512, latent=False)
+        + 1.003 * GIB
     ) / GIB
     options = StackOptions(
         model=model,

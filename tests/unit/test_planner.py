@@ -23,17 +23,10 @@ from builder.engines.compute_buffers import (
     prefill_pool,
 )
 from builder.errors import ModelError, SpecError
+from builder.models.facts import ModelFacts
+from builder.models.gguf_facts import built_mla_bytes, read_facts
 from builder.models.kv_cache import CACHE_BYTES, DEFAULT_UBATCH, CacheLayout, kv_cache_bytes
-from builder.models.planner import (
-    DEFAULT_VRAM_MARGIN,
-    GIB,
-    DevicePlan,
-    ModelFacts,
-    built_mla_bytes,
-    device_rules,
-    plan,
-    read_facts,
-)
+from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, DevicePlan, device_rules, plan
 from builder.models.synth_catalog import TINY, synth_shape
 from builder.models.synth_moe import MoeShape, shape_facts, tensor_bytes, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
@@ -251,7 +244,7 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
         planned = {
             "weights": facts.gpu_weight_bytes,
             "kv": kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch),
-            "compute": gpu_compute(get_engine(run["engine"]), facts, ctx, ubatch, latent).bytes,
+            "compute": gpu_compute(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, latent).bytes,
         }
         logged = {
             "weights": _logged(run, "CUDA0", ("model",)),
@@ -260,7 +253,7 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
         }
         for part, value in planned.items():
             assert abs(value - logged[part]) <= 0.10 * logged[part], (run["case"], part, value, logged[part])
-        assert gpu_compute(get_engine(run["engine"]), facts, ctx, ubatch, latent).measured
+        assert gpu_compute(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, latent).measured
         # Where the CPU experts sat: pinned (CUDA_Host) or mapped, as the adapter says; the RAM the plan
         # gives them (routed experts and token embeddings) is the pinned buffer, to the MiB, or within
         # the mapped span (mainline maps the file from the first CPU tensor to the last, GPU ones between).
@@ -342,13 +335,17 @@ def test_the_families_plan_is_what_both_engines_logged_on_the_h200() -> None:
         logged_kv = _logged(run, "CUDA0", ("KV", "RS")) + _logged(run, "state", ("model",))
         assert kv == pytest.approx(logged_kv, rel=0.001, abs=0.05 * MIB), run["case"]
         compute, logged = (
-            gpu_compute(engine, facts, ctx, ubatch, layout.latent),
+            gpu_compute(engine.buffer_fits, facts, ctx, ubatch, layout.latent),
             _logged(run, "CUDA0", ("compute",)),
         )
         over = 1.10 if compute.measured else 1.30
         assert logged <= compute.bytes + MIB <= over * logged, (run["case"], compute, logged / MIB)
         if "gpu_used_after_long_prefill_mib" in run:  # the whole plan holds what the GPU held
-            planned = facts.gpu_weight_bytes + kv + gpu_reserve(engine, facts, ctx, ubatch, layout.latent)
+            planned = (
+                facts.gpu_weight_bytes
+                + kv
+                + gpu_reserve(engine.buffer_fits, facts, ctx, ubatch, layout.latent)
+            )
             used = run["gpu_used_after_long_prefill_mib"] * MIB
             assert used <= planned <= 1.25 * used, (run["case"], planned / MIB, used / MIB)
         weights = _logged(run, "CUDA0", ("model",)) + _computed_kv_b(run, archive)
@@ -381,14 +378,14 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
         planned = (
             facts.gpu_weight_bytes
             + kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch)
-            + gpu_reserve(get_engine(run["engine"]), facts, ctx, ubatch, layout.latent)
+            + gpu_reserve(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, layout.latent)
         )
         used = run["gpu_used_after_long_prefill_mib"] * MIB
         assert used <= planned <= 1.10 * used, (run["case"], planned / MIB, used / MIB)
         # The pool grew past load: by what the term plans for that prompt (ik), or inside the allowance.
         growth = used - run["gpu_used_mib"] * MIB
         prompt = run["long_prompt_tokens"]
-        expected = prefill_pool(get_engine(run["engine"]), facts, prompt, ubatch, layout.latent)
+        expected = prefill_pool(get_engine(run["engine"]).buffer_fits, facts, prompt, ubatch, layout.latent)
         if run["engine"] == "ik_llama.cpp":
             assert abs(growth - expected) <= 0.05 * growth, (run["case"], growth / MIB, expected / MIB)
         else:
@@ -399,10 +396,10 @@ def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
     """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB,
     not 2."""
     facts = shape_facts(synth_shape("deepseek2", layers=8, experts=32))
-    estimate = gpu_compute(get_engine("ik_llama.cpp"), facts, 32768, 2048, latent=True)
+    estimate = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, facts, 32768, 2048, latent=True)
     assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB
     # R1 without the latent cache was never measured: the estimate says so.
-    assert not gpu_compute(get_engine("llama.cpp"), facts, 32768, 2048, latent=False).measured
+    assert not gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 32768, 2048, latent=False).measured
 
 
 def _logged_line(archive: Path, log: str, pattern: str) -> float:
@@ -425,11 +422,11 @@ def test_a_real_vocabulary_is_iks_output_stage_and_not_mainlines() -> None:
     byte_level = _logged(runs["llama.cpp:q235-8:ctx=16384"], "CUDA0", ("compute",))
     assert _logged(runs["llama.cpp:q235-8-v:ctx=16384"], "CUDA0", ("compute",)) == byte_level
     qn = replace(shape_facts(synth_shape("qwen3next", layers=8, experts=128)), vocab=151936)
-    estimate = gpu_compute(get_engine("ik_llama.cpp"), qn, 32768, 2048, latent=False)
+    estimate = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, qn, 32768, 2048, latent=False)
     assert estimate.bytes == 2048 * (151936 + 2 * 2048) * 4 and "output stage" in estimate.basis
-    assert gpu_compute(get_engine("llama.cpp"), qn, 32768, 2048, latent=False).bytes < 0.3 * GIB
+    assert gpu_compute(get_engine("llama.cpp").buffer_fits, qn, 32768, 2048, latent=False).bytes < 0.3 * GIB
     r1 = replace(shape_facts(synth_shape("deepseek2", layers=8, experts=32)), vocab=129280)
-    assert gpu_compute(get_engine("ik_llama.cpp"), r1, 32768, 2048, latent=True).bytes > 6.5 * GIB
+    assert gpu_compute(get_engine("ik_llama.cpp").buffer_fits, r1, 32768, 2048, latent=True).bytes > 6.5 * GIB
 
 
 def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
@@ -444,11 +441,13 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
     )
     assert ik_32 == 288 * 1024**2
     q235 = shape_facts(synth_shape("qwen3moe", layers=8, experts=32))
-    assert gpu_compute(get_engine("ik_llama.cpp"), q235, 16384, 512, latent=False).bytes == pytest.approx(
-        ik_32, rel=0.01
-    )
+    assert gpu_compute(
+        get_engine("ik_llama.cpp").buffer_fits, q235, 16384, 512, latent=False
+    ).bytes == pytest.approx(ik_32, rel=0.01)
     q235_128 = shape_facts(synth_shape("qwen3moe", layers=8, experts=128))
-    growth = gpu_compute(get_engine("ik_llama.cpp"), q235_128, 16384, 512, latent=False).bytes - ik_32
+    growth = (
+        gpu_compute(get_engine("ik_llama.cpp").buffer_fits, q235_128, 16384, 512, latent=False).bytes - ik_32
+    )
     assert growth == pytest.approx(2 * 96 * 4096 * 1536 * 18 // 32, rel=0.01)
     runs = {run["case"]: run for run in _device_runs()}
     for engine in ("llama.cpp", "ik_llama.cpp"):
@@ -458,14 +457,14 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
         ]
         assert abs(logged[0] - logged[1]) < 1024**2, (engine, logged)
     full = shape_facts(synth_shape("deepseek2"))
-    mainline = gpu_compute(get_engine("llama.cpp"), full, 32768, 2048, latent=True)
+    mainline = gpu_compute(get_engine("llama.cpp").buffer_fits, full, 32768, 2048, latent=True)
     assert mainline.bytes > 2016 * 1024**2 and not mainline.measured and "MoE stage" in mainline.basis
-    ik = gpu_compute(get_engine("ik_llama.cpp"), full, 32768, 2048, latent=True)
+    ik = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, full, 32768, 2048, latent=True)
     assert (
         ik.measured
         and ik.bytes
         == gpu_compute(
-            get_engine("ik_llama.cpp"),
+            get_engine("ik_llama.cpp").buffer_fits,
             shape_facts(synth_shape("deepseek2", layers=8, experts=32)),
             32768,
             2048,
@@ -513,7 +512,7 @@ def test_ik_plans_the_mla_cache_it_keeps_without_a_preset() -> None:
     latent = kv_cache_bytes(facts, 32768, "f16", ik.cache_layout(None))
     assert latent * 50 < kv_cache_bytes(facts, 32768, "f16", ik.cache_layout(0))
     assert not gpu_compute(
-        get_engine("ik_llama.cpp"), facts, 32768, DEFAULT_UBATCH, ik.cache_layout(None).latent
+        ik.buffer_fits, facts, 32768, DEFAULT_UBATCH, ik.cache_layout(None).latent
     ).basis.startswith("not measured")
 
 
@@ -525,14 +524,14 @@ def test_an_unmeasured_architecture_gets_the_stages_the_sources_name() -> None:
     glm = shape_facts(synth_shape("glm4moe", layers=8, experts=32))
     facts = replace(glm, arch="dots1")
     moe_stage = 2 * (max(facts.expert_bytes) // 3) + moe_activations(IK_BUFFERS, facts, 2048)
-    ik = gpu_compute(get_engine("ik_llama.cpp"), facts, 32768, 2048, latent=False)
+    ik = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, facts, 32768, 2048, latent=False)
     assert not ik.measured and ik.bytes == 2048 * (151552 + 2 * 5120) * 4 > max(moe_stage, GIB)
     assert "an estimate from the sources" in ik.basis
-    flat = gpu_compute(get_engine("llama.cpp"), facts, 32768, 512, latent=True)
+    flat = gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 32768, 512, latent=True)
     assert (flat.bytes, flat.measured) == (GIB, False)
     measured_slice = shape_facts(synth_shape("glm4moe", layers=4, dense_layers=1, experts=16, vocab=0))
     for engine in ("llama.cpp", "ik_llama.cpp"):
-        assert gpu_compute(get_engine(engine), measured_slice, 32768, 2048, latent=False).measured
+        assert gpu_compute(get_engine(engine).buffer_fits, measured_slice, 32768, 2048, latent=False).measured
 
 
 def test_mainline_loads_a_nextn_block_only_to_draft_with_it() -> None:

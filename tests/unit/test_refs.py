@@ -11,7 +11,8 @@ import pytest
 
 from builder.engines import engine_names, get_engine
 from builder.errors import SpecError
-from builder.images.build import Publishing, build_plan
+from builder.images.build import build_plan
+from builder.images.build_plan import Publishing
 from builder.images.matrix import buildable, ci_rows, edge_specs
 from builder.images.naming import image_spec
 from builder.images.refs import edge_refs, plan_bumps

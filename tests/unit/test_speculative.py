@@ -15,8 +15,8 @@ from builder.engines.compute_buffers import gpu_compute
 from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SpecError, StackError
 from builder.images.recorded_contracts import recorded_contract
+from builder.models.gguf_facts import read_facts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
-from builder.models.planner import read_facts
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES, DeepSeek2Shape, Tensor
@@ -126,7 +126,7 @@ def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> 
         facts.total_bytes
         - facts.embedding_bytes
         + kv_cache_bytes(facts, 8192, "f16", CacheLayout())
-        + gpu_compute(get_engine("llama.cpp"), facts, 8192, 512, latent=False).bytes
+        + gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 8192, 512, latent=False).bytes
     )
     assert draft_vram_bytes(options, adapter, 8192, 512) == expected > 0
     assert draft_vram_bytes(EngineOptions(mtp=True), adapter, 8192, 512) == 0

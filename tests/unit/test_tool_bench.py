@@ -11,7 +11,8 @@ import pytest
 from builder.engines import bench_engine, get_engine
 from builder.engines.llama_bench import llama_bench_args, server_settings, sweep_bench_args
 from builder.errors import SpecError, StackError
-from builder.images.build import TOOLS_STAGE, plan_build
+from builder.images.build import plan_build
+from builder.images.build_plan import TOOLS_STAGE
 from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files

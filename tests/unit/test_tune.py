@@ -21,7 +21,7 @@ from builder.engines.tune_space import (
     value_of,
 )
 from builder.errors import SpecError, StackError
-from builder.models.planner import ModelFacts
+from builder.models.facts import ModelFacts
 from builder.platform.flags import parse_help
 from builder.stacks.bandwidth import ReadBandwidth
 from builder.stacks.stack_file import StackFile

@@ -17,7 +17,9 @@ QWEN3_235B = shape_facts(synth_shape("qwen3moe", quant="Q8_0"))
 
 
 def _refusal(demand: GpuDemand, vram_gib: int) -> VramShortfall:
-    reserve = gpu_reserve(demand.engine, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent)
+    reserve = gpu_reserve(
+        demand.engine.buffer_fits, demand.facts, demand.ctx, demand.ubatch, demand.layout.latent
+    )
     with pytest.raises(VramShortfall) as refused:
         plan(demand.facts, vram_gib * GIB, 1024 * GIB, demand.ctx, demand.cache_type, gpu_reserve=reserve)
     return refused.value
@@ -31,7 +33,7 @@ def test_each_lever_frees_what_the_plan_would_then_need() -> None:
         assert saves > 0, option
     # a 16k f16 cache is half of the 32k one: halving the context frees at least that half
     assert found["--ctx-size 16384"] >= 0.5 * (
-        demand.bytes() - gpu_reserve(get_engine("llama.cpp"), QWEN3_235B, 32768, 2048, False)
+        demand.bytes() - gpu_reserve(get_engine("llama.cpp").buffer_fits, QWEN3_235B, 32768, 2048, False)
     )
     assert levers(GpuDemand(get_engine("llama.cpp"), QWEN3_235B, 4096, 512, "q4_0", CacheLayout())) == []
 
