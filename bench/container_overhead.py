@@ -90,7 +90,7 @@ def main() -> None:
         project="bench-overhead",
         engine=facts.engine,
         image=options.image,
-        model=model,
+        model=facts.engine.open_model(model),
         port=free_local_port(),
         threads=threads,
         chat_template=DEMO_CHAT_TEMPLATE,

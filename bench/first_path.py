@@ -66,7 +66,7 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
             project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
             engine=engine,
             image=tag,
-            model=model,
+            model=engine.open_model(model),
             port=port,
             threads=read_cpu().physical_cores,
             chat_template=DEMO_CHAT_TEMPLATE,

@@ -8,6 +8,7 @@ from typing import Any
 
 from builder.engines import get_engine
 from builder.engines.specs import ImageSpec, StackSpec
+from builder.models.opened import OpenedModel
 from builder.platform.targets import cpu_target
 from builder.spec import GitSource
 from builder.stacks.compose import compose_stack
@@ -77,3 +78,8 @@ def preset_engines(engines: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp")) -> 
         for engine in engines
         if engine in preset.engines
     ]
+
+
+def opened(path: Path, engine: str = "llama.cpp") -> OpenedModel:
+    """The model at `path` as the engine opens it (what the stack-making functions take)."""
+    return get_engine(engine).open_model(path)

@@ -175,7 +175,7 @@ def planned(stack: StackSpec) -> dict[str, object]:
     token embeddings and the CPU's experts), the KV cache, the compute buffer, the CUDA context and ik's
     prefill pool."""
     adapter = stack.engine
-    facts = adapter.model_format.facts(stack.model)
+    facts = stack.model.facts
     layout = adapter.cache_layout(stack.mla, stack.swa_full)
     latent = layout.latent
     ctx, ubatch, cache = stack.ctx_size, stack.ubatch_size or DEFAULT_UBATCH, stack.cache_type or "f16"

@@ -49,7 +49,7 @@ def plan_memory(
     options = given_options(given | {"mmap": mmap, "draft_model": draft_model, "mmproj": mmproj})
     vrams = float_list(vram_gb, "--vram-gb")
     ask = MemoryAsk(vrams, ram_gb, vram_margin_gb, ctx_size, cache_type, mla, ubatch_size, mmap, options)
-    report = memory_report(engine, model, ask)
+    report = memory_report(engine, engine.open_model(model), ask)
     if as_json:
         sys.stdout.write(json.dumps(report.as_json()) + "\n")
         return

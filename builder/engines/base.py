@@ -16,6 +16,7 @@ from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.models.formats import GGUF, ModelFormat
 from builder.models.kv_cache import CacheLayout
+from builder.models.opened import OpenedModel
 from builder.platform.local_cuda import LOCAL_CUDA
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS
@@ -286,12 +287,12 @@ class Engine(ABC):
             "or use an engine whose server routes between models (mainline llama.cpp's router)"
         )
 
-    def check_model(self, path: Path) -> Path:
-        """The model file this engine loads, checked and resolved by its format; ModelError when it is
-        not one."""
-        return self.model_format.check(path)
+    def open_model(self, path: Path) -> OpenedModel:
+        """The model file this engine loads, checked by its format and opened (its facts read once, when
+        first asked for); ModelError when it is not one."""
+        return OpenedModel.open(path, self.model_format)
 
-    def check_layout(self, model: Path) -> None:
+    def check_layout(self, model: OpenedModel) -> None:
         """StackError when this engine can't load `model`'s tensor layout (of an architecture it loads)."""
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
@@ -318,9 +319,9 @@ class Engine(ABC):
         """The model as this engine loads it (`mtp`: multi-token-prediction drafting asked for): all of it."""
         return facts
 
-    def loaded_model(self, model: Path, mtp: bool | None) -> ModelFacts:
-        """`loaded_facts` of the model file's facts."""
-        return self.loaded_facts(self.model_format.facts(model), mtp)
+    def loaded_model(self, model: OpenedModel, mtp: bool | None) -> ModelFacts:
+        """`loaded_facts` of the model's facts."""
+        return self.loaded_facts(model.facts, mtp)
 
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
         """What the KV cache holds with this `mla` setting (a DeepSeek model's compressed latent, or each

@@ -12,6 +12,7 @@ from builder.engines.tune_space import Dimension, has_switch, setting_value, swi
 from builder.errors import StackError
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout
+from builder.models.opened import OpenedModel
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
@@ -150,12 +151,12 @@ class IkLlamaCpp(LlamaFamilyEngine):
             )
         return dimensions
 
-    def check_layout(self, model: Path) -> None:
+    def check_layout(self, model: OpenedModel) -> None:
         """A DeepSeek or Qwen3-Next GGUF that carries its multi-token-prediction layer (mainline's converter
         keeps it unless --no-mtp) stops its loader: it knows NextN tensors for GLM-4.5 and Ling only, and
         at 007d640 a deepseek2 file with one exited 139 after `wrong number of tensors; expected 74, got
         70` (the four NextN tensors; tests/integration/test_speculative.py)."""
-        facts = self.model_format.facts(model)
+        facts = model.facts
         if facts.nextn_layers and facts.arch not in NEXTN_ARCHITECTURES:
             raise StackError(
                 f"{self.name} can't load {model.name}: its {facts.arch} multi-token-prediction layer "

@@ -530,7 +530,7 @@ class KTransformers(_PythonEngine):
     def kt_method(self, stack: StackSpec) -> str:
         """The expert backend: the one asked for, else what the weights are (a GGUF: LLAMAFILE; kt-kernel's
         converted weights: the method moe-stack recorded converting them with), checked against them."""
-        if not stack.model.is_dir():
+        if not stack.model.path.is_dir():
             asked = stack.kt_method or "LLAMAFILE"
             if asked not in GGUF_KT_METHODS:
                 made_by = "kt-kernel's converter" if asked in AMX_KT_METHODS else "a safetensors checkpoint"
@@ -540,22 +540,22 @@ class KTransformers(_PythonEngine):
                     "GGUF), or give the directory `moe-stack kt-convert` wrote"
                 )
             return asked
-        weights = read_converted(stack.model)
+        weights = read_converted(stack.model.path)
         method = stack.kt_method or weights.method
         if method is None:
             raise StackError(
-                f"{stack.model} was converted outside moe-stack, so its method is unrecorded: pass "
+                f"{stack.model.path} was converted outside moe-stack, so its method is unrecorded: pass "
                 "--kt-method AMXINT4 or AMXINT8, as it was converted"
             )
         if method not in AMX_KT_METHODS or (weights.method is not None and method != weights.method):
             raise StackError(
-                f"{stack.model} holds kt-kernel's converted {weights.method or 'AMX'} experts, which "
+                f"{stack.model.path} holds kt-kernel's converted {weights.method or 'AMX'} experts, which "
                 f"--kt-method {method} does not read: drop --kt-method (or give a GGUF for LLAMAFILE)"
             )
         if weights.numa_pools != stack.numa_node_count:
             raise StackError(
-                f"{stack.model} was converted for {weights.numa_pools} CPU thread pool(s) (NUMA nodes) and "
-                f"this stack runs {stack.numa_node_count} (--kt-threadpool-count): kt-kernel would load "
+                f"{stack.model.path} was converted for {weights.numa_pools} CPU thread pool(s) (NUMA nodes) "
+                f"and this stack runs {stack.numa_node_count} (--kt-threadpool-count): kt-kernel would load "
                 "the wrong slices; convert again with `moe-stack kt-convert --numa-pools "
                 f"{stack.numa_node_count}`, or run on {weights.numa_pools} nodes (--numa-nodes)"
             )
@@ -568,7 +568,7 @@ class KTransformers(_PythonEngine):
         self._refuse_unsupported(stack)
         method = self.kt_method(stack)
         # A GGUF's directory is mounted at /models; a converted directory's parent is (directory_mount).
-        weights = f"{MODEL_DIR}/{stack.model.name}" if stack.model.is_dir() else MODEL_DIR
+        weights = f"{MODEL_DIR}/{stack.model.name}" if stack.model.path.is_dir() else MODEL_DIR
         args = [
             "--model-path",
             CONFIG_DIR,

@@ -12,9 +12,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from builder.engines import EngineField
+from builder.engines.base import Engine
+from builder.models.opened import OpenedModel
 from builder.spec import (
     DEFAULT_BASES,
     NO_CUDA,
@@ -65,7 +67,7 @@ class StackSpec(NeutralOptions):
     project: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     engine: EngineField
     image: str
-    model: Path
+    model: OpenedModel  # a path given here is taken as the engine's format names it, unread
     port: int = Field(default=8080, ge=1, le=65535)
     bind: str = "127.0.0.1"
     threads: int = Field(ge=1)
@@ -191,6 +193,14 @@ class StackSpec(NeutralOptions):
                 "onto a hugetlbfs volume) are two ways to the same pool: pick one"
             )
         return self
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _opened(cls, model: object, info: ValidationInfo) -> object:
+        engine = info.data.get("engine")
+        if isinstance(model, str | Path) and isinstance(engine, Engine):
+            return OpenedModel(Path(model), engine.model_format)
+        return model
 
     @field_validator("bind")
     @classmethod

@@ -27,6 +27,7 @@ from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import check_pinned_architecture, recorded_contract
 from builder.models.kt_weights import check_same_model
 from builder.models.kv_cache import DEFAULT_UBATCH
+from builder.models.opened import OpenedModel
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -104,10 +105,10 @@ class StackPlan:
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
     adapter = options.engine
-    model = adapter.check_model(options.model)
-    facts = adapter.model_format.facts(model)
+    model = adapter.open_model(options.model)
+    facts = model.facts
     if options.preset is not None:
-        check_model_architecture(options.preset, facts.arch, model, options.presets_file)
+        check_model_architecture(options.preset, facts.arch, model.path, options.presets_file)
     derived = None if options.preset else derived_preset(facts, adapter, options.gpu != "none")
     if derived is None:
         engine_options, preset_rules = merge_options(
@@ -115,8 +116,9 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         )
     else:
         engine_options, preset_rules = options.engine_options.over(derived.options), derived.override_rules
+    draft = None
     if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
-        engine_options = checked_speculative(engine_options, model, adapter)
+        engine_options, draft = checked_speculative(engine_options, model, adapter)
     if "mmproj" in adapter.honours:
         engine_options = checked_projector(engine_options, model, adapter)
     if block_sparse(facts):
@@ -139,7 +141,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
             )
         if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
             raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-        fitted = _vram_plan(options, adapter, model, engine_options, host.mem_total_bytes)
+        fitted = _vram_plan(options, adapter, model, draft, engine_options, host.mem_total_bytes)
         preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
         if gpu_experts is None and not adapter.takes_override_rules:
             gpu_experts = fitted.gpu_experts_per_layer
@@ -157,7 +159,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     driver = host.gpus[0].driver if host.gpus and not options.for_other_host else None
     flags = None if options.for_other_host else host.cpu.flags
     stack = StackSpec(
-        project=options.project or project_name_for(model),
+        project=options.project or project_name_for(model.path),
         engine=adapter,
         image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
         model=model,
@@ -167,9 +169,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         parallel=options.parallel,
         override_tensors=tuple(dict.fromkeys(rules)),
         chat_template=options.chat_template,
-        served_name=options.served_name
-        or options.preset
-        or served_name_for(adapter.model_format.stem(model)),
+        served_name=options.served_name or options.preset or served_name_for(model.stem),
         jinja=options.jinja,
         metrics=options.metrics,
         monitoring_port=options.monitoring_port,
@@ -195,7 +195,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         api_key_file=options.api_key_file,
         trust_remote_code=options.trust_remote_code,
         extra_args=options.engine_args,
-        start_period_s=options.start_period_s or start_period_for(adapter.model_format.size(model)),
+        start_period_s=options.start_period_s or start_period_for(model.size),
     ).with_options(engine_options)
     if not options.for_other_host:
         adapter.check_host(stack, host.cpu)
@@ -219,7 +219,12 @@ def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None
 
 
 def _vram_plan(
-    options: StackOptions, adapter: Engine, model: Path, given: EngineOptions, ram_bytes: int
+    options: StackOptions,
+    adapter: Engine,
+    model: OpenedModel,
+    draft: OpenedModel | None,
+    given: EngineOptions,
+    ram_bytes: int,
 ) -> Plan:
     """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model and a vision
     projector counted."""
@@ -237,13 +242,13 @@ def _vram_plan(
         [int(gb * GIB) for gb in options.fit_vram_gb],
         ram_bytes,
         margin=int(options.vram_margin_gb * GIB),
-        beside=draft_vram_bytes(given, adapter, demand.ctx, demand.ubatch) + projector_bytes(given),
+        beside=draft_vram_bytes(draft, adapter, demand.ctx, demand.ubatch) + projector_bytes(given),
         cache_type_v=given.cache_type_v,
     )
 
 
 def _layers_on_gpu(
-    given: EngineOptions, options: StackOptions, adapter: Engine, model: Path
+    given: EngineOptions, options: StackOptions, adapter: Engine, model: OpenedModel
 ) -> EngineOptions:
     """A GPU stack holds every layer's attention, shared weights and KV cache on the GPU (the hybrid
     layout; the -ot rules say where routed experts go) unless the user or preset names a layer count.
@@ -256,16 +261,16 @@ def _layers_on_gpu(
         or given.gpu_layers is not None
     ):
         return given
-    every_layer = adapter.model_format.facts(model).layers + 1  # the output layer counts as one more
+    every_layer = model.facts.layers + 1  # the output layer counts as one more
     return given.model_copy(update={"gpu_layers": every_layer})
 
 
-def _checked_config_dir(config_dir: Path | None, adapter: Engine, model: Path) -> Path | None:
+def _checked_config_dir(config_dir: Path | None, adapter: Engine, model: OpenedModel) -> Path | None:
     """The model's Hugging Face directory, checked to hold what the engine reads and to be `model`'s."""
     if config_dir is None:
         return None
     checked = check_config_dir(config_dir, adapter.config_dir_weights)
-    check_same_model(checked, adapter.model_format.facts(model), model)
+    check_same_model(checked, model.facts, model.path)
     return checked
 
 
@@ -287,7 +292,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
     if facts is not None:
         check_architecture(facts, stack.model)
     elif options.image is None:  # the pinned ref's image, not read here: its recorded tree says
-        check_pinned_architecture(stack.engine, stack.engine.model_format.facts(stack.model).arch)
+        check_pinned_architecture(stack.engine, stack.model.facts.arch)
     # After the architecture: a model the engine can't load at all is refused for that, not for its layout
     # (DeepSeek-V3.2's MTP block on ik_llama.cpp, whose pin has no deepseek32).
     check_engine_loads(stack.engine, stack.model)
@@ -351,7 +356,7 @@ def check_ports(plan: StackPlan, options: StackOptions) -> None:
             check_port_free(plan.stack.bind, port)
 
 
-def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement:
+def _placement(options: StackOptions, host: HostFacts, model: OpenedModel) -> Placement:
     if options.for_other_host:  # this host's topology says nothing about the target's
         return Placement(
             numa="none" if options.numa == "auto" else options.numa,
@@ -363,18 +368,17 @@ def _placement(options: StackOptions, host: HostFacts, model: Path) -> Placement
     if options.hugepages:
         check_hugepages_reserved(host)
     if options.hugetlbfs != "off":
-        size = options.engine.model_format.size(model)
-        check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], size)
+        check_hugepages_reserved(host, HUGEPAGE_KB[options.hugetlbfs], model.size)
     return where
 
 
-def check_engine_loads(adapter: Engine, model: Path) -> None:
+def check_engine_loads(adapter: Engine, model: OpenedModel) -> None:
     """StackError when the engine can't load `model`'s tensor layout, or when an engine that names the
     architectures it loads (no image label does) can't load `model`'s."""
     adapter.check_layout(model)
     if adapter.gguf_architectures is None:
         return
-    arch = adapter.model_format.facts(model).arch
+    arch = model.facts.arch
     if arch not in adapter.gguf_architectures:
         raise StackError(
             f"{adapter.name} can't load {arch} models like {model.name} (it loads "
@@ -383,10 +387,10 @@ def check_engine_loads(adapter: Engine, model: Path) -> None:
         )
 
 
-def check_architecture(facts: ImageFacts, model: Path) -> None:
+def check_architecture(facts: ImageFacts, model: OpenedModel) -> None:
     """StackError when the image's engine can't load `model`'s architecture (its tree names no such one),
     saying whether the pinned version's image can."""
-    arch = facts.engine.model_format.facts(model).arch
+    arch = model.facts.arch
     if not facts.architectures or arch in facts.architectures:
         return
     pinned = recorded_contract(facts.engine)

@@ -10,7 +10,6 @@ from builder.engines import Engine
 from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
-from builder.models.formats import GGUF
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
 from builder.stacks.api import EngineApi
 from builder.stacks.assemble import served_name_for
@@ -35,18 +34,18 @@ def demo_project(engine: Engine) -> str:
 
 def start_demo(engine: Engine, image: str, port: int, generated_by: str, project: str | None = None) -> Path:
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
-    model = fetch_demo_model()
+    model = engine.open_model(fetch_demo_model())
     stack = StackSpec(
         project=project or demo_project(engine),
         engine=engine,
         image=image,
         model=model,
-        served_name=served_name_for(GGUF.stem(model)),
+        served_name=served_name_for(model.stem),
         port=port,
         threads=read_cpu().physical_cores,
         # Where the image has the chat page, the template that lets it send its tools.
         chat_template=DEMO_JINJA_TEMPLATE if engine.chat_page_dir else DEMO_CHAT_TEMPLATE,
-        start_period_s=start_period_for(model.stat().st_size),
+        start_period_s=start_period_for(model.size),
     )
     compose_file = write_stack(
         compose_stack(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"

@@ -14,7 +14,6 @@ from builder.errors import StackError
 from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
-from builder.models.identity import model_identity
 from builder.platform.targets import best_cpu_target
 from builder.stacks.document import StackFiles, directory_mount, file_mount
 from builder.stacks.stack_file import Mount
@@ -24,13 +23,12 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
     """The model's mounts and the API key file as the stack mounts them, each checked readable by the
     engine's user; `check=False` (example stacks for another machine) takes the paths as given."""
     if not check:
-        return StackFiles(
-            model=stack.model, mounts=(directory_mount(stack.model),), api_key=stack.api_key_file
-        )
+        path = stack.model.path
+        return StackFiles(model=path, mounts=(directory_mount(path),), api_key=stack.api_key_file)
     # The directory resolved, not the file: a Hugging Face cache's file is a link into blobs/ under a
     # hash, and the engine needs the file's own (split) name.
-    model = stack.model.parent.resolve() / stack.model.name
-    parts = stack.engine.model_format.parts(model)
+    model = stack.model.path.parent.resolve() / stack.model.name
+    parts = list(stack.model.parts)
     mounts = model_mounts(model, parts)
     if model.is_dir():  # a directory of weights (kt-kernel's converted ones): it and each of its files
         for part in parts:
@@ -51,9 +49,9 @@ def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:
         model=model,
         mounts=mounts,
         api_key=key,
-        model_bytes=sum(p.stat().st_size for p in parts),
+        model_bytes=stack.model.size,
         config_weights_bytes=checkpoint_bytes(stack.config_dir) if stack.config_dir is not None else 0,
-        model_identity=model_identity(parts) if stack.keep_prompts else None,
+        model_identity=stack.model.identity if stack.keep_prompts else None,
     )
 
 
@@ -62,8 +60,7 @@ def router_files(stack: StackSpec, models: tuple[StackSpec, ...]) -> StackFiles:
     refused), checked readable by the engine's user; the API key as for one model."""
     mounts: dict[str, Mount] = {}
     for model in models:
-        named = model.model.parent.resolve() / model.model.name
-        for part in model.engine.model_format.parts(named):
+        for part in model.model.parts:
             source = part.resolve()
             check_readable_in_container(source, parent_too=False)
             target = f"{MODEL_DIR}/{part.name}"

@@ -149,7 +149,7 @@ def _pod(
             **(
                 {"persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}
                 if options.model_pvc
-                else {"hostPath": {"path": str(stack.model.parent), "type": "Directory"}}
+                else {"hostPath": {"path": str(stack.model.path.parent), "type": "Directory"}}
             ),
         },
         {"name": "tmp", "emptyDir": {}},

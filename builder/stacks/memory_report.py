@@ -12,6 +12,7 @@ from builder.engines.base import Engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, ComputeEstimate, gpu_compute, prefill_pool
 from builder.images.recorded_contracts import check_pinned_architecture
 from builder.models.facts import ModelFacts
+from builder.models.opened import OpenedModel
 from builder.models.planner import GIB, Plan, size
 from builder.spec import EngineOptions
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
@@ -205,22 +206,21 @@ class MemoryReport:
         return [*split, *(f"-ot '{rule}'   # {size(moved)}" for rule, moved in self.plan.rule_bytes)]
 
 
-def memory_report(adapter: Engine, model: Path, ask: MemoryAsk) -> MemoryReport:
+def memory_report(adapter: Engine, model: OpenedModel, ask: MemoryAsk) -> MemoryReport:
     """Plan `model` on `adapter`'s engine for `ask`."""
-    model = adapter.check_model(model)
     facts = adapter.loaded_model(model, ask.options.mtp)
     check_pinned_architecture(adapter, facts.arch)
     layout = adapter.cache_layout(3 if ask.mla else None)
     latent = layout.latent
     ctx, ubatch = ask.ctx_size, ask.ubatch_size
-    draft = draft_vram_bytes(checked_speculative(ask.options, model, adapter), adapter, ctx, ubatch)
+    draft = draft_vram_bytes(checked_speculative(ask.options, model, adapter)[1], adapter, ctx, ubatch)
     projector = projector_bytes(checked_projector(ask.options, model, adapter))
     demand = GpuDemand(adapter, facts, ctx, ubatch, ask.cache_type, layout)
     vrams = [int(v * GIB) for v in ask.vram_gb]
     result = vram_plan(demand, vrams, int(ask.ram_gb * GIB), int(ask.vram_margin_gb * GIB), draft + projector)
     return MemoryReport(
         ask=ask,
-        model=model,
+        model=model.path,
         engine=adapter,
         facts=facts,
         plan=result,

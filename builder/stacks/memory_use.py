@@ -82,7 +82,7 @@ def kept_prompts_bytes(stack: StackSpec) -> tuple[int, int]:
 def memory_use(stack: StackSpec) -> MemoryUse:
     adapter = stack.engine
     return MemoryUse(
-        model_bytes=adapter.model_format.size(stack.model),
+        model_bytes=stack.model.size,
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=stack_kv_bytes(stack) if stack.gpu == "none" else 0,
         prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram) + kept_prompts_bytes(stack)[1],

@@ -18,6 +18,7 @@ from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
 from builder.images.recorded_contracts import recorded_contract
+from builder.models.opened import OpenedModel
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_shapes import MoeShape
 from builder.platform.toolchain import MIN_DRIVER
@@ -341,7 +342,7 @@ def example_stacks() -> dict[str, str]:
                 project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
                 engine=adapter,
                 image=image,
-                model=Path("/models") / preset.example_model,
+                model=OpenedModel(Path("/models") / preset.example_model, adapter.model_format),
                 threads=EXAMPLE_THREADS,
                 numa="interleave",
                 cpuset=EXAMPLE_CPUSET,

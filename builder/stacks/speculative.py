@@ -21,6 +21,7 @@ from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
+from builder.models.opened import OpenedModel
 from builder.spec import EngineOptions
 
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
@@ -33,31 +34,33 @@ VOCAB_MAX_DIFFERENCE = 128
 MTP_HEAD_APART = frozenset({"deepseek4"})
 
 
-def checked_speculative(options: EngineOptions, model: Path, adapter: Engine) -> EngineOptions:
-    """`options` with the draft model's path resolved, once the draft fits `model`: one line naming
-    the problem otherwise (both asked for, a draft length without a draft, a draft elsewhere than the
-    model's directory or of another vocabulary, MTP for a file without its layer)."""
+def checked_speculative(
+    options: EngineOptions, model: OpenedModel, adapter: Engine
+) -> tuple[EngineOptions, OpenedModel | None]:
+    """`options` with the draft model's path resolved, and the draft opened, once it fits `model`: one line
+    naming the problem otherwise (both asked for, a draft length without a draft, a draft elsewhere than
+    the model's directory or of another vocabulary, MTP for a file without its layer)."""
     if options.draft_model is not None and options.mtp:
         raise SpecError("--draft-model and --mtp are two ways to draft tokens: give one")
     if options.draft_max is not None and options.draft_model is None and not options.mtp:
         raise SpecError("--draft-max sets how many tokens a draft proposes: give --draft-model or --mtp too")
     if options.draft_model is None and not options.mtp:
-        return options
-    facts = adapter.model_format.facts(model)
+        return options, None
+    facts = model.facts
     if options.mtp:
-        _check_mtp(facts, model)
+        _check_mtp(facts, model.path)
     if options.draft_model is None:
-        return options
-    check_beside_model(user_path(options.draft_model), model, "draft model")
-    draft = adapter.check_model(user_path(options.draft_model))
-    draft_vocab, vocab = adapter.model_format.facts(draft).vocab, facts.vocab
+        return options, None
+    check_beside_model(user_path(options.draft_model), model.path, "draft model")
+    draft = adapter.open_model(user_path(options.draft_model))
+    draft_vocab, vocab = draft.facts.vocab, facts.vocab
     if abs(draft_vocab - vocab) > VOCAB_MAX_DIFFERENCE:
         raise SpecError(
             f"the draft model {draft.name} has {draft_vocab} tokens and {model.name} {vocab}: a draft must "
             f"share the model's vocabulary (the engines refuse more than {VOCAB_MAX_DIFFERENCE} apart); "
             "use a smaller model of the same family"
         )
-    return options.model_copy(update={"draft_model": draft})
+    return options.model_copy(update={"draft_model": draft.path}), draft
 
 
 def _check_mtp(facts: ModelFacts, model: Path) -> None:
@@ -82,14 +85,14 @@ def _check_mtp(facts: ModelFacts, model: Path) -> None:
         )
 
 
-def draft_vram_bytes(options: EngineOptions, adapter: Engine, ctx: int, ubatch: int) -> int:
+def draft_vram_bytes(draft: OpenedModel | None, adapter: Engine, ctx: int, ubatch: int) -> int:
     """VRAM a draft model takes beside the model's plan: its weights but the token embeddings (every
     layer on the GPU: -ngld 99), its f16 KV cache of the stack's context, and its own compute buffer (the
     engine's estimate for its architecture). An MTP layer is one of the model's own layers: the plan
-    counts it already (0 here)."""
-    if options.draft_model is None:
+    counts it already (0 here, as without a draft)."""
+    if draft is None:
         return 0
-    facts = adapter.model_format.facts(options.draft_model)
+    facts = draft.facts
     weights = facts.total_bytes - facts.embedding_bytes
     cache = kv_cache_bytes(facts, ctx, "f16", CacheLayout(), ubatch=ubatch)
     return weights + cache + gpu_compute(adapter.buffer_fits, facts, ctx, ubatch, latent=False).bytes

@@ -10,24 +10,23 @@ InternVL projector: 16 tokens for a 64-pixel image; a real one hundreds to thous
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from builder.engines.base import Engine
 from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
+from builder.models.opened import OpenedModel
 from builder.models.projector import read_projector
 from builder.spec import EngineOptions, NeutralOptions
 
 
-def checked_projector(options: EngineOptions, model: Path, adapter: Engine) -> EngineOptions:
+def checked_projector(options: EngineOptions, model: OpenedModel, adapter: Engine) -> EngineOptions:
     """`options` with the projector's path resolved, once it fits `model`: one line naming the problem
     otherwise (not a vision projector, elsewhere than the model's directory, made for a model of
     another width)."""
     if options.mmproj is None:
         return options
-    check_beside_model(user_path(options.mmproj), model, "vision projector")
-    projector = adapter.check_model(user_path(options.mmproj))
-    facts, width = read_projector(projector), adapter.model_format.facts(model).hidden
+    check_beside_model(user_path(options.mmproj), model.path, "vision projector")
+    projector = adapter.model_format.check(user_path(options.mmproj))
+    facts, width = read_projector(projector), model.facts.hidden
     if facts.projection_dim != width:
         raise SpecError(
             f"the projector {projector.name} writes {facts.projection_dim}-wide embeddings and {model.name} "

@@ -49,8 +49,11 @@ def test_plan_refuses_it_on_ik_and_plans_it_on_mainline(mainline_only: tuple[str
     arch, model = mainline_only
     ask = MemoryAsk((24.0,), 64.0, 1.0, 8192, "q8_0", False, 512, None, EngineOptions())
     with pytest.raises(StackError, match=_refused(arch)):
-        memory_report(get_engine("ik_llama.cpp"), model, ask)
-    assert memory_report(get_engine("llama.cpp"), model, ask).facts.arch == arch
+        memory_report(get_engine("ik_llama.cpp"), get_engine("ik_llama.cpp").open_model(model), ask)
+    assert (
+        memory_report(get_engine("llama.cpp"), get_engine("llama.cpp").open_model(model), ask).facts.arch
+        == arch
+    )
 
 
 def test_a_stack_of_the_pinned_image_unread_is_checked_against_its_record(

@@ -37,7 +37,7 @@ from builder.stacks.assemble import (
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, epyc_host, fake_host
-from tests.specs import compose_dict
+from tests.specs import compose_dict, opened
 
 AVX2_FLAGS = " ".join(cpu_target("avx2").required_flags) + " fpu sse4_2 ht"
 from tests.kt_layout import write_converted
@@ -260,9 +260,9 @@ def test_an_engine_that_names_no_such_architecture_is_refused(deepseek_model: Pa
         match=r"ik_llama.cpp 9c4e21a \(ik:9c4e21a\) can't load deepseek2 models like "
         rf"moe.gguf .*the image of ik_llama.cpp {short_ref(_recorded_ref('ik_llama.cpp'))} does",
     ):
-        check_architecture(old, deepseek_model)
-    check_architecture(replace(old, architectures=("deepseek2",)), deepseek_model)
-    check_architecture(replace(old, architectures=()), deepseek_model)  # not recorded: not refused
+        check_architecture(old, opened(deepseek_model, "ik_llama.cpp"))
+    check_architecture(replace(old, architectures=("deepseek2",)), opened(deepseek_model, "ik_llama.cpp"))
+    check_architecture(replace(old, architectures=()), opened(deepseek_model, "ik_llama.cpp"))  # not recorded
 
 
 @pytest.mark.parametrize(

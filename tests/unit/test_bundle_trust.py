@@ -304,7 +304,7 @@ def test_hugetlbfs_and_monitoring_are_rebuilt_in_moe_stacks_shape(tmp_path: Path
 
 def test_a_routed_stack_is_rebuilt(tmp_path: Path) -> None:
     routed = routed_stacks(tmp_path)
-    files = [stack.model for stack in routed]
+    files = [stack.model.path for stack in routed]
     router = compose_dict(routed[0], "x", routed=routed)
     rebuilt = _rebuilt(router, {"img:1": "sha256:x"}, _choices(*files))
     assert _without_model_mounts(rebuilt) == _without_model_mounts(_as_loaded(router))

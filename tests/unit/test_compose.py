@@ -19,7 +19,7 @@ from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.host_checks import check_host_runs, check_port_free
 from builder.stacks.stack_file import StackFile
-from tests.specs import compose_dict
+from tests.specs import compose_dict, opened
 
 
 def _stack(tmp_path: Path, **update: object) -> StackSpec:
@@ -113,7 +113,7 @@ def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"not readable by the engine's user \(uid 10001\).*chmod o\+rx"):
         compose_dict(stack, "x")
     (tmp_path / "models").chmod(0o755)
-    stack.model.chmod(0o600)
+    stack.model.path.chmod(0o600)
     with pytest.raises(StackError, match=r"chmod o\+r .*m\.gguf"):
         compose_dict(stack, "x")
 
@@ -207,7 +207,7 @@ def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Pat
         (blobs / digest).chmod(0o644)
         (snapshot / f"M-0000{index}-of-00002.gguf").symlink_to(f"../../blobs/{digest}")
     first = snapshot / "M-00001-of-00002.gguf"
-    stack = _stack(tmp_path).model_copy(update={"model": check_gguf(first)})
+    stack = _stack(tmp_path).model_copy(update={"model": opened(check_gguf(first))})
     service = compose_dict(stack, "x")["services"]["engine"]
     assert service["volumes"] == [
         {

@@ -134,7 +134,10 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
     assert "--enable-hierarchical-cache" not in compose_dict(plain, "x")["services"]["engine"]["command"]
     # A bundle of it loads with its bound.
     choices = LoadChoices(
-        model_files=(stack.model,), bundle_digest=BUNDLE, dest=tmp_path / "loaded", config_dir=tmp_path / "hf"
+        model_files=(stack.model.path,),
+        bundle_digest=BUNDLE,
+        dest=tmp_path / "loaded",
+        config_dir=tmp_path / "hf",
     )
     rebuilt = rebuild_stack(doc, {"i:1": "sha256:x"}, choices)
     assert rebuilt.document()["services"]["engine"]["environment"] == environment

@@ -54,7 +54,7 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
     # RAM too
     options = chosen.engine_options(get_engine(engine))
     kv = kv_cache_bytes(
-        get_engine(engine).loaded_model(model, options.mtp),
+        get_engine(engine).loaded_model(get_engine(engine).open_model(model), options.mtp),
         options.ctx_size,
         options.cache_type or "f16",
         get_engine(engine).cache_layout(options.mla),

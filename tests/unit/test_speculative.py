@@ -24,6 +24,7 @@ from builder.spec import EngineOptions
 from builder.stacks.speculative import checked_speculative, draft_vram_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]
+from tests.specs import opened
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +86,8 @@ def test_ik_refuses_mtp_and_a_file_that_carries_the_layer(ggufs: dict[str, Path]
     with pytest.raises(StackError, match="MTP layer for GLM-4.5 only; drop --mtp"):
         _args("ik_llama.cpp", ggufs["model"], mtp=True)
     with pytest.raises(StackError, match="r1.gguf: its deepseek2 multi-token-prediction layer"):
-        get_engine("ik_llama.cpp").check_layout(ggufs["mtp"])
-    get_engine("ik_llama.cpp").check_layout(ggufs["model"])
+        get_engine("ik_llama.cpp").check_layout(opened(ggufs["mtp"], "ik_llama.cpp"))
+    get_engine("ik_llama.cpp").check_layout(opened(ggufs["model"], "ik_llama.cpp"))
     get_engine("llama.cpp").check_layout(ggufs["mtp"])
 
 
@@ -104,7 +105,7 @@ def test_a_draft_that_cannot_work_is_refused_in_one_line(
 ) -> None:
     given = {k: ggufs["model"].parent / v if k == "draft_model" else v for k, v in options.items()}
     with pytest.raises(SpecError, match=message):
-        checked_speculative(EngineOptions(**given), ggufs["model"], get_engine("llama.cpp"))  # type: ignore[arg-type]
+        checked_speculative(EngineOptions(**given), opened(ggufs["model"]), get_engine("llama.cpp"))  # type: ignore[arg-type]
 
 
 def test_a_draft_elsewhere_than_the_models_directory_is_refused(
@@ -115,12 +116,16 @@ def test_a_draft_elsewhere_than_the_models_directory_is_refused(
     with pytest.raises(
         SpecError, match="is not in the model's directory .* put it \\(or a link to it\\) there"
     ):
-        checked_speculative(EngineOptions(draft_model=elsewhere), ggufs["model"], get_engine("llama.cpp"))
+        checked_speculative(
+            EngineOptions(draft_model=elsewhere), opened(ggufs["model"]), get_engine("llama.cpp")
+        )
 
 
 def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> None:
     adapter = get_engine("llama.cpp")
-    options = checked_speculative(EngineOptions(draft_model=ggufs["draft"]), ggufs["model"], adapter)
+    options, draft = checked_speculative(
+        EngineOptions(draft_model=ggufs["draft"]), opened(ggufs["model"]), adapter
+    )
     facts = read_facts(ggufs["draft"])
     expected = (
         facts.total_bytes
@@ -128,8 +133,9 @@ def test_the_plan_counts_the_draft_and_the_mtp_layer(ggufs: dict[str, Path]) -> 
         + kv_cache_bytes(facts, 8192, "f16", CacheLayout())
         + gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 8192, 512, latent=False).bytes
     )
-    assert draft_vram_bytes(options, adapter, 8192, 512) == expected > 0
-    assert draft_vram_bytes(EngineOptions(mtp=True), adapter, 8192, 512) == 0
+    assert draft_vram_bytes(draft, adapter, 8192, 512) == expected > 0 and draft is not None
+    assert options.draft_model == draft.path
+    assert draft_vram_bytes(None, adapter, 8192, 512) == 0
     # The MTP layer is one of the file's layers: its weights and KV are in the model's plan already.
     mtp_shape = dataclasses.replace(TINY_SHAPES["deepseek2"], mtp_layers=1)
     read = read_facts(ggufs["mtp"])
@@ -143,7 +149,7 @@ def test_mtp_is_refused_for_a_model_with_a_recurrent_state(tmp_path: Path) -> No
     doesn't count: refused."""
     model = write_moe_gguf(tmp_path / "ling3.gguf", TINY["bailingmoe3"])
     with pytest.raises(SpecError, match=r"^ling3.gguf keeps a recurrent state, .* drop --mtp$"):
-        checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
+        checked_speculative(EngineOptions(mtp=True), opened(model), get_engine("llama.cpp"))
 
 
 def test_mtp_for_deepseek_v4_says_its_head_is_a_file_of_its_own(tmp_path: Path) -> None:
@@ -153,7 +159,7 @@ def test_mtp_for_deepseek_v4_says_its_head_is_a_file_of_its_own(tmp_path: Path) 
     with pytest.raises(
         SpecError, match=r"deepseek4's converter writes it to a file of its own .*; drop --mtp$"
     ):
-        checked_speculative(EngineOptions(mtp=True), model, get_engine("llama.cpp"))
+        checked_speculative(EngineOptions(mtp=True), opened(model), get_engine("llama.cpp"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,4 +184,4 @@ def test_an_mtp_head_alone_is_refused_as_a_model_and_as_a_draft(ggufs: dict[str,
     with pytest.raises(ModelError, match=said):
         read_facts(head)
     with pytest.raises(ModelError, match=said):
-        checked_speculative(EngineOptions(draft_model=head), ggufs["mtp"], get_engine("llama.cpp"))
+        checked_speculative(EngineOptions(draft_model=head), opened(ggufs["mtp"]), get_engine("llama.cpp"))

@@ -52,7 +52,7 @@ def test_what_compose_wrote_reads_back(tmp_path: Path) -> None:
     assert engine.env[NUMA_ENV] == "interleave"
     assert engine.args[-2:] == ["--system-prompt-file", "cost$5"]  # as meant: compose's `$$` undone
     assert engine.runs_under([]) and engine.pull_policy is None
-    assert read.record.serves["engine"].threads == 4 and read.record.model == stack.model
+    assert read.record.serves["engine"].threads == 4 and read.record.model == stack.model.path
     cpu = compose_stack(stack.model_copy(update={"gpu": "none"}), generated_by="test")
     assert not cpu.service("engine").wants_gpu
 

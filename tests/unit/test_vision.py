@@ -30,6 +30,7 @@ from builder.stacks.memory_use import memory_use
 from builder.stacks.vision import checked_projector, projector_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]
+from tests.specs import opened
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_a_projector_that_cannot_work_is_refused_in_one_line(
     ggufs: dict[str, Path], name: str, message: str
 ) -> None:
     with pytest.raises((SpecError, ModelError), match=message) as raised:
-        checked_projector(EngineOptions(mmproj=ggufs[name]), ggufs["model"], get_engine("llama.cpp"))
+        checked_projector(EngineOptions(mmproj=ggufs[name]), opened(ggufs["model"]), get_engine("llama.cpp"))
     assert "\n" not in str(raised.value)
 
 
@@ -93,17 +94,19 @@ def test_a_projector_elsewhere_than_the_models_directory_is_refused(
     elsewhere = tmp_path / "mmproj-m.gguf"
     elsewhere.write_bytes(ggufs["mmproj"].read_bytes())
     with pytest.raises(SpecError, match="the vision projector .* is not in the model's directory"):
-        checked_projector(EngineOptions(mmproj=elsewhere), ggufs["model"], get_engine("ik_llama.cpp"))
+        checked_projector(EngineOptions(mmproj=elsewhere), opened(ggufs["model"]), get_engine("ik_llama.cpp"))
     with pytest.raises(SpecError, match="the vision projector .*/absent.gguf does not exist; give the path"):
         checked_projector(
             EngineOptions(mmproj=ggufs["model"].parent / "absent.gguf"),
-            ggufs["model"],
+            opened(ggufs["model"]),
             get_engine("llama.cpp"),
         )
 
 
 def _stack(engine: str, ggufs: dict[str, Path], gpu: str = "none") -> StackSpec:
-    options = checked_projector(EngineOptions(mmproj=ggufs["mmproj"]), ggufs["model"], get_engine(engine))
+    options = checked_projector(
+        EngineOptions(mmproj=ggufs["mmproj"]), opened(ggufs["model"]), get_engine(engine)
+    )
     stack = StackSpec(project="p", engine=engine, image="i:1", model=ggufs["model"], threads=2, gpu=gpu)  # type: ignore[arg-type]
     return stack.with_options(options)
 
@@ -137,10 +140,9 @@ def test_the_plan_and_a_cpu_stacks_memory_count_it(ggufs: dict[str, Path]) -> No
     assert projector_bytes(EngineOptions(mmproj=ggufs["mmproj"])) == counted
     assert projector_bytes(EngineOptions()) == 0
     ask = MemoryAsk((24.0,), 64.0, 1.0, 8192, "q8_0", False, 512, None, EngineOptions(mmproj=ggufs["mmproj"]))
-    with_it = memory_report(get_engine("llama.cpp"), ggufs["model"], ask)
-    without = memory_report(
-        get_engine("llama.cpp"), ggufs["model"], dataclasses.replace(ask, options=EngineOptions())
-    )
+    model = get_engine("llama.cpp").open_model(ggufs["model"])
+    with_it = memory_report(get_engine("llama.cpp"), model, ask)
+    without = memory_report(get_engine("llama.cpp"), model, dataclasses.replace(ask, options=EngineOptions()))
     assert with_it.projector == counted and with_it.as_json()["projector_bytes"] == counted
     assert with_it.plan.gpu_bytes - without.plan.gpu_bytes == counted
     assert any(row[0].startswith("vision projector mmproj-m.gguf") for row in with_it.gpu_rows())
