@@ -41,26 +41,18 @@ from builder.engines.base import KEY_FILE_FLAG, Engine
 from builder.errors import MoeStackError
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stacks.document import (
-    CPU_PROFILE,
-    CPU_SERVICE,
-    GPU_PROFILE,
-    HUGETLBFS_MOUNT,
-    HUGETLBFS_VOLUME,
-    MONITORING_MOUNT,
-    MONITORING_SERVICE,
-    PROMPTS_MOUNT,
-    SERVICE,
     api_key_environment,
     config_mount,
-    file_mount,
     gpu_device,
-    monitoring_service,
     placement,
-    published,
     service_of,
     stack_document,
 )
+from builder.stacks.features.hugepages import HUGETLBFS_MOUNT, HUGETLBFS_VOLUME
+from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, with_kept_prompts
+from builder.stacks.features.monitoring import MONITORING_MOUNT, MONITORING_SERVICE, monitoring_service
 from builder.stacks.record import Record, Served
+from builder.stacks.service_parts import CPU_PROFILE, CPU_SERVICE, GPU_PROFILE, SERVICE, file_mount, published
 from builder.stacks.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
 from builder.untrusted_text import ANY_CONTROL
 
@@ -199,6 +191,8 @@ def _engine_service(
         placement(environment, caps, cpuset or None, _gpu(name, service)),
         choices.api_key_file is not None,
     )
+    if PROMPTS_MOUNT in (service.volumes or ()):
+        rebuilt = with_kept_prompts(rebuilt)
     if profiled:
         return rebuilt.model_copy(update={"profiles": (GPU_PROFILE if name == SERVICE else CPU_PROFILE,)})
     return rebuilt
@@ -284,7 +278,7 @@ def _other_mounts(
         elif volume == HUGETLBFS_MOUNT and environment.get(HUGETLBFS_ENV) == HUGETLBFS_DIR:
             mounts.append(HUGETLBFS_MOUNT)
         elif volume == PROMPTS_MOUNT and PROMPTS_ENV in environment:
-            mounts.append(PROMPTS_MOUNT)
+            continue  # mounted by with_kept_prompts, with the time its last save takes
         else:
             raise UntrustedBundle(
                 f"service {name} mounts {volume.source} at {target}; a moe-stack stack "

@@ -33,11 +33,13 @@ from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.derived import block_sparse, derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
+from builder.stacks.features import refuse
+from builder.stacks.features.all import FEATURES
+from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
-from builder.stacks.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.vision import checked_projector, projector_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 
@@ -321,11 +323,8 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
             "whose server routes between models (mainline llama.cpp)"
         )
     routed = tuple(assemble_stack(options, host) for options in models)
-    if any(model.draft_model is not None or model.mtp or model.mmproj is not None for model in routed):
-        raise SpecError(
-            "speculative decoding (--draft-model, --mtp) and images (--mmproj) are for a stack of one "
-            "model: emit that model's stack on its own"
-        )
+    for model in routed:
+        refuse(FEATURES, model, "router")
     base = routed[0]
     facts = _checked_facts(base.image, first, host)
     if facts is not None:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
-
-import yaml
 
 from builder.contract import (
     API_KEY_FILE_ENV,
@@ -17,21 +14,8 @@ from builder.contract import (
     API_KEY_SECRET,
     CONFIG_DIR,
     CONTAINER_PORT,
-    HUGETLBFS_DIR,
-    HUGETLBFS_ENV,
-    IMAGE_UID,
-    MODEL_DIR,
     NUMA_ENV,
-    PROMETHEUS_CONFIG_ENV,
-    PROMETHEUS_DATA,
-    PROMETHEUS_PORT,
-    PROMPTS_DIR,
-    PROMPTS_ENV,
-    PROMPTS_MAX_ENV,
-    PROMPTS_QUIET_ENV,
     ROUTER_PRESET_ENV,
-    SLOTS_ENV,
-    prometheus_image,
 )
 from builder.engines.base import Engine
 from builder.engines.specs import StackSpec
@@ -39,15 +23,27 @@ from builder.errors import StackError
 from builder.host.placement import numa_env
 from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
-from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.spec import EngineOptions
-from builder.stacks.memory_use import MIB, kept_prompts_bytes
+from builder.stacks.features import refuse
+from builder.stacks.features.all import FEATURES
+from builder.stacks.features.hugepages import HUGETLBFS_VOLUME, hugetlbfs_volume, staging_environment
+from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, PROMPTS_VOLUME
+from builder.stacks.features.monitoring import MONITORING_SERVICE, MONITORING_VOLUME
 from builder.stacks.record import OptionValue, Record, Served
+from builder.stacks.service_parts import (
+    CPU_PROFILE,
+    CPU_SERVICE,
+    GPU_PROFILE,
+    HARDENED,
+    HEALTHCHECK,
+    LOGGING,
+    SERVICE,
+    published,
+)
 from builder.stacks.stack_file import (
     Deploy,
     Device,
     Healthcheck,
-    Logging,
     Mount,
     Port,
     Reservations,
@@ -55,51 +51,15 @@ from builder.stacks.stack_file import (
     Secret,
     Service,
     StackFile,
+    StackFiles,
     Ulimit,
     Volume,
 )
 
-SERVICE = "engine"
-CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
-GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
-HUGETLBFS_VOLUME = "hugepages"
-HEALTHCHECK = ("CMD", "/usr/local/bin/moe-stack-health")
-# A server that logs every request must not fill the disk: at most 3 × 50 MB per service.
-LOGGING = Logging(driver="json-file", options={"max-size": "50m", "max-file": "3"})
-MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
-PROMPTS_VOLUME = "prompts"
-PROMPTS_MOUNT = Mount(type="volume", source=PROMPTS_VOLUME, target=PROMPTS_DIR)
-# How long a stop waits for the server's slots to be saved before Docker kills it (its default is 10 s):
-# a long context's cache is gigabytes (Qwen3-235B's f16 KV at 128k tokens: 12 GB), a minute on a slow disk.
-PROMPTS_STOP_GRACE = "5m"
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
 _LOAD_BYTES_PER_S = 250 * 1024**2
 _MIN_START_PERIOD_S = 60
-
-
-@dataclass(frozen=True)
-class StackFiles:
-    """The host files a stack mounts, as the document names them."""
-
-    model: Path  # the model's first (or only) file
-    mounts: tuple[Mount, ...]  # the model's bind mounts
-    api_key: Path | None = None
-    model_bytes: int = 0  # the model's files together (0: not read, as for another machine's stack)
-    config_weights_bytes: int = 0  # the --config-dir checkpoint's weight files together (0: none, not read)
-    # The model's content hash (models/identity.py), read for a stack that keeps its prompts (None: not
-    # read, as for another machine's stack).
-    model_identity: str | None = None
-
-
-def directory_mount(model: Path) -> Mount:
-    """The model's directory at /models, read-only."""
-    return Mount(type="bind", source=str(model.parent), target=MODEL_DIR, read_only=True)
-
-
-def file_mount(source: Path, name: str) -> Mount:
-    """One file of the model at /models/`name`, read-only (the engine sees it and nothing beside it)."""
-    return Mount(type="bind", source=str(source), target=f"{MODEL_DIR}/{name}", read_only=True)
 
 
 def project_name_for(model: Path) -> str:
@@ -135,10 +95,9 @@ def compose_document(
     """
     service = _service(stack, facts, files)
     if routed:
-        if cpu_profile is not None or stack.hugetlbfs != "off":
-            raise StackError("a stack of several models has one service: drop --cpu-image and --hugetlbfs")
-        if stack.keep_prompts:
-            raise StackError("--keep-prompts keeps one model's slots: drop it for a stack of several models")
+        if cpu_profile is not None:
+            raise StackError("a stack of several models has one service: drop --cpu-image")
+        refuse(FEATURES, stack, "router")
         command, preset = _router_command(stack, routed, facts)
         service = service.model_copy(
             update={"command": tuple(command), "environment": {**service.env, ROUTER_PRESET_ENV: preset}}
@@ -149,14 +108,9 @@ def compose_document(
         services[SERVICE] = service.model_copy(update={"profiles": (GPU_PROFILE,)})
         cpu_service = _service(cpu_stack, cpu_facts, files)
         services[CPU_SERVICE] = cpu_service.model_copy(update={"profiles": (CPU_PROFILE,)})
-    if stack.monitoring_port:
-        if routed or not stack.metrics:
-            raise StackError(
-                "--monitoring scrapes one engine's /metrics: it needs --metrics and one model per stack"
-            )
-        services[MONITORING_SERVICE] = monitoring_service(
-            stack.monitoring_port, list(services), files.api_key is not None
-        )
+    engines = list(services)
+    for feature in FEATURES:
+        services |= feature.services(stack, engines)
     record = Record(
         generated_by=generated_by,
         engine=stack.engine,
@@ -216,47 +170,6 @@ def stack_document(
         volumes=volumes or None,
         secrets=api_key_secret(api_key) if api_key is not None else None,
     )
-
-
-def monitoring_service(port: int, engines: list[str], api_key: bool) -> Service:
-    """Prometheus scraping each engine service's /metrics every 10 s (the one of the profile that runs
-    answers), its data on a named volume, its UI on `port` of loopback."""
-    job: dict[str, object] = {
-        "job_name": "moe-stack",
-        "metrics_path": "/metrics",
-        "static_configs": [{"targets": [f"{name}:{CONTAINER_PORT}" for name in engines]}],
-    }
-    if api_key:
-        job["authorization"] = {"credentials_file": API_KEY_PATH}
-    config = yaml.safe_dump({"global": {"scrape_interval": "10s"}, "scrape_configs": [job]}, sort_keys=False)
-    return Service(
-        image=prometheus_image(CPU_BASE_SUITE),
-        # Made by `moe-stack base --prometheus`, never pulled: the name would resolve to Docker Hub.
-        pull_policy="never",
-        # Loopback whatever --bind says: Prometheus' query API has no authentication, unlike the engine.
-        ports=(published(PROMETHEUS_PORT, port, "127.0.0.1"),),
-        volumes=(MONITORING_MOUNT,),
-        **_HARDENED,
-        healthcheck=Healthcheck(
-            test=("CMD", "bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{PROMETHEUS_PORT}"),
-            interval="10s",
-            timeout="5s",
-            retries=3,
-            start_period="30s",
-        ),
-        restart="unless-stopped",
-        logging=LOGGING,
-        environment={PROMETHEUS_CONFIG_ENV: config},
-        secrets=(API_KEY_SECRET,) if api_key else None,
-    )
-
-
-MONITORING_MOUNT = Mount(type="volume", source=MONITORING_VOLUME, target=PROMETHEUS_DATA)
-
-
-def published(target: int, port: int, bind: str) -> Port:
-    """A container port published on `bind`:`port` of the host."""
-    return Port(target=target, published=str(port), host_ip=bind, protocol="tcp")
 
 
 def api_key_secret(path: Path) -> dict[str, Secret]:
@@ -373,35 +286,13 @@ def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
     return f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image
 
 
-# What every service of a stack runs with: a read-only root (/tmp a tmpfs), no capabilities, no
-# privilege gain.
-class _Hardening(TypedDict):
-    read_only: bool
-    tmpfs: tuple[str, ...]
-    cap_drop: tuple[str, ...]
-    security_opt: tuple[str, ...]
-
-
-_HARDENED: _Hardening = {
-    "read_only": True,
-    "tmpfs": ("/tmp",),
-    "cap_drop": ("ALL",),
-    "security_opt": ("no-new-privileges:true",),
-}
-
-
 def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> Service:
-    volumes = (
-        *files.mounts,
-        *([config_mount(stack.config_dir)] if stack.config_dir is not None else []),
-        *([HUGETLBFS_MOUNT] if stack.hugetlbfs != "off" else []),
-        *([PROMPTS_MOUNT] if stack.keep_prompts else []),
-    )
+    """The engine's service: its image, command, port, the model's mounts and placement, then each
+    feature's part."""
+    volumes = (*files.mounts, *([config_mount(stack.config_dir)] if stack.config_dir is not None else []))
     image = pinned_image(stack, facts)
     environment, caps = entrypoint_environment(stack)
-    if stack.keep_prompts:
-        environment |= prompts_environment(stack, prompts_key(stack, image, files))
-    return service_of(
+    service = service_of(
         image,
         engine_command(stack, facts),
         published(CONTAINER_PORT, stack.port, stack.bind),
@@ -411,41 +302,15 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
         placement(environment, caps, stack.cpuset, gpu_device(stack.gpu, stack.gpu_ids)),
         stack.api_key_file is not None,
     )
-
-
-def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
-    """What the image's moe-stack-prompts reads for a stack that keeps its prompts under `key`: for an
-    engine that saves a file per slot, how many and when a quiet server's are saved; for one that writes
-    its files as it serves, the MiB they are pruned to."""
-    store = stack.engine.prompt_store
-    environment = {PROMPTS_ENV: key}
-    if store is not None and store.per_slot:
-        environment[SLOTS_ENV] = str(stack.parallel)
-        if stack.prompts_saved_after_s is not None:
-            environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
-    else:
-        environment[PROMPTS_MAX_ENV] = str(max(1, kept_prompts_bytes(stack)[0] // MIB))
-    return environment
+    for feature in FEATURES:
+        service = feature.service_part(stack, service, image, files)
+    return service
 
 
 def api_key_environment(engine: Engine, keeps_prompts: bool) -> dict[str, str]:
     """The key file's variable in a keyed stack's service, for whoever reads it from there: an engine that
     takes no key file flag (its image's launcher), and the prompt helper's own requests."""
     return {API_KEY_FILE_ENV: API_KEY_PATH} if engine.key_file_from_env or keeps_prompts else {}
-
-
-def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:
-    """The prompt cache's name: the image (its digest where pinned: the engine build), the model (by its
-    content: the hash of its headers and tensor index; a stack for another machine by its file's name and
-    size; and the checkpoint KTransformers' attention comes from, by its directory's name and weights'
-    size) and what shapes a slot's KV cache. A slot saved under one key is restored only into a server
-    started under the same: never another model's or build's."""
-    shape = (stack.ctx_size, stack.parallel, stack.cache_type, stack.cache_type_v, stack.mla)
-    model = files.model_identity or f"{files.model.name}|{files.model_bytes}"
-    text = f"{image}|{model}|{shape}"
-    if stack.config_dir is not None:
-        text += f"|{stack.config_dir.name}|{files.config_weights_bytes}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def service_of(
@@ -466,7 +331,7 @@ def service_of(
         ports=(port,),
         volumes=volumes,
         # The engine writes nothing but its logs.
-        **_HARDENED,
+        **HARDENED,
         shm_size=shm_size,
         healthcheck=Healthcheck(
             test=HEALTHCHECK,
@@ -477,8 +342,6 @@ def service_of(
             start_interval="2s",
         ),
         restart="unless-stopped",
-        # a service that keeps its prompts saves them as it stops: give the save its time
-        stop_grace_period=PROMPTS_STOP_GRACE if PROMPTS_MOUNT in volumes else None,
         logging=LOGGING,
         **placed,
         secrets=(API_KEY_SECRET,) if api_key else None,
@@ -487,9 +350,6 @@ def service_of(
 
 def config_mount(config_dir: Path) -> Mount:
     return Mount(type="bind", source=str(config_dir), target=CONFIG_DIR, read_only=True)
-
-
-HUGETLBFS_MOUNT = Mount(type="volume", source=HUGETLBFS_VOLUME, target=HUGETLBFS_DIR)
 
 
 def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]:
@@ -503,8 +363,7 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
         environment[NUMA_ENV] = policy
     if policy or stack.engine.binds_numa_memory:
         caps.append("SYS_NICE")
-    if stack.hugetlbfs != "off":
-        environment[HUGETLBFS_ENV] = HUGETLBFS_DIR
+    environment |= staging_environment(stack)
     if stack.mlock:
         caps.append("IPC_LOCK")
     if stack.api_key_file is not None:
@@ -552,17 +411,4 @@ def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> Device | None:
         )
     return Device(
         driver="cdi", device_ids=tuple(f"nvidia.com/gpu={i}" for i in ids or ["all"]), capabilities=("gpu",)
-    )
-
-
-def hugetlbfs_volume(page_size: str) -> Volume:
-    """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
-    (its pages back to the pool) when the last container using it stops."""
-    return Volume(
-        driver="local",
-        driver_opts={
-            "type": "hugetlbfs",
-            "device": "hugetlbfs",
-            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700",
-        },
     )

@@ -20,8 +20,11 @@ from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
 from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
-from builder.stacks.document import HEALTHCHECK, engine_command, entrypoint_environment, pinned_image
+from builder.stacks.document import engine_command, entrypoint_environment, pinned_image
+from builder.stacks.features import refuse
+from builder.stacks.features.all import FEATURES
 from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
+from builder.stacks.service_parts import HEALTHCHECK
 
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
 # NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).
@@ -76,20 +79,11 @@ def _gibibytes(n_bytes: int) -> str:
 
 def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) -> list[dict[str, object]]:
     """The Deployment and Service for `stack` (its command checked against the image's contract)."""
-    if stack.monitoring_port:
-        raise StackError(
-            "--monitoring is compose's: on Kubernetes scrape the Service's /metrics with your "
-            "Prometheus (a ServiceMonitor) instead"
-        )
+    refuse(FEATURES, stack, "kubernetes")
     if stack.mlock:
         raise StackError(
             "--mlock needs an unlimited memlock limit, which a pod spec can't set: drop it for "
             "Kubernetes (or raise the limit in the container runtime's defaults)"
-        )
-    if stack.keep_prompts:
-        raise StackError(
-            "--keep-prompts keeps the slots on a compose volume; a pod would need a PersistentVolumeClaim "
-            "(not written yet): drop it for Kubernetes"
         )
     if options.replicas < 1:
         raise StackError(f"--replicas {options.replicas}: a Deployment runs at least 1")

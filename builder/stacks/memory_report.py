@@ -15,9 +15,9 @@ from builder.models.facts import ModelFacts
 from builder.models.opened import OpenedModel
 from builder.models.planner import GIB, Plan, size
 from builder.spec import EngineOptions
+from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
-from builder.stacks.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.vision import checked_projector, projector_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 
 

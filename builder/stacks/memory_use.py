@@ -11,7 +11,7 @@ from builder.engines import Engine
 from builder.engines.specs import StackSpec
 from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.planner import GIB
-from builder.stacks.vision import projector_bytes
+from builder.stacks.features.vision import projector_bytes
 
 MIB = 1024**2
 # The engine's CPU compute buffers and its process beside the weights and caches (ik_llama.cpp's CPU

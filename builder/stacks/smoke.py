@@ -18,9 +18,9 @@ from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
 from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
-from builder.stacks.document import CPU_SERVICE, SERVICE
 from builder.stacks.record import Record, Served
 from builder.stacks.run import published_ports, running_container, stack_api_key, up
+from builder.stacks.service_parts import CPU_SERVICE, SERVICE
 from builder.stacks.stack_file import Service, StackFile
 
 

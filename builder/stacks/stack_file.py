@@ -11,6 +11,7 @@ meant: compose reads `$NAME` anywhere in the file as a variable, so `to_yaml` do
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -268,3 +269,17 @@ _Dumper.add_representer(str, _string)
 def to_yaml(document: dict[str, object]) -> str:
     """A document as moe-stack writes YAML (the stack file, a tool's derived file)."""
     return HEADER + yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+@dataclass(frozen=True)
+class StackFiles:
+    """The host files a stack mounts, as the document names them."""
+
+    model: Path  # the model's first (or only) file
+    mounts: tuple[Mount, ...]  # the model's bind mounts
+    api_key: Path | None = None
+    model_bytes: int = 0  # the model's files together (0: not read, as for another machine's stack)
+    config_weights_bytes: int = 0  # the --config-dir checkpoint's weight files together (0: none, not read)
+    # The model's content hash (models/identity.py), read for a stack that keeps its prompts (None: not
+    # read, as for another machine's stack).
+    model_identity: str | None = None

@@ -21,8 +21,8 @@ from builder.errors import StackError
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.document import CPU_SERVICE, SERVICE
 from builder.stacks.escaping import literal
+from builder.stacks.service_parts import CPU_SERVICE, SERVICE
 from builder.stacks.stack_file import Healthcheck, StackFile, to_yaml
 from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 

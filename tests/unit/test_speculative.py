@@ -21,7 +21,7 @@ from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES, DeepSeek2Shape, Tensor
 from builder.spec import EngineOptions
-from builder.stacks.speculative import checked_speculative, draft_vram_bytes
+from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]
 from tests.specs import opened

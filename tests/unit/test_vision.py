@@ -25,9 +25,9 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import StackOptions, plan_models
 from builder.stacks.document import serves
+from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from builder.stacks.memory_use import memory_use
-from builder.stacks.vision import checked_projector, projector_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]
 from tests.specs import opened
@@ -161,5 +161,5 @@ def test_a_stack_routing_several_models_refuses_it(ggufs: dict[str, Path]) -> No
         StackOptions(model=model, engine_options=EngineOptions(mmproj=projector), for_other_host=True)
         for model, projector in ((ggufs["model"], ggufs["mmproj"]), (second, None))
     ]
-    with pytest.raises(SpecError, match=r"images \(--mmproj\) are for a stack of one model"):
+    with pytest.raises(StackError, match=r"images \(--mmproj\) are for a stack of one model"):
         plan_models(models, probe())

@@ -10,12 +10,25 @@ InternVL projector: 16 tokens for a 64-pixel image; a real one hundreds to thous
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from builder.engines.base import Engine
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
 from builder.models.opened import OpenedModel
 from builder.models.projector import read_projector
 from builder.spec import EngineOptions, NeutralOptions
+from builder.stacks.features import Feature, Where
+
+
+class Vision(Feature):
+    refusals: ClassVar[dict[Where, str]] = {
+        "router": "images (--mmproj) are for a stack of one model: emit that model's stack on its own",
+    }
+
+    def asked(self, stack: StackSpec) -> bool:
+        return stack.mmproj is not None
 
 
 def checked_projector(options: EngineOptions, model: OpenedModel, adapter: Engine) -> EngineOptions:

@@ -14,15 +14,18 @@ acceptance rate is claimed from them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import gpu_compute
+from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.files import check_beside_model, user_path
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
 from builder.models.opened import OpenedModel
 from builder.spec import EngineOptions
+from builder.stacks.features import Feature, Where
 
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
 # SPEC_VOCAB_MAX_SIZE_DIFFERENCE, in llama.cpp 0c1e57098 and ik_llama.cpp 007d640).
@@ -32,6 +35,16 @@ VOCAB_MAX_DIFFERENCE = 128
 # such a head through `-md` and `--spec-type draft-mtp`; its CPU build died of SIGFPE reserving the draft
 # context for a tiny V4 (with the head apart or in the file alike), so moe-stack doesn't offer it yet.
 MTP_HEAD_APART = frozenset({"deepseek4"})
+
+
+class Speculative(Feature):
+    refusals: ClassVar[dict[Where, str]] = {
+        "router": "speculative decoding (--draft-model, --mtp) is for a stack of one model: emit that "
+        "model's stack on its own",
+    }
+
+    def asked(self, stack: StackSpec) -> bool:
+        return stack.draft_model is not None or bool(stack.mtp)
 
 
 def checked_speculative(
