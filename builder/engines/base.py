@@ -6,8 +6,10 @@ adapter module, its template folder and a matrix row."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 from builder.contract import API_KEY_PATH
@@ -124,6 +126,9 @@ class Engine(ABC):
     tool_calls_flag: str | None = None
     # The GGUF architectures it loads, where its image has no label that says (None: the label's).
     gguf_architectures: frozenset[str] | None = None
+    # Architectures its pinned tree names whose GGUFs its loader refuses all the same: why, as the user
+    # reads it after "can't load <arch> models like <file>: ".
+    refused_architectures: Mapping[str, str] = MappingProxyType({})
     # The architectures whose expert groups it routes within only on its own switch (ik_llama.cpp's -ger
     # for Ling's bailingmoe2): a stack of such a model with groups turns it on (StackSpec.grouped_routing).
     groups_on_request: frozenset[str] = frozenset()
@@ -293,7 +298,12 @@ class Engine(ABC):
         return OpenedModel.open(path, self.model_format)
 
     def check_layout(self, model: OpenedModel) -> None:
-        """StackError when this engine can't load `model`'s tensor layout (of an architecture it loads)."""
+        """StackError when this engine can't load `model`'s tensor layout (of an architecture it names)."""
+        arch = model.facts.arch
+        if arch in self.refused_architectures:
+            raise StackError(
+                f"{self.name} can't load {arch} models like {model.name}: {self.refused_architectures[arch]}"
+            )
 
     def check_host(self, stack: StackSpec, cpu: CpuInfo) -> None:
         """StackError when `stack`'s options can't run on a CPU like `cpu` (checked where it runs)."""

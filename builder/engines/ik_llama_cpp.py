@@ -4,21 +4,31 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
-from builder.engines.tune_space import Dimension, has_switch, setting_value, switch_dimension, value_of
+from builder.engines.tune_space import (
+    Dimension,
+    has_switch,
+    setting_value,
+    stage_length_dimension,
+    switch_dimension,
+    value_of,
+)
 from builder.errors import StackError
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout
 from builder.models.opened import OpenedModel
+from builder.platform.flags import takes_stages
 
 if TYPE_CHECKING:  # the specs hold an adapter: they import this package
     from builder.engines.specs import StackSpec
 
-# The architectures whose NextN (MTP) tensors its loader knows (llama-load-tensors.cpp at 007d640).
-NEXTN_ARCHITECTURES = frozenset({"glm4moe", "glm-dsa", "bailingmoe2"})
+# The architectures whose NextN (MTP) tensors its loader knows, and skips unless -mtp
+# (llama-load-tensors.cpp at 8337e4c: bailingmoe3's and qwen35moe's came with the bump from 007d640).
+NEXTN_ARCHITECTURES = frozenset({"glm4moe", "glm-dsa", "bailingmoe2", "bailingmoe3", "qwen35moe"})
 
 
 class IkLlamaCpp(LlamaFamilyEngine):
@@ -27,13 +37,23 @@ class IkLlamaCpp(LlamaFamilyEngine):
     upstream_url = "https://github.com/ikawrakow/ik_llama.cpp.git"
     sdist = "ik-llama-cpp-python==0.1.5"
     sdist_subdir = "vendor/ik_llama.cpp"
-    # The commit that sdist vendors (it doesn't say: found by content, dockerfiles/pins.yaml), which the
-    # pin equals: the default build and the tested one are the same tree.
+    # The commit that sdist vendors (it doesn't say: found by content, dockerfiles/pins.yaml): the ref a
+    # build from it carries. The pin is newer and comes from the source mirror (builder/images/mirror.py).
     sdist_ref = "55d3c05bf7b377deaa5dc84d255d9740a345a206"
-    # Its sdists lack common/cmake/build-info-gen-cpp.cmake; the build writes build-info.cpp itself.
+    # Its sdists lack common/cmake/build-info-gen-cpp.cmake, and its mirror's tarball has no .git for the
+    # script to read: the build writes build-info.cpp from the pinned ref itself.
     needs_build_info_shim = True
     # Its CMake adds -lineinfo to every CUDA compile: half its server's sm_90 device code (194 MB).
     drops_cuda_lineinfo = True
+    # MiniMax-M3's GGUFs come from mainline's converter (ik's has no MiniMax-M3) with the sparse-attention
+    # indexer, whose tensors its create_minimaxm3_tensors (8337e4c) makes none of: the tiny model's load
+    # stopped at `wrong number of tensors; expected 54, got 46`.
+    refused_architectures = MappingProxyType(
+        {
+            "minimax-m3": "its tree (8337e4c) runs MiniMax-M3's attention densely and loads none of the "
+            "indexer tensors such a file has; serve it with mainline llama.cpp"
+        }
+    )
     # Its --help omits accepted flags (-ot, -thp, -cmoe...): the contract adds the parser's literals.
     parser_sources = ("common/common.cpp",)
     # Its own llama-sweep-bench (PP and TG speed over the whole context) beside mainline's tools.
@@ -100,11 +120,12 @@ class IkLlamaCpp(LlamaFamilyEngine):
         return ["--n-gpu-layers", "999", "--fit", "--fit-margin", str(margin_mib)]
 
     def cache_layout(self, mla: int | None, swa_full: bool = False) -> CacheLayout:
-        """The latent with MLA 3 unless -mla says otherwise (common.h at the pin, 55d3c05: `mla_attn = 3`;
-        27 MiB where f16 K/V would be 1.9 GiB, on the H200); no indexer keys (it builds glm-dsa on
-        deepseek2's graph: the tiny GLM-5 logged the latent alone); every sliding-window layer at the full
-        context (its cache has no window: src/llama.cpp only masks)."""
-        return CacheLayout(latent=mla is None or mla > 0, indexer=False)
+        """The latent with MLA 3 unless -mla says otherwise (common.h: `mla_attn = 3`; 27 MiB where f16 K/V
+        would be 1.9 GiB, on the H200 at 55d3c05); the sparse-attention indexer's keys in f16 whatever the
+        cache's type (-ictk's default at 8337e4c, which moe-stack leaves: the tiny GLM-5 logged `KV self
+        indexer size = 3.00 MiB (f16)` beside a q8_0 latent; 55d3c05 built none); every sliding-window
+        layer at the full context (its cache has no window: src/llama.cpp only masks)."""
+        return CacheLayout(latent=mla is None or mla > 0, indexer_type="f16")
 
     def pins_cpu_weights(self, mmap: bool | None, gpu: bool) -> bool:
         """A CUDA build places tensors overridden to the CPU in CUDA_Host (pinned) buffers, mapped or not:
@@ -152,10 +173,12 @@ class IkLlamaCpp(LlamaFamilyEngine):
         return dimensions
 
     def check_layout(self, model: OpenedModel) -> None:
-        """A DeepSeek or Qwen3-Next GGUF that carries its multi-token-prediction layer (mainline's converter
-        keeps it unless --no-mtp) stops its loader: it knows NextN tensors for GLM-4.5 and Ling only, and
+        """Beside the architectures it refuses, a DeepSeek or Qwen3-Next GGUF that carries its
+        multi-token-prediction layer (mainline's converter keeps it unless --no-mtp) stops its loader: it
+        knows NextN tensors for GLM-4.5, GLM-5, Ling and Qwen3.5 only, and
         at 007d640 a deepseek2 file with one exited 139 after `wrong number of tensors; expected 74, got
         70` (the four NextN tensors; tests/integration/test_speculative.py)."""
+        super().check_layout(model)
         facts = model.facts
         if facts.nextn_layers and facts.arch not in NEXTN_ARCHITECTURES:
             raise StackError(
@@ -176,12 +199,30 @@ class IkLlamaCpp(LlamaFamilyEngine):
         loaded = facts.without_nextn()
         return replace(loaded, other_bytes=loaded.other_bytes + facts.built_mla_bytes, built_mla_bytes=0)
 
+    def speculative_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
+        """Since its speculative rework (8337e4c) a draft model drafts only in a `--spec-type draft` stage,
+        which holds the draft length too (`draft:n_max=4`): a -md alone drafted nothing, and --draft-max
+        exits ("legacy speculative option '--draft-max' is disabled"). A build whose --spec-type takes no
+        stage (no `k=v` in its --help: 55d3c05's lists ngram kinds) drafts with -md and --draft-max."""
+        if stack.draft_model is None or not takes_stages(flags):
+            return super().speculative_args(stack, flags)
+        stage = "draft" if stack.draft_max is None else f"draft:n_max={stack.draft_max}"
+        model_alone = stack.model_copy(update={"draft_max": None})
+        return [*super().speculative_args(model_alone, flags), "--spec-type", stage]
+
+    def draft_length_dimension(self, args: list[str]) -> Dimension:
+        """The stage's `n_max` where the draft is a --spec-type stage, else --draft-max."""
+        stage = value_of(args, ("--spec-type",))
+        if stage is None or not stage.startswith("draft"):
+            return super().draft_length_dimension(args)
+        return stage_length_dimension(stage)
+
     def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
-        """Its -mtp drafts with GLM-4.5's NextN layer only (llama-load-tensors.cpp at 007d640: glm4_moe and
-        glm_dsa build it, bailingmoe2 keeps it unused, deepseek2 and qwen3next load none)."""
+        """Not offered yet: 8337e4c drafts with the NextN layer of GLM-4.5, GLM-5, Qwen3.5 and DeepSeek-V4
+        through `--spec-type mtp` (its -mtp exits as a legacy option), which no test here has served."""
         raise StackError(
-            f"{self.name} drafts with a model's MTP layer for GLM-4.5 only; drop --mtp, or use "
-            "--draft-model, or mainline llama.cpp (--spec-type draft-mtp)"
+            f"moe-stack doesn't draft with {self.name}'s MTP stage yet; drop --mtp, or use --draft-model, "
+            "or mainline llama.cpp (--spec-type draft-mtp)"
         )
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:

@@ -432,7 +432,7 @@ class LlamaFamilyEngine(Engine):
         )
         dimensions += self.engine_dimensions(args, gpu)
         if speculates(args):
-            dimensions.append(draft_max_dimension(args, self.draft_max_flag(None)))
+            dimensions.append(self.draft_length_dimension(args))
         dimensions.append(self.mmap_dimension(args))
         if numa_nodes > 1:
             dimensions.append(Dimension("numa", ("interleave", "none", "membind:0"), setting_numa))
@@ -536,6 +536,10 @@ class LlamaFamilyEngine(Engine):
 
     def draft_max_flag(self, flags: dict[str, str] | None) -> str:
         return self._draft_flag(flags, "--draft-max", "--draft-max")
+
+    def draft_length_dimension(self, args: list[str]) -> Dimension:
+        """`tune`'s search over the draft length of a server drafting with `args`."""
+        return draft_max_dimension(args, self.draft_max_flag(None))
 
     def mtp_args(self, flags: dict[str, str] | None) -> list[str]:
         """Drafting with the model's own MTP layer (refused where the engine has none for these models)."""

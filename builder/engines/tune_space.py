@@ -136,6 +136,27 @@ def draft_max_dimension(args: Args, flag: str) -> Dimension:
     return Dimension("draft-max", values, setting_value(spellings), affects="decode")
 
 
+def stage_length_dimension(stage: str) -> Dimension:
+    """The draft length inside a speculative stage (ik_llama.cpp's `--spec-type draft:n_max=4`, its only
+    spelling of it since its speculative rework), the stage's other keys kept."""
+    kind, _, keys = stage.partition(":")
+    settings = dict(key.split("=", 1) for key in keys.split(",") if "=" in key)
+    current = settings.pop("n_max", "default")
+
+    def apply(args: Args, env: Env, value: str) -> tuple[Args, Env]:
+        kept = {**settings, **({} if value == "default" else {"n_max": value})}
+        written = ",".join(f"{key}={setting}" for key, setting in kept.items())
+        return [
+            *without(args, ("--spec-type",)),
+            "--spec-type",
+            f"{kind}:{written}" if written else kind,
+        ], env
+
+    return Dimension(
+        "draft-max", tuple(dict.fromkeys([current, "2", "4", "8", "16"])), apply, affects="decode"
+    )
+
+
 def ubatch_sizes(current: str | None, gpu: bool) -> tuple[str, ...]:
     """512 … 4096, and 8192 on a GPU stack, the stack's own first. Prefill on the device: -ub 512 → 2048 →
     4096 took a 235B slice from 1871 to 4928 to 5313 t/s; with R1's 256 experts, whose every micro-batch

@@ -1,8 +1,9 @@
 """The KV cache an engine keeps for a model: its bytes from the model's attention and the engine's layout.
 
 Engines cache the same model differently (read at their pins): mainline llama.cpp keeps a sliding-window
-layer's cells to its window and caches a sparse-attention indexer's keys; ik_llama.cpp keeps every layer at
-the full context and builds no indexer. Each adapter says which in its `cache_layout`; this module counts.
+layer's cells to its window and caches a sparse-attention indexer's keys in the cache's type; ik_llama.cpp
+keeps every layer at the full context and the indexer's keys in f16. Each adapter says which in its
+`cache_layout`; this module counts.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class CacheLayout:
 
     latent: bool = False  # MLA: the compressed latent and rope part a token, not each head's K and V
     indexer: bool = True  # a sparse-attention indexer's keys beside the latent (glm-dsa)
+    # The type of those keys where the engine fixes it (ik_llama.cpp's -ictk default, f16), else the cache's.
+    indexer_type: str | None = None
     windowed: bool = False  # sliding-window layers hold their window and a micro-batch, not the context
 
 
@@ -68,7 +71,8 @@ def kv_cache_bytes(
     v_type = cache_type_v or cache_type
     if layout.latent and facts.mla_dim:
         per_token = row_bytes(cache_type, facts.mla_dim)
-        per_token += row_bytes(cache_type, facts.indexer_dim) if layout.indexer and facts.indexer_dim else 0
+        if layout.indexer and facts.indexer_dim:
+            per_token += row_bytes(layout.indexer_type or cache_type, facts.indexer_dim)
     else:
         per_token = facts.kv_heads * (
             row_bytes(cache_type, facts.key_dim) + row_bytes(v_type, facts.value_dim)
@@ -103,7 +107,8 @@ def compressed_cache_bytes(
     (unified or not): every layer's raw window of K rows (K and V are one head); on each compressed
     layer a row per `ratio` tokens, and on the 4-token layers the indexer's key per 4 tokens too, in the
     cache's type; and each compressed layer's compressor state in F32."""
-    key, indexer = row_bytes(cache_type, facts.key_dim), row_bytes(cache_type, facts.indexer_dim)
+    key = row_bytes(cache_type, facts.key_dim)
+    indexer = row_bytes(layout.indexer_type or cache_type, facts.indexer_dim)
     stream = _stream(ctx, sequences)
     raw = (
         window_cells(facts.sliding_window, ctx, sequences, ubatch) if layout.windowed else stream * sequences

@@ -15,15 +15,16 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
 - glm-dsa (GLM-5, 5.1): DeepSeek's MLA layout (a q latent, the KV latent, dense leading layers, a
   shared expert, sigmoid routing) with DeepSeek Sparse Attention's indexer in every layer: its heads'
   queries from the q latent, one key a token, a projection to the heads' weights, a normed key. Both
-  engines require the indexer's tensors at the pinned refs; mainline runs it and caches its keys, ik_llama.cpp
-  loads and never uses them (its graph is deepseek2's). GLM-5.2's indexer in 21 layers only is left out:
+  engines require the indexer's tensors at the pinned refs; both cache its keys (ik_llama.cpp since
+  8337e4c: 55d3c05 loaded and never used them). GLM-5.2's indexer in 21 layers only is left out:
   ik_llama.cpp at its pin can't load it.
 - qwen35moe (Qwen3.5/3.6-MoE: 35B-A3B, 122B-A10B, 397B-A17B): Qwen3-Next's layers (three gated delta
   nets, then gated full attention, a shared expert) with the delta net's beta and alpha projections as
   two tensors, and interleaved multimodal rotary sections (the models read images natively), which both
   engines require (mainline's src/models/qwen35moe.cpp, ik's llama-hparams.cpp and llama-load-tensors.cpp
   at the pinned refs). No MTP block: ik_llama.cpp reads no nextn_predict_layers for it.
-- deepseek4 (DeepSeek-V4-Flash; mainline only: ik_llama.cpp at its pin has no such architecture): a q
+- deepseek4 (DeepSeek-V4-Flash; ik_llama.cpp since 8337e4c, which keeps every layer's K at the full
+  context and the indexer's keys in f16): a q
   latent, one shared K=V head of 512 with attention sinks, a grouped low-rank output, four hyper-connection
   residual streams, every layer MoE with a shared expert (the first three routed by a token table), and
   compressed attention: every layer keeps a raw window of 128 tokens, and beside it one row per 4 tokens
@@ -34,13 +35,14 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
   with DeepSeek Sparse Attention's lightning indexer in every layer, as glm-dsa's tensors: mainline's
   src/models/deepseek32.cpp at 0c1e57098 requires the indexer's tensors and the gating function's key,
   and caches the latent and the indexer's keys (llama_kv_cache_dsa), the MTP block's in neither.
-- minimax-m3 (MiniMax-M3; mainline only: ik_llama.cpp at its pin has no such architecture): MiniMax-M2's
-  grouped-query attention with per-head q/k norms, dense leading layers, a shared expert beside the routed
-  ones, and MiniMax Sparse Attention on every layer after the dense ones: a lightning indexer (a head per KV
-  head, one key of 128 a token) picks blocks of 128 tokens to attend to; mainline caches the indexer's key,
-  and a value of the head's width it never reads, in a second cache of those layers (llama_kv_cache_msa), and
-  runs it only with flash attention and a cache per slot (src/models/minimax-m3.cpp at 0c1e57098). The
-  indexer's projections stay F32 in real files, as the converter writes them.
+- minimax-m3 (MiniMax-M3; mainline only: ik_llama.cpp's pinned tree names it but loads no indexer
+  tensors): MiniMax-M2's grouped-query attention with per-head q/k norms, dense leading layers, a
+  shared expert beside the routed ones, and MiniMax Sparse Attention on every layer after the dense ones:
+  a lightning indexer (a head per KV head, one key of 128 a token) picks blocks of 128 tokens to attend to;
+  mainline caches the indexer's key, and a value of the head's width it never reads, in a second cache of
+  those layers (llama_kv_cache_msa), and runs it only with flash attention and a cache per slot
+  (src/models/minimax-m3.cpp at 0c1e57098). The indexer's projections stay F32 in real files, as the
+  converter writes them.
 """
 
 from __future__ import annotations

@@ -134,6 +134,13 @@ def check_choice(flags: dict[str, str] | None, flag: str, value: str, who: str) 
         raise StackError(f"{who} takes {flag} {' | '.join(choices)}, not {value!r}: give one of them")
 
 
+def takes_stages(flags: dict[str, str] | None) -> bool:
+    """Whether the build's --spec-type takes a speculative stage with its settings (`draft:n_max=4`: its
+    --help shows `SPEC[:k=v,...]`), as ik_llama.cpp's since its speculative rework; an unknown contract is
+    taken to, as the pinned tree does."""
+    return flags is None or "k=v" in flags.get("--spec-type", "")
+
+
 def has_flag(flags: dict[str, str] | None, flag: str) -> bool:
     """Whether the image's contract lists `flag`; an unknown contract (None) is taken to have it, and
     the adapter writes its engine's current syntax."""

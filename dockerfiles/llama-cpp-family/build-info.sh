@@ -1,14 +1,15 @@
 #!/bin/sh
-# Supply build info to trees that can't generate it: ik_llama.cpp's sdists ship
+# Supply build info to trees without a .git to read it from: ik_llama.cpp's sdists ship
 # common/build-info.cpp.in but not the common/cmake/build-info-gen-cpp.cmake script the build runs
-# to fill it (and have no .git to read). Write that script, filling in the pinned ref and the
-# compiler cmake reports. Usage: build-info.sh SRC REF
+# to fill it, and a mirror's tarball (git archive) ships the script, which asks git and finds
+# nothing ("unknown"). Write that script, filling in the pinned ref and the compiler cmake reports.
+# Usage: build-info.sh SRC REF
 set -eu
 src=$1
 ref=$2
 script="$src/common/cmake/build-info-gen-cpp.cmake"
-if [ -f "$script" ] || [ ! -f "$src/common/build-info.cpp.in" ]; then
-    exit 0  # the tree brings its own generator, or needs none
+if [ -d "$src/.git" ] || [ ! -f "$src/common/build-info.cpp.in" ]; then
+    exit 0  # the tree's own generator reads git, or the tree needs none
 fi
 mkdir -p "$(dirname "$script")"
 cat >"$script" <<CMAKE

@@ -30,11 +30,12 @@ pytestmark = pytest.mark.integration
 
 
 def _loads(engine: str, arch: str) -> bool:
-    """Whether the engine's pinned tree names `arch` (its recorded contract: DeepSeek-V4 and V3.2 mainline's
-    alone)."""
-    contract = recorded_contract(get_engine(engine))
+    """Whether the engine's pinned tree names `arch` (its recorded contract: DeepSeek-V3.2 mainline's alone)
+    and its adapter doesn't refuse that architecture's files (ik_llama.cpp's MiniMax-M3)."""
+    adapter = get_engine(engine)
+    contract = recorded_contract(adapter)
     assert contract is not None, engine
-    return arch in contract.architectures
+    return arch in contract.architectures and arch not in adapter.refused_architectures
 
 
 CASES = [(arch, engine) for arch in FAMILY_TINY_SHAPES for engine in ENGINES if _loads(engine, arch)]
@@ -81,7 +82,7 @@ def test_family_serves_without_a_preset(
     check_kv_as_planned(stack, logs)
 
 
-# The families ik_llama.cpp's pinned tree can't load (DeepSeek-V4, DeepSeek-V3.2), mainline's can.
+# The families ik_llama.cpp's pinned tree can't load (DeepSeek-V3.2, MiniMax-M3), mainline's can.
 MAINLINE_ONLY = [arch for arch in FAMILY_TINY_SHAPES if not _loads("ik_llama.cpp", arch)]
 
 
@@ -89,9 +90,9 @@ MAINLINE_ONLY = [arch for arch in FAMILY_TINY_SHAPES if not _loads("ik_llama.cpp
 def test_an_engine_without_the_architecture_refuses_it_in_one_line(
     arch: str, base_image: str, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    """DeepSeek-V4 and V3.2 on ik_llama.cpp, whose pinned tree has no deepseek4 or deepseek32: compose says
-    so against the image and writes nothing (rather than a stack whose engine dies loading the model), for
-    the architecture before any layout (V3.2's MTP block)."""
+    """DeepSeek-V3.2 on ik_llama.cpp, whose pinned tree has no deepseek32, and MiniMax-M3, whose files it
+    can't load: compose says so against the image and writes nothing (rather than a stack whose engine dies
+    loading the model), for the architecture before any layout (V3.2's MTP block)."""
     assert _loads("llama.cpp", arch)
     image = build_engine_image("ik_llama.cpp", "avx2", base_image)
     out = tmp_path / "compose.yaml"

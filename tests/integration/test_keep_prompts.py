@@ -102,7 +102,10 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     for action, name in tried:
         with pytest.raises(StackError, match="answered HTTP"):
             api.post(f"/slots/0?action={action}", {"filename": name})
-    api.post("/slots/0?action=save", {"filename": "a-clients.bin"})
+    try:
+        api.post("/slots/0?action=save", {"filename": "a-clients.bin"})
+    except StackError as lost:  # a reply ik_llama.cpp lost (above): the file tells whether it saved
+        assert engine_image.engine == "ik_llama.cpp" and "timed out" in str(lost), lost
     assert "a-clients.bin" in container.execute(["ls", PROMPTS_DIR]).split()
     container.execute(["moe-stack-prompts", "save"])
     assert not [name for name in container.execute(["ls", PROMPTS_DIR]).split() if not name.startswith(mine)]

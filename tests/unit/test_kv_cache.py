@@ -44,14 +44,17 @@ def test_gpt_oss_costs_mainline_a_window_and_ik_the_whole_context() -> None:
     assert whole - windowed > 4 * 1024**3  # what counting every layer in full over-planned a card by
 
 
-def test_only_mainline_caches_the_sparse_attention_indexer() -> None:
-    """GLM-5 (glm-dsa): mainline caches the indexer's 128-wide keys beside the 576-wide latent
-    (llama_kv_cache_dsa); ik_llama.cpp at its pin builds glm-dsa on deepseek2's graph and caches the
-    latent alone (the tiny model's 13.50 MiB at 4096 tokens, f16, tests/integration/test_families.py)."""
+def test_each_engine_caches_the_sparse_attention_indexer_in_its_own_type() -> None:
+    """GLM-5 (glm-dsa): both cache the indexer's 128-wide keys beside the 576-wide latent, mainline in the
+    cache's type (llama_kv_cache_dsa), ik_llama.cpp in f16 whatever the cache's (its -ictk default at
+    8337e4c: the tiny model logged 7.17 MiB of q8_0 latent and `KV self indexer size = 3.00 MiB (f16)`)."""
     facts = shape_facts(TINY["glm-dsa"])
-    latent = int(row_bytes("f16", facts.mla_dim or 0) * 4096 * facts.cached_layers)
-    assert kv_cache_bytes(facts, 4096, "f16", IK.cache_layout(None)) == latent
-    assert kv_cache_bytes(facts, 4096, "f16", MAINLINE.cache_layout(None)) == int(latent * (576 + 128) / 576)
+    cells = 4096 * facts.cached_layers
+    latent, keys = row_bytes("q8_0", facts.mla_dim or 0) * cells, row_bytes("f16", facts.indexer_dim) * cells
+    assert kv_cache_bytes(facts, 4096, "q8_0", IK.cache_layout(None)) == int(latent + keys)
+    assert round((latent + keys) / 2**20, 2) == 10.17  # its `CPU KV buffer size = 10.17 MiB`
+    mainline_keys = row_bytes("q8_0", facts.indexer_dim) * cells
+    assert kv_cache_bytes(facts, 4096, "q8_0", MAINLINE.cache_layout(None)) == int(latent + mainline_keys)
 
 
 @dataclass(frozen=True)

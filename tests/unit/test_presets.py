@@ -96,14 +96,14 @@ def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it(
     name: str, arch: str, sampling: tuple[float, float]
 ) -> None:
     """The families mainline loaded first: served by ik_llama.cpp where its pinned tree names the
-    architecture (its recorded contract: DeepSeek-V4, Ling-3 and MiniMax-M3 since 8337e4c), else refused in
-    one line naming that tree; KTransformers refused with the reason, and the card's sampling is the
-    preset's."""
+    architecture (its recorded contract: DeepSeek-V4 and Ling-3 since 8337e4c) and its adapter takes the
+    files (not MiniMax-M3's, whose indexer tensors ik's loader refuses), else refused in one line naming
+    that tree; KTransformers refused with the reason, and the card's sampling is the preset's."""
     preset = get_preset(name)
     ik = get_engine("ik_llama.cpp")
     contract = recorded_contract(ik)
     assert contract is not None
-    loads = arch in contract.architectures
+    loads = arch in contract.architectures and arch not in ik.refused_architectures
     assert list(preset.engines) == (["ik_llama.cpp", "llama.cpp"] if loads else ["llama.cpp"])
     assert preset.architecture == arch
     options = preset.engine_options(get_engine("llama.cpp"))
@@ -112,7 +112,8 @@ def test_a_preset_for_one_engine_names_why_the_others_cant_serve_it(
         assert preset.engine_options(ik).moe_offload_batch == 1
     else:
         # the tree whose contract is recorded (a pin bump moves the pin first, the record once it is built)
-        refused = rf"ik_llama.cpp can't serve it \(its pinned tree \({contract.ref[:7]}\) has no {arch} "
+        tree = rf"its pinned tree \({contract.ref[:7]}\)"
+        refused = rf"ik_llama.cpp can't serve it \({tree} (has no|names) {arch} "
         with pytest.raises(SpecError, match=refused):
             preset.engine_options(ik)
     others = rf"^preset {name}: \S+ can't serve it \(.+\); use --engine {' or '.join(preset.engines)}$"

@@ -61,9 +61,37 @@ def test_each_engine_writes_a_draft_in_its_own_syntax(ggufs: dict[str, Path]) ->
         "--spec-draft-n-max",
         "4",
     ]
+    # ik's pinned server drafts only in a --spec-type stage, which holds the length (--draft-max exits).
     ik = _args("ik_llama.cpp", ggufs["model"], draft_model=ggufs["draft"], draft_max=4)
-    assert ik[ik.index("--model-draft") :][:4] == ["--model-draft", "/models/d.gguf", "--draft-max", "4"]
-    assert "--n-gpu-layers-draft" not in ik and "--spec-type" not in ik  # CPU stack; ik has no draft kind
+    assert ik[ik.index("--model-draft") :][:4] == [
+        "--model-draft",
+        "/models/d.gguf",
+        "--spec-type",
+        "draft:n_max=4",
+    ]
+    assert "--n-gpu-layers-draft" not in ik and "--draft-max" not in ik  # a CPU stack
+    ik_default = _args("ik_llama.cpp", ggufs["model"], "nvidia", draft_model=ggufs["draft"])
+    assert ik_default[ik_default.index("--model-draft") :][:6] == [
+        "--model-draft",
+        "/models/d.gguf",
+        "--n-gpu-layers-draft",
+        "99",
+        "--spec-type",
+        "draft",
+    ]
+    # A build whose --spec-type takes no stage (55d3c05's) drafts with --draft-max.
+    contract = recorded_contract(get_engine("ik_llama.cpp"))
+    assert contract is not None
+    older = {**contract.flags, "--spec-type": "Name [none | ngram - cache | ngram - simple]"}
+    stack = StackSpec(project="p", engine="ik_llama.cpp", image="i:1", model=ggufs["model"], threads=2)
+    drafting = stack.model_copy(update={"draft_model": ggufs["draft"], "draft_max": 4})
+    old_args = get_engine("ik_llama.cpp").server_args(drafting, older)
+    assert old_args[old_args.index("--model-draft") :][:4] == [
+        "--model-draft",
+        "/models/d.gguf",
+        "--draft-max",
+        "4",
+    ]
     mtp = _args("llama.cpp", ggufs["mtp"], mtp=True)
     assert mtp[mtp.index("--spec-type") + 1] == "draft-mtp"
 
@@ -83,12 +111,12 @@ def test_an_older_mainline_without_the_new_spellings_gets_the_old_or_a_refusal(
 
 
 def test_ik_refuses_mtp_and_a_file_that_carries_the_layer(ggufs: dict[str, Path]) -> None:
-    with pytest.raises(StackError, match="MTP layer for GLM-4.5 only; drop --mtp"):
+    with pytest.raises(StackError, match="doesn't draft with ik_llama.cpp's MTP stage yet; drop --mtp"):
         _args("ik_llama.cpp", ggufs["model"], mtp=True)
     with pytest.raises(StackError, match="r1.gguf: its deepseek2 multi-token-prediction layer"):
         get_engine("ik_llama.cpp").check_layout(opened(ggufs["mtp"], "ik_llama.cpp"))
     get_engine("ik_llama.cpp").check_layout(opened(ggufs["model"], "ik_llama.cpp"))
-    get_engine("llama.cpp").check_layout(ggufs["mtp"])
+    get_engine("llama.cpp").check_layout(opened(ggufs["mtp"], "llama.cpp"))
 
 
 @pytest.mark.parametrize(

@@ -300,6 +300,14 @@ def test_a_drafting_stack_searches_its_draft_length_in_its_engines_spelling() ->
     assert mtp.apply(["-mtp"], {}, "2")[0] == ["-mtp", "--draft-max", "2"]
     assert mtp.apply(["-mtp", "--draft-max", "2"], {}, "default")[0] == ["-mtp"]
     assert "draft-max" not in [d.name for d in ik.tune_dimensions(STACK, numa_nodes=1, gpu=True)]
+    staged = [*STACK, "--model-draft", "/models/d.gguf", "--spec-type", "draft:n_max=4,p_min=0.5"]
+    stage = {d.name: d for d in ik.tune_dimensions(staged, numa_nodes=1, gpu=True)}["draft-max"]
+    assert stage.values == ("4", "2", "8", "16")
+    assert stage.apply(["--spec-type", "draft:n_max=4,p_min=0.5"], {}, "8")[0] == [
+        "--spec-type",
+        "draft:p_min=0.5,n_max=8",
+    ]
+    assert stage.apply(staged, {}, "default")[0][-2:] == ["--spec-type", "draft:p_min=0.5"]
     assert not speculates([*STACK, "--spec-type", "none"]) and speculates([*STACK, "-md", "/models/d.gguf"])
 
 
