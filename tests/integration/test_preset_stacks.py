@@ -27,7 +27,6 @@ from builder.images.recorded_contracts import (
     contract_text,
     recorded_contract,
 )
-from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.stacks.assemble import StackOptions, plan_stack
@@ -101,7 +100,7 @@ def test_preset_serves_its_architecture(
         logs = DockerClient(compose_files=[compose_file]).compose.logs()
     # The preset's own settings reached the engine, as its log shows them.
     assert command[command.index("--ctx-size") + 1] == str(chosen.options["ctx_size"])
-    facts = read_facts(stack_plan.stack.model)
+    facts = stack_plan.stack.model.facts
     assert facts.expert_count == chosen.example_shape.get("experts", facts.expert_count)
     if chosen.architecture == "deepseek2" and engine == "ik_llama.cpp":
         assert "Adjusted mainline llama.cpp MLA tensors" in logs and "mla_attn      = 3" in logs, logs[-2000:]

@@ -123,7 +123,8 @@ def test_ik_drafts_with_a_draft_model_and_refuses_an_mtp_file(
     image = build_engine_image("ik_llama.cpp", "avx2", base_image).tag
     options = EngineOptions(draft_model=models["draft"], draft_max=4)
     reply, logs, command = _served("ik_llama.cpp", models["model"], image, options, tmp_path)
-    assert command[command.index("--draft-max") + 1] == "4"
+    # Its pinned tree drafts only in a --spec-type stage, which holds the length (its --draft-max exits).
+    assert command[command.index("--spec-type") + 1] == "draft:n_max=4" and "--draft-max" not in command
     assert "speculative decoding context initialized" in logs, logs[-2000:]
     assert reply["timings"]["predicted_n"] == 24
     assert "draft acceptance rate" in logs, logs[-2000:]  # ik counts its drafts in the log, not timings
