@@ -8,8 +8,8 @@ The command line builds a StackOptions and calls `plan_stack`; tests call it wit
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +31,7 @@ from builder.models.opened import OpenedModel
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.derived import block_sparse, derived_preset
+from builder.stacks.derived import Derived, block_sparse, derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.features import refuse
 from builder.stacks.features.all import FEATURES
@@ -104,63 +104,133 @@ class StackPlan:
     notes: tuple[str, ...] = ()  # what the user should know of this stack on this host (pinned memory)
 
 
-def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
-    """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`)."""
-    adapter = options.engine
-    model = adapter.open_model(options.model)
-    facts = model.facts
-    if options.preset is not None:
-        check_model_architecture(options.preset, facts.arch, model.path, options.presets_file)
-    derived = None if options.preset else derived_preset(facts, adapter, options.gpu != "none")
-    if derived is None:
-        engine_options, preset_rules = merge_options(
-            options.preset, adapter, options.engine_options, options.presets_file
-        )
-    else:
-        engine_options, preset_rules = options.engine_options.over(derived.options), derived.override_rules
-    draft = None
-    if {"draft_model", "mtp"} <= adapter.honours:  # else the engine refuses them by name
-        engine_options, draft = checked_speculative(engine_options, model, adapter)
-    if "mmproj" in adapter.honours:
-        engine_options = checked_projector(engine_options, model, adapter)
-    if block_sparse(facts):
-        _check_sparse_attention(engine_options, options)
-    gpu_experts = options.gpu_experts
+@dataclass(frozen=True)
+class Assembly:
+    """A stack as the assembly steps decide it, each step returning a copy with its part settled."""
+
+    options: StackOptions
+    host: HostFacts
+    model: OpenedModel
+    engine_options: EngineOptions  # the user's, until the preset's are merged under them
+    preset_rules: tuple[str, ...] = ()  # the preset's -ot rules, which a VRAM plan replaces
+    derived: Derived | None = None  # the options moe-stack derived from the model where no preset is named
+    draft: OpenedModel | None = None
+    gpu_experts: int | None = None
     tensor_split: tuple[int, ...] = ()
-    if options.placement == "fit":
-        if options.fit_vram_gb or options.override_tensors or options.experts_on_cpu:
-            raise SpecError(
-                "--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
-                "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)"
-            )
-        engine_options, preset_rules = engine_options.model_copy(update={"gpu_layers": None}), ()
-    engine_options = _layers_on_gpu(engine_options, options, adapter, model)
-    if options.fit_vram_gb:  # the plan's rules replace the preset's all-experts-on-CPU rule
-        if options.gpus and len(options.gpus) != len(options.fit_vram_gb):
-            raise SpecError(
-                f"--gpus names {len(options.gpus)} GPUs and --fit-vram-gb sizes {len(options.fit_vram_gb)}: "
-                "give one size per GPU, in the same order"
-            )
-        if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
-            raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-        fitted = _vram_plan(options, adapter, model, draft, engine_options, host.mem_total_bytes)
-        preset_rules, tensor_split = fitted.override_rules, fitted.tensor_split
-        if gpu_experts is None and not adapter.takes_override_rules:
-            gpu_experts = fitted.gpu_experts_per_layer
-    if options.gpus and host.gpus and not options.for_other_host:
-        missing = sorted(set(options.gpus) - set(range(len(host.gpus))))
+
+
+def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
+    """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`): the
+    model opened once, then each of ASSEMBLY_STEPS in order, then the spec."""
+    model = options.engine.open_model(options.model)
+    assembly = Assembly(options, host, model, options.engine_options, gpu_experts=options.gpu_experts)
+    for step in ASSEMBLY_STEPS:
+        assembly = step(assembly)
+    stack = _spec(assembly)
+    if not options.for_other_host:
+        options.engine.check_host(stack, host.cpu)
+    return stack
+
+
+def _preset_options(a: Assembly) -> Assembly:
+    """The named preset's options (its architecture checked against the model's), else the ones derived
+    from the model, each under those the user gave."""
+    options, adapter, facts = a.options, a.options.engine, a.model.facts
+    if options.preset is not None:
+        check_model_architecture(options.preset, facts.arch, a.model.path, options.presets_file)
+        merged, rules = merge_options(options.preset, adapter, options.engine_options, options.presets_file)
+        return replace(a, engine_options=merged, preset_rules=rules)
+    derived = derived_preset(facts, adapter, options.gpu != "none")
+    if derived is None:
+        merged, rules = merge_options(None, adapter, options.engine_options, options.presets_file)
+        return replace(a, engine_options=merged, preset_rules=rules)
+    return replace(
+        a,
+        engine_options=options.engine_options.over(derived.options),
+        preset_rules=derived.override_rules,
+        derived=derived,
+    )
+
+
+def _speculative(a: Assembly) -> Assembly:
+    """The draft model (or MTP stage) checked against the model, where the engine drafts at all (else
+    it refuses the options by name)."""
+    if not {"draft_model", "mtp"} <= a.options.engine.honours:
+        return a
+    engine_options, draft = checked_speculative(a.engine_options, a.model, a.options.engine)
+    return replace(a, engine_options=engine_options, draft=draft)
+
+
+def _projector(a: Assembly) -> Assembly:
+    if "mmproj" not in a.options.engine.honours:
+        return a
+    return replace(a, engine_options=checked_projector(a.engine_options, a.model, a.options.engine))
+
+
+def _sparse_attention(a: Assembly) -> Assembly:
+    if block_sparse(a.model.facts):
+        _check_sparse_attention(a.engine_options, a.options)
+    return a
+
+
+def _engine_fit(a: Assembly) -> Assembly:
+    """--placement fit: the engine's --fit places layers and experts, so no -ngl and no preset rules."""
+    options = a.options
+    if options.placement != "fit":
+        return a
+    if options.fit_vram_gb or options.override_tensors or options.experts_on_cpu:
+        raise SpecError(
+            "--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
+            "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)"
+        )
+    no_layers = a.engine_options.model_copy(update={"gpu_layers": None})
+    return replace(a, engine_options=no_layers, preset_rules=())
+
+
+def _fitted_vram(a: Assembly) -> Assembly:
+    """--fit-vram-gb: the VRAM plan's rules and tensor split replace the preset's all-experts-on-CPU rule."""
+    options, adapter = a.options, a.options.engine
+    if not options.fit_vram_gb:
+        return a
+    if options.gpus and len(options.gpus) != len(options.fit_vram_gb):
+        raise SpecError(
+            f"--gpus names {len(options.gpus)} GPUs and --fit-vram-gb sizes {len(options.fit_vram_gb)}: "
+            "give one size per GPU, in the same order"
+        )
+    if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
+        raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
+    fitted = _vram_plan(options, adapter, a.model, a.draft, a.engine_options, a.host.mem_total_bytes)
+    gpu_experts = a.gpu_experts
+    if gpu_experts is None and not adapter.takes_override_rules:
+        gpu_experts = fitted.gpu_experts_per_layer
+    return replace(
+        a, preset_rules=fitted.override_rules, tensor_split=fitted.tensor_split, gpu_experts=gpu_experts
+    )
+
+
+def _gpus_on_host(a: Assembly) -> Assembly:
+    options, gpus = a.options, a.host.gpus
+    if options.gpus and gpus and not options.for_other_host:
+        missing = sorted(set(options.gpus) - set(range(len(gpus))))
         if missing:
             raise SpecError(
                 f"--gpus names GPU {', '.join(map(str, missing))}, and this host has "
-                f"{len(host.gpus)} (0-{len(host.gpus) - 1}); see `moe-stack doctor`"
+                f"{len(gpus)} (0-{len(gpus) - 1}); see `moe-stack doctor`"
             )
+    return a
+
+
+def _spec(a: Assembly) -> StackSpec:
+    """The spec the steps decided: the stack's -ot rules, its host placement and default image, and what
+    the user gave as is."""
+    options, host, adapter, model = a.options, a.host, a.options.engine, a.model
     rules = list(options.override_tensors)
     if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
-        rules += [*preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
+        rules += [*a.preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
     where = _placement(options, host, model)
     driver = host.gpus[0].driver if host.gpus and not options.for_other_host else None
     flags = None if options.for_other_host else host.cpu.flags
-    stack = StackSpec(
+    return StackSpec(
         project=options.project or project_name_for(model.path),
         engine=adapter,
         image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
@@ -180,17 +250,17 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
         cpuset=where.cpuset,
         config_dir=_checked_config_dir(options.config_dir, adapter, model),
-        gpu_experts=gpu_experts,
+        gpu_experts=a.gpu_experts,
         gpu=options.gpu,
         gpu_ids=options.gpus,
-        tensor_split=tensor_split,
+        tensor_split=a.tensor_split,
         engine_fit=options.placement == "fit",
         vram_margin_mib=round(options.vram_margin_gb * 1024),
         mlock=options.mlock,
         keep_prompts=options.keep_prompts,
-        sliding_window=options.keep_prompts and facts.sliding_window > 0,
-        grouped_routing=adapter.asks_for_groups(facts.arch, facts.expert_groups),
-        derived=derived.said(options.engine_options) if derived is not None else None,
+        sliding_window=options.keep_prompts and model.facts.sliding_window > 0,
+        grouped_routing=adapter.asks_for_groups(model.facts.arch, model.facts.expert_groups),
+        derived=a.derived.said(options.engine_options) if a.derived is not None else None,
         hugepages=options.hugepages,
         hugetlbfs=options.hugetlbfs,
         shm_size=options.shm_size,
@@ -198,10 +268,7 @@ def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
         trust_remote_code=options.trust_remote_code,
         extra_args=options.engine_args,
         start_period_s=options.start_period_s or start_period_for(model.size),
-    ).with_options(engine_options)
-    if not options.for_other_host:
-        adapter.check_host(stack, host.cpu)
-    return stack
+    ).with_options(a.engine_options)
 
 
 def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None:
@@ -249,22 +316,20 @@ def _vram_plan(
     )
 
 
-def _layers_on_gpu(
-    given: EngineOptions, options: StackOptions, adapter: Engine, model: OpenedModel
-) -> EngineOptions:
+def _layers_on_gpu(a: Assembly) -> Assembly:
     """A GPU stack holds every layer's attention, shared weights and KV cache on the GPU (the hybrid
     layout; the -ot rules say where routed experts go) unless the user or preset names a layer count.
     ik_llama.cpp offloads no layer by default: a GPU stack without -ngl ran on the CPU (6 tok/s where the
     hybrid layout gave 37 on the H200, ENGINE-FACTS.md). Mainline's --fit places layers itself."""
     if (
-        options.gpu == "none"
-        or options.placement == "fit"
-        or "gpu_layers" not in adapter.honours
-        or given.gpu_layers is not None
+        a.options.gpu == "none"
+        or a.options.placement == "fit"
+        or "gpu_layers" not in a.options.engine.honours
+        or a.engine_options.gpu_layers is not None
     ):
-        return given
-    every_layer = model.facts.layers + 1  # the output layer counts as one more
-    return given.model_copy(update={"gpu_layers": every_layer})
+        return a
+    every_layer = a.model.facts.layers + 1  # the output layer counts as one more
+    return replace(a, engine_options=a.engine_options.model_copy(update={"gpu_layers": every_layer}))
 
 
 def _checked_config_dir(config_dir: Path | None, adapter: Engine, model: OpenedModel) -> Path | None:
@@ -413,3 +478,16 @@ def _checked_facts(image: str, options: StackOptions, host: HostFacts) -> ImageF
     if not options.for_other_host:
         check_host_runs(facts, host.cpu)
     return facts
+
+
+# The order matters: the preset's options first, what checks them next, then the placement that reads them.
+ASSEMBLY_STEPS: tuple[Callable[[Assembly], Assembly], ...] = (
+    _preset_options,
+    _speculative,
+    _projector,
+    _sparse_attention,
+    _engine_fit,
+    _layers_on_gpu,
+    _fitted_vram,
+    _gpus_on_host,
+)
