@@ -136,56 +136,39 @@ def resource_name(project: str) -> str:
 def _pod(
     stack: StackSpec, facts: ImageFacts | None, command: list[str], options: KubeOptions
 ) -> dict[str, object]:
-    environment, caps = entrypoint_environment(stack)
-    volumes: list[dict[str, object]] = [
-        {
-            "name": "models",
-            **(
-                {"persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}
-                if options.model_pvc
-                else {"hostPath": {"path": str(stack.model.path.parent), "type": "Directory"}}
-            ),
+    volumes, mounts = _volumes(stack, options)
+    pod: dict[str, object] = {
+        "securityContext": {
+            "runAsUser": IMAGE_UID,
+            "runAsGroup": IMAGE_UID,
+            "runAsNonRoot": True,
+            "fsGroup": IMAGE_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
         },
-        {"name": "tmp", "emptyDir": {}},
-        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(stack.shm_size)}},
-    ]
-    mounts: list[dict[str, object]] = [
-        {"name": "models", "mountPath": MODEL_DIR, "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "shm", "mountPath": "/dev/shm"},
-    ]
-    use = options.memory
-    resources: dict[str, str] = {"cpu": str(stack.threads), "memory": _gibibytes(use.memory_bytes)}
-    if stack.config_dir is not None:
-        volumes.append(
-            {"name": "model-config", "hostPath": {"path": str(stack.config_dir), "type": "Directory"}}
-        )
-        mounts.append({"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True})
-    if stack.hugetlbfs != "off" or stack.hugepages:
-        size = "1Gi" if stack.hugetlbfs == "1G" else "2Mi"
-        resources[f"hugepages-{size}"] = _gibibytes(use.hugepage_bytes)
-        if stack.hugetlbfs != "off":
-            volumes.append({"name": "hugepages", "emptyDir": {"medium": f"HugePages-{size}"}})
-            mounts.append({"name": "hugepages", "mountPath": HUGETLBFS_DIR})
-    if stack.api_key_file is not None:
-        # The key is never in the manifest: a Secret the user creates (see the file's header).
-        volumes.append(
-            {
-                "name": "api-key",
-                "secret": {"secretName": f"{resource_name(stack.project)}-api-key", "defaultMode": 0o440},
-            }
-        )
-        mounts.append(
-            {
-                "name": "api-key",
-                "mountPath": f"/run/secrets/{API_KEY_SECRET}",
-                "subPath": "key",
-                "readOnly": True,
-            }
-        )
-    limits = dict(resources)
-    if stack.gpu != "none":
-        limits["nvidia.com/gpu"] = str(options.gpus)
+        "automountServiceAccountToken": False,
+        "containers": [_container(stack, facts, command, mounts, options)],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 30,
+    }
+    selector = {
+        f"{NFD_PREFIX}{NFD_CPUID[flag]}": "true" for flag in _image_flags(stack, facts) if flag in NFD_CPUID
+    }
+    if options.gpu_product and stack.gpu != "none":
+        selector["nvidia.com/gpu.product"] = options.gpu_product
+    if selector:
+        pod["nodeSelector"] = selector
+    return pod
+
+
+def _container(
+    stack: StackSpec,
+    facts: ImageFacts | None,
+    command: list[str],
+    mounts: list[dict[str, object]],
+    options: KubeOptions,
+) -> dict[str, object]:
+    environment, caps = entrypoint_environment(stack)
+    requests, limits = _resources(stack, options)
     health = {"exec": {"command": list(HEALTHCHECK[1:])}, "timeoutSeconds": 5}
     container: dict[str, object] = {
         "name": "engine",
@@ -193,7 +176,7 @@ def _pod(
         "args": command,
         "ports": [{"name": "http", "containerPort": CONTAINER_PORT, "protocol": "TCP"}],
         # Guaranteed QoS: requests equal limits, whole CPUs (the static CPU manager pins them).
-        "resources": {"requests": resources, "limits": limits},
+        "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
         "startupProbe": {
             **health,
@@ -210,27 +193,61 @@ def _pod(
     }
     if environment:
         container["env"] = [{"name": key, "value": str(value)} for key, value in environment.items()]
-    selector = {
-        f"{NFD_PREFIX}{NFD_CPUID[flag]}": "true" for flag in _image_flags(stack, facts) if flag in NFD_CPUID
-    }
-    if options.gpu_product and stack.gpu != "none":
-        selector["nvidia.com/gpu.product"] = options.gpu_product
-    pod: dict[str, object] = {
-        "securityContext": {
-            "runAsUser": IMAGE_UID,
-            "runAsGroup": IMAGE_UID,
-            "runAsNonRoot": True,
-            "fsGroup": IMAGE_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "automountServiceAccountToken": False,
-        "containers": [container],
-        "volumes": volumes,
-        "terminationGracePeriodSeconds": 30,
-    }
-    if selector:
-        pod["nodeSelector"] = selector
-    return pod
+    return container
+
+
+def _resources(stack: StackSpec, options: KubeOptions) -> tuple[dict[str, str], dict[str, str]]:
+    """The engine's requests and limits: its threads' CPUs, the memory and hugepages the plan counts, and
+    its GPUs (a limit only)."""
+    requests = {"cpu": str(stack.threads), "memory": _gibibytes(options.memory.memory_bytes)}
+    if stack.hugetlbfs != "off" or stack.hugepages:
+        requests[f"hugepages-{_hugepage_size(stack)}"] = _gibibytes(options.memory.hugepage_bytes)
+    limits = dict(requests)
+    if stack.gpu != "none":
+        limits["nvidia.com/gpu"] = str(options.gpus)
+    return requests, limits
+
+
+def _volumes(
+    stack: StackSpec, options: KubeOptions
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The pod's volumes and the engine's mounts of them, in the same order."""
+    models = (
+        {"persistentVolumeClaim": {"claimName": options.model_pvc, "readOnly": True}}
+        if options.model_pvc
+        else {"hostPath": {"path": str(stack.model.path.parent), "type": "Directory"}}
+    )
+    shm = {"medium": "Memory", "sizeLimit": _quantity(stack.shm_size)}
+    pairs: list[tuple[dict[str, object], dict[str, object]]] = [
+        ({"name": "models", **models}, {"name": "models", "mountPath": MODEL_DIR, "readOnly": True}),
+        ({"name": "tmp", "emptyDir": {}}, {"name": "tmp", "mountPath": "/tmp"}),
+        ({"name": "shm", "emptyDir": shm}, {"name": "shm", "mountPath": "/dev/shm"}),
+    ]
+    if stack.config_dir is not None:
+        config = {"path": str(stack.config_dir), "type": "Directory"}
+        pairs.append(
+            (
+                {"name": "model-config", "hostPath": config},
+                {"name": "model-config", "mountPath": CONFIG_DIR, "readOnly": True},
+            )
+        )
+    if stack.hugetlbfs != "off":
+        pairs.append(
+            (
+                {"name": "hugepages", "emptyDir": {"medium": f"HugePages-{_hugepage_size(stack)}"}},
+                {"name": "hugepages", "mountPath": HUGETLBFS_DIR},
+            )
+        )
+    if stack.api_key_file is not None:
+        # The key is never in the manifest: a Secret the user creates (see the file's header).
+        secret = {"secretName": f"{resource_name(stack.project)}-api-key", "defaultMode": 0o440}
+        mount = {"name": "api-key", "mountPath": f"/run/secrets/{API_KEY_SECRET}", "subPath": "key"}
+        pairs.append(({"name": "api-key", "secret": secret}, {**mount, "readOnly": True}))
+    return [volume for volume, _ in pairs], [mount for _, mount in pairs]
+
+
+def _hugepage_size(stack: StackSpec) -> str:
+    return "1Gi" if stack.hugetlbfs == "1G" else "2Mi"
 
 
 def _image_flags(stack: StackSpec, facts: ImageFacts | None) -> tuple[str, ...]:
