@@ -59,55 +59,61 @@ def diagnose(
         _hugepages(host),
         *_gpus(host, gpu_runtime_ok),
     ]
-    findings.append(
-        Finding("OK", "docker", "the Docker daemon answers")
-        if docker_ok
-        else Finding(
-            "FAIL",
-            "docker",
-            "the Docker daemon does not answer",
-            "sudo systemctl start docker   # or: sudo bash scripts/install-docker.sh",
-        )
-    )
-    findings.append(
-        Finding("OK", "disk", f"{size(free_disk_bytes)} free")
-        if free_disk_bytes >= 50 * 1024**3
-        else Finding(
-            "WARN",
-            "disk",
-            f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, a large MoE GGUF 150-400 GB",
-            "docker system prune   # or free space elsewhere",
-        )
-    )
+    findings += [_docker(docker_ok), _disk(free_disk_bytes)]
     if cuda_bases is not None:
         findings.append(_cuda_bases(cuda_bases))
     if model_bytes is not None:
-        findings.append(_model_fits(host, model_bytes))
-        findings += _numa_policies(host, model_bytes)
-        if host.gpus and host.mem_total_bytes:
-            level, message = pinned_finding(model_bytes, host.mem_total_bytes)
-            findings.append(
-                Finding(
-                    level,
-                    "pinned-memory",
-                    message,
-                    ""
-                    if level == "OK"
-                    else "run mainline llama.cpp with mapped weights (--mmap), or use a smaller quant",
-                )
-            )
+        findings += _model_findings(host, model_bytes)
     if model_problems is not None:
-        findings.append(
-            Finding(
-                "FAIL",
-                "model-files",
-                "; ".join(model_problems),
-                "fetch it again (moe-stack fetch-model --hf ...: complete files are kept)",
-            )
-            if model_problems
-            else Finding("OK", "model-files", "every file as fetched (sizes match moe-stack-model.json)")
-        )
+        findings.append(_model_files(model_problems))
     return findings
+
+
+def _docker(docker_ok: bool) -> Finding:
+    if docker_ok:
+        return Finding("OK", "docker", "the Docker daemon answers")
+    return Finding(
+        "FAIL",
+        "docker",
+        "the Docker daemon does not answer",
+        "sudo systemctl start docker   # or: sudo bash scripts/install-docker.sh",
+    )
+
+
+def _disk(free_disk_bytes: int) -> Finding:
+    if free_disk_bytes >= 50 * 1024**3:
+        return Finding("OK", "disk", f"{size(free_disk_bytes)} free")
+    return Finding(
+        "WARN",
+        "disk",
+        f"only {size(free_disk_bytes)} free; a CUDA image needs ~5 GiB, a large MoE GGUF 150-400 GB",
+        "docker system prune   # or free space elsewhere",
+    )
+
+
+def _model_findings(host: HostFacts, model_bytes: int) -> list[Finding]:
+    """Whether a model of `model_bytes` fits this host's memory, its NUMA nodes and its pinnable memory."""
+    findings = [_model_fits(host, model_bytes), *_numa_policies(host, model_bytes)]
+    if host.gpus and host.mem_total_bytes:
+        level, message = pinned_finding(model_bytes, host.mem_total_bytes)
+        fix = (
+            ""
+            if level == "OK"
+            else "run mainline llama.cpp with mapped weights (--mmap), or use a smaller quant"
+        )
+        findings.append(Finding(level, "pinned-memory", message, fix))
+    return findings
+
+
+def _model_files(problems: list[str]) -> Finding:
+    if not problems:
+        return Finding("OK", "model-files", "every file as fetched (sizes match moe-stack-model.json)")
+    return Finding(
+        "FAIL",
+        "model-files",
+        "; ".join(problems),
+        "fetch it again (moe-stack fetch-model --hf ...: complete files are kept)",
+    )
 
 
 def _cuda_bases(present: dict[str, bool]) -> Finding:

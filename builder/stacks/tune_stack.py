@@ -18,7 +18,7 @@ from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
 from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
-from builder.stacks.record import Bound, Rates, Ratios, Tuning
+from builder.stacks.record import Bound, Rates, Ratios, Record, Served, Tuning
 from builder.stacks.stack_file import StackFile
 from builder.stacks.tool_bench import NativeRunner, Runner
 from builder.stacks.tool_run import ContainerRunner, engine_service_name, stack_server_args
@@ -82,40 +82,19 @@ def tune_stack(
         raise StackError(
             f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)"
         )
-    runner: Runner
-    if native_bin is not None:
-        if not (native_bin / "llama-bench").is_file():
-            raise StackError(
-                f"no llama-bench in {native_bin}: build it with `cmake --build BUILD --target llama-bench` "
-                "(configure with `moe-stack cmake-args`)"
-            )
-        runner = NativeRunner(native_bin, model_dir or model.parent)
-    else:
-        container = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
-        container.check_image()
-        container.check_stopped()
-        runner = container
-    bench_flags = parse_help(runner.help("llama-bench"))
-    if "-m" not in bench_flags:
-        raise StackError(
-            "the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`"
-        )
+    runner = _runner(
+        compose_file, tools_image or tools_image_of(image), profile, native_bin, model_dir or model.parent
+    )
+    bench_flags = _bench_flags(runner)
     env = {NUMA_ENV: service.env.get(NUMA_ENV, "none")}
-    served = record.serves.get(name)
-    if served is None:
-        raise StackError(
-            f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
-            "this moe-stack's `compose`"
-        )
-    hybrid = served.gpu_layers not in (None, 0)
-    dimensions = chosen(engine.tune_dimensions(args, len(probe().nodes), hybrid), only)
+    hybrid = _served(record, name, compose_file).gpu_layers not in (None, 0)
     tuner = Tuner(
         engine=engine,
         runner=runner,
         bench_flags=bench_flags,
         args=args,
         env=env,
-        dimensions=dimensions,
+        dimensions=chosen(engine.tune_dimensions(args, len(probe().nodes), hybrid), only),
         objective=objective,
         prompt_tokens=prompt_tokens or (HYBRID_PROMPT_TOKENS if hybrid else CPU_PROMPT_TOKENS),
         generate=generate,
@@ -128,13 +107,50 @@ def tune_stack(
         )
     progress("measuring memory bandwidth (moe-stack-bandwidth, where the trials run)")
     bandwidth = read_bandwidth(runner, env, progress)
-    result = tuner.run(budget_s)
     return Tuned(
-        result=result,
+        result=tuner.run(budget_s),
         bandwidth=bandwidth,
         bytes_per_token=engine.model_format.facts(model).read_per_token(hybrid),
         hybrid=hybrid,
     )
+
+
+def _runner(
+    compose_file: Path, tools_image: str, profile: str | None, native_bin: Path | None, model_dir: Path
+) -> Runner:
+    """Where the trials run: the native builds in `native_bin`, else the tools image in a container shaped
+    like the stack's (checked present, and the stack stopped)."""
+    if native_bin is not None:
+        if not (native_bin / "llama-bench").is_file():
+            raise StackError(
+                f"no llama-bench in {native_bin}: build it with `cmake --build BUILD --target llama-bench` "
+                "(configure with `moe-stack cmake-args`)"
+            )
+        return NativeRunner(native_bin, model_dir)
+    container = ContainerRunner(compose_file, tools_image, profile)
+    container.check_image()
+    container.check_stopped()
+    return container
+
+
+def _bench_flags(runner: Runner) -> dict[str, str]:
+    """The flags the runner's llama-bench takes, read from its usage."""
+    flags = parse_help(runner.help("llama-bench"))
+    if "-m" not in flags:
+        raise StackError(
+            "the tools image's llama-bench printed no usage; rebuild it with `moe-stack build --tools`"
+        )
+    return flags
+
+
+def _served(record: Record, name: str, compose_file: Path) -> Served:
+    served = record.serves.get(name)
+    if served is None:
+        raise StackError(
+            f"{compose_file} records nothing of what it serves (x-moe-stack.serves); emit it again with "
+            "this moe-stack's `compose`"
+        )
+    return served
 
 
 def tuned_document(
