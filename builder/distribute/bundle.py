@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
 from builder.distribute.bundle_trust import check_images_tar, nameless
@@ -52,32 +53,9 @@ def sha256(path: Path) -> str:
 def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> Path:
     """Write the bundle for `compose_file` (from `moe-stack compose`) to `out`, atomically."""
     document = _stack_file(compose_file)
-    # By name: a pinned digest is the registry's, and the manifest records the local ID.
-    images = sorted({service.image.split("@")[0] for service in document.services.values()})
     client = docker()
-    absent = [image for image in images if not client.image.exists(image)]
-    if absent:
-        raise BundleError(
-            f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
-        )
-    record = document.record
-    for option, what in (("draft_model", "a draft model"), ("mmproj", "a vision projector")):
-        if record.engine_options.get(option):
-            raise BundleError(
-                f"{compose_file} serves with {what} ({record.engine_options[option]}); a bundle carries the "
-                f"model's own files only: emit the stack without --{option.replace('_', '-')} to bundle it"
-            )
-    model = record.model
-    if not model.is_file():
-        raise BundleError(
-            f"model {model} named by {compose_file} does not exist here; the bundle records its checksum"
-        )
-    parts = {part.name: part for part in record.engine.model_format.parts(model)}
-    for name, source in _model_sources(document):  # a router's other models, a cache's links
-        if parts.setdefault(name, source).resolve() != source.resolve():
-            raise BundleError(
-                f"{compose_file} mounts two model files named {name}; a bundle holds each under its name"
-            )
+    images = _present_images(document, client)
+    parts = _model_parts(document, compose_file)
     out = out.resolve()
     with tempfile.TemporaryDirectory(prefix=".moe-stack-bundle-", dir=out.parent) as tmp:
         staging = Path(tmp)
@@ -86,14 +64,7 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
         except DockerException as err:
             raise BundleError(f"docker save failed: {describe(err)}") from None
         (staging / COMPOSE).write_bytes(compose_file.read_bytes())
-        sums = {name: sha256(part) for name, part in parts.items()}
-        for name, part in parts.items():
-            fetched, digest = recorded(part), sums[name]
-            if fetched is not None and fetched.sha256 is not None and digest != f"sha256:{fetched.sha256}":
-                raise BundleError(
-                    f"{part} is not the file fetched from the hub (its sha256 differs from "
-                    "moe-stack-model.json's); fetch it again before bundling"
-                )
+        sums = _checked_sums(parts)
         manifest = {
             "format": FORMAT,
             "files": {name: sha256(staging / name) for name in (COMPOSE, IMAGES)},
@@ -109,13 +80,60 @@ def make_bundle(compose_file: Path, out: Path, include_model: bool = False) -> P
             for name in (MANIFEST, COMPOSE, IMAGES):
                 archive.add(staging / name, arcname=name)
             if include_model:
-                for (
-                    name,
-                    part,
-                ) in parts.items():  # the file, not a link to it (Hugging Face's cache links into blobs/)
+                # the file, not a link to it (Hugging Face's cache links into blobs/)
+                for name, part in parts.items():
                     archive.add(part.resolve(), arcname=f"models/{name}")
         os.replace(partial, out)
     return out
+
+
+def _present_images(document: StackFile, client: DockerClient) -> list[str]:
+    """The images the stack's services run, by name (a pinned digest is the registry's, and the manifest
+    records the local ID), each present here."""
+    images = sorted({service.image.split("@")[0] for service in document.services.values()})
+    absent = [image for image in images if not client.image.exists(image)]
+    if absent:
+        raise BundleError(
+            f"image {absent[0]} is not present locally; build or pull it first (`moe-stack pull`)"
+        )
+    return images
+
+
+def _model_parts(document: StackFile, compose_file: Path) -> dict[str, Path]:
+    """The model's files the stack mounts, by the name each is mounted under: its own parts, a router's
+    other models and a cache's links; a draft model or projector refused."""
+    record = document.record
+    for option, what in (("draft_model", "a draft model"), ("mmproj", "a vision projector")):
+        if record.engine_options.get(option):
+            raise BundleError(
+                f"{compose_file} serves with {what} ({record.engine_options[option]}); a bundle carries the "
+                f"model's own files only: emit the stack without --{option.replace('_', '-')} to bundle it"
+            )
+    model = record.model
+    if not model.is_file():
+        raise BundleError(
+            f"model {model} named by {compose_file} does not exist here; the bundle records its checksum"
+        )
+    parts = {part.name: part for part in record.engine.model_format.parts(model)}
+    for name, source in _model_sources(document):
+        if parts.setdefault(name, source).resolve() != source.resolve():
+            raise BundleError(
+                f"{compose_file} mounts two model files named {name}; a bundle holds each under its name"
+            )
+    return parts
+
+
+def _checked_sums(parts: dict[str, Path]) -> dict[str, str]:
+    """Each part's sha256, held to the hub's where the part was fetched with one."""
+    sums = {name: sha256(part) for name, part in parts.items()}
+    for name, part in parts.items():
+        fetched = recorded(part)
+        if fetched is not None and fetched.sha256 is not None and sums[name] != f"sha256:{fetched.sha256}":
+            raise BundleError(
+                f"{part} is not the file fetched from the hub (its sha256 differs from "
+                "moe-stack-model.json's); fetch it again before bundling"
+            )
+    return sums
 
 
 @dataclass(frozen=True)
