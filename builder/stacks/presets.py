@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from builder.engines import Engine, adapters, engine_names
-from builder.engines.specs import StackSpec
+from builder.engines.specs import ImageSpec, StackSpec
 from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref
@@ -331,59 +331,60 @@ def example_stacks() -> dict[str, str]:
     files = {}
     for preset in load_presets().values():
         for adapter in adapters():
-            engine = adapter.name
-            if engine not in preset.engines:
+            if adapter.name not in preset.engines:
                 continue
             gpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=True)
-            if gpu_image is None:  # nothing built to name (ktransformers-legacy)
-                continue
-            image = image_tag(gpu_image)
-            stack = StackSpec(
-                project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
-                engine=adapter,
-                image=image,
-                model=OpenedModel(Path("/models") / preset.example_model, adapter.model_format),
-                threads=EXAMPLE_THREADS,
-                numa="interleave",
-                cpuset=EXAMPLE_CPUSET,
-                gpu="nvidia",
-                start_period_s=start_period_for(preset.example_size_gb * 10**9),
-                config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
-                override_tensors=preset.override_rules(adapter),
-                served_name=preset.name,
-                grouped_routing=adapter.asks_for_groups(
-                    preset.architecture, preset.model_shape().expert_groups
-                ),
-            ).with_options(preset.engine_options(adapter))
-            generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (
-                f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""
-            )
-            # Checked against the flags recorded from the engine's server (none: KTransformers' legacy one).
-            contract = recorded_contract(adapter)
-            cpu = gpu_image.cpu.name
-            facts = contract.facts_for(image, cpu, image.rpartition(":")[2]) if contract else None
-            cpu_profile = None
-            cpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
-            if cpu_image is not None:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
-                cpu_stack = cpu_only(stack, image_tag(cpu_image))
-                generated_by += f" --cpu-image {cpu_stack.image}"
-                cpu_facts = (
-                    contract.facts_for(
-                        cpu_stack.image, cpu_image.cpu.name, cpu_stack.image.rpartition(":")[2]
-                    )
-                    if contract
-                    else None
-                )
-                cpu_profile = (cpu_stack, cpu_facts)
-            checked = f"; flags checked against {engine} {short_ref(contract.ref)}'s" if contract else ""
-            driver = ".".join(map(str, MIN_DRIVER[gpu_image.cuda.version or ""]))
-            stack_file = compose_stack(
-                stack,
-                f"{generated_by} (example host{checked}; its CUDA {gpu_image.cuda.version} image needs "
-                f"NVIDIA driver >= {driver}; see presets.py)",
-                facts,
-                check_files=False,
-                cpu_profile=cpu_profile,
-            )
-            files[f"{preset.name}.{engine}.yaml"] = stack_file.to_yaml()
+            if gpu_image is not None:  # else nothing built to name (ktransformers-legacy)
+                files[f"{preset.name}.{adapter.name}.yaml"] = _example_stack(preset, adapter, gpu_image)
     return files
+
+
+def _example_stack(preset: Preset, adapter: Engine, gpu_image: ImageSpec) -> str:
+    """The example host's GPU stack of `preset` on `adapter`, with a CPU-only profile where the engine
+    serves on the CPU, checked against the engine's recorded flags."""
+    engine = adapter.name
+    image = image_tag(gpu_image)
+    stack = StackSpec(
+        project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
+        engine=adapter,
+        image=image,
+        model=OpenedModel(Path("/models") / preset.example_model, adapter.model_format),
+        threads=EXAMPLE_THREADS,
+        numa="interleave",
+        cpuset=EXAMPLE_CPUSET,
+        gpu="nvidia",
+        start_period_s=start_period_for(preset.example_size_gb * 10**9),
+        config_dir=Path("/models") / f"{preset.name}-hf" if adapter.needs_config_dir else None,
+        override_tensors=preset.override_rules(adapter),
+        served_name=preset.name,
+        grouped_routing=adapter.asks_for_groups(preset.architecture, preset.model_shape().expert_groups),
+    ).with_options(preset.engine_options(adapter))
+    generated_by = f"moe-stack compose --preset {preset.name} --engine {engine} --gpu nvidia" + (
+        f" --config-dir {stack.config_dir}" if adapter.needs_config_dir else ""
+    )
+    # Checked against the flags recorded from the engine's server (none: KTransformers' legacy one).
+    contract = recorded_contract(adapter)
+    cpu = gpu_image.cpu.name
+    facts = contract.facts_for(image, cpu, image.rpartition(":")[2]) if contract else None
+    cpu_profile = None
+    cpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
+    if cpu_image is not None:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
+        cpu_stack = cpu_only(stack, image_tag(cpu_image))
+        generated_by += f" --cpu-image {cpu_stack.image}"
+        cpu_facts = (
+            contract.facts_for(cpu_stack.image, cpu_image.cpu.name, cpu_stack.image.rpartition(":")[2])
+            if contract
+            else None
+        )
+        cpu_profile = (cpu_stack, cpu_facts)
+    checked = f"; flags checked against {engine} {short_ref(contract.ref)}'s" if contract else ""
+    driver = ".".join(map(str, MIN_DRIVER[gpu_image.cuda.version or ""]))
+    stack_file = compose_stack(
+        stack,
+        f"{generated_by} (example host{checked}; its CUDA {gpu_image.cuda.version} image needs "
+        f"NVIDIA driver >= {driver}; see presets.py)",
+        facts,
+        check_files=False,
+        cpu_profile=cpu_profile,
+    )
+    return stack_file.to_yaml()
