@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.container_start import start_container
 from builder.contract import IMAGE_UID, LABEL_PREFIX, LOCAL_ONLY
 from builder.docker_client import docker
 from builder.errors import MoeStackError
@@ -300,8 +301,14 @@ class SandboxRun:
 def run_sandboxed(run: SandboxRun, ui: Path) -> None:
     """Run the build; a failure, or NPM_TIMEOUT_S passing, is no page (the container removed)."""
     finished = False
-    try:
+
+    def build() -> None:
+        # A start the runtime lost may leave its container created under the name: it goes first.
+        subprocess.run(["docker", "rm", "--force", run.name], capture_output=True, check=False)
         subprocess.run(run.argv(), check=True, capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+
+    try:
+        start_container(build, "the chat page's build sandbox")
         finished = True
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as err:
         raise NoPage(f"npm's build of {ui} failed in its container ({_why(err)})") from None

@@ -25,6 +25,7 @@ from pathlib import Path
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.container_start import start_container
 from builder.contract import IMAGE_UID
 from builder.engines.ktransformers import AMX_FLAGS, VENV
 from builder.errors import ModelError, SourceError, StackError
@@ -186,9 +187,9 @@ def run_conversion(plan: Conversion, client: DockerClient, say: Callable[[str], 
         for path in [*plan.checkpoint.path.iterdir(), plan.script]:
             check_readable_in_container(path)
     printed: list[str] = []
-    try:
-        if not os.getuid():
-            os.chown(staging, IMAGE_UID, IMAGE_UID)
+
+    def convert() -> None:
+        printed.clear()  # a start tried again prints anew
         script = f"{CONVERTER_MOUNT}/{plan.script.name}"
         lines = client.container.run(
             plan.image,
@@ -215,6 +216,11 @@ def run_conversion(plan: Conversion, client: DockerClient, say: Callable[[str], 
             line = raw.decode(errors="replace").rstrip()
             printed.append(line)
             say(line)
+
+    try:
+        if not os.getuid():
+            os.chown(staging, IMAGE_UID, IMAGE_UID)
+        start_container(convert, f"kt-kernel's converter in {plan.image}", say)
         return finish_conversion(staging, plan, printed)
     except DockerException as err:
         said = last_error("\n".join([*printed, err.stderr or ""]))

@@ -10,6 +10,7 @@ from pathlib import Path
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.container_start import start_container
 from builder.contract import LOADED_IMAGES, prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
@@ -67,7 +68,7 @@ def run_in_service(compose_file: Path, service: str, profile: str | None, comman
     if container is None:
         raise StackError(f"no running container of {service}")
     try:
-        printed = container.execute(command)
+        printed = start_container(lambda: container.execute(command), f"{command[0]} in {service}")
     except DockerException as err:
         raise StackError(f"{command[0]} did not run in the container: {describe(err)}") from None
     return printable(printed) if isinstance(printed, str) else ""
@@ -80,10 +81,9 @@ def run_in_image(image: str, command: list[str]) -> str:
     client = docker()
     if not client.image.exists(image):
         raise StackError(f"no image {image} in the Docker store (`docker images` lists them)")
-    printed: list[str] = []
-    errors: list[str] = []
-    try:
-        for source, raw in client.container.run(
+
+    def run() -> str:
+        printed = client.container.run(
             image,
             command[1:],
             entrypoint=command[0],
@@ -93,14 +93,16 @@ def run_in_image(image: str, command: list[str]) -> str:
             cap_drop=["ALL"],
             security_options=["no-new-privileges"],
             stream=True,
-        ):
-            (printed if source == "stdout" else errors).append(raw.decode(errors="replace"))
-    except DockerException:
+        )
+        return "".join(raw.decode(errors="replace") for source, raw in printed if source == "stdout")
+
+    try:
+        return printable(start_container(run, f"a container of {image}"))
+    except DockerException as err:
         said = [
-            line for line in printable("".join(errors)).splitlines() if line.strip() and "--help" not in line
+            line for line in printable(err.stderr or "").splitlines() if line.strip() and "--help" not in line
         ]
         raise StackError(f"{command[0]} failed in {image}: {(said or ['no output'])[-1].strip()}") from None
-    return printable("".join(printed))
 
 
 def stack_api_key(compose_file: Path) -> str | None:
@@ -135,7 +137,11 @@ def up(
             watching_load(client, engine_service_name(profile), progress) if progress else nullcontext()
         )
         with watching:
-            _start(client, timeout_s, progress)
+            start_container(
+                lambda: client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True),
+                "a container of the stack",
+                progress,
+            )
     except DockerException as err:
         missing = _missing_images(document, profiles)
         if missing:
@@ -147,29 +153,6 @@ def up(
         raise StackError(
             f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}"
         ) from None
-
-
-# runc's init can lose the pipe to its parent on a loaded host before the engine runs at all ("read
-# init-p: connection reset by peer": moby/moby#42953; gitpod retries it, gitpod-io/gitpod#9247). Nothing
-# of the stack started, so starting it once more is safe; any other failure is the stack's own.
-RUNTIME_LOST_INIT = "read init-p: connection reset by peer"
-
-
-def runtime_lost_init(err: DockerException) -> bool:
-    """Whether Docker failed to start a container because runc's init was cut off (a host hiccup)."""
-    return RUNTIME_LOST_INIT in describe(err)
-
-
-def _start(client: DockerClient, timeout_s: int, progress: Callable[[str], None] | None) -> None:
-    """`compose up --wait`, once more when the container runtime lost a container's init."""
-    try:
-        client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
-    except DockerException as err:
-        if not runtime_lost_init(err):
-            raise
-        if progress:
-            progress(f"Docker could not start a container ({describe(err)}); starting it again")
-        client.compose.up(detach=True, wait=True, wait_timeout=timeout_s, quiet=True)
 
 
 def _active(document: StackFile, profiles: list[str]) -> dict[str, Service]:

@@ -14,6 +14,7 @@ from typing import Any
 from python_on_whales import Container
 from python_on_whales.exceptions import DockerException
 
+from builder.container_start import start_container
 from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
 from builder.stacks.api import EngineApi
@@ -208,7 +209,7 @@ def _metrics(stack: StackUnderTest) -> tuple[bool, str]:
 
 def _run(container: Container, command: list[str]) -> str:
     """What `command` prints inside the container (as the image's user)."""
-    output = container.execute(command)
+    output = start_container(lambda: container.execute(command), f"{command[0]} in {container.name}")
     return output if isinstance(output, str) else ""
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from python_on_whales import Container, DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.container_start import start_container
 from builder.docker_client import describe, docker
 from builder.engines import Engine, bench_engine
 from builder.errors import StackError
@@ -57,6 +58,7 @@ class ContainerRunner:
     compose_file: Path
     image: str
     profile: str | None = None
+    say: Callable[[str], None] | None = None  # the caller's progress line (a start tried again is said there)
 
     def check_stopped(self) -> None:
         """A running stack holds the model's memory and the cores the tool would measure."""
@@ -104,14 +106,18 @@ class ContainerRunner:
 
     def run(self, program: str, args: list[str], env: dict[str, str] | None = None) -> ToolOutput:
         try:
-            return self._run([program, *args], env)
+            return start_container(
+                lambda: self._run([program, *args], env), f"{program} in {self.image}", self.say
+            )
         except DockerException as err:
             said = last_error(err.stderr or "") if err.stderr else describe(err)
             raise StackError(f"{program} failed in {self.image}: {said}") from None
 
     def help(self, program: str) -> str:
         try:
-            output = self._run([program, "--help"])
+            output = start_container(
+                lambda: self._run([program, "--help"]), f"{program} in {self.image}", self.say
+            )
             return output.stdout + output.stderr
         except DockerException as err:  # a usage text with a non-zero exit is still the usage
             return (err.stdout or "") + (err.stderr or "")
@@ -157,7 +163,7 @@ def bench_with_tool(
     served_by, image, server_args = stack_server_args(StackFile.read(compose_file), compose_file, profile)
     engine = bench_engine(served_by)
     name = program(engine, tool)
-    runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile)
+    runner = ContainerRunner(compose_file, tools_image or tools_image_of(image), profile, starting)
     runner.check_image()
     runner.check_stopped()
     # llama-bench parses its own flags; sweep-bench shares the server's parser (the image's contract).

@@ -83,7 +83,12 @@ def tune_stack(
             f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)"
         )
     runner = _runner(
-        compose_file, tools_image or tools_image_of(image), profile, native_bin, model_dir or model.parent
+        compose_file,
+        tools_image or tools_image_of(image),
+        profile,
+        native_bin,
+        model_dir or model.parent,
+        progress,
     )
     bench_flags = _bench_flags(runner)
     env = {NUMA_ENV: service.env.get(NUMA_ENV, "none")}
@@ -116,7 +121,12 @@ def tune_stack(
 
 
 def _runner(
-    compose_file: Path, tools_image: str, profile: str | None, native_bin: Path | None, model_dir: Path
+    compose_file: Path,
+    tools_image: str,
+    profile: str | None,
+    native_bin: Path | None,
+    model_dir: Path,
+    progress: Callable[[str], None],
 ) -> Runner:
     """Where the trials run: the native builds in `native_bin`, else the tools image in a container shaped
     like the stack's (checked present, and the stack stopped)."""
@@ -127,7 +137,7 @@ def _runner(
                 "(configure with `moe-stack cmake-args`)"
             )
         return NativeRunner(native_bin, model_dir)
-    container = ContainerRunner(compose_file, tools_image, profile)
+    container = ContainerRunner(compose_file, tools_image, profile, progress)
     container.check_image()
     container.check_stopped()
     return container

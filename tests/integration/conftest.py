@@ -20,6 +20,7 @@ import yaml
 from pytest_docker.plugin import get_docker_services
 from python_on_whales import DockerClient
 
+from builder.container_start import RUNTIME_LOST_INIT
 from builder.docker_client import docker
 from builder.engines import Engine, get_engine
 from builder.engines.ktransformers import PYTHON_CPU_BASE
@@ -39,7 +40,7 @@ from builder.spec import BaseImages
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.host_checks import free_local_port
 from builder.stacks.memory_use import stack_kv_bytes
-from builder.stacks.run import RUNTIME_LOST_INIT, down
+from builder.stacks.run import down
 from tests.integration.wheelhouse import make_kt_wheelhouse
 from tests.sources import source_mirror
 
