@@ -29,10 +29,10 @@ from builder.images.naming import image_spec
 from builder.images.render import configure_args
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
-from builder.stacks.benchmark import measure
+from builder.running.benchmark import measure
+from builder.running.run import down, up
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
 
 DEFAULT_IMAGE = "localhost/moe-stack-test/llama-cpp:0c1e57098-cpu-avx2"
 

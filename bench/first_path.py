@@ -25,12 +25,12 @@ from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
+from builder.running.run import down, up
 from builder.spec import BaseImages
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import DEMO_PROMPT, complete
 from builder.stacks.document import start_period_for
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
 
 
 def compile_seconds(log: Path) -> float | None:

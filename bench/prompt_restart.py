@@ -32,12 +32,12 @@ from builder.images.naming import image_tag
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, fetch_demo_model
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
+from builder.running.api import EngineApi
+from builder.running.run import down, up
 from builder.spec import EngineOptions
-from builder.stacks.api import EngineApi
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
 
 RESTORED = "restore slot 0: done"
 MOE = synth_shape("qwen3moe", tiny=True, layers=8, hidden=1024, expert_ffn=512, experts=32, experts_used=4)

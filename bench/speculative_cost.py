@@ -31,12 +31,12 @@ from builder.images.matrix import default_image_spec
 from builder.images.naming import image_tag
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
+from builder.running.api import EngineApi
+from builder.running.run import down, up
 from builder.spec import EngineOptions
-from builder.stacks.api import EngineApi
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.assemble import StackOptions, plan_stack
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
 
 # Wide enough that a decode step is mostly weight reads (8 layers of 32 experts, 1024 wide: ~140 MB at
 # Q8_0), small enough to write in seconds; the draft is one layer of it, another seed.

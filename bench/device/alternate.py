@@ -17,7 +17,7 @@ import json
 import statistics
 import urllib.request
 
-from builder.stacks.benchmark import measure
+from builder.running.benchmark import measure
 
 
 def complete(port: int) -> dict[str, object]:

@@ -53,8 +53,8 @@ from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import model_file_bytes, token_read_bytes
 from builder.platform.flags import check_args
+from builder.running.api import EngineApi
 from builder.spec import EngineOptions
-from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 from builder.stacks.memory_use import memory_use
 

@@ -51,10 +51,10 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec
 from builder.models.kt_weights import converted_facts, read_checkpoint
 from builder.platform.flags import check_args, check_choice, parse_contract
-from builder.stacks.api import EngineApi
-from builder.stacks.kt_convert import finish_conversion, plan_conversion
-from builder.stacks.smoke import api_checks
-from builder.stacks.stack_file import Service, StackFile
+from builder.running.api import EngineApi
+from builder.running.kt_convert import finish_conversion, plan_conversion
+from builder.running.smoke import api_checks
+from builder.stackfile.stack_file import Service, StackFile
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE = KTransformers()

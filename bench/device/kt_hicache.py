@@ -53,8 +53,8 @@ from kt_gpu import (
 
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR, PROMPTS_DIR
 from builder.errors import StackError
-from builder.stacks.api import EngineApi
-from builder.stacks.stack_file import StackFile
+from builder.running.api import EngineApi
+from builder.stackfile.stack_file import StackFile
 
 # The device's stand-in for sgl_kernel's compiled copies (above); the cache's other flags are the stack's.
 DEVICE_HICACHE_ARGS = ["--hicache-io-backend", "direct"]

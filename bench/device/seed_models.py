@@ -42,8 +42,8 @@ from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import token_read_bytes, write_moe_gguf
 from builder.models.synth_shapes import MoeShape
 from builder.platform.flags import check_args, parse_contract
+from builder.running.api import EngineApi
 from builder.spec import EngineOptions
-from builder.stacks.api import EngineApi
 from builder.stacks.assemble import StackOptions, assemble_stack
 
 # Real per-layer and per-expert widths; fewer experts than the real models (R1 256, Qwen3-Next 512) to

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
-from builder.stacks.stack_file import StackFile
+from builder.stackfile.stack_file import StackFile
 
 SHAPE = synth_shape("qwen3moe", layers=4, context=4096)  # Qwen3-235B-A22B's widths, 4 layers
 MODEL_NAME = "qwen3-235b-a22b-shapes-4l-q4_0.gguf"

@@ -29,9 +29,9 @@ from builder.models.gguf_facts import read_facts
 from builder.models.hub import size_problems
 from builder.models.kt_weights import read_checkpoint
 from builder.platform.local_cuda import local_cuda_images
-from builder.stacks.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
+from builder.running.bandwidth import ARRAY_MIB, TOOL, ReadBandwidth, parse_bandwidth
+from builder.running.run import run_in_image
 from builder.stacks.doctor import as_dicts, bandwidth_finding, diagnose
-from builder.stacks.run import run_in_image
 
 
 def doctor(

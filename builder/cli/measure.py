@@ -15,17 +15,17 @@ from rich.text import Text
 from builder.cli.common import out, raw_stderr, text_table
 from builder.cli.options import declared, takes_options
 from builder.errors import SpecError
+from builder.running.bandwidth import DecodeBound
+from builder.running.benchmark import measure, running_bound
+from builder.running.run import published_ports, stack_api_key
+from builder.running.run import up as stack_up
+from builder.running.tool_run import bench_with_tool, engine_service_name
 from builder.spec import duration_seconds
-from builder.stacks.bandwidth import DecodeBound
-from builder.stacks.benchmark import measure, running_bound
+from builder.stackfile.stack_file import StackFile
 from builder.stacks.compose import write_stack
-from builder.stacks.run import published_ports, stack_api_key
-from builder.stacks.run import up as stack_up
-from builder.stacks.stack_file import StackFile
-from builder.stacks.tool_run import bench_with_tool, engine_service_name
-from builder.stacks.tune import Objective, TuneResult
-from builder.stacks.tune_plot import plot
-from builder.stacks.tune_stack import Tuned, tune_stack, tuned_document
+from builder.tuning.tune import Objective, TuneResult
+from builder.tuning.tune_plot import plot
+from builder.tuning.tune_stack import Tuned, tune_stack, tuned_document
 
 # tune's options, each once
 TuneBudgetOpt = Annotated[
@@ -299,7 +299,7 @@ def smoke(
     metrics. Exit 1 on a failure."""
     # Here, not at the top: the official clients take most of the CLI's start-up to import (openai
     # and anthropic 1.8 of 2.5 s on 2 busy cores), and only smoke asks through them.
-    from builder.stacks.smoke import smoke as run_smoke
+    from builder.running.smoke import smoke as run_smoke
 
     checks = run_smoke(compose_file, profile, timeout)
     if as_json:

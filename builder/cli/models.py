@@ -288,7 +288,7 @@ def kt_convert(
     own converter, run in the KTransformers image on this AMX host; then serve them with `compose
     --engine ktransformers --model OUT --config-dir MODEL`."""
     from builder.models.kt_weights import read_checkpoint
-    from builder.stacks.kt_convert import plan_conversion, run_conversion
+    from builder.running.kt_convert import plan_conversion, run_conversion
 
     host = probe(root)
     driver = host.gpus[0].driver if host.gpus else None

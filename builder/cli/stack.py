@@ -21,13 +21,13 @@ from builder.images.baseimage import ensure_base
 from builder.images.build import build_image
 from builder.images.naming import image_spec
 from builder.images.source import resolve_local
+from builder.running.run import down as stack_down
+from builder.running.run import up as stack_up
 from builder.spec import BaseImages, NeutralOptions
+from builder.stackfile.host_checks import check_port_free
 from builder.stacks.demo import DEMO_PROMPT, complete, start_demo
 from builder.stacks.emit import emit_stack
-from builder.stacks.host_checks import check_port_free
 from builder.stacks.options import StackCommandLine
-from builder.stacks.run import down as stack_down
-from builder.stacks.run import up as stack_up
 
 
 @takes_options(StackCommandLine, NeutralOptions)

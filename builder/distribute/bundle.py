@@ -28,8 +28,8 @@ from builder.files import file_sha256, write_file_atomically
 from builder.models.formats import FORMATS
 from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
-from builder.stacks.host_checks import check_api_key_file, check_readable_in_container
-from builder.stacks.stack_file import StackFile
+from builder.stackfile.host_checks import check_api_key_file, check_readable_in_container
+from builder.stackfile.stack_file import StackFile
 from builder.untrusted_text import load_yaml, yaml_problem
 
 FORMAT = 1

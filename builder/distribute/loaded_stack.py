@@ -40,6 +40,16 @@ from builder.contract import (
 from builder.engines.base import KEY_FILE_FLAG, Engine
 from builder.errors import MoeStackError
 from builder.platform.toolchain import CPU_BASE_SUITE
+from builder.stackfile.record import Record, Served
+from builder.stackfile.service_parts import (
+    CPU_PROFILE,
+    CPU_SERVICE,
+    GPU_PROFILE,
+    SERVICE,
+    file_mount,
+    published,
+)
+from builder.stackfile.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
 from builder.stacks.document import (
     api_key_environment,
     config_mount,
@@ -51,9 +61,6 @@ from builder.stacks.document import (
 from builder.stacks.features.hugepages import HUGETLBFS_MOUNT, HUGETLBFS_VOLUME
 from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, with_kept_prompts
 from builder.stacks.features.monitoring import MONITORING_MOUNT, MONITORING_SERVICE, monitoring_service
-from builder.stacks.record import Record, Served
-from builder.stacks.service_parts import CPU_PROFILE, CPU_SERVICE, GPU_PROFILE, SERVICE, file_mount, published
-from builder.stacks.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
 from builder.untrusted_text import ANY_CONTROL
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).

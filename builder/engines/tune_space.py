@@ -1,7 +1,7 @@
 """What `moe-stack tune` may vary for a llama.cpp-family stack: each dimension a named set of
 candidate values and how a value is written into the server's arguments (or the container's
 environment, for the NUMA policy). The engine adapters choose the dimensions; the search
-(stacks/tune.py) never needs to know a flag."""
+(tuning/tune.py) never needs to know a flag."""
 
 from __future__ import annotations
 

@@ -31,13 +31,13 @@ from builder.models.opened import OpenedModel
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stackfile.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.derived import Derived, block_sparse, derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
 from builder.stacks.features import refuse
 from builder.stacks.features.all import FEATURES
 from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
 from builder.stacks.features.vision import checked_projector, projector_bytes
-from builder.stacks.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 from builder.stacks.vram_levers import GpuDemand, vram_plan

@@ -21,13 +21,13 @@ from builder.images.build import build_image
 from builder.images.mirror import mirror_tree
 from builder.images.naming import image_spec, short_ref
 from builder.models.synth_moe import MoeShape, write_moe_gguf
+from builder.running.benchmark import measure
+from builder.running.run import down
+from builder.running.smoke import Check, smoke
 from builder.spec import BaseImages
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.assemble import StackOptions, plan_stack
-from builder.stacks.benchmark import measure
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down
-from builder.stacks.smoke import Check, smoke
 
 MAX_LOSS = 0.05  # the most a candidate may lose of the pin's decode or prefill
 ROUNDS = 3

@@ -7,9 +7,9 @@ from pathlib import Path
 from builder.engines.specs import StackSpec
 from builder.files import write_file_atomically
 from builder.images.image_facts import ImageFacts
+from builder.stackfile.host_checks import router_files, stack_files
+from builder.stackfile.stack_file import StackFile
 from builder.stacks.document import compose_document
-from builder.stacks.host_checks import router_files, stack_files
-from builder.stacks.stack_file import StackFile
 
 
 def compose_stack(

@@ -11,11 +11,11 @@ from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model
-from builder.stacks.api import EngineApi
+from builder.running.api import EngineApi
+from builder.running.run import up
 from builder.stacks.assemble import served_name_for
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import start_period_for
-from builder.stacks.run import up
 
 DEMO_PROMPT = "Paris is the capital of"
 

@@ -19,9 +19,9 @@ from builder.models.planner import size
 from builder.platform.local_cuda import LOCAL_CUDA, WHERE, origin_of
 from builder.platform.targets import AVX2, best_cpu_target, fallback_cost
 from builder.platform.toolchain import MIN_DRIVER, driver_runs, highest_cuda
+from builder.running.bandwidth import DecodeBound, ReadBandwidth
+from builder.running.kt_convert import default_output
 from builder.spec import cuda_knows_arch
-from builder.stacks.bandwidth import DecodeBound, ReadBandwidth
-from builder.stacks.kt_convert import default_output
 from builder.stacks.memory_use import beside_model_bytes
 from builder.stacks.pinned_memory import pinned_finding
 

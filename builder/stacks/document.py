@@ -1,4 +1,4 @@
-"""StackSpec → the stack file (stacks/stack_file.py), built without touching the host (host_checks.py
+"""StackSpec → the stack file (stackfile/stack_file.py), built without touching the host (host_checks.py
 checks and resolves the files first)."""
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ from builder.host.placement import numa_env
 from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
 from builder.spec import EngineOptions
-from builder.stacks.features import refuse
-from builder.stacks.features.all import FEATURES
-from builder.stacks.features.hugepages import HUGETLBFS_VOLUME, hugetlbfs_volume, staging_environment
-from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, PROMPTS_VOLUME
-from builder.stacks.features.monitoring import MONITORING_SERVICE, MONITORING_VOLUME
-from builder.stacks.record import OptionValue, Record, Served
-from builder.stacks.service_parts import (
+from builder.stackfile.record import OptionValue, Record, Served
+from builder.stackfile.service_parts import (
     CPU_PROFILE,
     CPU_SERVICE,
     GPU_PROFILE,
@@ -40,7 +35,7 @@ from builder.stacks.service_parts import (
     SERVICE,
     published,
 )
-from builder.stacks.stack_file import (
+from builder.stackfile.stack_file import (
     Deploy,
     Device,
     Healthcheck,
@@ -55,6 +50,11 @@ from builder.stacks.stack_file import (
     Ulimit,
     Volume,
 )
+from builder.stacks.features import refuse
+from builder.stacks.features.all import FEATURES
+from builder.stacks.features.hugepages import HUGETLBFS_VOLUME, hugetlbfs_volume, staging_environment
+from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, PROMPTS_VOLUME
+from builder.stacks.features.monitoring import MONITORING_SERVICE, MONITORING_VOLUME
 
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.

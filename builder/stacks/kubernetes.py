@@ -20,11 +20,11 @@ from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
 from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
+from builder.stackfile.service_parts import HEALTHCHECK
 from builder.stacks.document import engine_command, entrypoint_environment, pinned_image
 from builder.stacks.features import refuse
 from builder.stacks.features.all import FEATURES
 from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
-from builder.stacks.service_parts import HEALTHCHECK
 
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
 # NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).

@@ -36,11 +36,11 @@ from builder.models.model_files import fetch_demo_model
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.platform.pins import pinned_ref
+from builder.running.run import down
 from builder.spec import BaseImages
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
 from builder.stacks.memory_use import stack_kv_bytes
-from builder.stacks.run import down
 from tests.integration.wheelhouse import make_kt_wheelhouse
 from tests.sources import source_mirror
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from builder.stacks.host_checks import free_local_port
+from builder.stackfile.host_checks import free_local_port
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from builder.files import cache_dir
-from builder.stacks.run import down
+from builder.running.run import down
 from tests.cli import run_cli
 from tests.integration.conftest import free_port
 

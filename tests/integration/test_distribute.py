@@ -25,10 +25,10 @@ from builder.engines.specs import StackSpec
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import parse_variant
+from builder.running.run import down, up
+from builder.stackfile.host_checks import free_local_port
+from builder.stackfile.stack_file import StackFile
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
-from builder.stacks.stack_file import StackFile
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image
 from tests.integration.registry import running_registry

@@ -20,13 +20,13 @@ from builder.images.prometheus import make_prometheus
 from builder.models.gguf_facts import read_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE
 from builder.platform.toolchain import CPU_BASE_SUITE
+from builder.running.api import EngineApi
+from builder.running.client_checks import ANTHROPIC_TOOL, TOOL, clients_for
+from builder.running.run import down, up
+from builder.running.smoke import api_checks
 from builder.spec import EXPERTS_ON_CPU_RULE
-from builder.stacks.api import EngineApi
-from builder.stacks.client_checks import ANTHROPIC_TOOL, TOOL, clients_for
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
-from builder.stacks.smoke import api_checks
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, emit_stack
 

@@ -16,7 +16,7 @@ import pytest
 
 from builder.contract import PROMPTS_DIR
 from builder.errors import StackError
-from builder.stacks.api import EngineApi
+from builder.running.api import EngineApi
 from tests.integration.conftest import (
     BuiltImage,
     RunningStack,

@@ -15,10 +15,10 @@ from python_on_whales import DockerClient
 
 from builder.engines.specs import StackSpec
 from builder.images.image_facts import read_image_facts
+from builder.running.run import down, up
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.run import down, up
 from tests.integration.conftest import StackFactory, build_engine_image
 
 pytestmark = pytest.mark.integration

@@ -22,9 +22,9 @@ from python_on_whales import DockerClient
 from builder.engines.specs import StackSpec
 from builder.images.image_facts import read_image_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat
-from builder.stacks.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, build_engine_image
 

@@ -11,8 +11,8 @@ import yaml
 from pytest_docker.plugin import Services
 
 from builder.contract import CONTAINER_PORT
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.service_parts import SERVICE
+from builder.stackfile.host_checks import free_local_port
+from builder.stackfile.service_parts import SERVICE
 from tests.cli import run_cli
 from tests.integration.conftest import answers_health, build_engine_image
 

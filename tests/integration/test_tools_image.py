@@ -15,8 +15,8 @@ from python_on_whales import DockerClient
 from builder.contract import IMAGE_UID
 from builder.images.image_facts import read_image_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
+from builder.running.tool_bench import parse_llama_bench
 from builder.spec import EXPERTS_ON_CPU_RULE
-from builder.stacks.tool_bench import parse_llama_bench
 from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, budget_minutes, build_engine_image, emit_stack
 

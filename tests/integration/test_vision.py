@@ -18,8 +18,8 @@ import pytest
 from builder.models.synth_mmproj import write_mmproj_gguf
 from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
-from builder.stacks.client_checks import sample_png
-from builder.stacks.host_checks import free_local_port
+from builder.running.client_checks import sample_png
+from builder.stackfile.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.integration.conftest import build_engine_image, serve_stack
 

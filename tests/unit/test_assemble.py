@@ -25,6 +25,7 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import cpu_target
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
+from builder.stackfile.host_checks import free_local_port
 from builder.stacks import pinned_memory
 from builder.stacks.assemble import (
     StackOptions,
@@ -34,7 +35,6 @@ from builder.stacks.assemble import (
     plan_stack,
     served_name_for,
 )
-from builder.stacks.host_checks import free_local_port
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, epyc_host, fake_host
 from tests.specs import compose_dict, opened

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.stacks.bandwidth import ReadBandwidth, parse_bandwidth
-from builder.stacks.tool_bench import NativeRunner
-from builder.stacks.tune_stack import read_bandwidth
+from builder.running.bandwidth import ReadBandwidth, parse_bandwidth
+from builder.running.tool_bench import NativeRunner
+from builder.tuning.tune_stack import read_bandwidth
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_SOURCE = ROOT / "dockerfiles/common/moe-stack-bandwidth.c"

@@ -28,8 +28,8 @@ from builder.distribute.loaded_stack import (
 )
 from builder.engines.specs import StackSpec
 from builder.safe_tar import extract_files
+from builder.stackfile.stack_file import StackFile
 from builder.stacks.document import project_name_for
-from builder.stacks.stack_file import StackFile
 from tests.specs import compose_dict, routed_stacks
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import yaml
 
 from builder.distribute.publish import no_variants
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.stacks.host_checks import free_local_port
+from builder.stackfile.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 

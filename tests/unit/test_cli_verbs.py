@@ -16,7 +16,7 @@ from builder.images.naming import image_spec
 from builder.images.render import configure_args
 from builder.models.gguf_facts import read_facts
 from builder.models.planner import GIB
-from builder.stacks.host_checks import free_local_port
+from builder.stackfile.host_checks import free_local_port
 from tests.cli import run_cli
 from tests.specs import mainline_tree
 

@@ -15,10 +15,10 @@ from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts
 from builder.models.model_files import check_gguf
 from builder.platform.targets import cpu_target
+from builder.stackfile.host_checks import check_host_runs, check_port_free
+from builder.stackfile.stack_file import StackFile
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
-from builder.stacks.host_checks import check_host_runs, check_port_free
-from builder.stacks.stack_file import StackFile
 from tests.specs import compose_dict, opened
 
 

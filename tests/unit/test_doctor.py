@@ -10,7 +10,7 @@ import pytest
 from builder.host.probe import probe
 from builder.models.facts import ModelFacts
 from builder.platform.toolchain import highest_cuda
-from builder.stacks.bandwidth import ReadBandwidth
+from builder.running.bandwidth import ReadBandwidth
 from builder.stacks.doctor import Finding, bandwidth_finding, diagnose
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host

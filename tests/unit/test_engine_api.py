@@ -1,4 +1,4 @@
-"""The one HTTP client of running engines (stacks.api): a redirect is never followed with the API key."""
+"""The one HTTP client of running engines (running.api): a redirect is never followed with the API key."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from builder.errors import StackError
-from builder.stacks.api import EngineApi
+from builder.running.api import EngineApi
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from python_on_whales.exceptions import DockerException
 
 from builder.container_start import runtime_lost_init
 from builder.engines import get_engine
-from builder.stacks.run import log_error_summary
+from builder.running.run import log_error_summary
 
 DATA = Path(__file__).parent / "data"
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"

@@ -21,7 +21,7 @@ from builder.host.probe import probe
 from builder.models.kt_weights import INDEX, RECORD, read_checkpoint, read_converted
 from builder.models.synth_hf import write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
-from builder.stacks.kt_convert import CONVERTER, Conversion, finish_conversion, plan_conversion
+from builder.running.kt_convert import CONVERTER, Conversion, finish_conversion, plan_conversion
 from tests.hosts import XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted
 

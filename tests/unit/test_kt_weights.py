@@ -19,9 +19,9 @@ from builder.models.kt_weights import converted_facts, read_checkpoint, read_con
 from builder.models.synth_hf import checkpoint_bytes, write_hf_checkpoint
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.platform.targets import cpu_target
-from builder.stacks.host_checks import stack_files
-from builder.stacks.kt_convert import CONVERTER, default_output, plan_conversion
-from builder.stacks.stack_file import Mount
+from builder.running.kt_convert import CONVERTER, default_output, plan_conversion
+from builder.stackfile.host_checks import stack_files
+from builder.stackfile.stack_file import Mount
 from tests.cli import run_cli_in_process
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
 from tests.kt_layout import write_converted, write_safetensors

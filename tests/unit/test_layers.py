@@ -2,7 +2,11 @@
 and TYPE_CHECKING ones included):
 
     cli                     may import anything below it
-    stacks, distribute      distribute may use stacks (a bundle holds a stack), never the reverse
+    stacks, distribute      making a stack (its steps, features, presets, outputs); distribute may use
+                            stacks (a loaded bundle's stack is rebuilt from its parts), never the reverse
+    running, tuning         running an emitted stack (up, smoke, bench, its tools) and tuning it: they
+                            read the stack file, never the making (tuning runs, running never tunes)
+    stackfile               the typed stack file, its record and shared service parts, host checks
     images                  naming, rendering, building: over the adapters
     engines                 the engine adapters
     platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
@@ -41,9 +45,12 @@ LAYER = {
     "platform": 2,
     "engines": 3,
     "images": 4,
-    "stacks": 5,
-    "distribute": 5,
-    "cli": 6,
+    "stackfile": 5,
+    "running": 6,
+    "tuning": 7,
+    "stacks": 8,
+    "distribute": 8,
+    "cli": 9,
 }
 DOCKER = {"builder.docker_client", "python_on_whales"}
 # Those that build, run or publish, and three of the CLI's modules.
@@ -53,14 +60,14 @@ TALK_TO_DOCKER = {
     "builder.images.baseimage",
     "builder.images.cuda_base",
     "builder.images.image_facts",
-    "builder.stacks.run",
-    "builder.stacks.load_progress",  # reads the engine's log while `up` waits
-    "builder.stacks.smoke",
+    "builder.running.run",
+    "builder.running.load_progress",  # reads the engine's log while `up` waits
+    "builder.running.smoke",
     "builder.distribute.publish",
     "builder.images.prometheus",
     "builder.images.chat_page",  # the page's build runs in a container
-    "builder.stacks.tool_run",
-    "builder.stacks.kt_convert",
+    "builder.running.tool_run",
+    "builder.running.kt_convert",
     "builder.distribute.bundle",
     "builder.cli.main",  # names the Docker client's own failure in one line
     "builder.cli.host",  # doctor asks whether Docker answers
@@ -136,7 +143,7 @@ def test_only_building_running_and_publishing_talk_to_docker() -> None:
         "builder.images.naming",
         "builder.images.render",
         "builder.engines",
-        "builder.stacks.tool_bench",
+        "builder.running.tool_bench",
         *(m for m in MODULES if m.startswith("builder.engines.")),
     ):
         assert not _closure(module) & DOCKER, f"{module} reaches the Docker client"

@@ -1,8 +1,8 @@
-"""The line `up` shows while the engine loads (stacks/load_progress.py)."""
+"""The line `up` shows while the engine loads (running/load_progress.py)."""
 
 from __future__ import annotations
 
-from builder.stacks.load_progress import WIDTH, newest_line
+from builder.running.load_progress import WIDTH, newest_line
 
 
 def test_the_newest_line_worth_showing() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from builder.engines import engine_names, get_engine
 from builder.engines.base import API_ROUTES
-from builder.stacks.api import EngineApi
-from builder.stacks.client_checks import (
+from builder.running.api import EngineApi
+from builder.running.client_checks import (
     TOOL_NAME,
     Clients,
     _image,
@@ -29,8 +29,8 @@ from builder.stacks.client_checks import (
     client_checks,
     clients_for,
 )
-from builder.stacks.record import Record, Served
-from builder.stacks.smoke import StackUnderTest, _run_checks, _through_clients
+from builder.running.smoke import StackUnderTest, _run_checks, _through_clients
+from builder.stackfile.record import Record, Served
 
 
 class Engine:
@@ -315,7 +315,7 @@ def test_the_engine_api_talks_to_the_stack_directly_whatever_the_proxy_settings(
     is imported: so in a process of its own here) never go through a proxy."""
     engine.replies["/completion"] = {"timings": {"predicted_per_second": 12.5}}
     asked = (
-        "from builder.stacks.api import EngineApi; "
+        "from builder.running.api import EngineApi; "
         f"print(EngineApi({engine.port}, api_key='k', timeout_s=10).post('/completion', {{}})['timings'])"
     )
     result = subprocess.run(

@@ -1,4 +1,4 @@
-"""The stack file as one typed model (stacks/stack_file.py): what compose writes reads back as typed
+"""The stack file as one typed model (stackfile/stack_file.py): what compose writes reads back as typed
 values and is written again byte for byte, and a part a hand edit broke is one line naming it."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import yaml
 from builder.contract import NUMA_ENV
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.stackfile.stack_file import StackFile, StackFileError
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.stack_file import StackFile, StackFileError
 from tests.specs import compose_dict
 
 ROOT = Path(__file__).resolve().parents[2]

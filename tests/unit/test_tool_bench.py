@@ -17,9 +17,7 @@ from builder.images.matrix import cuda_target
 from builder.images.naming import image_spec, image_tag, tools_image_of
 from builder.images.render import render_files
 from builder.platform.flags import parse_contract, parse_help
-from builder.stacks.compose import compose_stack
-from builder.stacks.stack_file import StackFile
-from builder.stacks.tool_bench import (
+from builder.running.tool_bench import (
     ToolOutput,
     parse,
     parse_llama_bench,
@@ -27,7 +25,9 @@ from builder.stacks.tool_bench import (
     program,
     tool_args,
 )
-from builder.stacks.tool_run import stack_server_args, tool_document
+from builder.running.tool_run import stack_server_args, tool_document
+from builder.stackfile.stack_file import StackFile
+from builder.stacks.compose import compose_stack
 from tests.specs import routed_stacks
 
 DATA = Path(__file__).parent / "data"

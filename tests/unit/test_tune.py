@@ -23,11 +23,11 @@ from builder.engines.tune_space import (
 from builder.errors import SpecError, StackError
 from builder.models.facts import ModelFacts
 from builder.platform.flags import parse_help
-from builder.stacks.bandwidth import ReadBandwidth
-from builder.stacks.stack_file import StackFile
-from builder.stacks.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
-from builder.stacks.tune import HYBRID_PROMPT_TOKENS, MIN_GAIN, Tuner, chosen, plan_search, searched, winner
-from builder.stacks.tune_stack import Tuned, tuned_document
+from builder.running.bandwidth import ReadBandwidth
+from builder.running.tool_bench import ServedTiming, ToolOutput, numactl_prefix, parse_server_trial
+from builder.stackfile.stack_file import StackFile
+from builder.tuning.tune import HYBRID_PROMPT_TOKENS, MIN_GAIN, Tuner, chosen, plan_search, searched, winner
+from builder.tuning.tune_stack import Tuned, tuned_document
 
 DATA = Path(__file__).parent / "data"
 IK_BENCH = parse_help((DATA / "ik_llama.cpp-ikpy-0.1.5-llama-bench-help.txt").read_text())

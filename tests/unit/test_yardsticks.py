@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.stacks.host_checks import free_local_port
+from builder.stackfile.host_checks import free_local_port
 from tests.repo_copy import tracked_copy, unit_suite
 
 FORK = '''"""A llama.cpp fork (the yardstick test's)."""

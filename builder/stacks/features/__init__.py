@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
-from builder.stacks.stack_file import Service, StackFiles
+from builder.stackfile.stack_file import Service, StackFiles
 
 Where = Literal["kubernetes", "router"]
 

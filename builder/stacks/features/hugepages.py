@@ -9,8 +9,8 @@ from typing import ClassVar
 
 from builder.contract import HUGETLBFS_DIR, HUGETLBFS_ENV, IMAGE_UID
 from builder.engines.specs import StackSpec
+from builder.stackfile.stack_file import Mount, Service, StackFiles, Volume
 from builder.stacks.features import Feature, Where
-from builder.stacks.stack_file import Mount, Service, StackFiles, Volume
 
 HUGETLBFS_VOLUME = "hugepages"
 HUGETLBFS_MOUNT = Mount(type="volume", source=HUGETLBFS_VOLUME, target=HUGETLBFS_DIR)

@@ -11,9 +11,9 @@ from typing import ClassVar
 
 from builder.contract import PROMPTS_DIR, PROMPTS_ENV, PROMPTS_MAX_ENV, PROMPTS_QUIET_ENV, SLOTS_ENV
 from builder.engines.specs import StackSpec
+from builder.stackfile.stack_file import Mount, Service, StackFiles
 from builder.stacks.features import Feature, Where
 from builder.stacks.memory_use import MIB, kept_prompts_bytes
-from builder.stacks.stack_file import Mount, Service, StackFiles
 
 PROMPTS_VOLUME = "prompts"
 PROMPTS_MOUNT = Mount(type="volume", source=PROMPTS_VOLUME, target=PROMPTS_DIR)

@@ -29,14 +29,14 @@ from builder.engines.llama_bench import ToolArgs
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import Args, Dimension, Env
 from builder.errors import StackError
-from builder.stacks.host_checks import free_local_port
-from builder.stacks.tool_bench import (
+from builder.running.tool_bench import (
     Runner,
     parse_llama_bench,
     parse_server_trial,
     server_trial_args,
     tool_args,
 )
+from builder.stackfile.host_checks import free_local_port
 
 Objective = Literal["decode", "prefill", "both"]
 MIN_GAIN = 0.03  # a winner must beat the incumbent by at least this much, whatever the spread

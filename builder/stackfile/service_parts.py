@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from builder.contract import MODEL_DIR
-from builder.stacks.stack_file import Logging, Mount, Port
+from builder.stackfile.stack_file import Logging, Mount, Port
 
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles

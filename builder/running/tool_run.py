@@ -22,10 +22,10 @@ from builder.errors import StackError
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.escaping import literal
-from builder.stacks.service_parts import CPU_SERVICE, SERVICE
-from builder.stacks.stack_file import Healthcheck, StackFile, to_yaml
-from builder.stacks.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
+from builder.running.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
+from builder.stackfile.escaping import literal
+from builder.stackfile.service_parts import CPU_SERVICE, SERVICE
+from builder.stackfile.stack_file import Healthcheck, StackFile, to_yaml
 
 
 def engine_service_name(profile: str | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.errors import SpecError
-from builder.stacks.tune import TuneResult
+from builder.tuning.tune import TuneResult
 
 
 def plot(result: TuneResult, path: Path) -> Path:

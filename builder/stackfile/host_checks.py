@@ -15,8 +15,8 @@ from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags
 from builder.images.image_facts import ImageFacts
 from builder.platform.targets import best_cpu_target
-from builder.stacks.service_parts import directory_mount, file_mount
-from builder.stacks.stack_file import Mount, StackFiles
+from builder.stackfile.service_parts import directory_mount, file_mount
+from builder.stackfile.stack_file import Mount, StackFiles
 
 
 def stack_files(stack: StackSpec, check: bool = True) -> StackFiles:

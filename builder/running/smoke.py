@@ -17,12 +17,12 @@ from python_on_whales.exceptions import DockerException
 from builder.container_start import start_container
 from builder.contract import NUMA_ENV
 from builder.errors import MoeStackError
-from builder.stacks.api import EngineApi
-from builder.stacks.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
-from builder.stacks.record import Record, Served
-from builder.stacks.run import published_ports, running_container, stack_api_key, up
-from builder.stacks.service_parts import CPU_SERVICE, SERVICE
-from builder.stacks.stack_file import Service, StackFile
+from builder.running.api import EngineApi
+from builder.running.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
+from builder.running.run import published_ports, running_container, stack_api_key, up
+from builder.stackfile.record import Record, Served
+from builder.stackfile.service_parts import CPU_SERVICE, SERVICE
+from builder.stackfile.stack_file import Service, StackFile
 
 
 @dataclass(frozen=True)

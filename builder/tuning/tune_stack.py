@@ -17,12 +17,12 @@ from builder.errors import StackError
 from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
-from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
-from builder.stacks.record import Bound, Rates, Ratios, Record, Served, Tuning
-from builder.stacks.stack_file import StackFile
-from builder.stacks.tool_bench import NativeRunner, Runner
-from builder.stacks.tool_run import ContainerRunner, engine_service_name, stack_server_args
-from builder.stacks.tune import CPU_PROMPT_TOKENS, HYBRID_PROMPT_TOKENS, Objective, Tuner, TuneResult, chosen
+from builder.running.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
+from builder.running.tool_bench import NativeRunner, Runner
+from builder.running.tool_run import ContainerRunner, engine_service_name, stack_server_args
+from builder.stackfile.record import Bound, Rates, Ratios, Record, Served, Tuning
+from builder.stackfile.stack_file import StackFile
+from builder.tuning.tune import CPU_PROMPT_TOKENS, HYBRID_PROMPT_TOKENS, Objective, Tuner, TuneResult, chosen
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import StackError
-from builder.stacks.api import EngineApi
-from builder.stacks.bandwidth import ARRAY_MIB, TOOL, DecodeBound, parse_bandwidth
-from builder.stacks.run import run_in_service
-from builder.stacks.stack_file import StackFile
-from builder.stacks.tool_run import engine_service_name
+from builder.running.api import EngineApi
+from builder.running.bandwidth import ARRAY_MIB, TOOL, DecodeBound, parse_bandwidth
+from builder.running.run import run_in_service
+from builder.running.tool_run import engine_service_name
+from builder.stackfile.stack_file import StackFile
 
 # A sentence of ordinary words: about one token per word in every tokenizer moe-stack serves.
 _FILLER = "the quick brown fox jumps over the lazy dog while the river runs past the old mill "

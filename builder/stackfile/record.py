@@ -1,4 +1,4 @@
-"""x-moe-stack, the stack file's record of itself: one typed model (stacks/stack_file.py holds it).
+"""x-moe-stack, the stack file's record of itself: one typed model (stackfile/stack_file.py holds it).
 
 `compose` (stacks/document.py) and `load` (distribute/loaded_stack.py) write a Record; smoke, tune,
 bench, up and bundle read it from `StackFile.read`, never from an engine's flags. The record holds the
@@ -132,7 +132,7 @@ class Record(_Kebab):
     profiles: tuple[StrictStr, ...] = ()  # the compose profiles of a file with a GPU and a CPU service
     serves: dict[str, Served] = {}  # by service name
     lint_exceptions: dict[str, str] = {}  # compose-lint rule ID: why this stack departs from it
-    tuned: Tuning | None = None  # what `tune` found (stacks/tune_stack.py)
+    tuned: Tuning | None = None  # what `tune` found (tuning/tune_stack.py)
 
     @property
     def cpu_weights_pinned(self) -> bool:

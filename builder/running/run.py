@@ -14,10 +14,10 @@ from builder.container_start import start_container
 from builder.contract import LOADED_IMAGES, prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
-from builder.stacks.host_checks import check_port_free
-from builder.stacks.load_progress import watching_load
-from builder.stacks.stack_file import Service, StackFile
-from builder.stacks.tool_run import engine_service_name
+from builder.running.load_progress import watching_load
+from builder.running.tool_run import engine_service_name
+from builder.stackfile.host_checks import check_port_free
+from builder.stackfile.stack_file import Service, StackFile
 from builder.untrusted_text import printable
 
 

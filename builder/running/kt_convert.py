@@ -34,8 +34,8 @@ from builder.files import user_path, write_file_atomically
 from builder.host.probe import HostFacts, missing_flags
 from builder.models.kt_weights import RECORD, Checkpoint, ConvertedWeights, read_converted
 from builder.models.planner import size
-from builder.stacks.host_checks import check_readable_in_container
-from builder.stacks.tool_bench import last_error
+from builder.running.tool_bench import last_error
+from builder.stackfile.host_checks import check_readable_in_container
 
 CONVERTER = "kt-kernel/scripts/convert_cpu_weights.py"
 QUANT_METHODS = {"AMXINT4": "int4", "AMXINT8": "int8"}  # the converter's --quant-method for each

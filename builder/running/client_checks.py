@@ -18,7 +18,7 @@ from anthropic.types import ImageBlockParam, TextBlockParam, ToolParam
 from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionFunctionToolParam
 
 from builder.engines.base import API_ROUTES, ClientApi, Engine
-from builder.stacks.api import EngineApi
+from builder.running.api import EngineApi
 
 TOOL_NAME = "get_weather"
 _TOOL_DESCRIPTION = "The weather in a city now"
