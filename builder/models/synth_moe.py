@@ -287,6 +287,11 @@ def write_moe_gguf(path: Path, shape: MoeShape = DEFAULT_SHAPE, seed: int = 0) -
     writer.add_eot_token_id(tokens.index("<|im_end|>"))
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    # No space before the text after a special token: with SentencePiece's default prefix the assistant
+    # turn's opening tokenizes as " assistant", which the grammar a response_format becomes refuses when
+    # the engine feeds it that opening (mainline's prefill): both engines answered every response_format
+    # with "Failed to initialize samplers", where real models' tokenizers (Gemma's, Qwen's) add no space.
+    writer.add_add_space_prefix(False)
     writer.add_chat_template(CHATML)
 
     rng = np.random.default_rng(seed)

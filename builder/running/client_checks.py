@@ -1,7 +1,7 @@
 """What a coding agent or chat client sees of a stack, asked through the official `openai` and `anthropic`
-clients: each API the stack's engine serves (Engine.apis) with its chat, streaming and tools, and one line
-for an API the engine lacks. A server that answers plain HTTP but not the client's own parsing (a missing
-field, an event out of order in a stream) fails here as it would fail the agent."""
+clients: each API the stack's engine serves (Engine.apis) with its chat, streaming, tools and structured
+output, and one line for an API the engine lacks. A server that answers plain HTTP but not the client's own
+parsing (a missing field, an event out of order in a stream) fails here as it would fail the agent."""
 
 from __future__ import annotations
 
@@ -172,6 +172,53 @@ def _tool_call(clients: Clients) -> tuple[bool, str]:
     return isinstance(arguments, dict), f"{TOOL_NAME}({json.dumps(arguments)})"
 
 
+# A closed shape for structured output: one of two cities and a day count of 1 to 3, nothing else. A
+# server that holds its reply to the schema can only answer one of six objects, whatever its weights.
+REPLY_SCHEMA: dict[str, object] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def fits_reply_schema(value: object) -> bool:
+    """Whether `value` is one of the objects REPLY_SCHEMA admits."""
+    if not isinstance(value, dict) or set(value) != {"city", "days"}:
+        return False
+    days = value["days"]
+    return value["city"] in ("Paris", "London") and type(days) is int and 1 <= days <= 3
+
+
+def _structured_output(clients: Clients) -> tuple[bool, str]:
+    """`response_format` with a JSON schema: the reply must be JSON the schema admits. An engine that
+    ignores the format answers in prose (even a real model rarely lands on the exact shape), so this
+    fails where users found structured output silently dropped."""
+    reply = clients.openai.chat.completions.create(
+        model=clients.model,
+        # Room for the longest reply the grammar allows: nine runs of up to 22 blanks around ~30 characters
+        # (Gemma 270M filled 64 tokens with blanks before "Paris").
+        max_tokens=256,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "forecast", "schema": REPLY_SCHEMA, "strict": True},
+        },
+        messages=[{"role": "user", "content": _WEATHER}],
+    )
+    text = reply.choices[0].message.content or ""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return False, f"not JSON, so the schema was not applied: {text[:80]!r}"
+    if not fits_reply_schema(value):
+        return False, f"JSON the schema does not admit: {text[:80]!r}"
+    return True, json.dumps(value)
+
+
 def sample_png(side: int = 64) -> bytes:
     """A `side`-pixel RGB PNG (a diagonal gradient), as a client sends a screenshot."""
     rows = b"".join(
@@ -311,6 +358,7 @@ _BY_API: dict[ClientApi, list[tuple[str, ClientCheck]]] = {
         ("chat", _chat),
         ("chat-stream", _chat_stream),
         ("tool-call", _tool_call),
+        ("structured-output", _structured_output),
         ("image", _image),
     ],
     "openai-responses": [("responses", _responses)],

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from python_on_whales import DockerClient
@@ -21,7 +22,7 @@ from builder.models.gguf_facts import read_facts
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.running.api import EngineApi
-from builder.running.client_checks import ANTHROPIC_TOOL, TOOL, clients_for
+from builder.running.client_checks import ANTHROPIC_TOOL, REPLY_SCHEMA, TOOL, clients_for
 from builder.running.run import down, up
 from builder.running.smoke import api_checks
 from builder.spec import EXPERTS_ON_CPU_RULE
@@ -165,6 +166,15 @@ def test_agents_speak_to_it_through_the_official_clients(
         model="gemma", messages=ask, max_tokens=16, temperature=0, tools=[TOOL]
     )
     assert tools.choices[0].finish_reason in {"stop", "length", "tool_calls"}, tools
+    # Structured output: the reply is JSON the schema admits (both engines turn it into a grammar).
+    shaped = clients.openai.chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": "The weather in Paris for two days, as JSON."}],
+        max_tokens=256,  # the longest reply the schema's grammar allows
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "forecast", "schema": REPLY_SCHEMA}},
+    )
+    jsonschema.validate(json.loads(shaped.choices[0].message.content or ""), REPLY_SCHEMA)
     response = clients.openai.responses.create(model="gemma", input=ask[0]["content"], max_output_tokens=16)
     assert response.output_text.strip() and response.usage and response.usage.output_tokens > 0, response
     message = clients.anthropic.messages.create(model="gemma", max_tokens=16, messages=ask)
@@ -185,8 +195,9 @@ def test_agents_speak_to_it_through_the_official_clients(
     # smoke, as a user runs it on this stack: every API answers; a base model of 270M calls no tool
     checks = {check.name: check for check in api_checks(stack.compose_file, EngineApi(stack.port))}
     answered = set(checks) - {"tool-call", "messages-tool-use"}
-    assert answered == {"served-name", "completion", "chat", "chat-stream", "image", "responses", "messages",
-                        "messages-stream", "messages-image", "count-tokens", "metrics"}  # fmt: skip
+    assert answered == {"served-name", "completion", "chat", "chat-stream", "structured-output", "image",
+                        "responses", "messages", "messages-stream", "messages-image", "count-tokens",
+                        "metrics"}  # fmt: skip
     for image in ("image", "messages-image"):  # no projector in this stack
         assert checks[image].seen.startswith("not asked"), checks[image]
     assert all(checks[name].passed for name in answered), checks

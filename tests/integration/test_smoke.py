@@ -11,6 +11,7 @@ import yaml
 from pytest_docker.plugin import Services
 
 from builder.contract import CONTAINER_PORT
+from builder.running.client_checks import fits_reply_schema
 from builder.stackfile.host_checks import free_local_port
 from builder.stackfile.service_parts import SERVICE
 from tests.cli import run_cli
@@ -18,7 +19,8 @@ from tests.integration.conftest import answers_health, build_engine_image
 
 pytestmark = pytest.mark.integration
 CHECKS = {
-    "healthy", "served-name", "completion", "chat", "chat-stream", "tool-call", "image", "responses",
+    "healthy", "served-name", "completion", "chat", "chat-stream", "tool-call", "structured-output", "image",
+    "responses",
     "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens", "flags",
     "placement", "gpu",
     "metrics",
@@ -78,6 +80,8 @@ def test_smoke_passes_on_an_emitted_stack_but_the_random_model_makes_no_tool_cal
     assert "['tiny-moe']" in checks["served-name"]["seen"]
     assert checks["placement"]["seen"].endswith("2 threads")
     assert checks["gpu"]["seen"].startswith("not asked")
+    # A response_format schema holds even random weights to it: one of the six objects it admits.
+    assert fits_reply_schema(json.loads(checks["structured-output"]["seen"])), checks["structured-output"]
     # From what the file records it serves, not from the engine's flags.
     assert checks["metrics"]["seen"].startswith("/metrics holds")
 

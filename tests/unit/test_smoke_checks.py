@@ -14,20 +14,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from builder.engines import engine_names, get_engine
 from builder.engines.base import API_ROUTES
 from builder.running.api import EngineApi
 from builder.running.client_checks import (
+    REPLY_SCHEMA,
     TOOL_NAME,
     Clients,
     _image,
     _messages_image,
     _messages_tool_use,
+    _structured_output,
     _tool_call,
     client_checks,
     clients_for,
+    fits_reply_schema,
 )
 from builder.running.smoke import StackUnderTest, _run_checks, _through_clients
 from builder.stackfile.record import Record, Served
@@ -200,7 +204,7 @@ def test_an_image_block_must_reach_the_prompt_through_messages(engine: Engine) -
 def test_an_engine_is_checked_on_each_api_it_serves_and_one_line_for_each_it_lacks() -> None:
     names = [name for name, _ in client_checks(get_engine("llama.cpp"))]
     assert names == [
-        "chat", "chat-stream", "tool-call", "image", "responses",
+        "chat", "chat-stream", "tool-call", "structured-output", "image", "responses",
         "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens",
     ]  # fmt: skip
     legacy = get_engine("ktransformers-legacy")
@@ -210,6 +214,7 @@ def test_an_engine_is_checked_on_each_api_it_serves_and_one_line_for_each_it_lac
         "chat",
         "chat-stream",
         "tool-call",
+        "structured-output",
         "image",
         *(n for n, _ in lacking),
     ]
@@ -230,9 +235,8 @@ def test_a_server_that_answers_nothing_fails_the_check_in_one_line(engine: Engin
     stack = Closed(
         stack_file=None, name="engine", service=None, api=EngineApi(port, timeout_s=5), container=None
     )  # type: ignore[arg-type]
-    [check] = _run_checks(
-        stack, [("messages", _through_clients(client_checks(get_engine("llama.cpp"))[4][1]))]
-    )
+    messages = dict(client_checks(get_engine("llama.cpp")))["messages"]
+    [check] = _run_checks(stack, [("messages", _through_clients(messages))])
     assert check.name == "messages" and not check.passed
     assert check.seen.startswith("APIConnectionError: ") and "\n" not in check.seen
 
@@ -323,3 +327,36 @@ def test_the_engine_api_talks_to_the_stack_directly_whatever_the_proxy_settings(
     )
     assert result.returncode == 0 and "12.5" in result.stdout, result.stderr
     assert len(engine.asked) == 1 and proxy.asked == []
+
+
+@pytest.mark.parametrize(
+    ("content", "passed", "seen"),
+    [
+        ('{"city": "London", "days": 2}', True, '{"city": "London", "days": 2}'),
+        ("The weather in Paris is sunny.", False, "not JSON, so the schema was not applied"),
+        ('{"city": "Rome", "days": 2}', False, "JSON the schema does not admit"),
+        ('{"city": "Paris", "days": 2, "note": "x"}', False, "JSON the schema does not admit"),
+        ('{"city": "Paris", "days": 2.0}', False, "JSON the schema does not admit"),
+        ("{}", False, "JSON the schema does not admit"),
+    ],
+)
+def test_structured_output_passes_only_json_the_schema_admits(
+    engine: Engine, content: str, passed: bool, seen: str
+) -> None:
+    """The reply to a `response_format` JSON schema: an engine that ignores the format (prose, or JSON of
+    its own shape, as ik_llama.cpp answers a `json_object` format) fails; the schema travels as asked."""
+    engine.chat_reply({"role": "assistant", "content": content})
+    ok, said = _structured_output(clients(engine))
+    assert (ok, said.startswith(seen)) == (passed, True), said
+    asked = engine.asked[-1]["response_format"]
+    assert asked["type"] == "json_schema" and asked["json_schema"]["schema"]["additionalProperties"] is False
+
+
+def test_the_reply_schema_admits_six_objects_and_nothing_else() -> None:
+    admitted = [{"city": city, "days": days} for city in ("Paris", "London") for days in (1, 2, 3)]
+    assert all(fits_reply_schema(value) for value in admitted)
+    refused = [{"city": "Paris", "days": 0}, {"city": "Paris", "days": 4}, {"city": "Paris", "days": True},
+               {"city": "paris", "days": 1}, {"city": "Paris"}, ["Paris", 1], "Paris"]  # fmt: skip
+    assert not any(fits_reply_schema(value) for value in refused)
+    schema = jsonschema.Draft202012Validator(REPLY_SCHEMA)  # the check agrees with the schema it sends
+    assert all(schema.is_valid(value) for value in admitted) and not any(map(schema.is_valid, refused))
