@@ -4,67 +4,28 @@ by peer") is started once more and said; any other failure is reported at once. 
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from python_on_whales import DockerClient
 
-from builder.container_start import RUNTIME_LOST_INIT
 from builder.contract import IMAGE_UID
 from builder.images.chat_page import SandboxRun, run_sandboxed, sandbox_user
+from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from tests.cli import run_cli
+from tests.integration.conftest import build_engine_image, emit_stack
+from tests.integration.flaky_docker import flaky_docker
 
 pytestmark = pytest.mark.integration
-
-LOST = (
-    "docker: Error response from daemon: failed to create task for container: failed to create shim task: "
-    "OCI runtime create failed: runc create failed: unable to start container process: error during "
-    f"container init: {RUNTIME_LOST_INIT}: unknown"
-)
+RETRIED = "lost the container's init); starting it again"
 
 
-@dataclass(frozen=True)
-class FlakyDocker:
-    path: str  # PATH with the stand-in first
-    lost: Path  # exists once the stand-in failed a start
-    starts: Path  # a line per container start asked of it
-
-    def started(self) -> int:
-        return len(self.starts.read_text().splitlines()) if self.starts.exists() else 0
-
-
-def _flaky_docker(directory: Path, lose_first: bool) -> FlakyDocker:
-    real = shutil.which("docker")
-    assert real is not None
-    bin_dir = directory / "bin"
-    bin_dir.mkdir()
-    flaky = FlakyDocker(f"{bin_dir}:{os.environ['PATH']}", directory / "lost", directory / "starts")
-    if not lose_first:
-        flaky.lost.touch()
-    script = bin_dir / "docker"
-    script.write_text(
-        "#!/bin/sh\n"
-        "starts=no\n"
-        'case "$1" in\n'
-        "  run|exec) starts=yes ;;\n"
-        '  container) case "$2" in run|exec|start) starts=yes ;; esac ;;\n'
-        '  compose) for word in "$@"; do case "$word" in up|run) starts=yes ;; esac; done ;;\n'
-        "esac\n"
-        f'if [ "$starts" = yes ]; then echo "$1" >>{flaky.starts}; fi\n'
-        f'if [ "$starts" = yes ] && [ ! -e {flaky.lost} ]; then\n'
-        f"  : >{flaky.lost}\n"
-        f'  echo "{LOST}" >&2\n'
-        "  exit 125\n"
-        "fi\n"
-        f'exec {real} "$@"\n'
-    )
-    script.chmod(0o755)
-    return flaky
+def _said(*texts: str) -> str:
+    return " ".join(" ".join(texts).split())  # tables wrap their lines
 
 
 @pytest.fixture
@@ -96,16 +57,16 @@ def tool_images(base_image: str, docker_client: DockerClient, tmp_path: Path) ->
 def test_doctor_starts_an_image_once_more_when_its_init_was_lost(
     tool_images: dict[str, str], tmp_path: Path
 ) -> None:
-    flaky = _flaky_docker(tmp_path, lose_first=True)
+    flaky = flaky_docker(tmp_path, lose_first=True)
     result = run_cli("doctor", "--bandwidth", tool_images["prints"], env={"PATH": flaky.path})
     assert result.returncode == 0, result.stderr
     assert flaky.lost.exists() and flaky.started() == 2
     assert "12.5 GB/s" in result.stdout
-    assert "lost the container's init); starting it again" in " ".join(result.stderr.split())
+    assert RETRIED in _said(result.stderr)
 
 
 def test_any_other_failure_is_reported_at_once(tool_images: dict[str, str], tmp_path: Path) -> None:
-    flaky = _flaky_docker(tmp_path, lose_first=False)
+    flaky = flaky_docker(tmp_path, lose_first=False)
     result = run_cli("doctor", "--bandwidth", tool_images["fails"], env={"PATH": flaky.path})
     shown = " ".join((result.stdout + result.stderr).split())  # the table wraps its lines
     assert "error: no memory" in shown and "starting it again" not in shown
@@ -118,7 +79,7 @@ def test_the_chat_pages_sandbox_starts_once_more_when_its_init_was_lost(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    flaky = _flaky_docker(tmp_path, lose_first=True)
+    flaky = flaky_docker(tmp_path, lose_first=True)
     monkeypatch.setenv("PATH", flaky.path)
     work = tmp_path / "ui"
     work.mkdir()
@@ -129,3 +90,32 @@ def test_the_chat_pages_sandbox_starts_once_more_when_its_init_was_lost(
     assert (work / "dist" / "index.html").is_file()
     assert flaky.lost.exists() and flaky.started() == 2
     assert "starting it again" in capsys.readouterr().err
+
+
+def test_a_stack_comes_up_smokes_and_benches_through_lost_starts(
+    base_image: str, gemma_model: Path, tmp_path: Path
+) -> None:
+    """`up` (compose up), `smoke` (its execs in the engine's container) and `bench --tool` (a compose run
+    of the tools image) each meet a lost start first, and each starts it again and goes on."""
+    server = build_engine_image("llama.cpp", "avx2", base_image)
+    build_engine_image("llama.cpp", "avx2", base_image, tools=True)
+    compose_file, _ = emit_stack(tmp_path, server, gemma_model, chat_template=DEMO_CHAT_TEMPLATE)
+    try:
+        up_docker = flaky_docker(tmp_path / "up", lose_first=True)
+        up = run_cli("up", str(compose_file), env={"PATH": up_docker.path})
+        assert up.returncode == 0 and up_docker.started() == 2, up.stderr
+        assert RETRIED in _said(up.stdout, up.stderr)
+        smoke_docker = flaky_docker(tmp_path / "smoke", lose_first=True)
+        smoke = run_cli("smoke", str(compose_file), "--json", env={"PATH": smoke_docker.path})
+        checks = {check["name"]: check for check in json.loads(smoke.stdout)}
+        assert smoke_docker.lost.exists() and RETRIED in _said(smoke.stderr)
+        assert checks["placement"]["passed"] and checks["flags"]["passed"], checks
+    finally:
+        run_cli("down", str(compose_file))
+    bench_docker = flaky_docker(tmp_path / "bench", lose_first=True)
+    bench = run_cli(
+        "bench", str(compose_file), "--tool", "llama-bench", "-p", "16", "-n", "4", "-r", "1",
+        env={"PATH": bench_docker.path},
+    )  # fmt: skip
+    assert bench.returncode == 0 and bench_docker.lost.exists(), bench.stderr
+    assert RETRIED in _said(bench.stdout, bench.stderr)

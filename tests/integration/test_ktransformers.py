@@ -32,6 +32,7 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import BaseImages
 from tests.cli import run_cli
 from tests.hosts import XEON_EMR_FLAGS, fake_host
+from tests.integration.flaky_docker import flaky_docker
 
 pytestmark = pytest.mark.integration
 
@@ -268,6 +269,14 @@ def test_kt_convert_runs_the_converter_in_the_image_and_renames_what_it_wrote(
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".Qwen3-tiny-AMXINT4")]  # no staging left
     again = run_cli(*args, "--root", str(root))
     assert again.returncode == 1 and "exists; remove it or give another --out" in again.stderr
+    # A busy host's runtime losing the converter's start: started once more, said, and converted.
+    flaky = flaky_docker(tmp_path / "flaky-docker", lose_first=True)
+    retried = run_cli(
+        *args, "--root", str(root), "--out", str(tmp_path / "retried"), env={"PATH": flaky.path}
+    )
+    assert retried.returncode == 0 and flaky.started() == 2, retried.stderr
+    assert "lost the container's init); starting it again" in " ".join(retried.stderr.split())
+    assert read_converted(tmp_path / "retried").moe_layers == TINY_SHAPES["qwen3moe"].layers
 
     config = json.loads((checkpoint / "config.json").read_text())
     (checkpoint / "config.json").write_text(json.dumps({**config, "moe_stack_standin_fail": "out of memory"}))
