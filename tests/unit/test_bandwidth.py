@@ -1,5 +1,5 @@
 """moe-stack-bandwidth (dockerfiles/common/moe-stack-bandwidth.c), built here with gcc and run: its
-figures agree with an independent plain read loop (tests/unit/data/read_reference.c), it refuses bad
+figures within twofold of an independent plain read loop's (tests/unit/data/read_reference.c), it refuses bad
 arguments in one line, and the readers parse what it prints."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL_SOURCE = ROOT / "dockerfiles/common/moe-stack-bandwidth.c"
 REFERENCE_SOURCE = Path(__file__).parent / "data/read_reference.c"
 MIB = 1024  # beyond the caches a CI runner or this host has (256 MiB still hit a VM host's L3 here)
-PAIRS = 8  # at most: the busier the host, the more rounds its best figures need to settle
+PAIRS = 6  # turns of the tool and the reference: their ratios' median stands against one busy pair
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
@@ -43,31 +44,28 @@ def _run(*argv: str | Path, env: dict[str, str] | None = None) -> subprocess.Com
 
 
 @needs_gcc
-def test_the_tool_reads_at_least_what_a_reference_loop_reads(tool: Path, tmp_path: Path) -> None:
-    # The reference: one OpenMP reduction the compiler vectorises at full width, threads bound by the
-    # OpenMP runtime, not by the tool's code. Both take turns, so a neighbour's load hits both alike.
-    # On the idle H200 host they agree within 1 % (bench/results/decode-bound-2026-12-03: that is the
-    # tool's proof). A shared 2-core VM swings twofold between runs, and a clean clone's whole suite here
-    # once gave the tool 0.70 of the reference over all 8 pairs, so here this only bounds gross faults
-    # (the tool's best within 0.6x-3x of the reference's: bytes miscounted twofold, threads that never
-    # ran), stopping early once the two agree within 10 %. It no longer tells the old tool (0.62-0.72 of
-    # the rate on the device) from the new one here.
+def test_paired_rounds_put_the_tool_within_twofold_of_a_reference_loop(tool: Path, tmp_path: Path) -> None:
+    """The tool and a reference loop take turns, PAIRS times, each its best of 5 rounds; the median of the
+    pairs' ratios lies in 0.55-1.8, which a byte count off twofold (or a read of half the array) fails.
+    The reference is one OpenMP reduction the compiler vectorises at full width, its threads bound by the
+    OpenMP runtime, not by the tool's code. What this bound can't tell on a shared 2-core VM: the old tool
+    (0.62-0.72 of the rate on the device) from the new one, or a thread that never ran (one core nearly
+    fills this VM's memory bandwidth). On the idle H200 host the two agree within 1 %
+    (bench/results/decode-bound-2026-12-03): that is the tool's proof."""
     reference = _build(REFERENCE_SOURCE, tmp_path / "ref", "-march=native", "-mprefer-vector-width=512")
     env = {**os.environ, "OMP_PROC_BIND": "close", "OMP_PLACES": "cores"}
-    best_tool = best_reference = 0.0
+    ratios = []
     for _ in range(PAIRS):
         printed = _run(tool, str(MIB), "--rounds", "5").stdout
         figures = parse_bandwidth(printed)
         assert figures is not None, printed
         assert figures.low is not None and figures.median is not None
         assert figures.low <= figures.median <= figures.best
-        best_tool = max(best_tool, figures.best)
         found = re.search(r"reference read GB/s ([\d.]+)", _run(reference, str(MIB), "5", env=env).stdout)
         assert found is not None
-        best_reference = max(best_reference, float(found[1]))
-        if 0.9 <= best_tool / best_reference <= 1.1:
-            break
-    assert 0.6 <= best_tool / best_reference <= 3, (best_tool, best_reference)
+        ratios.append(figures.best / float(found[1]))
+    spread = f"pairs' ratios {sorted(round(r, 2) for r in ratios)}"
+    assert 0.55 <= statistics.median(ratios) <= 1.8, spread
 
 
 @needs_gcc
