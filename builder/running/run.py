@@ -130,6 +130,7 @@ def up(
     _check_gpu_passthrough(document, profiles)
     _check_local_images(document, profiles)
     if not client.compose.ps():
+        check_model_here(document, compose_file)
         for bind, port in published_ports(compose_file, document):
             check_port_free(bind, port)
     try:
@@ -153,6 +154,16 @@ def up(
         raise StackError(
             f"the stack did not become healthy ({describe(err)}); engine log: {log_tail}"
         ) from None
+
+
+def check_model_here(document: StackFile, compose_file: Path) -> None:
+    """The model the stack serves is on this host: without it the engine starts and dies loading it."""
+    model = document.record.model
+    if not model.exists():
+        raise StackError(
+            f"the stack's model {model} is not on this host (moved or deleted?): put it back, or emit the "
+            f"stack again for where it is now; {compose_file} stays as it was"
+        )
 
 
 def _active(document: StackFile, profiles: list[str]) -> dict[str, Service]:

@@ -250,8 +250,18 @@ def _through_clients(check: ClientCheck) -> Callable[[StackUnderTest], tuple[boo
     return lambda stack: check(stack.clients)
 
 
+def _model_file(stack: StackUnderTest) -> tuple[bool, str]:
+    """The model is still on the host: a running server keeps reading the copy it opened, but the stack's
+    next start (a restart, a reboot) would fail loading it."""
+    model = stack.record.model
+    if model.exists():
+        return True, f"{model} is here"
+    return False, f"{model} is gone from this host: the server reads what it opened, and its next start fails"
+
+
 # What only the running container shows.
 _CONTAINER_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
+    ("model-file", _model_file),
     ("flags", _flags),
     ("placement", _placement),
     ("gpu", _gpu),

@@ -20,10 +20,8 @@ from tests.integration.conftest import answers_health, build_engine_image
 pytestmark = pytest.mark.integration
 CHECKS = {
     "healthy", "served-name", "completion", "chat", "chat-stream", "tool-call", "structured-output", "image",
-    "responses",
-    "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens", "flags",
-    "placement", "gpu",
-    "metrics",
+    "responses", "messages", "messages-stream", "messages-tool-use", "messages-image", "count-tokens",
+    "model-file", "flags", "placement", "gpu", "metrics",
 }  # fmt: skip
 # A random-weight model writes prose where a tool call is asked for, in either API.
 TOOL_CHECKS = ["messages-tool-use", "tool-call"]
