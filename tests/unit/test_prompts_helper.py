@@ -1,6 +1,7 @@
-"""The llama.cpp images' prompt cache helper (dockerfiles/common/moe-stack-prompts) saving against a server
-that writes its slot file slowly, or fails halfway (a full disk): the last whole save stays in place until a
-new one is whole, and no partial file is left behind."""
+"""The llama.cpp images' prompt cache helper (dockerfiles/common/moe-stack-prompts) against a stand-in server
+that writes its slot file slowly, fails halfway (a full disk), or takes its time restoring (clients holding
+the slots): the last whole save stays in place until a new one is whole, no partial file is left behind,
+and a stop before the restore ended keeps the saved slots rather than saving the emptier ones over them."""
 
 from __future__ import annotations
 
@@ -22,18 +23,35 @@ SLOT_FILE = f"{KEY}-{TOKEN}-slot0.bin"
 @dataclass
 class SlowSaver:
     """A server whose slot save writes the named file in two halves, 0.5 s apart, and answers 200 (or, with
-    `fail`, 500 after the first half); it notes what the slot's file held while the save was half done."""
+    `fail`, 500 after the first half); it notes what the slot's file held while the save was half done.
+    A restore answers after `restore_s`; /health answers 200."""
 
     directory: Path
     fail: bool = False
+    restore_s: float = 0.0
     seen_midway: list[bytes | None] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         saver = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
             def do_POST(self) -> None:
                 name = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["filename"]
+                saver.actions.append(self.path.rpartition("=")[2])
+                if self.path.endswith("action=restore"):
+                    time.sleep(saver.restore_s)
+                    self.send_response(200)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"{}")
+                    return
                 with (saver.directory / name).open("wb") as out:
                     out.write(b"NEW-first-half;")
                     out.flush()
@@ -58,22 +76,37 @@ class SlowSaver:
 
 @pytest.fixture
 def prompts_dir(tmp_path: Path) -> Path:
-    """The volume as an earlier save left it: the helper's token and a whole slot file."""
-    (tmp_path / ".moe-stack").mkdir(mode=0o700)
-    (tmp_path / ".moe-stack/owner").write_text(TOKEN + "\n")
-    (tmp_path / SLOT_FILE).write_bytes(b"OLD-whole-save")
-    return tmp_path
+    """The volume as an earlier save left it: the helper's token and a whole slot file; beside it, the
+    image's healthcheck as a program on PATH (the image installs it so)."""
+    volume = tmp_path / "prompts"
+    (volume / ".moe-stack").mkdir(mode=0o700, parents=True)
+    (volume / ".moe-stack/owner").write_text(TOKEN + "\n")
+    (volume / SLOT_FILE).write_bytes(b"OLD-whole-save")
+    (tmp_path / "bin").mkdir()
+    health = tmp_path / "bin/moe-stack-health"
+    health.write_text(f"#!/bin/sh\nexec bash {HELPER.parent / 'moe-stack-health'}\n")
+    health.chmod(0o755)
+    return volume
 
 
-def _save(saver: SlowSaver) -> subprocess.CompletedProcess[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), saver.handler())
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    env = {
-        "PATH": "/usr/bin:/bin",
+def _env(saver: SlowSaver, server: ThreadingHTTPServer) -> dict[str, str]:
+    return {
+        "PATH": f"{saver.directory.parent / 'bin'}:/usr/bin:/bin",
         "MOE_STACK_PROMPTS": KEY,
         "MOE_STACK_PROMPTS_DIR": str(saver.directory),
         "LLAMA_ARG_PORT": str(server.server_address[1]),
     }
+
+
+def _served(saver: SlowSaver) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), saver.handler())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _save(saver: SlowSaver) -> subprocess.CompletedProcess[str]:
+    server = _served(saver)
+    env = _env(saver, server)
     try:
         return subprocess.run(
             ["bash", str(HELPER), "save"], env=env, capture_output=True, text=True, timeout=60, check=False
@@ -98,3 +131,34 @@ def test_a_save_that_fails_halfway_keeps_the_last_whole_one(prompts_dir: Path) -
     assert "the server refused (HTTP 500" in done.stderr, done.stderr
     assert (prompts_dir / SLOT_FILE).read_bytes() == b"OLD-whole-save"
     assert sorted(p.name for p in prompts_dir.iterdir()) == [".moe-stack", SLOT_FILE]  # the partial removed
+
+
+@pytest.mark.parametrize("restore_s", [0.0, 20.0])
+def test_a_stop_before_the_restore_ended_keeps_the_saved_slots(prompts_dir: Path, restore_s: float) -> None:
+    """`serve`: stopped while the restore still waits (20 s: clients hold the slot), the helper saves
+    nothing; stopped after it, it saves as ever (the control)."""
+    saver = SlowSaver(prompts_dir, restore_s=restore_s)
+    server = _served(saver)
+    try:
+        helper = subprocess.Popen(
+            ["bash", str(HELPER), "serve", "sleep", "60"],
+            env=_env(saver, server),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 20
+        while "restore" not in saver.actions and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the restore answered (the control) or still waits
+        helper.terminate()
+        _, said = helper.communicate(timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if restore_s:
+        assert saver.actions == ["restore"], saver.actions
+        assert "stopped before the slots were restored: the saved ones are kept as they were" in said, said
+        assert (prompts_dir / SLOT_FILE).read_bytes() == b"OLD-whole-save"
+    else:
+        assert saver.actions == ["restore", "save"], (saver.actions, said)
+        assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
