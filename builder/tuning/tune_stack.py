@@ -18,6 +18,7 @@ from builder.host.probe import probe
 from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
 from builder.running.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
+from builder.running.run import check_model_here
 from builder.running.tool_bench import NativeRunner, Runner
 from builder.running.tool_run import ContainerRunner, engine_service_name, stack_server_args
 from builder.stackfile.record import Bound, Rates, Ratios, Record, Served, Tuning
@@ -75,28 +76,16 @@ def tune_stack(
     served_by, image, args = stack_server_args(document, compose_file, profile)
     engine = bench_engine(served_by)  # an engine with llama-bench, else one line
     name = engine_service_name(profile)
-    service = document.service(name)
-    record = document.record
-    model = record.model
-    if not model.is_file():
-        raise StackError(
-            f"the stack's model {model} is missing here; tune needs it (fetch it, or fix the file)"
-        )
-    runner = _runner(
-        compose_file,
-        tools_image or tools_image_of(image),
-        profile,
-        native_bin,
-        model_dir or model.parent,
-        progress,
-    )
-    bench_flags = _bench_flags(runner)
-    env = {NUMA_ENV: service.env.get(NUMA_ENV, "none")}
-    hybrid = _served(record, name, compose_file).gpu_layers not in (None, 0)
+    check_model_here(document, compose_file)
+    model = document.record.model
+    tools = tools_image or tools_image_of(image)
+    runner = _runner(compose_file, tools, profile, native_bin, model_dir or model.parent, progress)
+    env = {NUMA_ENV: document.service(name).env.get(NUMA_ENV, "none")}
+    hybrid = _served(document.record, name, compose_file).gpu_layers not in (None, 0)
     tuner = Tuner(
         engine=engine,
         runner=runner,
-        bench_flags=bench_flags,
+        bench_flags=_bench_flags(runner),
         args=args,
         env=env,
         dimensions=chosen(engine.tune_dimensions(args, len(probe().nodes), hybrid), only),

@@ -352,7 +352,7 @@ def test_tune_refusals(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "no llama-bench in")
     model.unlink()
     assert_one_line_error(
-        run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is missing here; tune needs it"
+        run_cli("tune", str(stack), "--native-bin", str(tmp_path)), "is not on this host (moved or deleted?)"
     )
 
 
