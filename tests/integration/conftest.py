@@ -197,6 +197,18 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 free_port = free_local_port
 
 
+def image_with_program(
+    docker_client: DockerClient, base: str, directory: Path, program: str, script: str, tag: str
+) -> str:
+    """`base` with `script` (a shell script's text) installed as /usr/local/bin/`program`, built as `tag`
+    from a context in `directory`: a stand-in for the program an image of moe-stack's ships."""
+    directory.mkdir()
+    (directory / "tool").write_text(script)
+    (directory / "Dockerfile").write_text(f"FROM {base}\nCOPY --chmod=0755 tool /usr/local/bin/{program}\n")
+    docker_client.buildx.build(directory, tags=[tag], load=True, progress=False)
+    return tag
+
+
 StackFactory = Callable[..., RunningStack]
 
 

@@ -17,7 +17,7 @@ from builder.contract import IMAGE_UID
 from builder.images.chat_page import SandboxRun, run_sandboxed, sandbox_user
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from tests.cli import run_cli
-from tests.integration.conftest import build_engine_image, emit_stack
+from tests.integration.conftest import build_engine_image, emit_stack, image_with_program
 from tests.integration.flaky_docker import flaky_docker
 
 pytestmark = pytest.mark.integration
@@ -39,16 +39,17 @@ def tool_images(base_image: str, docker_client: DockerClient, tmp_path: Path) ->
         "fails": ("moe-stack-bandwidth", "echo 'error: no memory' >&2; exit 1"),
         "page": ("npm", "mkdir -p dist && echo '<html></html>' >dist/index.html"),
     }
-    tags = {}
-    for name, (program, body) in programs.items():
-        context = tmp_path / f"context-{name}"
-        context.mkdir()
-        (context / "tool").write_text(f"#!/bin/sh\n{body}\n")
-        (context / "Dockerfile").write_text(
-            f"FROM {base_image}\nCOPY --chmod=0755 tool /usr/local/bin/{program}\n"
+    tags = {
+        name: image_with_program(
+            docker_client,
+            base_image,
+            tmp_path / f"context-{name}",
+            program,
+            f"#!/bin/sh\n{body}\n",
+            f"moe-stack-test/container-start:{name}-{uuid.uuid4().hex[:8]}",
         )
-        tags[name] = f"moe-stack-test/container-start:{name}-{uuid.uuid4().hex[:8]}"
-        docker_client.buildx.build(context, tags=[tags[name]], load=True, progress=False)
+        for name, (program, body) in programs.items()
+    }
     yield tags
     for tag in tags.values():
         docker_client.image.remove(tag, force=True)

@@ -12,6 +12,7 @@ import pytest
 from python_on_whales import DockerClient
 
 from tests.cli import run_cli
+from tests.integration.conftest import image_with_program
 
 pytestmark = pytest.mark.integration
 
@@ -26,16 +27,17 @@ SCRIPTS = {
 
 @pytest.fixture
 def hostile_images(base_image: str, docker_client: DockerClient, tmp_path: Path) -> Iterator[dict[str, str]]:
-    tags = {}
-    for name, script in SCRIPTS.items():
-        context = tmp_path / name
-        context.mkdir()
-        (context / "tool").write_text(script)
-        (context / "Dockerfile").write_text(
-            f"FROM {base_image}\nCOPY --chmod=0755 tool /usr/local/bin/moe-stack-bandwidth\n"
+    tags = {
+        name: image_with_program(
+            docker_client,
+            base_image,
+            tmp_path / name,
+            "moe-stack-bandwidth",
+            script,
+            f"moe-stack-test/hostile-output:{name}-{uuid.uuid4().hex[:8]}",
         )
-        tags[name] = f"moe-stack-test/hostile-output:{name}-{uuid.uuid4().hex[:8]}"
-        docker_client.buildx.build(context, tags=[tags[name]], load=True, progress=False)
+        for name, script in SCRIPTS.items()
+    }
     yield tags
     for tag in tags.values():
         docker_client.image.remove(tag, force=True)
