@@ -304,6 +304,14 @@ class NeutralOptions(_Spec):
         "experts matches mainline)",
         ge=1,
     )
+    # ik_llama.cpp's graph split (`-sm graph`): each layer's tensors and compute over a multi-GPU plan's
+    # GPUs instead of whole layers per GPU. Never a default: no run on two GPUs has tried it yet.
+    split_mode_graph: bool | None = option(
+        None,
+        "--split-mode-graph/--no-split-mode-graph",
+        help="ik_llama.cpp: split each layer's tensors and compute over a multi-GPU plan's GPUs "
+        "(--split-mode graph -smgs) instead of whole layers per GPU; not yet run on two GPUs",
+    )
     # KTransformers: how kt-kernel computes the CPU experts (LLAMAFILE reads GGUF; the AMX methods
     # read weights converted by kt-kernel).
     kt_method: KtMethod | None = option(

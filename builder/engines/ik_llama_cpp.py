@@ -74,7 +74,13 @@ class IkLlamaCpp(LlamaFamilyEngine):
     cuda_compile_factor = 3.2
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
-    honours = LlamaFamilyEngine.honours | {"fused_moe", "mla", "moe_offload_batch", "hugepages"}
+    honours = LlamaFamilyEngine.honours | {
+        "fused_moe",
+        "mla",
+        "moe_offload_batch",
+        "hugepages",
+        "split_mode_graph",
+    }
     # Ling's bailingmoe2 routes a token's experts within groups (mainline always does); ik_llama.cpp picks
     # a plain top-k of all experts unless -ger (src/llama-build-context.cpp at the pin; with 0 groups it
     # dies of SIGFPE, so a model without groups never gets it).
@@ -91,6 +97,8 @@ class IkLlamaCpp(LlamaFamilyEngine):
             ("-cuda", "--cuda-params"),
             ("-thp", "--transparent-huge-pages"),
             ("-ger", "--grouped-expert-routing"),
+            ("-sm", "--split-mode"),
+            ("-smgs", "--split-mode-graph-scheduling"),
         )
     )
 
@@ -226,7 +234,8 @@ class IkLlamaCpp(LlamaFamilyEngine):
         )
 
     def own_args(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
-        """Fused MoE, MLA, the GPU offload batch, hugepages and grouped expert routing: ik_llama.cpp's own."""
+        """Fused MoE, MLA, the GPU offload batch, hugepages, grouped expert routing and the graph split:
+        ik_llama.cpp's own."""
         args = []
         if stack.grouped_routing:
             args += self.grouped_routing_args(flags)
@@ -238,6 +247,8 @@ class IkLlamaCpp(LlamaFamilyEngine):
             args += self.moe_offload_batch_args(stack.moe_offload_batch, flags)
         if stack.hugepages:
             args += self.hugepages_args(flags)
+        if stack.split_mode_graph:
+            args += self.split_mode_graph_args(len(stack.tensor_split), flags)
         return args
 
     def fused_moe_args(self, on: bool, flags: dict[str, str] | None) -> list[str]:
@@ -277,3 +288,19 @@ class IkLlamaCpp(LlamaFamilyEngine):
         if flags is not None and "-thp" not in flags:
             raise StackError("this ik_llama.cpp build has no -thp option; drop --hugepages")
         return ["-thp"]
+
+    def split_mode_graph_args(self, gpus: int, flags: dict[str, str] | None) -> list[str]:
+        """`--split-mode graph` over a plan of `gpus` GPUs (0: no multi-GPU plan), with -smgs: src/llama.cpp
+        at 8337e4c schedules the graph split only for a model without tensor overrides unless forced, and
+        a plan's experts are -ot rules. Opt-in: it has not run on two GPUs here."""
+        if gpus < 2:
+            raise StackError(
+                "--split-mode-graph splits the model over a multi-GPU plan's GPUs and this stack has no "
+                "such plan: give --gpus and one --fit-vram-gb size per GPU, or drop --split-mode-graph"
+            )
+        if flags is not None and not {"--split-mode", "-smgs"} <= flags.keys():
+            raise StackError(
+                "this ik_llama.cpp build has no --split-mode graph scheduling (-smgs); build a newer "
+                "ik_llama.cpp, or drop --split-mode-graph"
+            )
+        return ["--split-mode", "graph", "-smgs"]

@@ -235,7 +235,7 @@ def engine_pins(stack: StackSpec) -> bool:
 
 
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
-    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules or GPU offload;
+    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules, GPU offload or split;
     mmap as the engine does by default, since --no-mmap pays off through the GPU's pinned memory)."""
     return stack.model_copy(
         update={
@@ -244,6 +244,8 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
             "gpu_layers": None,
             "override_tensors": (),
             "moe_offload_batch": None,
+            "split_mode_graph": None,
+            "tensor_split": (),
             "mmap": None,
         }
     )

@@ -63,6 +63,7 @@ CHANGED: dict[str, object] = {
     "cache_type": "q8_0",
     "cache_type_v": "q4_0",
     "moe_offload_batch": 2,
+    "split_mode_graph": True,
     "mmap": False,
     "temperature": 0.6,
     "top_p": 0.95,

@@ -14,10 +14,13 @@ from builder.models.model_files import DEMO_JINJA_TEMPLATE
 from builder.platform.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label
 
 DATA = Path(__file__).parent / "data"
+RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
 MAINLINE = parse_help((DATA / "llama.cpp-0c1e57098-help.txt").read_text())
 IK_HELP = (DATA / "ik_llama.cpp-ikpy-0.1.5-help.txt").read_text()
 IK = parse_contract(IK_HELP, (DATA / "ik_llama.cpp-ikpy-0.1.5-parser-flags.txt").read_text())
 IK_OLD = parse_help((DATA / "ik_llama.cpp-pre-pr863-help-excerpt.txt").read_text())
+# The pin's server --help, from its CUDA build on the device (it lists the GPU options: -sm, -ts, --max-gpu).
+IK_PIN = parse_help((RESULTS / "ik-bump-2026-12-06/ik-8337e4c-server-help.txt").read_text())
 
 
 def test_parse_real_help_texts() -> None:
@@ -106,6 +109,45 @@ def test_moe_offload_batch_is_an_ik_cuda_parameter() -> None:
         )
     with pytest.raises(StackError, match="^llama.cpp does not read --moe-offload-batch"):
         _neutral("llama.cpp", MAINLINE, moe_offload_batch=2)
+
+
+def test_split_mode_graph_is_an_ik_opt_in_over_a_multi_gpu_plan() -> None:
+    """`--split-mode-graph` on a two-GPU plan writes ik's graph split and -smgs (its scheduling despite the
+    plan's -ot rules), which both recorded ik contracts accept; no stack gets it unless asked."""
+    two_gpus = {"gpu": "nvidia", "tensor_split": (24, 24)}
+    for flags in (IK, IK_PIN, None):
+        written = _neutral("ik_llama.cpp", flags, **two_gpus, split_mode_graph=True)
+        assert written == ["--tensor-split", "24,24", "--split-mode", "graph", "-smgs"], flags is None
+    for contract, who in ((IK, "ik_llama.cpp 55d3c05"), (IK_PIN, "ik_llama.cpp 8337e4c")):
+        args = get_engine("ik_llama.cpp").server_args(
+            _stack("ik_llama.cpp", **two_gpus, split_mode_graph=True), contract
+        )
+        check_args(args, contract, who)
+    for off in ({}, {"split_mode_graph": False}):
+        written = _neutral("ik_llama.cpp", IK_PIN, **two_gpus, **off)
+        assert "--split-mode" not in written and "-smgs" not in written
+
+
+def test_split_mode_graph_is_refused_where_it_cant_split() -> None:
+    with pytest.raises(
+        StackError,
+        match="^--split-mode-graph splits the model over a multi-GPU plan's GPUs and this stack has no "
+        "such plan: give --gpus and one --fit-vram-gb size per GPU, or drop --split-mode-graph$",
+    ):
+        _neutral("ik_llama.cpp", IK_PIN, gpu="nvidia", split_mode_graph=True)
+    without = {k: v for k, v in IK_PIN.items() if k not in ("-smgs", "--split-mode-graph-scheduling")}
+    with pytest.raises(
+        StackError,
+        match=r"^this ik_llama.cpp build has no --split-mode graph scheduling \(-smgs\); build a newer",
+    ):
+        _neutral("ik_llama.cpp", without, gpu="nvidia", tensor_split=(24, 24), split_mode_graph=True)
+    # mainline's -sm has no graph; KTransformers splits no layers (it also reads neither this test's
+    # --no-jinja nor a multi-GPU plan: named in the same line)
+    for engine in ("llama.cpp", "ktransformers"):
+        with pytest.raises(
+            StackError, match=f"^{engine} does not read --split-mode-graph/--no-split-mode-graph"
+        ):
+            _neutral(engine, None, gpu="nvidia", tensor_split=(24, 24), split_mode_graph=True)
 
 
 def test_served_name_jinja_and_metrics_where_the_image_has_them() -> None:
