@@ -215,7 +215,7 @@ class StackCommandLine(BaseModel):
                 "--served-name names one model; several models are served under their presets' names "
                 "(else their file names)"
             )
-        common = self.model_dump(include=_AS_GIVEN) | {
+        spelled = {
             "engine_options": engine_options,
             "override_tensors": tuple(self.override_tensor or ()),
             "fit_vram_gb": float_list(self.fit_vram_gb, "--fit-vram-gb"),
@@ -226,6 +226,9 @@ class StackCommandLine(BaseModel):
             "start_period_s": self.start_period,
             "engine_args": tuple(self.engine_args or ()),
         }
+        # The options that are StackOptions fields under the same name, passed as given.
+        as_given = set(type(self).model_fields) & set(StackOptions.model_fields) - spelled.keys() - _PER_MODEL
+        common = self.model_dump(include=as_given) | spelled
         return [
             StackOptions.model_validate(
                 common | {"model": path, "preset": presets[index] if presets else None}
@@ -234,13 +237,7 @@ class StackCommandLine(BaseModel):
         ]
 
 
-# compose's options that are StackOptions fields under the same name, passed as given.
-_AS_GIVEN = {
-    "engine", "image", "cpu_image", "project", "port", "bind", "presets_file", "threads", "parallel",
-    "experts_on_cpu", "vram_margin_gb", "placement", "chat_template", "served_name", "jinja", "metrics",
-    "numa", "gpu", "config_dir", "trust_remote_code", "gpu_experts", "mlock", "hugepages", "hugetlbfs",
-    "shm_size", "api_key_file", "keep_prompts", "skip_image_checks", "for_other_host",
-}  # fmt: skip
+_PER_MODEL = {"model", "preset"}  # a StackOptions for each --model, with its --preset
 
 
 class StackFileOptions(BaseModel):
