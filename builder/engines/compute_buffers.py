@@ -4,9 +4,10 @@ GPU, routed experts on the CPU).
 Both engines size it by reserving their worst-case graph, a full micro-batch (`-ub`) of tokens; ggml's
 allocator reuses memory along the graph, so the buffer is its largest stage, not a sum:
 - attention's: the mask, MLA's decompression, the activations per micro-batch token. Fitted to the sizes
-  the engines logged on the H200 for slices of the real widths (bench/results/seed-models-2026-12-01,
-  -01b and -01c: native builds with the images' configure arguments, the presets' stacks, `CUDA0
-  compute buffer size`). Depth does not move it (8 and 16 layers logged the same).
+  the engines logged for slices of the real widths (bench/results/seed-models-2026-12-01, -01b and -01c on
+  the H200, ik-ab-2026-12-06 on an H100: native builds with the images' configure arguments, the presets'
+  stacks, `CUDA0 compute buffer size`). Depth does not move it (8 and 16 layers logged the same). Each fit
+  names its points; the runs it was not fitted to are held to it in tests/unit/test_held_out_buffers.py.
 - prefill's MoE stage: the scheduler copies a CPU-resident weight into the GPU's compute buffer for the
   op it offloads (ggml-backend.cpp, the split inputs), one expert tensor for mainline's MUL_MAT_ID, two
   for ik_llama.cpp's fused up/gate, beside the experts' activations. The copy grows with the experts a
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from builder.engines.buffer_grid import IK_GRIDS, IK_POOLS, MAINLINE_GRIDS, Grid, measured_for
 from builder.models.facts import ModelFacts
@@ -50,10 +52,13 @@ SLICE_EXPERT_TENSOR_BYTES = {
     "qwen3moe": 32 * 4096 * 1536 * 18 // 32,  # 108 MiB
     "qwen3next": 128 * 2048 * 512 * 18 // 32,  # 72 MiB
 }
-# Whether a slice's logged peak was the MoE stage (its fit then holds the slice's copy): measured for
-# Qwen3-235B (ik: 32 vs 128 experts differ by the copies) and R1 (attention: 32 → 64 experts moved neither
-# engine's buffer, 1158.1 / 3412 MiB at 16k/1024); assumed for Qwen3-Next, whose expert count never varied.
-PEAKS_IN_MOE = {"qwen3moe": True, "qwen3next": True, "deepseek2": False}
+# Where a slice's logged peak was prefill's MoE stage (LayerStage.moe_peak: the fit then holds the slice's
+# copy): measured for Qwen3-235B (ik: 32 vs 128 experts differ by the copies);
+# assumed for Qwen3-Next, whose expert count never varied. R1's widths: attention peaked on mainline and on
+# ik 55d3c05 (32 → 64 experts moved neither buffer, 1158.1 / 3412 MiB at 16k/1024); on ik 8337e4c, whose
+# attention no longer decompresses the whole cache, what the MoE stage gives from the sources (the two
+# 252 MiB tensors and the activations at R1's widths: 614, 855, 1336 and 2298 MiB at -ub 512, 1024, 2048,
+# 4096) is what it logged (602, 788, 1352-1464, 2137): taken as its peak, the expert count not yet varied.
 # ik's MoE activations on Qwen3-235B widths (hidden 4096): 72 MiB at -ub 512, 544 at 2048 (above).
 MOE_ACTIVATIONS_MIB = ((512, 72.0), (2048, 544.0))
 MOE_ACTIVATIONS_WIDTHS = (4096, 1536, 8)  # hidden, expert width, experts a token uses: Qwen3-235B's
@@ -66,7 +71,22 @@ MAINLINE_R1_LAYERS_MIB = ((512, 590.0), (1024, 1126.1), (2048, 1516.0))
 # bench/results/seed-models-2026-12-02), Qwen3-Next's never measured, the same assumed. Mainline on R1
 # widths +242 both times: with its 603 MiB at load, inside CUDA_CONTEXT_BYTES.
 IK_POOL_MIB = 536.0
+# ik_llama.cpp 8337e4c's -mla 3 on R1 widths (bench/results/ik-ab-2026-12-06, H100, r1-8 and r1-16): the
+# micro-batch sets the buffer and the context barely moves it (-ub 2048: 1352, 1464 and 1449 MiB at 8k, 36k
+# and 64k), so the fit is the largest logged at each micro-batch over 8k-64k. Fitted to r1-8 at 32k/512,
+# 32k/1024, 8k/2048, 64k/2048 and 32k/4096; the runs held out (r1-8 at 36k/2048, r1-16 at 16k/1024,
+# 32k/2048 and 32k/4096) come within -1 % to +10 %. The pin before (55d3c05) decompressed the whole cache
+# for prefill, a term in the context: 7672 MiB at 36k/2048, 5.2 times this tree's.
+IK_R1_LAYERS_MIB = ((512, 602.12), (1024, 788.23), (2048, 1448.76), (4096, 2137.52))
+IK_R1_CONTEXTS = (8192, 65536)  # the contexts it was measured over
 POOL_UBATCH = 2048  # the micro-batch that was measured at
+
+
+# The fits' error on runs they were not fitted to (bench/results/ik-ab-2026-12-06, held to them in
+# tests/unit/test_held_out_buffers.py): -12 % (ik on Qwen3-235B widths at 64k/4096, beyond the micro-batches
+# measured) to +10 % (ik on R1's 16-layer slice at 32k/2048). A shortfall that size on these buffers (191 MiB)
+# is inside the 1 GiB every plan leaves free (planner.DEFAULT_VRAM_MARGIN).
+HELD_OUT_ERROR = 0.13
 
 
 @dataclass(frozen=True)
@@ -76,10 +96,18 @@ class ComputeEstimate:
     basis: str  # what it was fitted to, for the plan's output
 
 
-# The layers' stage as an engine's slices logged it, their expert copy in it, for a model's facts, the
-# context, the micro-batch and whether the cache is MLA's latent: its size, whether (ctx, ubatch) is in the
-# range it was measured over, its basis (None: never measured for that architecture).
-LayerFit = Callable[["ModelFacts", int, int, bool], "tuple[int, bool, str] | None"]
+class LayerStage(NamedTuple):
+    """The layers' stage as an engine's slices logged it, for a model's facts, the context and micro-batch."""
+
+    bytes: int
+    inside: bool  # (ctx, ubatch) within the range it was measured over
+    basis: str  # what it was fitted to
+    moe_peak: bool = False  # the peak logged was prefill's MoE stage: it holds the slice's expert copy
+
+
+# A fit: for a model's facts, the context, the micro-batch and whether the cache is MLA's latent, its
+# stage, or None where the engine was never measured on that architecture.
+LayerFit = Callable[["ModelFacts", int, int, bool], "LayerStage | None"]
 
 
 @dataclass(frozen=True)
@@ -96,14 +124,24 @@ class BufferFits:
 
 def gpu_compute(fits: BufferFits, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
     """An engine's CUDA compute buffer (`fits`: what its logs measured) for a stack of `facts` at `ctx`
-    tokens and micro-batch `ubatch` (`latent`: the MLA cache)."""
+    tokens and micro-batch `ubatch` (`latent`: the MLA cache); what no fit measured is called an estimate,
+    with the error the held-out runs showed."""
+    estimate = _compute(fits, facts, ctx, ubatch, latent)
+    if estimate.measured or "estimate" in estimate.basis:
+        return estimate
+    return replace(
+        estimate,
+        basis=f"{estimate.basis}; an estimate (held-out runs missed by up to {HELD_OUT_ERROR:.0%})",
+    )
+
+
+def _compute(fits: BufferFits, facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> ComputeEstimate:
     fitted = fits.layers(facts, ctx, ubatch, latent) if fits.layers is not None else None
     if fitted is None:
         return unmeasured(fits, facts, ubatch)
-    logged, measured, basis = fitted
+    logged, measured, basis, peaks_in_moe = fitted
     model_copy = expert_copy(fits, max(facts.expert_bytes, default=0) // 3)
     stage = logged
-    peaks_in_moe = PEAKS_IN_MOE.get(facts.arch, False)
     slice_copy = expert_copy(fits, SLICE_EXPERT_TENSOR_BYTES[facts.arch]) if peaks_in_moe else 0
     if peaks_in_moe and model_copy != slice_copy:
         stage = max(0, logged - slice_copy) + model_copy
@@ -148,31 +186,37 @@ def unmeasured(fits: BufferFits, facts: ModelFacts, ubatch: int) -> ComputeEstim
 
 def _measured_grid(
     grids: tuple[Grid, ...], engine: str, facts: ModelFacts, ctx: int, ubatch: int, latent: bool
-) -> tuple[int, bool, str] | None:
+) -> LayerStage | None:
     """The layers' stage from the engine's grid for the model's architecture (an MLA model's measured with
     its latent cache, the presets' form), None where there is none."""
     grid = measured_for(grids, facts)
     if grid is None or (facts.mla_dim is not None and not latent):
         return None
     at, inside = grid.size(ctx, ubatch)
-    return at, inside, f"{engine} on {facts.arch} widths (H200, {grid.corners_run} points, 16-expert slices)"
+    return LayerStage(
+        at, inside, f"{engine} on {facts.arch} widths (H200, {grid.corners_run} points, 16-expert slices)"
+    )
 
 
-def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
+def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> LayerStage | None:
     """ik_llama.cpp's layers' stage (a LayerFit)."""
-    if (gridded := _measured_grid(IK_GRIDS, "ik_llama.cpp", facts, ctx, ubatch, latent)) is not None:
+    if (gridded := _measured_grid(IK_GRIDS, "ik_llama.cpp 55d3c05", facts, ctx, ubatch, latent)) is not None:
         return gridded
     if facts.arch == "deepseek2" and latent:
-        heads = (facts.heads or R1_HEADS) / R1_HEADS
-        # -mla 3 decompresses the whole cache for prefill: a term in the context. Fitted to 6888 MiB at
-        # 32k/2048, 6330 at 32k/512, 1928 at 8k/2048; checked at 16k/1024 (predicted 3396, logged 3412).
-        size = 275.1 * MIB + heads * (ctx * 0.17910 * MIB + ubatch * ctx * 11.63)
-        return int(size), True, "ik_llama.cpp -mla 3 on DeepSeek-R1 widths (H200, 3 points and a check)"
+        (low_ctx, high_ctx), ubatches = IK_R1_CONTEXTS, [point[0] for point in IK_R1_LAYERS_MIB]
+        inside = (
+            low_ctx <= ctx <= high_ctx and ubatches[0] <= ubatch <= ubatches[-1] and facts.heads == R1_HEADS
+        )
+        size = interpolate(IK_R1_LAYERS_MIB, ubatch) * MIB
+        basis = "ik_llama.cpp 8337e4c -mla 3 on DeepSeek-R1 widths (H100, 5 points, 4 held out)"
+        return LayerStage(int(size), inside, basis, moe_peak=True)
     if facts.arch == "qwen3next":
         # The same at -ub 512 and 2048 (the recurrent layers split the batch themselves), linear in the
         # context: 8k, 32k and 131k, within 3 % (ik 233/257/363 MiB).
         size = 222.85 * MIB + ctx * 1.0893 * KIB
-        return int(size), True, "ik_llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
+        return LayerStage(
+            int(size), True, "ik_llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 -ub)", True
+        )
     if facts.arch == "qwen3moe":
         # 760 MiB at 16k/2048 with 32 experts; 936 at 16k/512 with 128 (two 432 MiB tensors copied,
         # bench/results/cuda-images-2026-11-30): less their copies, 544 and 72 MiB of activations (ik's
@@ -180,26 +224,30 @@ def _ik_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[
         # 288 MiB at 16k/512 with 32 experts checks it (bench/results/seed-models-2026-12-01c).
         activations = max(0.0, interpolate(MOE_ACTIVATIONS_MIB, ubatch)) * MIB
         size = activations + expert_copy(IK_BUFFERS, SLICE_EXPERT_TENSOR_BYTES["qwen3moe"])
-        return int(size), 512 <= ubatch <= 2048, "ik_llama.cpp on Qwen3-235B widths (H200, 3 points)"
+        return LayerStage(
+            int(size), 512 <= ubatch <= 2048, "ik_llama.cpp on Qwen3-235B widths (H200, 3 points)", True
+        )
     return None
 
 
-def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> tuple[int, bool, str] | None:
+def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> LayerStage | None:
     """Mainline llama.cpp's layers' stage (a LayerFit)."""
     if (gridded := _measured_grid(MAINLINE_GRIDS, "llama.cpp", facts, ctx, ubatch, latent)) is not None:
         return gridded
     if facts.arch == "deepseek2" and latent:
         inside = MAINLINE_R1_LAYERS_MIB[0][0] <= ubatch <= MAINLINE_R1_LAYERS_MIB[-1][0]
         size = interpolate(MAINLINE_R1_LAYERS_MIB, ubatch) * MIB + ubatch * ctx * F16_MASK_BYTES
-        return int(size), inside, "llama.cpp on DeepSeek-R1 widths (H200, 4 points; -ub 512-2048)"
+        return LayerStage(int(size), inside, "llama.cpp on DeepSeek-R1 widths (H200, 4 points; -ub 512-2048)")
     if facts.arch == "qwen3next":
         # As ik's (above): mainline 165/225/513 MiB at 8k, 32k and 131k.
         size = 136.79 * MIB + ctx * 2.9286 * KIB
-        return int(size), True, "llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 micro-batches)"
+        return LayerStage(int(size), True, "llama.cpp on Qwen3-Next widths (H200, 3 contexts, 2 -ub)", True)
     if facts.arch == "qwen3moe":
         # 244 MiB at 16k/512, 908 at 16k/2048; 972 at 32k/2048 is the mask term's check (+64 MiB).
         size = 22.7 * MIB + ubatch * 0.40106 * MIB + ubatch * ctx * F16_MASK_BYTES
-        return int(size), 512 <= ubatch <= 2048, "llama.cpp on Qwen3-235B widths (H200, 3 points)"
+        return LayerStage(
+            int(size), 512 <= ubatch <= 2048, "llama.cpp on Qwen3-235B widths (H200, 3 points)", True
+        )
     return None
 
 
@@ -210,7 +258,12 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
 # slice 608), its one 648 MiB expert tensor copied and 512 MiB of activations, where ik's moved to its
 # widths (3072, 1536, 8) say 480 (bench/results/family-buffers-2026-12-04; one point).
 MAINLINE_BUFFERS = BufferFits(_mainline_layers, activation_scale=512.0 / 480.0, indexer_scores_in_pool=True)
-IK_BUFFERS = BufferFits(_ik_layers, copied_expert_tensors=2, logits_in_buffer=True, pool_grows=True)
+IK_BUFFERS = BufferFits(
+    _ik_layers,
+    copied_expert_tensors=2,
+    logits_in_buffer=True,
+    pool_grows=True,
+)
 
 
 def expert_copy(fits: BufferFits, tensor_bytes: int) -> int:

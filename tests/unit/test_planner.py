@@ -20,6 +20,7 @@ from builder.engines.compute_buffers import (
     gpu_compute,
     gpu_reserve,
     moe_activations,
+    output_stage,
     prefill_pool,
 )
 from builder.errors import ModelError, SpecError
@@ -251,9 +252,14 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
             "kv": _logged(run, "CUDA0", ("KV", "RS")),
             "compute": _logged(run, "CUDA0", ("compute",)),
         }
+        if run["engine"] == "ik_llama.cpp" and latent:
+            # These are ik_llama.cpp 55d3c05, which decompressed R1's whole cache for prefill (7.2 GiB at
+            # 32k/2048); the plan is 8337e4c's, held to that tree's runs in test_held_out_buffers.py.
+            del planned["compute"]
+        else:
+            assert gpu_compute(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, latent).measured
         for part, value in planned.items():
             assert abs(value - logged[part]) <= 0.10 * logged[part], (run["case"], part, value, logged[part])
-        assert gpu_compute(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, latent).measured
         # Where the CPU experts sat: pinned (CUDA_Host) or mapped, as the adapter says; the RAM the plan
         # gives them (routed experts and token embeddings) is the pinned buffer, to the MiB, or within
         # the mapped span (mainline maps the file from the first CPU tensor to the last, GPU ones between).
@@ -379,11 +385,17 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
         facts = get_engine(run["engine"]).loaded_facts(shape_facts(synth_shape(arch, **changes)), mtp=None)
         ctx, ubatch = int(_flag(run, "--ctx-size") or 0), int(_flag(run, "--ubatch-size") or DEFAULT_UBATCH)
         layout = get_engine(run["engine"]).cache_layout(int(_flag(run, "-mla") or 0) or None)
+        fits = get_engine(run["engine"]).buffer_fits
         planned = (
             facts.gpu_weight_bytes
             + kv_cache_bytes(facts, ctx, "q8_0", layout, ubatch=ubatch)
-            + gpu_reserve(get_engine(run["engine"]).buffer_fits, facts, ctx, ubatch, layout.latent)
+            + gpu_reserve(fits, facts, ctx, ubatch, layout.latent)
         )
+        if run["engine"] == "ik_llama.cpp" and layout.latent:
+            # ik 55d3c05's R1 buffer (its whole cache decompressed, 5 times 8337e4c's, which the plan is
+            # for): taken as it logged, the rest of the reserve as planned.
+            compute = gpu_compute(fits, facts, ctx, ubatch, layout.latent).bytes
+            planned += _logged(run, "CUDA0", ("compute",)) - compute
         used = run["gpu_used_after_long_prefill_mib"] * MIB
         assert used <= planned <= 1.10 * used, (run["case"], planned / MIB, used / MIB)
         # The pool grew past load: by what the term plans for that prompt (ik), or inside the allowance.
@@ -397,13 +409,14 @@ def test_the_plan_holds_what_the_gpu_held_after_long_prompts() -> None:
 
 
 def test_the_flat_reserve_was_wrong_for_the_deepseek_preset() -> None:
-    """The issue's finding: ik's compute buffer for the R1 preset (-ub 2048, -mla 3, 32k) is 6.7 GiB,
-    not 2."""
+    """The issue's finding, on the pinned tree: ik's compute buffer for the R1 preset's slice (-ub 2048,
+    -mla 3, 32k-64k) is 1.3-1.4 GiB (8337e4c on an H100; 6.7 GiB at 55d3c05), over the flat 1 GiB."""
     facts = shape_facts(synth_shape("deepseek2", layers=8, experts=32))
     estimate = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, facts, 32768, 2048, latent=True)
-    assert estimate.measured and 6.5 * GIB < estimate.bytes < 6.9 * GIB
+    assert estimate.measured and 1.3 * GIB < estimate.bytes < 1.5 * GIB
     # R1 without the latent cache was never measured: the estimate says so.
-    assert not gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 32768, 2048, latent=False).measured
+    unlatent = gpu_compute(get_engine("llama.cpp").buffer_fits, facts, 32768, 2048, latent=False)
+    assert not unlatent.measured and "an estimate" in unlatent.basis
 
 
 def _logged_line(archive: Path, log: str, pattern: str) -> float:
@@ -419,7 +432,7 @@ def _logged_line(archive: Path, log: str, pattern: str) -> float:
 def test_a_real_vocabulary_is_iks_output_stage_and_not_mainlines() -> None:
     """The 32-expert Qwen3-235B slice with Qwen3's 151936 tokens (H200, -01c): ik's buffer went from 760
     to 1251.0 MiB, its output stage to the MiB; mainline's stayed at 908.1 (its server reserves one output
-    a slot). ik's Qwen3-Next layers (0.25 GiB) are below that stage; ik's R1 attention (6.7 GiB) above."""
+    a slot). ik's Qwen3-Next layers (0.25 GiB) are below that stage; its R1 slice's (1.4 GiB) above."""
     runs = {run["case"]: run for run in _device_runs()}
     ik = _logged(runs["ik_llama.cpp:q235-8-v:ctx=16384"], "CUDA0", ("compute",))
     assert ik == 2048 * (151936 + 2 * 4096) * 4
@@ -430,14 +443,18 @@ def test_a_real_vocabulary_is_iks_output_stage_and_not_mainlines() -> None:
     assert estimate.bytes == 2048 * (151936 + 2 * 2048) * 4 and "output stage" in estimate.basis
     assert gpu_compute(get_engine("llama.cpp").buffer_fits, qn, 32768, 2048, latent=False).bytes < 0.3 * GIB
     r1 = replace(shape_facts(synth_shape("deepseek2", layers=8, experts=32)), vocab=129280)
-    assert gpu_compute(get_engine("ik_llama.cpp").buffer_fits, r1, 32768, 2048, latent=True).bytes > 6.5 * GIB
+    layers = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, r1, 32768, 2048, latent=True)
+    assert layers.bytes > output_stage(get_engine("ik_llama.cpp").buffer_fits, r1, 2048)
+    assert "output stage" not in layers.basis
 
 
-def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
+def test_the_expert_copy_is_iks_qwen3_peak_and_r1s_on_the_pinned_tree() -> None:
     """ik on the Qwen3-235B slice at 16k/512: 288 MiB with 32 experts (-01c, a server log: that run then
     aborted), 936 with 128 (cuda-images-2026-11-30): the two copied tensors' growth, 2 x 324 MiB. R1
-    widths, 32 and 64 experts at 16k/1024, the same buffer on both engines: there the copy sits below
-    attention, and for the full 256 experts the plan takes the larger of the two stages."""
+    widths, 32 and 64 experts at 16k/1024, the same buffer on mainline and ik 55d3c05: there the copy sat
+    below attention, and mainline's plan for the full 256 experts takes the larger of the two stages; ik
+    8337e4c's attention fell below its MoE stage (test_held_out_buffers.py), so its plan moves the slice's
+    copy to the model's, an estimate."""
     ik_32 = _logged_line(
         RESULTS / "seed-models-2026-12-01c/call4-server-logs.tar.xz",
         "ik_llama.cpp_q235-8_ub512.log",
@@ -463,18 +480,14 @@ def test_the_expert_copy_is_iks_qwen3_peak_and_below_r1_attention() -> None:
     full = shape_facts(synth_shape("deepseek2"))
     mainline = gpu_compute(get_engine("llama.cpp").buffer_fits, full, 32768, 2048, latent=True)
     assert mainline.bytes > 2016 * 1024**2 and not mainline.measured and "MoE stage" in mainline.basis
-    ik = gpu_compute(get_engine("ik_llama.cpp").buffer_fits, full, 32768, 2048, latent=True)
-    assert (
-        ik.measured
-        and ik.bytes
-        == gpu_compute(
-            get_engine("ik_llama.cpp").buffer_fits,
-            shape_facts(synth_shape("deepseek2", layers=8, experts=32)),
-            32768,
-            2048,
-            latent=True,
-        ).bytes
+    fits = get_engine("ik_llama.cpp").buffer_fits
+    slice_ = gpu_compute(
+        fits, shape_facts(synth_shape("deepseek2", layers=8, experts=32)), 32768, 2048, latent=True
     )
+    ik = gpu_compute(fits, full, 32768, 2048, latent=True)
+    copies = 2 * (256 - 32) * 7168 * 2048 * 18 // 32  # the two tensors' growth from 32 experts to 256
+    assert slice_.measured and not ik.measured and "an estimate" in ik.basis
+    assert ik.bytes == pytest.approx(slice_.bytes + copies, rel=0.01)
 
 
 def test_k_and_v_of_different_types_are_sized_apart() -> None:
