@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,42 @@ def test_an_idle_server_saves_its_slots_before_it_sleeps(
     assert logs.count("exiting sleeping state") == 0, "the stop woke the server"
     after, cached = _prefilled(stack)
     assert after < 10 and cached > 500, (after, cached)
+
+
+def _asked(port: int, number: int) -> str:
+    """One long request of the load: how it ended ("answered", or the client's error), never waiting past
+    the client's own limit (a request still open then is one that hung)."""
+    try:
+        EngineApi(port, timeout_s=150).post(
+            "/completion",
+            {"prompt": f"{LONG_PROMPT} Question {number}: which item is largest?", "n_predict": 48},
+        )
+    except StackError as err:
+        return str(err)
+    return "answered"
+
+
+def test_32_requests_in_flight_through_five_stops(
+    engine_image: BuiltImage, moe_model: Path, start_stack: StackFactory
+) -> None:
+    """Issue 62: 32 long requests in flight, the stack stopped with SIGTERM (`compose restart`) five times in
+    a row. Each time: every request ends (answered while the helper saves, or refused once the server
+    stops), the server comes back healthy and restores its slots, no partial save is left beside the
+    settled files, and the prompt the requests shared is served from the restored cache."""
+    stack = start_stack(engine_image, moe_model, keep_prompts=True)
+    _logs_until(stack, "restore slot 0: nothing saved for this model and build yet")
+    container = stack.client.compose.ps()[0]
+    for stop in range(1, 6):
+        with ThreadPoolExecutor(max_workers=32) as clients:
+            load = [clients.submit(_asked, stack.port, number) for number in range(32)]
+            time.sleep(2)  # mid-flight: the first answered, most still queued
+            _restarted(stack)
+            ended = [request.result() for request in load]
+        hung = [outcome for outcome in ended if "timed out" in outcome]
+        assert not hung and "answered" in ended, (stop, ended)
+        assert answers_health(stack.port), f"not healthy after stop {stop}"
+        _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=stop + 1)
+        files = container.execute(["ls", "-a", PROMPTS_DIR]).split()
+        assert not [name for name in files if "saving" in name], (stop, files)
+        after, cached = _prefilled(stack)
+        assert cached > 500 and after < 100, (stop, after, cached)
