@@ -232,6 +232,14 @@ def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: objec
     return write_stack(document, directory / project / "compose.yaml"), port
 
 
+def need_root(what: str) -> None:
+    """Skip, saying why, where the test can't `what` without root; CI runs as root, so there it fails."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root and must {what}")
+        pytest.skip(f"{what} needs root")
+
+
 def answers_health(port: int) -> bool:
     """Whether the engine on `port` answers /health with 200."""
     try:

@@ -7,23 +7,31 @@ server keeps their full cache (--swa-full), measured here with the demo model (d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
 from builder.contract import PROMPTS_DIR
 from builder.errors import StackError
 from builder.running.api import EngineApi
+from builder.stacks.features.keep_prompts import PROMPTS_VOLUME
 from tests.integration.conftest import (
     BuiltImage,
     RunningStack,
     StackFactory,
     answers_health,
     build_engine_image,
+    emit_stack,
+    need_root,
+    serve_stack,
 )
 
 pytestmark = pytest.mark.integration
@@ -44,10 +52,10 @@ def _restarted(stack: RunningStack) -> None:
         time.sleep(1)
 
 
-def _prefilled(stack: RunningStack) -> tuple[int, int]:
-    """The tokens the server prefilled for LONG_PROMPT (its own timings) and those it took from cache."""
+def _prefilled(stack: RunningStack, prompt: str = LONG_PROMPT) -> tuple[int, int]:
+    """The tokens the server prefilled for `prompt` (its own timings) and those it took from cache."""
     reply = EngineApi(stack.port).post(
-        "/completion", {"prompt": LONG_PROMPT, "n_predict": 1, "temperature": 0, "cache_prompt": True}
+        "/completion", {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True}
     )
     timings = reply["timings"]
     return int(timings["prompt_n"]), int(timings.get("cache_n", reply.get("tokens_cached", 0)))
@@ -177,3 +185,57 @@ def test_32_requests_in_flight_through_five_stops(
         assert not [name for name in files if "saving" in name], (stop, files)
         after, cached = _prefilled(stack)
         assert cached > 500 and after < 100, (stop, after, cached)
+
+
+@contextlib.contextmanager
+def _small_disk(directory: Path, mib: int) -> Iterator[Path]:
+    """An ext4 filesystem of `mib` MiB, loop-mounted at `directory` (writable by the image's user)."""
+    image = directory.with_suffix(".img")
+    subprocess.run(["truncate", "-s", f"{mib}M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    directory.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(directory)], check=True)
+    try:
+        directory.chmod(0o1777)
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+        image.unlink()
+
+
+def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
+    engine_image: BuiltImage, moe_model: Path, tmp_path: Path
+) -> None:
+    """Issue 62: the prompts volume a 64 MiB filesystem, filled to its last byte after a first save; the
+    stop's save of another prompt then meets a full disk. The server still stops well within its grace
+    period, the first save survives whole (the second was written under a temporary name), and the
+    restarted server answers the first prompt from it."""
+    need_root("loop-mount a small filesystem")
+    compose_file, port = emit_stack(tmp_path, engine_image, moe_model, keep_prompts=True)
+    with contextlib.ExitStack() as running:
+        disk = running.enter_context(_small_disk(tmp_path / "prompts", 64))
+        document = yaml.safe_load(compose_file.read_text())
+        document["volumes"][PROMPTS_VOLUME] = {
+            "driver_opts": {"type": "none", "o": "bind", "device": str(disk)}
+        }
+        compose_file.write_text(yaml.safe_dump(document))
+        stack = serve_stack(running, compose_file, port, 180)
+        _logs_until(stack, "restore slot 0: nothing saved for this model and build yet")
+        container = stack.client.compose.ps()[0]
+        assert _prefilled(stack)[0] > 500
+        container.execute(["moe-stack-prompts", "save"])
+        saved = container.execute(["ls", PROMPTS_DIR]).split()
+        fill = f"dd if=/dev/zero of={PROMPTS_DIR}/filler bs=64k 2>/dev/null; df -k {PROMPTS_DIR} | tail -1"
+        free_kib = int(container.execute(["sh", "-c", fill]).split()[3])
+        assert free_kib < 64, free_kib  # a save here is 4.5 MB
+        other = LONG_PROMPT.replace("Record", "Entry")
+        assert _prefilled(stack, other)[0] > 500  # the slot now holds another prompt, not saved yet
+
+        stopped = time.monotonic()
+        _restarted(stack)  # SIGTERM: the save of `other` meets the full disk
+        assert time.monotonic() - stopped < 120 and answers_health(stack.port)
+        logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
+        said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
+        assert container.execute(["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone
+        after, cached = _prefilled(stack)
+        assert after < 10 and cached > 500, (after, cached, said)  # the first save, restored whole

@@ -27,16 +27,9 @@ from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat
 from tests.cli import run_cli
-from tests.integration.conftest import StackFactory, build_engine_image
+from tests.integration.conftest import StackFactory, build_engine_image, need_root
 
 pytestmark = pytest.mark.integration
-
-
-def _need_root(what: str) -> None:
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI runs as root and must {what}")
-        pytest.skip(f"{what} needs root")
 
 
 def test_64_concurrent_chats_all_answered(
@@ -73,7 +66,7 @@ def test_64_concurrent_chats_all_answered(
 def test_killed_engine_comes_back_healthy(
     base_image: str, moe_model: Path, start_stack: StackFactory
 ) -> None:
-    _need_root("signal the engine's process from the host")
+    need_root("signal the engine's process from the host")
     stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model)
     container = stack.client.compose.ps()[0]
     os.kill(container.state.pid, signal.SIGKILL)  # what an OOM kill or a crash looks like
@@ -187,7 +180,7 @@ def test_gpu_stack_without_gpu_passthrough_is_refused(
 
 
 def test_full_disk_during_render_leaves_nothing(tmp_path: Path) -> None:
-    _need_root("mount a small tmpfs")
+    need_root("mount a small tmpfs")
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)

@@ -28,6 +28,7 @@ class SlowSaver:
 
     directory: Path
     fail: bool = False
+    short: bool = False  # as ik_llama.cpp 8337e4c on a full disk: half the file, "n_written": 0 and HTTP 200
     restore_s: float = 0.0
     seen_midway: list[bytes | None] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
@@ -58,10 +59,13 @@ class SlowSaver:
                     time.sleep(0.5)
                     slot_file = saver.directory / SLOT_FILE
                     saver.seen_midway.append(slot_file.read_bytes() if slot_file.exists() else None)
-                    if not saver.fail:
+                    if not (saver.fail or saver.short):
                         out.write(b"NEW-second-half")
+                written = 0 if saver.short else 30  # the whole file: both halves
                 status, body = (
-                    (500, b'{"error": "failed to write"}') if saver.fail else (200, b'{"n_saved": 9}')
+                    (500, b'{"error": "failed to write"}')
+                    if saver.fail
+                    else (200, b'{"n_saved": 9, "n_written": %d}' % written)
                 )
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(body)))
@@ -131,6 +135,16 @@ def test_a_save_that_fails_halfway_keeps_the_last_whole_one(prompts_dir: Path) -
     assert "the server refused (HTTP 500" in done.stderr, done.stderr
     assert (prompts_dir / SLOT_FILE).read_bytes() == b"OLD-whole-save"
     assert sorted(p.name for p in prompts_dir.iterdir()) == [".moe-stack", SLOT_FILE]  # the partial removed
+
+
+def test_a_save_answered_but_cut_short_keeps_the_last_whole_one(prompts_dir: Path) -> None:
+    """ik_llama.cpp 8337e4c on a full disk answers the save with 200 and writes a short file: kept, it
+    would have replaced the last whole save (tests/integration/test_keep_prompts.py meets it for real)."""
+    saver = SlowSaver(prompts_dir, short=True)
+    done = _save(saver)
+    assert "save slot 0: not written whole" in done.stderr and "done" not in done.stderr, done.stderr
+    assert (prompts_dir / SLOT_FILE).read_bytes() == b"OLD-whole-save"
+    assert sorted(p.name for p in prompts_dir.iterdir()) == [".moe-stack", SLOT_FILE]  # the short one removed
 
 
 @pytest.mark.parametrize("restore_s", [0.0, 20.0])
