@@ -30,6 +30,7 @@ from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, build_engine_image, need_root
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_64_concurrent_chats_all_answered(
@@ -79,6 +80,42 @@ def test_killed_engine_comes_back_healthy(
         time.sleep(1)
     assert container.restart_count >= 1, "the restart policy did not restart the engine"
     assert container.state.health.status == "healthy"
+    with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as response:
+        assert response.status == 200
+
+
+def _restart_docker_daemon() -> None:
+    """Stop the host's dockerd (SIGTERM, as a package upgrade or `systemctl restart docker` does) and start it
+    again the way the suite's CI starts it (scripts/install-docker.sh)."""
+    subprocess.run(["pkill", "-TERM", "-x", "dockerd"], check=True)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pgrep", "-x", "dockerd"], check=False, capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "dockerd did not stop within 60 s"
+        time.sleep(0.5)
+    subprocess.run(["bash", str(ROOT / "scripts/install-docker.sh")], check=True, capture_output=True)
+
+
+def test_a_stack_comes_back_after_the_docker_daemon_restarts(
+    base_image: str, moe_model: Path, start_stack: StackFactory
+) -> None:
+    """Issue 62: Docker's daemon restarted under a running stack; its containers stop with it, and the
+    stack's restart policy (unless-stopped) brings the engine back healthy, serving, once the daemon is up."""
+    need_root("restart the Docker daemon")
+    if not os.environ.get("CI") and os.environ.get("MOE_STACK_RESTART_DOCKERD") != "1":
+        pytest.skip("restarts this host's Docker daemon: CI only, or MOE_STACK_RESTART_DOCKERD=1")
+    stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model)
+    container = stack.client.compose.ps()[0]
+    started = container.state.started_at
+    _restart_docker_daemon()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        container.reload()
+        health = container.state.health.status if container.state.health else None
+        if container.state.started_at != started and health == "healthy":
+            break
+        time.sleep(1)
+    assert container.state.started_at != started, "the engine was not started again with the daemon"
+    assert container.state.health is not None and container.state.health.status == "healthy"
     with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as response:
         assert response.status == 200
 
