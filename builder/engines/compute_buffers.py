@@ -71,6 +71,7 @@ MAINLINE_R1_LAYERS_MIB = ((512, 590.0), (1024, 1126.1), (2048, 1516.0))
 # bench/results/seed-models-2026-12-02), Qwen3-Next's never measured, the same assumed. Mainline on R1
 # widths +242 both times: with its 603 MiB at load, inside CUDA_CONTEXT_BYTES.
 IK_POOL_MIB = 536.0
+POOL_UBATCH = 2048  # the micro-batch that was measured at
 # ik_llama.cpp 8337e4c's -mla 3 on R1 widths (bench/results/ik-ab-2026-12-06, H100, r1-8 and r1-16): the
 # micro-batch sets the buffer and the context barely moves it (-ub 2048: 1352, 1464 and 1449 MiB at 8k, 36k
 # and 64k), so the fit is the largest logged at each micro-batch over 8k-64k. Fitted to r1-8 at 32k/512,
@@ -79,7 +80,6 @@ IK_POOL_MIB = 536.0
 # for prefill, a term in the context: 7672 MiB at 36k/2048, 5.2 times this tree's.
 IK_R1_LAYERS_MIB = ((512, 602.12), (1024, 788.23), (2048, 1448.76), (4096, 2137.52))
 IK_R1_CONTEXTS = (8192, 65536)  # the contexts it was measured over
-POOL_UBATCH = 2048  # the micro-batch that was measured at
 
 
 # The fits' error on runs they were not fitted to (bench/results/ik-ab-2026-12-06, held to them in
