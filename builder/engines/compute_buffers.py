@@ -258,12 +258,7 @@ def _mainline_layers(facts: ModelFacts, ctx: int, ubatch: int, latent: bool) -> 
 # slice 608), its one 648 MiB expert tensor copied and 512 MiB of activations, where ik's moved to its
 # widths (3072, 1536, 8) say 480 (bench/results/family-buffers-2026-12-04; one point).
 MAINLINE_BUFFERS = BufferFits(_mainline_layers, activation_scale=512.0 / 480.0, indexer_scores_in_pool=True)
-IK_BUFFERS = BufferFits(
-    _ik_layers,
-    copied_expert_tensors=2,
-    logits_in_buffer=True,
-    pool_grows=True,
-)
+IK_BUFFERS = BufferFits(_ik_layers, copied_expert_tensors=2, logits_in_buffer=True, pool_grows=True)
 
 
 def expert_copy(fits: BufferFits, tensor_bytes: int) -> int:
