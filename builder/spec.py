@@ -267,13 +267,6 @@ def option(
     return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le, pattern=pattern)
 
 
-def option_flags(name: str) -> tuple[str, ...]:
-    """The command-line spellings of NeutralOptions' field `name`."""
-    extra = NeutralOptions.model_fields[name].json_schema_extra
-    assert isinstance(extra, dict)
-    return tuple(str(flag) for flag in extra["flags"])  # type: ignore[union-attr]
-
-
 class NeutralOptions(_Spec):
     """The neutral engine options, declared once with their limits and command-line spellings (None:
     the engine's default): a preset and the command line give them as EngineOptions, a stack holds
@@ -462,29 +455,3 @@ class EngineOptions(NeutralOptions):
     def over(self, base: EngineOptions) -> EngineOptions:
         """`base` with the options set here (given explicitly, even as None) replacing its own."""
         return base.model_copy(update=self.model_dump(exclude_unset=True))
-
-
-# The stack options an engine reads, each as the user gives it. Each adapter declares the ones it
-# honours (Engine.honours); any other one set to other than its default is refused, never dropped.
-# The rest of StackSpec is the stack's own (image, ports, placement on the host).
-ENGINE_OPTIONS: dict[str, str] = {
-    **{name: option_flags(name)[0] for name in NeutralOptions.model_fields},
-    "threads": "--threads",
-    "parallel": "--parallel",
-    "override_tensors": "--override-tensor/--experts-on-cpu",
-    "chat_template": "--chat-template",
-    "served_name": "--served-name",
-    "jinja": "--no-jinja",
-    "metrics": "--no-metrics",
-    "gpu_experts": "--gpu-experts",
-    "config_dir": "--config-dir",
-    "trust_remote_code": "--trust-remote-code",
-    "tensor_split": "a multi-GPU plan (--fit-vram-gb per GPU)",
-    "engine_fit": "--placement fit",
-    "mlock": "--mlock",
-    "hugepages": "--hugepages",
-    "hugetlbfs": "--hugetlbfs",
-    "api_key_file": "--api-key-file",
-    "keep_prompts": "--keep-prompts",
-    "extra_args": "extra engine arguments (after --)",
-}

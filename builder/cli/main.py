@@ -16,7 +16,7 @@ from builder.cli import distribute, host, images, matrix, measure, models, plan,
 from builder.cli.common import first_paragraph, out
 from builder.docker_client import describe
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted, MoeStackError, SpecError
-from builder.spec import ENGINE_OPTIONS
+from builder.request import ENGINE_OPTIONS
 
 app = typer.Typer(
     name="moe-stack",

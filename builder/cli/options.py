@@ -66,6 +66,18 @@ def _typer_info(
     return typer.Option(*flags, help=text, rich_help_panel=panel, parser=parser)
 
 
+def _as_typed(field: FieldInfo) -> tuple[Any, Any]:
+    """The type typer parses a stack option as, and its default: a choice as text, a list as the option
+    repeated (`str` items) or as comma-separated text, each validated by the declaration."""
+    origin = typing.get_origin(field.annotation)
+    if origin is typing.Literal:
+        return str, field.default
+    if origin is tuple:
+        repeated = typing.get_args(field.annotation) == (str, ...)
+        return (list[str] if repeated else str) | None, None
+    return field.annotation, inspect.Parameter.empty if field.default is PydanticUndefined else field.default
+
+
 def _group_parameter(group: type[BaseModel], name: str, field: FieldInfo) -> inspect.Parameter:
     """A group's field as a keyword parameter: a neutral option is None unless given (the preset's
     value stands), in its panel; a stack option has its declared type and default."""
@@ -75,8 +87,8 @@ def _group_parameter(group: type[BaseModel], name: str, field: FieldInfo) -> ins
         ]
         default = None
     else:
-        annotation = Annotated[field.annotation, _typer_info(field)]
-        default = inspect.Parameter.empty if field.default is PydanticUndefined else field.default
+        typed, default = _as_typed(field)
+        annotation = Annotated[typed, _typer_info(field)]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -111,6 +123,14 @@ def _from_declaration(parameter: inspect.Parameter) -> inspect.Parameter:
     )
 
 
+def _help_order(group: type[BaseModel]) -> list[str]:
+    """A class's options in the order its help lists them: its own, then each of its groups' in the order
+    it names them."""
+    own = [name for name in vars(group).get("__annotations__", {}) if name in group.model_fields]
+    inherited = [name for base in group.__bases__ for name in getattr(base, "model_fields", {})]
+    return list(dict.fromkeys([*own, *inherited]))
+
+
 def takes_options(*groups: type[BaseModel]) -> Callable[[Verb], Verb]:
     """`verb(..., **given)` gets each group's options as typer options in place of its `**given`, after
     its own; its `declared()` parameters get theirs from the declaration of their name."""
@@ -125,9 +145,9 @@ def takes_options(*groups: type[BaseModel]) -> Callable[[Verb], Verb]:
         positional = [p for p in own if p.kind is not inspect.Parameter.KEYWORD_ONLY]
         keyword = [p for p in own if p.kind is inspect.Parameter.KEYWORD_ONLY]
         taken = [
-            _group_parameter(group, name, field)
+            _group_parameter(group, name, group.model_fields[name])
             for group in groups
-            for name, field in group.model_fields.items()
+            for name in _help_order(group)
         ]
         verb.__signature__ = signature.replace(parameters=[*positional, *keyword, *taken])  # type: ignore[attr-defined]
         return verb

@@ -23,8 +23,8 @@ from builder.platform.local_cuda import LOCAL_CUDA
 from builder.platform.pins import pinned_ref
 from builder.platform.targets import CPU_TARGETS
 from builder.platform.toolchain import Toolchain, toolchain
+from builder.request import ENGINE_OPTIONS
 from builder.spec import (
-    ENGINE_OPTIONS,
     CpuTarget,
     CudaTarget,
     EngineSource,
@@ -132,7 +132,7 @@ class Engine(ABC):
     # The architectures whose expert groups it routes within only on its own switch (ik_llama.cpp's -ger
     # for Ling's bailingmoe2): a stack of such a model with groups turns it on (StackSpec.grouped_routing).
     groups_on_request: frozenset[str] = frozenset()
-    # The stack options it reads (spec.ENGINE_OPTIONS); any other one a stack sets is refused.
+    # The stack options it reads (request.ENGINE_OPTIONS); any other one a stack sets is refused.
     honours: frozenset[str] = frozenset()
     # Every flag the adapter writes, with its other spellings (`-c, --ctx-size`) and flags that set the
     # same thing (--api-key, --api-key-file): an extra argument in any of them would set what a

@@ -7,16 +7,14 @@ field and the fix, so the CLI can show them as one line.
 
 from __future__ import annotations
 
-import ipaddress
-import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from builder.engines import EngineField
 from builder.engines.base import Engine
 from builder.models.opened import OpenedModel
+from builder.request import ContainerOptions, EnginePlacement, ServedOptions
 from builder.spec import (
     DEFAULT_BASES,
     NO_CUDA,
@@ -58,9 +56,10 @@ class ImageSpec(BaseModel):
         return self.source.ref
 
 
-class StackSpec(NeutralOptions):
-    """A compose stack serving one GGUF model from one image (its neutral options declared once, in
-    NeutralOptions)."""
+class StackSpec(NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement):
+    """A compose stack serving one GGUF model from one image: the request's groups as given (the neutral
+    options, the server's and the container's, declared once in spec.py and request.py), what the stack
+    decided for the engine (EnginePlacement), and the rest decided here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
@@ -68,50 +67,16 @@ class StackSpec(NeutralOptions):
     engine: EngineField
     image: str
     model: OpenedModel  # a path given here is taken as the engine's format names it, unread
-    port: int = Field(default=8080, ge=1, le=65535)
-    bind: str = "127.0.0.1"
-    threads: int = Field(ge=1)
-    parallel: int = Field(default=1, ge=1, le=256)
-    override_tensors: tuple[str, ...] = ()
-    chat_template: str | None = None  # a built-in name or Jinja text, for GGUFs that carry none
-    # The model's name in the API (/v1/models, a request's "model"): the same whatever the engine.
-    served_name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,127}$")
-    jinja: bool = True  # the model's own (Jinja) chat template: tool calls and the thinking switch need it
-    metrics: bool = True  # the engine's Prometheus endpoint (/metrics), behind the same loopback port
-    # A Prometheus service beside the engine, scraping it, its UI on this port (0: no monitoring).
-    monitoring_port: int = Field(default=0, ge=0, le=65535)
-    # KTransformers: how many experts per layer stay on the GPU.
-    gpu_experts: int | None = Field(default=None, ge=0)
-    # KTransformers reads the model's config and tokenizer from its Hugging Face directory; Python in
-    # that directory (a config's auto_map) runs only when the user asks for it.
-    config_dir: Path | None = None
-    trust_remote_code: bool = False
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
-    # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough, locked memory.
+    # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough.
     numa: NumaPolicy = "none"
     numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
     # NUMA nodes the stack's CPUs span: KTransformers runs one CPU thread pool per node.
     numa_node_count: int = Field(default=1, ge=1)
     cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
-    gpu: Literal["none", "nvidia", "cdi"] = "none"
     gpu_ids: tuple[int, ...] = ()  # the GPUs the container gets, by device index (empty: all)
-    # Several GPUs: each one's share of the layers (llama.cpp's -ts), as the plan sized them.
-    tensor_split: tuple[int, ...] = ()
-    # The engine places layers and experts itself (--fit): no -ngl or -ot rules are written.
-    engine_fit: bool = False
     # VRAM the placement leaves free on each GPU: the plan's (--fit-vram-gb) or the engine's own fit.
     vram_margin_mib: int = Field(default=1024, ge=0)
-    mlock: bool = False
-    hugepages: bool = False  # weights from the host's reserved hugepage pool (ik_llama.cpp -thp)
-    # Or, for any engine that mmaps its weights: the model copied onto a hugetlbfs volume of this
-    # page size by the entrypoint, so the mapping is backed by the reserved pool.
-    hugetlbfs: Literal["off", "2M", "1G"] = "off"
-    # /dev/shm: Docker's 64 MB default is too small for CUDA IPC and the Python engines' workers.
-    shm_size: str = "1g"
-    api_key_file: Path | None = None
-    # The persistent prompt cache: the server's slots saved on a named volume when the container stops
-    # and restored when it is healthy again (llama.cpp engines' --slot-save-path).
-    keep_prompts: bool = False
     # The model's attention keeps a sliding window in some layers (its GGUF's attention.sliding_window):
     # read where it matters, for --keep-prompts.
     sliding_window: bool = False
@@ -120,7 +85,6 @@ class StackSpec(NeutralOptions):
     grouped_routing: bool = False
     # No preset named: what the options were derived from and what they set (x-moe-stack.derived).
     derived: str | None = None
-    extra_args: tuple[str, ...] = ()
     start_period_s: int = Field(default=120, ge=5)
 
     @property
@@ -201,40 +165,6 @@ class StackSpec(NeutralOptions):
         if isinstance(model, str | Path) and isinstance(engine, Engine):
             return OpenedModel(Path(model), engine.model_format)
         return model
-
-    @field_validator("bind")
-    @classmethod
-    def _address(cls, bind: str) -> str:
-        try:
-            ipaddress.ip_address(bind)
-        except ValueError:
-            raise ValueError(
-                f"{bind!r} is not an IP address: publish on 127.0.0.1 (default), 0.0.0.0 or one of "
-                "this host's addresses"
-            ) from None
-        return bind
-
-    @field_validator("shm_size")
-    @classmethod
-    def _size(cls, size: str) -> str:
-        if not re.fullmatch(r"[1-9][0-9]*[kmg]?", size):
-            raise ValueError(f"{size!r} is not a size: give one like 1g, 512m or 65536k")
-        return size
-
-    @field_validator("override_tensors")
-    @classmethod
-    def _rules(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
-        for rule in rules:
-            pattern, sep, buftype = rule.rpartition("=")
-            if not sep or not pattern or not buftype:
-                raise ValueError(
-                    f"override rule {rule!r} must look like REGEX=BUFFER_TYPE, e.g. 'ffn_.*_exps=CPU'"
-                )
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                raise ValueError(f"override rule {rule!r}: bad regex ({err})") from None
-        return rules
 
 
 def keeps_whole_window(keep_prompts: bool, extra_args: tuple[str, ...]) -> bool:

@@ -11,11 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from builder.engines import EngineField
 from builder.engines.base import Engine
 from builder.engines.specs import StackSpec, keeps_whole_window
 from builder.errors import SpecError, StackError
@@ -28,8 +24,9 @@ from builder.images.recorded_contracts import check_pinned_architecture, recorde
 from builder.models.kt_weights import check_same_model
 from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.opened import OpenedModel
-from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB, Plan
+from builder.models.planner import GIB, Plan
 from builder.platform.targets import CPU_TARGETS
+from builder.request import ContainerOptions, ServedOptions
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stackfile.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.derived import Derived, block_sparse, derived_preset
@@ -38,58 +35,10 @@ from builder.stacks.features import refuse
 from builder.stacks.features.all import FEATURES
 from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
 from builder.stacks.features.vision import checked_projector, projector_bytes
+from builder.stacks.options import StackOptions
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
 from builder.stacks.vram_levers import GpuDemand, vram_plan
-
-
-class StackOptions(BaseModel):
-    """What the user asked for, validated; None (or empty) where they left the choice to moe-stack."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
-
-    model: Path
-    engine: EngineField = Field("llama.cpp", validate_default=True)  # given by name
-    image: str | None = None  # default: the pinned avx2 CPU image of the engine
-    cpu_image: str | None = None  # with a GPU: also a CPU-only service from this image (profiles gpu, cpu)
-    project: str | None = None
-    port: int = 8080
-    bind: str = "127.0.0.1"
-    preset: str | None = None
-    presets_file: Path | None = None  # the user's presets, merged over the packaged ones
-    engine_options: EngineOptions = EngineOptions()  # the fields set here override the preset's
-    threads: int | None = None
-    parallel: int = 1
-    override_tensors: tuple[str, ...] = ()
-    experts_on_cpu: bool = False
-    fit_vram_gb: tuple[float, ...] = ()  # plan expert placement for each GPU's VRAM (one size per GPU)
-    vram_margin_gb: float = DEFAULT_VRAM_MARGIN / GIB  # left free on each GPU by that plan
-    gpus: tuple[int, ...] = ()  # the GPUs the container gets (empty: all)
-    placement: Literal["rules", "fit"] = "rules"  # fit: the llama.cpp engine places layers and experts itself
-    chat_template: str | None = None
-    served_name: str | None = (
-        None  # default: the preset's name, else the model's name without its split suffix
-    )
-    jinja: bool = True
-    metrics: bool = True
-    monitoring_port: int = 0  # a Prometheus service scraping the engine, its UI on this port (0: none)
-    numa: Literal["auto", "none", "interleave", "membind", "cpunodebind"] = "auto"
-    numa_nodes: tuple[int, ...] = ()
-    gpu: Literal["none", "nvidia", "cdi"] = "none"
-    config_dir: Path | None = None
-    trust_remote_code: bool = False
-    gpu_experts: int | None = None
-    mlock: bool = False
-    keep_prompts: bool = False
-    hugepages: bool = False
-    hugetlbfs: Literal["off", "2M", "1G"] = "off"
-    shm_size: str = "1g"
-    api_key_file: Path | None = None
-    skip_image_checks: bool = False  # the image is not here: its flag contract and CPU needs go unread
-    for_other_host: bool = False  # emit for another machine: this host's CPU and topology say nothing
-    ports_here: bool = True  # the stack publishes its ports on this host (not a Kubernetes manifest)
-    start_period_s: int | None = None
-    engine_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,7 +127,7 @@ def _engine_fit(a: Assembly) -> Assembly:
     options = a.options
     if options.placement != "fit":
         return a
-    if options.fit_vram_gb or options.override_tensors or options.experts_on_cpu:
+    if options.fit_vram_gb or options.override_tensor or options.experts_on_cpu:
         raise SpecError(
             "--placement fit leaves -ngl and -ot to the engine's --fit: drop --fit-vram-gb, "
             "--override-tensor and --experts-on-cpu (moe-stack plan explains what it will do)"
@@ -224,51 +173,44 @@ def _spec(a: Assembly) -> StackSpec:
     """The spec the steps decided: the stack's -ot rules, its host placement and default image, and what
     the user gave as is."""
     options, host, adapter, model = a.options, a.host, a.options.engine, a.model
-    rules = list(options.override_tensors)
+    rules = list(options.override_tensor)
     if adapter.takes_override_rules:  # else it keeps routed experts on the CPU itself
         rules += [*a.preset_rules, *([EXPERTS_ON_CPU_RULE] if options.experts_on_cpu else [])]
     where = _placement(options, host, model)
     driver = host.gpus[0].driver if host.gpus and not options.for_other_host else None
     flags = None if options.for_other_host else host.cpu.flags
-    return StackSpec(
-        project=options.project or project_name_for(model.path),
-        engine=adapter,
-        image=options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags)),
-        model=model,
-        port=options.port,
-        bind=options.bind,
-        threads=where.threads,
-        parallel=options.parallel,
-        override_tensors=tuple(dict.fromkeys(rules)),
-        chat_template=options.chat_template,
-        served_name=options.served_name or options.preset or served_name_for(model.stem),
-        jinja=options.jinja,
-        metrics=options.metrics,
-        monitoring_port=options.monitoring_port,
-        numa=where.numa,
-        numa_nodes=where.numa_nodes,
-        numa_node_count=len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes))),
-        cpuset=where.cpuset,
-        config_dir=_checked_config_dir(options.config_dir, adapter, model),
-        gpu_experts=a.gpu_experts,
-        gpu=options.gpu,
-        gpu_ids=options.gpus,
-        tensor_split=a.tensor_split,
-        engine_fit=options.placement == "fit",
-        vram_margin_mib=round(options.vram_margin_gb * 1024),
-        mlock=options.mlock,
-        keep_prompts=options.keep_prompts,
-        sliding_window=options.keep_prompts and model.facts.sliding_window > 0,
-        grouped_routing=adapter.asks_for_groups(model.facts.arch, model.facts.expert_groups),
-        derived=a.derived.said(options.engine_options) if a.derived is not None else None,
-        hugepages=options.hugepages,
-        hugetlbfs=options.hugetlbfs,
-        shm_size=options.shm_size,
-        api_key_file=options.api_key_file,
-        trust_remote_code=options.trust_remote_code,
-        extra_args=options.engine_args,
-        start_period_s=options.start_period_s or start_period_for(model.size),
-    ).with_options(a.engine_options)
+    image = options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags))
+    nodes = len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes)))
+    decided = {
+        "project": options.project or project_name_for(model.path),
+        "engine": adapter,
+        "image": image,
+        "model": model,
+        "threads": where.threads,
+        "override_tensors": tuple(dict.fromkeys(rules)),
+        "served_name": options.served_name or options.preset or served_name_for(model.stem),
+        "numa": where.numa,
+        "numa_nodes": where.numa_nodes,
+        "numa_node_count": nodes,
+        "cpuset": where.cpuset,
+        "config_dir": _checked_config_dir(options.config_dir, adapter, model),
+        "gpu_experts": a.gpu_experts,
+        "gpu_ids": options.gpus,
+        "tensor_split": a.tensor_split,
+        "engine_fit": options.placement == "fit",
+        "vram_margin_mib": round(options.vram_margin_gb * 1024),
+        "sliding_window": options.keep_prompts and model.facts.sliding_window > 0,
+        "grouped_routing": adapter.asks_for_groups(model.facts.arch, model.facts.expert_groups),
+        "derived": a.derived.said(options.engine_options) if a.derived is not None else None,
+        "extra_args": options.engine_args,
+        "start_period_s": options.start_period or start_period_for(model.size),
+    }
+    given = options.model_dump(include=_GIVEN_TO_SPEC)
+    return StackSpec.model_validate(given | decided).with_options(a.engine_options)
+
+
+# The server's and the container's options, as the user gave them unless a step decided them.
+_GIVEN_TO_SPEC = {name for group in (ServedOptions, ContainerOptions) for name in group.model_fields}
 
 
 def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None:
@@ -415,9 +357,8 @@ def check_ports(plan: StackPlan, options: StackOptions) -> None:
     output is made: what is wrong with the stack itself is said first."""
     if options.for_other_host or not options.ports_here:
         return
-    for port in (plan.stack.port, plan.stack.monitoring_port):
-        if port:
-            check_port_free(plan.stack.bind, port)
+    for port in (plan.stack.port, *([plan.stack.monitoring_port] if plan.stack.monitoring else [])):
+        check_port_free(plan.stack.bind, port)
 
 
 def _placement(options: StackOptions, host: HostFacts, model: OpenedModel) -> Placement:

@@ -26,8 +26,9 @@ from builder.running.run import down
 from builder.running.smoke import Check, smoke
 from builder.spec import BaseImages
 from builder.stackfile.host_checks import free_local_port
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.compose import compose_stack, write_stack
+from builder.stacks.options import StackOptions
 
 MAX_LOSS = 0.05  # the most a candidate may lose of the pin's decode or prefill
 ROUNDS = 3

@@ -360,7 +360,10 @@ def test_monitoring_scrapes_the_engine(base_image: str, moe_model: Path, start_s
     )
     monitoring_port = free_local_port()
     stack = start_stack(
-        build_engine_image("llama.cpp", "avx2", base_image), moe_model, monitoring_port=monitoring_port
+        build_engine_image("llama.cpp", "avx2", base_image),
+        moe_model,
+        monitoring=True,
+        monitoring_port=monitoring_port,
     )
     _post(f"{stack.url}/completion", {"prompt": "hello", "n_predict": 4, "ignore_eos": True})
     query = f"http://127.0.0.1:{monitoring_port}/api/v1/query?query=llamacpp:tokens_predicted_total"
@@ -383,6 +386,7 @@ def test_a_missing_local_image_is_never_pulled(base_image: str, moe_model: Path,
         tmp_path,
         build_engine_image("llama.cpp", "avx2", base_image),
         moe_model,
+        monitoring=True,
         monitoring_port=free_local_port(),
     )
     text = compose_file.read_text()

@@ -20,9 +20,10 @@ from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import FAMILY_TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stackfile.host_checks import free_local_port
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
+from builder.stacks.options import StackOptions
 from tests.cli import run_cli
 from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
 

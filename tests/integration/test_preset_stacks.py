@@ -30,9 +30,10 @@ from builder.images.recorded_contracts import (
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.stackfile.host_checks import free_local_port
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.demo import chat, complete
+from builder.stacks.options import StackOptions
 from builder.stacks.presets import Preset, load_presets
 from tests.integration.conftest import ENGINES, build_engine_image, check_kv_as_planned, serve_stack
 from tests.specs import preset_engines

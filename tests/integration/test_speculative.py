@@ -24,8 +24,9 @@ from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stackfile.host_checks import free_local_port
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.compose import compose_stack, write_stack
+from builder.stacks.options import StackOptions
 from tests.cli import run_cli
 from tests.integration.conftest import budget_minutes, build_engine_image, serve_stack
 

@@ -16,8 +16,9 @@ from builder.images.recorded_contracts import recorded_contract
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.memory_report import MemoryAsk, memory_report
+from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 
 # DeepSeek-V3.2 and Kimi-K3: mainline's pinned tree names them, ik_llama.cpp's (8337e4c) doesn't.

@@ -28,13 +28,13 @@ from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stackfile.host_checks import free_local_port
 from builder.stacks import pinned_memory
 from builder.stacks.assemble import (
-    StackOptions,
     assemble_stack,
     check_architecture,
     check_ports,
     plan_stack,
     served_name_for,
 )
+from builder.stacks.options import StackOptions
 from builder.stacks.pinned_memory import check_pinned, pinned_bytes, pinned_finding
 from tests.hosts import EPYC_9554_FLAGS, epyc_host, fake_host
 from tests.specs import compose_dict, opened
@@ -84,7 +84,7 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
 def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> None:
     options = StackOptions(
         model=model,
-        override_tensors=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
+        override_tensor=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
         experts_on_cpu=True,
         numa_nodes=(1,),
         threads=8,

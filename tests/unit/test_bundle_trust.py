@@ -270,7 +270,7 @@ def _monitored(tmp_path: Path) -> dict:
             image="img:1",
             threads=4,
             model=model,
-            monitoring_port=9090,
+            monitoring=True,
             hugetlbfs="2M",
         ),
         "x",

@@ -383,7 +383,13 @@ def test_a_tilde_of_no_user_is_one_line(tmp_path: Path, flag: str) -> None:
     model = write_moe_gguf(tmp_path / "moe.gguf", MoeShape(layers=2))
     args = {"--model": ["--model", "~0"]}.get(flag, ["--model", str(model), flag, "~0"])
     result = run_cli(
-        "compose", *args, "--skip-image-checks", "--port", "0", "--out", str(tmp_path / "c.yaml")
+        "compose",
+        *args,
+        "--skip-image-checks",
+        "--port",
+        str(free_local_port()),
+        "--out",
+        str(tmp_path / "c.yaml"),
     )
     assert_one_line_error(result, "~0 names no user")
     assert not (tmp_path / "c.yaml").exists()

@@ -230,7 +230,7 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     key = tmp_path / "key"
     key.write_text("k\n")
     key.chmod(0o644)
-    stack = _stack(tmp_path, monitoring_port=19090, gpu="nvidia", api_key_file=key)
+    stack = _stack(tmp_path, monitoring=True, monitoring_port=19090, gpu="nvidia", api_key_file=key)
     document = compose_dict(stack, "x", cpu_profile=(cpu_only(stack, "img:cpu"), None))
     prometheus = document["services"]["prometheus"]
     assert (
@@ -249,7 +249,7 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     assert job["authorization"] == {"credentials_file": "/run/secrets/moe-stack-api-key"}
     assert document["volumes"] == {"prometheus-data": {}}
     with pytest.raises(StackError, match="--monitoring scrapes one engine's /metrics"):
-        compose_dict(_stack(tmp_path, monitoring_port=19090, metrics=False), "x")
+        compose_dict(_stack(tmp_path, monitoring=True, monitoring_port=19090, metrics=False), "x")
 
 
 def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
@@ -270,7 +270,7 @@ def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
 def test_monitoring_stays_on_loopback_whatever_the_engine_binds(tmp_path: Path) -> None:
     """Prometheus' query API has no authentication: `--bind 0.0.0.0` publishes the engine (which needs the
     key), never Prometheus."""
-    document = compose_dict(_stack(tmp_path, monitoring_port=19090, bind="0.0.0.0"), "x")
+    document = compose_dict(_stack(tmp_path, monitoring=True, monitoring_port=19090, bind="0.0.0.0"), "x")
     assert document["services"]["engine"]["ports"][0]["host_ip"] == "0.0.0.0"  # type: ignore[index]
     assert document["services"]["prometheus"]["ports"][0]["host_ip"] == "127.0.0.1"  # type: ignore[index]
 

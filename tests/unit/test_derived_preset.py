@@ -15,8 +15,9 @@ from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
 from builder.stacks.derived import derived_preset
+from builder.stacks.options import StackOptions
 from builder.stacks.presets import load_presets
 from tests.hosts import epyc_host
 from tests.specs import compose_dict, preset_engines

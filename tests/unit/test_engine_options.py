@@ -20,7 +20,7 @@ from builder.errors import StackError
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
 from builder.platform.flags import option_names
-from builder.spec import ENGINE_OPTIONS
+from builder.request import ENGINE_OPTIONS
 from tests.specs import compose_dict
 
 DATA = Path(__file__).parent / "data"
@@ -32,6 +32,7 @@ STACK_OWN = {
     "model",
     "port",
     "bind",
+    "monitoring",
     "monitoring_port",
     "numa",
     "numa_nodes",
@@ -261,7 +262,9 @@ def test_compose_takes_each_neutral_option_from_its_declaration() -> None:
     params = {param.name: param for param in command.params}
     for name, field in spec.NeutralOptions.model_fields.items():
         param = params[name]
-        spelled = tuple(flag for declared in spec.option_flags(name) for flag in declared.split("/"))
+        extra = field.json_schema_extra
+        assert isinstance(extra, dict)
+        spelled = tuple(flag for declared in extra["flags"] for flag in str(declared).split("/"))  # type: ignore[union-attr]
         assert (*param.opts, *param.secondary_opts) == spelled, name
         assert param.help == field.description and param.default is None, name
         readers = [engine for engine in engine_names() if name in get_engine(engine).honours]

@@ -13,7 +13,8 @@ from builder.errors import StackError
 from builder.host.probe import HostFacts
 from builder.models.synth_catalog import TINY, synth_shape
 from builder.models.synth_moe import write_moe_gguf
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
+from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 from tests.specs import compose_dict
 

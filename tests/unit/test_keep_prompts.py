@@ -18,8 +18,9 @@ from builder.models import identity
 from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
 from builder.stacks.memory_use import memory_use, stack_kv_bytes
+from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 from tests.specs import compose_dict, readable_file, routed_stacks
 

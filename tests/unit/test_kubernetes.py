@@ -19,9 +19,10 @@ from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.platform.targets import CPU_TARGETS
 from builder.spec import CudaTarget
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
 from builder.stacks.kubernetes import NFD_CPUID, KubeOptions, manifests, resource_name, to_kubernetes_yaml
 from builder.stacks.memory_use import MemoryUse, memory_use
+from builder.stacks.options import StackOptions
 from builder.stacks.presets import load_presets
 from tests.cli import run_cli
 from tests.hosts import EPYC_9554_FLAGS, XEON_EMR_FLAGS, fake_host
@@ -199,7 +200,7 @@ def test_hugepages_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(StackError, match="--mlock needs an unlimited memlock"):
         manifests(stack.model_copy(update={"mlock": True, "hugetlbfs": "off"}), None, KubeOptions())
     with pytest.raises(StackError, match="--monitoring is compose's"):
-        manifests(stack.model_copy(update={"monitoring_port": 9090}), None, KubeOptions())
+        manifests(stack.model_copy(update={"monitoring": True}), None, KubeOptions())
     with pytest.raises(StackError, match="--keep-prompts keeps the slots on a compose volume"):
         manifests(stack.model_copy(update={"keep_prompts": True}), None, KubeOptions())
 

@@ -11,8 +11,8 @@ and TYPE_CHECKING ones included):
     engines                 the engine adapters
     platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
     host, models            leaves: they import only the core
-    core                    builder, errors, files, fd_files, spec, contract, safe_tar, docker_client,
-                            container_start, untrusted_text
+    core                    builder, errors, files, fd_files, spec, request, contract, safe_tar,
+                            docker_client, container_start, untrusted_text
 
 and only the modules that build, run or publish talk to Docker; every container they start is started
 through builder.container_start (which starts it once more when the runtime lost its init).
@@ -32,6 +32,7 @@ CORE = {
     "builder.files",
     "builder.fd_files",
     "builder.spec",
+    "builder.request",
     "builder.contract",
     "builder.safe_tar",
     "builder.docker_client",

@@ -15,8 +15,9 @@ from builder.models.planner import GIB
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
 from builder.stacks.memory_use import BUFFERS_BYTES, memory_use
+from builder.stacks.options import StackOptions
 from builder.stacks.presets import load_presets
 from tests.hosts import epyc_host
 from tests.specs import preset_engines

@@ -17,7 +17,8 @@ from builder.models.kv_cache import CacheLayout
 from builder.models.planner import GIB, layer_split, plan
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
+from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 from tests.specs import compose_dict
 

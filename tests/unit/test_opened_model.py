@@ -14,9 +14,10 @@ from builder.models import gguf_facts
 from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import write_moe_gguf
 from builder.spec import EngineOptions
-from builder.stacks.assemble import StackOptions, plan_stack
+from builder.stacks.assemble import plan_stack
 from builder.stacks.compose import compose_stack
 from builder.stacks.memory_use import memory_use
+from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 
 

@@ -12,7 +12,8 @@ from builder.engines import get_engine
 from builder.errors import SpecError
 from builder.host.probe import HostFacts
 from builder.models.synth_moe import MoeShape, write_moe_gguf
-from builder.stacks.assemble import StackOptions, assemble_stack
+from builder.stacks.assemble import assemble_stack
+from builder.stacks.options import StackOptions
 from builder.stacks.presets import PRESETS_ENV, load_presets, presets_file
 from tests.cli import run_cli
 from tests.hosts import epyc_host

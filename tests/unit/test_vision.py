@@ -23,11 +23,12 @@ from builder.models.synth_mmproj import write_mmproj_gguf
 from builder.models.synth_moe import write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
-from builder.stacks.assemble import StackOptions, plan_models
+from builder.stacks.assemble import plan_models
 from builder.stacks.document import serves
 from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from builder.stacks.memory_use import memory_use
+from builder.stacks.options import StackOptions
 
 QWEN = TINY_SHAPES["qwen3moe"]
 from tests.specs import opened

@@ -37,7 +37,7 @@ class Monitoring(Feature):
     }
 
     def asked(self, stack: StackSpec) -> bool:
-        return bool(stack.monitoring_port)
+        return stack.monitoring
 
     def services(self, stack: StackSpec, engines: list[str]) -> dict[str, Service]:
         if not self.asked(stack):
