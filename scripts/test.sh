@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run moe-stack's whole test suite by cost, each tier timed: the pure unit tests, the command line in a
 # subprocess, the linters (and the suite run again in a copy), then real Docker builds of both engines and
-# real stacks answering over HTTP (the `slow` ones, images built only to prove a target's instructions, with
-# MOE_STACK_SLOW=1: CI runs them nightly). Every tier runs (a failing one doesn't hide the next); the exit status
+# real stacks answering over HTTP (the `slow` ones, images built only to prove a target's instructions and
+# one engine's minutes-long case, with MOE_STACK_SLOW=1: CI runs them nightly). Every tier runs (a failing one doesn't hide the next); the exit status
 # is the first failure's, and the last line counts them all: passed, failed (errors included), skipped, and
 # deselected: the tests no tier ran (the unit tiers split tests/unit by marker between them, so what one
 # leaves out another runs; the integration tier leaves out the `slow` ones). Options (-v, -x, -k ...) go to
