@@ -10,10 +10,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _newest_figures() -> dict[str, object]:
-    runs = sorted(ROOT.glob("bench/results/readme-figures-*/figures.json"))
-    assert runs, "bench/readme_figures.sh has never recorded a run"
-    return dict(json.loads(runs[-1].read_text()))
+def _newest_figures(busy: bool = False) -> dict[str, object]:
+    """The newest run on a quiet host that timed both commands, or (`busy`) the newest beside neighbours."""
+    runs = [
+        json.loads(path.read_text())
+        for path in sorted(ROOT.glob("bench/results/readme-figures-*/figures.json"))
+    ]
+    chosen = [
+        run
+        for run in runs
+        if bool(run.get("neighbours", 0)) == busy and ("not run" not in run["tests_summary"] or busy)
+    ]
+    assert chosen, "bench/readme_figures.sh has never recorded such a run"
+    return dict(chosen[-1])
 
 
 def test_the_readme_quotes_the_newest_measured_run() -> None:
@@ -31,3 +40,14 @@ def test_the_readme_quotes_the_newest_measured_run() -> None:
     )
     assert quoted in readme, quoted
     assert ("the demo still serving at the end" in readme) == bool(figures["demo_still_serving"])
+
+
+def test_the_readme_quotes_the_newest_demo_beside_a_busy_neighbour() -> None:
+    figures = _newest_figures(busy=True)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert figures["demo_still_serving"] and figures["neighbours"] >= 2  # type: ignore[operator]
+    quoted = (
+        f"beside {figures['neighbours']} CPU-bound neighbours ({figures['date']}) the demo took "
+        f"{figures['demo_minutes']} min"
+    )
+    assert quoted in readme, quoted
