@@ -80,7 +80,7 @@ def _as_typed(field: FieldInfo) -> tuple[Any, Any]:
 
 def _group_parameter(group: type[BaseModel], name: str, field: FieldInfo) -> inspect.Parameter:
     """A group's field as a keyword parameter: a neutral option is None unless given (the preset's
-    value stands), in its panel; a stack option has its declared type and default."""
+    value stands), in its panel; a stack option as typer parses it (`_as_typed`)."""
     if group is NeutralOptions:
         annotation: Any = Annotated[
             command_line_type(field.annotation) | None, _typer_info(field, None, panel_for(name))
