@@ -168,17 +168,13 @@ class EnginePlacement(_Group):
         return rules
 
 
-def spelled(field: FieldInfo) -> str | None:
-    """How the user gives a field: what it declares it is said as, else its flag (a switch on or off by
-    default as the spelling that changes it, one that is the engine's choice as both); None for a field
-    the command line doesn't give."""
+def _spelled(field: FieldInfo) -> str:
+    """How the user gives an engine-read field: what it declares it is said as, else its flag (a switch on
+    or off by default as the spelling that changes it, one that is the engine's choice as both)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if "said" in extra:
         return str(extra["said"])
-    flags = extra.get("flags")
-    if not isinstance(flags, list) or not flags:
-        return None
-    both = str(flags[0])
+    both = str(extra["flags"][0])  # type: ignore[index]  # every group field is an option() or decided()
     on, _, off = both.partition("/")
     return {True: off, False: on}.get(field.default, both) if off else both
 
@@ -186,7 +182,7 @@ def spelled(field: FieldInfo) -> str | None:
 # The stack options an engine reads, each as the user gives it: every adapter declares the ones it
 # honours (Engine.honours) and refuses any other set to other than its default, never dropping it.
 ENGINE_OPTIONS: dict[str, str] = {
-    name: str(spelled(field))
+    name: _spelled(field)
     for group in (NeutralOptions, ServedOptions, EnginePlacement)
     for name, field in group.model_fields.items()
 }

@@ -169,6 +169,10 @@ def _gpus_on_host(a: Assembly) -> Assembly:
     return a
 
 
+# The server's and the container's options, as the user gave them unless a step decided them.
+_GIVEN_TO_SPEC = {name for group in (ServedOptions, ContainerOptions) for name in group.model_fields}
+
+
 def _spec(a: Assembly) -> StackSpec:
     """The spec the steps decided: the stack's -ot rules, its host placement and default image, and what
     the user gave as is."""
@@ -207,10 +211,6 @@ def _spec(a: Assembly) -> StackSpec:
     }
     given = options.model_dump(include=_GIVEN_TO_SPEC)
     return StackSpec.model_validate(given | decided).with_options(a.engine_options)
-
-
-# The server's and the container's options, as the user gave them unless a step decided them.
-_GIVEN_TO_SPEC = {name for group in (ServedOptions, ContainerOptions) for name in group.model_fields}
 
 
 def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None:
