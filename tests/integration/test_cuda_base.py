@@ -22,6 +22,7 @@ from builder.images.source import resolve_local
 from builder.platform.cuda_wheels import PYPI_CUDA
 from builder.spec import BaseImages
 from tests.cli import run_cli
+from tests.integration.starts import run_image
 
 pytestmark = pytest.mark.integration
 CUDA = PYPI_CUDA["13.0"]
@@ -58,9 +59,10 @@ def test_base_is_checked_laid_out_and_labelled(
         assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (
             label if wheel.runtime else None
         )
-    nvcc = docker_client.run(CUDA.image("devel"), ["nvcc", "--version"], remove=True)
+    nvcc = run_image(docker_client, CUDA.image("devel"), ["nvcc", "--version"], remove=True)
     assert "release 13.0, V13.0.88" in str(nvcc)
-    layout = docker_client.run(
+    layout = run_image(
+        docker_client,
         CUDA.image("devel"),
         [
             "sh",
@@ -81,7 +83,8 @@ def test_base_is_checked_laid_out_and_labelled(
     assert (
         env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility" and env["NVIDIA_REQUIRE_CUDA"] == "cuda>=13.0"
     )
-    absent = docker_client.run(
+    absent = run_image(
+        docker_client,
         CUDA.image("runtime"),
         ["sh", "-c", ("ls /usr/local/cuda/bin 2>&1; ldconfig -p | grep -c libcublasLt.so.13")],
         remove=True,
@@ -118,7 +121,8 @@ def configure_image(docker_client: DockerClient, cuda_base: str, tmp_path: Path)
 
 def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, configure_image: str) -> None:
     cache = str(
-        docker_client.run(
+        run_image(
+            docker_client,
             configure_image,
             [
                 "grep",
@@ -136,7 +140,8 @@ def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, co
     )
     # What nvcc is told to embed: sm_90 machine code alone, no compute_90 PTX beside it.
     codes = str(
-        docker_client.run(
+        run_image(
+            docker_client,
             configure_image,
             ["sh", "-c", "grep -oE 'code=\\[[^]]*\\]' /build/build.ninja | sort -u"],
             remove=True,
@@ -144,8 +149,11 @@ def test_cuda_engine_configures_on_the_pypi_base(docker_client: DockerClient, co
     )
     assert codes.split() == ["code=[sm_90]"]
     ninja = str(
-        docker_client.run(
-            configure_image, ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"], remove=True
+        run_image(
+            docker_client,
+            configure_image,
+            ["grep", "-c", "ggml-cuda.dir/.*\\.cu\\.o:", "/build/build.ninja"],
+            remove=True,
         )
     )
     assert int(ninja) > 50, "ggml's CUDA backend is in the build graph"

@@ -30,6 +30,7 @@ from builder.stackfile.host_checks import free_local_port
 from builder.stacks.demo import DEMO_PROMPT, chat, complete
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, emit_stack
+from tests.integration.starts import docker_run, run_image, run_in
 
 pytestmark = pytest.mark.integration
 
@@ -58,11 +59,17 @@ def test_image_metadata(docker_client: DockerClient, engine_image: BuiltImage) -
 def test_binary_reports_the_pinned_ref_as_non_root(
     docker_client: DockerClient, engine_image: BuiltImage
 ) -> None:
-    identity = docker_client.run(engine_image.tag, ["-c", "id -u; id -g"], entrypoint="/bin/sh", remove=True)
+    identity = run_image(
+        docker_client, engine_image.tag, ["-c", "id -u; id -g"], entrypoint="/bin/sh", remove=True
+    )
     assert identity.split() == ["10001", "10001"]
     # --version prints to stderr: go through the real entrypoint with stderr folded into stdout
-    version = docker_client.run(
-        engine_image.tag, ["-c", "moe-stack-entrypoint --version 2>&1"], entrypoint="/bin/sh", remove=True
+    version = run_image(
+        docker_client,
+        engine_image.tag,
+        ["-c", "moe-stack-entrypoint --version 2>&1"],
+        entrypoint="/bin/sh",
+        remove=True,
     )
     assert engine_image.ref in version, version
 
@@ -71,20 +78,8 @@ def test_isa_guard_names_missing_flags(engine_image: BuiltImage, tmp_path: Path)
     flags = tmp_path / "required-cpu-flags"
     flags.write_text("avx2 moe_stack_no_such_flag\n")
     flags.chmod(0o644)
-    result = subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "-v",
-            f"{flags}:/etc/moe-stack/required-cpu-flags:ro",
-            engine_image.tag,
-            "--version",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = docker_run(
+        ["-v", f"{flags}:/etc/moe-stack/required-cpu-flags:ro", engine_image.tag, "--version"], timeout=120
     )
     assert result.returncode == 78
     assert result.stderr.strip() == (
@@ -139,7 +134,7 @@ def test_gemma_answers_a_chat(engine_image: BuiltImage, gemma_model: Path, start
     # Gemma 3 270M is a base model: a plain completion shows it really reads the prompt
     assert "France" in complete(stack.port, DEMO_PROMPT, max_tokens=8).text
     container = stack.client.compose.ps()[0]
-    assert container.execute(["id", "-u"]).strip() == "10001"
+    assert run_in(container, ["id", "-u"]).strip() == "10001"
     assert container.state.health.status == "healthy"
 
 

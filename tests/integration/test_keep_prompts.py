@@ -33,6 +33,7 @@ from tests.integration.conftest import (
     need_root,
     serve_stack,
 )
+from tests.integration.starts import run_in
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +86,7 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
 
     container = stack.client.compose.ps()[0]
     stray = f"{PROMPTS_DIR}/0123456789abcdef-slot0.bin"  # another model's or build's: removed on a save
-    container.execute(["sh", "-c", f"echo other > {stray}; echo other > {stray}.tokens.json"])
+    run_in(container, ["sh", "-c", f"echo other > {stray}; echo other > {stray}.tokens.json"])
     _restarted(stack)  # SIGTERM: the entrypoint saves slot 0, then stops the server
     # ik_llama.cpp at its pinned ref loses some replies to a save or restore it did (moe-stack-prompts)
     logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)  # the first start's, then this
@@ -94,11 +95,11 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     after, cached = _prefilled(stack)
     assert after < 10 and cached > 500, (after, cached)  # from the restored slot, not prefilled again
 
-    key = container.execute(["sh", "-c", "echo $MOE_STACK_PROMPTS"]).strip()
-    token = container.execute(["cat", f"{PROMPTS_DIR}/.moe-stack/owner"]).strip()
+    key = run_in(container, ["sh", "-c", "echo $MOE_STACK_PROMPTS"]).strip()
+    token = run_in(container, ["cat", f"{PROMPTS_DIR}/.moe-stack/owner"]).strip()
     assert re.fullmatch(r"[0-9a-f]{32}", token), token
     mine = f"{key}-{token}-slot0.bin"
-    saved = container.execute(["ls", PROMPTS_DIR]).split()  # ik_llama.cpp adds the slot's .tokens.json
+    saved = run_in(container, ["ls", PROMPTS_DIR]).split()  # ik_llama.cpp adds the slot's .tokens.json
     assert mine in saved and all(name.startswith(mine) for name in saved), saved
 
     # An API client drives the same slot actions under names it picks: it can't name the helper's file
@@ -115,9 +116,9 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
         api.post("/slots/0?action=save", {"filename": "a-clients.bin"})
     except StackError as lost:  # a reply ik_llama.cpp lost (above): the file tells whether it saved
         assert engine_image.engine == "ik_llama.cpp" and "timed out" in str(lost), lost
-    assert "a-clients.bin" in container.execute(["ls", PROMPTS_DIR]).split()
-    container.execute(["moe-stack-prompts", "save"])
-    assert not [name for name in container.execute(["ls", PROMPTS_DIR]).split() if not name.startswith(mine)]
+    assert "a-clients.bin" in run_in(container, ["ls", PROMPTS_DIR]).split()
+    run_in(container, ["moe-stack-prompts", "save"])
+    assert not [name for name in run_in(container, ["ls", PROMPTS_DIR]).split() if not name.startswith(mine)]
 
 
 def test_an_idle_server_saves_its_slots_before_it_sleeps(
@@ -186,7 +187,7 @@ def test_32_requests_in_flight_through_five_stops(
         assert not hung and "answered" in ended, (stop, ended)
         assert answers_health(stack.port), f"not healthy after stop {stop}"
         _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=stop + 1)
-        files = container.execute(["ls", "-a", PROMPTS_DIR]).split()
+        files = run_in(container, ["ls", "-a", PROMPTS_DIR]).split()
         assert not [name for name in files if "saving" in name], (stop, files)
         after, cached = _prefilled(stack)
         assert cached > 500 and after < 100, (stop, after, cached)
@@ -228,10 +229,10 @@ def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
         _logs_until(stack, "restore slot 0: nothing saved for this model and build yet")
         container = stack.client.compose.ps()[0]
         assert _prefilled(stack)[0] > 500
-        container.execute(["moe-stack-prompts", "save"])
-        saved = container.execute(["ls", PROMPTS_DIR]).split()
+        run_in(container, ["moe-stack-prompts", "save"])
+        saved = run_in(container, ["ls", PROMPTS_DIR]).split()
         fill = f"dd if=/dev/zero of={PROMPTS_DIR}/filler bs=64k 2>/dev/null; df -k {PROMPTS_DIR} | tail -1"
-        free_kib = int(container.execute(["sh", "-c", fill]).split()[3])
+        free_kib = int(run_in(container, ["sh", "-c", fill]).split()[3])
         assert free_kib < 64, free_kib  # a save here is 4.5 MB
         other = LONG_PROMPT.replace("Record", "Entry")
         assert _prefilled(stack, other)[0] > 500  # the slot now holds another prompt, not saved yet
@@ -241,6 +242,6 @@ def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
         assert time.monotonic() - stopped < 120 and answers_health(stack.port)
         logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
         said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
-        assert container.execute(["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone
+        assert run_in(container, ["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone
         after, cached = _prefilled(stack)
         assert after < 10 and cached > 500, (after, cached, said)  # the first save, restored whole

@@ -33,6 +33,7 @@ from builder.spec import BaseImages
 from tests.cli import run_cli
 from tests.hosts import XEON_EMR_FLAGS, fake_host
 from tests.integration.flaky_docker import flaky_docker
+from tests.integration.starts import docker_run, run_image
 
 pytestmark = pytest.mark.integration
 
@@ -73,13 +74,7 @@ def kt_image(bookworm_base: str, kt_wheelhouse: Path) -> Callable[[str], str]:
 
 def run_check(image: str, *docker_args: str) -> tuple[int, dict | None, str]:
     """Run the image (its entrypoint runs moe-stack-kt-check): exit status, the JSON report, all output."""
-    result = subprocess.run(
-        ["docker", "run", "--rm", *docker_args, image],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    result = docker_run([*docker_args, image], timeout=300)
     output = result.stdout + result.stderr
     report = next((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), None)
     return result.returncode, report, output
@@ -95,8 +90,8 @@ def test_kernel_image_is_the_wheel_not_a_server(
     config = docker_client.image.inspect(image).config
     assert config.user == "10001:10001"
     assert "KT_KERNEL_CPU_VARIANT" not in " ".join(config.env)  # portable: kt-kernel's loader chooses
-    listing = docker_client.run(
-        image, ["-m", "pip", "list", "--format=json"], entrypoint="python3", remove=True
+    listing = run_image(
+        docker_client, image, ["-m", "pip", "list", "--format=json"], entrypoint="python3", remove=True
     )
     versions = {canonical_name(p["name"]): p["version"] for p in json.loads(str(listing))}
     assert (

@@ -12,6 +12,7 @@ import pytest
 from python_on_whales import DockerClient
 
 from tests.integration.conftest import StackFactory, build_engine_image
+from tests.integration.starts import run_in
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_running_container_holds_no_more_than_asked(
     assert [b.host_ip for b in host.port_bindings["8080/tcp"]] == ["127.0.0.1"]
     models = [m for m in container.mounts if m.destination == "/models"]
     assert len(models) == 1 and models[0].rw is False
-    assert container.execute(["id", "-u"]).strip() == "10001"
+    assert run_in(container, ["id", "-u"]).strip() == "10001"
     seen = " ".join(
         [
             *(container.config.env or []),
@@ -70,4 +71,4 @@ def test_running_container_holds_no_more_than_asked(
         ]
     )
     assert "k3y-that-must-not-leak" not in seen, "the API key leaked into the container's config"
-    assert container.execute(["cat", "/run/secrets/moe-stack-api-key"]).strip() == "k3y-that-must-not-leak"
+    assert run_in(container, ["cat", "/run/secrets/moe-stack-api-key"]).strip() == "k3y-that-must-not-leak"

@@ -16,6 +16,7 @@ from builder.platform.targets import cpu_target
 from builder.spec import EXPERTS_ON_CPU_RULE
 from tests.cli import run_cli
 from tests.integration.conftest import BuiltImage, StackFactory, build_engine_image, free_port
+from tests.integration.starts import docker_run, run_image
 
 pytestmark = pytest.mark.integration
 
@@ -85,13 +86,7 @@ def test_guard_refuses_a_cpu_without_amx(amx_image: BuiltImage) -> None:
     lacking = missing_flags(cpu_target("sapphirerapids").required_flags, read_cpu())
     if not lacking:
         pytest.skip("this host has AMX: it can run the sapphirerapids image")
-    result = subprocess.run(
-        ["docker", "run", "--rm", amx_image.tag, "--version"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = docker_run([amx_image.tag, "--version"], timeout=120)
     assert result.returncode == 78
     assert result.stderr.startswith("moe-stack: this image needs CPU flags this host lacks: ")
     for flag in lacking:
@@ -129,8 +124,8 @@ def test_emitter_refuses_an_image_this_host_cannot_run(
 def test_images_carry_their_flag_contract(docker_client: DockerClient, engine_image: BuiltImage) -> None:
     facts = read_image_facts(engine_image.tag)
     assert {"--model", "--host", "--port", "-ot", "-fa"} <= set(facts.server_flags)
-    help_text = docker_client.run(
-        engine_image.tag, ["/etc/moe-stack/server-help.txt"], entrypoint="cat", remove=True
+    help_text = run_image(
+        docker_client, engine_image.tag, ["/etc/moe-stack/server-help.txt"], entrypoint="cat", remove=True
     )
     assert "--threads" in help_text
 

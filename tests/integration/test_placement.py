@@ -4,7 +4,6 @@ is enforced; without SYS_NICE the entrypoint says why numactl can't work."""
 from __future__ import annotations
 
 import os
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only
 from tests.integration.conftest import StackFactory, build_engine_image
+from tests.integration.starts import docker_run, run_in
 
 pytestmark = pytest.mark.integration
 
@@ -42,10 +42,10 @@ def test_numa_cpuset_and_api_key(
     image = build_engine_image("llama.cpp", "avx2", base_image)
     stack = start_stack(image, moe_model, numa="interleave", cpuset="0", threads=1, api_key_file=key)
     engine = stack.client.compose.ps()[0]
-    assert "interleave" in engine.execute(["cat", "/proc/1/numa_maps"]), (
+    assert "interleave" in run_in(engine, ["cat", "/proc/1/numa_maps"]), (
         "the engine's memory is not interleaved"
     )
-    status = engine.execute(["cat", "/proc/1/status"])
+    status = run_in(engine, ["cat", "/proc/1/status"])
     assert "Cpus_allowed_list:\t0\n" in status + "\n", "the cpuset does not hold"
     assert _status(f"{stack.url}/v1/models") == 401
     assert _status(f"{stack.url}/v1/models", "moe-stack-test-key") == 200
@@ -53,13 +53,7 @@ def test_numa_cpuset_and_api_key(
 
 def test_numa_policy_without_sys_nice_is_named(base_image: str) -> None:
     image = build_engine_image("llama.cpp", "avx2", base_image)
-    result = subprocess.run(
-        ["docker", "run", "--rm", "-e", "MOE_STACK_NUMA=interleave", image.tag, "--version"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = docker_run(["-e", "MOE_STACK_NUMA=interleave", image.tag, "--version"], timeout=120)
     assert result.returncode == 71
     assert "needs cap_add: [SYS_NICE]" in result.stderr
 
@@ -97,7 +91,7 @@ def test_ik_weights_come_from_reserved_hugepages(
     assert reserved_hugepages == 256 and _free_hugepages() == 256
     stack = start_stack(build_engine_image("ik_llama.cpp", "avx2", base_image), moe_model, hugepages=True)
     engine = stack.client.compose.ps()[0]
-    assert "KernelPageSize:     2048 kB" in engine.execute(["cat", "/proc/1/smaps"])
+    assert "KernelPageSize:     2048 kB" in run_in(engine, ["cat", "/proc/1/smaps"])
     assert _free_hugepages() < 256, "the engine took no pages from the reserved pool"
     assert "-thp" in engine.config.cmd
 
@@ -110,7 +104,7 @@ def test_llama_cpp_maps_a_model_staged_on_hugetlbfs(
     assert _free_hugepages() == reserved_hugepages
     stack = start_stack(build_engine_image("llama.cpp", "avx2", base_image), moe_model, hugetlbfs="2M")
     engine = stack.client.compose.ps()[0]
-    smaps = engine.execute(["cat", "/proc/1/smaps"])
+    smaps = run_in(engine, ["cat", "/proc/1/smaps"])
     mapping = smaps.split(f"/hugepages/{moe_model.name}\n", 1)
     assert len(mapping) == 2, "the engine did not map the staged copy"
     assert "KernelPageSize:     2048 kB" in mapping[1].split("VmFlags", 1)[0]

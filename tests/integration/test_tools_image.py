@@ -19,6 +19,7 @@ from builder.running.tool_bench import parse_llama_bench
 from builder.spec import EXPERTS_ON_CPU_RULE
 from tests.cli import run_cli
 from tests.integration.conftest import StackFactory, budget_minutes, build_engine_image, emit_stack
+from tests.integration.starts import run_image
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,8 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
     server = build_engine_image("llama.cpp", "avx2", base_image)
     tools = build_engine_image("llama.cpp", "avx2", base_image, tools=True)
     mount = [(gemma_model.parent, "/models", "ro")]
-    printed = docker_client.run(
+    printed = run_image(
+        docker_client,
         tools.tag,
         [
             "llama-bench",
@@ -60,7 +62,8 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
     rows = parse_llama_bench(str(printed))
     assert [row.test for row in rows] == ["pp32", "tg8"] and all(row.tps > 0 for row in rows)
     # gguf-py from the same tree reads the model, as the README runs it (python3's -m is no model flag).
-    dump = docker_client.run(
+    dump = run_image(
+        docker_client,
         tools.tag,
         ["python3", "-m", "gguf.scripts.gguf_dump", "--json", "--no-tensors", f"/models/{gemma_model.name}"],
         volumes=mount,
@@ -70,11 +73,15 @@ def test_avx2_tools_image_runs_llama_bench_and_gguf_py_on_the_demo_model(
     assert json.loads(str(dump))["metadata"]["general.architecture"]["value"] == "gemma3"
     # The engine's tools get the entrypoint's model check: a missing model is one line, exit 66.
     probe = "moe-stack-entrypoint llama-bench -m /models/none.gguf 2>&1; echo exit=$?"
-    missing = docker_client.run(tools.tag, ["-c", probe], entrypoint="/bin/sh", volumes=mount, remove=True)
+    missing = run_image(
+        docker_client, tools.tag, ["-c", probe], entrypoint="/bin/sh", volumes=mount, remove=True
+    )
     assert "the model /models/none.gguf is missing" in str(missing) and str(missing).endswith("exit=66")
     # Every tool is there, next to the server; the image runs unprivileged.
     listing = str(
-        docker_client.run(tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True)
+        run_image(
+            docker_client, tools.tag, ["-c", "id -u; ls /opt/engine/bin"], entrypoint="/bin/sh", remove=True
+        )
     )
     assert listing.split()[0] == str(IMAGE_UID)
     assert {
