@@ -12,8 +12,6 @@ it with `ldd` in the runtime image; `check_report` turns that into a pass or one
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ from builder.files import content_dir, templates_root
 from builder.images.baseimage import host_mirror
 from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.render import template_environment
+from builder.images.source import pip_download
 from builder.platform.cuda_wheels import WHEEL_PLATFORMS, PypiCuda
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import LocalCuda
@@ -100,26 +99,13 @@ def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
     dest.mkdir(parents=True, exist_ok=True)
     requirements = dest / "requirements.txt"
     requirements.write_text("".join(wheel.requirement + "\n" for wheel in cuda.wheels))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--require-hashes",
-        "--dest",
-        str(dest),
-        "-r",
-        str(requirements),
-        *(arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform)),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    platforms = (arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform))
+    failed = pip_download(
+        dest, "--only-binary=:all:", "--require-hashes", "-r", str(requirements), *platforms
+    )
+    if failed is not None:
         raise BaseImageError(
-            f"can't download CUDA {cuda.version}'s wheels from PyPI ({last}); check pip's index "
+            f"can't download CUDA {cuda.version}'s wheels from PyPI ({failed}); check pip's index "
             "(PIP_INDEX_URL) and that it mirrors NVIDIA's nvidia-* packages"
         )
     return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.wheels}

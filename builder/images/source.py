@@ -87,24 +87,22 @@ def fetch_sdist(requirement: str) -> Path:
     if found:
         return found[0]
     target.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--dest",
-        str(target),
-        requirement,
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    failed = pip_download(target, "--no-binary", ":all:", requirement)
     found = sorted(target.glob("*.tar.gz"))
-    if result.returncode != 0 or not found:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if failed is not None or not found:
         raise SourceError(
-            f"can't download the sdist {requirement} from PyPI ({last}); give --source DIR instead"
+            f"can't download the sdist {requirement} from PyPI ({failed or 'no sdist'}); give --source DIR "
+            "instead"
         )
     return found[0]
+
+
+def pip_download(dest: Path, *args: str) -> str | None:
+    """`pip download --no-deps ARGS` into `dest`, quietly: None when it did, else pip's last error line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(dest), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if result.returncode == 0 else (result.stderr.strip().splitlines() or ["no output"])[-1]

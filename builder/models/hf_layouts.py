@@ -42,14 +42,13 @@ def _shared_config(shape: MoeShape, vocab: int) -> dict[str, object]:
     }
 
 
-def _qwen3moe_config(shape: MoeShape) -> dict[str, object]:
+def _qwen_experts(shape: MoeShape, shared_ffn: int | None = None) -> dict[str, object]:
+    """The expert keys Qwen's MoE configs share (a shared expert's width where it has one)."""
+    shared = {} if shared_ffn is None else {"shared_expert_intermediate_size": shared_ffn}
     return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
         "intermediate_size": shape.expert_ffn,
         "moe_intermediate_size": shape.expert_ffn,
+        **shared,
         "num_experts": shape.experts,
         "num_experts_per_tok": shape.experts_used,
         "norm_topk_prob": True,
@@ -57,6 +56,16 @@ def _qwen3moe_config(shape: MoeShape) -> dict[str, object]:
         "mlp_only_layers": [],
         "output_router_logits": False,
         "router_aux_loss_coef": 0.001,
+    }
+
+
+def _qwen3moe_config(shape: MoeShape) -> dict[str, object]:
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        **_qwen_experts(shape),
         "rope_scaling": None,
         "use_sliding_window": False,
         "sliding_window": None,
@@ -111,16 +120,7 @@ def _qwen3next_config(shape: Qwen3NextShape) -> dict[str, object]:
         "num_key_value_heads": shape.kv_heads,
         "head_dim": shape.head_dim,
         "partial_rotary_factor": shape.rope_dim / shape.head_dim,
-        "intermediate_size": shape.expert_ffn,
-        "moe_intermediate_size": shape.expert_ffn,
-        "shared_expert_intermediate_size": shape.shared_ffn,
-        "num_experts": shape.experts,
-        "num_experts_per_tok": shape.experts_used,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "output_router_logits": False,
-        "router_aux_loss_coef": 0.001,
+        **_qwen_experts(shape, shape.shared_ffn),
         "full_attention_interval": 4,
         "linear_conv_kernel_dim": shape.ssm_conv,
         "linear_key_head_dim": shape.ssm_state,

@@ -37,15 +37,12 @@ class Wheel:
         return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
 
 
-@dataclass(frozen=True)
-class PypiCuda:
-    """One CUDA release assembled from wheels."""
+@dataclass(frozen=True, kw_only=True)
+class CudaRelease:
+    """One CUDA release a registry-free base is made of, whatever its origin."""
 
     version: str
     full_version: str  # the cudart version, as NVIDIA's images set CUDA_VERSION
-    wheel_root: str  # the prefix inside every wheel of the release
-    wheels: tuple[Wheel, ...]
-    runtime_libs: tuple[str, ...]  # the sonames a server loads (the driver's libcuda.so.1 aside)
     min_driver: str  # NVIDIA_REQUIRE_CUDA: the container toolkit refuses older drivers at start
 
     def image(self, flavour: str) -> str:
@@ -55,6 +52,15 @@ class PypiCuda:
     @property
     def prefix(self) -> str:
         return f"/usr/local/cuda-{self.version}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PypiCuda(CudaRelease):
+    """One CUDA release assembled from wheels."""
+
+    wheel_root: str  # the prefix inside every wheel of the release
+    wheels: tuple[Wheel, ...]
+    runtime_libs: tuple[str, ...]  # the sonames a server loads (the driver's libcuda.so.1 aside)
 
 
 # Sizes and the checks behind this set: shared notes, CUDA-FROM-PYPI.md (checked 2026-11-30). No

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.platform.cuda_wheels import LOCAL_CUDA_REPOSITORY
+from builder.platform.cuda_wheels import CudaRelease
 
 
 @dataclass(frozen=True)
@@ -26,25 +26,14 @@ class DebPackage:
         return f"{self.name}={self.version}"
 
 
-@dataclass(frozen=True)
-class DebianCuda:
+@dataclass(frozen=True, kw_only=True)
+class DebianCuda(CudaRelease):
     """One CUDA release from a Debian suite's non-free component."""
 
-    version: str
-    full_version: str  # the cudart version, as NVIDIA's images set CUDA_VERSION
     suite: str
     component: str
     packages: tuple[DebPackage, ...]
     host_gcc: int  # the g++-N the toolkit's nvcc compiles host code with (its newest supported GCC)
-    min_driver: str  # NVIDIA_REQUIRE_CUDA: the container toolkit refuses older drivers at start
-
-    def image(self, flavour: str) -> str:
-        """`moe-stack/cuda:<version>-devel|runtime`."""
-        return f"{LOCAL_CUDA_REPOSITORY}:{self.version}-{flavour}"
-
-    @property
-    def prefix(self) -> str:
-        return f"/usr/local/cuda-{self.version}"
 
     def pins(self, runtime: bool) -> list[str]:
         return [package.pin for package in self.packages if package.runtime or not runtime]

@@ -53,8 +53,6 @@ from builder.stackfile.stack_file import (
 from builder.stacks.features import refuse
 from builder.stacks.features.all import FEATURES
 from builder.stacks.features.hugepages import HUGETLBFS_VOLUME, hugetlbfs_volume, staging_environment
-from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, PROMPTS_VOLUME
-from builder.stacks.features.monitoring import MONITORING_SERVICE, MONITORING_VOLUME
 
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
@@ -155,14 +153,12 @@ def stack_document(
     api_key: Path | None,
 ) -> StackFile:
     """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
-    the services' lint exceptions (`load` rebuilds a bundle's through it too)."""
-    volumes: dict[str, Volume] = {}
+    the services' lint exceptions (`load` rebuilds a bundle's through it too). A named volume a service
+    mounts is declared (a feature's, by its mount), the hugetlbfs one with its page size."""
+    named = sorted({m.source for s in services.values() for m in s.volumes or () if m.type == "volume"})
+    volumes = {name: Volume() for name in named}
     if page_size is not None:
         volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
-    if MONITORING_SERVICE in services:
-        volumes[MONITORING_VOLUME] = Volume()
-    if any(PROMPTS_MOUNT in (service.volumes or ()) for service in services.values()):
-        volumes[PROMPTS_VOLUME] = Volume()
     return StackFile(
         name=project,
         record=record.model_copy(update={"lint_exceptions": lint_exceptions(services)}),
