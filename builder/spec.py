@@ -426,7 +426,7 @@ class NeutralOptions(_Spec):
         None, "--draft-max", help="most tokens drafted a step (default: the engine's)", ge=1, le=64
     )
     # Images: the model's multimodal projector (a `clip` GGUF: its vision tower), loaded beside the model
-    # (both llama.cpp engines' --mmproj); chat requests may then carry images (stacks/features/vision.py).
+    # (both llama.cpp engines' --mmproj); chat requests may then carry images (features/vision.py).
     mmproj: Path | None = option(
         None,
         "--mmproj",

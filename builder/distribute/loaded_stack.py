@@ -1,17 +1,16 @@
 """The stack `moe-stack load` writes: rebuilt from what moe-stack itself emits, never the bundle's text.
 
 A bundle's compose.yaml is read for a few values only, each parsed into the type moe-stack would have
-written (a port number, a page size, a cpuset, GPU indices, the engine's arguments); the services are
-then made again through the same builders `moe-stack compose` uses (stacks/document.py). What reaches
-the host is set by `load` and the user, not by the bundle: the model's mounts (its files, where `load`
-put or found them), the published address (loopback unless the user binds elsewhere), the config
-directory and the API key file (only from the user's options), and the compose project, named as
-a project of its own (a bundle's own name, or the one `compose` gives the same model, could be another
+written (a port number, a page size, a cpuset, GPU indices, the engine's arguments); the services are then
+made again through the same builders `moe-stack compose` uses (stackfile/service_parts.py, the features).
+What reaches the host is set by `load` and the user, not by the bundle: the model's mounts (its files,
+where `load` put or found them), the published address (loopback unless the user binds elsewhere), the
+config directory and the API key file (only from the user's options), and the compose project, named as a
+project of its own (a bundle's own name, or the one `compose` gives the same model, could be another
 stack's: `up` would recreate that one, share its prompt cache, and `down -v` remove its volumes). The
 images run under names scoped to the bundle (`loaded_image`), never a name the builder or another stack
 resolves; the API key is the host's: a bundle carrying one, or reading none where the user gives one, is
-refused. Anything else in a service is refused.
-"""
+refused. Anything else in a service is refused."""
 
 from __future__ import annotations
 
@@ -39,6 +38,9 @@ from builder.contract import (
 )
 from builder.engines.base import KEY_FILE_FLAG, Engine
 from builder.errors import MoeStackError
+from builder.features.hugepages import HUGETLBFS_MOUNT, HUGETLBFS_VOLUME, hugetlbfs_volume
+from builder.features.keep_prompts import PROMPTS_MOUNT, with_kept_prompts
+from builder.features.monitoring import MONITORING_MOUNT, MONITORING_SERVICE, monitoring_service
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stackfile.record import Record, Served
 from builder.stackfile.service_parts import (
@@ -46,21 +48,16 @@ from builder.stackfile.service_parts import (
     CPU_SERVICE,
     GPU_PROFILE,
     SERVICE,
-    file_mount,
-    published,
-)
-from builder.stackfile.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
-from builder.stacks.document import (
     api_key_environment,
     config_mount,
+    file_mount,
     gpu_device,
     placement,
+    published,
     service_of,
     stack_document,
 )
-from builder.stacks.features.hugepages import HUGETLBFS_MOUNT, HUGETLBFS_VOLUME
-from builder.stacks.features.keep_prompts import PROMPTS_MOUNT, with_kept_prompts
-from builder.stacks.features.monitoring import MONITORING_MOUNT, MONITORING_SERVICE, monitoring_service
+from builder.stackfile.stack_file import Device, Mount, Service, StackFile, StackFileError, Volume
 from builder.untrusted_text import ANY_CONTROL
 
 # The capabilities a moe-stack stack may add: SYS_NICE (NUMA policy), IPC_LOCK (--mlock).
@@ -136,7 +133,7 @@ def rebuild_stack(document: object, listed_images: dict[str, str], choices: Load
         loaded_project_name(_loaded_model(choices), choices),  # never the bundle's `name:`, nor compose's
         _record(given.record, listed_images, choices, engines),
         services,
-        _page_size(given.volumes or {}) if hugetlbfs else None,
+        hugetlbfs_volume(_page_size(given.volumes or {}) if hugetlbfs else None),
         choices.api_key_file,
     )
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from builder.engines import EngineField
 from builder.engines.base import Engine
+from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
 from builder.models.opened import OpenedModel
 from builder.request import ContainerOptions, EnginePlacement, ServedOptions
 from builder.spec import (
@@ -109,6 +110,19 @@ class StackSpec(NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement
     def swa_full(self) -> bool:
         """Whether a sliding-window model's cache keeps every layer at the full context on mainline."""
         return keeps_whole_window(self.keep_prompts, self.extra_args)
+
+    def kv_bytes(self) -> int:
+        """The KV cache (and recurrent state) the stack's engine keeps for its model as it loads it, at the
+        stack's context, cache types, slots and micro-batch."""
+        return kv_cache_bytes(
+            self.engine.loaded_model(self.model, self.mtp),
+            self.ctx_size,
+            self.cache_type or "f16",
+            self.engine.cache_layout(self.mla, self.swa_full),
+            self.parallel,
+            self.cache_type_v,
+            self.ubatch_size or DEFAULT_UBATCH,
+        )
 
     def with_options(self, options: EngineOptions) -> StackSpec:
         """This stack with `options` as its engine options (validated again as a whole)."""

@@ -15,6 +15,10 @@ from pathlib import Path
 from builder.engines.base import Engine
 from builder.engines.specs import StackSpec, keeps_whole_window
 from builder.errors import SpecError, StackError
+from builder.features import refuse
+from builder.features.all import FEATURES
+from builder.features.speculative import checked_speculative, draft_vram_bytes
+from builder.features.vision import checked_projector, projector_bytes
 from builder.host.placement import HUGEPAGE_KB, Placement, check_hugepages_reserved, place
 from builder.host.probe import HostFacts
 from builder.images.image_facts import ImageFacts, read_image_facts
@@ -31,10 +35,6 @@ from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stackfile.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.derived import Derived, block_sparse, derived_preset
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
-from builder.stacks.features import refuse
-from builder.stacks.features.all import FEATURES
-from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.options import StackOptions
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options

@@ -6,20 +6,17 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import TypedDict
 
 from builder.contract import (
-    API_KEY_FILE_ENV,
-    API_KEY_PATH,
-    API_KEY_SECRET,
-    CONFIG_DIR,
     CONTAINER_PORT,
     NUMA_ENV,
     ROUTER_PRESET_ENV,
 )
-from builder.engines.base import Engine
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.features import refuse
+from builder.features.all import FEATURES
+from builder.features.hugepages import hugetlbfs_volume, staging_environment
 from builder.host.placement import numa_env
 from builder.images.image_facts import ImageFacts
 from builder.platform.flags import check_args
@@ -29,30 +26,20 @@ from builder.stackfile.service_parts import (
     CPU_PROFILE,
     CPU_SERVICE,
     GPU_PROFILE,
-    HARDENED,
-    HEALTHCHECK,
-    LOGGING,
     SERVICE,
+    api_key_environment,
+    config_mount,
+    gpu_device,
+    placement,
     published,
+    service_of,
+    stack_document,
 )
 from builder.stackfile.stack_file import (
-    Deploy,
-    Device,
-    Healthcheck,
-    Mount,
-    Port,
-    Reservations,
-    Resources,
-    Secret,
     Service,
     StackFile,
     StackFiles,
-    Ulimit,
-    Volume,
 )
-from builder.stacks.features import refuse
-from builder.stacks.features.all import FEATURES
-from builder.stacks.features.hugepages import HUGETLBFS_VOLUME, hugetlbfs_volume, staging_environment
 
 # Load rate assumed when sizing the healthcheck's start period: a cold page cache from NVMe
 # streams a few hundred MB/s through mmap; slower disks should raise --start-period.
@@ -126,9 +113,8 @@ def compose_document(
         cpu_weights="pinned" if engine_pins(stack) else None,
         profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else (),
     )
-    return stack_document(
-        stack.project, record, services, None if stack.hugetlbfs == "off" else stack.hugetlbfs, files.api_key
-    )
+    page_size = None if stack.hugetlbfs == "off" else stack.hugetlbfs
+    return stack_document(stack.project, record, services, hugetlbfs_volume(page_size), files.api_key)
 
 
 def serves(stack: StackSpec, args: list[str]) -> Served:
@@ -143,34 +129,6 @@ def serves(stack: StackSpec, args: list[str]) -> Served:
         tool_calls=engine.tool_calls_flag is not None and engine.tool_calls_flag in args,
         images=stack.mmproj is not None,
     )
-
-
-def stack_document(
-    project: str,
-    record: Record,
-    services: dict[str, Service],
-    page_size: str | None,
-    api_key: Path | None,
-) -> StackFile:
-    """The whole file: `services` with the volumes and secret they use, `record` as x-moe-stack with
-    the services' lint exceptions (`load` rebuilds a bundle's through it too). A named volume a service
-    mounts is declared (a feature's, by its mount), the hugetlbfs one with its page size."""
-    named = sorted({m.source for s in services.values() for m in s.volumes or () if m.type == "volume"})
-    volumes = {name: Volume() for name in named}
-    if page_size is not None:
-        volumes[HUGETLBFS_VOLUME] = hugetlbfs_volume(page_size)
-    return StackFile(
-        name=project,
-        record=record.model_copy(update={"lint_exceptions": lint_exceptions(services)}),
-        services=services,
-        volumes=volumes or None,
-        secrets=api_key_secret(api_key) if api_key is not None else None,
-    )
-
-
-def api_key_secret(path: Path) -> dict[str, Secret]:
-    """The top-level secret holding the API key file's first line."""
-    return {API_KEY_SECRET: Secret(file=str(path))}
 
 
 def _router_command(
@@ -197,32 +155,6 @@ def engine_options(stack: StackSpec) -> dict[str, OptionValue]:
     """The stack's neutral engine options that are set (preset or command line), as recorded."""
     dumped = stack.model_dump(mode="json", include=set(EngineOptions.model_fields))  # a path as text
     return {name: value for name, value in dumped.items() if value is not None}
-
-
-def lint_exceptions(services: dict[str, Service]) -> dict[str, str]:
-    """Why this stack departs from a compose security linter's defaults (compose-lint rule IDs): each
-    departure a feature asked for, with its reason, so a review (or `compose-lint`) can check them."""
-    caps = {cap for service in services.values() for cap in service.cap_add or ()}
-    reasons = {
-        "SYS_NICE": "SYS_NICE: numactl applies the stack's NUMA policy, or KTransformers binds its CPU "
-        "thread "
-        "pools' memory to their NUMA nodes (mbind/set_mempolicy, which Docker's seccomp profile "
-        "allows only with it); nothing in the image sets real-time priorities",
-        "IPC_LOCK": "IPC_LOCK: --mlock keeps the model's pages resident (asked for with --mlock)",
-    }
-    exceptions = {}
-    if caps:
-        exceptions["CL-0029"] = "; ".join(reasons[cap] for cap in sorted(caps))
-    exceptions["CL-0026"] = (
-        "no memory limit: the mmapped weights are page cache charged to the container, and a "
-        "limit below the model evicts them; CPUs are bounded by cpuset/threads instead"
-    )
-    if any("@sha256:" not in service.image for service in services.values()):
-        exceptions["CL-0019"] = (
-            "image by tag: it has no registry digest yet (built here, or not checked with "
-            "--skip-image-checks); stacks made from a pushed or pulled image pin the digest"
-        )
-    return exceptions
 
 
 def engine_pins(stack: StackSpec) -> bool:
@@ -305,51 +237,6 @@ def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> S
     return service
 
 
-def api_key_environment(engine: Engine, keeps_prompts: bool) -> dict[str, str]:
-    """The key file's variable in a keyed stack's service, for whoever reads it from there: an engine that
-    takes no key file flag (its image's launcher), and the prompt helper's own requests."""
-    return {API_KEY_FILE_ENV: API_KEY_PATH} if engine.key_file_from_env or keeps_prompts else {}
-
-
-def service_of(
-    image: str,
-    command: list[str],
-    port: Port,
-    volumes: tuple[Mount, ...],
-    shm_size: str,
-    start_period_s: int,
-    placed: Placed,
-    api_key: bool,
-) -> Service:
-    """An engine service: these values in moe-stack's one shape (`moe-stack load` rebuilds a bundle's
-    stack through it too)."""
-    return Service(
-        image=image,
-        command=tuple(command),
-        ports=(port,),
-        volumes=volumes,
-        # The engine writes nothing but its logs.
-        **HARDENED,
-        shm_size=shm_size,
-        healthcheck=Healthcheck(
-            test=HEALTHCHECK,
-            interval="10s",
-            timeout="5s",
-            retries=3,
-            start_period=f"{start_period_s}s",
-            start_interval="2s",
-        ),
-        restart="unless-stopped",
-        logging=LOGGING,
-        **placed,
-        secrets=(API_KEY_SECRET,) if api_key else None,
-    )
-
-
-def config_mount(config_dir: Path) -> Mount:
-    return Mount(type="bind", source=str(config_dir), target=CONFIG_DIR, read_only=True)
-
-
 def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]:
     """What the image's entrypoint reads (NUMA policy, hugetlbfs staging) and the capabilities the
     stack needs: SYS_NICE for a NUMA policy (Docker's seccomp profile wants it for mbind and
@@ -367,46 +254,3 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     if stack.api_key_file is not None:
         environment |= api_key_environment(stack.engine, stack.keep_prompts)
     return environment, caps
-
-
-class Placed(TypedDict, total=False):
-    """A service's host-facing keys (`placement`), as Service takes them."""
-
-    environment: dict[str, str]
-    ulimits: dict[str, Ulimit]
-    cap_add: tuple[str, ...]
-    cpuset: str
-    deploy: Deploy
-
-
-def placement(
-    environment: dict[str, str], caps: list[str], cpuset: str | None, device: Device | None
-) -> Placed:
-    """The host-facing parts: the entrypoint's environment (NUMA policy, hugetlbfs staging) and the
-    capabilities it needs, locked memory (unlimited memlock with IPC_LOCK), cpuset, GPU passthrough."""
-    extra: Placed = {}
-    if environment:
-        extra["environment"] = environment
-    if "IPC_LOCK" in caps:
-        extra["ulimits"] = {"memlock": Ulimit(soft=-1, hard=-1)}
-    if caps:
-        extra["cap_add"] = tuple(caps)
-    if cpuset:
-        extra["cpuset"] = cpuset
-    if device is not None:
-        extra["deploy"] = Deploy(resources=Resources(reservations=Reservations(devices=(device,))))
-    return extra
-
-
-def gpu_device(gpu: str, gpu_ids: tuple[int, ...]) -> Device | None:
-    """The GPU reservation: through the nvidia runtime or CDI, these GPUs (none given: all)."""
-    if gpu == "none":
-        return None
-    ids = tuple(str(i) for i in gpu_ids)
-    if gpu == "nvidia":
-        return Device(
-            driver="nvidia", device_ids=ids or None, count=None if ids else "all", capabilities=("gpu",)
-        )
-    return Device(
-        driver="cdi", device_ids=tuple(f"nvidia.com/gpu={i}" for i in ids or ["all"]), capabilities=("gpu",)
-    )

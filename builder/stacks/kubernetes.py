@@ -16,14 +16,14 @@ from builder import __version__
 from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.features import refuse
+from builder.features.all import FEATURES
 from builder.images.image_facts import ImageFacts
 from builder.images.naming import parse_variant
 from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
 from builder.stackfile.service_parts import HEALTHCHECK
 from builder.stacks.document import engine_command, entrypoint_environment, pinned_image
-from builder.stacks.features import refuse
-from builder.stacks.features.all import FEATURES
 from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
 
 # Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;

@@ -10,13 +10,13 @@ from typing import Any
 
 from builder.engines.base import Engine
 from builder.engines.compute_buffers import CUDA_CONTEXT_BYTES, ComputeEstimate, gpu_compute, prefill_pool
+from builder.features.speculative import checked_speculative, draft_vram_bytes
+from builder.features.vision import checked_projector, projector_bytes
 from builder.images.recorded_contracts import check_pinned_architecture
 from builder.models.facts import ModelFacts
 from builder.models.opened import OpenedModel
 from builder.models.planner import GIB, Plan, size
 from builder.spec import EngineOptions
-from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
-from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.memory_use import beside_model_bytes, prompt_cache_bytes
 from builder.stacks.vram_levers import GpuDemand, vram_plan
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from builder.engines import Engine
 from builder.engines.specs import StackSpec
-from builder.models.kv_cache import DEFAULT_UBATCH, kv_cache_bytes
+from builder.features.keep_prompts import kept_prompts_bytes
+from builder.features.vision import projector_bytes
 from builder.models.planner import GIB
-from builder.stacks.features.vision import projector_bytes
 
 MIB = 1024**2
 # The engine's CPU compute buffers and its process beside the weights and caches (ik_llama.cpp's CPU
@@ -55,36 +55,12 @@ def beside_model_bytes(engine: Engine) -> int:
     return prompt_cache_bytes(engine) + BUFFERS_BYTES
 
 
-def stack_kv_bytes(stack: StackSpec) -> int:
-    """The KV cache (and recurrent state) the stack's engine keeps for its model as it loads it, at the
-    stack's context, cache types, slots and micro-batch."""
-    adapter = stack.engine
-    return kv_cache_bytes(
-        adapter.loaded_model(stack.model, stack.mtp),
-        stack.ctx_size,
-        stack.cache_type or "f16",
-        adapter.cache_layout(stack.mla, stack.swa_full),
-        stack.parallel,
-        stack.cache_type_v,
-        stack.ubatch_size or DEFAULT_UBATCH,
-    )
-
-
-def kept_prompts_bytes(stack: StackSpec) -> tuple[int, int]:
-    """(disk, host memory) of the stack's kept prompts (`--keep-prompts`): its engine's files at most, on the
-    stack's volume, and the page-locked pool it keeps for them beside the weights; (0, 0) without."""
-    store = stack.engine.prompt_store
-    if not stack.keep_prompts or store is None:
-        return 0, 0
-    return store.sizes(stack_kv_bytes(stack))
-
-
 def memory_use(stack: StackSpec) -> MemoryUse:
     adapter = stack.engine
     return MemoryUse(
         model_bytes=stack.model.size,
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
-        kv_bytes=stack_kv_bytes(stack) if stack.gpu == "none" else 0,
+        kv_bytes=stack.kv_bytes() if stack.gpu == "none" else 0,
         prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram) + kept_prompts_bytes(stack)[1],
         projector_bytes=projector_bytes(stack) if stack.gpu == "none" else 0,
     )

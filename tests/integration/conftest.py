@@ -40,7 +40,6 @@ from builder.running.run import down
 from builder.spec import BaseImages
 from builder.stackfile.host_checks import free_local_port
 from builder.stacks.compose import compose_stack, write_stack
-from builder.stacks.memory_use import stack_kv_bytes
 from tests.integration.wheelhouse import make_kt_wheelhouse
 from tests.sources import source_mirror
 
@@ -301,7 +300,7 @@ def check_kv_as_planned(stack: StackSpec, logs: str) -> None:
     RS, a sliding-window model's windowed layers apart, and DeepSeek-V4's four caches and three compressor
     states each apart; ik_llama.cpp DeepSeek-V4's compressed caches and states in one total beside its
     K) against the plan's for the engine's layout, within 10 %."""
-    planned = stack_kv_bytes(stack)
+    planned = stack.kv_bytes()
     buffers = re.findall(
         r"CPU (?:KV|RS|DSV4 \w+ state) buffer size =\s+([\d.]+) MiB"
         r"|DSV4 cache: .* total=\s*([\d.]+) MiB",

@@ -21,8 +21,8 @@ import yaml
 
 from builder.contract import PROMPTS_DIR
 from builder.errors import StackError
+from builder.features.keep_prompts import PROMPTS_VOLUME
 from builder.running.api import EngineApi
-from builder.stacks.features.keep_prompts import PROMPTS_VOLUME
 from tests.integration.conftest import (
     BuiltImage,
     RunningStack,

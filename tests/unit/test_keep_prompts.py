@@ -19,7 +19,7 @@ from builder.models.gguf_facts import read_facts
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from builder.stacks.assemble import assemble_stack
-from builder.stacks.memory_use import memory_use, stack_kv_bytes
+from builder.stacks.memory_use import memory_use
 from builder.stacks.options import StackOptions
 from tests.hosts import epyc_host
 from tests.specs import compose_dict, readable_file, routed_stacks
@@ -127,7 +127,7 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
     environment = service["environment"]
     assert re.fullmatch(r"[0-9a-f]{16}", environment["MOE_STACK_PROMPTS"])
     assert "MOE_STACK_SLOTS" not in environment  # SGLang keeps pages, not slots
-    kv = stack_kv_bytes(stack)  # the stack's KV pool: 2 × 8192 tokens of the model's layers
+    kv = stack.kv_bytes()  # the stack's KV pool: 2 × 8192 tokens of the model's layers
     assert kv > 0 and int(environment["MOE_STACK_PROMPTS_MAX_MIB"]) == 4 * kv // 2**20
     # SGLang's host pool (2 × the GPU's pool, page-locked) is in the stack's memory, beside the default.
     plain = stack.model_copy(update={"keep_prompts": False})

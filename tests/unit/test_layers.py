@@ -2,11 +2,14 @@
 and TYPE_CHECKING ones included):
 
     cli                     may import anything below it
-    stacks, distribute      making a stack (its steps, features, presets, outputs); distribute may use
-                            stacks (a loaded bundle's stack is rebuilt from its parts), never the reverse
+    stacks, distribute      making a stack (its steps, presets, outputs) and moving one (publish, bundle,
+                            load); neither imports the other: a loaded bundle's stack is rebuilt from
+                            the stack file's parts and the features'
     running, tuning         running an emitted stack (up, smoke, bench, its tools) and tuning it: they
                             read the stack file, never the making (tuning runs, running never tunes)
-    stackfile               the typed stack file, its record and shared service parts, host checks
+    features                a module per stack feature: its checks, bytes and part of the service
+    stackfile               the typed stack file, its record and service parts (the file is made of
+                            them), host checks
     images                  naming, rendering, building: over the adapters
     engines                 the engine adapters
     platform                CPU targets, toolchains, CUDA wheels, flag contracts, pins: under the adapters
@@ -47,6 +50,7 @@ LAYER = {
     "engines": 3,
     "images": 4,
     "stackfile": 5,
+    "features": 6,
     "running": 6,
     "tuning": 7,
     "stacks": 8,
@@ -131,8 +135,10 @@ def test_imports_point_down_or_across_their_own_layer() -> None:
                 wrong.append(f"{module} -> {target}")
             elif LAYER[mine] == 1 and theirs not in ("core", mine):  # leaves
                 wrong.append(f"{module} -> {target} (host and models import only the core)")
-            elif mine == "stacks" and theirs == "distribute":
-                wrong.append(f"{module} -> {target} (distribute uses stacks, not the reverse)")
+            elif {mine, theirs} == {"stacks", "distribute"}:
+                wrong.append(f"{module} -> {target} (stacks and distribute are apart)")
+            elif {mine, theirs} == {"features", "running"}:
+                wrong.append(f"{module} -> {target} (running reads the file, not the features)")
     assert not wrong, "\n".join(sorted(wrong))
 
 
@@ -156,11 +162,14 @@ def test_only_building_running_and_publishing_talk_to_docker() -> None:
         ("builder.host.probe", "builder.images.render"),
         ("builder.engines.base", "builder.images.naming"),
         ("builder.platform.targets", "builder.engines.base"),
+        ("builder.distribute.loaded_stack", "builder.stacks.document"),
+        ("builder.running.smoke", "builder.features.keep_prompts"),
     ],
 )
 def test_the_rule_catches_a_wrong_import(module: str, target: str) -> None:
     """The check itself can fail: a leaf importing upwards, an adapter importing images/, the floor
-    importing an adapter are reported."""
+    importing an adapter, a bundle's rebuild reaching into the making, running reaching a feature are
+    reported."""
     GRAPH[module].add(target)
     try:
         try:

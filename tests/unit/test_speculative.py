@@ -14,6 +14,7 @@ from builder.engines import get_engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SpecError, StackError
+from builder.features.speculative import checked_speculative, draft_vram_bytes
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.gguf_facts import read_facts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
@@ -21,7 +22,6 @@ from builder.models.synth_catalog import TINY
 from builder.models.synth_moe import shape_facts, write_moe_gguf
 from builder.models.synth_shapes import TINY_SHAPES, DeepSeek2Shape, Tensor
 from builder.spec import EngineOptions
-from builder.stacks.features.speculative import checked_speculative, draft_vram_bytes
 
 QWEN = TINY_SHAPES["qwen3moe"]
 from tests.specs import opened

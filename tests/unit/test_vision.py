@@ -15,6 +15,7 @@ import pytest
 from builder.engines import get_engine
 from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SpecError, StackError
+from builder.features.vision import checked_projector, projector_bytes
 from builder.host.probe import probe
 from builder.images.recorded_contracts import recorded_contract
 from builder.models.planner import GIB
@@ -25,7 +26,6 @@ from builder.models.synth_shapes import TINY_SHAPES
 from builder.spec import EngineOptions
 from builder.stacks.assemble import plan_models
 from builder.stacks.document import serves
-from builder.stacks.features.vision import checked_projector, projector_bytes
 from builder.stacks.memory_report import MemoryAsk, memory_report
 from builder.stacks.memory_use import memory_use
 from builder.stacks.options import StackOptions

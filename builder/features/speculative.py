@@ -20,12 +20,12 @@ from builder.engines.base import Engine
 from builder.engines.compute_buffers import gpu_compute
 from builder.engines.specs import StackSpec
 from builder.errors import SpecError
+from builder.features import Feature, Where
 from builder.files import check_beside_model, user_path
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout, kv_cache_bytes
 from builder.models.opened import OpenedModel
 from builder.spec import EngineOptions
-from builder.stacks.features import Feature, Where
 
 # Both engines refuse a draft whose vocabulary size differs from the model's by more (common/speculative.cpp,
 # SPEC_VOCAB_MAX_SIZE_DIFFERENCE, in llama.cpp 0c1e57098 and ik_llama.cpp 007d640).

@@ -11,9 +11,8 @@ from typing import ClassVar
 
 from builder.contract import PROMPTS_DIR, PROMPTS_ENV, PROMPTS_MAX_ENV, PROMPTS_QUIET_ENV, SLOTS_ENV
 from builder.engines.specs import StackSpec
+from builder.features import Feature, Where
 from builder.stackfile.stack_file import Mount, Service, StackFiles
-from builder.stacks.features import Feature, Where
-from builder.stacks.memory_use import MIB, kept_prompts_bytes
 
 PROMPTS_VOLUME = "prompts"
 PROMPTS_MOUNT = Mount(type="volume", source=PROMPTS_VOLUME, target=PROMPTS_DIR)
@@ -58,7 +57,7 @@ def prompts_environment(stack: StackSpec, key: str) -> dict[str, str]:
         if stack.prompts_saved_after_s is not None:
             environment[PROMPTS_QUIET_ENV] = str(stack.prompts_saved_after_s)
     else:
-        environment[PROMPTS_MAX_ENV] = str(max(1, kept_prompts_bytes(stack)[0] // MIB))
+        environment[PROMPTS_MAX_ENV] = str(max(1, kept_prompts_bytes(stack)[0] // 1024**2))
     return environment
 
 
@@ -74,3 +73,12 @@ def prompts_key(stack: StackSpec, image: str, files: StackFiles) -> str:
     if stack.config_dir is not None:
         text += f"|{stack.config_dir.name}|{files.config_weights_bytes}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def kept_prompts_bytes(stack: StackSpec) -> tuple[int, int]:
+    """(disk, host memory) of the stack's kept prompts: its engine's files at most, on the stack's volume,
+    and the page-locked pool it keeps for them beside the weights; (0, 0) without."""
+    store = stack.engine.prompt_store
+    if not stack.keep_prompts or store is None:
+        return 0, 0
+    return store.sizes(stack.kv_bytes())

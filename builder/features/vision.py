@@ -15,11 +15,11 @@ from typing import ClassVar
 from builder.engines.base import Engine
 from builder.engines.specs import StackSpec
 from builder.errors import SpecError
+from builder.features import Feature, Where
 from builder.files import check_beside_model, user_path
 from builder.models.opened import OpenedModel
 from builder.models.projector import read_projector
 from builder.spec import EngineOptions, NeutralOptions
-from builder.stacks.features import Feature, Where
 
 
 class Vision(Feature):

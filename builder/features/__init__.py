@@ -5,7 +5,7 @@ Kubernetes manifest, a router of several models). Engine flags stay in the adapt
 
 compose asks the features in FEATURES' order (features/all.py): `refuse` where one can't go,
 `service_part` for the engine's service, `services` for the file; the volumes follow from the services'
-mounts (document.stack_document).
+mounts (service_parts.stack_document).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from typing import ClassVar
 
 from builder.contract import HUGETLBFS_DIR, HUGETLBFS_ENV, IMAGE_UID
 from builder.engines.specs import StackSpec
+from builder.features import Feature, Where
 from builder.stackfile.stack_file import Mount, Service, StackFiles, Volume
-from builder.stacks.features import Feature, Where
 
 HUGETLBFS_VOLUME = "hugepages"
 HUGETLBFS_MOUNT = Mount(type="volume", source=HUGETLBFS_VOLUME, target=HUGETLBFS_DIR)
@@ -38,14 +38,15 @@ def staging_environment(stack: StackSpec) -> dict[str, str]:
     return {HUGETLBFS_ENV: HUGETLBFS_DIR} if stack.hugetlbfs != "off" else {}
 
 
-def hugetlbfs_volume(page_size: str) -> Volume:
-    """A hugetlbfs mount the engine's user owns; Docker mounts it at the first start and unmounts it
-    (its pages back to the pool) when the last container using it stops."""
-    return Volume(
-        driver="local",
-        driver_opts={
-            "type": "hugetlbfs",
-            "device": "hugetlbfs",
-            "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700",
-        },
-    )
+def hugetlbfs_volume(page_size: str | None) -> dict[str, Volume]:
+    """The hugetlbfs volume of `page_size` pages, by name ({}: none): a mount the engine's user owns; Docker
+    mounts it at the first start and unmounts it (its pages back to the pool) when the last container using
+    it stops."""
+    if page_size is None:
+        return {}
+    options = {
+        "type": "hugetlbfs",
+        "device": "hugetlbfs",
+        "o": f"pagesize={page_size},uid={IMAGE_UID},gid={IMAGE_UID},mode=0700",
+    }
+    return {HUGETLBFS_VOLUME: Volume(driver="local", driver_opts=options)}

@@ -20,10 +20,10 @@ from builder.contract import (
 )
 from builder.engines.specs import StackSpec
 from builder.errors import StackError
+from builder.features import Feature, Where
 from builder.platform.toolchain import CPU_BASE_SUITE
 from builder.stackfile.service_parts import HARDENED, LOGGING, published
 from builder.stackfile.stack_file import Healthcheck, Mount, Service
-from builder.stacks.features import Feature, Where
 
 MONITORING_SERVICE, MONITORING_VOLUME = "prometheus", "prometheus-data"
 MONITORING_MOUNT = Mount(type="volume", source=MONITORING_VOLUME, target=PROMETHEUS_DATA)
