@@ -3,9 +3,9 @@ checks against the model, what it adds to the GPU's and the host's memory, its p
 (mounts, environment, stop grace), the volumes and services it adds to the file, and where it can't go (a
 Kubernetes manifest, a router of several models). Engine flags stay in the adapters: a feature writes none.
 
-compose asks the features in FEATURES' order (features/all.py): `refuse` where one can't go,
-`service_part` for the engine's service, `services` for the file; the volumes follow from the services'
-mounts (service_parts.stack_document).
+compose asks the features in FEATURES' order (features/all.py): `refuse` where one can't go, `host_bytes`
+for the host's memory (memory_use), `service_part` for the engine's service, `services` for the file; the
+volumes follow from the services' mounts (service_parts.stack_document).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ class Feature:
 
     def asked(self, stack: StackSpec) -> bool:
         raise NotImplementedError
+
+    def host_bytes(self, stack: StackSpec) -> int:
+        """Ordinary host memory it takes beside the engine's own (weights, caches, buffers)."""
+        return 0
 
     def service_part(self, stack: StackSpec, service: Service, image: str, files: StackFiles) -> Service:
         """The engine's service with this feature's part (`image`: the one it runs, digest and all; `files`:

@@ -31,6 +31,10 @@ class KeepPrompts(Feature):
     def asked(self, stack: StackSpec) -> bool:
         return stack.keep_prompts
 
+    def host_bytes(self, stack: StackSpec) -> int:
+        """The page-locked pool its engine keeps for the kept prompts (KTransformers' host cache)."""
+        return kept_prompts_bytes(stack)[1]
+
     def service_part(self, stack: StackSpec, service: Service, image: str, files: StackFiles) -> Service:
         if not self.asked(stack):
             return service

@@ -30,6 +30,10 @@ class Vision(Feature):
     def asked(self, stack: StackSpec) -> bool:
         return stack.mmproj is not None
 
+    def host_bytes(self, stack: StackSpec) -> int:
+        """A CPU-only stack's projector (a GPU stack's is on the GPU)."""
+        return projector_bytes(stack) if stack.gpu == "none" else 0
+
 
 def checked_projector(options: EngineOptions, model: OpenedModel, adapter: Engine) -> EngineOptions:
     """`options` with the projector's path resolved, once it fits `model`: one line naming the problem

@@ -1,7 +1,7 @@
 """What a stack takes of its host's memory, summed once: the model's files (page cache, or the engine's
-own or pinned memory, or hugepages where the stack stages it there), a CPU-only stack's KV cache and
-vision projector, the engine's host prompt cache and its own CPU buffers. The Kubernetes requests are
-made from it."""
+own or pinned memory, or hugepages where the stack stages it there), a CPU-only stack's KV cache, the
+engine's host prompt cache and its own CPU buffers, and what its features take (Feature.host_bytes: a
+CPU-only stack's vision projector, the pool of kept prompts). The Kubernetes requests are made from it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from builder.engines import Engine
 from builder.engines.specs import StackSpec
-from builder.features.keep_prompts import kept_prompts_bytes
-from builder.features.vision import projector_bytes
+from builder.features.all import FEATURES
 from builder.models.planner import GIB
 
 MIB = 1024**2
@@ -24,16 +23,15 @@ class MemoryUse:
     model_bytes: int  # the model's files
     on_hugepages: bool  # staged onto hugetlbfs, or read from reserved hugepages: not counted as memory
     kv_bytes: int  # the KV cache a CPU-only stack keeps in RAM (a GPU stack's is on the GPU)
-    # the engine's host prompt cache (--cache-ram, or the engine's default; and the pool of kept prompts)
-    prompt_cache_bytes: int
+    prompt_cache_bytes: int  # the engine's host prompt cache (--cache-ram, or the engine's default)
     buffers_bytes: int = BUFFERS_BYTES
-    projector_bytes: int = 0  # a CPU-only stack's vision projector (a GPU stack's is on the GPU)
+    features_bytes: int = 0  # what the stack's features take (Feature.host_bytes)
 
     @property
     def memory_bytes(self) -> int:
         """Ordinary memory: everything but the hugepages."""
         model = 0 if self.on_hugepages else self.model_bytes
-        return model + self.kv_bytes + self.prompt_cache_bytes + self.buffers_bytes + self.projector_bytes
+        return model + self.kv_bytes + self.prompt_cache_bytes + self.buffers_bytes + self.features_bytes
 
     @property
     def hugepage_bytes(self) -> int:
@@ -61,6 +59,6 @@ def memory_use(stack: StackSpec) -> MemoryUse:
         model_bytes=stack.model.size,
         on_hugepages=stack.hugetlbfs != "off" or stack.hugepages,
         kv_bytes=stack.kv_bytes() if stack.gpu == "none" else 0,
-        prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram) + kept_prompts_bytes(stack)[1],
-        projector_bytes=projector_bytes(stack) if stack.gpu == "none" else 0,
+        prompt_cache_bytes=prompt_cache_bytes(adapter, stack.cache_ram),
+        features_bytes=sum(feature.host_bytes(stack) for feature in FEATURES),
     )

@@ -131,7 +131,8 @@ def test_ktransformers_keeps_its_prompts_in_sglangs_files_under_the_models_key(t
     assert kv > 0 and int(environment["MOE_STACK_PROMPTS_MAX_MIB"]) == 4 * kv // 2**20
     # SGLang's host pool (2 × the GPU's pool, page-locked) is in the stack's memory, beside the default.
     plain = stack.model_copy(update={"keep_prompts": False})
-    assert memory_use(stack).prompt_cache_bytes - memory_use(plain).prompt_cache_bytes == 2 * kv
+    assert memory_use(stack).features_bytes - memory_use(plain).features_bytes == 2 * kv
+    assert memory_use(stack).memory_bytes - memory_use(plain).memory_bytes == 2 * kv
     assert "--enable-hierarchical-cache" not in compose_dict(plain, "x")["services"]["engine"]["command"]
     # A bundle of it loads with its bound.
     choices = LoadChoices(

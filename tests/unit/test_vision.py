@@ -148,7 +148,7 @@ def test_the_plan_and_a_cpu_stacks_memory_count_it(ggufs: dict[str, Path]) -> No
     assert with_it.plan.gpu_bytes - without.plan.gpu_bytes == counted
     assert any(row[0].startswith("vision projector mmproj-m.gguf") for row in with_it.gpu_rows())
     cpu, gpu = _stack("llama.cpp", ggufs), _stack("llama.cpp", ggufs, gpu="nvidia")
-    assert memory_use(cpu).projector_bytes == counted and memory_use(gpu).projector_bytes == 0
+    assert memory_use(cpu).features_bytes == counted and memory_use(gpu).features_bytes == 0
     assert (
         memory_use(cpu).memory_bytes - memory_use(cpu.model_copy(update={"mmproj": None})).memory_bytes
         == counted
