@@ -15,6 +15,7 @@ from typing import TextIO, TypedDict
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
+from builder.container_start import RUNTIME_LOST_INIT
 from builder.contract import HELP_FILE, LABEL_PREFIX, local_only
 from builder.engines.specs import ImageSpec
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
@@ -195,8 +196,9 @@ def local_bases(dockerfile: str) -> list[str]:
 def stream_build(
     client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]
 ) -> None:
-    """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail. A
-    base made on this host must be here: buildx would pull a missing one by its name from Docker Hub."""
+    """Run one buildx call, each log line shown and kept; a failure is BuildFailed with the tail, a step
+    the runtime lost built once more. A base made on this host must be here: buildx would pull a missing
+    one by its name from Docker Hub."""
     for base in local_bases((plan.context / "Dockerfile").read_text()):
         if not client.image.exists(base):
             raise BuildFailed(
@@ -204,6 +206,25 @@ def stream_build(
                 f"`moe-stack base{' --cuda VERSION' if 'cuda' in base else ''}` (a build would pull "
                 "that name from Docker Hub, where it is not moe-stack's)"
             )
+    try:
+        _buildx(client, plan, log, log_path, show)
+    except BuildFailed as failed:
+        if RUNTIME_LOST_INIT not in failed.tail:
+            raise
+        # BuildKit runs each step in a container of the same runtime (builder/container_start.py): a step
+        # whose init was lost ran nothing, and the steps before it are cached.
+        image = plan.tags[0] if plan.tags else "the image"
+        show(
+            f"Docker could not start a build step of {image} (its runtime lost the container's init); "
+            "building it again"
+        )
+        _buildx(client, plan, log, log_path, show)
+
+
+def _buildx(
+    client: DockerClient, plan: BuildPlan, log: TextIO, log_path: Path, show: Callable[[str], None]
+) -> None:
+    """One buildx call, each log line shown and kept; BuildFailed with the tail when it fails."""
     tail: deque[str] = deque(maxlen=25)
     try:
         lines = client.buildx.build(**plan.kwargs(), progress="plain", stream_logs=True)

@@ -28,7 +28,9 @@ class FlakyDocker:
         return len(self.starts.read_text().splitlines()) if self.starts.exists() else 0
 
 
-def flaky_docker(directory: Path, lose_first: bool) -> FlakyDocker:
+def flaky_docker(directory: Path, lose_first: bool, builds: bool = False) -> FlakyDocker:
+    """The stand-in in `directory`; with `builds`, a `buildx build` counts as a start too (BuildKit starts
+    a container per step through the same runtime) and fails the way buildx reports a lost step."""
     real = shutil.which("docker")
     assert real is not None
     bin_dir = directory / "bin"
@@ -44,7 +46,8 @@ def flaky_docker(directory: Path, lose_first: bool) -> FlakyDocker:
         "  run|exec) starts=yes ;;\n"
         '  container) case "$2" in run|exec|start) starts=yes ;; esac ;;\n'
         '  compose) for word in "$@"; do case "$word" in up|run) starts=yes ;; esac; done ;;\n'
-        "esac\n"
+        + ('  buildx) [ "$2" = build ] && starts=yes ;;\n' if builds else "")
+        + "esac\n"
         f'if [ "$starts" = yes ]; then echo "$1" >>{flaky.starts}; fi\n'
         f'if [ "$starts" = yes ] && [ ! -e {flaky.lost} ]; then\n'
         f"  : >{flaky.lost}\n"

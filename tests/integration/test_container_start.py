@@ -120,3 +120,31 @@ def test_a_stack_comes_up_smokes_and_benches_through_lost_starts(
     )  # fmt: skip
     assert bench.returncode == 0 and bench_docker.lost.exists(), bench.stderr
     assert RETRIED in _said(bench.stdout, bench.stderr)
+
+
+def test_a_build_step_the_runtime_lost_is_built_again(base_image: str, tmp_path: Path) -> None:
+    """BuildKit starts each build step's container through the same runtime: a build that lost one is run
+    once more (its steps before it cached) and said; the build's own failure after it is reported as ever,
+    not retried (a tree whose configure step fails)."""
+    tree = tmp_path / "llama.cpp"
+    for rel in ("ggml", "tools/server"):
+        (tree / rel).mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n"
+        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n'
+    )
+    docker = flaky_docker(tmp_path / "docker", lose_first=True, builds=True)
+    args = ["--source", str(tree), "--ref", "lost-step", "--base-image", base_image]
+    result = run_cli(
+        "build",
+        *args,
+        "--namespace",
+        "moe-stack-test",
+        "--log",
+        str(tmp_path / "build.log"),
+        env={"PATH": docker.path},
+    )
+    assert docker.lost.exists() and docker.started() == 2, docker.starts.read_text()
+    said = _said(result.stdout, result.stderr)
+    assert "lost the container's init); building it again" in said, said[-2000:]
+    assert result.returncode == 1 and "deliberate configure failure" in result.stderr, said[-2000:]
