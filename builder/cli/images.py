@@ -3,36 +3,28 @@ and the base images they build on."""
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import Annotated, Any
 
 import typer
 
-from builder.cli.common import (
-    out,
-    raw_stderr,
-)
-from builder.cli.options import declared, takes_options
-from builder.cli.progress import ProgressMode, build_display
+from builder.cli.common import out, raw_stderr
+from builder.cli.options import declared, group_values, takes_options
+from builder.cli.progress import build_display
 from builder.distribute.registry import checked_push
 from builder.engines import Engine, adapters
 from builder.engines.specs import ImageSpec
-from builder.errors import (
-    SpecError,
-)
+from builder.errors import SpecError
 from builder.files import cache_dir, user_path
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base
 from builder.images.build import build_context, build_image, build_plan
 from builder.images.build_plan import Publishing
 from builder.images.cuda_base import CHECK_ARCH, make_cuda_base
-from builder.images.matrix import (
-    cuda_target,
-)
-from builder.images.mirror import SOURCES_ENV, digest_of, mirror_dir, mirror_tree, write_tree
-from builder.images.naming import build_name, image_spec, variant_tag
+from builder.images.mirror import digest_of, mirror_dir, mirror_tree, write_tree
+from builder.images.naming import build_name, variant_tag
+from builder.images.options import BuildOptions, ImageChoice, ImageTarget
 from builder.images.prometheus import make_prometheus
 from builder.images.render import configure_args
 from builder.images.render import render as render_context
@@ -40,224 +32,39 @@ from builder.images.source import resolve_local
 from builder.platform.debian_cuda import DebianCuda
 from builder.platform.local_cuda import any_local_cuda, origin_of
 from builder.platform.pins import pinned_ref
-from builder.spec import BaseImages, CudaTarget
-from builder.stacks.options import int_list
-
-CpuOpt = Annotated[str, typer.Option("--cpu", help="CPU target (ISA), e.g. avx2")]
-RefOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--ref", help="engine git ref (default: the pinned one); with --source, the label for the image tag"
-    ),
-]
-SourceOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--source",
-        help="local engine tree, tarball, sdist, or pypi:NAME==VERSION (default: git clone of --ref)",
-    ),
-]
-ProgressOpt = Annotated[
-    str,
-    typer.Option(
-        "--progress",
-        help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
-    ),
-]
-CudaOpt = Annotated[
-    str | None, typer.Option("--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
-]
-ArchsOpt = Annotated[
-    str | None, typer.Option("--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
-]
-BaseOpt = Annotated[str | None, typer.Option("--base-image", help="base image for both stages")]
-BuildBaseOpt = Annotated[str | None, typer.Option("--build-base", help="base image of the build stage")]
-RuntimeBaseOpt = Annotated[str | None, typer.Option("--runtime-base", help="base image of the runtime stage")]
-CudaBaseOpt = Annotated[
-    str,
-    typer.Option(
-        "--cuda-base",
-        help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made "
-        "from NVIDIA's PyPI wheels by `moe-stack base --cuda 13.0`) or debian (moe-stack/cuda:12.4-*, "
-        "from Debian's non-free archive by `moe-stack base --cuda 12.4`)",
-    ),
-]
 
 
-def _progress(mode: str) -> ProgressMode:
-    if mode not in ("auto", "plain", "tty"):
-        raise SpecError(f"--progress {mode!r}: choose auto (live in a terminal), plain or tty")
-    return cast(ProgressMode, mode)
-
-
-def _cuda(version: str | None, archs: str | None) -> CudaTarget:
-    if archs and version is None:
-        raise SpecError("--cuda-archs needs --cuda VERSION")
-    return cuda_target(version, int_list(archs, "--cuda-archs"))
-
-
-def _bases(
-    base_image: str | None, build_base: str | None, runtime_base: str | None, cuda_base: str = "nvidia"
-) -> BaseImages:
-    if cuda_base not in ("nvidia", "pypi", "debian"):
-        raise SpecError(
-            f"--cuda-base {cuda_base!r}: choose nvidia (NVIDIA's images), pypi or debian (made by "
-            "moe-stack base --cuda)"
-        )
-    return BaseImages(
-        build=build_base or base_image,
-        runtime=runtime_base or base_image,
-        cuda=cast(Literal["nvidia", "pypi", "debian"], cuda_base),
-    )
-
-
-BuildSourceOpt = SourceOpt
-BuildSourcesOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--sources",
-        help=f"a source mirror (`moe-stack sources`): the engine's tree at --ref from it, checked file by "
-        f"file against its manifest, nothing fetched (default: ${SOURCES_ENV})",
-    ),
-]
-BuildRegistryOpt = Annotated[str, typer.Option("--registry", help="registry part of the image tag")]
-BuildNamespaceOpt = Annotated[str, typer.Option("--namespace", help="namespace part of the image tag")]
-BuildDryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the build command, run nothing")]
-BuildLogOpt = Annotated[Path | None, typer.Option("--log", help="where to keep the full build log")]
-BuildPushOpt = Annotated[
-    bool,
-    typer.Option(
-        "--push",
-        help="push to the registry (tag + moving alias, SBOM, provenance) instead of loading; needs a "
-        "buildx builder that can export attestations (docker-container)",
-    ),
-]
-BuildRegistryCacheOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--registry-cache",
-        help="with --push: read and write the build cache (every stage, mode=max) at REPO:<variant>, "
-        "e.g. ghcr.io/OWNER/moe-stack-cache",
-    ),
-]
-BuildAttestOpt = Annotated[
-    bool,
-    typer.Option(
-        "--attest/--no-attest",
-        help="with --push: SBOM and provenance attestations (a docker-container builder; the docker "
-        "driver has none: --no-attest)",
-    ),
-]
-BuildMetadataFileOpt = Annotated[
-    Path | None,
-    typer.Option("--metadata-file", help="with --push: write buildx's metadata (the pushed digest) here"),
-]
-BuildChannelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--channel",
-        help="with --push: the moving alias is CHANNEL-<cpu|cudaX.Y>-<isa> (edge: the nightly images of "
-        "upstream heads)",
-    ),
-]
-BuildToolsOpt = Annotated[
-    bool,
-    typer.Option(
-        "--tools",
-        help="the tools image: the server plus llama-bench, sweep-bench (ik_llama.cpp), quantize, "
-        "gguf-split, perplexity, imatrix and gguf-py, from the same build",
-    ),
-]
-BuildCcacheDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--ccache-dir",
-        help="carry the compile cache through DIR (one only you can write: its objects are linked into "
-        "the image): its ccache objects seed the build's ccache before the build, DIR holds them after "
-        "(a CI runner's builder starts empty; llama.cpp engines)",
-    ),
-]
-
-
-@takes_options()
+@takes_options(ImageChoice)
 def render(
     engine: Engine = declared(),
-    cpu: CpuOpt = "avx2",
-    cuda: CudaOpt = None,
-    cuda_archs: ArchsOpt = None,
-    ref: RefOpt = None,
     out_dir: Annotated[
         Path, typer.Option("--out", "-o", help="directory to write the build context to")
     ] = Path("build"),
-    base_image: BaseOpt = None,
-    build_base: BuildBaseOpt = None,
-    runtime_base: RuntimeBaseOpt = None,
-    cuda_base: CudaBaseOpt = "nvidia",
+    **given: Any,
 ) -> None:
     """Write the Dockerfile and build context for one image (never touches Docker)."""
-    spec = image_spec(
-        engine,
-        cpu,
-        ref=ref,
-        base=_bases(base_image, build_base, runtime_base, cuda_base),
-        cuda=_cuda(cuda, cuda_archs),
-    )
+    spec = ImageChoice.model_validate(group_values(ImageChoice, given)).spec(engine)
     path = render_context(spec, out_dir)
     out.print(f"rendered {spec.engine} {variant_tag(spec)} → {path / 'Dockerfile'}")
 
 
-@takes_options()
-def build(
-    engine: Engine = declared(),
-    cpu: CpuOpt = "avx2",
-    cuda: CudaOpt = None,
-    cuda_archs: ArchsOpt = None,
-    ref: RefOpt = None,
-    source: BuildSourceOpt = None,
-    base_image: BaseOpt = None,
-    build_base: BuildBaseOpt = None,
-    runtime_base: RuntimeBaseOpt = None,
-    cuda_base: CudaBaseOpt = "nvidia",
-    registry: BuildRegistryOpt = "ghcr.io",
-    namespace: BuildNamespaceOpt = "moe-stack",
-    dry_run: BuildDryRunOpt = False,
-    log: BuildLogOpt = None,
-    push: BuildPushOpt = False,
-    registry_cache: BuildRegistryCacheOpt = None,
-    attest: BuildAttestOpt = True,
-    metadata_file: BuildMetadataFileOpt = None,
-    progress: ProgressOpt = "auto",
-    channel: BuildChannelOpt = None,
-    tools: BuildToolsOpt = False,
-    ccache_dir: BuildCcacheDirOpt = None,
-    sources: BuildSourcesOpt = None,
-) -> None:
+@takes_options(ImageChoice, BuildOptions)
+def build(engine: Engine = declared(), **given: Any) -> None:
     """Render and build one image with buildx (the tag says engine, ref, CUDA and CPU target)."""
-    asked = Publishing(registry_cache, metadata_file, channel, attest)
-    _check_publishing(asked, push)
-    display = _progress(progress)
-    tree, ref = _tree(engine, ref, source, sources)
-    spec = image_spec(
-        engine,
-        cpu,
-        tree,
-        ref,
-        _bases(base_image, build_base, runtime_base, cuda_base),
-        registry,
-        namespace,
-        _cuda(cuda, cuda_archs),
-        tools,
-    )
-    publishing = _publishing(asked, spec, dry_run) if push else None
-    if dry_run:
+    image = ImageChoice.model_validate(group_values(ImageChoice, given))
+    how = BuildOptions.model_validate(group_values(BuildOptions, given))
+    tree, ref = _tree(engine, image.ref, how.source, how.sources)
+    spec = image.spec(engine, tree, ref, how.registry, how.namespace, how.tools)
+    publishing = _publishing(how.publishing, spec, how.dry_run) if how.push else None
+    if how.dry_run:
         context = build_context(spec)
         for line in build_plan(spec, context, tree, publishing).command_lines(cache_dir() / "contract"):
             out.print(line, highlight=False, soft_wrap=True)
         return
-    log_path = log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
-    with build_display(display) as show:
+    log_path = how.log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
+    with build_display(how.display) as show:
         tag = build_image(
-            spec, tree, show=show, log_path=log_path, publishing=publishing, ccache_dir=ccache_dir
+            spec, tree, show=show, log_path=log_path, publishing=publishing, ccache_dir=how.ccache_dir
         )
     if publishing is not None and publishing.metadata_file is not None:
         # Each tag as the registry serves it, the form `moe-stack publish` prints (CI signs these).
@@ -272,8 +79,6 @@ def _tree(
 ) -> tuple[Path | None, str | None]:
     """The local tree a build uses and its ref: --source's, a source mirror's (--sources, else
     MOE_STACK_SOURCES, for an engine a mirror holds), or none (a clone of --ref, or the engine's wheels)."""
-    if source is not None and sources is not None:
-        raise SpecError("--source and --sources both name the engine's tree: give one")
     if source is not None:
         return resolve_local(engine, source), ref
     mirror = mirror_dir(sources)
@@ -285,19 +90,6 @@ def _tree(
         raise SpecError(f"{engine.name} installs wheels, which a source mirror doesn't hold: give --source")
     pinned = ref or pinned_ref(engine.name)
     return mirror_tree(engine, pinned, mirror), pinned
-
-
-def _check_publishing(asked: Publishing, push: bool) -> None:
-    """--push's own options only with --push, and a channel that can prefix a tag."""
-    if (asked.cache_repo or asked.metadata_file or asked.channel or not asked.attest) and not push:
-        raise SpecError(
-            "--registry-cache, --metadata-file, --channel and --no-attest go with --push "
-            "(CI's image workflows)"
-        )
-    if asked.channel is not None and not re.fullmatch(r"[a-z][a-z0-9]*", asked.channel):
-        raise SpecError(
-            f"--channel {asked.channel!r}: a lowercase word such as edge (it prefixes the alias tag)"
-        )
 
 
 def _publishing(asked: Publishing, spec: ImageSpec, dry_run: bool) -> Publishing:
@@ -345,20 +137,17 @@ def _pair(given: str, option: str, form: str) -> tuple[str, str]:
     return key, value
 
 
-@takes_options()
+@takes_options(ImageTarget)
 def cmake_args(
     engine: Engine = declared(),
-    cpu: CpuOpt = "avx2",
-    cuda: CudaOpt = None,
-    cuda_archs: ArchsOpt = None,
-    cuda_base: CudaBaseOpt = "nvidia",
     ccache: Annotated[
         bool, typer.Option("--ccache/--no-ccache", help="keep the ccache compiler launchers")
     ] = True,
+    **given: Any,
 ) -> None:
     """Print the cmake configure arguments an image build uses, one per line, for a native build
     with the same flags (bare-metal comparisons, hosts without Docker)."""
-    spec = image_spec(engine, cpu, cuda=_cuda(cuda, cuda_archs), base=_bases(None, None, None, cuda_base))
+    spec = ImageTarget.model_validate(group_values(ImageTarget, given)).spec(engine)
     for arg in configure_args(spec):
         if ccache or "_COMPILER_LAUNCHER=" not in arg:
             sys.stdout.write(arg + "\n")

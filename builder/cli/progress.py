@@ -10,14 +10,13 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from builder.cli.common import raw_stderr
+from builder.images.options import ProgressMode
 
-ProgressMode = Literal["auto", "plain", "tty"]
 # `#12 [build 3/7] RUN cmake --build ...` (a stage's step) or `#5 [internal] load metadata ...`
 _STEP = re.compile(r"^#\d+ \[(?P<stage>[\w.-]+)(?: (?P<n>\d+)/(?P<m>\d+))?\] (?P<what>.+)$")
 

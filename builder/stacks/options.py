@@ -6,52 +6,24 @@ verbs a few by name (cli/options.py makes the typer options)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from builder.engines import EngineField, engine_names
 from builder.errors import SpecError
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
-from builder.request import ContainerOptions, ServedOptions
+from builder.request import (
+    ContainerOptions,
+    Numbers,
+    Repeated,
+    ServedOptions,
+    Sizes,
+    argument,
+    sizes,
+)
 from builder.spec import EngineOptions, option
-
-
-def argument(default: Any, *, help: str) -> Any:
-    """A positional command-line argument's one declaration."""
-    return Field(default=default, description=help, json_schema_extra={"argument": True})
-
-
-def numbers(text: str) -> tuple[int, ...]:
-    """`0,1` as the numbers (ValueError, naming the text, if they are not)."""
-    try:
-        return tuple(int(part) for part in text.split(",")) if text else ()
-    except ValueError:
-        raise ValueError(f"{text!r} must be numbers separated by commas, e.g. 0,1") from None
-
-
-def sizes(text: str) -> tuple[float, ...]:
-    """`24,24` as sizes in GiB (ValueError, naming the text, if they are not)."""
-    try:
-        values = tuple(float(part) for part in text.split(",")) if text else ()
-    except ValueError:
-        raise ValueError(f"{text!r} must be numbers separated by commas, e.g. 24 or 24,24") from None
-    if any(not 0 < value < 1e6 for value in values):
-        raise ValueError(f"{text!r}: each value must be a positive size in GiB")
-    return values
-
-
-def _text_as(parse: Callable[[str], tuple[Any, ...]]) -> BeforeValidator:
-    """A tuple the command line gives as text (`0,1`), parsed; none given is empty."""
-    return BeforeValidator(lambda value: parse(value) if isinstance(value, str) else value or ())
-
-
-# Lists the command line gives as comma-separated text, and those it gives by repeating an option.
-Numbers = Annotated[tuple[int, ...], _text_as(numbers)]
-Sizes = Annotated[tuple[float, ...], _text_as(sizes)]
-Repeated = Annotated[tuple[str, ...], BeforeValidator(lambda value: value or ())]
 
 
 class AskedOptions(BaseModel):
@@ -215,14 +187,6 @@ class StackFileOptions(BaseModel):
     profile: str | None = option(
         None, "--profile", help="gpu or cpu, for a file emitted with --cpu-image (default: gpu)"
     )
-
-
-def int_list(text: str | None, flag: str) -> tuple[int, ...]:
-    """`0,1` as the numbers; `flag` names the option in the error."""
-    try:
-        return numbers(text or "")
-    except ValueError as err:
-        raise SpecError(f"{flag} {err}") from None
 
 
 def float_list(text: str | None, flag: str) -> tuple[float, ...]:
