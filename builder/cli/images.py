@@ -62,7 +62,7 @@ def build(engine: Engine = declared(), **given: Any) -> None:
             out.print(line, highlight=False, soft_wrap=True)
         return
     log_path = how.log or cache_dir() / "logs" / f"build-{build_name(spec)}.log"
-    with build_display(how.display) as show:
+    with build_display(how.progress) as show:
         tag = build_image(
             spec, tree, show=show, log_path=log_path, publishing=publishing, ccache_dir=how.ccache_dir
         )

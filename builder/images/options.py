@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -34,7 +34,7 @@ class ImageTarget(_Group):
     cpu: str = option("avx2", "--cpu", help="CPU target (ISA), e.g. avx2")
     cuda: str | None = option(None, "--cuda", help="CUDA version, e.g. 12.8 (default: CPU-only image)")
     cuda_archs: Numbers = option((), "--cuda-archs", help="GPU archs, e.g. 89,120 (default: the release's)")
-    cuda_base: str = option(
+    cuda_base: CudaBase = option(
         "nvidia",
         "--cuda-base",
         help="CUDA images' toolkit: nvidia (pull nvidia/cuda), pypi (moe-stack/cuda:13.0-*, made from "
@@ -42,7 +42,7 @@ class ImageTarget(_Group):
         "Debian's non-free archive by `moe-stack base --cuda 12.4`)",
     )
 
-    @field_validator("cuda_base")
+    @field_validator("cuda_base", mode="before")
     @classmethod
     def _known_toolkit(cls, given: str) -> str:
         if given not in ("nvidia", "pypi", "debian"):
@@ -61,7 +61,7 @@ class ImageTarget(_Group):
     @property
     def bases(self) -> BaseImages:
         """The stages' bases: the target's defaults, with this CUDA toolkit."""
-        return BaseImages(cuda=cast(CudaBase, self.cuda_base))
+        return BaseImages(cuda=self.cuda_base)
 
     def spec(self, engine: Engine) -> ImageSpec:
         """The image of `engine` for this target, from its default source and bases."""
@@ -86,7 +86,7 @@ class ImageChoice(ImageTarget):
         return BaseImages(
             build=self.build_base or self.base_image,
             runtime=self.runtime_base or self.base_image,
-            cuda=cast(CudaBase, self.cuda_base),
+            cuda=self.cuda_base,
         )
 
     def spec(
@@ -136,7 +136,7 @@ class BuildOptions(_Group):
     )
     dry_run: bool = option(False, "--dry-run", help="print the build command, run nothing")
     log: Path | None = option(None, "--log", help="where to keep the full build log")
-    progress: str = option(
+    progress: ProgressMode = option(
         "auto",
         "--progress",
         help="auto (one live line in a terminal, BuildKit's plain lines otherwise), plain or tty",
@@ -176,7 +176,7 @@ class BuildOptions(_Group):
         "upstream heads)",
     )
 
-    @field_validator("progress")
+    @field_validator("progress", mode="before")
     @classmethod
     def _known_display(cls, given: str) -> str:
         if given not in ("auto", "plain", "tty"):
@@ -199,10 +199,6 @@ class BuildOptions(_Group):
         if self.source is not None and self.sources is not None:
             raise SpecError("--source and --sources both name the engine's tree: give one")
         return self
-
-    @property
-    def display(self) -> ProgressMode:
-        return cast(ProgressMode, self.progress)
 
     @property
     def publishing(self) -> Publishing:
