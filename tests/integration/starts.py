@@ -5,6 +5,7 @@ that as the image's failure fails CI on a hiccup (stop 66's CI lost test_keep_pr
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from typing import Any
 
@@ -35,4 +36,4 @@ def docker_run(args: list[str], timeout: int) -> subprocess.CompletedProcess[str
             raise subprocess.CalledProcessError(result.returncode, result.args, result.stdout, result.stderr)
         return result
 
-    return start_container(run, f"a container of {args[-1]}")
+    return start_container(run, f"`docker run {shlex.join(args)}`")
