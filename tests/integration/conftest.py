@@ -196,6 +196,17 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 free_port = free_local_port
 
 
+def broken_tree(tree: Path) -> Path:
+    """A llama.cpp-shaped tree whose configure step fails on purpose ("deliberate configure failure")."""
+    for rel in ("ggml", "tools/server"):
+        (tree / rel).mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n"
+        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n'
+    )
+    return tree
+
+
 def image_with_program(
     docker_client: DockerClient, base: str, directory: Path, program: str, script: str, tag: str
 ) -> str:

@@ -8,18 +8,13 @@ import pytest
 from python_on_whales import DockerClient
 
 from tests.cli import run_cli
+from tests.integration.conftest import broken_tree
 
 pytestmark = pytest.mark.integration
 
 
 def test_build_failure_is_reported(docker_client: DockerClient, base_image: str, tmp_path: Path) -> None:
-    tree = tmp_path / "llama.cpp"
-    for rel in ("ggml", "tools/server"):
-        (tree / rel).mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n"
-        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n'
-    )
+    tree = broken_tree(tmp_path / "llama.cpp")
     log = tmp_path / "build.log"
     result = run_cli(
         "build",

@@ -17,7 +17,7 @@ from builder.contract import IMAGE_UID
 from builder.images.chat_page import SandboxRun, run_sandboxed, sandbox_user
 from builder.models.model_files import DEMO_CHAT_TEMPLATE
 from tests.cli import run_cli
-from tests.integration.conftest import build_engine_image, emit_stack, image_with_program
+from tests.integration.conftest import broken_tree, build_engine_image, emit_stack, image_with_program
 from tests.integration.flaky_docker import flaky_docker
 
 pytestmark = pytest.mark.integration
@@ -126,13 +126,7 @@ def test_a_build_step_the_runtime_lost_is_built_again(base_image: str, tmp_path:
     """BuildKit starts each build step's container through the same runtime: a build that lost one is run
     once more (its steps before it cached) and said; the build's own failure after it is reported as ever,
     not retried (a tree whose configure step fails)."""
-    tree = tmp_path / "llama.cpp"
-    for rel in ("ggml", "tools/server"):
-        (tree / rel).mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.14)\nproject(broken C)\n"
-        'message(FATAL_ERROR "moe-stack-test: deliberate configure failure")\n'
-    )
+    tree = broken_tree(tmp_path / "llama.cpp")
     docker = flaky_docker(tmp_path / "docker", lose_first=True, builds=True)
     args = ["--source", str(tree), "--ref", "lost-step", "--base-image", base_image]
     result = run_cli(
