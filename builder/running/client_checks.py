@@ -14,32 +14,78 @@ from dataclasses import dataclass
 
 import anthropic
 import openai
-from anthropic.types import ImageBlockParam, TextBlockParam, ToolParam
-from openai.types.chat import ChatCompletionContentPartParam, ChatCompletionFunctionToolParam
+from anthropic.types import ImageBlockParam, MessageParam, TextBlockParam, ToolParam
+from openai.types.chat import (
+    ChatCompletionContentPartParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
 
 from builder.engines.base import API_ROUTES, ClientApi, Engine
 from builder.running.api import EngineApi
 
 TOOL_NAME = "get_weather"
 _TOOL_DESCRIPTION = "The weather in a city now"
-# A closed choice: a model that calls it can't run to max_tokens inside the string.
-_TOOL_SCHEMA: dict[str, object] = {
+# A closed shape for structured output: one of two cities and a day count of 1 to 3, nothing else. A
+# server that holds its reply to the schema can only answer one of six objects, whatever its weights.
+REPLY_SCHEMA: dict[str, object] = {
     "type": "object",
-    "properties": {"city": {"type": "string", "enum": ["Paris", "London"]}},
-    "required": ["city"],
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "London"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 3},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
 }
-# The one tool, as each API spells it.
+
+
+# The one tool, as each API spells it: its arguments are REPLY_SCHEMA's closed shape, so a call the
+# engine's grammar holds to the schema can only be one of six argument objects.
 TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
-    "function": {"name": TOOL_NAME, "description": _TOOL_DESCRIPTION, "parameters": _TOOL_SCHEMA},
+    "function": {"name": TOOL_NAME, "description": _TOOL_DESCRIPTION, "parameters": REPLY_SCHEMA},
 }
 ANTHROPIC_TOOL: ToolParam = {
     "name": TOOL_NAME,
     "description": _TOOL_DESCRIPTION,
-    "input_schema": _TOOL_SCHEMA,
+    "input_schema": REPLY_SCHEMA,
 }
 _HELLO = "Say hello."
 _WEATHER = "What is the weather in Paris?"
+# The tool checks ask as an agent does, in a conversation: one earlier call of the tool and its result,
+# then the question. A model learns the call's shape from it as from its template's instructions (Gemma 3
+# 270M, a base model, calls the tool after it and answers prose without it; tests/integration/test_engines).
+_EARLIER_ASKED = "What is the weather in London tomorrow?"
+_EARLIER_CALL = {"city": "London", "days": 1}
+_EARLIER_RESULT = "Rain, 12 C"
+_EARLIER_ANSWER = "Rain in London tomorrow, 12 C."
+_FORECAST = "What is the weather in Paris for the next two days?"
+_CHAT_CONVERSATION: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": _EARLIER_ASKED},
+    {
+        "role": "assistant",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": TOOL_NAME, "arguments": json.dumps(_EARLIER_CALL)},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": _EARLIER_RESULT},
+    {"role": "assistant", "content": _EARLIER_ANSWER},
+    {"role": "user", "content": _FORECAST},
+]
+_MESSAGES_CONVERSATION: list[MessageParam] = [
+    {"role": "user", "content": _EARLIER_ASKED},
+    {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": _EARLIER_CALL}],
+    },
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": _EARLIER_RESULT}]},
+    {"role": "assistant", "content": _EARLIER_ANSWER},
+    {"role": "user", "content": _FORECAST},
+]
 # What the clients raise for an answer they can't take (HTTP errors, refused connections, bad JSON).
 CLIENT_ERRORS = (openai.OpenAIError, anthropic.AnthropicError)
 _RETRIES = 1
@@ -142,11 +188,11 @@ def _chat_stream(clients: Clients) -> tuple[bool, str]:
 
 
 def _tool_call(clients: Clients) -> tuple[bool, str]:
-    """A call of the tool, with JSON arguments, must be in the reply (`tool_choice: required`): a
-    server that renders no tools, drops them or can't parse its model's call fails, and so does a model
-    that answers in prose. A random-weight model fails it: llama.cpp 0c1e57098's grammar for a required
-    call still lets content come first (its autoparser's `until <tool_call>`), and such a model never
-    writes the marker."""
+    """A call of the tool, its arguments JSON its schema admits, must be in the reply (`tool_choice:
+    required`, one call): a server that renders no tools, drops them or can't parse its model's call
+    fails, and so does a model that answers in prose. A random-weight model fails it: the llama.cpp
+    engines' grammar for a required call still lets content come first (their autoparser's `until` the
+    call's marker, 0c1e57098 and 8337e4c), and such a model never writes the marker."""
     if not clients.tool_calls:
         return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
     reply = clients.openai.chat.completions.create(
@@ -155,7 +201,8 @@ def _tool_call(clients: Clients) -> tuple[bool, str]:
         temperature=0,
         tools=[TOOL],
         tool_choice="required",
-        messages=[{"role": "user", "content": _WEATHER}],
+        parallel_tool_calls=False,
+        messages=_CHAT_CONVERSATION,
     )
     calls = reply.choices[0].message.tool_calls or []
     named = [
@@ -169,20 +216,9 @@ def _tool_call(clients: Clients) -> tuple[bool, str]:
         arguments = json.loads(named[0])
     except json.JSONDecodeError:
         return False, f"{TOOL_NAME} called with arguments that are not JSON: {named[0]!r}"
-    return isinstance(arguments, dict), f"{TOOL_NAME}({json.dumps(arguments)})"
-
-
-# A closed shape for structured output: one of two cities and a day count of 1 to 3, nothing else. A
-# server that holds its reply to the schema can only answer one of six objects, whatever its weights.
-REPLY_SCHEMA: dict[str, object] = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "London"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 3},
-    },
-    "required": ["city", "days"],
-    "additionalProperties": False,
-}
+    if not fits_reply_schema(arguments):
+        return False, f"{TOOL_NAME} called with arguments its schema does not admit: {named[0]!r}"
+    return True, f"{TOOL_NAME}({json.dumps(arguments)})"
 
 
 def fits_reply_schema(value: object) -> bool:
@@ -325,7 +361,9 @@ def _messages_stream(clients: Clients) -> tuple[bool, str]:
 
 def _messages_tool_use(clients: Clients) -> tuple[bool, str]:
     """The Messages API's tool call (`tool_choice: any`): a tool_use block naming the tool, its input an
-    object; what fails the chat's tool call fails this one."""
+    object its schema admits, and the turn ended for it; what fails the chat's tool call fails this one.
+    A reply of calls alone that ran out of tokens passes too: llama.cpp 0c1e57098 takes no
+    `disable_parallel_tool_use` and calls again until max_tokens."""
     if not clients.tool_calls:
         return True, "not asked: the stack renders chat without the model's Jinja template (no tool calls)"
     reply = clients.anthropic.messages.create(
@@ -333,16 +371,16 @@ def _messages_tool_use(clients: Clients) -> tuple[bool, str]:
         max_tokens=64,
         extra_body=_GREEDY,
         tools=[ANTHROPIC_TOOL],
-        tool_choice={"type": "any"},
-        messages=[{"role": "user", "content": _WEATHER}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        messages=_MESSAGES_CONVERSATION,
     )
     uses = [block for block in reply.content if block.type == "tool_use"]
     named = [block.input for block in uses if block.name == TOOL_NAME]
     if not named:
         return False, f"no tool_use of {TOOL_NAME} in the reply ({len(uses)} tool uses, {reply.stop_reason})"
-    return isinstance(named[0], dict) and reply.stop_reason == "tool_use", (
-        f"{TOOL_NAME}({json.dumps(named[0])}), {reply.stop_reason}"
-    )
+    calls_alone = len(uses) == len(reply.content) and reply.stop_reason == "max_tokens"
+    said = f"{TOOL_NAME}({json.dumps(named[0])}), {reply.stop_reason}"
+    return fits_reply_schema(named[0]) and (reply.stop_reason == "tool_use" or calls_alone), said
 
 
 def _count_tokens(clients: Clients) -> tuple[bool, str]:

@@ -99,6 +99,10 @@ def clients(engine: Engine, tool_calls: bool = True) -> Clients:
     return clients_for(EngineApi(engine.port, timeout_s=10), "m", tool_calls)
 
 
+PARIS = json.dumps({"city": "Paris", "days": 2})
+USE = {"type": "tool_use", "id": "t1", "name": TOOL_NAME, "input": {"city": "Paris", "days": 2}}
+
+
 def call(name: str, arguments: str) -> dict[str, Any]:
     function = {"name": name, "arguments": arguments}
     return {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": function}]}
@@ -107,11 +111,12 @@ def call(name: str, arguments: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("message", "passed", "seen"),
     [
-        (call(TOOL_NAME, json.dumps({"city": "Paris"})), True, 'get_weather({"city": "Paris"})'),
+        (call(TOOL_NAME, PARIS), True, 'get_weather({"city": "Paris", "days": 2})'),
         ({"role": "assistant", "content": "Hi"}, False, "no call of get_weather in the reply (0 tool"),
         (call("other", "{}"), False, "no call of get_weather in the reply (1 tool calls)"),
         (call(TOOL_NAME, '{"city": "Par'), False, "get_weather called with arguments that are not JSON"),
-        (call(TOOL_NAME, '["Paris"]'), False, 'get_weather(["Paris"])'),
+        (call(TOOL_NAME, '["Paris"]'), False, "get_weather called with arguments its schema does not admit"),
+        (call(TOOL_NAME, '{"city": "Oslo", "days": 2}'), False, "get_weather called with arguments its schema"),
     ],
 )
 def test_only_a_chat_call_of_the_tool_passes(
@@ -122,18 +127,20 @@ def test_only_a_chat_call_of_the_tool_passes(
     assert result is passed and said.startswith(seen)
     asked = engine.asked[0]
     assert asked["tool_choice"] == "required" and asked["tools"][0]["function"]["name"] == TOOL_NAME
-    assert asked["temperature"] == 0
+    assert asked["temperature"] == 0 and asked["parallel_tool_calls"] is False
+    # As an agent asks: after one earlier call of the tool and its result.
+    assert [message["role"] for message in asked["messages"]] == ["user", "assistant", "tool", "assistant", "user"]
+    assert asked["messages"][1]["tool_calls"][0]["function"]["name"] == TOOL_NAME
 
 
 @pytest.mark.parametrize(
     ("content", "stop_reason", "passed", "seen"),
     [
-        (
-            [{"type": "tool_use", "id": "t1", "name": TOOL_NAME, "input": {"city": "Paris"}}],
-            "tool_use",
-            True,
-            'get_weather({"city": "Paris"}), tool_use',
-        ),
+        ([USE], "tool_use", True, 'get_weather({"city": "Paris", "days": 2}), tool_use'),
+        # mainline takes no disable_parallel_tool_use: calls alone that ran out of tokens
+        ([USE, USE], "max_tokens", True, 'get_weather({"city": "Paris", "days": 2}), max_tokens'),
+        ([{"type": "text", "text": "Well"}, USE], "max_tokens", False, "get_weather("),
+        ([USE | {"input": {"city": "Oslo", "days": 2}}], "tool_use", False, 'get_weather({"city": "Oslo"'),
         (
             [{"type": "text", "text": "Sunny."}],
             "end_turn",
@@ -155,7 +162,9 @@ def test_only_a_tool_use_of_the_tool_passes(
     result, said = _messages_tool_use(clients(engine))
     assert result is passed and said.startswith(seen)
     asked = engine.asked[0]
-    assert asked["tool_choice"] == {"type": "any"} and asked["tools"][0]["name"] == TOOL_NAME
+    assert asked["tool_choice"] == {"type": "any", "disable_parallel_tool_use": True}
+    assert asked["tools"][0]["name"] == TOOL_NAME
+    assert asked["messages"][1]["content"][0]["type"] == "tool_use"
     # Greedy, though the anthropic client takes no temperature: one model answers one way.
     assert asked["temperature"] == 0
 
@@ -305,9 +314,9 @@ def test_the_clients_talk_to_the_stack_directly_whatever_the_proxy_settings(
 ) -> None:
     """httpx (the official clients') honours HTTP_PROXY for loopback too: the stack's key and its answers
     would go through whatever proxy the environment names."""
-    engine.chat_reply(call(TOOL_NAME, json.dumps({"city": "Oslo"})))
+    engine.chat_reply(call(TOOL_NAME, json.dumps({"city": "London", "days": 3})))
     passed, said = _tool_call(clients(engine))
-    assert passed and "Oslo" in said, said
+    assert passed and "London" in said, said
     assert len(engine.asked) == 1 and proxy.asked == []
 
 
