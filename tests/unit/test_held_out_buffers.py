@@ -126,3 +126,16 @@ def test_the_tree_before_logged_five_times_r1s_buffer_and_the_same_elsewhere() -
             assert pin[point] > 3 * new[point], (point, pin[point], new[point])
         else:
             assert pin[point] == new[point], point
+
+
+def test_mainlines_r1_fit_holds_at_a_context_and_card_it_was_not_fitted_on() -> None:
+    """Mainline's R1 fit (the H200's runs at 32k, 4 points) against its preset's run on the H100 at 36k
+    (bench/results/restart-32k-2026-12-06, the case before the restart timing): to 0.1 %."""
+    recorded = RUNS.parents[1] / "restart-32k-2026-12-06/callB/results.jsonl"
+    run = json.loads(recorded.read_text().splitlines()[-1])
+    assert run["tree"] == "llama.cpp" and _point(run) == ("r1-8", 36864, 2048)
+    arch, changes = SLICES[run["model"]]
+    engine = get_engine("llama.cpp")
+    facts = engine.loaded_facts(shape_facts(synth_shape(arch, **changes)), mtp=None)
+    estimate = gpu_compute(engine.buffer_fits, facts, 36864, 2048, latent=True)  # mainline's MLA: always
+    assert estimate.measured and abs(estimate.bytes / MIB / _compute_mib(run) - 1) < 0.001
