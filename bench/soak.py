@@ -24,6 +24,7 @@ from pathlib import Path
 import openai
 from python_on_whales import DockerClient
 
+from builder.container_start import start_container
 from builder.engines import get_engine
 from builder.errors import StackError
 from builder.host.probe import probe
@@ -111,7 +112,9 @@ def partial_files(compose_file: Path) -> list[str]:
     """Files on the prompts volume that are not a whole save (the helper's temporary names)."""
     client = DockerClient(compose_files=[compose_file])
     container = client.compose.ps()[0]
-    listing = container.execute(["sh", "-c", 'ls -A "$MOE_STACK_PROMPTS_DIR"'])
+    listing = start_container(
+        lambda: container.execute(["sh", "-c", 'ls -A "$MOE_STACK_PROMPTS_DIR"']), f"ls in {container.name}"
+    )
     return [name for name in str(listing).split() if "-saving-" in name]
 
 

@@ -303,7 +303,9 @@ def test_every_container_start_goes_through_the_one_start_path() -> None:
 
 def test_the_suites_own_container_starts_go_through_it_too() -> None:
     """The suite's execs and image runs (tests/integration/starts.py) survive the same hiccup: stop 66's CI
-    failed on a test's `docker exec` the runtime lost, not on anything moe-stack did."""
-    unwrapped, counted = _unwrapped_starts(sorted((ROOT.parent / "tests" / "integration").glob("*.py")))
+    failed on a test's `docker exec` the runtime lost, not on anything moe-stack did. So do the benchmarks'
+    (bench/*.py: a soak's look at the prompts volume)."""
+    files = [*(ROOT.parent / "tests" / "integration").glob("*.py"), *(ROOT.parent / "bench").glob("*.py")]
+    unwrapped, counted = _unwrapped_starts(sorted(files))
     assert counted >= 3, counted  # an exec, an image's run, a `docker run` line
     assert not unwrapped, "started without builder.container_start: " + ", ".join(unwrapped)
