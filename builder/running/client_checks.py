@@ -82,7 +82,10 @@ _MESSAGES_CONVERSATION: list[MessageParam] = [
         "role": "assistant",
         "content": [{"type": "tool_use", "id": "toolu_1", "name": TOOL_NAME, "input": _EARLIER_CALL}],
     },
-    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": _EARLIER_RESULT}]},
+    {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": _EARLIER_RESULT}],
+    },
     {"role": "assistant", "content": _EARLIER_ANSWER},
     {"role": "user", "content": _FORECAST},
 ]
