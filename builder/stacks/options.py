@@ -115,7 +115,7 @@ class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
-    model: list[Path] = option(
+    models: list[Path] = option(
         ...,
         "--model",
         "-m",
@@ -144,7 +144,7 @@ class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
     gpu_product: str | None = option(
         None, "--gpu-product", help="kubernetes: nodes with this nvidia.com/gpu.product, e.g. NVIDIA-H200"
     )
-    preset: list[str] | None = option(
+    presets: list[str] | None = option(
         None,
         "--preset",
         help="model preset from compose/presets.yaml, e.g. deepseek-r1-671b; with several --model, one per "
@@ -153,7 +153,7 @@ class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
 
     def stack_options(self, engine_options: EngineOptions) -> list[StackOptions]:
         """One StackOptions a model: the groups as given, a preset each, the engine options as parsed."""
-        models, presets = self.model, list(self.preset or [])
+        models, presets = self.models, list(self.presets or [])
         if presets and len(presets) != len(models):
             raise SpecError(
                 f"{len(models)} --model and {len(presets)} --preset: give one preset per model, in the same "
