@@ -1,4 +1,4 @@
-"""Two trees of one engine side by side from `seed_models.sh run` results (ROUNDS=N, the trees' cases
+"""Two trees of one engine side by side from the device harness's results (`rounds N`, the trees' cases
 alternating): per round each tree's decode, decode ÷ that round's read bound and prefill at each length,
 then new ÷ pin round by round, with the median and the range.
 
@@ -23,7 +23,7 @@ def paired(results: list[dict], pin: str, new: str) -> dict[str, dict[int, dict[
     table: dict[str, dict[int, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
     for result in results:
         tree, _, rest = result["case"].partition(":")
-        if tree in (pin, new) and ":pp=" in result["case"]:
+        if tree in (pin, new) and ":pp=" in result["case"] and result.get("measure", "serve") == "serve":
             table[rest][result.get("round", 1)][tree] = result
     return table
 

@@ -14,7 +14,7 @@
 # plus tokenizers 0.22.2 for the machine's 0.23.2, which transformers-kt 5.6 refuses at import, and the
 # official openai and anthropic clients smoke's checks use (moe-stack's own pins, above the openai 2.6.1
 # SGLang resolved: not yet run on the device with them).
-# Also needs .device/seed/whl (bench/device/seed_models.sh: the builder's own dependencies).
+# Also needs .device/seed/whl (the builder's own dependencies, as bench/device/harness.py installs them).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)

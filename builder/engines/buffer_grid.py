@@ -8,7 +8,8 @@ bilinear form, which four corners fix. Where the corner of the short context at 
 not run, it is completed as the larger of what the context's two forms of term give: the mask's alone (it
 grows with the micro-batch), as mainline logged it to the MiB for GLM-4.6, MiniMax-M2 (GQA) and Kimi-K2
 (MLA), or one in the context alone, as ik_llama.cpp's -mla 3 has (it decompresses the whole cache; its
-MLA cases run all four corners, bench/device/family_buffers.cases). The larger never plans under either.
+MLA cases run all four corners, bench/results/family-buffers-2026-12-0{4,5}/cases). The larger never plans
+under either.
 """
 
 from __future__ import annotations

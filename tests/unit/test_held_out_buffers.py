@@ -21,7 +21,7 @@ from builder.models.synth_moe import shape_facts
 RUNS = Path(__file__).resolve().parents[2] / "bench/results/ik-ab-2026-12-06/results.jsonl"
 NEW_TREE, PIN_TREE = "ik_llama.cpp@8337e4c", "ik_llama.cpp"
 MIB = 1024**2
-# The slices bench/device/seed_models.py wrote (real widths, fewer experts and layers).
+# The slices the device runs wrote (bench/device/models.py) (real widths, fewer experts and layers).
 SLICES = {
     "r1-8": ("deepseek2", {"layers": 8, "experts": 32}),
     "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),

@@ -170,7 +170,8 @@ def test_every_cache_type_a_stack_takes_has_a_size() -> None:
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench/results"
 DEVICE_RUNS = tuple(RESULTS / f"seed-models-2026-12-0{run}" for run in ("1", "1b", "1c", "2"))
-# The slices bench/device/seed_models.py wrote on the H200: real widths, fewer experts and layers.
+# The slices the device runs wrote on the H200 (bench/device/models.py): real widths, fewer experts and
+# layers.
 DEVICE_MODELS = {
     "r1-8": ("deepseek2", {"layers": 8, "experts": 32}),
     "r1-16": ("deepseek2", {"layers": 16, "experts": 32}),
@@ -273,7 +274,7 @@ def test_plan_is_what_the_engines_logged_on_the_h200() -> None:
             assert ram <= _logged(run, "CPU_Mapped", ("model",)), run["case"]
 
 
-# Issue 45's families on both engines (bench/device/seed_models.py's slices: 4 layers at real widths, 6 for
+# Issue 45's families on both engines (bench/device/models.py's slices: 4 layers at real widths, 6 for
 # Ling-3, 16 experts, the synthetic vocabulary; bench/results/family-buffers-2026-12-04: mainline, -05: ik
 # and the families added since on mainline).
 FAMILY_RUNS = (RESULTS / "family-buffers-2026-12-04", RESULTS / "family-buffers-2026-12-05")

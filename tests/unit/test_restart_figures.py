@@ -32,7 +32,7 @@ RECORDS = {
 
 
 def _restart_runs(engine: str) -> list[dict[str, object]]:
-    """`engine`'s 32k restart record (restart_32k.py's lines)."""
+    """`engine`'s 32k restart record (restart_32k.py's lines: the harness's `restart` now)."""
     return [json.loads(line) for line in (RESULTS / RECORDS[engine]).read_text().splitlines()]
 
 

@@ -1,0 +1,72 @@
+"""The GPU machine's runs as data (bench/device/harness.py): each recorded llama.cpp-family run keeps the
+case list that runs it again beside its results, every case in it would run (its measure, model, options
+and tree's configure arguments known), and the list holds every case the run recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS = ROOT / "bench/device/harness.py"
+LISTS = sorted(ROOT.glob("bench/results/*/cases"))
+# The scripts the harness replaced: a run recorded by one of them is reproducible only from its list.
+REPLACED = ("seed_models.sh", "full_size.sh", "tune.sh", "hybrid.sh", "decode_hybrid.sh", "decode_bound.sh")
+
+
+def _check(*paths: Path) -> str:
+    run = subprocess.run(
+        [sys.executable, str(HARNESS), "--check", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_every_recorded_case_list_would_run() -> None:
+    assert len(LISTS) >= 14, LISTS
+    assert _check(*LISTS) == "every case would run"
+
+
+def test_a_case_the_harness_cannot_run_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "cases"
+    bad.write_text(
+        "serve llama.cpp:r1-9\nserve llama.cpp:r1-8:bogus=1\nservex llama.cpp:r1-8\nbench llama.cpp:r1-8\n"
+    )
+    problems = _check(bad).splitlines()  # one line each; the last case would run
+    assert len(problems) == 3, problems
+    assert "no model 'r1-9'" in problems[0]
+    assert "bogus" in problems[1] and "Extra inputs are not permitted" in problems[1]
+    assert "no measure 'servex'" in problems[2]
+
+
+def test_every_run_of_a_replaced_script_has_its_case_list() -> None:
+    runs = [
+        path.parent
+        for path in sorted(ROOT.glob("bench/results/*/README.md"))
+        if any(f"bench/device/{script}" in path.read_text() for script in REPLACED)
+    ]
+    assert len(runs) >= 12, runs
+    assert [run.name for run in runs if not (run / "cases").is_file()] == []
+
+
+@pytest.mark.parametrize("cases", LISTS, ids=lambda path: path.parent.name)
+def test_the_list_holds_every_case_its_run_recorded(cases: Path) -> None:
+    text = cases.read_text()
+    listed = {line.split("#", 1)[0].split()[-1] for line in text.splitlines() if " " in line.split("#")[0]}
+    recorded = {
+        json.loads(line)["case"]
+        for path in cases.parent.rglob("*results.jsonl")
+        for line in path.read_text().splitlines()
+        if line.strip() and "case" in json.loads(line)
+    }
+    named = {case for case in recorded if ":" in case}  # full-size's rows are named: the comments say which
+    assert named <= listed, sorted(named - listed)
+    assert all(f"# {name}" in text for name in recorded - named), sorted(recorded - named)
