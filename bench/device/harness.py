@@ -206,10 +206,17 @@ def serve(binary: Path, args: list[str], log: Path, env: dict[str, str] | None =
         )
 
 
-def stop(server: subprocess.Popen, grace_s: float = 30) -> None:
+def stop(server: subprocess.Popen, grace_s: float = 30, leader_first: bool = False) -> None:
     """The server's whole process group ended and waited for: the next case needs its port and GPU memory
     (2026-12-02: a case found the last one's port still bound, another its aborted server's 2 GiB still
-    on the GPU)."""
+    on the GPU). `leader_first`: its first process alone is asked first and given `grace_s`, as `docker
+    stop` asks a container's (a stack's image helper stops the server itself)."""
+    if leader_first:
+        server.terminate()
+        try:
+            server.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
     for sig in (signal.SIGTERM, signal.SIGKILL):  # KILL for what TERM left: a hung abort, its children
         try:
             os.killpg(server.pid, sig)
@@ -219,6 +226,14 @@ def stop(server: subprocess.Popen, grace_s: float = 30) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+_port = [19000 + int(time.time()) % 500 * 2]  # a port of its own each server: one can outlive its server
+
+
+def next_port() -> int:
+    _port[0] += 1
+    return _port[0]
 
 
 def healthy(port: int, server: subprocess.Popen, deadline: float) -> bool:

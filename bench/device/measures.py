@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import REPO, WORK, Case, GpuPeak, Tree, gpu_used_mib, healthy, serve, stop
+from harness import REPO, WORK, Case, GpuPeak, Tree, gpu_used_mib, healthy, next_port, serve, stop
+from kt import KT_MODELS, measure_kt, measure_kt_restart
 from models import MODELS, path_of, quantized, quantizer_of
 
 from builder.engines import get_engine
@@ -55,12 +56,6 @@ OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 HARNESS_OPTIONS = {"preset", "extra", "fit", "placement", "gpu", "load", "pp", "rounds", "cold", "card",
                    "load_mode", "warmup", "sentences", "p", "n", "r", "budget", "tune", "needs"}  # fmt: skip
 SHORT = {"ub": "ubatch_size", "ctx": "ctx_size"}
-_port = [19000 + int(time.time()) % 500 * 2]  # a port of its own each case: one can outlive its server
-
-
-def next_port() -> int:
-    _port[0] += 1
-    return _port[0]
 
 
 def log_name(case: Case, round_: int) -> str:
@@ -358,8 +353,9 @@ def measure_bandwidth(case: Case, row: dict, deadline: float) -> None:
 @dataclass(frozen=True)
 class Measure:
     run: Callable[[Case, dict, float], None]
-    targets: tuple[str, ...]
+    targets: tuple[str, ...]  # what its tree builds (none: no build)
     needs_s: int  # started only with this much of the call left (needs=S: a case's own)
+    models: tuple[str, ...] = tuple(MODELS)  # what its cases may name
 
 
 MEASURES = {
@@ -367,7 +363,9 @@ MEASURES = {
     "restart": Measure(measure_restart, ("llama-server",), 150),
     "bench": Measure(measure_bench, ("llama-server", "llama-bench"), 120),
     "tune": Measure(measure_tune, ("llama-server", "llama-bench"), 360),
-    "bandwidth": Measure(measure_bandwidth, (), 60),  # host:tool or host:reference; no tree, no model
+    "bandwidth": Measure(measure_bandwidth, (), 60, ("tool", "reference")),  # host:tool, host:reference
+    "kt": Measure(measure_kt, (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
+    "kt-restart": Measure(measure_kt_restart, (), 480, tuple(KT_MODELS)),
 }
 
 
@@ -380,10 +378,13 @@ def check(case: Case) -> None:
     configure arguments known (raises what is wrong)."""
     if case.measure not in MEASURES:
         raise ValueError(f"{case.line}: no measure {case.measure!r}: choose one of {', '.join(MEASURES)}")
-    if not MEASURES[case.measure].targets:
+    measure = MEASURES[case.measure]
+    if case.model.partition("~")[0] not in measure.models:
+        raise ValueError(
+            f"{case.line}: no model {case.model!r}: {case.measure} takes {', '.join(measure.models)}"
+        )
+    if not measure.targets:
         return
-    if case.model.partition("~")[0] not in MODELS:
-        raise ValueError(f"{case.line}: no model {case.model!r} in models.MODELS")
     engine_options(case)
     case.tree.configure_args()
 

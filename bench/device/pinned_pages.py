@@ -2,8 +2,8 @@
 0.7.2's file backend gets each page into a new zeroed page-locked tensor (memory_pool_host.py's
 get_dummy_flat_data_page, `pin_memory=True`, one per page of a prefetch), then copies it into the host
 pool. This times those allocations for the pages of a 12.9k-token prompt (201 pages of 64 tokens) at the
-widths of kt_hicache.py's 2-layer slice and of the whole model (Qwen3-235B: 94 layers, 4 KV heads of 128,
-bf16), fresh and again (torch's host allocator keeps freed pinned blocks), beside unpinned ones.
+widths of the kt-restart measure's 2-layer slice and of the whole model (Qwen3-235B: 94 layers, 4 KV heads
+of 128, bf16), fresh and again (torch's host allocator keeps freed pinned blocks), beside unpinned ones.
 
 Usage: python3 pinned_pages.py [OUT_DIR] (prints one JSON line; OUT_DIR/pinned-pages.json as well).
 """

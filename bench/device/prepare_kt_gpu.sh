@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The carry of bench/device/kt_gpu.sh (issue 27), written here (PyPI reachable) into .device/kt/:
+# The carry of bench/device/kt.py's measures (issue 27), written here (PyPI reachable) into .device/kt/:
 # overlay.tar.xz, the KTransformers CUDA image's Python packages that the GPU machine lacks, for
 # CPython 3.12 x86-64, unpacked --no-deps style (~22 MiB xz, ~210 MiB unpacked). The versions are
 # those `pip install 'ktransformers[sglang]==0.7.2'` resolved for the image on 2026-12-01, less:
@@ -47,6 +47,6 @@ find . -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$repo/.device/kt"
 tar -cf - . | xz -9e -T0 >"$repo/.device/kt/overlay.tar.xz"
 echo "wrote $repo/.device/kt/overlay.tar.xz: $(du -h "$repo/.device/kt/overlay.tar.xz" | cut -f1), $(du -sh . | cut -f1) unpacked"
-# py-spy, the sampling profiler kt_hicache.py runs on the restored server with KT_HICACHE_PROFILE=1 (2.9 MB)
+# py-spy, the sampling profiler the kt-restart measure runs on the restored server with profile=1 (2.9 MB)
 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux1_x86_64 -d "$repo/.device/kt" \
   py-spy==0.4.3

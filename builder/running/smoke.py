@@ -78,7 +78,7 @@ def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int =
 
 def api_checks(compose_file: Path, api: EngineApi) -> list[Check]:
     """The checks a client can make, against the stack's engine served at `api` by something other
-    than Docker (bench/device/kt_gpu.py: the GPU machine runs the image's Python packages natively)."""
+    than Docker (bench/device/kt.py: the GPU machine runs the image's Python packages natively)."""
     stack_file = StackFile.read(compose_file)
     service = stack_file.service(SERVICE)
     stack = StackUnderTest(stack_file=stack_file, name=SERVICE, service=service, api=api, container=None)

@@ -6,7 +6,7 @@ SGLang itself cannot run here (its server needs the GPU): the launcher is run ag
 `sglang` package with the two entry points sglang-kt 0.7.2's launch_server.py uses
 (`prepare_server_args`, `run_server`; `kill_process_tree`), recording what the server and a spawned
 worker would get, and logging the arguments as SGLang does (the key must show as the launcher's mask).
-The real server with a key is for the GPU machine (issue 27; bench/device/kt_gpu.py records whether
+The real server with a key is for the GPU machine (issue 27; the device harness's `kt` measure records whether
 its log holds the key)."""
 
 from __future__ import annotations

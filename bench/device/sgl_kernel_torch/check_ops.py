@@ -1,7 +1,7 @@
 """The stand-ins of common_ops.py, through sgl_kernel's own Python wrappers, against references written
 out here (the formulas; sglang's moe_align_block_size docstring example): `python3 check_ops.py
 [cpu|cuda]` with this folder and sgl_kernel's Python package on PYTHONPATH. Prints one line and exits
-0 when all hold. bench/device/kt_gpu.sh runs it on the GPU before it starts the server."""
+0 when all hold. bench/device/kt.py runs it on the GPU before it starts the server."""
 
 from __future__ import annotations
 
