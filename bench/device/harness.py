@@ -391,9 +391,9 @@ def run(paths: list[Path]) -> None:
             while waiting and time.time() < deadline:
                 ready = [case for case in waiting if case.tree not in needed or case.tree.state != "building"]
                 chosen = next((c for c in ready if measures.needs_s(c) < deadline - time.time()), None)
-                if chosen is None and ready:
-                    break  # what is built needs more than the call has left: the next call runs it
-                if chosen is None:
+                if chosen is None and len(ready) == len(waiting):
+                    break  # none left fits in what the call has left: the next call runs them
+                if chosen is None:  # a tree still building: its cases may fit once it is built
                     time.sleep(5)
                     continue
                 waiting.remove(chosen)
@@ -404,6 +404,7 @@ def run(paths: list[Path]) -> None:
                     json.dumps({k: v for k, v in row.items() if k not in ("command", "log_lines")}),
                     flush=True,
                 )
+                collect()  # after each case: a call cut off by its limit still brings back what ran
             if waiting:
                 print(f"deadline: {len(waiting)} cases of round {round_} left for the next call", flush=True)
                 break
