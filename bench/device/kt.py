@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 from harness import MULTICAST_OFF, REPO, WORK, Case, gpu_used_mib, healthy, next_port, serve, stop
+from models import KT_MODELS
 
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR, PROMPTS_DIR
 from builder.engines.ktransformers import KTransformers
@@ -46,19 +47,11 @@ from builder.models.kt_weights import converted_facts, read_checkpoint
 from builder.platform.flags import check_args, check_choice, parse_contract
 from builder.running.api import EngineApi
 from builder.running.kt_convert import finish_conversion, plan_conversion
-from builder.running.smoke import api_checks
 from builder.stackfile.stack_file import Service, StackFile
 
 ENGINE = KTransformers()
 KT = WORK / "kt"
 HELPERS = REPO / "dockerfiles/ktransformers"  # the image's server wrapper, key launcher and prompt helper
-# Each preset's model at its real widths, few layers, 16 experts: Qwen3-235B's; R1's (MLA, one dense
-# leading layer and one MoE layer); Qwen3-Next's (three gated delta nets and one gated attention layer).
-KT_MODELS = {
-    "q235-2": ("qwen3-235b-a22b", "qwen3moe", 2),
-    "r1-2": ("deepseek-r1-671b", "deepseek2", 2),
-    "qn-4": ("qwen3-next-80b-a3b", "qwen3next", 4),
-}
 # What the GPU machine can't run as the image does: sgl_kernel's FA3 and CUDA-graph paths are compiled for
 # torch 2.9.1; flashinfer's sampling and xgrammar were not carried; deep_gemm was left out; no network.
 DEVICE_ARGS = [
@@ -263,6 +256,11 @@ def measure_kt(case: Case, row: dict, deadline: float) -> None:
             row["without_key"] = 200
         except urllib.error.HTTPError as err:
             row["without_key"] = err.code
+        sys.path.append(
+            str(KT / "site")
+        )  # the official clients smoke's checks use, from the image's packages
+        from builder.running.smoke import api_checks
+
         api = EngineApi(port_of(args), api_key=key.read_text().strip(), timeout_s=300)
         row["smoke"] = [
             {"check": c.name, "passed": c.passed, "seen": c.seen} for c in api_checks(stack_file, api)

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import REPO, WORK, Case, GpuPeak, Tree, gpu_used_mib, healthy, next_port, serve, stop
-from kt import KT_MODELS, measure_kt, measure_kt_restart
-from models import MODELS, path_of, quantized, quantizer_of
+from models import KT_MODELS, MODELS, path_of, quantized, quantizer_of
 
 from builder.engines import get_engine
 from builder.engines.llama_family import LlamaFamilyEngine
@@ -348,6 +347,18 @@ def measure_bandwidth(case: Case, row: dict, deadline: float) -> None:
     row["command"], row["printed"] = [*flags, *args], run.stdout.splitlines()[-12:]
     best = re.search(r"read GB/s ([\d.]+)", run.stdout)  # the best round (both print it so)
     row["best_gbs"] = float(best.group(1)) if best else None
+
+
+def measure_kt(case: Case, row: dict, deadline: float) -> None:
+    import kt  # the server's own packages (the image's, unpacked here) come onto the path with it
+
+    kt.measure_kt(case, row, deadline)
+
+
+def measure_kt_restart(case: Case, row: dict, deadline: float) -> None:
+    import kt
+
+    kt.measure_kt_restart(case, row, deadline)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,14 @@ FAMILIES: dict[str, tuple[str, str, dict[str, object]]] = {
 for _name, (_preset, _arch, _changes) in FAMILIES.items():
     MODELS[_name] = (_preset, synth_shape(_arch, **{"experts": 16, "vocab": 0, **_changes}))  # type: ignore[arg-type]
 
+# KTransformers' (kt.py): each preset's model at its real widths, few layers, 16 experts: Qwen3-235B's;
+# R1's (MLA, one dense leading layer and one MoE layer); Qwen3-Next's (three gated delta nets, one attention).
+KT_MODELS = {
+    "q235-2": ("qwen3-235b-a22b", "qwen3moe", 2),
+    "r1-2": ("deepseek-r1-671b", "deepseek2", 2),
+    "qn-4": ("qwen3-next-80b-a3b", "qwen3next", 4),
+}
+
 
 def path_of(name: str) -> Path:
     return WORK / "models" / f"{name}.gguf"
