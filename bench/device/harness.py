@@ -23,7 +23,17 @@ MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth.
 start of each round. A case done on this machine is not run again; each call runs what is left
 until BUDGET_S (default 560 s) and writes to $OUT the eight files a device call brings back:
 results.jsonl (every row so far), logs.tar.xz (the engines' and tools' logs), facts.txt,
-builds.txt, models.jsonl, bandwidth.txt.
+builds.txt, models.jsonl, bandwidth.txt. A call's rows also print as they come.
+
+What a call carries (git-ignored, made on the development machine; 64 MiB a call at most):
+  .device/seed/TREE.tar.xz  the engine tree an image builds: llama-cpp-python's vendor/llama.cpp for
+                            mainline, the source mirror's tarball for ik_llama.cpp@REF (../shared/sources)
+  .device/seed/whl/         the builder's dependencies for the device's CPython 3.12: `pip download
+                            --only-binary :all: --python-version 3.12 --no-deps gguf pydantic pydantic-core
+                            python-on-whales typer click rich ... -d .device/seed/whl`
+  .device/kt/               the kt measures' packages (bench/device/prepare_kt_gpu.sh)
+`harness.py --check CASES_FILE…` says what is wrong with a list short of the machine (a unit test runs it
+over every recorded list).
 """
 
 from __future__ import annotations
