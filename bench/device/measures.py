@@ -13,9 +13,12 @@
            stack's value, or added)
   tune     `moe-stack tune --native-bin` on the stack for budget=S seconds (tune=--decode/--only/fmoe,amb:
            more of its options, split at /)
+  bandwidth host:tool or host:reference: a read of host memory (march=, pages=, bind=close, vector=512)
+  kt, kt-restart   KTransformers' server from the image's own packages (kt.py)
 
 Options of every stack: preset=none (compose's own derivation), extra=ARG/ARG (engine arguments
-after --), fit=GiB, placement=fit, gpu=none, and EngineOptions fields (ub, ctx and mmap for short).
+after --), fit=GiB, placement=fit, gpu=none, and EngineOptions fields (ub, ctx and mmap for short);
+of every case: needs=S (started only with that much of the call left; each measure has its own).
 """
 
 from __future__ import annotations
@@ -204,9 +207,10 @@ def speeds(
         prefill.append(round(timings["prompt_per_second"], 1))
         decode.append(round(timings["predicted_per_second"], 2))
         row["prompt_tokens"] = timings["prompt_n"]
+    if not decode:  # rounds=0: loaded and warmed up only
+        return
     row |= {"prefill_tps": prefill, "decode_tps": decode, "gpu_used_after_prefill_mib": gpu_used_mib()}
-    if decode:
-        row["decode_median"] = statistics.median(decode)
+    row["decode_median"] = statistics.median(decode)
     if "pp" in options:
         at = {}
         for length in map(int, options["pp"].split("/")):
