@@ -74,3 +74,44 @@ def test_the_list_holds_every_case_its_run_recorded(cases: Path) -> None:
     named = {case for case in recorded if ":" in case}  # full-size's rows are named: the comments say which
     assert named <= listed, sorted(named - listed)
     assert all(f"# {name}" in text for name in recorded - named), sorted(recorded - named)
+
+
+def test_a_case_becomes_the_trees_image_arguments_the_engines_options_and_the_tools_levers() -> None:
+    """The harness's own arithmetic, without the machine: a tree's configure arguments are its image's
+    (no compiler launchers, CUDA for sm_90 unless +cpu-TARGET), a case's options the EngineOptions fields
+    they name, and llama-bench's levers replace the stack's values rather than add a second list."""
+    probe = """
+import json
+from harness import Case, Tree
+from measures import engine_options, with_levers
+from builder.platform.targets import cpu_target
+case = Case.parse("bench ik_llama.cpp@8337e4c:r1-8:ub=512:ctx=8192:mmap=0:gpu=1:-t=12:-rtr=1")
+args = ["-m", "x", "-t", "16", "-ot", "exps=CPU", "-p", "0", "-n", "0"]
+print(json.dumps({
+    "tree": [case.tree.engine_name, case.tree.source, case.tree.cpu_only],
+    "cuda": [a for a in Tree("llama.cpp").configure_args() if "CUDA" in a],
+    "cpu": [a for a in Tree("llama.cpp+cpu-avx2").configure_args() if "CUDA" in a or "march" in a],
+    "avx2": cpu_target("avx2").march,
+    "launchers": [a for a in Tree("llama.cpp").configure_args() if "LAUNCHER" in a],
+    "options": engine_options(case).model_dump(exclude_unset=True),
+    "levers": with_levers(args, case.options, "2048,8192", "0"),
+}))
+"""
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=HARNESS.parent,
+        env={"PYTHONPATH": f"{ROOT}:{HARNESS.parent}", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["tree"] == ["ik_llama.cpp", "ik_llama.cpp@8337e4c", False]
+    assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in seen["cuda"] and "-DGGML_CUDA=ON" in seen["cuda"]
+    march = f"-march={seen['avx2']}"
+    assert seen["cpu"] == [f"-DCMAKE_C_FLAGS={march}", f"-DCMAKE_CXX_FLAGS={march}"]
+    assert seen["launchers"] == []
+    assert seen["options"] == {"ubatch_size": 512, "ctx_size": 8192, "mmap": False}
+    assert seen["levers"] == ["-m", "x", "-t", "12", "-p", "2048,8192", "-n", "0", "-rtr", "1"]
