@@ -256,9 +256,8 @@ def measure_kt(case: Case, row: dict, deadline: float) -> None:
             row["without_key"] = 200
         except urllib.error.HTTPError as err:
             row["without_key"] = err.code
-        sys.path.append(
-            str(KT / "site")
-        )  # the official clients smoke's checks use, from the image's packages
+        # smoke's checks use the official clients: the image's packages carry them, this machine doesn't
+        sys.path.append(str(KT / "site"))
         from builder.running.smoke import api_checks
 
         api = EngineApi(port_of(args), api_key=key.read_text().strip(), timeout_s=300)
@@ -270,7 +269,8 @@ def measure_kt(case: Case, row: dict, deadline: float) -> None:
     finally:
         stop(server)
         text = log.read_text(errors="replace")
-        logged = [line[:300] for line in text.splitlines() if "[kt-kernel]" in line or "backend=" in line]
+        said = ("[kt-kernel]", "backend=", "kt_num_gpu_experts", "KTConfig")  # what kt-kernel chose
+        logged = [line[:300] for line in text.splitlines() if any(word in line for word in said)]
         row["kt_kernel_logged"] = list(dict.fromkeys(logged))[:16]
         row["key_in_server_log"] = key.read_text().strip() in text
 
