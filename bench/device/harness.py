@@ -83,6 +83,11 @@ def with_builder_deps() -> None:
         sys.path.insert(0, str(site))
 
 
+def builder_env() -> dict[str, str]:
+    """A child process's environment that imports the builder as this one does (the carried wheels first)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORK / "site"), str(REPO)])}
+
+
 # ----- trees, built as their images build them ----------------------------------------------------
 
 

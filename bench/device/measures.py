@@ -33,7 +33,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import REPO, WORK, Case, GpuPeak, Tree, gpu_used_mib, healthy, next_port, serve, stop
+from harness import (
+    REPO,
+    WORK,
+    Case,
+    GpuPeak,
+    Tree,
+    builder_env,
+    gpu_used_mib,
+    healthy,
+    next_port,
+    serve,
+    stop,
+)
 from models import KT_MODELS, MODELS, path_of, quantized, quantizer_of
 
 from builder.engines import get_engine
@@ -319,7 +331,7 @@ def measure_tune(case: Case, row: dict, deadline: float) -> None:
     tune = [*builder, "tune", str(stack), "--native-bin", str(case.tree.tool("")), "--budget", f"{budget}s",
             "--plot", str(stack.with_suffix(".png")), *more]  # fmt: skip
     for step in (compose, tune):
-        run = subprocess.run(step, capture_output=True, text=True, check=False)
+        run = subprocess.run(step, capture_output=True, text=True, env=builder_env(), check=False)
         with stack.with_suffix(".log").open("a") as log:
             log.write(f"$ {' '.join(step)}\n{run.stdout}{run.stderr}")
         if run.returncode:
