@@ -17,7 +17,8 @@ TREE    an engine (llama.cpp, ik_llama.cpp) or ENGINE@NAME, another tree of it: 
         for its own tree while the cases of built ones run.
 MODEL   a name of models.MODELS (written once per machine); NAME~TYPE is it requantized to TYPE by
         ik_llama.cpp's llama-quantize (--pure), NAME~exps=TYPE its routed experts alone.
-MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth.
+MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth, pinned-pages (kt.py's: kt,
+        kt-restart).
 
 `rounds N` runs the list N times over, the cases alternating, the host's read rate measured at the
 start of each round. A case done on this machine is not run again; each call runs what is left
@@ -40,142 +41,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
-REPO = Path(__file__).resolve().parents[2]
-CARRIED = REPO / ".device/seed"
-WORK = Path(os.environ.get("DEVICE_WORK", "/tmp/moe-device"))
-OUT = Path(os.environ.get("OUT", "/tmp/moe-device-out"))
-CUDA, CUDA_ARCHS, CPU = "13.0", (90,), "sapphirerapids"  # the GPU machine: an H100 or H200, Emerald Rapids
-# The machine's rule: NVLink multicast stays off in every process (the device's KINDS.md).
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
-
-def on_path() -> None:
-    sys.path[:0] = [str(REPO), str(Path(__file__).parent)]
-
-
-def with_builder_deps() -> None:
-    """The checkout and the builder's own dependencies on the path: where .device/seed/whl was carried
-    (the device), those wheels, installed once per machine, before the machine's own packages."""
-    on_path()
-    wheels = sorted(str(p) for p in (CARRIED / "whl").glob("*.whl"))
-    site = WORK / "site"
-    if wheels and not (site / ".installed").is_file():
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-        subprocess.run([*pip, "--target", str(site), *wheels], check=True)
-        (site / ".installed").touch()
-    if wheels:
-        sys.path.insert(0, str(site))
-
-
-def builder_env() -> dict[str, str]:
-    """A child process's environment that imports the builder as this one does (the carried wheels first)."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(WORK / "site"), str(REPO)])}
-
-
-# ----- trees, built as their images build them ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tree:
-    name: str  # ENGINE[@NAME][+cpu-TARGET]
-
-    @property
-    def source(self) -> str:
-        return self.name.partition("+")[0]
-
-    @property
-    def engine_name(self) -> str:
-        return self.source.partition("@")[0]
-
-    @property
-    def cpu_only(self) -> bool:
-        return self.name.partition("+")[2].startswith("cpu-")
-
-    @property
-    def home(self) -> Path:
-        return WORK / "trees" / self.name
-
-    def tool(self, name: str) -> Path:
-        return self.home / "build/bin" / name
-
-    @property
-    def state(self) -> str:
-        done = WORK / "trees" / f"{self.name}.done"
-        return done.read_text().strip() if done.is_file() else "building"
-
-    def configure_args(self) -> list[str]:
-        """The image's configure arguments for this tree (its ref, when one is named), compiler launchers
-        left out."""
-        from builder.engines import get_engine
-        from builder.images.matrix import cuda_target
-        from builder.images.naming import image_spec
-        from builder.images.render import configure_args
-
-        cpu = self.name.partition("+")[2].removeprefix("cpu-") or CPU
-        cuda = cuda_target(None) if self.cpu_only else cuda_target(CUDA, CUDA_ARCHS)
-        ref = self.source.partition("@")[2] or None
-        spec = image_spec(get_engine(self.engine_name), cpu, ref=ref, cuda=cuda)
-        return [arg for arg in configure_args(spec) if "_COMPILER_LAUNCHER=" not in arg]
-
-    def build(self, targets: list[str], jobs: int) -> bool:
-        """Unpack, the image's source steps, configure and build `targets`: what `build` says ends in
-        trees/TREE.done (ok or failed), its output in trees/TREE.log."""
-        from builder.engines import get_engine
-
-        engine = get_engine(self.engine_name)
-        shutil.rmtree(self.home, ignore_errors=True)
-        self.home.mkdir(parents=True)
-        family = REPO / "dockerfiles/llama-cpp-family"
-        steps = [
-            [
-                "tar",
-                "-C",
-                str(self.home),
-                "--strip-components=1",
-                "-xJf",
-                str(CARRIED / f"{self.source}.tar.xz"),
-            ]
-        ]
-        if getattr(engine, "needs_build_info_shim", False):  # as its images: ik's sdists lack the step
-            steps.append(
-                ["sh", str(family / "build-info.sh"), str(self.home), self.source.partition("@")[2] or "pin"]
-            )
-        if getattr(engine, "drops_cuda_lineinfo", False) and not self.cpu_only:
-            steps.append(["sh", str(family / "cuda-no-lineinfo.sh"), str(self.home)])
-        steps.append(
-            [
-                "cmake",
-                "-S",
-                str(self.home),
-                "-B",
-                str(self.home / "build"),
-                "-G",
-                "Ninja",
-                *self.configure_args(),
-            ]
-        )
-        steps.append(
-            ["cmake", "--build", str(self.home / "build"), "--target", *targets, "--parallel", str(jobs)]
-        )
-        ok = all(subprocess.run(step, check=False).returncode == 0 for step in steps)
-        (WORK / "trees" / f"{self.name}.done").write_text("ok\n" if ok else "failed\n")
-        return ok
+from machine import OUT, WORK, Case, Tree, on_path, read_rate_gbs, with_builder_deps
 
 
 def start_builds(needed: dict[Tree, set[str]]) -> None:
@@ -206,136 +79,7 @@ def build_in_turn(plan: str) -> None:
             Tree(name).build(targets, os.cpu_count() or 16)
 
 
-# ----- the engine's process and the GPU ----------------------------------------------------------
-
-
-def serve(binary: Path, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`binary ARGS` in a process group of its own (`stop` ends all of it), its output in `log`."""
-    with log.open("w") as sink:
-        return subprocess.Popen(
-            [str(binary), *args],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, **MULTICAST_OFF, **(env or {})},
-        )
-
-
-def stop(server: subprocess.Popen, grace_s: float = 30, leader_first: bool = False) -> None:
-    """The server's whole process group ended and waited for: the next case needs its port and GPU memory
-    (2026-12-02: a case found the last one's port still bound, another its aborted server's 2 GiB still
-    on the GPU). `leader_first`: its first process alone is asked first and given `grace_s`, as `docker
-    stop` asks a container's (a stack's image helper stops the server itself)."""
-    if leader_first:
-        server.terminate()
-        try:
-            server.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):  # KILL for what TERM left: a hung abort, its children
-        try:
-            os.killpg(server.pid, sig)
-            server.wait(timeout=grace_s)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-_port = [19000 + int(time.time()) % 500 * 2]  # a port of its own each server: one can outlive its server
-
-
-def next_port() -> int:
-    _port[0] += 1
-    return _port[0]
-
-
-def healthy(port: int, server: subprocess.Popen, deadline: float) -> bool:
-    from builder.errors import StackError
-    from builder.running.api import EngineApi
-
-    while time.time() < deadline and server.poll() is None:
-        try:
-            EngineApi(port, timeout_s=2).get("/health")
-            return True
-        except StackError:
-            time.sleep(0.5)
-    return False
-
-
-def nvidia_smi(*query: str) -> list[list[str]]:
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [[cell.strip() for cell in line.split(",")] for line in text.splitlines() if line.strip()]
-
-
-def gpu_used_mib() -> int:
-    rows = nvidia_smi("--query-gpu=memory.used")
-    return int(rows[0][0]) if rows else -1
-
-
-class GpuPeak:
-    """The GPU's used memory every 0.5 s while a case runs (nvidia-smi, in a thread), kept at its peak."""
-
-    def __init__(self) -> None:
-        self.peak_mib, self.samples, self._done = 0, 0, threading.Event()
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.5):
-            self.peak_mib, self.samples = max(self.peak_mib, gpu_used_mib()), self.samples + 1
-
-    def __enter__(self) -> Self:
-        threading.Thread(target=self._sample, daemon=True).start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-
-
-def read_rate_gbs() -> float | None:
-    """The host's memory read rate now (the image's moe-stack-bandwidth, its best round, GB/s)."""
-    tool = WORK / "moe-stack-bandwidth"
-    if not tool.is_file():
-        source = REPO / "dockerfiles/common/moe-stack-bandwidth.c"
-        subprocess.run(["gcc", "-O3", "-fopenmp", "-ffast-math", "-o", str(tool), str(source)], check=True)
-    printed = subprocess.run(
-        [str(tool), "4096"], capture_output=True, text=True, timeout=120, check=False
-    ).stdout
-    with (OUT / "bandwidth.txt").open("a") as sink:
-        sink.write(printed)
-    found = re.search(r"^read GB/s ([\d.]+)$", printed, re.MULTILINE)
-    return float(found.group(1)) if found else None
-
-
 # ----- case lists and the loop -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Case:
-    measure: str
-    line: str  # TREE:MODEL[:OPTION=VALUE…], the case's name in the results
-    tree: Tree
-    model: str
-    options: dict[str, str]
-
-    @staticmethod
-    def parse(text: str) -> Case:
-        measure, _, spec = text.strip().partition(" ")
-        tree, model, *rest = spec.strip().split(":")
-        options = dict(item.split("=", 1) for item in rest)
-        return Case(measure, spec.strip(), Tree(tree), model, options)
-
-    def key(self, round_: int) -> str:
-        return f"{self.measure} {self.line} #{round_}"
 
 
 def read_cases(paths: list[Path]) -> tuple[list[Case], int]:

@@ -34,7 +34,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from harness import MULTICAST_OFF, REPO, WORK, Case, gpu_used_mib, healthy, next_port, serve, stop
+from machine import MULTICAST_OFF, REPO, WORK, Case, gpu_used_mib, healthy, next_port, serve, stop
 from models import KT_MODELS
 
 from builder.contract import API_KEY_PATH, CONFIG_DIR, MODEL_DIR, PROMPTS_DIR

@@ -14,6 +14,7 @@
   tune     `moe-stack tune --native-bin` on the stack for budget=S seconds (tune=--decode/--only/fmoe,amb:
            more of its options, split at /)
   bandwidth host:tool or host:reference: a read of host memory (march=, pages=, bind=close, vector=512)
+  pinned-pages  host:torch: the page-locked allocations SGLang's file backend makes to read a prompt back
   kt, kt-restart   KTransformers' server from the image's own packages (kt.py)
 
 Options of every stack: preset=none (compose's own derivation), extra=ARG/ARG (engine arguments
@@ -33,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import (
+from machine import (
     REPO,
     WORK,
     Case,
@@ -365,6 +366,33 @@ def measure_bandwidth(case: Case, row: dict, deadline: float) -> None:
     row["best_gbs"] = float(best.group(1)) if best else None
 
 
+def measure_pinned_pages(case: Case, row: dict, deadline: float) -> None:
+    """What reading a stored prompt back costs SGLang before a byte is read (host:torch): sglang-kt 0.7.2's
+    file backend gets each page into a new zeroed page-locked tensor (memory_pool_host.py's
+    get_dummy_flat_data_page, `pin_memory=True`), then copies it into the host pool. The allocations for
+    a 12.9k-token prompt's pages (201 of 64 tokens, bf16 K and V of 4 heads of 128) at the kt-restart
+    slice's 2 layers and Qwen3-235B's 94, fresh and again (torch keeps freed pinned blocks), and
+    unpinned."""
+    del case, deadline
+    import torch  # the machine's own
+
+    torch.cuda.init()
+    pages, page_tokens, kv_heads, head_dim = 201, 64, 4, 128
+
+    def seconds(layers: int, pinned: bool) -> float:
+        started = time.perf_counter()
+        held = [torch.zeros((2, layers, page_tokens, kv_heads, head_dim), dtype=torch.bfloat16,
+                            pin_memory=pinned) for _ in range(pages)]  # fmt: skip
+        elapsed = time.perf_counter() - started
+        del held
+        return round(elapsed, 3)
+
+    for name, layers in (("slice", 2), ("qwen3-235b", 94)):
+        row[name] = {"page_bytes": 2 * layers * page_tokens * kv_heads * head_dim * 2,
+                     "pinned_fresh_s": seconds(layers, True), "pinned_again_s": seconds(layers, True),
+                     "unpinned_s": seconds(layers, False)}  # fmt: skip
+
+
 def measure_kt(case: Case, row: dict, deadline: float) -> None:
     import kt  # the server's own packages (the image's, unpacked here) come onto the path with it
 
@@ -391,6 +419,7 @@ MEASURES = {
     "bench": Measure(measure_bench, ("llama-server", "llama-bench"), 120),
     "tune": Measure(measure_tune, ("llama-server", "llama-bench"), 360),
     "bandwidth": Measure(measure_bandwidth, (), 60, ("tool", "reference")),  # host:tool, host:reference
+    "pinned-pages": Measure(measure_pinned_pages, (), 60, ("torch",)),  # host:torch
     "kt": Measure(measure_kt, (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
     "kt-restart": Measure(measure_kt_restart, (), 480, tuple(KT_MODELS)),
 }

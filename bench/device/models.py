@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness import WORK, Tree
+from machine import WORK, Tree
 
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import MoeShape, token_read_bytes, write_moe_gguf

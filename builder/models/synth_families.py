@@ -48,7 +48,7 @@ default (the models' Hugging Face configs, ../shared/MOE-FAMILIES.md §2).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import gguf
@@ -440,186 +440,83 @@ def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
 
 # Full size, from the models' configs (MOE-FAMILIES.md §2), at their real vocabularies (the embeddings,
 # the output head and ik_llama.cpp's logits in the compute buffer at their real sizes).
+# fmt: off
 FAMILY_SHAPES: dict[str, MoeShape] = {
     # GLM-4.6: 92 layers (3 dense, 12288 wide) + 1 NextN, 96 query / 8 KV heads of 128, 160 experts of
     # 1536 and one shared, top-8.
     "glm4moe": Glm4MoeShape(
-        layers=92,
-        hidden=5120,
-        heads=96,
-        kv_heads=8,
-        head_dim=128,
-        expert_ffn=1536,
-        experts=160,
-        experts_used=8,
-        context=202752,
-        quant="Q4_0",
-        vocab=151552,
-        dense_layers=3,
-        dense_ffn=12288,
+        layers=92, hidden=5120, heads=96, kv_heads=8, head_dim=128, expert_ffn=1536, experts=160,
+        experts_used=8, context=202752, quant="Q4_0", vocab=151552, dense_layers=3, dense_ffn=12288,
     ),
     # gpt-oss-120b: 36 layers, 64 query / 8 KV heads of 64, 128 experts of 2880, top-4.
     "gpt-oss": GptOssShape(
-        layers=36,
-        hidden=2880,
-        heads=64,
-        kv_heads=8,
-        head_dim=64,
-        expert_ffn=2880,
-        experts=128,
-        experts_used=4,
-        context=131072,
-        quant="Q4_0",
-        vocab=201088,
+        layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, expert_ffn=2880, experts=128,
+        experts_used=4, context=131072, quant="Q4_0", vocab=201088,
     ),
     # MiniMax-M2: 62 layers, 48 query / 8 KV heads of 128, 256 experts of 1536, top-8.
     "minimax-m2": MiniMaxM2Shape(
-        layers=62,
-        hidden=3072,
-        heads=48,
-        kv_heads=8,
-        head_dim=128,
-        expert_ffn=1536,
-        experts=256,
-        experts_used=8,
-        context=196608,
-        quant="Q4_0",
-        vocab=200064,
+        layers=62, hidden=3072, heads=48, kv_heads=8, head_dim=128, expert_ffn=1536, experts=256,
+        experts_used=8, context=196608, quant="Q4_0", vocab=200064,
     ),
     # GLM-5: 78 layers (3 dense, 12288 wide) + 1 NextN, 64 heads, q_lora 2048, kv_lora 512, key 192 + 64
     # rope, value 256, 256 experts of 2048 and a shared one, top-8, no groups; its indexer 32 heads of 128,
     # top-2048 (zai-org's config and GGUF headers quoted in the engines' issues; 5.1 the same widths).
     "glm-dsa": GlmDsaShape(
-        layers=78,
-        hidden=6144,
-        heads=64,
-        head_dim=256,
-        v_head_dim=256,
-        q_lora=2048,
-        expert_ffn=2048,
-        experts=256,
-        experts_used=8,
-        context=202752,
-        quant="Q4_0",
-        vocab=154880,
-        dense_layers=3,
-        dense_ffn=12288,
-        rope_base=1_000_000.0,
-        mtp_layers=1,
-        indexer_heads=32,
+        layers=78, hidden=6144, heads=64, head_dim=256, v_head_dim=256, q_lora=2048, expert_ffn=2048,
+        experts=256, experts_used=8, context=202752, quant="Q4_0", vocab=154880, dense_layers=3,
+        dense_ffn=12288, rope_base=1_000_000.0, mtp_layers=1, indexer_heads=32,
     ),
     # Qwen3.5-397B-A17B: 60 layers, 32 query / 2 KV heads of 256, 512 experts of 1024 and a shared one,
     # top-10; linear attention 16 key / 64 value heads of 128 (GGUF headers quoted in llama.cpp PR #23269
     # and ik_llama.cpp issue #1432; 35B-A3B: 40 layers of 2048, 256 experts of 512, top-8).
     "qwen35moe": Qwen35MoeShape(
-        layers=60,
-        hidden=4096,
-        heads=32,
-        kv_heads=2,
-        head_dim=256,
-        expert_ffn=1024,
-        experts=512,
-        experts_used=10,
-        context=262144,
-        quant="Q4_0",
-        vocab=248320,
-        shared_ffn=1024,
-        ssm_groups=16,
-        ssm_v_heads=64,
-        rope_dim=64,
-        rope_base=10_000_000.0,
+        layers=60, hidden=4096, heads=32, kv_heads=2, head_dim=256, expert_ffn=1024, experts=512,
+        experts_used=10, context=262144, quant="Q4_0", vocab=248320, shared_ffn=1024, ssm_groups=16,
+        ssm_v_heads=64, rope_dim=64, rope_base=10_000_000.0,
     ),
     # DeepSeek-V4-Flash: 43 layers, 64 heads of 512 (64 rotary) and one K=V head, q_lora 1024, 8 output
     # groups of rank 1024, 256 experts of 2048 and a shared one, top-6, 3 hash-routed layers, window 128,
     # indexer 64 heads of 128, top-512 (its config.json; 284B parameters, 13B active). No MTP block: the
     # converter writes it to a file of its own.
     "deepseek4": DeepSeek4Shape(
-        layers=43,
-        hidden=4096,
-        heads=64,
-        head_dim=512,
-        rope_dim=64,
-        q_lora=1024,
-        out_groups=8,
-        out_lora=1024,
-        expert_ffn=2048,
-        experts=256,
-        experts_used=6,
-        context=1_048_576,
-        quant="Q4_0",
-        vocab=129280,
-        hash_layers=3,
-        indexer_heads=64,
-        indexer_key=128,
-        indexer_top_k=512,
+        layers=43, hidden=4096, heads=64, head_dim=512, rope_dim=64, q_lora=1024, out_groups=8, out_lora=1024,
+        expert_ffn=2048, experts=256, experts_used=6, context=1_048_576, quant="Q4_0", vocab=129280,
+        hash_layers=3, indexer_heads=64, indexer_key=128, indexer_top_k=512,
     ),
     # MiniMax-M3: 60 layers (3 dense of 12288, with full attention), 64 query / 4 KV heads of 128, 128
     # experts of 3072 and a shared one, top-4, routed scale 2.0; its sparse attention's indexer 4 heads of
     # 128, the top 16 blocks of 128 tokens and the query's own (its text_config; 426.2B parameters, 24.7B
     # active, as ~428B / 23B published with its vision tower and without the output head).
     "minimax-m3": MiniMaxM3Shape(
-        layers=60,
-        hidden=6144,
-        heads=64,
-        kv_heads=4,
-        head_dim=128,
-        expert_ffn=3072,
-        experts=128,
-        experts_used=4,
-        context=1_048_576,
-        quant="Q4_0",
-        vocab=200064,
-        dense_layers=3,
-        dense_ffn=12288,
+        layers=60, hidden=6144, heads=64, kv_heads=4, head_dim=128, expert_ffn=3072, experts=128,
+        experts_used=4, context=1_048_576, quant="Q4_0", vocab=200064, dense_layers=3, dense_ffn=12288,
     ),
     # DeepSeek-V3.2: R1's widths (61 layers, 3 dense of 18432, 128 heads, q_lora 1536, kv_lora 512, 256
     # experts of 2048 and a shared one, top-8 in 4 of 8 groups) and its MTP block, which the converter
     # keeps; the indexer 64 heads of 128, top-2048 (its config.json: index_n_heads, index_head_dim,
     # index_topk; ../shared/MOE-FAMILIES.md §2).
     "deepseek32": DeepSeek32Shape(
-        **{name: getattr(SEED_SHAPES["deepseek2"], name) for name in R1_WIDTHS},
-        vocab=129280,
-        mtp_layers=1,
+        **{name: getattr(SEED_SHAPES["deepseek2"], name) for name in R1_WIDTHS}, vocab=129280, mtp_layers=1,
         indexer_heads=64,
     ),
 }
-# Small models of each, for the suite's CPU stacks (the byte-level vocabulary); the real models' training
-# contexts.
+# fmt: on
+# Small models of each, for the suite's CPU stacks (the byte-level vocabulary; the class's small widths
+# unless said), at the real models' training contexts.
 FAMILY_TINY_SHAPES: dict[str, MoeShape] = {
-    "glm4moe": Glm4MoeShape(layers=3, context=FAMILY_SHAPES["glm4moe"].context),
-    # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.
-    "gpt-oss": GptOssShape(heads=8, context=FAMILY_SHAPES["gpt-oss"].context),
-    "minimax-m2": MiniMaxM2Shape(context=FAMILY_SHAPES["minimax-m2"].context),
-    "glm-dsa": GlmDsaShape(
-        layers=3,
-        hidden=256,
-        expert_ffn=128,
-        experts=8,
-        experts_used=2,
-        context=FAMILY_SHAPES["glm-dsa"].context,
-    ),
-    "qwen35moe": Qwen35MoeShape(
-        layers=4,
-        hidden=256,
-        expert_ffn=128,
-        experts=8,
-        experts_used=2,
-        context=FAMILY_SHAPES["qwen35moe"].context,
-    ),
-    # Layers 2 and 3 compress by 4 and by 128: each kind of cache in four layers.
-    "deepseek4": DeepSeek4Shape(context=FAMILY_SHAPES["deepseek4"].context),
-    # One dense layer (full attention), two sparse ones (the indexer, MoE and a shared expert).
-    "minimax-m3": MiniMaxM3Shape(layers=3, context=FAMILY_SHAPES["minimax-m3"].context),
-    # Grouped routing and the MTP block kept: the cache leaves that block out.
-    "deepseek32": DeepSeek32Shape(
-        layers=3,
-        hidden=256,
-        expert_ffn=128,
-        experts=8,
-        experts_used=2,
-        expert_groups=4,
-        groups_used=2,
-        mtp_layers=1,
-        context=FAMILY_SHAPES["deepseek32"].context,
-    ),
+    name: replace(small, context=FAMILY_SHAPES[name].context)
+    for name, small in {
+        "glm4moe": Glm4MoeShape(layers=3),
+        # Eight query heads of 64 against 256 hidden: the query width apart from the hidden one, as in 120b.
+        "gpt-oss": GptOssShape(heads=8),
+        "minimax-m2": MiniMaxM2Shape(),
+        "glm-dsa": GlmDsaShape(layers=3),
+        "qwen35moe": Qwen35MoeShape(),
+        # Layers 2 and 3 compress by 4 and by 128: each kind of cache in four layers.
+        "deepseek4": DeepSeek4Shape(),
+        # One dense layer (full attention), two sparse ones (the indexer, MoE and a shared expert).
+        "minimax-m3": MiniMaxM3Shape(layers=3),
+        # Grouped routing and the MTP block kept: the cache leaves that block out.
+        "deepseek32": DeepSeek32Shape(layers=3, expert_groups=4, groups_used=2, mtp_layers=1),
+    }.items()
 }

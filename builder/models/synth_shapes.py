@@ -14,7 +14,7 @@ convert_hf_to_gguf.py, which both engines load), real per-layer and per-expert w
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import gguf
@@ -350,78 +350,37 @@ class Qwen3NextShape(MoeShape):
 
 # The seed's models at full size (their Hugging Face configs); `moe-stack synth-moe` writes these unless
 # told fewer layers or experts.
+# fmt: off
 SEED_SHAPES: dict[str, MoeShape] = {
     # Qwen3-235B-A22B: 94 layers, 64 query / 4 KV heads of 128, 128 experts of 1536, top-8.
     "qwen3moe": MoeShape(
-        layers=94,
-        hidden=4096,
-        heads=64,
-        kv_heads=4,
-        head_dim=128,
-        expert_ffn=1536,
-        experts=128,
-        experts_used=8,
-        context=40960,
-        quant="Q4_0",
+        layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, expert_ffn=1536, experts=128,
+        experts_used=8, context=40960, quant="Q4_0",
     ),
     # DeepSeek-R1: 61 layers (3 dense, 18432 wide), 128 heads, q_lora 1536, kv_lora 512, 256 experts of
     # 2048 and one shared, top-8 in 4 of 8 groups.
     "deepseek2": DeepSeek2Shape(
-        layers=61,
-        hidden=7168,
-        heads=128,
-        expert_ffn=2048,
-        experts=256,
-        experts_used=8,
-        context=163840,
-        quant="Q4_0",
-        q_lora=1536,
-        dense_layers=3,
-        dense_ffn=18432,
-        expert_groups=8,
-        groups_used=4,
+        layers=61, hidden=7168, heads=128, expert_ffn=2048, experts=256, experts_used=8, context=163840,
+        quant="Q4_0", q_lora=1536, dense_layers=3, dense_ffn=18432, expert_groups=8, groups_used=4,
     ),
     # Qwen3-Next-80B-A3B: 48 layers, 16 query / 2 KV heads of 256, 512 experts of 512 + a shared one,
     # top-10; linear attention 16 key / 32 value heads of 128.
     "qwen3next": Qwen3NextShape(
-        layers=48,
-        hidden=2048,
-        heads=16,
-        kv_heads=2,
-        head_dim=256,
-        expert_ffn=512,
-        experts=512,
-        experts_used=10,
-        context=262144,
-        quant="Q4_0",
-        shared_ffn=512,
-        ssm_groups=16,
-        ssm_v_heads=32,
-        rope_dim=64,
-        rope_base=10_000_000.0,
+        layers=48, hidden=2048, heads=16, kv_heads=2, head_dim=256, expert_ffn=512, experts=512,
+        experts_used=10, context=262144, quant="Q4_0", shared_ffn=512, ssm_groups=16, ssm_v_heads=32,
+        rope_dim=64, rope_base=10_000_000.0,
     ),
 }
-# Small models of each architecture, for the test suite's CPU stacks (seconds to write and load).
-# Their training contexts are the real models', so a preset's context is served as it is, not capped.
+# fmt: on
+# Small models of each architecture, for the test suite's CPU stacks (seconds to write and load; the
+# class's small widths unless said). Their training contexts are the real models', so a preset's context
+# is served as it is, not capped.
 TINY_SHAPES: dict[str, MoeShape] = {
-    "qwen3moe": MoeShape(context=SEED_SHAPES["qwen3moe"].context),
-    "deepseek2": DeepSeek2Shape(
-        layers=3,
-        hidden=256,
-        expert_ffn=128,
-        experts=8,
-        experts_used=2,
-        expert_groups=4,
-        groups_used=2,
-        context=SEED_SHAPES["deepseek2"].context,
-    ),
-    "qwen3next": Qwen3NextShape(
-        layers=4,
-        hidden=256,
-        expert_ffn=128,
-        experts=8,
-        experts_used=2,
-        context=SEED_SHAPES["qwen3next"].context,
-    ),
+    name: replace(small, context=SEED_SHAPES[name].context)
+    for name, small in {
+        "qwen3moe": MoeShape(),
+        "deepseek2": DeepSeek2Shape(layers=3, expert_groups=4, groups_used=2),
+        "qwen3next": Qwen3NextShape(),
+    }.items()
 }
 ARCHITECTURES = tuple(SEED_SHAPES)

@@ -82,7 +82,7 @@ def test_a_case_becomes_the_trees_image_arguments_the_engines_options_and_the_to
     they name, and llama-bench's levers replace the stack's values rather than add a second list."""
     probe = """
 import json
-from harness import Case, Tree
+from machine import Case, Tree
 from measures import engine_options, with_levers
 from builder.platform.targets import cpu_target
 case = Case.parse("bench ik_llama.cpp@8337e4c:r1-8:ub=512:ctx=8192:mmap=0:gpu=1:-t=12:-rtr=1")

@@ -2,7 +2,7 @@
 alternating): per round each tree's decode, decode ÷ that round's read bound and prefill at each length,
 then new ÷ pin round by round, with the median and the range.
 
-  python3 bench/device/ab_report.py RESULTS.jsonl PIN_TREE NEW_TREE
+  python3 bench/ab_report.py RESULTS.jsonl PIN_TREE NEW_TREE
 """
 
 from __future__ import annotations
