@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from builder.engines import get_engine
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.files import cache_dir
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image

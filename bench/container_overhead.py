@@ -20,8 +20,8 @@ from pathlib import Path
 
 from builder.contract import MODEL_DIR
 from builder.engines import Engine
+from builder.engines.base import StackSpec
 from builder.engines.llama_family import LlamaFamilyEngine
-from builder.engines.specs import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.image_facts import read_image_facts

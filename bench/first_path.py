@@ -17,7 +17,7 @@ from pathlib import Path
 
 from builder.docker_client import docker
 from builder.engines import engine_names, get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.images.baseimage import ensure_base

@@ -1,6 +1,6 @@
 """The option groups a stack request is made of, each field declared once (type, default, limits, spellings,
 help) and inherited by every class that holds it: the command line (stacks/options.StackCommandLine), the
-options of one model (StackOptions) and the spec (engines/specs.StackSpec). The engine's neutral options
+options of one model (StackOptions) and the spec (engines/base.StackSpec). The engine's neutral options
 are the first group (spec.NeutralOptions); what an engine reads of a stack (ENGINE_OPTIONS) is derived
 from the groups, never listed by hand."""
 

@@ -1,5 +1,5 @@
 """Typed values the specs are made of: sources, CPU and CUDA targets, base images, the neutral engine
-options (what to build and run, ImageSpec and StackSpec, hold their engine's adapter: engines/specs.py).
+options (what to build and run, ImageSpec and StackSpec, hold their engine's adapter: engines/base.py).
 
 Every model forbids unknown fields; cross-field rules live in validators whose messages name the
 field and the fix, so the CLI can show them as one line.

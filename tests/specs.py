@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.engines import get_engine
-from builder.engines.specs import ImageSpec, StackSpec
+from builder.engines.base import ImageSpec, StackSpec
 from builder.models.opened import OpenedModel
 from builder.platform.targets import cpu_target
 from builder.spec import GitSource

@@ -15,7 +15,7 @@ from builder.cli.options import declared, group_values, takes_options
 from builder.cli.progress import build_display
 from builder.distribute.registry import checked_push
 from builder.engines import Engine, adapters
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.errors import SpecError
 from builder.files import cache_dir, user_path
 from builder.images.baseimage import DEFAULT_LOCAL_TAG, DEFAULT_SUITE, make_base

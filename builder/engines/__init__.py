@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BeforeValidator, PlainSerializer
-
-from builder.engines.base import Engine
+from builder.engines.base import ADAPTERS, Engine, EngineField
 from builder.engines.ik_llama_cpp import IkLlamaCpp
 from builder.engines.ktransformers import KTransformers, KTransformersLegacy
 from builder.engines.llama_cpp import LlamaCpp
@@ -17,41 +13,24 @@ from builder.errors import SpecError, StackError
 # reference run), KTransformers the only one that converts weights (`kt-convert`).
 LLAMA_CPP = LlamaCpp()
 KTRANSFORMERS = KTransformers()
-_ENGINES: dict[str, Engine] = {
-    e.name: e for e in (LLAMA_CPP, IkLlamaCpp(), KTRANSFORMERS, KTransformersLegacy())
-}
+ADAPTERS.update({e.name: e for e in (LLAMA_CPP, IkLlamaCpp(), KTRANSFORMERS, KTransformersLegacy())})
 
 
 def get_engine(name: str) -> Engine:
     """The adapter for `name`, or a SpecError listing the known engines."""
     try:
-        return _ENGINES[name]
+        return ADAPTERS[name]
     except KeyError:
-        raise SpecError(f"unknown engine {name!r}: choose one of {', '.join(_ENGINES)}") from None
-
-
-def _adapter(value: object) -> object:
-    """A name read at an edge (an option, a file, a label) as its adapter; an adapter as itself. An
-    unknown name is a ValueError, which pydantic reports against the field that held it."""
-    if not isinstance(value, str):
-        return value
-    if value not in _ENGINES:
-        raise ValueError(f"unknown engine {value!r}: choose one of {', '.join(_ENGINES)}")
-    return _ENGINES[value]
-
-
-# A model field holding an engine's adapter: validated from its name, written as its name (the specs,
-# engines/specs.py, and a stack's options hold one).
-EngineField = Annotated[Engine, BeforeValidator(_adapter), PlainSerializer(lambda e: e.name, return_type=str)]
+        raise SpecError(f"unknown engine {name!r}: choose one of {', '.join(ADAPTERS)}") from None
 
 
 def engine_names() -> list[str]:
-    return list(_ENGINES)
+    return list(ADAPTERS)
 
 
 def adapters() -> tuple[Engine, ...]:
     """Every engine's adapter, in the registry's order."""
-    return tuple(_ENGINES.values())
+    return tuple(ADAPTERS.values())
 
 
 def bench_engine(engine: Engine) -> LlamaFamilyEngine:

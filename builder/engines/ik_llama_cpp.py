@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
+from builder.engines.base import StackSpec
 from builder.engines.compute_buffers import IK_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.engines.tune_space import (
@@ -22,9 +22,6 @@ from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout
 from builder.models.opened import OpenedModel
 from builder.platform.flags import takes_stages
-
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import StackSpec
 
 # The architectures whose NextN (MTP) tensors its loader knows, and skips unless -mtp
 # (llama-load-tensors.cpp at 8337e4c: bailingmoe3's and qwen35moe's came with the bump from 007d640).

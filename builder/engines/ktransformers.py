@@ -8,10 +8,9 @@ import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
-from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, ImageSpec, StackSpec
 from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.sglang_hicache import STORE as HICACHE_STORE
@@ -25,9 +24,6 @@ from builder.platform.clone import clone_commands
 from builder.platform.flags import check_choice, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
 from builder.spec import BaseImages, CpuTarget, CudaTarget, EngineSource, LocalSource, PypiSource
-
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import ImageSpec, StackSpec
 
 # kt-kernel 0.7.2's backends that read GGUF, and those that run on AMX (see StackSpec.kt_method).
 GGUF_KT_METHODS = frozenset({"LLAMAFILE"})

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.contract import CONTAINER_PORT, ROUTER_PRESET
+from builder.engines.base import StackSpec
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.models.kv_cache import CacheLayout
 from builder.platform.flags import has_flag, looks_like_flag, takes_value
 
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import StackSpec
+if TYPE_CHECKING:
     from builder.models.facts import ModelFacts
 
 # The architectures whose main context caches the NextN (MTP) layer whether it drafts with it or not: no

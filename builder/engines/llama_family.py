@@ -6,7 +6,6 @@ import re
 import shlex
 from abc import abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from builder.contract import (
     CHAT_PAGE_CONTEXT,
@@ -16,7 +15,7 @@ from builder.contract import (
     PROMPTS_DIR,
     TOOLS_LABEL,
 )
-from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, PromptStore
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, ImageSpec, PromptStore, StackSpec
 from builder.engines.reasoning import TEMPLATE_KWARGS, reasoning_args
 from builder.engines.tune_space import (
     LOAD_MODE,
@@ -39,9 +38,6 @@ from builder.platform.flags import check_choice, has_choices, has_flag, takes_va
 from builder.platform.targets import GGML_X86_FEATURES
 from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget
-
-if TYPE_CHECKING:  # the specs hold an adapter: they import this package
-    from builder.engines.specs import ImageSpec, StackSpec
 
 # What gguf-py (the engine tree's Python GGUF reader/writer) imports, as the distribution packages them.
 # The build context's compile cache files (dockerfiles/llama-cpp-family): ccache's settings, installed at

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from builder.errors import StackError
 
 if TYPE_CHECKING:  # the adapters call in here: no import back at run time
-    from builder.engines.specs import StackSpec
+    from builder.engines.base import StackSpec
 
 
 class Reasoner(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.stackfile.stack_file import Service, StackFiles
 

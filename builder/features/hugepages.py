@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from builder.contract import HUGETLBFS_DIR, HUGETLBFS_ENV, IMAGE_UID
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.features import Feature, Where
 from builder.stackfile.stack_file import Mount, Service, StackFiles, Volume
 

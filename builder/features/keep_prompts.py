@@ -10,7 +10,7 @@ import hashlib
 from typing import ClassVar
 
 from builder.contract import PROMPTS_DIR, PROMPTS_ENV, PROMPTS_MAX_ENV, PROMPTS_QUIET_ENV, SLOTS_ENV
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.features import Feature, Where
 from builder.stackfile.stack_file import Mount, Service, StackFiles
 

@@ -18,7 +18,7 @@ from builder.contract import (
     PROMETHEUS_PORT,
     prometheus_image,
 )
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.features import Feature, Where
 from builder.platform.toolchain import CPU_BASE_SUITE

@@ -16,9 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from builder.engines.base import Engine
+from builder.engines.base import Engine, StackSpec
 from builder.engines.compute_buffers import gpu_compute
-from builder.engines.specs import StackSpec
 from builder.errors import SpecError
 from builder.features import Feature, Where
 from builder.files import check_beside_model, user_path

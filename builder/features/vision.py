@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from builder.engines.base import Engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import Engine, StackSpec
 from builder.errors import SpecError
 from builder.features import Feature, Where
 from builder.files import check_beside_model, user_path

@@ -18,7 +18,7 @@ from builder.contract import (
     PARSER_FLAGS_FILE,
 )
 from builder.docker_client import docker
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.errors import BuildFailed, SpecError
 from builder.files import cache_dir, content_dir
 from builder.host.probe import CpuInfo, read_cpu

@@ -17,7 +17,7 @@ from python_on_whales.exceptions import DockerException
 
 from builder.container_start import RUNTIME_LOST_INIT
 from builder.contract import HELP_FILE, LABEL_PREFIX, local_only
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.errors import INTERRUPTED_MESSAGE, BuildFailed, Interrupted
 from builder.images.naming import alias_image_tag, cache_key, image_tag
 from builder.platform.flags import LABEL as FLAGS_LABEL

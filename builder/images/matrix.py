@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from builder.engines import Engine, get_engine
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.errors import SpecError
 from builder.files import templates_root
 from builder.images.naming import image_spec, image_tag, variant_tag

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.engines import Engine
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.platform.targets import CPU_TARGETS, cpu_target
 from builder.spec import DEFAULT_BASES, FULL_SHA, NO_CUDA, BaseImages, CudaTarget, LocalSource
 

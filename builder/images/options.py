@@ -10,8 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-from builder.engines.base import Engine
-from builder.engines.specs import ImageSpec
+from builder.engines.base import Engine, ImageSpec
 from builder.errors import SpecError
 from builder.images.build_plan import Publishing
 from builder.images.matrix import cuda_target

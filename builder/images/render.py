@@ -20,7 +20,7 @@ from builder.contract import (
     PROMPTS_DIR,
     ROUTER_PRESET,
 )
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.files import replace_rendered_dir, templates_root
 from builder.images.naming import cache_key, variant_tag
 

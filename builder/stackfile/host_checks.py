@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from builder.contract import IMAGE_UID, MODEL_DIR
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.files import user_path
 from builder.host.probe import CpuInfo, missing_flags

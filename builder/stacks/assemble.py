@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from builder.engines.base import Engine
-from builder.engines.specs import StackSpec, keeps_whole_window
+from builder.engines.base import Engine, StackSpec, keeps_whole_window
 from builder.errors import SpecError, StackError
 from builder.features import refuse
 from builder.features.all import FEATURES

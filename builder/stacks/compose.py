@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.files import write_file_atomically
 from builder.images.image_facts import ImageFacts
 from builder.stackfile.host_checks import router_files, stack_files

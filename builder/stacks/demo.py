@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.engines import Engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.files import cache_dir
 from builder.host.probe import read_cpu
 from builder.models.model_files import DEMO_CHAT_TEMPLATE, DEMO_JINJA_TEMPLATE, fetch_demo_model

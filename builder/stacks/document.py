@@ -12,7 +12,7 @@ from builder.contract import (
     NUMA_ENV,
     ROUTER_PRESET_ENV,
 )
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.features import refuse
 from builder.features.all import FEATURES

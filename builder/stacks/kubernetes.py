@@ -14,7 +14,7 @@ import yaml
 
 from builder import __version__
 from builder.contract import API_KEY_SECRET, CONFIG_DIR, CONTAINER_PORT, HUGETLBFS_DIR, IMAGE_UID, MODEL_DIR
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.features import refuse
 from builder.features.all import FEATURES

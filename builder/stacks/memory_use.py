@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.engines import Engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.features.all import FEATURES
 from builder.models.planner import GIB
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 from builder.engines import Engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import SpecError
 from builder.models.planner import size
 from builder.stacks.document import engine_pins

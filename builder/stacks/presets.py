@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from builder.engines import Engine, adapters, engine_names
-from builder.engines.specs import ImageSpec, StackSpec
+from builder.engines.base import ImageSpec, StackSpec
 from builder.errors import SpecError
 from builder.images.matrix import published_image
 from builder.images.naming import image_tag, short_ref

@@ -23,8 +23,8 @@ from python_on_whales import DockerClient
 from builder.container_start import RUNTIME_LOST_INIT
 from builder.docker_client import docker
 from builder.engines import Engine, get_engine
+from builder.engines.base import StackSpec
 from builder.engines.ktransformers import PYTHON_CPU_BASE
-from builder.engines.specs import StackSpec
 from builder.errors import DockerUnavailable
 from builder.images.baseimage import ensure_base
 from builder.images.build import build_image

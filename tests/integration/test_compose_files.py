@@ -11,7 +11,7 @@ import pytest
 import yaml
 from python_on_whales import DockerClient
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.spec import EXPERTS_ON_CPU_RULE
 from builder.stacks.compose import compose_stack, write_stack
 

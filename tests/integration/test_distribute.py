@@ -21,7 +21,7 @@ from builder.distribute.bundle import sha256
 from builder.distribute.choose import choose_variant
 from builder.distribute.loaded_stack import loaded_image
 from builder.distribute.registry import manifest_digest, repository
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.host.probe import probe
 from builder.images.image_facts import read_image_facts
 from builder.images.naming import parse_variant

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from python_on_whales import DockerClient
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.images.image_facts import read_image_facts
 from builder.running.run import down, up
 from builder.stackfile.host_checks import free_local_port

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.models.synth_moe import MoeShape, write_moe_gguf
 from tests.cli import run_cli_in_process
 

@@ -26,7 +26,7 @@ from builder.distribute.loaded_stack import (
     loaded_project_name,
     rebuild_stack,
 )
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.safe_tar import extract_files
 from builder.stackfile.stack_file import StackFile
 from builder.stacks.document import project_name_for

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts

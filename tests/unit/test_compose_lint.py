@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.stacks.compose import compose_stack
 from builder.stacks.document import cpu_only
 from tests.specs import readable_file

@@ -14,8 +14,8 @@ from builder import spec
 from builder.cli import stack as cli_stack
 from builder.cli.main import app
 from builder.cli.options import PANEL
-from builder.engines import engine_names, get_engine, specs
-from builder.engines.specs import StackSpec
+from builder.engines import base, engine_names, get_engine
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.models.synth_catalog import synth_shape
 from builder.models.synth_moe import write_moe_gguf
@@ -239,7 +239,7 @@ def test_each_neutral_option_is_declared_once() -> None:
     """Its type, default and limits live in NeutralOptions alone: EngineOptions (presets, the command
     line) and StackSpec inherit them, so a limit can't hold on one and not the other."""
     declared: dict[str, list[str]] = {}
-    for module in (spec, specs):
+    for module in (spec, base):
         for node in ast.parse(Path(module.__file__).read_text()).body:
             if isinstance(node, ast.ClassDef):
                 for item in node.body:
@@ -247,7 +247,7 @@ def test_each_neutral_option_is_declared_once() -> None:
                         declared.setdefault(item.target.id, []).append(node.name)
     for name in spec.NeutralOptions.model_fields:
         assert declared[name] == ["NeutralOptions"], (name, declared[name])
-        assert repr(specs.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
+        assert repr(base.StackSpec.model_fields[name]) == repr(spec.EngineOptions.model_fields[name]), name
 
 
 def test_compose_takes_each_neutral_option_from_its_declaration() -> None:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.models.model_files import DEMO_JINJA_TEMPLATE
 from builder.platform.flags import check_args, from_label, parse_contract, parse_help, takes_value, to_label

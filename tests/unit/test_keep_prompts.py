@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from builder.distribute.loaded_stack import LoadChoices, UntrustedBundle, rebuild_stack
+from builder.engines.base import StackSpec
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
-from builder.engines.specs import StackSpec
 from builder.errors import StackError
 from builder.models import identity
 from builder.models.gguf_facts import read_facts

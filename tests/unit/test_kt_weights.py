@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import ModelError, SourceError, StackError
 from builder.host.probe import probe
 from builder.models.kt_weights import converted_facts, read_checkpoint, read_converted

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
+from builder.engines.base import ImageSpec, StackSpec
 from builder.engines.ktransformers import (
     PYTHON_CPU_BASE,
     _python_toolchain,
@@ -18,7 +19,6 @@ from builder.engines.ktransformers import (
     torch_index,
 )
 from builder.engines.llama_cpp import LlamaCpp
-from builder.engines.specs import ImageSpec, StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
 from builder.images.build import plan_build

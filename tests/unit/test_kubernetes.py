@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.host.probe import HostFacts, probe
 from builder.images.matrix import cuda_target

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import SpecError, StackError
 from builder.host.placement import check_hugepages_reserved, cpulist, numa_env, place
 from builder.host.probe import probe

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.files import write_file_atomically
 from tests.specs import compose_dict

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from builder.engines import adapters
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.images.matrix import buildable, publish_set, published
 from builder.images.mirror import mirrored
 from builder.images.naming import image_tag

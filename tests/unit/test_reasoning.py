@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import SpecError, StackError
 from builder.images.recorded_contracts import recorded_contract
 from builder.platform.flags import check_args, parse_contract, parse_help

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from builder.engines import get_engine
-from builder.engines.specs import ImageSpec, StackSpec
+from builder.engines.base import ImageSpec, StackSpec
 from builder.errors import SpecError
 from builder.images.naming import image_spec, variant_tag
 from builder.platform.targets import cpu_target

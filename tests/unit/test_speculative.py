@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from builder.engines import get_engine
+from builder.engines.base import StackSpec
 from builder.engines.compute_buffers import gpu_compute
-from builder.engines.specs import StackSpec
 from builder.errors import ModelError, SpecError, StackError
 from builder.features.speculative import checked_speculative, draft_vram_bytes
 from builder.images.recorded_contracts import recorded_contract

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from builder.contract import NUMA_ENV
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.stackfile.stack_file import StackFile, StackFileError
 from builder.stacks.compose import compose_stack, write_stack

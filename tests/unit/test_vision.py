@@ -13,7 +13,7 @@ import gguf
 import pytest
 
 from builder.engines import get_engine
-from builder.engines.specs import StackSpec
+from builder.engines.base import StackSpec
 from builder.errors import ModelError, SpecError, StackError
 from builder.features.vision import checked_projector, projector_bytes
 from builder.host.probe import probe

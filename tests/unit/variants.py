@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.engines import get_engine
-from builder.engines.specs import ImageSpec
+from builder.engines.base import ImageSpec
 from builder.images.matrix import buildable, cuda_target
 from builder.images.naming import context_name, image_spec
 from builder.spec import LocalSource
