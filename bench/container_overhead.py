@@ -87,12 +87,12 @@ def main() -> None:
     model = fetch_demo_model()
     threads = read_cpu().physical_cores
     stack = StackSpec(
-        project="bench-overhead",
+        project_name="bench-overhead",
         engine=facts.engine,
-        image=options.image,
+        image_ref=options.image,
         model=facts.engine.open_model(model),
         port=free_local_port(),
-        threads=threads,
+        cpu_threads=threads,
         chat_template=DEMO_CHAT_TEMPLATE,
     )
     document = compose_stack(stack, "bench/container_overhead.py", facts)

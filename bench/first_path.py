@@ -63,18 +63,18 @@ def measure(engine_name: str, runs: int) -> dict[str, str]:
     for _ in range(runs):
         port = free_local_port()
         stack = StackSpec(
-            project=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
+            project_name=f"bench-{engine.slug}-{uuid.uuid4().hex[:6]}",
             engine=engine,
-            image=tag,
+            image_ref=tag,
             model=engine.open_model(model),
             port=port,
-            threads=read_cpu().physical_cores,
+            cpu_threads=read_cpu().physical_cores,
             chat_template=DEMO_CHAT_TEMPLATE,
             start_period_s=start_period_for(model.stat().st_size),
         )
         compose_file = write_stack(
             compose_stack(stack, "bench/first_path.py"),
-            cache_dir() / "bench" / stack.project / "compose.yaml",
+            cache_dir() / "bench" / stack.project_name / "compose.yaml",
         )
         started = time.monotonic()
         try:

@@ -66,7 +66,7 @@ def stack_file(directory: Path, model: Path, engine: str, image: str, keep: bool
     port = free_local_port()
     name = "kept" if keep else "plain"
     stack = StackOptions(
-        model=model,
+        model_path=model,
         engine=get_engine(engine),
         image=image,
         port=port,

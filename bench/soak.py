@@ -121,7 +121,7 @@ def partial_files(compose_file: Path) -> list[str]:
 def stack_file(directory: Path, model: Path, engine: str, image: str) -> tuple[Path, int]:
     port = free_local_port()
     options = StackOptions(
-        model=model,
+        model_path=model,
         engine=get_engine(engine),
         image=image,
         port=port,

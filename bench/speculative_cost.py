@@ -66,7 +66,7 @@ def stack_file(
 ) -> tuple[Path, int]:
     port = free_local_port()
     stack = StackOptions(
-        model=directory / "model.gguf",
+        model_path=directory / "model.gguf",
         engine=get_engine(engine),
         image=image,
         port=port,

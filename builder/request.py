@@ -180,7 +180,7 @@ def decided(default: Any = ..., *, said: str, ge: float | None = None) -> Any:
 class EnginePlacement(_Group):
     """What the stack decides from the request and the host, and the engine reads (the spec's alone)."""
 
-    threads: int = decided(said="--threads", ge=1)
+    cpu_threads: int = decided(said="--threads", ge=1)
     override_tensors: tuple[str, ...] = decided((), said="--override-tensor/--experts-on-cpu")
     # Several GPUs: each one's share of the layers (llama.cpp's -ts), as the plan sized them.
     tensor_split: tuple[int, ...] = decided((), said="a multi-GPU plan (--fit-vram-gb per GPU)")

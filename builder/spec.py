@@ -260,11 +260,21 @@ def option(
     ge: float | None = None,
     le: float | None = None,
     pattern: str | None = None,
+    validate_default: bool = False,
 ) -> Any:
     """An option's one declaration: its default and limits, and how the command line spells it
-    (`flags`: typer's declarations, e.g. "--ctx-size", "-c" or "--mmap/--no-mmap") with its help."""
+    (`flags`: typer's declarations, e.g. "--ctx-size", "-c" or "--mmap/--no-mmap") with its help
+    (`validate_default`: the default is given as the command line gives it, e.g. an engine's name)."""
     spelled: dict[str, Any] = {"flags": list(flags)}
-    return Field(default=default, description=help, json_schema_extra=spelled, ge=ge, le=le, pattern=pattern)
+    return Field(
+        default=default,
+        description=help,
+        json_schema_extra=spelled,
+        ge=ge,
+        le=le,
+        pattern=pattern,
+        validate_default=validate_default,
+    )
 
 
 class NeutralOptions(_Spec):

@@ -59,7 +59,12 @@ def routed_stacks(directory: Path) -> tuple[StackSpec, StackSpec]:
         model.chmod(0o644)
         stacks.append(
             StackSpec(
-                project="p", engine="llama.cpp", image="img:1", threads=4, model=model, served_name=name
+                project_name="p",
+                engine="llama.cpp",
+                image_ref="img:1",
+                cpu_threads=4,
+                model=model,
+                served_name=name,
             )
         )
     return stacks[0], stacks[1]

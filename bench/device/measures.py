@@ -119,7 +119,7 @@ def command(case: Case, port: int) -> list[str]:
     model = model_file(case)
     stack = assemble_stack(
         StackOptions(
-            model=model,
+            model_path=model,
             engine=case.tree.engine_name,  # type: ignore[arg-type]  # given by name
             preset=None if options.get("preset") == "none" else MODELS[case.model.partition("~")[0]][0],
             gpu=options.get("gpu", "nvidia"),  # type: ignore[arg-type]

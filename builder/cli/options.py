@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from builder.engines import Engine, adapters, get_engine
+from builder.engines import Engine, adapters, engine_names, get_engine
 from builder.spec import EngineOptions, NeutralOptions
 from builder.stacks.options import StackCommandLine, StackFileOptions
 
@@ -57,13 +57,17 @@ def _typer_info(
     panel: str | None = None,
     parser: Callable[..., Any] | None = None,
 ) -> Any:
-    """The typer Option (or Argument) a field declares: its spellings and help."""
+    """The typer Option (or Argument) a field declares: its spellings and help (an engine's: the engines
+    named, from the registry)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     text = help if help is not None else field.description
+    if parser is engine_named:
+        text = f"{text}: one of {', '.join(engine_names())}"
     if extra.get("argument"):
         return typer.Argument(help=text)
     flags = [str(flag) for flag in extra["flags"]]  # type: ignore[union-attr]
-    return typer.Option(*flags, help=text, rich_help_panel=panel, parser=parser)
+    metavar = "<name>" if parser is engine_named else None
+    return typer.Option(*flags, help=text, rich_help_panel=panel, parser=parser, metavar=metavar)
 
 
 def _as_typed(field: FieldInfo) -> tuple[Any, Any]:
@@ -88,7 +92,7 @@ def _group_parameter(group: type[BaseModel], name: str, field: FieldInfo) -> ins
         default = None
     else:
         typed, default = _as_typed(field)
-        annotation = Annotated[typed, _typer_info(field)]
+        annotation = Annotated[typed, _typer_info(field, parser=engine_named if typed is Engine else None)]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 

@@ -54,6 +54,7 @@ from builder.spec import (
     NeutralOptions,
     NumaPolicy,
     PypiSource,
+    option,
 )
 
 if TYPE_CHECKING:
@@ -442,21 +443,31 @@ class ImageSpec(BaseModel):
         return self.source.ref
 
 
-class StackSpec(NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement):
+class EngineChoice(BaseModel):
+    """The engine a request names, declared once: compose's command line, the options of one model and
+    the spec hold it (the command line gives its name, the spec writes it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    engine: EngineField = option(
+        "llama.cpp", "--engine", "-e", help="the engine that serves the model", validate_default=True
+    )
+
+
+class StackSpec(EngineChoice, NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement):
     """A compose stack serving one GGUF model from one image: the request's groups as given (the neutral
     options, the server's and the container's, declared once in spec.py and request.py), what the stack
     decided for the engine (EnginePlacement), and the rest decided here."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    project: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
-    engine: EngineField
-    image: str
+    project_name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    image_ref: str
     model: OpenedModel  # a path given here is taken as the engine's format names it, unread
     # Host placement: numactl policy applied by the image's entrypoint, the CPUs the container may
     # use (physical cores of the chosen NUMA nodes, cpuset syntax), GPU passthrough.
-    numa: NumaPolicy = "none"
-    numa_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
+    numa_policy: NumaPolicy = "none"
+    bind_nodes: tuple[int, ...] = ()  # for membind/cpunodebind
     # NUMA nodes the stack's CPUs span: KTransformers runs one CPU thread pool per node.
     numa_node_count: int = Field(default=1, ge=1)
     cpuset: str | None = Field(default=None, pattern=r"^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$")
@@ -520,8 +531,10 @@ class StackSpec(NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement
                 "--no-mmap reads the model into the engine's memory, so a hugetlbfs copy (which backs the "
                 "mmap) would go unused: drop --hugetlbfs, or give --mmap"
             )
-        if self.numa in ("membind", "cpunodebind") and not self.numa_nodes:
-            raise ValueError(f"numa policy {self.numa} needs the nodes to bind to, e.g. --numa-nodes 0")
+        if self.numa_policy in ("membind", "cpunodebind") and not self.bind_nodes:
+            raise ValueError(
+                f"numa policy {self.numa_policy} needs the nodes to bind to, e.g. --numa-nodes 0"
+            )
         if (self.gpu_ids or self.tensor_split or self.engine_fit) and self.gpu == "none":
             raise ValueError(
                 "--gpus, a multi-GPU plan and --placement fit need a GPU: give --gpu nvidia or cdi"

@@ -338,7 +338,7 @@ class KTransformers(_PythonEngine):
     honours = frozenset(
         {
             "ctx_size",
-            "threads",
+            "cpu_threads",
             "parallel",
             "served_name",
             "metrics",
@@ -519,8 +519,8 @@ class KTransformers(_PythonEngine):
         pinned = kt_variant(frozenset(cpu_target.required_flags))
         if pinned != "amx":
             raise StackError(
-                f"image {stack.image} pins kt-kernel's {pinned} variant (CPU target {cpu_target.name}) and "
-                f"--kt-method {method} runs on its amx variant: use the portable or sapphirerapids image"
+                f"image {stack.image_ref} pins kt-kernel's {pinned} variant (CPU target {cpu_target.name}) "
+                f"and --kt-method {method} runs on its amx variant: use the portable or sapphirerapids image"
             )
 
     def kt_method(self, stack: StackSpec) -> str:
@@ -573,7 +573,7 @@ class KTransformers(_PythonEngine):
             "--kt-method",
             method,
             "--kt-cpuinfer",
-            str(stack.threads),
+            str(stack.cpu_threads),
             "--kt-threadpool-count",
             str(stack.numa_node_count),
             "--host",
@@ -591,8 +591,8 @@ class KTransformers(_PythonEngine):
             "--max-total-tokens",
             str(stack.ctx_size * stack.parallel),
         ]
-        if stack.numa_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
-            args += ["--kt-numa-nodes", *map(str, stack.numa_nodes)]
+        if stack.bind_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
+            args += ["--kt-numa-nodes", *map(str, stack.bind_nodes)]
         # Always written: without it (or a ratio) sglang-kt 0.7.2 configures no kt-kernel experts at
         # all and runs every expert on the GPU from --model-path's checkpoint (kt_ep_wrapper.py's
         # "Either kt_num_gpu_experts or kt_gpu_experts_ratio is required but not set", seen on the H200).
@@ -627,7 +627,7 @@ class KTransformersLegacy(_PythonEngine):
     cuda_compile_factor = 2.0  # its source build's CUDA kernels: twice mainline's (estimated, not measured)
     # 0.2.x places experts by its optimize rules; it has server-side temperature and top-p, no metrics.
     honours = frozenset(
-        {"ctx_size", "threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"}
+        {"ctx_size", "cpu_threads", "served_name", "temperature", "top_p", "config_dir", "extra_args"}
     )
     flag_spellings = tuple(
         frozenset({flag})
@@ -695,7 +695,7 @@ class KTransformersLegacy(_PythonEngine):
             "--gguf_path",
             MODEL_DIR,
             "--cpu_infer",
-            str(stack.threads),
+            str(stack.cpu_threads),
             "--cache_lens",
             str(stack.ctx_size),
             "--host",

@@ -94,7 +94,7 @@ class LlamaFamilyEngine(Engine):
     honours = frozenset(
         {
             "ctx_size",
-            "threads",
+            "cpu_threads",
             "parallel",
             "override_tensors",
             "chat_template",
@@ -348,7 +348,7 @@ class LlamaFamilyEngine(Engine):
             "--ctx-size",
             str(stack.ctx_size),
             "--threads",
-            str(stack.threads),
+            str(stack.cpu_threads),
             "--parallel",
             str(stack.parallel),
         ]

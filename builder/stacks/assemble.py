@@ -70,7 +70,7 @@ class Assembly:
 def assemble_stack(options: StackOptions, host: HostFacts) -> StackSpec:
     """The StackSpec for `options` on `host` (the target host's facts unless `for_other_host`): the
     model opened once, then each of ASSEMBLY_STEPS in order, then the spec."""
-    model = options.engine.open_model(options.model)
+    model = options.engine.open_model(options.model_path)
     assembly = Assembly(options, host, model, options.engine_options, gpu_experts=options.gpu_experts)
     for step in ASSEMBLY_STEPS:
         assembly = step(assembly)
@@ -185,15 +185,15 @@ def _spec(a: Assembly) -> StackSpec:
     image = options.image or image_tag(default_image_spec(adapter, options.gpu != "none", driver, flags))
     nodes = len(where.numa_nodes) or (1 if options.for_other_host else max(1, len(host.nodes)))
     decided = {
-        "project": options.project or project_name_for(model.path),
+        "project_name": options.project or project_name_for(model.path),
         "engine": adapter,
-        "image": image,
+        "image_ref": image,
         "model": model,
-        "threads": where.threads,
+        "cpu_threads": where.threads,
         "override_tensors": tuple(dict.fromkeys(rules)),
         "served_name": options.served_name or options.preset or served_name_for(model.stem),
-        "numa": where.numa,
-        "numa_nodes": where.numa_nodes,
+        "numa_policy": where.numa,
+        "bind_nodes": where.numa_nodes,
         "numa_node_count": nodes,
         "cpuset": where.cpuset,
         "config_dir": _checked_config_dir(options.config_dir, adapter, model),
@@ -296,7 +296,7 @@ def plan_stack(options: StackOptions, host: HostFacts) -> StackPlan:
         raise SpecError(
             "--cpu-image adds a CPU-only profile beside a GPU service: give --gpu nvidia or cdi too"
         )
-    facts = _checked_facts(stack.image, options, host)
+    facts = _checked_facts(stack.image_ref, options, host)
     if facts is not None:
         check_architecture(facts, stack.model)
     elif options.image is None:  # the pinned ref's image, not read here: its recorded tree says
@@ -332,7 +332,7 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
     for model in routed:
         refuse(FEATURES, model, "router")
     base = routed[0]
-    facts = _checked_facts(base.image, first, host)
+    facts = _checked_facts(base.image_ref, first, host)
     if facts is not None:
         for model in routed:
             check_architecture(facts, model.model)
@@ -342,10 +342,10 @@ def plan_models(models: Sequence[StackOptions], host: HostFacts) -> StackPlan:
 def unbuilt_default(stack: StackSpec) -> str | None:
     """A note when the image a stack got by default is no published one: nothing moe-stack ran has built
     it (say, a GPU stack of ik_llama.cpp on an AVX2-only host), so the user builds it first."""
-    if stack.image in {image_tag(entry.spec) for entry in published()}:
+    if stack.image_ref in {image_tag(entry.spec) for entry in published()}:
         return None
     return (
-        f"{stack.image} is moe-stack's default for this host, and no test or recorded run has built it: "
+        f"{stack.image_ref} is moe-stack's default for this host, and no test or recorded run has built it: "
         f"`moe-stack build --engine {stack.engine} ...` it first (or give --image one you built)"
     )
 

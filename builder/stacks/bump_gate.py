@@ -140,7 +140,7 @@ def prove(
 def _side(engine: Engine, contender: Contender, model: Path, workdir: Path) -> Side:
     port = free_local_port()
     options = StackOptions(
-        model=model,
+        model_path=model,
         engine=engine,
         image=contender.image,
         port=port,

@@ -36,19 +36,19 @@ def start_demo(engine: Engine, image: str, port: int, generated_by: str, project
     """Emit the demo stack (demo model, all physical cores) into the cache, bring it up healthy."""
     model = engine.open_model(fetch_demo_model())
     stack = StackSpec(
-        project=project or demo_project(engine),
+        project_name=project or demo_project(engine),
         engine=engine,
-        image=image,
+        image_ref=image,
         model=model,
         served_name=served_name_for(model.stem),
         port=port,
-        threads=read_cpu().physical_cores,
+        cpu_threads=read_cpu().physical_cores,
         # Where the image has the chat page, the template that lets it send its tools.
         chat_template=DEMO_JINJA_TEMPLATE if engine.chat_page_dir else DEMO_CHAT_TEMPLATE,
         start_period_s=start_period_for(model.size),
     )
     compose_file = write_stack(
-        compose_stack(stack, generated_by), cache_dir() / "demo" / stack.project / "compose.yaml"
+        compose_stack(stack, generated_by), cache_dir() / "demo" / stack.project_name / "compose.yaml"
     )
     up(compose_file, timeout_s=300)
     return compose_file

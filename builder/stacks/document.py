@@ -99,7 +99,7 @@ def compose_document(
     record = Record(
         generated_by=generated_by,
         engine=stack.engine,
-        image=stack.image,
+        image=stack.image_ref,
         model=files.model,
         served_name=stack.served_name,
         engine_options=engine_options(stack),
@@ -114,7 +114,7 @@ def compose_document(
         profiles=(GPU_PROFILE, CPU_PROFILE) if cpu_profile is not None else (),
     )
     page_size = None if stack.hugetlbfs == "off" else stack.hugetlbfs
-    return stack_document(stack.project, record, services, hugetlbfs_volume(page_size), files.api_key)
+    return stack_document(stack.project_name, record, services, hugetlbfs_volume(page_size), files.api_key)
 
 
 def serves(stack: StackSpec, args: list[str]) -> Served:
@@ -123,7 +123,7 @@ def serves(stack: StackSpec, args: list[str]) -> Served:
     are on."""
     engine = stack.engine
     return Served(
-        threads=stack.threads,
+        threads=stack.cpu_threads,
         gpu_layers=stack.gpu_layers,
         metrics=engine.metrics_flag is not None and engine.metrics_flag in args,
         tool_calls=engine.tool_calls_flag is not None and engine.tool_calls_flag in args,
@@ -167,7 +167,7 @@ def cpu_only(stack: StackSpec, image: str) -> StackSpec:
     mmap as the engine does by default, since --no-mmap pays off through the GPU's pinned memory)."""
     return stack.model_copy(
         update={
-            "image": image,
+            "image_ref": image,
             "gpu": "none",
             "gpu_layers": None,
             "override_tensors": (),
@@ -213,7 +213,11 @@ def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:
 def pinned_image(stack: StackSpec, facts: ImageFacts | None) -> str:
     """The image, pinned to the registry's digest when it came from (or went to) one: a moved tag
     can't change what the stack runs."""
-    return f"{stack.image}@{facts.repo_digest}" if facts is not None and facts.repo_digest else stack.image
+    return (
+        f"{stack.image_ref}@{facts.repo_digest}"
+        if facts is not None and facts.repo_digest
+        else stack.image_ref
+    )
 
 
 def _service(stack: StackSpec, facts: ImageFacts | None, files: StackFiles) -> Service:
@@ -243,7 +247,7 @@ def entrypoint_environment(stack: StackSpec) -> tuple[dict[str, str], list[str]]
     set_mempolicy), also for an engine that binds its own memory; IPC_LOCK for --mlock."""
     environment: dict[str, str] = {}
     caps: list[str] = []
-    policy = numa_env(stack.numa, stack.numa_nodes)
+    policy = numa_env(stack.numa_policy, stack.bind_nodes)
     if policy:
         environment[NUMA_ENV] = policy
     if policy or stack.engine.binds_numa_memory:

@@ -60,7 +60,7 @@ def _write_kubernetes(plan: StackPlan, cluster: KubeOptions, out_file: Path, gen
         )
     stack = plan.stack
     options = replace(cluster, memory=memory_use(stack), gpus=len(stack.gpu_ids) or 1)
-    secret = f"{resource_name(stack.project)}-api-key" if stack.api_key_file is not None else None
+    secret = f"{resource_name(stack.project_name)}-api-key" if stack.api_key_file is not None else None
     return write_file_atomically(
         out_file, to_kubernetes_yaml(manifests(stack, plan.facts, options), generated_by, secret)
     )

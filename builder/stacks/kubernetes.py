@@ -88,7 +88,7 @@ def manifests(stack: StackSpec, facts: ImageFacts | None, options: KubeOptions) 
     if options.replicas < 1:
         raise StackError(f"--replicas {options.replicas}: a Deployment runs at least 1")
     command = engine_command(stack, facts)
-    name = resource_name(stack.project)
+    name = resource_name(stack.project_name)
     labels = {
         "app.kubernetes.io/name": "moe-stack",
         "app.kubernetes.io/instance": name,
@@ -199,7 +199,7 @@ def _container(
 def _resources(stack: StackSpec, options: KubeOptions) -> tuple[dict[str, str], dict[str, str]]:
     """The engine's requests and limits: its threads' CPUs, the memory and hugepages the plan counts, and
     its GPUs (a limit only)."""
-    requests = {"cpu": str(stack.threads), "memory": _gibibytes(options.memory.memory_bytes)}
+    requests = {"cpu": str(stack.cpu_threads), "memory": _gibibytes(options.memory.memory_bytes)}
     if stack.hugetlbfs != "off" or stack.hugepages:
         requests[f"hugepages-{_hugepage_size(stack)}"] = _gibibytes(options.memory.hugepage_bytes)
     limits = dict(requests)
@@ -240,7 +240,7 @@ def _volumes(
         )
     if stack.api_key_file is not None:
         # The key is never in the manifest: a Secret the user creates (see the file's header).
-        secret = {"secretName": f"{resource_name(stack.project)}-api-key", "defaultMode": 0o440}
+        secret = {"secretName": f"{resource_name(stack.project_name)}-api-key", "defaultMode": 0o440}
         mount = {"name": "api-key", "mountPath": f"/run/secrets/{API_KEY_SECRET}", "subPath": "key"}
         pairs.append(({"name": "api-key", "secret": secret}, {**mount, "readOnly": True}))
     return [volume for volume, _ in pairs], [mount for _, mount in pairs]
@@ -254,7 +254,7 @@ def _image_flags(stack: StackSpec, facts: ImageFacts | None) -> tuple[str, ...]:
     """The CPU flags the image needs: from its labels when known, else from its tag's CPU target."""
     if facts is not None:
         return facts.required_cpu_flags
-    variant = parse_variant(stack.image.split("@")[0].rpartition(":")[2])
+    variant = parse_variant(stack.image_ref.split("@")[0].rpartition(":")[2])
     return CPU_TARGETS[variant.cpu].required_flags if variant is not None else ()
 
 

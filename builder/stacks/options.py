@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-from builder.engines import EngineField, engine_names
+from builder.engines.base import EngineChoice
 from builder.errors import SpecError
 from builder.models.planner import DEFAULT_VRAM_MARGIN, GIB
 from builder.request import (
@@ -96,20 +96,19 @@ class AskedOptions(BaseModel):
     engine_args: Repeated = argument((), help="extra engine flags, after --")
 
 
-class StackOptions(AskedOptions, ServedOptions, ContainerOptions):
+class StackOptions(EngineChoice, AskedOptions, ServedOptions, ContainerOptions):
     """What the user asked for one model, validated (the groups as given, the rest as the command line
     gives it once parsed): `assemble.assemble_stack` makes the spec of it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    model: Path
-    engine: EngineField = Field("llama.cpp", validate_default=True)  # given by name
+    model_path: Path  # the spec holds it opened (assemble.py)
     preset: str | None = None
     engine_options: EngineOptions = EngineOptions()  # the fields set here override the preset's
     ports_here: bool = True  # the stack publishes its ports on this host (not a Kubernetes manifest)
 
 
-class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
+class StackCommandLine(EngineChoice, AskedOptions, ServedOptions, ContainerOptions):
     """compose's options, in the order its help lists them; the StackOptions of each model come from them
     (`stack_options`), the rest say where the stack goes (a compose file or Kubernetes manifests)."""
 
@@ -122,7 +121,6 @@ class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
         help="the GGUF file to serve (its directory is mounted read-only); repeat it for several models "
         "behind one server (llama.cpp's router: one loaded at a time)",
     )
-    engine: str = option("llama.cpp", "--engine", "-e", help=f"one of {', '.join(engine_names())}")
     out_file: Path | None = option(
         None,
         "--out",
@@ -171,7 +169,7 @@ class StackCommandLine(AskedOptions, ServedOptions, ContainerOptions):
         }
         return [
             StackOptions.model_validate(
-                common | {"model": path, "preset": presets[index] if presets else None}
+                common | {"model_path": path, "preset": presets[index] if presets else None}
             )
             for index, path in enumerate(models)
         ]

@@ -345,12 +345,12 @@ def _example_stack(preset: Preset, adapter: Engine, gpu_image: ImageSpec) -> str
     engine = adapter.name
     image = image_tag(gpu_image)
     stack = StackSpec(
-        project=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
+        project_name=f"{preset.name}-{engine}".replace(".", "-").replace("_", "-"),
         engine=adapter,
-        image=image,
+        image_ref=image,
         model=OpenedModel(Path("/models") / preset.example_model, adapter.model_format),
-        threads=EXAMPLE_THREADS,
-        numa="interleave",
+        cpu_threads=EXAMPLE_THREADS,
+        numa_policy="interleave",
         cpuset=EXAMPLE_CPUSET,
         gpu="nvidia",
         start_period_s=start_period_for(preset.example_size_gb * 10**9),
@@ -370,9 +370,11 @@ def _example_stack(preset: Preset, adapter: Engine, gpu_image: ImageSpec) -> str
     cpu_image = published_image(adapter, EXAMPLE_CPUS, gpu=False) if adapter.serves_on_cpu else None
     if cpu_image is not None:  # the same model CPU-only (`--profile cpu`), for when the GPU is busy
         cpu_stack = cpu_only(stack, image_tag(cpu_image))
-        generated_by += f" --cpu-image {cpu_stack.image}"
+        generated_by += f" --cpu-image {cpu_stack.image_ref}"
         cpu_facts = (
-            contract.facts_for(cpu_stack.image, cpu_image.cpu.name, cpu_stack.image.rpartition(":")[2])
+            contract.facts_for(
+                cpu_stack.image_ref, cpu_image.cpu.name, cpu_stack.image_ref.rpartition(":")[2]
+            )
             if contract
             else None
         )

@@ -229,12 +229,12 @@ def emit_stack(directory: Path, image: BuiltImage, model: Path, **options: objec
     project = f"mst-{get_engine(image.engine).slug}-{uuid.uuid4().hex[:8]}"
     stack = StackSpec.model_validate(
         {
-            "project": project,
+            "project_name": project,
             "engine": image.engine,
-            "image": image.tag,
+            "image_ref": image.tag,
             "model": model,
             "port": port,
-            "threads": 2,
+            "cpu_threads": 2,
             **options,
         }
     )

@@ -60,11 +60,11 @@ def test_a_multi_gpu_stack_passes_compose_config(
     """`--gpus 0,1` with a two-GPU plan: device ids instead of `count: all`, and -ts in the command."""
     model = tmp_path / "m" / "R1-00001-of-00009.gguf"
     stack = StackSpec(
-        project="multi-gpu",
+        project_name="multi-gpu",
         engine="ik_llama.cpp",
-        image="ik:test",
+        image_ref="ik:test",
         model=model,
-        threads=32,
+        cpu_threads=32,
         gpu=gpu,
         gpu_ids=(0, 1),
         tensor_split=(24, 24),

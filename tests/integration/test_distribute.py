@@ -133,7 +133,12 @@ def test_bundle_round_trip(
     docker_client.image.tag(built.tag, image)
     port = free_local_port()
     stack = StackSpec(
-        project=f"mst-bundle-{port}", engine="llama.cpp", image=image, model=moe_model, port=port, threads=2
+        project_name=f"mst-bundle-{port}",
+        engine="llama.cpp",
+        image_ref=image,
+        model=moe_model,
+        port=port,
+        cpu_threads=2,
     )
     compose_file = write_stack(
         compose_stack(stack, "pytest", read_image_facts(image)), tmp_path / "made" / "compose.yaml"
@@ -194,7 +199,7 @@ def test_bundle_round_trip(
     dest.chmod(0o755)
     loaded = dest / "compose.yaml"
     document = StackFile.read(loaded)
-    assert document.name.startswith("moe-loaded-") and document.name != stack.project
+    assert document.name.startswith("moe-loaded-") and document.name != stack.project_name
     try:
         up(loaded, timeout_s=180)
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -225,7 +230,9 @@ def test_a_bundle_that_would_retag_local_images_is_refused(
     docker_client.image.tag(built.tag, image)
     made = [image]
     try:
-        stack = StackSpec(project="mst-retag", engine="llama.cpp", image=image, model=moe_model, threads=2)
+        stack = StackSpec(
+            project_name="mst-retag", engine="llama.cpp", image_ref=image, model=moe_model, cpu_threads=2
+        )
         compose_file = write_stack(
             compose_stack(stack, "pytest", read_image_facts(image)), tmp_path / "compose.yaml"
         )
@@ -305,7 +312,9 @@ def test_a_bundle_listing_a_local_images_id_cannot_re_point_its_name(
         docker_client.container.commit(container, theirs)  # another image: the bundle's own code
         victim_id = docker_client.image.inspect(victim).id
         assert docker_client.image.inspect(theirs).id != victim_id
-        stack = StackSpec(project="mst-victim", engine="llama.cpp", image=victim, model=moe_model, threads=2)
+        stack = StackSpec(
+            project_name="mst-victim", engine="llama.cpp", image_ref=victim, model=moe_model, cpu_threads=2
+        )
         compose_file = write_stack(compose_stack(stack, "pytest"), tmp_path / "compose.yaml")
         archive = tmp_path / "stack.tar"
         result = run_cli("bundle", str(compose_file), "--out", str(archive))

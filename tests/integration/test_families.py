@@ -50,7 +50,7 @@ def test_family_serves_without_a_preset(
     port = free_local_port()
     verbose = ("-lv", "4") if "-lv" in read_image_facts(image.tag).server_flags else ()  # mainline's KV log
     options = StackOptions(
-        model=tiny_models[arch],
+        model_path=tiny_models[arch],
         engine=engine,
         image=image.tag,
         port=port,

@@ -120,12 +120,12 @@ def test_cpu_profile_runs_where_there_is_no_gpu(base_image: str, moe_model: Path
     image = build_engine_image("llama.cpp", "avx2", base_image)
     port = free_local_port()
     gpu_stack = StackSpec(
-        project=f"mst-profiles-{port}",
+        project_name=f"mst-profiles-{port}",
         engine="llama.cpp",
         model=moe_model,
         port=port,
-        threads=2,
-        image="localhost/moe-stack-test/llama-cpp:absent-cuda12.8-avx2",
+        cpu_threads=2,
+        image_ref="localhost/moe-stack-test/llama-cpp:absent-cuda12.8-avx2",
         gpu="nvidia",
         gpu_layers=99,
     )

@@ -74,7 +74,7 @@ def test_preset_serves_its_architecture(
         ("-lv", "4") if "-lv" in read_image_facts(engine_image.tag).server_flags else ()
     )  # mainline's buffer log
     options = StackOptions(
-        model=_tiny_model(chosen, tiny_models, tmp_path),
+        model_path=_tiny_model(chosen, tiny_models, tmp_path),
         engine=engine,
         image=engine_image.tag,
         preset=preset,

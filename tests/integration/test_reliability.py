@@ -134,12 +134,12 @@ def test_a_model_gone_from_under_a_running_stack_is_named(
     model.chmod(0o644)
     port = free_local_port()
     stack = StackSpec(
-        project=f"mst-missing-{port}",
+        project_name=f"mst-missing-{port}",
         engine="llama.cpp",
-        image=image.tag,
+        image_ref=image.tag,
         model=model,
         port=port,
-        threads=2,
+        cpu_threads=2,
         start_period_s=20,
     )
     compose_file = write_stack(
@@ -170,7 +170,12 @@ def test_up_says_where_the_load_is_until_healthy(base_image: str, moe_model: Pat
     image = build_engine_image("llama.cpp", "avx2", base_image)
     port = free_local_port()
     stack = StackSpec(
-        project=f"mst-load-{port}", engine="llama.cpp", image=image.tag, model=moe_model, port=port, threads=2
+        project_name=f"mst-load-{port}",
+        engine="llama.cpp",
+        image_ref=image.tag,
+        model=moe_model,
+        port=port,
+        cpu_threads=2,
     )
     compose_file = write_stack(
         compose_stack(stack, "pytest", read_image_facts(image.tag)), tmp_path / "compose.yaml"
@@ -196,12 +201,12 @@ def test_gpu_stack_without_gpu_passthrough_is_refused(
         pytest.skip("this Docker has the nvidia runtime")
     image = build_engine_image("llama.cpp", "avx2", base_image)
     stack = StackSpec(
-        project="mst-gpu-refused",
+        project_name="mst-gpu-refused",
         engine="llama.cpp",
-        image=image.tag,
+        image_ref=image.tag,
         model=moe_model,
         port=free_local_port(),
-        threads=2,
+        cpu_threads=2,
         gpu="nvidia",
     )
     compose_file = write_stack(compose_stack(stack, "pytest"), tmp_path / "compose.yaml")

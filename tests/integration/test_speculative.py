@@ -69,7 +69,7 @@ def _emitted(
     document and port."""
     port = free_local_port()
     stack_options = StackOptions(
-        model=model,
+        model_path=model,
         engine=engine,
         image=image,
         port=port,
@@ -129,7 +129,9 @@ def test_ik_drafts_with_a_draft_model_and_refuses_an_mtp_file(
     assert "speculative decoding context initialized" in logs, logs[-2000:]
     assert reply["timings"]["predicted_n"] == 24
     assert "draft acceptance rate" in logs, logs[-2000:]  # ik counts its drafts in the log, not timings
-    refused = StackOptions(model=models["mtp"], engine="ik_llama.cpp", image=image, port=free_local_port())
+    refused = StackOptions(
+        model_path=models["mtp"], engine="ik_llama.cpp", image=image, port=free_local_port()
+    )
     with pytest.raises(StackError, match="multi-token-prediction layer .* stops ik's loader"):
         plan_stack(refused, probe())
 
@@ -177,7 +179,7 @@ def test_a_stack_with_a_draft_is_not_bundled(
     """A bundle carries the model's own files: a drafting stack is refused in one line, nothing written."""
     image = build_engine_image("llama.cpp", "avx2", base_image).tag
     options = StackOptions(
-        model=models["model"],
+        model_path=models["model"],
         image=image,
         port=free_local_port(),
         threads=2,

@@ -62,8 +62,8 @@ def test_a_stack_of_the_pinned_image_unread_is_checked_against_its_record(
 ) -> None:
     arch, model = mainline_only
     host: HostFacts = epyc_host(tmp_path / "h")
-    options = StackOptions(model=model, engine="ik_llama.cpp", skip_image_checks=True)
+    options = StackOptions(model_path=model, engine="ik_llama.cpp", skip_image_checks=True)
     with pytest.raises(StackError, match=_refused(arch)):
         plan_stack(options, host)
-    mainline = StackOptions(model=model, engine="llama.cpp", skip_image_checks=True)
+    mainline = StackOptions(model_path=model, engine="llama.cpp", skip_image_checks=True)
     assert plan_stack(mainline, host).stack.engine.name == "llama.cpp"

@@ -62,7 +62,7 @@ def deepseek_model(tmp_path: Path) -> Path:
 
 def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model: Path) -> None:
     options = StackOptions(
-        model=deepseek_model,
+        model_path=deepseek_model,
         engine="ik_llama.cpp",
         preset="deepseek-r1-671b",
         gpu="nvidia",
@@ -72,18 +72,21 @@ def test_preset_given_options_and_host_placement(epyc: HostFacts, deepseek_model
     assert stack.ctx_size == 8192 and stack.mla is None  # given, even as None, wins over the preset's 3
     assert stack.cache_type == "q8_0" and stack.fused_moe is True and stack.gpu_layers == 99  # the preset's
     assert stack.override_tensors == (EXPERTS_ON_CPU_RULE,)
-    assert stack.threads == 64 and stack.numa == "interleave" and stack.numa_node_count == 2  # physical cores
+    assert (
+        stack.cpu_threads == 64 and stack.numa_policy == "interleave" and stack.numa_node_count == 2
+    )  # physical cores
     # no --image: the engine's published CUDA image this Zen 4 host runs (a GPU stack on its CPU image
     # would never use the GPU; the avx2 CUDA image of ik_llama.cpp was never built)
     assert (
-        stack.image == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cuda13.0-zen4"
+        stack.image_ref
+        == f"ghcr.io/moe-stack/ik-llama-cpp:{short_ref(pinned_ref('ik_llama.cpp'))}-cuda13.0-zen4"
     )
-    assert stack.start_period_s >= 60 and stack.project.startswith("moe-stack-moe-")
+    assert stack.start_period_s >= 60 and stack.project_name.startswith("moe-stack-moe-")
 
 
 def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> None:
     options = StackOptions(
-        model=model,
+        model_path=model,
         override_tensor=("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE),
         experts_on_cpu=True,
         numa_nodes=(1,),
@@ -91,7 +94,12 @@ def test_user_rules_come_first_and_repeat_once(epyc: HostFacts, model: Path) -> 
     )
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.0\\.=CUDA0", EXPERTS_ON_CPU_RULE)
-    assert (stack.numa, stack.numa_nodes, stack.threads, stack.numa_node_count) == ("cpunodebind", (1,), 8, 1)
+    assert (stack.numa_policy, stack.bind_nodes, stack.cpu_threads, stack.numa_node_count) == (
+        "cpunodebind",
+        (1,),
+        8,
+        1,
+    )
 
 
 def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> None:
@@ -104,7 +112,7 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
         + gpu_reserve(get_engine("llama.cpp").buffer_fits, facts, 16384, 2048, latent=False)
     )
     vram_gb = (held + DEFAULT_VRAM_MARGIN + 3.5 * facts.expert_bytes[0]) / GIB  # the margin kept free
-    options = StackOptions(model=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")
+    options = StackOptions(model_path=model, preset="qwen3-235b-a22b", fit_vram_gb=(vram_gb,), gpu="nvidia")
     stack = assemble_stack(options, epyc)
     assert stack.override_tensors == ("blk\\.(0|1|2)\\.ffn_.*_exps\\.weight=CUDA0", EXPERTS_ON_CPU_RULE)
     # KTransformers' preset keeps an f16 cache (12.5 MiB more here): it places experts itself, by count.
@@ -115,19 +123,24 @@ def test_a_vram_plan_replaces_the_presets_rule(epyc: HostFacts, model: Path) -> 
 
 
 def test_for_other_host_ignores_this_topology(epyc: HostFacts, model: Path) -> None:
-    stack = assemble_stack(StackOptions(model=model, for_other_host=True, threads=16), epyc)
-    assert (stack.numa, stack.cpuset, stack.threads, stack.numa_node_count) == ("none", None, 16, 1)
+    stack = assemble_stack(StackOptions(model_path=model, for_other_host=True, threads=16), epyc)
+    assert (stack.numa_policy, stack.cpuset, stack.cpu_threads, stack.numa_node_count) == (
+        "none",
+        None,
+        16,
+        1,
+    )
 
 
 def test_refusals(epyc: HostFacts, model: Path) -> None:
     with pytest.raises(SpecError, match="more than the 64 physical cores"):
-        assemble_stack(StackOptions(model=model, threads=65), epyc)
+        assemble_stack(StackOptions(model_path=model, threads=65), epyc)
     with pytest.raises(SpecError, match="--cpu-image adds a CPU-only profile"):
-        plan_stack(StackOptions(model=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
+        plan_stack(StackOptions(model_path=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
     with pytest.raises(StackError, match="AMXINT8 reads weights from kt-kernel's converter, not a GGUF"):
         assemble_stack(
             StackOptions(
-                model=model,
+                model_path=model,
                 engine="ktransformers",
                 gpu="nvidia",
                 engine_options=EngineOptions(kt_method="AMXINT8"),
@@ -136,9 +149,9 @@ def test_refusals(epyc: HostFacts, model: Path) -> None:
         )
     converted = write_converted(model.parent / "moe-AMXINT8", pools=2, method="AMXINT8")
     with pytest.raises(StackError, match="AMXINT8 runs on AMX, and this CPU lacks"):
-        assemble_stack(StackOptions(model=converted, engine="ktransformers", gpu="nvidia"), epyc)
+        assemble_stack(StackOptions(model_path=converted, engine="ktransformers", gpu="nvidia"), epyc)
     with pytest.raises(ValidationError, match="hugetlbfs"):
-        StackOptions(model=model, hugetlbfs="3M")  # type: ignore[arg-type]
+        StackOptions(model_path=model, hugetlbfs="3M")  # type: ignore[arg-type]
 
 
 def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, model: Path) -> None:
@@ -151,7 +164,7 @@ def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, mo
     )
     tag = short_ref(pinned_ref("llama.cpp"))
     images = {
-        gpu: assemble_stack(StackOptions(model=model, gpu=gpu, skip_image_checks=True), host).image
+        gpu: assemble_stack(StackOptions(model_path=model, gpu=gpu, skip_image_checks=True), host).image_ref
         for gpu in ("none", "nvidia")
     }
     assert images == {
@@ -160,37 +173,38 @@ def test_a_gpu_stack_names_a_cuda_image_the_hosts_driver_runs(tmp_path: Path, mo
     }
     # Another host: neither this driver nor this CPU says anything there; the default target's published
     # CUDA image
-    elsewhere = StackOptions(model=model, gpu="nvidia", skip_image_checks=True, for_other_host=True)
-    assert assemble_stack(elsewhere, host).image.endswith("-cuda12.4-avx2")
+    elsewhere = StackOptions(model_path=model, gpu="nvidia", skip_image_checks=True, for_other_host=True)
+    assert assemble_stack(elsewhere, host).image_ref.endswith("-cuda12.4-avx2")
     # ik_llama.cpp on an AVX2-only host: no published GPU image fits, the unbuilt default is said
     avx2_host = probe(
         fake_host(tmp_path / "a", AVX2_FLAGS, sockets=1, cores=8, threads=2, node_gib=64),
         nvidia_smi_text="NVIDIA GeForce RTX 4090, 8.9, 580.95.05, 24564\n",
     )
-    options = StackOptions(model=model, engine="ik_llama.cpp", gpu="nvidia", skip_image_checks=True)
+    options = StackOptions(model_path=model, engine="ik_llama.cpp", gpu="nvidia", skip_image_checks=True)
     planned = plan_stack(options.model_copy(update={"port": free_local_port()}), avx2_host)
-    assert planned.stack.image.endswith("-cuda13.0-avx2")
+    assert planned.stack.image_ref.endswith("-cuda13.0-avx2")
     assert any("no test or recorded run has built it" in note for note in planned.notes)
 
 
 def test_plan_without_image_checks(epyc: HostFacts, model: Path) -> None:
     plan = plan_stack(
-        StackOptions(model=model, gpu="nvidia", cpu_image="img:cpu", skip_image_checks=True, port=18123), epyc
+        StackOptions(model_path=model, gpu="nvidia", cpu_image="img:cpu", skip_image_checks=True, port=18123),
+        epyc,
     )
     assert plan.facts is None and plan.cpu_profile is not None
     cpu_stack, cpu_facts = plan.cpu_profile
-    assert cpu_stack.image == "img:cpu" and cpu_stack.gpu == "none" and cpu_facts is None
+    assert cpu_stack.image_ref == "img:cpu" and cpu_stack.gpu == "none" and cpu_facts is None
 
 
 def test_served_name_defaults_to_the_preset_else_the_models_name(
     epyc: HostFacts, model: Path, tmp_path: Path
 ) -> None:
-    assert assemble_stack(StackOptions(model=model), epyc).served_name == "moe"
+    assert assemble_stack(StackOptions(model_path=model), epyc).served_name == "moe"
     assert (
-        assemble_stack(StackOptions(model=model, preset="qwen3-235b-a22b"), epyc).served_name
+        assemble_stack(StackOptions(model_path=model, preset="qwen3-235b-a22b"), epyc).served_name
         == "qwen3-235b-a22b"
     )
-    assert assemble_stack(StackOptions(model=model, served_name="mine"), epyc).served_name == "mine"
+    assert assemble_stack(StackOptions(model_path=model, served_name="mine"), epyc).served_name == "mine"
     split = Path("/m/DeepSeek-R1-IQ4_XS-00001-of-00009.gguf")
     assert served_name_for(GGUF.stem(split)) == "DeepSeek-R1-IQ4_XS"
     assert served_name_for(GGUF.stem(Path("/m/_odd name!.gguf"))) == "odd-name-"
@@ -206,7 +220,7 @@ def test_pinned_cpu_weights_are_said_and_refused_where_they_do_not_fit(
         nvidia_smi_text="",
     )
     ik = StackOptions(
-        model=deepseek_model,
+        model_path=deepseek_model,
         engine="ik_llama.cpp",
         gpu="nvidia",
         image="ik:1",
@@ -278,16 +292,16 @@ def test_a_gpu_stack_puts_every_layer_on_the_gpu(
     KV cache on the GPU): ik_llama.cpp's own default is none, which served from the CPU."""
     layers = read_facts(deepseek_model).layers
     stack = assemble_stack(
-        StackOptions(model=deepseek_model, engine=engine, gpu="nvidia", **extra),  # type: ignore[arg-type]
+        StackOptions(model_path=deepseek_model, engine=engine, gpu="nvidia", **extra),  # type: ignore[arg-type]
         epyc,
     )
     command = get_engine(engine).server_args(stack, None)
     offloaded = int(command[command.index("--n-gpu-layers") + 1])
     assert offloaded > layers  # every layer and the output
-    cpu = assemble_stack(StackOptions(model=deepseek_model, engine=engine), epyc)
+    cpu = assemble_stack(StackOptions(model_path=deepseek_model, engine=engine), epyc)
     assert "--n-gpu-layers" not in get_engine(engine).server_args(cpu, None)
     given = StackOptions(
-        model=deepseek_model, engine=engine, gpu="nvidia", engine_options=EngineOptions(gpu_layers=2)
+        model_path=deepseek_model, engine=engine, gpu="nvidia", engine_options=EngineOptions(gpu_layers=2)
     )
     assert assemble_stack(given, epyc).gpu_layers == 2  # the user's count stands
 
@@ -298,7 +312,7 @@ def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        options = StackOptions(model=model, port=held.getsockname()[1], skip_image_checks=True)
+        options = StackOptions(model_path=model, port=held.getsockname()[1], skip_image_checks=True)
         with pytest.raises(StackError, match="is already in use"):
             check_ports(plan_stack(options, epyc), options)
         for elsewhere in ({"ports_here": False}, {"for_other_host": True}):
@@ -308,7 +322,7 @@ def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, 
 
 def test_a_plan_that_does_not_fit_names_its_levers(epyc: HostFacts, model: Path) -> None:
     options = StackOptions(
-        model=model, gpu="nvidia", fit_vram_gb=(1.2,), engine_options=EngineOptions(ctx_size=32768)
+        model_path=model, gpu="nvidia", fit_vram_gb=(1.2,), engine_options=EngineOptions(ctx_size=32768)
     )
     with pytest.raises(
         SpecError, match=r"more than the 1\.2 GiB given less its 1\.0 GiB margin\. Alone, cheapest"

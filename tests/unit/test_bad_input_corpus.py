@@ -237,7 +237,13 @@ def test_a_count_stored_as_a_float_that_is_no_whole_number(tmp_path: Path, key: 
     )
 )
 def test_stack_spec_accepts_or_explains(values: dict[str, object]) -> None:
-    base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": Path("/m/x.gguf"), "threads": 4}
+    base = {
+        "project_name": "p",
+        "engine": "llama.cpp",
+        "image_ref": "i",
+        "model": Path("/m/x.gguf"),
+        "cpu_threads": 4,
+    }
     try:
         StackSpec(**(base | values))
     except ValidationError as error:

@@ -265,10 +265,10 @@ def _monitored(tmp_path: Path) -> dict:
     model.chmod(0o644)
     return compose_dict(
         StackSpec(
-            project="p",
+            project_name="p",
             engine="llama.cpp",
-            image="img:1",
-            threads=4,
+            image_ref="img:1",
+            cpu_threads=4,
             model=model,
             monitoring=True,
             hugetlbfs="2M",
@@ -319,7 +319,7 @@ def test_dollar_signs_in_the_record_are_escaped_for_compose(tmp_path: Path) -> N
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
     document = compose_dict(
-        StackSpec(project="p", engine="llama.cpp", image="img:1", threads=4, model=model), "x"
+        StackSpec(project_name="p", engine="llama.cpp", image_ref="img:1", cpu_threads=4, model=model), "x"
     )
     assert "${X:?}" not in yaml.safe_dump(document).replace("$${X:?}", "")
     assert StackFile.parse(document).record.model == model

@@ -27,7 +27,13 @@ def _stack(tmp_path: Path, **update: object) -> StackSpec:
     model.parent.mkdir(exist_ok=True, mode=0o755)
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
-    values = {"project": "demo", "engine": "llama.cpp", "image": "img:1", "model": model, "threads": 4}
+    values = {
+        "project_name": "demo",
+        "engine": "llama.cpp",
+        "image_ref": "img:1",
+        "model": model,
+        "cpu_threads": 4,
+    }
     return StackSpec(**(values | update))
 
 
@@ -176,7 +182,7 @@ def test_host_without_the_image_flags_is_refused() -> None:
 
 def test_gpu_and_cpu_profiles(tmp_path: Path) -> None:
     rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-    gpu = _stack(tmp_path, image="img:cuda", gpu="nvidia", gpu_layers=99, override_tensors=(rule,))
+    gpu = _stack(tmp_path, image_ref="img:cuda", gpu="nvidia", gpu_layers=99, override_tensors=(rule,))
     doc = compose_dict(gpu, "x", cpu_profile=(cpu_only(gpu, "img:cpu"), None))
     engine, fallback = doc["services"]["engine"], doc["services"]["engine-cpu"]
     assert engine["profiles"] == ["gpu"] and fallback["profiles"] == ["cpu"]

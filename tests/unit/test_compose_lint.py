@@ -41,12 +41,12 @@ def _lint(compose_file: Path, config: Path | None = None) -> subprocess.Complete
 def _emitted(tmp_path: Path) -> list[Path]:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     key = readable_file(tmp_path / "key", b"k\n")
-    base = {"project": "p", "image": "img:1", "model": model, "threads": 8}
+    base = {"project_name": "p", "image_ref": "img:1", "model": model, "cpu_threads": 8}
     stacks = {
         "plain": StackSpec(engine="llama.cpp", **base),
         "numa-mlock-gpu-key": StackSpec(
             engine="ik_llama.cpp",
-            numa="interleave",
+            numa_policy="interleave",
             mlock=True,
             gpu="nvidia",
             hugepages=True,

@@ -52,7 +52,7 @@ def test_a_gpu_stack_without_a_preset_is_the_hybrid_layout(
 ) -> None:
     shape = synth_shape(arch, tiny=True)
     model = write_moe_gguf(tmp_path / "models" / f"{arch}.gguf", shape)
-    stack = assemble_stack(StackOptions(model=model, engine="ik_llama.cpp", gpu="nvidia"), host)
+    stack = assemble_stack(StackOptions(model_path=model, engine="ik_llama.cpp", gpu="nvidia"), host)
     command = compose_dict(stack, "x")["services"]["engine"]["command"]
     assert command[command.index("--override-tensor") + 1] == EXPERTS_ON_CPU_RULE
     assert int(command[command.index("--n-gpu-layers") + 1]) > shape.layers
@@ -70,7 +70,7 @@ def test_a_gpu_stack_without_a_preset_is_the_hybrid_layout(
 def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host: HostFacts) -> None:
     model = write_moe_gguf(tmp_path / "models" / "moe.gguf", TINY_SHAPES["qwen3moe"])
     given = EngineOptions(cache_type="f16", ubatch_size=512)
-    stack = assemble_stack(StackOptions(model=model, gpu="nvidia", engine_options=given), host)
+    stack = assemble_stack(StackOptions(model_path=model, gpu="nvidia", engine_options=given), host)
     assert (stack.cache_type, stack.ubatch_size, stack.flash_attention) == ("f16", 512, "on")
     assert stack.derived is not None and "cache_type" not in stack.derived and "ubatch" not in stack.derived
     assert "flash_attention=on" in stack.derived  # what it set, not what the user did
@@ -79,12 +79,12 @@ def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host:
     short = write_moe_gguf(
         tmp_path / "models" / "short.gguf", synth_shape("qwen3moe", tiny=True, context=2048)
     )
-    assert assemble_stack(StackOptions(model=short), host).ctx_size == 2048
+    assert assemble_stack(StackOptions(model_path=short), host).ctx_size == 2048
     dense_facts = replace(shape_facts(synth_shape("qwen3moe", tiny=True)), expert_count=0, experts_used=0)
     assert derived_preset(dense_facts, get_engine("llama.cpp"), gpu=True) is None
     # A preset named: nothing derived, and the record says nothing of it.
     deepseek = write_moe_gguf(tmp_path / "models" / "r1.gguf", TINY_SHAPES["deepseek2"])
-    preset = assemble_stack(StackOptions(model=deepseek, preset="deepseek-r1-671b", gpu="nvidia"), host)
+    preset = assemble_stack(StackOptions(model_path=deepseek, preset="deepseek-r1-671b", gpu="nvidia"), host)
     assert preset.derived is None and "derived" not in compose_dict(preset, "x")["x-moe-stack"]
 
 
@@ -93,13 +93,15 @@ def test_sparse_attention_that_would_run_dense_is_refused(tmp_path: Path, host: 
     attends densely with a warning in its log alone: such a stack is refused in one line, and its derived
     options keep the preset's -ub 512."""
     model = write_moe_gguf(tmp_path / "models" / "m3.gguf", synth_shape("minimax-m3", tiny=True))
-    plain = assemble_stack(StackOptions(model=model, engine="llama.cpp", gpu="nvidia"), host)
+    plain = assemble_stack(StackOptions(model_path=model, engine="llama.cpp", gpu="nvidia"), host)
     assert (plain.flash_attention, plain.ubatch_size) == ("on", 512)
     assert plain.derived is not None and "sparse (an indexer's blocks) in 2 layers" in plain.derived
-    off = StackOptions(model=model, engine="llama.cpp", engine_options=EngineOptions(flash_attention="off"))
+    off = StackOptions(
+        model_path=model, engine="llama.cpp", engine_options=EngineOptions(flash_attention="off")
+    )
     with pytest.raises(SpecError, match=r"runs only with flash attention .*: drop --flash-attention off$"):
         assemble_stack(off, host)
-    unified = StackOptions(model=model, engine="llama.cpp", parallel=2, engine_args=("-kvu",))
+    unified = StackOptions(model_path=model, engine="llama.cpp", parallel=2, engine_args=("-kvu",))
     with pytest.raises(SpecError, match=r"needs a cache per slot .*: drop --kv-unified$"):
         assemble_stack(unified, host)
     assert assemble_stack(unified.model_copy(update={"parallel": 1}), host).extra_args == ("-kvu",)

@@ -26,16 +26,16 @@ from tests.specs import compose_dict
 DATA = Path(__file__).parent / "data"
 # The stack's own fields (image, host side, placement): every other field is an engine option.
 STACK_OWN = {
-    "project",
+    "project_name",
     "engine",
-    "image",
+    "image_ref",
     "model",
     "port",
     "bind",
     "monitoring",
     "monitoring_port",
-    "numa",
-    "numa_nodes",
+    "numa_policy",
+    "bind_nodes",
     "numa_node_count",
     "cpuset",
     "gpu",
@@ -50,7 +50,7 @@ STACK_OWN = {
 # A value other than the default for each engine option (valid together with the base stack).
 CHANGED: dict[str, object] = {
     "ctx_size": 8192,
-    "threads": 8,
+    "cpu_threads": 8,
     "parallel": 2,
     "override_tensors": ("exps=CPU",),
     "chat_template": "chatml",
@@ -112,11 +112,11 @@ def _base(tmp_path: Path, engine: str) -> dict[str, object]:
     if kt:  # a model SGLang's cache can keep (--keep-prompts reads its attention's kind)
         write_moe_gguf(tmp_path / "m.gguf", synth_shape("qwen3moe", tiny=True)).chmod(0o644)
     return {
-        "project": "p",
+        "project_name": "p",
         "engine": engine,
-        "image": "img:1",
+        "image_ref": "img:1",
         "model": tmp_path / "m.gguf",
-        "threads": 4,
+        "cpu_threads": 4,
         "gpu": "nvidia",
         **({"config_dir": tmp_path / "config"} if kt else {}),
     }

@@ -63,11 +63,11 @@ def _stack(engine: str, **options: object) -> StackSpec:
     """A stack without the on-by-default switches (tested on their own below), plus `options`."""
     return StackSpec.model_validate(
         {
-            "project": "p",
+            "project_name": "p",
             "engine": engine,
-            "image": "i",
+            "image_ref": "i",
             "model": Path("/m/x.gguf"),
-            "threads": 8,
+            "cpu_threads": 8,
             "jinja": False,
             "metrics": False,
             **options,

@@ -20,7 +20,7 @@ from tests.specs import compose_dict
 
 
 def _command(model: Path, engine: str, host: HostFacts) -> list[str]:
-    options = StackOptions(model=model, engine=engine, skip_image_checks=True)
+    options = StackOptions(model_path=model, engine=engine, skip_image_checks=True)
     stack = assemble_stack(options, host)
     command: list[str] = compose_dict(stack, "x")["services"]["engine"]["command"]
     return command

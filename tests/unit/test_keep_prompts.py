@@ -29,7 +29,14 @@ BUNDLE = "sha256:" + "0" * 64  # a loaded bundle's digest
 
 def _stack(model: Path, **options: object) -> StackSpec:
     return StackSpec.model_validate(
-        {"project": "p", "engine": "llama.cpp", "image": "i:1", "model": model, "threads": 4, **options}
+        {
+            "project_name": "p",
+            "engine": "llama.cpp",
+            "image_ref": "i:1",
+            "model": model,
+            "cpu_threads": 4,
+            **options,
+        }
     )
 
 
@@ -51,7 +58,7 @@ def test_the_slots_are_saved_on_the_stacks_volume_under_the_models_key(tmp_path:
     model.write_bytes(b"GGUF" + b"\0" * 61)  # the same name, another file (a re-quantized download)
     others = [
         _stack(model, keep_prompts=True, parallel=2),
-        _stack(tmp_path / "m" / "x.gguf", keep_prompts=True, parallel=2, image="i:2"),
+        _stack(tmp_path / "m" / "x.gguf", keep_prompts=True, parallel=2, image_ref="i:2"),
         _stack(tmp_path / "m" / "x.gguf", keep_prompts=True, parallel=2, ctx_size=8192),
     ]
     keys = {compose_dict(s, "x")["services"]["engine"]["environment"]["MOE_STACK_PROMPTS"] for s in others}
@@ -207,7 +214,9 @@ def test_a_sliding_window_model_keeps_its_full_cache_on_mainline(tmp_path: Path)
     assert read_facts(swa).sliding_window > 0 and read_facts(full).sliding_window == 0
 
     def command(model: Path, engine: str, keep: bool) -> list[str]:
-        stack = assemble_stack(StackOptions(model=model, engine=engine, image="i:1", keep_prompts=keep), host)
+        stack = assemble_stack(
+            StackOptions(model_path=model, engine=engine, image="i:1", keep_prompts=keep), host
+        )
         return list(compose_dict(stack, "x")["services"]["engine"]["command"])
 
     assert "--swa-full" in command(swa, "llama.cpp", True)

@@ -170,11 +170,11 @@ def test_the_plan_reads_converted_weights(tmp_path: Path) -> None:
 
 def _stack(model: Path, **update: object) -> StackSpec:
     values: dict[str, object] = {
-        "project": "kt",
+        "project_name": "kt",
         "engine": "ktransformers",
-        "image": "kt:test",
+        "image_ref": "kt:test",
         "model": model,
-        "threads": 32,
+        "cpu_threads": 32,
         "numa_node_count": 2,
         "gpu": "nvidia",
         "config_dir": model.parent / "hf",
@@ -257,7 +257,7 @@ def test_the_engines_user_must_read_the_converted_directory(tmp_path: Path) -> N
 
 def test_amx_weights_need_an_image_that_loads_kt_kernels_amx_variant(tmp_path: Path) -> None:
     """A named target's image pins its variant (the avx2 image: AVX2 kernels even on an AMX Xeon)."""
-    stack = _stack(write_converted(tmp_path / "w", pools=2), image="kt:0.7.2-cuda12.8-avx2")
+    stack = _stack(write_converted(tmp_path / "w", pools=2), image_ref="kt:0.7.2-cuda12.8-avx2")
     with pytest.raises(
         StackError, match="pins kt-kernel's avx2 variant .* use the portable or sapphirerapids"
     ):

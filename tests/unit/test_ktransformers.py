@@ -172,11 +172,11 @@ def test_a_wheelhouse_is_a_source_and_replaces_the_wheelhouse_stage(tmp_path: Pa
 def _stack(tmp_path: Path, engine: str = "ktransformers", **update: object) -> StackSpec:
     model = tmp_path / "DeepSeek-R1-IQ4_XS-00001-of-00009.gguf"
     values: dict[str, object] = {
-        "project": "kt",
+        "project_name": "kt",
         "engine": engine,
-        "image": "kt:test",
+        "image_ref": "kt:test",
         "model": model,
-        "threads": 32,
+        "cpu_threads": 32,
         "numa_node_count": 2,
         "gpu": "nvidia",
         "config_dir": tmp_path / "hf",
@@ -226,7 +226,9 @@ def test_sglang_arguments_from_a_stack(tmp_path: Path) -> None:
         StackError, match="llama.cpp does not read --config-dir, --trust-remote-code: drop them"
     ):
         LlamaCpp().server_args(_stack(tmp_path, engine="llama.cpp", gpu="none", trust_remote_code=True), None)
-    bound = KT.server_args(_stack(tmp_path, numa="membind", numa_nodes=(1, 3), numa_node_count=2), None)
+    bound = KT.server_args(
+        _stack(tmp_path, numa_policy="membind", bind_nodes=(1, 3), numa_node_count=2), None
+    )
     assert bound[bound.index("--kt-threadpool-count") :][:2] == ["--kt-threadpool-count", "2"]
     assert bound[bound.index("--kt-numa-nodes") :][:3] == ["--kt-numa-nodes", "1", "3"]
     assert LEGACY.server_args(_stack(tmp_path, engine="ktransformers-legacy"), None) == [

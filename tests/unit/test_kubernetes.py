@@ -77,7 +77,7 @@ def test_every_preset_gives_valid_manifests(tmp_path: Path, engine: str) -> None
                 tmp_path / "models" / f"{preset.architecture}.gguf", TINY[preset.architecture]
             )
             options = StackOptions(
-                model=model,
+                model_path=model,
                 engine=engine,
                 preset=preset.name,
                 gpu="nvidia",
@@ -106,7 +106,7 @@ def test_the_mapping_field_by_field(tmp_path: Path, deepseek_model: Path) -> Non
     host = _host(tmp_path, EPYC_9554_FLAGS, 2, H200 * 2)
     stack = assemble_stack(
         StackOptions(
-            model=deepseek_model,
+            model_path=deepseek_model,
             engine="ik_llama.cpp",
             preset="deepseek-r1-671b",
             gpu="nvidia",
@@ -157,14 +157,14 @@ def test_the_mapping_field_by_field(tmp_path: Path, deepseek_model: Path) -> Non
         "persistentVolumeClaim": {"claimName": "r1-weights", "readOnly": True},
     }
     secret = next(v for v in pod["volumes"] if v["name"] == "api-key")
-    assert secret["secret"]["secretName"] == f"{resource_name(stack.project)}-api-key"
+    assert secret["secret"]["secretName"] == f"{resource_name(stack.project_name)}-api-key"
     assert "s3cret" not in yaml.safe_dump(deployment)  # the key itself never in a manifest
     assert container["startupProbe"]["failureThreshold"] == stack.start_period_s // 10 + 1
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
     assert pod["nodeSelector"]["feature.node.kubernetes.io/cpu-cpuid.AVX512F"] == "true"  # zen4 from the tag
     assert service["spec"]["ports"][0]["port"] == 8080  # type: ignore[index]
     text = to_kubernetes_yaml(
-        [deployment, service], "moe-stack compose ...", f"{resource_name(stack.project)}-api-key"
+        [deployment, service], "moe-stack compose ...", f"{resource_name(stack.project_name)}-api-key"
     )
     assert (
         "&id" not in text and "kubectl create secret generic" in text and "cpuManagerPolicy: static" in text
@@ -176,7 +176,7 @@ def test_the_same_command_as_the_compose_file(tmp_path: Path, model: Path) -> No
     host = _host(tmp_path, XEON_EMR_FLAGS, 1, H200)
     stack = assemble_stack(
         StackOptions(
-            model=model, engine="llama.cpp", preset="qwen3-235b-a22b", gpu="nvidia", hugetlbfs="off"
+            model_path=model, engine="llama.cpp", preset="qwen3-235b-a22b", gpu="nvidia", hugetlbfs="off"
         ),
         host,
     )
@@ -187,7 +187,9 @@ def test_the_same_command_as_the_compose_file(tmp_path: Path, model: Path) -> No
 
 def test_hugepages_and_refusals(tmp_path: Path) -> None:
     model = tmp_path / "m.gguf"
-    stack = StackSpec(project="p_q", engine="llama.cpp", image="i:1", model=model, threads=8, hugetlbfs="1G")
+    stack = StackSpec(
+        project_name="p_q", engine="llama.cpp", image_ref="i:1", model=model, cpu_threads=8, hugetlbfs="1G"
+    )
     use = MemoryUse(model_bytes=100 * 2**30, on_hugepages=True, kv_bytes=0, prompt_cache_bytes=8 * 2**30)
     deployment, _ = manifests(stack, None, KubeOptions(memory=use))
     _validate([deployment])

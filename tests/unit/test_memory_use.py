@@ -38,7 +38,7 @@ def test_each_presets_stack_adds_up(tmp_path: Path, host: HostFacts, preset: str
 
     def use(**changes: object) -> tuple[int, int]:
         options = StackOptions(
-            model=model, engine=engine, preset=preset, skip_image_checks=True, for_other_host=True
+            model_path=model, engine=engine, preset=preset, skip_image_checks=True, for_other_host=True
         )
         stack = assemble_stack(options.model_copy(update=changes), host)
         found = memory_use(stack)
@@ -68,7 +68,10 @@ def test_cache_ram_is_emitted_in_mib_for_both_llama_engines(tmp_path: Path, host
     model = write_moe_gguf(tmp_path / "models" / "m.gguf", TINY["qwen3moe"])
     for engine in ("llama.cpp", "ik_llama.cpp"):
         options = StackOptions(
-            model=model, engine=engine, engine_options=EngineOptions(cache_ram="0"), skip_image_checks=True
+            model_path=model,
+            engine=engine,
+            engine_options=EngineOptions(cache_ram="0"),
+            skip_image_checks=True,
         )
         args = get_engine(engine).server_args(assemble_stack(options, host), None)
         assert args[args.index("--cache-ram") + 1] == "0"

@@ -84,7 +84,7 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
         + 1.003 * GIB
     ) / GIB
     options = StackOptions(
-        model=model,
+        model_path=model,
         gpu="nvidia",
         gpus=(2, 3),
         fit_vram_gb=(vram_gb, vram_gb),
@@ -115,12 +115,12 @@ def test_a_stack_on_two_of_four_gpus(tmp_path: Path, model: Path) -> None:
 def test_refusals(tmp_path: Path, model: Path) -> None:
     host = _host(tmp_path, TWO_4090)
     with pytest.raises(SpecError, match="--gpus names GPU 2, and this host has 2"):
-        assemble_stack(StackOptions(model=model, gpu="nvidia", gpus=(0, 2)), host)
+        assemble_stack(StackOptions(model_path=model, gpu="nvidia", gpus=(0, 2)), host)
     with pytest.raises(SpecError, match="names 2 GPUs and --fit-vram-gb sizes 1"):
-        assemble_stack(StackOptions(model=model, gpu="nvidia", gpus=(0, 1), fit_vram_gb=(24,)), host)
+        assemble_stack(StackOptions(model_path=model, gpu="nvidia", gpus=(0, 1), fit_vram_gb=(24,)), host)
     with pytest.raises(SpecError, match="keeps its GPU experts on one GPU"):
         assemble_stack(
-            StackOptions(model=model, engine="ktransformers", gpu="nvidia", fit_vram_gb=(24, 24)), host
+            StackOptions(model_path=model, engine="ktransformers", gpu="nvidia", fit_vram_gb=(24, 24)), host
         )
 
 
@@ -128,7 +128,7 @@ def test_either_llama_engine_may_place_everything_itself(tmp_path: Path, model: 
     """`--placement fit`: mainline's `--fit on`, ik_llama.cpp's `--fit` switch after every layer on the GPU
     (its default is none), each with the stack's margin (1 GiB unless --vram-margin-gb says)."""
     host = _host(tmp_path, TWO_4090)
-    options = StackOptions(model=model, gpu="nvidia", preset="qwen3-235b-a22b", placement="fit")
+    options = StackOptions(model_path=model, gpu="nvidia", preset="qwen3-235b-a22b", placement="fit")
     stack = assemble_stack(options, host)
     command = compose_dict(stack, "x")["services"]["engine"]["command"]
     assert (

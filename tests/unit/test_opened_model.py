@@ -49,7 +49,7 @@ def test_one_compose_reads_each_gguf_once(
         path.chmod(0o644)
     host = epyc_host(tmp_path / "host", cores=8, threads=1, node_gib=64)
     options = StackOptions(
-        model=model,
+        model_path=model,
         engine=engine,
         preset="qwen3-235b-a22b",
         gpu="nvidia",

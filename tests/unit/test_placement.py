@@ -53,12 +53,18 @@ def test_cpulist() -> None:
 def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     key = readable_file(tmp_path / "key", b"k3y-v4lue-not-in-compose\n")
-    base = {"project": "p", "engine": "llama.cpp", "image": "i", "model": model, "threads": 4}
+    base = {"project_name": "p", "engine": "llama.cpp", "image_ref": "i", "model": model, "cpu_threads": 4}
     plain = compose_dict(StackSpec(**base), "x")["services"]["engine"]
     assert "cap_add" not in plain and "environment" not in plain and "deploy" not in plain
     full = compose_dict(
         StackSpec(
-            **base, numa="membind", numa_nodes=(0, 1), cpuset="0-31", gpu="cdi", mlock=True, api_key_file=key
+            **base,
+            numa_policy="membind",
+            bind_nodes=(0, 1),
+            cpuset="0-31",
+            gpu="cdi",
+            mlock=True,
+            api_key_file=key,
         ),
         "x",
     )
@@ -80,7 +86,7 @@ def test_compose_gets_the_capabilities_its_features_need(tmp_path: Path) -> None
     ]
     assert "k3y-v4lue" not in str(full), "the key itself never enters the compose file"
     with pytest.raises(ValueError, match="needs the nodes to bind to"):
-        StackSpec(**base, numa="membind")
+        StackSpec(**base, numa_policy="membind")
 
 
 def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
@@ -98,7 +104,13 @@ def test_hugepages_need_a_reserved_pool_and_ik(tmp_path: Path) -> None:
             nvidia_smi_text="",
         )
     )
-    stack = {"project": "p", "image": "i", "model": Path("/m/x.gguf"), "threads": 4, "hugepages": True}
+    stack = {
+        "project_name": "p",
+        "image_ref": "i",
+        "model": Path("/m/x.gguf"),
+        "cpu_threads": 4,
+        "hugepages": True,
+    }
     assert "-thp" in get_engine("ik_llama.cpp").server_args(StackSpec(engine="ik_llama.cpp", **stack), None)
     with pytest.raises(StackError, match="^llama.cpp does not read --hugepages: drop it"):
         get_engine("llama.cpp").server_args(StackSpec(engine="llama.cpp", **stack), None)
@@ -129,7 +141,10 @@ def test_hugetlbfs_pool_must_hold_the_model(tmp_path: Path) -> None:
 def test_hugetlbfs_volume_is_the_engine_users(tmp_path: Path) -> None:
     model = readable_file(tmp_path / "m" / "x.gguf", b"GGUF")
     doc = compose_dict(
-        StackSpec(project="p", engine="llama.cpp", image="i", model=model, threads=4, hugetlbfs="1G"), "x"
+        StackSpec(
+            project_name="p", engine="llama.cpp", image_ref="i", model=model, cpu_threads=4, hugetlbfs="1G"
+        ),
+        "x",
     )
     service = doc["services"]["engine"]
     assert service["environment"] == {"MOE_STACK_HUGETLBFS": "/hugepages"}
@@ -142,11 +157,11 @@ def test_hugetlbfs_volume_is_the_engine_users(tmp_path: Path) -> None:
     assert "cap_add" not in service, "Docker mounts the volume: the engine needs no capability for it"
     with pytest.raises(ValueError, match="two ways to the same pool: pick one"):
         StackSpec(
-            project="p",
+            project_name="p",
             engine="ik_llama.cpp",
-            image="i",
+            image_ref="i",
             model=model,
-            threads=4,
+            cpu_threads=4,
             hugetlbfs="2M",
             hugepages=True,
         )

@@ -33,7 +33,9 @@ def _stack(tmp_path: Path, key: Path) -> StackSpec:
     model.parent.mkdir(mode=0o755)
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
-    return StackSpec(project="p", engine="llama.cpp", image="img:1", model=model, threads=2, api_key_file=key)
+    return StackSpec(
+        project_name="p", engine="llama.cpp", image_ref="img:1", model=model, cpu_threads=2, api_key_file=key
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chgrp to the engine's gid needs root")

@@ -40,7 +40,14 @@ REASONING = (
 
 def _stack(engine: str, **options: object) -> StackSpec:
     return StackSpec.model_validate(
-        {"project": "p", "engine": engine, "image": "i", "model": Path("/m/x.gguf"), "threads": 8, **options}
+        {
+            "project_name": "p",
+            "engine": engine,
+            "image_ref": "i",
+            "model": Path("/m/x.gguf"),
+            "cpu_threads": 8,
+            **options,
+        }
     )
 
 
@@ -230,11 +237,11 @@ def test_a_users_template_kwargs_add_to_the_stacks(tmp_path: Path) -> None:
     model.chmod(0o644)
     extra = ("--chat-template-kwargs", '{"clear_thinking": false}')
     stack = StackSpec(
-        project="p",
+        project_name="p",
         engine="ik_llama.cpp",
-        image="img:1",
+        image_ref="img:1",
         model=model,
-        threads=4,
+        cpu_threads=4,
         reasoning_effort="low",
         extra_args=extra,
     )

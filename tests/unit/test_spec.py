@@ -65,7 +65,13 @@ def test_unknown_engine_and_cpu_target() -> None:
 
 
 def _stack(**update: object) -> StackSpec:
-    values = {"project": "p", "engine": "llama.cpp", "image": "i", "model": Path("/m.gguf"), "threads": 2}
+    values = {
+        "project_name": "p",
+        "engine": "llama.cpp",
+        "image_ref": "i",
+        "model": Path("/m.gguf"),
+        "cpu_threads": 2,
+    }
     return StackSpec(**(values | update))
 
 

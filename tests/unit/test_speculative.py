@@ -41,7 +41,9 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _args(engine: str, model: Path, gpu: str = "none", **options: object) -> list[str]:
-    stack = StackSpec(project="p", engine=engine, image="i:1", model=model, threads=2, gpu=gpu, **options)  # type: ignore[arg-type]
+    stack = StackSpec(
+        project_name="p", engine=engine, image_ref="i:1", model=model, cpu_threads=2, gpu=gpu, **options
+    )  # type: ignore[arg-type]
     contract = recorded_contract(get_engine(engine))
     assert contract is not None
     return get_engine(engine).server_args(stack, contract.flags)
@@ -83,7 +85,9 @@ def test_each_engine_writes_a_draft_in_its_own_syntax(ggufs: dict[str, Path]) ->
     contract = recorded_contract(get_engine("ik_llama.cpp"))
     assert contract is not None
     older = {**contract.flags, "--spec-type": "Name [none | ngram - cache | ngram - simple]"}
-    stack = StackSpec(project="p", engine="ik_llama.cpp", image="i:1", model=ggufs["model"], threads=2)
+    stack = StackSpec(
+        project_name="p", engine="ik_llama.cpp", image_ref="i:1", model=ggufs["model"], cpu_threads=2
+    )
     drafting = stack.model_copy(update={"draft_model": ggufs["draft"], "draft_max": 4})
     old_args = get_engine("ik_llama.cpp").server_args(drafting, older)
     assert old_args[old_args.index("--model-draft") :][:4] == [
@@ -103,7 +107,9 @@ def test_an_older_mainline_without_the_new_spellings_gets_the_old_or_a_refusal(
     assert contract is not None
     older = {k: v for k, v in contract.flags.items() if not k.startswith("--spec-draft")}
     older["--spec-type"] = "none,ngram-cache"
-    stack = StackSpec(project="p", engine="llama.cpp", image="i:1", model=ggufs["model"], threads=2)
+    stack = StackSpec(
+        project_name="p", engine="llama.cpp", image_ref="i:1", model=ggufs["model"], cpu_threads=2
+    )
     adapter = get_engine("llama.cpp")
     assert adapter.draft_max_flag(older) == "--draft-max"  # type: ignore[attr-defined]
     with pytest.raises(StackError, match="no --spec-type draft-mtp; drop --mtp"):

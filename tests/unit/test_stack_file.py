@@ -25,7 +25,13 @@ def _stack(tmp_path: Path, **update: object) -> StackSpec:
     model.parent.mkdir(exist_ok=True, mode=0o755)
     model.write_bytes(b"GGUF")
     model.chmod(0o644)
-    values = {"project": "demo", "engine": "llama.cpp", "image": "img:1", "model": model, "threads": 4}
+    values = {
+        "project_name": "demo",
+        "engine": "llama.cpp",
+        "image_ref": "img:1",
+        "model": model,
+        "cpu_threads": 4,
+    }
     return StackSpec(**(values | update))
 
 
@@ -38,7 +44,7 @@ def test_what_compose_wrote_reads_back(tmp_path: Path) -> None:
     stack = _stack(
         tmp_path,
         gpu="nvidia",
-        numa="interleave",
+        numa_policy="interleave",
         cpuset="0-3",
         port=18123,
         extra_args=("--system-prompt-file", "cost$5"),

@@ -108,7 +108,9 @@ def _stack(engine: str, ggufs: dict[str, Path], gpu: str = "none") -> StackSpec:
     options = checked_projector(
         EngineOptions(mmproj=ggufs["mmproj"]), opened(ggufs["model"]), get_engine(engine)
     )
-    stack = StackSpec(project="p", engine=engine, image="i:1", model=ggufs["model"], threads=2, gpu=gpu)  # type: ignore[arg-type]
+    stack = StackSpec(
+        project_name="p", engine=engine, image_ref="i:1", model=ggufs["model"], cpu_threads=2, gpu=gpu
+    )  # type: ignore[arg-type]
     return stack.with_options(options)
 
 
@@ -126,7 +128,9 @@ def test_both_llama_cpp_engines_load_it_beside_the_model(engine: str, ggufs: dic
 
 
 def test_ktransformers_refuses_it_by_name(ggufs: dict[str, Path]) -> None:
-    stack = StackSpec(project="p", engine="ktransformers", image="i:1", model=ggufs["model"], threads=2)
+    stack = StackSpec(
+        project_name="p", engine="ktransformers", image_ref="i:1", model=ggufs["model"], cpu_threads=2
+    )
     with pytest.raises(
         StackError, match="ktransformers does not read --mmproj: drop it; .* a llama.cpp engine"
     ):
@@ -159,7 +163,7 @@ def test_the_plan_and_a_cpu_stacks_memory_count_it(ggufs: dict[str, Path]) -> No
 def test_a_stack_routing_several_models_refuses_it(ggufs: dict[str, Path]) -> None:
     second = write_moe_gguf(ggufs["model"].parent / "m2.gguf", QWEN, seed=2)
     models = [
-        StackOptions(model=model, engine_options=EngineOptions(mmproj=projector), for_other_host=True)
+        StackOptions(model_path=model, engine_options=EngineOptions(mmproj=projector), for_other_host=True)
         for model, projector in ((ggufs["model"], ggufs["mmproj"]), (second, None))
     ]
     with pytest.raises(StackError, match=r"images \(--mmproj\) are for a stack of one model"):
