@@ -449,9 +449,7 @@ class EngineChoice(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    engine: EngineField = option(
-        "llama.cpp", "--engine", "-e", help="the engine that serves the model", validate_default=True
-    )
+    engine: EngineField = option("llama.cpp", "--engine", "-e", help="the engine", validate_default=True)
 
 
 class StackSpec(EngineChoice, NeutralOptions, ServedOptions, ContainerOptions, EnginePlacement):

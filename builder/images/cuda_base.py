@@ -146,28 +146,50 @@ def _base_env(cuda: LocalCuda) -> dict[str, str]:
     }
 
 
-def render_files(
-    cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime
-) -> dict[str, str]:
-    """Every file of the PyPI base images' build context, by name."""
-    text = (
+def _dockerfile(
+    template: str,
+    cuda: LocalCuda,
+    debian_base: str,
+    created: datetime,
+    more_labels: dict[str, str],
+    **values: object,
+) -> str:
+    """A base's Dockerfile: what both origins' templates place (the release, its prefix and environment,
+    both images' labels, the check), and the origin's own `values`."""
+    labels = {flavour: base_labels(cuda, debian_base, runtime, created) | more_labels
+              for flavour, runtime in (("devel", False), ("runtime", True))}  # fmt: skip
+    return (
         template_environment()
-        .get_template(f"{_TEMPLATE_DIR}/Dockerfile.j2")
+        .get_template(f"{_TEMPLATE_DIR}/{template}")
         .render(
             builder_version=__version__,
             cuda_version=cuda.version,
             debian_base=debian_base,
             prefix=cuda.prefix,
             prefix_name=Path(cuda.prefix).name,
-            wheel_root=cuda.wheel_root,
-            wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
-            runtime_libs=cuda.runtime_libs,
             env=_base_env(cuda),
-            devel_labels=base_labels(cuda, debian_base, False, created),
-            runtime_labels=base_labels(cuda, debian_base, True, created),
+            devel_labels=labels["devel"],
+            runtime_labels=labels["runtime"],
             check_arch=CHECK_ARCH,
-            check_packages=["g++"],
+            **values,
         )
+    )
+
+
+def render_files(
+    cuda: PypiCuda, debian_base: str, wheel_files: dict[str, Path], created: datetime
+) -> dict[str, str]:
+    """Every file of the PyPI base images' build context, by name."""
+    text = _dockerfile(
+        "Dockerfile.j2",
+        cuda,
+        debian_base,
+        created,
+        {},
+        wheel_root=cuda.wheel_root,
+        wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
+        runtime_libs=cuda.runtime_libs,
+        check_packages=["g++"],
     )
     root = templates_root() / _TEMPLATE_DIR
     sums = "".join(f"{wheel.sha256}  /wheels/{wheel_files[wheel.name].name}\n" for wheel in cuda.wheels)
@@ -200,27 +222,19 @@ def host_driver_control(cuda: DebianCuda) -> str:
 
 def render_debian_files(cuda: DebianCuda, debian_base: str, mirror: str, created: datetime) -> dict[str, str]:
     """Every file of the Debian base images' build context, by name."""
-    text = (
-        template_environment()
-        .get_template(f"{_TEMPLATE_DIR}/debian.Dockerfile.j2")
-        .render(
-            builder_version=__version__,
-            cuda_version=cuda.version,
-            debian_base=debian_base,
-            suite=cuda.suite,
-            component=cuda.component,
-            prefix=cuda.prefix,
-            prefix_name=Path(cuda.prefix).name,
-            host_gcc=cuda.host_gcc,
-            host_driver_package=HOST_DRIVER_PACKAGE,
-            devel_pins=cuda.pins(runtime=False),
-            runtime_pins=cuda.pins(runtime=True),
-            env=_base_env(cuda),
-            devel_labels=base_labels(cuda, debian_base, False, created) | {MIRROR_LABEL: mirror},
-            runtime_labels=base_labels(cuda, debian_base, True, created) | {MIRROR_LABEL: mirror},
-            check_arch=CHECK_ARCH,
-            check_packages=[],
-        )
+    text = _dockerfile(
+        "debian.Dockerfile.j2",
+        cuda,
+        debian_base,
+        created,
+        {MIRROR_LABEL: mirror},
+        suite=cuda.suite,
+        component=cuda.component,
+        host_gcc=cuda.host_gcc,
+        host_driver_package=HOST_DRIVER_PACKAGE,
+        devel_pins=cuda.pins(runtime=False),
+        runtime_pins=cuda.pins(runtime=True),
+        check_packages=[],
     )
     root = templates_root() / _TEMPLATE_DIR
     return {
