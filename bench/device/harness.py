@@ -14,7 +14,10 @@ TREE    an engine (llama.cpp, ik_llama.cpp) or ENGINE@NAME, another tree of it: 
         (builder.images.render.configure_args for CUDA 13.0, sm_90 and the sapphirerapids CPU target;
         TREE+cpu-TARGET: the CPU-only image's, for TARGET). The trees build one after the other on
         every core, in the background: a build outlives the call that started it, and a case waits
-        for its own tree while the cases of built ones run.
+        for its own tree while the cases of built ones run. ENGINE@NAME+image: a built image of the
+        engine instead, its root filesystem carried in parts (.device/seed/TREE/, made by
+        bench/device/carry_image.sh; each call carries what fits) and entered as a container
+        runtime enters it once whole (machine.enter; `serve` only).
 MODEL   a name of models.MODELS (written once per machine); NAME~TYPE is it requantized to TYPE by
         ik_llama.cpp's llama-quantize (--pure), NAME~exps=TYPE its routed experts alone.
 MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth, pinned-pages (kt.py's: kt,
@@ -33,6 +36,7 @@ What a call carries (git-ignored, made on the development machine; 64 MiB a call
                             --only-binary :all: --python-version 3.12 --no-deps gguf pydantic pydantic-core
                             python-on-whales typer click rich ... -d .device/seed/whl`
   .device/kt/               the kt measures' packages (bench/device/prepare_kt_gpu.sh)
+  .device/seed/TREE/        an image's root filesystem in parts (bench/device/carry_image.sh)
 `harness.py --check CASES_FILE…` says what is wrong with a list short of the machine (a unit test runs it
 over every recorded list).
 """
@@ -48,7 +52,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from machine import OUT, WORK, Case, Tree, on_path, read_rate_gbs, with_builder_deps
+from machine import OUT, WORK, Case, Tree, on_path, read_rate_gbs, unpack_image, with_builder_deps
 
 
 def start_builds(needed: dict[Tree, set[str]]) -> None:
@@ -137,7 +141,9 @@ def run(paths: list[Path]) -> None:
         if "~" in case.model:
             needed.setdefault(quantizer_of(case.tree), set()).add("llama-quantize")
     facts()
-    start_builds(needed)
+    start_builds({tree: targets for tree, targets in needed.items() if not tree.is_image})
+    for image in (tree for tree in needed if tree.is_image):
+        unpack_image(image)
     ensure_models(
         sorted({case.model.partition("~")[0] for case in cases if case.tree in needed}), OUT / "models.jsonl"
     )

@@ -1,4 +1,4 @@
-"""KTransformers' server on the GPU machine: the `kt` and `kt-restart` measures of harness.py.
+"""KTransformers on the GPU machine: the `kt`, `kt-restart` and `kt-check` measures of harness.py.
 
 That machine has no Docker, no network and a 64 MiB carry, and the CUDA image is ~10 GB, so the image's
 own Python packages run natively (.device/kt/overlay.tar.xz from bench/device/prepare_kt_gpu.sh, over the
@@ -16,6 +16,8 @@ by the image's entrypoint with the container's paths mapped onto this machine's.
               --keep-prompts, served twice on one directory for its prompts volume (the image's helper
               stopped alone, as `docker stop` stops a container): per request the seconds to its one
               token and where its cached tokens came from (the GPU, host memory or the files)
+
+  kt-check    host:kt: kt-kernel's CPU variants through the images' check (each the carry holds)
 
 MODEL is a name of KT_MODELS (each preset's model at its real widths, 16 experts); layers=N another depth.
 """
@@ -273,6 +275,25 @@ def measure_kt(case: Case, row: dict, deadline: float) -> None:
         logged = [line[:300] for line in text.splitlines() if any(word in line for word in said)]
         row["kt_kernel_logged"] = list(dict.fromkeys(logged))[:16]
         row["key_in_server_log"] = key.read_text().strip() in text
+
+
+def measure_kt_check(case: Case, row: dict, deadline: float) -> None:
+    """kt-kernel as the images load it, through their check (dockerfiles/ktransformers/moe-stack-kt-check,
+    host:kt): the variant it picks on this CPU, then each variant the carried kt_kernel holds forced
+    (KT_KERNEL_CPU_VARIANT), each against NumPy's float64 reference."""
+    del case, deadline
+    kt_env()  # the overlay unpacked: which variants it holds
+    variants = sorted({path.name.split(".")[0].removeprefix("_kt_kernel_ext_")
+                       for path in (KT / "site/kt_kernel").glob("_kt_kernel_ext_*.so")})  # fmt: skip
+    for variant in ["", *variants]:
+        started = time.time()
+        try:
+            printed = python(str(HELPERS / "moe-stack-kt-check"), "--threads", str(os.cpu_count()),
+                             env={"KT_KERNEL_CPU_VARIANT": variant})  # fmt: skip
+            report = json.loads(next(line for line in printed.splitlines() if line.startswith("{")))
+        except (StackError, StopIteration) as err:
+            report = {"error": str(err)[-500:]}
+        row[variant or "chosen"] = {"seconds": round(time.time() - started, 1), **report}
 
 
 def decode_rates(api: EngineApi, served: str, tokens: int = 64, rounds: int = 3) -> dict[str, object]:

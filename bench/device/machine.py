@@ -1,9 +1,11 @@
 """What the GPU machine's harness stands on (bench/device/harness.py runs the lists; measures.py, kt.py and
 models.py use these): where things are, the builder on the path, an engine tree built as its image
-builds it, an engine's process, the GPU's memory, the host's read rate, and a case."""
+builds it or an image's root filesystem entered as a container runtime enters it, an engine's process,
+the GPU's memory, the host's read rate, and a case."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -57,7 +59,7 @@ def builder_env() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Tree:
-    name: str  # ENGINE[@NAME][+cpu-TARGET]
+    name: str  # ENGINE[@NAME][+cpu-TARGET], or ENGINE@NAME+image: an image of it (its rootfs carried)
 
     @property
     def source(self) -> str:
@@ -70,6 +72,10 @@ class Tree:
     @property
     def cpu_only(self) -> bool:
         return self.name.partition("+")[2].startswith("cpu-")
+
+    @property
+    def is_image(self) -> bool:
+        return self.name.endswith("+image")
 
     @property
     def home(self) -> Path:
@@ -140,6 +146,95 @@ class Tree:
         ok = all(subprocess.run(step, check=False).returncode == 0 for step in steps)
         (WORK / "trees" / f"{self.name}.done").write_text("ok\n" if ok else "failed\n")
         return ok
+
+
+# ----- images, run as a container runtime runs them ----------------------------------------------
+
+# What NVIDIA's container toolkit binds in for NVIDIA_DRIVER_CAPABILITIES=compute,utility: the host
+# driver's own libraries.
+DRIVER_LIBRARIES = ("libcuda.so.1", "libcudadebugger.so.1", "libnvidia-nvvm.so.4",
+                    "libnvidia-ptxjitcompiler.so.1", "libnvidia-gpucomp.so", "libnvidia-ml.so.1")  # fmt: skip
+DRIVER_DIRS = (
+    "/usr/local/nvidia",
+    "/usr/lib/x86_64-linux-gnu",
+)  # where a library not in the cache is looked for
+LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu"
+
+
+def host_files(name: str, roots: tuple[str, ...]) -> list[Path]:
+    """This host's files named `name` (a glob): the loader's cache first, then under `roots`, resolved."""
+    cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=False).stdout
+    found = [line.rpartition(" => ")[2] for line in cache.splitlines()
+             if "x86-64" in line and Path(line.split(" ", 1)[0].strip()).match(name)]  # fmt: skip
+    found += [str(path) for root in roots if Path(root).is_dir() for path in Path(root).rglob(name)]
+    return list(dict.fromkeys(Path(path).resolve() for path in found if Path(path).is_file()))
+
+
+def image_binds(removed: Path) -> tuple[list[str], list[str]]:
+    """HOST=PATH binds into an image and what each is: the driver's libraries, and each file its carry left
+    out (REMOVED: `sha256 bytes /path` a line, cuBLAS of a CUDA 13 image) from the host's copy, the one
+    with the image's bytes where there is one."""
+    binds, said = [], []
+    for soname in DRIVER_LIBRARIES:
+        found = host_files(soname, ()) or host_files(soname.partition(".so")[0] + ".so*", DRIVER_DIRS)
+        if found:
+            binds.append(f"{found[0]}={LIBRARY_DIR}/{soname}")
+            said.append(f"driver: {found[0]}")
+    for line in removed.read_text().splitlines() if removed.is_file() else []:
+        sha, _, path = line.split(" ", 2)
+        copies = host_files(Path(path).name, ("/usr/local", "/opt", "/usr/lib"))
+        if not copies:
+            raise OSError(f"no {Path(path).name} on this host to bind at {path}")
+        same = [copy for copy in copies if hashlib.sha256(copy.read_bytes()).hexdigest() == sha]
+        binds.append(f"{(same or copies)[0]}={path}")
+        said.append(f"{path}: {(same or copies)[0]} ({'the same bytes' if same else 'OTHER bytes'})")
+    return binds, said
+
+
+def unpack_image(tree: Tree) -> None:
+    """The parts of the image's root filesystem this call carried (.device/seed/TREE/), gathered with the
+    earlier calls'; once whole (rootfs.sha256), unpacked and readied for enter(): what enter.sh binds
+    placed, the loader's cache refreshed (the toolkit's hook does so for what it adds)."""
+    gathered = tree.home / "carried"
+    if tree.state != "building" or not (CARRIED / tree.name).is_dir():
+        return
+    shutil.copytree(CARRIED / tree.name, gathered, dirs_exist_ok=True)
+    parts = sorted(gathered.glob("rootfs.tar.xz.part-*"))
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.read_bytes())
+    if digest.hexdigest() != (gathered / "rootfs.sha256").read_text().split()[0]:
+        print(f"{tree.name}: {len(parts)} parts so far; the next call carries more", flush=True)
+        return
+    rootfs = tree.home / "rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    rootfs.mkdir(parents=True)
+    with subprocess.Popen(["cat", *map(str, parts)], stdout=subprocess.PIPE) as joined:
+        untar = ["tar", "-C", str(rootfs), "--numeric-owner", "-xJf", "-"]
+        unpacked = subprocess.run(untar, stdin=joined.stdout, check=False)
+    for mount_point in ("proc", "tmp", "dev", "models"):
+        (rootfs / mount_point).mkdir(exist_ok=True)
+    binds, said = image_binds(gathered / "removed.txt")
+    for bind in binds:
+        target = rootfs / bind.partition("=")[2].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    subprocess.run(["chroot", str(rootfs), "ldconfig"], check=False)
+    (tree.home / "binds.txt").write_text("".join(bind + "\n" for bind in binds))
+    (OUT / f"{tree.name}.binds.txt").write_text("".join(line + "\n" for line in said))
+    (WORK / "trees" / f"{tree.name}.done").write_text("ok\n" if unpacked.returncode == 0 else "failed\n")
+
+
+def enter(tree: Tree, models: Path, args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """The image's entrypoint with `args`, its environment the image's own (env.txt) and `env`, `models`
+    at /models, in new mount and PID namespaces as enter.sh makes them (`stop` ends all of it)."""
+    image_env = (tree.home / "carried/env.txt").read_text().splitlines()
+    files = {"env": [*image_env, *(f"{key}={value}" for key, value in env.items())], "args": args}
+    for name, lines in files.items():
+        (tree.home / f"{name}.txt").write_text("".join(line + "\n" for line in lines))
+    enter_sh = [str(Path(__file__).with_name("enter.sh")), str(tree.home / "rootfs"), str(models)]
+    enter_sh += [str(tree.home / f"{name}.txt") for name in ("binds", "env", "args")]
+    return serve(Path("unshare"), ["--mount", "--pid", "--fork", "--kill-child", "bash", *enter_sh], log)
 
 
 # ----- the engine's process and the GPU ----------------------------------------------------------

@@ -2,7 +2,9 @@
 [--preset P]` emits for this host and the case's model, run natively by the case's tree.
 
   serve    the engine's server: healthy, its logged buffers, GPU memory (peak, sampled), a completion,
-           prefill and decode rounds (a warm-up first), decode against the read bound.
+           prefill and decode rounds (a warm-up first), decode against the read bound. Of an image
+           (ENGINE@NAME+image): its entrypoint with the service's command and environment, in its own
+           root filesystem (machine.enter), beside a tree's server in alternating rounds.
            load=1 (started, buffers read, stopped), pp=N/N… (prefill at each length), rounds=N,
            cold=1 (page cache dropped first), card=GiB (a torch process holds all but that much of
            the GPU), load_mode=MODE (mainline's --load-mode), warmup=full
@@ -15,7 +17,7 @@
            more of its options, split at /)
   bandwidth host:tool or host:reference: a read of host memory (march=, pages=, bind=close, vector=512)
   pinned-pages  host:torch: the page-locked allocations SGLang's file backend makes to read a prompt back
-  kt, kt-restart   KTransformers' server from the image's own packages (kt.py)
+  kt, kt-restart, kt-check   KTransformers from the image's own packages (kt.py)
 
 Options of every stack: preset=none (compose's own derivation), extra=ARG/ARG (engine arguments
 after --), fit=GiB, placement=fit, gpu=none, and EngineOptions fields (ub, ctx and mmap for short);
@@ -41,6 +43,7 @@ from machine import (
     GpuPeak,
     Tree,
     builder_env,
+    enter,
     gpu_used_mib,
     healthy,
     next_port,
@@ -49,7 +52,9 @@ from machine import (
 )
 from models import KT_MODELS, MODELS, path_of, quantized, quantizer_of
 
+from builder.contract import CONTAINER_PORT
 from builder.engines import get_engine
+from builder.engines.base import StackSpec
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.host.probe import probe
@@ -58,7 +63,9 @@ from builder.platform.flags import check_args, parse_contract
 from builder.running.api import EngineApi
 from builder.running.tool_bench import parse_llama_bench, tool_args
 from builder.spec import EngineOptions
+from builder.stackfile.service_parts import SERVICE
 from builder.stacks.assemble import assemble_stack
+from builder.stacks.compose import compose_stack
 from builder.stacks.options import StackOptions
 
 HOST = probe()
@@ -112,19 +119,17 @@ def contract(tree: Tree, tool: str = "llama-server") -> dict[str, str]:
     return parse_contract(help_text, literals)
 
 
-def command(case: Case, port: int) -> list[str]:
-    """The stack's engine arguments as compose writes them for this host, checked against the build's
-    contract, pointed at the model file and a local port."""
+def stack_of(case: Case) -> StackSpec:
+    """The stack compose writes for this host and the case's model and options."""
     options = case.options
-    model = model_file(case)
-    stack = assemble_stack(
+    return assemble_stack(
         StackOptions(
-            model_path=model,
+            model_path=model_file(case),
             engine=case.tree.engine_name,  # type: ignore[arg-type]  # given by name
             preset=None if options.get("preset") == "none" else MODELS[case.model.partition("~")[0]][0],
             gpu=options.get("gpu", "nvidia"),  # type: ignore[arg-type]
             numa="none",
-            image="native",
+            image="native",  # nothing pulls it: a tree runs natively, an image entered
             skip_image_checks=True,
             engine_options=engine_options(case),
             engine_args=tuple(options["extra"].split("/")) if "extra" in options else (),
@@ -133,6 +138,12 @@ def command(case: Case, port: int) -> list[str]:
         ),
         HOST,
     )
+
+
+def command(case: Case, port: int) -> list[str]:
+    """The stack's engine arguments, checked against the build's contract, pointed at the model file and
+    a local port."""
+    options, model, stack = case.options, model_file(case), stack_of(case)
     flags = contract(case.tree)
     args = stack.engine.server_args(stack, flags)
     check_args(args, flags, f"{case.tree.name} (native)")
@@ -174,15 +185,13 @@ def drop_caches() -> int:
 
 def measure_serve(case: Case, row: dict, deadline: float) -> None:
     options = case.options
-    port = next_port()
-    row["command"] = args = command(case, port)
     if options.get("cold") == "1":
         row["drop_caches_rc"] = drop_caches()
     holder = held_gpu(float(options["card"])) if "card" in options else None
     log = WORK / "logs" / f"{log_name(case, row['round'])}.log"
     started = time.time()
     with GpuPeak() as peak:
-        server = serve(case.tree.tool("llama-server"), args, log)
+        server, port = started_server(case, row, log)
         try:
             speeds(case, server, port, started, deadline, row)
         except StackError as err:  # e.g. the server died on a request: its buffers are still in the log
@@ -196,6 +205,18 @@ def measure_serve(case: Case, row: dict, deadline: float) -> None:
     row["buffers_mib"] = [[where, kind or "model", float(mib)] for where, kind, mib in BUFFER.findall(text)]
     offloaded = OFFLOADED.findall(text)
     row["offloaded"] = "/".join(offloaded[-1]) if offloaded else None
+
+
+def started_server(case: Case, row: dict, log: Path) -> tuple[subprocess.Popen, int]:
+    """The case's server and its port: the tree's llama-server with the stack's arguments, or an image's
+    entrypoint with the command and environment compose writes for its service, as a runtime starts it."""
+    if not case.tree.is_image:
+        port = next_port()
+        row["command"] = args = command(case, port)
+        return serve(case.tree.tool("llama-server"), args, log), port
+    service = compose_stack(stack_of(case), "bench/device/harness.py", check_files=False).service(SERVICE)
+    row["command"], row["environment"] = service.args, service.env
+    return enter(case.tree, model_file(case).parent, service.args, service.env, log), CONTAINER_PORT
 
 
 def speeds(
@@ -259,7 +280,7 @@ def measure_restart(case: Case, row: dict, deadline: float) -> None:
     for number, step in enumerate(["cold", "restart 0", "restart 1", "restart 2", "restart without restore"]):
         started = time.time()
         log = WORK / "logs" / f"{log_name(case, row['round'])}-{number}.log"
-        server = serve(case.tree.tool("llama-server"), args, log)
+        server, port = started_server(case, row, log)
         try:
             if not healthy(port, server, min(started + 600, deadline)):
                 row["error"] = f"{step}: not healthy (exit {server.poll()})"
@@ -405,6 +426,12 @@ def measure_kt_restart(case: Case, row: dict, deadline: float) -> None:
     kt.measure_kt_restart(case, row, deadline)
 
 
+def measure_kt_check(case: Case, row: dict, deadline: float) -> None:
+    import kt
+
+    kt.measure_kt_check(case, row, deadline)
+
+
 @dataclass(frozen=True)
 class Measure:
     run: Callable[[Case, dict, float], None]
@@ -422,6 +449,7 @@ MEASURES = {
     "pinned-pages": Measure(measure_pinned_pages, (), 60, ("torch",)),  # host:torch
     "kt": Measure(measure_kt, (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
     "kt-restart": Measure(measure_kt_restart, (), 480, tuple(KT_MODELS)),
+    "kt-check": Measure(measure_kt_check, (), 120, ("kt",)),  # host:kt
 }
 
 
@@ -442,7 +470,10 @@ def check(case: Case) -> None:
     if not measure.targets:
         return
     engine_options(case)
-    case.tree.configure_args()
+    if case.tree.is_image and case.measure != "serve":
+        raise ValueError(f"{case.line}: an image (+image) runs the serve measure only")
+    if not case.tree.is_image:
+        case.tree.configure_args()
 
 
 def run_case(case: Case, round_: int, bound_gbs: float | None, deadline: float) -> dict[str, object]:

@@ -50,6 +50,7 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
         ),
     ),
     "q235b": (Q235, synth_shape("qwen3moe", layers=8, context=4096)),
+    "q235-4": (Q235, synth_shape("qwen3moe", layers=4, context=4096)),  # the CUDA images' runs (P1)
 }
 # Issue 45's families at their real widths, each kind of layer the family has (a dense one, window and
 # full attention, delta nets, DeepSeek-V4's ratios), 16 experts and the synthetic vocabulary: small

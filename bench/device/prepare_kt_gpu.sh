@@ -9,8 +9,8 @@
 #     "payload" archives (sm100/FA3 objects), deep_gemm, mscclpp, flashinfer's cubins,
 #     nvidia-cutlass-dsl, tilelang, quack, torchao, torch-memory-saver, torchcodec, xgrammar,
 #     outlines, llguidance, media decoders, datasets, modelscope;
-#   - kt-kernel's variants other than amx and avx512_bf16 (the machine is an Emerald Rapids) and
-#     jedi's bundled type stubs;
+#   - kt-kernel's variants other than amx and avx512_bf16 (the machine is an Emerald Rapids; KT_VARIANTS=all
+#     keeps them, for kt-check) and jedi's bundled type stubs;
 # plus tokenizers 0.22.2 for the machine's 0.23.2, which transformers-kt 5.6 refuses at import, and the
 # official openai and anthropic clients smoke's checks use (moe-stack's own pins, above the openai 2.6.1
 # SGLang resolved: not yet run on the device with them).
@@ -42,7 +42,7 @@ for wheel in "$work"/whl/*.whl; do python3 -m zipfile -e "$wheel" "$work/site"; 
 cd "$work/site"
 rm -rf -- *_sgl_kernel_payload sgl_kernel_kt_payload_core deep_gemm lib _mscclpp* include flash_attn_origin \
   build_backend.py build_utils.py jedi/third_party/typeshed jedi/third_party/django-stubs
-rm -f kt_kernel/_kt_kernel_ext_avx2.* kt_kernel/_kt_kernel_ext_avx512_{base,vbmi,vnni}.*
+[ "${KT_VARIANTS:-}" = all ] || rm -f kt_kernel/_kt_kernel_ext_avx2.* kt_kernel/_kt_kernel_ext_avx512_{base,vbmi,vnni}.*
 find . -name __pycache__ -prune -exec rm -rf {} +
 mkdir -p "$repo/.device/kt"
 tar -cf - . | xz -9e -T0 >"$repo/.device/kt/overlay.tar.xz"

@@ -17,8 +17,8 @@ HARNESS = ROOT / "bench/device/harness.py"
 LISTS = sorted(ROOT.glob("bench/results/*/cases"))
 # The scripts the harness replaced: a run recorded by one of them is reproducible only from its list.
 REPLACED = re.compile(
-    r"bench/device/(seed_models|full_size|tune|hybrid|decode_hybrid|decode_bound)\.sh"
-    r"|bash bench/device/kt_gpu\.sh"
+    r"bench/device/(seed_models|full_size|tune|hybrid|decode_hybrid|decode_bound|cuda_image)\.sh"
+    r"|bash bench/device/kt_gpu\.sh|bench/device/pinned_pages\.py"
 )
 
 
@@ -43,12 +43,14 @@ def test_a_case_the_harness_cannot_run_is_named(tmp_path: Path) -> None:
     bad = tmp_path / "cases"
     bad.write_text(
         "serve llama.cpp:r1-9\nserve llama.cpp:r1-8:bogus=1\nservex llama.cpp:r1-8\nbench llama.cpp:r1-8\n"
+        "restart llama.cpp@x+image:q235-4\nserve llama.cpp@x+image:q235-4\n"
     )
-    problems = _check(bad).splitlines()  # one line each; the last case would run
-    assert len(problems) == 3, problems
+    problems = _check(bad).splitlines()  # one line each; the other cases would run
+    assert len(problems) == 4, problems
     assert "no model 'r1-9'" in problems[0]
     assert "bogus" in problems[1] and "Extra inputs are not permitted" in problems[1]
     assert "no measure 'servex'" in problems[2]
+    assert "an image (+image) runs the serve measure only" in problems[3]
 
 
 def test_every_run_of_a_replaced_script_has_its_case_list() -> None:
@@ -57,7 +59,7 @@ def test_every_run_of_a_replaced_script_has_its_case_list() -> None:
         for path in sorted(ROOT.glob("bench/results/*/README.md"))
         if REPLACED.search(path.read_text())
     ]
-    assert len(runs) >= 16, runs
+    assert len(runs) >= 18, runs
     assert [run.name for run in runs if not (run / "cases").is_file()] == []
 
 
@@ -88,7 +90,8 @@ from builder.platform.targets import cpu_target
 case = Case.parse("bench ik_llama.cpp@8337e4c:r1-8:ub=512:ctx=8192:mmap=0:gpu=1:-t=12:-rtr=1")
 args = ["-m", "x", "-t", "16", "-ot", "exps=CPU", "-p", "0", "-n", "0"]
 print(json.dumps({
-    "tree": [case.tree.engine_name, case.tree.source, case.tree.cpu_only],
+    "tree": [case.tree.engine_name, case.tree.source, case.tree.cpu_only, case.tree.is_image],
+    "image": [(t := Tree("ik_llama.cpp@ikpy-0.1.5-cuda13.0-zen4+image")).engine_name, t.is_image, t.cpu_only],
     "cuda": [a for a in Tree("llama.cpp").configure_args() if "CUDA" in a],
     "cpu": [a for a in Tree("llama.cpp+cpu-avx2").configure_args() if "CUDA" in a or "march" in a],
     "avx2": cpu_target("avx2").march,
@@ -108,7 +111,8 @@ print(json.dumps({
     )
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
-    assert seen["tree"] == ["ik_llama.cpp", "ik_llama.cpp@8337e4c", False]
+    assert seen["tree"] == ["ik_llama.cpp", "ik_llama.cpp@8337e4c", False, False]
+    assert seen["image"] == ["ik_llama.cpp", True, False]
     assert "-DCMAKE_CUDA_ARCHITECTURES=90-real" in seen["cuda"] and "-DGGML_CUDA=ON" in seen["cuda"]
     march = f"-march={seen['avx2']}"
     assert seen["cpu"] == [f"-DCMAKE_C_FLAGS={march}", f"-DCMAKE_CXX_FLAGS={march}"]
