@@ -215,8 +215,10 @@ def started_server(case: Case, row: dict, log: Path) -> tuple[subprocess.Popen, 
         row["command"] = args = command(case, port)
         return serve(case.tree.tool("llama-server"), args, log), port
     service = compose_stack(stack_of(case), "bench/device/harness.py", check_files=False).service(SERVICE)
-    row["command"], row["environment"] = service.args, service.env
-    return enter(case.tree, model_file(case).parent, service.args, service.env, log), CONTAINER_PORT
+    verbose = ["-lv", "4"] if case.tree.engine_name == "llama.cpp" else []  # as command() gives a tree's
+    args = [*service.args, *verbose]
+    row["command"], row["environment"] = args, service.env
+    return enter(case.tree, model_file(case).parent, args, service.env, log), CONTAINER_PORT
 
 
 def speeds(
@@ -414,22 +416,16 @@ def measure_pinned_pages(case: Case, row: dict, deadline: float) -> None:
                      "unpinned_s": seconds(layers, False)}  # fmt: skip
 
 
-def measure_kt(case: Case, row: dict, deadline: float) -> None:
-    import kt  # the server's own packages (the image's, unpacked here) come onto the path with it
+def in_kt(name: str) -> Callable[[Case, dict, float], None]:
+    """kt.py's measure `name`, imported when a case runs it (the image's packages come onto the path with
+    kt.py, and the kt measures alone need them)."""
 
-    kt.measure_kt(case, row, deadline)
+    def run(case: Case, row: dict, deadline: float) -> None:
+        import kt
 
+        getattr(kt, name)(case, row, deadline)
 
-def measure_kt_restart(case: Case, row: dict, deadline: float) -> None:
-    import kt
-
-    kt.measure_kt_restart(case, row, deadline)
-
-
-def measure_kt_check(case: Case, row: dict, deadline: float) -> None:
-    import kt
-
-    kt.measure_kt_check(case, row, deadline)
+    return run
 
 
 @dataclass(frozen=True)
@@ -447,9 +443,9 @@ MEASURES = {
     "tune": Measure(measure_tune, ("llama-server", "llama-bench"), 360),
     "bandwidth": Measure(measure_bandwidth, (), 60, ("tool", "reference")),  # host:tool, host:reference
     "pinned-pages": Measure(measure_pinned_pages, (), 60, ("torch",)),  # host:torch
-    "kt": Measure(measure_kt, (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
-    "kt-restart": Measure(measure_kt_restart, (), 480, tuple(KT_MODELS)),
-    "kt-check": Measure(measure_kt_check, (), 120, ("kt",)),  # host:kt
+    "kt": Measure(in_kt("measure_kt"), (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
+    "kt-restart": Measure(in_kt("measure_kt_restart"), (), 480, tuple(KT_MODELS)),
+    "kt-check": Measure(in_kt("measure_kt_check"), (), 120, ("kt",)),  # host:kt
 }
 
 
