@@ -40,7 +40,9 @@ def test_numa_cpuset_and_api_key(
     key.write_text("moe-stack-test-key\n")
     key.chmod(0o644)
     image = build_engine_image("llama.cpp", "avx2", base_image)
-    stack = start_stack(image, moe_model, numa="interleave", cpuset="0", threads=1, api_key_file=key)
+    stack = start_stack(
+        image, moe_model, numa_policy="interleave", cpuset="0", cpu_threads=1, api_key_file=key
+    )
     engine = stack.client.compose.ps()[0]
     assert "interleave" in run_in(engine, ["cat", "/proc/1/numa_maps"]), (
         "the engine's memory is not interleaved"
