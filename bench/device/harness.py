@@ -12,16 +12,16 @@ its results, bench/results/*/cases):
 TREE    an engine (llama.cpp, ik_llama.cpp) or ENGINE@NAME, another tree of it: the carried
         .device/seed/ENGINE[@NAME].tar.xz, built natively with the configure arguments its image uses
         (builder.images.render.configure_args for CUDA 13.0, sm_90 and the sapphirerapids CPU target;
-        TREE+cpu-TARGET: the CPU-only image's, for TARGET). The trees build one after the other on
-        every core, in the background: a build outlives the call that started it, and a case waits
-        for its own tree while the cases of built ones run. ENGINE@NAME+image: a built image of the
-        engine instead, its root filesystem carried in parts (.device/seed/TREE/, made by
-        bench/device/carry_image.sh; each call carries what fits) and entered as a container
-        runtime enters it once whole (machine.enter; `serve` only).
+        TREE+cpu-TARGET: the CPU-only image's, for TARGET; TREE+lineinfo: CUDA code keeping -lineinfo).
+        The trees build one after the other on every core, in the background: a build outlives the
+        call that started it, and a case waits for its own tree while the cases of built ones run.
+        ENGINE@NAME+image: a built image of the engine instead, its root filesystem carried in parts
+        (.device/seed/TREE/, made by bench/device/carry_image.sh; each call carries what fits) and
+        entered as a container runtime enters it once whole (machine.enter; `serve` only).
 MODEL   a name of models.MODELS (written once per machine); NAME~TYPE is it requantized to TYPE by
         ik_llama.cpp's llama-quantize (--pure), NAME~exps=TYPE its routed experts alone.
-MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth, pinned-pages (kt.py's: kt,
-        kt-restart).
+MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth, pinned-pages, fatbin (kt.py's:
+        kt, kt-restart, kt-check).
 
 `rounds N` runs the list N times over, the cases alternating, the host's read rate measured at the
 start of each round. A case done on this machine is not run again; each call runs what is left
@@ -128,7 +128,7 @@ def collect() -> None:
 def run(paths: list[Path]) -> None:
     with_builder_deps()
     import measures  # bench/device, beside this file
-    from models import ensure_models, quantizer_of
+    from models import MODELS, ensure_models, quantizer_of
 
     deadline = time.time() + float(os.environ.get("BUDGET_S", "560")) - 20
     for directory in (OUT, WORK / "logs"):
@@ -144,9 +144,8 @@ def run(paths: list[Path]) -> None:
     start_builds({tree: targets for tree, targets in needed.items() if not tree.is_image})
     for image in (tree for tree in needed if tree.is_image):
         unpack_image(image)
-    ensure_models(
-        sorted({case.model.partition("~")[0] for case in cases if case.tree in needed}), OUT / "models.jsonl"
-    )
+    models = {case.model.partition("~")[0] for case in cases if case.tree in needed}
+    ensure_models(sorted(models & set(MODELS)), OUT / "models.jsonl")
     kept = WORK / "results.jsonl"
     done = {row["key"] for row in map(json.loads, kept.read_text().splitlines())} if kept.is_file() else set()
     try:

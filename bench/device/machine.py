@@ -59,7 +59,8 @@ def builder_env() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Tree:
-    name: str  # ENGINE[@NAME][+cpu-TARGET], or ENGINE@NAME+image: an image of it (its rootfs carried)
+    # ENGINE[@NAME][+cpu-TARGET|+lineinfo], or ENGINE@NAME+image: an image of it (its rootfs carried)
+    name: str
 
     @property
     def source(self) -> str:
@@ -76,6 +77,11 @@ class Tree:
     @property
     def is_image(self) -> bool:
         return self.name.endswith("+image")
+
+    @property
+    def keeps_lineinfo(self) -> bool:
+        """+lineinfo: built without the image's cuda-no-lineinfo.sh step (CUDA code with -lineinfo)."""
+        return self.name.endswith("+lineinfo")
 
     @property
     def home(self) -> Path:
@@ -97,7 +103,7 @@ class Tree:
         from builder.images.naming import image_spec
         from builder.images.render import configure_args
 
-        cpu = self.name.partition("+")[2].removeprefix("cpu-") or CPU
+        cpu = self.name.partition("+")[2].removeprefix("cpu-") if self.cpu_only else CPU
         cuda = cuda_target(None) if self.cpu_only else cuda_target(CUDA, CUDA_ARCHS)
         ref = self.source.partition("@")[2] or None
         spec = image_spec(get_engine(self.engine_name), cpu, ref=ref, cuda=cuda)
@@ -126,7 +132,7 @@ class Tree:
             steps.append(
                 ["sh", str(family / "build-info.sh"), str(self.home), self.source.partition("@")[2] or "pin"]
             )
-        if getattr(engine, "drops_cuda_lineinfo", False) and not self.cpu_only:
+        if getattr(engine, "drops_cuda_lineinfo", False) and not (self.cpu_only or self.keeps_lineinfo):
             steps.append(["sh", str(family / "cuda-no-lineinfo.sh"), str(self.home)])
         steps.append(
             [

@@ -17,6 +17,7 @@
            more of its options, split at /)
   bandwidth host:tool or host:reference: a read of host memory (march=, pages=, bind=close, vector=512)
   pinned-pages  host:torch: the page-locked allocations SGLang's file backend makes to read a prompt back
+  fatbin   TREE:objects: the tree's CUDA device code object by object (TREE+lineinfo: with -lineinfo)
   kt, kt-restart, kt-check   KTransformers from the image's own packages (kt.py)
 
 Options of every stack: preset=none (compose's own derivation), extra=ARG/ARG (engine arguments
@@ -416,6 +417,19 @@ def measure_pinned_pages(case: Case, row: dict, deadline: float) -> None:
                      "unpinned_s": seconds(layers, False)}  # fmt: skip
 
 
+def measure_fatbin(case: Case, row: dict, deadline: float) -> None:
+    """Each CUDA object's device code in the tree's build (model `objects`): its .nv_fatbin section's bytes
+    (compressed, as linked into llama-server) and their sum. TREE+lineinfo against TREE: what the image's
+    dockerfiles/llama-cpp-family/cuda-no-lineinfo.sh takes off (bench/results/ik-cuda-size-2026-12-02)."""
+    del deadline
+    sizes = {}
+    for path in sorted((case.tree.home / "build").rglob("*.cu.o")):
+        sections = subprocess.run(["size", "-A", str(path)], capture_output=True, text=True, check=True)
+        fields = [line.split() for line in sections.stdout.splitlines()]
+        sizes[path.stem] = sum(int(f[1]) for f in fields if f[:1] == [".nv_fatbin"])
+    row["objects"], row["fatbin_bytes"] = sizes, sum(sizes.values())
+
+
 def in_kt(name: str) -> Callable[[Case, dict, float], None]:
     """kt.py's measure `name`, imported when a case runs it (the image's packages come onto the path with
     kt.py, and the kt measures alone need them)."""
@@ -443,6 +457,7 @@ MEASURES = {
     "tune": Measure(measure_tune, ("llama-server", "llama-bench"), 360),
     "bandwidth": Measure(measure_bandwidth, (), 60, ("tool", "reference")),  # host:tool, host:reference
     "pinned-pages": Measure(measure_pinned_pages, (), 60, ("torch",)),  # host:torch
+    "fatbin": Measure(measure_fatbin, ("llama-server",), 30, ("objects",)),  # TREE:objects
     "kt": Measure(in_kt("measure_kt"), (), 420, tuple(KT_MODELS)),  # ktransformers:MODEL
     "kt-restart": Measure(in_kt("measure_kt_restart"), (), 480, tuple(KT_MODELS)),
     "kt-check": Measure(in_kt("measure_kt_check"), (), 120, ("kt",)),  # host:kt
@@ -465,7 +480,8 @@ def check(case: Case) -> None:
         )
     if not measure.targets:
         return
-    engine_options(case)
+    if case.model in MODELS:
+        engine_options(case)
     if case.tree.is_image and case.measure != "serve":
         raise ValueError(f"{case.line}: an image (+image) runs the serve measure only")
     if not case.tree.is_image:
@@ -480,7 +496,7 @@ def run_case(case: Case, round_: int, bound_gbs: float | None, deadline: float) 
         MEASURES[case.measure].run(case, row, deadline)
     except (StackError, subprocess.SubprocessError, OSError, KeyError, ValueError) as err:
         row["error"] = f"{type(err).__name__}: {err}"
-    if not MEASURES[case.measure].targets:
+    if case.model.partition("~")[0] not in MODELS:
         return row
     row["token_ram_bytes"], row["token_vram_bytes"] = token_read_bytes(
         MODELS[case.model.partition("~")[0]][1]

@@ -17,7 +17,7 @@ HARNESS = ROOT / "bench/device/harness.py"
 LISTS = sorted(ROOT.glob("bench/results/*/cases"))
 # The scripts the harness replaced: a run recorded by one of them is reproducible only from its list.
 REPLACED = re.compile(
-    r"bench/device/(seed_models|full_size|tune|hybrid|decode_hybrid|decode_bound|cuda_image)\.sh"
+    r"bench/device/(seed_models|full_size|tune|hybrid|decode_hybrid|decode_bound|cuda_image|ik_fatbin_sizes)\.sh"
     r"|bash bench/device/kt_gpu\.sh|bench/device/pinned_pages\.py"
 )
 
