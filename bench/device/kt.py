@@ -56,21 +56,11 @@ KT = WORK / "kt"
 HELPERS = REPO / "dockerfiles/ktransformers"  # the image's server wrapper, key launcher and prompt helper
 # What the GPU machine can't run as the image does: sgl_kernel's FA3 and CUDA-graph paths are compiled for
 # torch 2.9.1; flashinfer's sampling and xgrammar were not carried; deep_gemm was left out; no network.
-DEVICE_ARGS = [
-    "--attention-backend",
-    "triton",
-    "--sampling-backend",
-    "pytorch",
-    "--grammar-backend",
-    "none",
-    "--disable-cuda-graph",
-]
-DEVICE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-    "KT_KERNEL_DEBUG": "1",
-}  # KT_KERNEL_DEBUG: kt-kernel logs the CPU variant it loads
+DEVICE_ARGS = ["--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+               "--disable-cuda-graph"]  # fmt: skip
+# KT_KERNEL_DEBUG: kt-kernel logs the CPU variant it loads
+DEVICE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+              "KT_KERNEL_DEBUG": "1"}  # fmt: skip
 # The cache's copies between GPU and host by torch: the default `kernel` is sgl_kernel's compiled transfer.
 RESTART_ARGS = ["--hicache-io-backend", "direct"]
 WORDS = ("the", "expert", "model", "reads", "a", "token", "from", "memory", "and", "cache", "keeps", "it")
@@ -123,14 +113,9 @@ def prepared(case: Case, row: dict, keep_prompts: bool) -> tuple[list[str], dict
     for name in ("moe-stack-server", "moe-stack-sglang-with-key"):  # as the image's Dockerfile copies them
         shutil.copy(HELPERS / name, work / "bin" / name)
         (work / "bin" / name).chmod(0o755)
-    help_text = subprocess.run(
-        [str(work / "bin/moe-stack-server"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, **kt_env(), "MOE_STACK_SERVER_MODULE": ENGINE.server_module},
-    ).stdout
+    server_env = {**os.environ, **kt_env(), "MOE_STACK_SERVER_MODULE": ENGINE.server_module}
+    help_text = subprocess.run([str(work / "bin/moe-stack-server"), "--help"], capture_output=True, text=True,
+                               timeout=300, check=False, env=server_env).stdout  # fmt: skip
     (WORK / "logs" / "sglang-help.txt").write_text(help_text)
     flags = parse_contract(help_text, None)
     shape = ["--arch", arch, "--layers", case.options.get("layers", str(layers)), "--experts", "16"]
@@ -144,25 +129,10 @@ def prepared(case: Case, row: dict, keep_prompts: bool) -> tuple[list[str], dict
     key = work / "api-key"
     key.write_text(secrets.token_urlsafe(24) + "\n")  # this run's own: no key lives in the repo
     stack_file = WORK / "logs" / f"{case.measure}-{case.model}-stack.yaml"
-    compose = [
-        "compose",
-        "--engine",
-        ENGINE.name,
-        "--preset",
-        preset,
-        "--gpu",
-        "nvidia",
-        "--model",
-        str(model),
-        "--config-dir",
-        str(work / "hf"),
-        "--api-key-file",
-        str(key),
-        "--skip-image-checks",
-        *(["--keep-prompts"] if keep_prompts else []),
-        "--out",
-        str(stack_file),
-    ]
+    kept = ["--keep-prompts"] if keep_prompts else []
+    compose = ["compose", "--engine", ENGINE.name, "--preset", preset, "--gpu", "nvidia", "--model",
+               str(model), "--config-dir", str(work / "hf"), "--api-key-file", str(key),
+               "--skip-image-checks", *kept, "--out", str(stack_file)]  # fmt: skip
     python(*cli, *compose)
     service = StackFile.read(stack_file).service("engine")
     check_args(service.args, flags, "sglang-kt (this run's --help)")
@@ -382,19 +352,6 @@ def profiler(pid: int) -> subprocess.Popen | None:
     if not spy.is_file():
         return None
     out = WORK / "logs" / "restore-profile.txt"
-    command = [
-        str(spy),
-        "record",
-        "--pid",
-        str(pid),
-        "--subprocesses",
-        "--idle",
-        "--nonblocking",
-        "--rate",
-        "200",
-        "--format",
-        "raw",
-        "--output",
-        str(out),
-    ]
+    command = [str(spy), "record", "--pid", str(pid), "--subprocesses", "--idle", "--nonblocking",
+               "--rate", "200", "--format", "raw", "--output", str(out)]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)

@@ -16,7 +16,7 @@ from typing import ClassVar
 import gguf
 
 from builder.models.gguf_facts import kda_state_bytes
-from builder.models.synth_shapes import DeepSeek2Shape, Tensor
+from builder.models.synth_shapes import DeepSeek2Shape, Tensor, swiglu
 
 
 @dataclass(frozen=True)
@@ -129,9 +129,7 @@ class KimiK3Shape(KdaHybridShape):
             yield f"{p}.ssm_norm.weight", (d,), "norm"
             yield f"{p}.attn_output.weight", (inner, h), "quant"
         if i < self.dense_layers:
-            yield f"{p}.ffn_gate.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_up.weight", (h, self.dense_ffn), "quant"
-            yield f"{p}.ffn_down.weight", (self.dense_ffn, h), "quant"
+            yield from swiglu(p, "", h, self.dense_ffn)
             return
         yield f"{p}.ffn_gate_inp.weight", (h, self.experts), "f32"
         yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
@@ -141,10 +139,7 @@ class KimiK3Shape(KdaHybridShape):
         yield f"{p}.ffn_routed_down.weight", (h, self.latent), "quant"
         yield f"{p}.ffn_routed_up.weight", (self.latent, h), "quant"
         yield f"{p}.ffn_routed_norm.weight", (self.latent,), "norm"
-        shared = self.expert_ffn * self.shared_experts
-        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+        yield from swiglu(p, "_shexp", h, self.expert_ffn * self.shared_experts)
 
 
 # Kimi-K3 (its config.json's text_config, as another engine's tests quote it): 93 layers (layer 0 dense,
@@ -152,21 +147,12 @@ class KimiK3Shape(KdaHybridShape):
 # 128, a 4-tap convolution), MLA in every 4th layer and the last (24 of 93), 896 experts of 3072 at a latent
 # width of 3584, top-16, 2 shared, attention-residual blocks of 12, vocabulary 163840, context 1048576;
 # 2779.5B parameters, 105.4B active (its card: 2.8T, 104B).
+# fmt: off
 KIMI_K3 = KimiK3Shape(
-    layers=93,
-    hidden=7168,
-    heads=96,
-    q_lora=1536,
-    kda_head_dim=128,
-    expert_ffn=3072,
-    experts=896,
-    experts_used=16,
-    latent=3584,
-    dense_ffn=33792,
-    attn_res_block=12,
-    context=1_048_576,
-    quant="Q4_0",
+    layers=93, hidden=7168, heads=96, q_lora=1536, kda_head_dim=128, expert_ffn=3072, experts=896,
+    experts_used=16, latent=3584, dense_ffn=33792, attn_res_block=12, context=1_048_576, quant="Q4_0",
     vocab=163840,
 )
+# fmt: on
 # Layers 0-2 KDA (0 dense), 3 MLA: each kind of layer, residual blocks of 2.
 KIMI_K3_TINY = KimiK3Shape(layers=4, context=KIMI_K3.context)

@@ -61,6 +61,7 @@ from builder.models.synth_shapes import (
     Tensor,
     dense_or_shared_moe,
     nextn_blocks,
+    swiglu,
 )
 
 # What DeepSeek-V3.2 takes from R1's shape (SEED_SHAPES["deepseek2"]): every width and the routing.
@@ -353,10 +354,7 @@ class DeepSeek4Shape(MoeShape):
         yield from self.routed_experts(i)
         if i >= self.hash_layers:
             yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
-        shared = self.expert_ffn * self.shared_experts
-        yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
-        yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+        yield from swiglu(p, "_shexp", h, self.expert_ffn * self.shared_experts)
 
     def _compressor(self, i: int) -> Iterator[Tensor]:
         """A compressed layer's compressor (its rows twice as wide on the 4-token layers), and there the

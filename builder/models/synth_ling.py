@@ -120,44 +120,24 @@ class BailingMoe3Shape(KdaHybridShape):
 # 64 query / 8 KV heads of 128, 256 experts of 2048 and one shared of 2048, top-8 in 4 of 8 groups, rope
 # theta 600000, context 32768 (128k with YaRN x4, which the GGUF doesn't say), vocabulary 157184; 999.7B
 # parameters, 51.1B active.
+# fmt: off
 LING_1T = BailingMoe2Shape(
-    layers=80,
-    hidden=8192,
-    heads=64,
-    kv_heads=8,
-    head_dim=128,
-    expert_ffn=2048,
-    experts=256,
-    experts_used=8,
-    context=32768,
-    quant="Q4_0",
-    vocab=157184,
-    dense_layers=4,
-    dense_ffn=18432,
-    expert_groups=8,
+    layers=80, hidden=8192, heads=64, kv_heads=8, head_dim=128, expert_ffn=2048, experts=256, experts_used=8,
+    context=32768, quant="Q4_0", vocab=157184, dense_layers=4, dense_ffn=18432, expert_groups=8,
     groups_used=4,
 )
+# fmt: on
 # Ling-3.0-flash (Ring-3.0-flash the same widths): 42 layers (groups of 6: 35 KDA, 7 MLA) and one MTP block,
 # hidden 2560, 32 heads (KDA heads of 128, a 4-tap convolution; MLA without a q latent, kv_lora 512, 128 + 64
 # rope, value 128), 2 dense layers of 6144, then 512 experts of 768 and one shared, top-8 in 4 of 8 groups,
 # rope theta 6e6, vocabulary 157184, context 262144 (a config another engine's tests carry, checked against
 # a Flash-VL GGUF's description; 124.4B parameters, 5.1B active, 127.5B with the MTP block: the card's 127B).
+# fmt: off
 LING_3_FLASH = BailingMoe3Shape(
-    layers=42,
-    hidden=2560,
-    heads=32,
-    expert_ffn=768,
-    experts=512,
-    experts_used=8,
-    context=262144,
-    quant="Q4_0",
-    vocab=157184,
-    layer_group=6,
-    dense_layers=2,
-    dense_ffn=6144,
-    expert_groups=8,
-    groups_used=4,
+    layers=42, hidden=2560, heads=32, expert_ffn=768, experts=512, experts_used=8, context=262144,
+    quant="Q4_0", vocab=157184, layer_group=6, dense_layers=2, dense_ffn=6144, expert_groups=8, groups_used=4,
 )
+# fmt: on
 
 LING_SHAPES: dict[str, MoeShape] = {"bailingmoe2": LING_1T, "bailingmoe3": LING_3_FLASH}
 LING_TINY_SHAPES: dict[str, MoeShape] = {

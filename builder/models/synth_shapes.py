@@ -133,10 +133,11 @@ class MoeShape:
         yield f"{p}.ffn_norm.weight", (h,), "norm"
         yield from self.routed_experts(i)
 
-    def gqa_attention(self, p: str) -> Iterator[Tensor]:
-        """Grouped-query attention's projections in layer `p`, with a q and a k norm a head."""
+    def gqa_attention(self, p: str, gated: bool = False) -> Iterator[Tensor]:
+        """Grouped-query attention's projections in layer `p`, with a q and a k norm a head (`gated`: the
+        query projection twice as wide, the query and its output gate)."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        yield f"{p}.attn_q.weight", (h, q), "quant"
+        yield f"{p}.attn_q.weight", (h, 2 * q if gated else q), "quant"
         yield f"{p}.attn_k.weight", (h, kv), "quant"
         yield f"{p}.attn_v.weight", (h, kv), "quant"
         yield f"{p}.attn_output.weight", (q, h), "quant"
@@ -260,16 +261,19 @@ def dense_or_shared_moe(
     with their selection bias and `shared_experts` shared ones of the experts' width."""
     p, h = f"blk.{i}", shape.hidden
     if i < dense_layers:
-        yield f"{p}.ffn_gate.weight", (h, dense_ffn), "quant"
-        yield f"{p}.ffn_up.weight", (h, dense_ffn), "quant"
-        yield f"{p}.ffn_down.weight", (dense_ffn, h), "quant"
+        yield from swiglu(p, "", h, dense_ffn)
         return
     yield from shape.routed_experts(i)
     yield f"{p}.exp_probs_b.bias", (shape.experts,), "f32"
-    shared = shape.expert_ffn * shared_experts
-    yield f"{p}.ffn_gate_shexp.weight", (h, shared), "quant"
-    yield f"{p}.ffn_up_shexp.weight", (h, shared), "quant"
-    yield f"{p}.ffn_down_shexp.weight", (shared, h), "quant"
+    yield from swiglu(p, "_shexp", h, shape.expert_ffn * shared_experts)
+
+
+def swiglu(p: str, kind: str, h: int, width: int) -> Iterator[Tensor]:
+    """A gated FFN of `width` in layer `p`: ffn_gate, ffn_up and ffn_down, each with `kind` after it (a
+    dense layer's "", a shared expert's "_shexp")."""
+    yield f"{p}.ffn_gate{kind}.weight", (h, width), "quant"
+    yield f"{p}.ffn_up{kind}.weight", (h, width), "quant"
+    yield f"{p}.ffn_down{kind}.weight", (width, h), "quant"
 
 
 def nextn_blocks(shape: MoeShape) -> Iterator[Tensor]:
@@ -324,13 +328,7 @@ class Qwen3NextShape(MoeShape):
         yield f"{p}.attn_norm.weight", (h,), "norm"
         yield f"{p}.post_attention_norm.weight", (h,), "norm"
         if (i + 1) % 4 == 0:
-            q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-            yield f"{p}.attn_q.weight", (h, 2 * q), "quant"
-            yield f"{p}.attn_k.weight", (h, kv), "quant"
-            yield f"{p}.attn_v.weight", (h, kv), "quant"
-            yield f"{p}.attn_output.weight", (q, h), "quant"
-            yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
-            yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+            yield from self.gqa_attention(p, gated=True)
         else:
             key, value = self.ssm_state * self.ssm_groups, self.ssm_state * self.ssm_v_heads
             yield f"{p}.attn_qkv.weight", (h, 2 * key + value), "quant"
@@ -343,9 +341,7 @@ class Qwen3NextShape(MoeShape):
             yield f"{p}.ssm_out.weight", (value, h), "quant"
         yield from self.routed_experts(i)
         yield f"{p}.ffn_gate_inp_shexp.weight", (h,), "f32"
-        yield f"{p}.ffn_gate_shexp.weight", (h, self.shared_ffn), "quant"
-        yield f"{p}.ffn_up_shexp.weight", (h, self.shared_ffn), "quant"
-        yield f"{p}.ffn_down_shexp.weight", (self.shared_ffn, h), "quant"
+        yield from swiglu(p, "_shexp", h, self.shared_ffn)
 
 
 # The seed's models at full size (their Hugging Face configs); `moe-stack synth-moe` writes these unless
