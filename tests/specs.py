@@ -88,3 +88,19 @@ def preset_engines(engines: tuple[str, ...] = ("llama.cpp", "ik_llama.cpp")) -> 
 def opened(path: Path, engine: str = "llama.cpp") -> OpenedModel:
     """The model at `path` as the engine opens it (what the stack-making functions take)."""
     return get_engine(engine).open_model(path)
+
+
+def demo_stack(tmp_path: Path, **update: object) -> StackSpec:
+    """A one-model llama.cpp stack of project "demo" on a readable stand-in model file under tmp_path."""
+    model = tmp_path / "models" / "m.gguf"
+    model.parent.mkdir(exist_ok=True, mode=0o755)
+    model.write_bytes(b"GGUF")
+    model.chmod(0o644)
+    values = {
+        "project_name": "demo",
+        "engine": "llama.cpp",
+        "image_ref": "img:1",
+        "model": model,
+        "cpu_threads": 4,
+    }
+    return StackSpec(**(values | update))

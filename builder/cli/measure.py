@@ -19,7 +19,7 @@ from builder.running.bandwidth import DecodeBound
 from builder.running.benchmark import measure, running_bound
 from builder.running.run import published_ports, stack_api_key
 from builder.running.run import up as stack_up
-from builder.running.tool_run import bench_with_tool, engine_service_name
+from builder.running.tool_run import ToolBench, bench_with_tool, engine_service_name
 from builder.spec import duration_seconds
 from builder.stackfile.stack_file import StackFile
 from builder.stacks.compose import write_stack
@@ -105,7 +105,8 @@ def bench(
 ) -> None:
     """Prefill and decode tokens/s of a stack, as its engine reports them, with exactly the stack's flags."""
     if tool is not None:
-        _bench_with_tool(compose_file, tool, tools_image, prompt_words, generate, repetitions, profile)
+        asked = (compose_file, tool, tools_image, prompt_words, generate, repetitions, profile)
+        _show_tool_bench(bench_with_tool(*asked, starting=raw_stderr))
         return
     if tools_image is not None:
         raise SpecError("--tools-image goes with --tool llama-bench or --tool sweep-bench")
@@ -138,18 +139,7 @@ def bench(
     out.print(said or "no bandwidth bound: the read rate was not measured", highlight=False, soft_wrap=True)
 
 
-def _bench_with_tool(
-    compose_file: Path,
-    tool: str,
-    tools_image: str | None,
-    prompt_tokens: int,
-    generate: int,
-    repetitions: int,
-    profile: str | None,
-) -> None:
-    result = bench_with_tool(
-        compose_file, tool, tools_image, prompt_tokens, generate, repetitions, profile, starting=raw_stderr
-    )
+def _show_tool_bench(result: ToolBench) -> None:
     out.print(Text(f"{result.image}: {result.program} {' '.join(result.args)}", style="dim"), soft_wrap=True)
     for note in result.left_out:
         out.print(Text(f"not given to {result.program}: {note}", style="yellow"), soft_wrap=True)

@@ -60,13 +60,12 @@ def _typer_info(
     """The typer Option (or Argument) a field declares: its spellings and help (an engine's: the engines
     named, from the registry)."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    text = help if help is not None else field.description
+    text, metavar = help if help is not None else field.description, None
     if parser is engine_named:
-        text = f"{text}: one of {', '.join(engine_names())}"
+        text, metavar = f"{text}: one of {', '.join(engine_names())}", "<name>"
     if extra.get("argument"):
         return typer.Argument(help=text)
     flags = [str(flag) for flag in extra["flags"]]  # type: ignore[union-attr]
-    metavar = "<name>" if parser is engine_named else None
     return typer.Option(*flags, help=text, rich_help_panel=panel, parser=parser, metavar=metavar)
 
 

@@ -275,23 +275,11 @@ def parse_sweep_bench(text: str) -> list[BenchRow]:
         if start < 0:
             continue
         window = json.loads(line[start:])
-        depth = int(window["n_kv"])
-        rows.append(
-            BenchRow(
-                test=f"pp{window['pp']}",
-                tokens=int(window["pp"]),
-                depth=depth,
-                samples_tps=(float(window["speed_pp"]),),
+        for step in ("pp", "tg"):
+            tokens, tps = int(window[step]), float(window[f"speed_{step}"])
+            rows.append(
+                BenchRow(test=f"{step}{tokens}", tokens=tokens, depth=int(window["n_kv"]), samples_tps=(tps,))
             )
-        )
-        rows.append(
-            BenchRow(
-                test=f"tg{window['tg']}",
-                tokens=int(window["tg"]),
-                depth=depth,
-                samples_tps=(float(window["speed_tg"]),),
-            )
-        )
     if not rows:
         raise StackError(f"llama-sweep-bench printed no result: {text.strip()[-200:] or '(nothing)'}")
     return rows

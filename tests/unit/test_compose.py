@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from builder.engines import get_engine
-from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.host.probe import CpuInfo
 from builder.images.image_facts import ImageFacts
@@ -19,26 +18,11 @@ from builder.stackfile.host_checks import check_host_runs, check_port_free
 from builder.stackfile.stack_file import StackFile
 from builder.stacks.compose import compose_stack, write_stack
 from builder.stacks.document import cpu_only, project_name_for, start_period_for
-from tests.specs import compose_dict, opened
-
-
-def _stack(tmp_path: Path, **update: object) -> StackSpec:
-    model = tmp_path / "models" / "m.gguf"
-    model.parent.mkdir(exist_ok=True, mode=0o755)
-    model.write_bytes(b"GGUF")
-    model.chmod(0o644)
-    values = {
-        "project_name": "demo",
-        "engine": "llama.cpp",
-        "image_ref": "img:1",
-        "model": model,
-        "cpu_threads": 4,
-    }
-    return StackSpec(**(values | update))
+from tests.specs import compose_dict, demo_stack, opened
 
 
 def test_document_defaults(tmp_path: Path) -> None:
-    doc = compose_dict(_stack(tmp_path), generated_by="moe-stack compose -m m.gguf")
+    doc = compose_dict(demo_stack(tmp_path), generated_by="moe-stack compose -m m.gguf")
     service = doc["services"]["engine"]
     assert service["ports"] == [
         {"target": 8080, "published": "8080", "host_ip": "127.0.0.1", "protocol": "tcp"}
@@ -55,7 +39,7 @@ def test_document_defaults(tmp_path: Path) -> None:
 
 def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
     rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-    doc = compose_dict(_stack(tmp_path, override_tensors=(rule,), extra_args=("--swa-full",)), "x")
+    doc = compose_dict(demo_stack(tmp_path, override_tensors=(rule,), extra_args=("--swa-full",)), "x")
     command = doc["services"]["engine"]["command"]
     at = command.index("--override-tensor")
     assert (
@@ -68,11 +52,11 @@ def test_override_rules_become_engine_flags(tmp_path: Path) -> None:
 
 def test_extra_args_may_not_repeat_stack_flags(tmp_path: Path) -> None:
     with pytest.raises(StackError, match=r"repeat flags the stack sets itself \(--port\)"):
-        compose_dict(_stack(tmp_path, extra_args=("--port", "9000")), "x")
+        compose_dict(demo_stack(tmp_path, extra_args=("--port", "9000")), "x")
     # The `--flag=value` spelling too (it slipped through: --host=0.0.0.0, a key in the file twice).
     for arg in ("--host=0.0.0.0", "--port=9000", "--api-key=s3cret", "-ngl=0"):
         with pytest.raises(StackError, match=rf"\({arg.split('=')[0]}\)"):
-            compose_dict(_stack(tmp_path, extra_args=(arg,)), "x")
+            compose_dict(demo_stack(tmp_path, extra_args=(arg,)), "x")
 
 
 def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
@@ -81,7 +65,7 @@ def test_dollar_signs_reach_the_engine_literally(tmp_path: Path) -> None:
     odd = tmp_path / "$HOME"
     odd.mkdir()
     rule = r"blk\.1\.ffn_up_exps\.weight$=CPU"
-    doc = compose_dict(_stack(odd, override_tensors=(rule,)), "x")
+    doc = compose_dict(demo_stack(odd, override_tensors=(rule,)), "x")
     service = doc["services"]["engine"]
     assert service["volumes"][0]["source"] == str(odd / "models").replace("$", "$$")
     assert rule.replace("$", "$$") in service["command"]
@@ -98,7 +82,7 @@ def test_start_period_grows_with_model_size() -> None:
 
 def test_write_is_atomic_and_keeps_neighbours(tmp_path: Path) -> None:
     (tmp_path / "other.yaml").write_text("keep")
-    path = write_stack(compose_stack(_stack(tmp_path), "x"), tmp_path / "compose.yaml")
+    path = write_stack(compose_stack(demo_stack(tmp_path), "x"), tmp_path / "compose.yaml")
     assert yaml.safe_load(path.read_text())["name"] == "demo"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compose.yaml", "models", "other.yaml"]
 
@@ -114,7 +98,7 @@ def test_port_in_use_is_named() -> None:
 
 
 def test_model_the_container_user_cannot_read(tmp_path: Path) -> None:
-    stack = _stack(tmp_path)
+    stack = demo_stack(tmp_path)
     (tmp_path / "models").chmod(0o700)
     with pytest.raises(StackError, match=r"not readable by the engine's user \(uid 10001\).*chmod o\+rx"):
         compose_dict(stack, "x")
@@ -157,16 +141,16 @@ def _facts(**update: object) -> ImageFacts:
 
 
 def test_flags_are_checked_against_the_image_contract(tmp_path: Path) -> None:
-    assert compose_dict(_stack(tmp_path), "x", _facts())["x-moe-stack"]["flags-checked"] is True
+    assert compose_dict(demo_stack(tmp_path), "x", _facts())["x-moe-stack"]["flags-checked"] is True
     with pytest.raises(StackError, match=r"llama.cpp r \(img:1\) does not accept --swa-full"):
-        compose_dict(_stack(tmp_path, extra_args=("--swa-full",)), "x", _facts())
+        compose_dict(demo_stack(tmp_path, extra_args=("--swa-full",)), "x", _facts())
     # A neutral option the contract lacks: refused by the adapter, naming the option.
     with pytest.raises(
         StackError, match="this llama.cpp build has neither --no-mmap nor --load-mode; drop --no-mmap"
     ):
-        compose_dict(_stack(tmp_path, mmap=False), "x", _facts())
+        compose_dict(demo_stack(tmp_path, mmap=False), "x", _facts())
     with pytest.raises(StackError, match="holds ik_llama.cpp, not llama.cpp"):
-        compose_dict(_stack(tmp_path), "x", _facts(engine=get_engine("ik_llama.cpp")))
+        compose_dict(demo_stack(tmp_path), "x", _facts(engine=get_engine("ik_llama.cpp")))
 
 
 def test_host_without_the_image_flags_is_refused() -> None:
@@ -182,7 +166,7 @@ def test_host_without_the_image_flags_is_refused() -> None:
 
 def test_gpu_and_cpu_profiles(tmp_path: Path) -> None:
     rule = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
-    gpu = _stack(tmp_path, image_ref="img:cuda", gpu="nvidia", gpu_layers=99, override_tensors=(rule,))
+    gpu = demo_stack(tmp_path, image_ref="img:cuda", gpu="nvidia", gpu_layers=99, override_tensors=(rule,))
     doc = compose_dict(gpu, "x", cpu_profile=(cpu_only(gpu, "img:cpu"), None))
     engine, fallback = doc["services"]["engine"], doc["services"]["engine-cpu"]
     assert engine["profiles"] == ["gpu"] and fallback["profiles"] == ["cpu"]
@@ -196,10 +180,10 @@ def test_gpu_and_cpu_profiles(tmp_path: Path) -> None:
 
 
 def test_shm_size(tmp_path: Path) -> None:
-    assert compose_dict(_stack(tmp_path), "x")["services"]["engine"]["shm_size"] == "1g"
-    assert compose_dict(_stack(tmp_path, shm_size="16g"), "x")["services"]["engine"]["shm_size"] == "16g"
+    assert compose_dict(demo_stack(tmp_path), "x")["services"]["engine"]["shm_size"] == "1g"
+    assert compose_dict(demo_stack(tmp_path, shm_size="16g"), "x")["services"]["engine"]["shm_size"] == "16g"
     with pytest.raises(ValueError, match="shm_size"):
-        _stack(tmp_path, shm_size="lots")
+        demo_stack(tmp_path, shm_size="lots")
 
 
 def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Path) -> None:
@@ -213,7 +197,7 @@ def test_hugging_face_cache_layout_mounts_each_part_under_its_name(tmp_path: Pat
         (blobs / digest).chmod(0o644)
         (snapshot / f"M-0000{index}-of-00002.gguf").symlink_to(f"../../blobs/{digest}")
     first = snapshot / "M-00001-of-00002.gguf"
-    stack = _stack(tmp_path).model_copy(update={"model": opened(check_gguf(first))})
+    stack = demo_stack(tmp_path).model_copy(update={"model": opened(check_gguf(first))})
     service = compose_dict(stack, "x")["services"]["engine"]
     assert service["volumes"] == [
         {
@@ -236,7 +220,7 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     key = tmp_path / "key"
     key.write_text("k\n")
     key.chmod(0o644)
-    stack = _stack(tmp_path, monitoring=True, monitoring_port=19090, gpu="nvidia", api_key_file=key)
+    stack = demo_stack(tmp_path, monitoring=True, monitoring_port=19090, gpu="nvidia", api_key_file=key)
     document = compose_dict(stack, "x", cpu_profile=(cpu_only(stack, "img:cpu"), None))
     prometheus = document["services"]["prometheus"]
     assert (
@@ -255,18 +239,18 @@ def test_monitoring_adds_prometheus_scraping_each_engine_service(tmp_path: Path)
     assert job["authorization"] == {"credentials_file": "/run/secrets/moe-stack-api-key"}
     assert document["volumes"] == {"prometheus-data": {}}
     with pytest.raises(StackError, match="--monitoring scrapes one engine's /metrics"):
-        compose_dict(_stack(tmp_path, monitoring=True, monitoring_port=19090, metrics=False), "x")
+        compose_dict(demo_stack(tmp_path, monitoring=True, monitoring_port=19090, metrics=False), "x")
 
 
 def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
-    gpu = _stack(tmp_path, gpu="nvidia", gpu_layers=99, mmap=False)
+    gpu = demo_stack(tmp_path, gpu="nvidia", gpu_layers=99, mmap=False)
     assert compose_dict(gpu, "x")["services"]["engine"]["command"][-2:] == ["--load-mode", "none"]
     assert cpu_only(gpu, "cpu:1").mmap is None  # the cpu profile maps as the engine does by default
     with pytest.raises(ValueError, match="--no-mmap reads the model into the engine's memory"):
-        _stack(tmp_path, mmap=False, hugetlbfs="2M")
+        demo_stack(tmp_path, mmap=False, hugetlbfs="2M")
     with pytest.raises(StackError, match="ktransformers does not read --mmap/--no-mmap: drop it"):
         compose_dict(
-            _stack(
+            demo_stack(
                 tmp_path, engine="ktransformers", gpu="nvidia", mmap=False, config_dir=tmp_path / "models"
             ),
             "x",
@@ -276,7 +260,7 @@ def test_no_mmap_is_a_gpu_stack_setting(tmp_path: Path) -> None:
 def test_monitoring_stays_on_loopback_whatever_the_engine_binds(tmp_path: Path) -> None:
     """Prometheus' query API has no authentication: `--bind 0.0.0.0` publishes the engine (which needs the
     key), never Prometheus."""
-    document = compose_dict(_stack(tmp_path, monitoring=True, monitoring_port=19090, bind="0.0.0.0"), "x")
+    document = compose_dict(demo_stack(tmp_path, monitoring=True, monitoring_port=19090, bind="0.0.0.0"), "x")
     assert document["services"]["engine"]["ports"][0]["host_ip"] == "0.0.0.0"  # type: ignore[index]
     assert document["services"]["prometheus"]["ports"][0]["host_ip"] == "127.0.0.1"  # type: ignore[index]
 
@@ -285,10 +269,10 @@ def test_monitoring_stays_on_loopback_whatever_the_engine_binds(tmp_path: Path) 
 def test_a_control_character_cannot_reach_the_routers_preset(tmp_path: Path, hostile: str) -> None:
     """A newline in a flag value started keys and sections in the router's INI preset."""
     other = tmp_path / "models" / "n.gguf"
-    _stack(tmp_path)
+    demo_stack(tmp_path)
     other.write_bytes(b"GGUF")
     other.chmod(0o644)
-    first = _stack(tmp_path, served_name="m", extra_args=("--system-prompt-file", hostile))
-    routed = (first, _stack(tmp_path, model=other, served_name="n"))
+    first = demo_stack(tmp_path, served_name="m", extra_args=("--system-prompt-file", hostile))
+    routed = (first, demo_stack(tmp_path, model=other, served_name="n"))
     with pytest.raises(StackError, match="the router's preset can't hold .*a control character"):
         compose_dict(first, "x", routed=routed)

@@ -10,29 +10,13 @@ import pytest
 import yaml
 
 from builder.contract import NUMA_ENV
-from builder.engines.base import StackSpec
 from builder.errors import StackError
 from builder.stackfile.stack_file import StackFile, StackFileError
 from builder.stacks.compose import compose_stack, write_stack
-from tests.specs import compose_dict
+from tests.specs import compose_dict, demo_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "compose").glob("*.*.yaml"))
-
-
-def _stack(tmp_path: Path, **update: object) -> StackSpec:
-    model = tmp_path / "models" / "m.gguf"
-    model.parent.mkdir(exist_ok=True, mode=0o755)
-    model.write_bytes(b"GGUF")
-    model.chmod(0o644)
-    values = {
-        "project_name": "demo",
-        "engine": "llama.cpp",
-        "image_ref": "img:1",
-        "model": model,
-        "cpu_threads": 4,
-    }
-    return StackSpec(**(values | update))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.stem)
@@ -41,7 +25,7 @@ def test_an_example_reads_back_and_is_written_again_byte_for_byte(path: Path) ->
 
 
 def test_what_compose_wrote_reads_back(tmp_path: Path) -> None:
-    stack = _stack(
+    stack = demo_stack(
         tmp_path,
         gpu="nvidia",
         numa_policy="interleave",
@@ -64,7 +48,7 @@ def test_what_compose_wrote_reads_back(tmp_path: Path) -> None:
 
 
 def test_compose_s_other_forms_and_a_broken_edit(tmp_path: Path) -> None:
-    emitted = compose_dict(_stack(tmp_path), "test")
+    emitted = compose_dict(demo_stack(tmp_path), "test")
 
     def edited(**change: object) -> dict[str, object]:
         document = copy.deepcopy(emitted)
