@@ -185,20 +185,9 @@ CacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0"
 # reads GGUF; AMXINT4/AMXINT8 read weights converted by kt-kernel and need AMX; the others read
 # safetensors (Hugging Face FP8/BF16/INT4 checkpoints, or kt-kernel's MOE_INT4/8 conversions).
 KtMethod = Literal[
-    "LLAMAFILE",
-    "AMXINT4",
-    "AMXINT8",
-    "MOE_INT4",
-    "MOE_INT8",
-    "RAWINT4",
-    "FP8",
-    "FP8_PERCHANNEL",
-    "BF16",
-    "GPTQ_INT4",
-    "MXFP4",
-    "NVFP4",
-    "MXFP8",
-]
+    "LLAMAFILE", "AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "RAWINT4", "FP8", "FP8_PERCHANNEL", "BF16",
+    "GPTQ_INT4", "MXFP4", "NVFP4", "MXFP8",
+]  # fmt: skip
 
 
 FlashAttention = Literal["on", "off", "auto"]

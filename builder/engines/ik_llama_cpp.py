@@ -55,14 +55,9 @@ class IkLlamaCpp(LlamaFamilyEngine):
     parser_sources = ("common/common.cpp",)
     # Its own llama-sweep-bench (PP and TG speed over the whole context) beside mainline's tools.
     tool_targets = (
-        "llama-bench",
-        "llama-sweep-bench",
-        "llama-batched-bench",
-        "llama-quantize",
-        "llama-gguf-split",
-        "llama-perplexity",
-        "llama-imatrix",
-    )
+        "llama-bench", "llama-sweep-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split",
+        "llama-perplexity", "llama-imatrix"
+    )  # fmt: skip
     sweep_tool = "llama-sweep-bench"
     # Its CUDA compile took 69 min for one arch (cuda-images-2026-11-30, sharing the cores with the
     # test suite): 3.2x mainline's, taken for its CPU compile too.
@@ -72,12 +67,8 @@ class IkLlamaCpp(LlamaFamilyEngine):
     # Its llama-bench's -ot: `,` joins one run's rules (parse_buft_overrides in examples/llama-bench).
     bench_rule_separator = ","
     honours = LlamaFamilyEngine.honours | {
-        "fused_moe",
-        "mla",
-        "moe_offload_batch",
-        "hugepages",
-        "split_mode_graph",
-    }
+        "fused_moe", "mla", "moe_offload_batch", "hugepages", "split_mode_graph"
+    }  # fmt: skip
     # Ling's bailingmoe2 routes a token's experts within groups (mainline always does); ik_llama.cpp picks
     # a plain top-k of all experts unless -ger (src/llama-build-context.cpp at the pin; with 0 groups it
     # dies of SIGFPE, so a model without groups never gets it).

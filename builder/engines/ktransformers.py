@@ -335,23 +335,11 @@ class KTransformers(_PythonEngine):
     apis = ("openai-chat", "openai-responses", "anthropic-messages", "anthropic-count-tokens")
     # It places experts itself (attention and KV cache on the GPU, routed experts on the CPU): no -ot
     # rules, layer counts, cache types or llama.cpp's load and sampling switches.
-    honours = frozenset(
-        {
-            "ctx_size",
-            "cpu_threads",
-            "parallel",
-            "served_name",
-            "metrics",
-            "api_key_file",
-            "kt_method",
-            "reasoning_parser",
-            "tool_call_parser",
-            "gpu_experts",
-            "config_dir",
-            "trust_remote_code",
-            "extra_args",
-        }
-    )
+    honours = frozenset({
+        "ctx_size", "cpu_threads", "parallel", "served_name", "metrics", "api_key_file", "kt_method",
+        "reasoning_parser", "tool_call_parser", "gpu_experts", "config_dir", "trust_remote_code",
+        "extra_args"
+    })  # fmt: skip
     # SGLang switches thinking and its effort per request (a request's chat_template_kwargs
     # {"enable_thinking": false}, its reasoning_effort), with no server flag for either (sglang-kt 0.7.2's
     # --help, dockerfiles/contracts/ktransformers.json); its --reasoning-parser splits out the thoughts.

@@ -19,28 +19,11 @@ from dataclasses import dataclass
 _FLAG = re.compile(r"^-{1,2}[A-Za-z]")
 
 # Serving only: no bearing on a benchmark's speed (network, API, sampling defaults, slots).
-SERVING_ONLY = frozenset(
-    {
-        "--host",
-        "--port",
-        "-np",
-        "--parallel",
-        "-a",
-        "--alias",
-        "--jinja",
-        "--no-jinja",
-        "--metrics",
-        "--chat-template",
-        "--api-key",
-        "--api-key-file",
-        "--temp",
-        "--top-p",
-        "--top-k",
-        "--min-p",
-        "--models-preset",
-        "--models-max",
-    }
-)
+SERVING_ONLY = frozenset({
+    "--host", "--port", "-np", "--parallel", "-a", "--alias", "--jinja", "--no-jinja", "--metrics",
+    "--chat-template", "--api-key", "--api-key-file", "--temp", "--top-p", "--top-k", "--min-p",
+    "--models-preset", "--models-max"
+})  # fmt: skip
 # llama-bench has no context size: a test's context is its prompt plus what it generates.
 _CONTEXT = frozenset({"-c", "--ctx-size"})
 

@@ -58,13 +58,9 @@ class LlamaCpp(LlamaFamilyEngine):
     load_mode_syntax = True  # `-lm, --load-mode MODE` replaced --no-mmap and --mlock by the pinned ref
     chat_page_dir = "tools/ui"  # a Svelte app; its CMake embeds tools/ui/dist when it is there
     tool_targets = (
-        "llama-bench",
-        "llama-batched-bench",
-        "llama-quantize",
-        "llama-gguf-split",
-        "llama-perplexity",
-        "llama-imatrix",
-    )
+        "llama-bench", "llama-batched-bench", "llama-quantize", "llama-gguf-split", "llama-perplexity",
+        "llama-imatrix"
+    )  # fmt: skip
     # llama-bench's -ot: `;` joins one run's rules, `,` separates runs to compare (tools/llama-bench).
     bench_rule_separator = ";"
 

@@ -91,44 +91,13 @@ class LlamaFamilyEngine(Engine):
     # --keep-prompts: each slot's file (--slot-save-path), at most the KV cache, saved and restored by the
     # image's moe-stack-prompts through the server's /slots actions.
     prompt_store = PromptStore(disk_share=1.0, per_slot=True)
-    honours = frozenset(
-        {
-            "ctx_size",
-            "cpu_threads",
-            "parallel",
-            "override_tensors",
-            "chat_template",
-            "served_name",
-            "jinja",
-            "metrics",
-            "gpu_layers",
-            "tensor_split",
-            "engine_fit",
-            "cache_type",
-            "cache_type_v",
-            "cache_ram",
-            "flash_attention",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "batch_size",
-            "ubatch_size",
-            "mmap",
-            "mlock",
-            "hugetlbfs",
-            "api_key_file",
-            "extra_args",
-            "draft_model",
-            "mtp",
-            "draft_max",
-            "mmproj",
-            "thinking",
-            "reasoning_budget",
-            "reasoning_effort",
-            "reasoning_format",
-        }
-    )
+    honours = frozenset({
+        "ctx_size", "cpu_threads", "parallel", "override_tensors", "chat_template", "served_name", "jinja",
+        "metrics", "gpu_layers", "tensor_split", "engine_fit", "cache_type", "cache_type_v", "cache_ram",
+        "flash_attention", "temperature", "top_p", "top_k", "min_p", "batch_size", "ubatch_size", "mmap",
+        "mlock", "hugetlbfs", "api_key_file", "extra_args", "draft_model", "mtp", "draft_max", "mmproj",
+        "thinking", "reasoning_budget", "reasoning_effort", "reasoning_format"
+    })  # fmt: skip
     # SGLang's parsers are KTransformers' own; these engines pick theirs from the chat template.
     unread_reasons = (
         (

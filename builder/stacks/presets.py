@@ -32,16 +32,9 @@ from builder.untrusted_text import CONTROL, load_yaml, yaml_problem
 PRESETS_ENV = "MOE_STACK_PRESETS"
 # A preset's keys that describe its model rather than set a stack option.
 _DESCRIPTIVE = (
-    "description",
-    "architecture",
-    "example_model",
-    "example_size_gb",
-    "example_shape",
-    "engines",
-    "unsupported",
-    "always_thinks",
-    "never_thinks",
-)
+    "description", "architecture", "example_model", "example_size_gb", "example_shape", "engines",
+    "unsupported", "always_thinks", "never_thinks"
+)  # fmt: skip
 # C0 (ESC, so every terminal sequence, included) but tab and newline, DEL and C1: `presets` prints a
 # preset's text, and a presets file is data, never terminal commands (a title, a cleared screen, a
 # clipboard write). A chat template (Jinja) spans lines, so newlines and tabs stay.
