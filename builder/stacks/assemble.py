@@ -33,7 +33,7 @@ from builder.request import ContainerOptions, ServedOptions
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stackfile.host_checks import check_config_dir, check_host_runs, check_port_free
 from builder.stacks.derived import Derived, block_sparse, derived_preset
-from builder.stacks.document import cpu_only, project_name_for, start_period_for
+from builder.stacks.document import GPU_LAYOUT, cpu_only, project_name_for, start_period_for
 from builder.stacks.options import StackOptions
 from builder.stacks.pinned_memory import check_pinned
 from builder.stacks.presets import check_model_architecture, merge_options
@@ -98,6 +98,17 @@ def _preset_options(a: Assembly) -> Assembly:
         preset_rules=derived.override_rules,
         derived=derived,
     )
+
+
+def _without_gpu(a: Assembly) -> Assembly:
+    """--gpu none: a preset's GPU layout left out (its GPU_LAYOUT options and -ot rules), the user's own
+    options kept. A CPU stack of a GPU preset offloaded 99 layers to no GPU and kept its experts "on the
+    CPU" by a rule."""
+    if a.options.gpu != "none":
+        return a
+    given = a.options.engine_options
+    unset = {name: None for name in GPU_LAYOUT if getattr(given, name) is None}
+    return replace(a, engine_options=a.engine_options.model_copy(update=unset), preset_rules=())
 
 
 def _speculative(a: Assembly) -> Assembly:
@@ -423,6 +434,7 @@ def _checked_facts(image: str, options: StackOptions, host: HostFacts) -> ImageF
 # The order matters: the preset's options first, what checks them next, then the placement that reads them.
 ASSEMBLY_STEPS: tuple[Callable[[Assembly], Assembly], ...] = (
     _preset_options,
+    _without_gpu,
     _speculative,
     _projector,
     _sparse_attention,

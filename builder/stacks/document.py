@@ -162,21 +162,15 @@ def engine_pins(stack: StackSpec) -> bool:
     return stack.gpu != "none" and stack.engine.pins_cpu_weights(stack.mmap, gpu=True)
 
 
+# A GPU layout's engine options, which a stack without a GPU leaves at the engine's defaults: its layer
+# count, GPU offload and split, and --no-mmap (which pays off through the GPU's pinned host memory).
+GPU_LAYOUT = ("gpu_layers", "moe_offload_batch", "split_mode_graph", "mmap")
+
+
 def cpu_only(stack: StackSpec, image: str) -> StackSpec:
-    """`stack` without its GPU: for the `cpu` profile (no GPU layers, GPU buffer rules, GPU offload or split;
-    mmap as the engine does by default, since --no-mmap pays off through the GPU's pinned memory)."""
-    return stack.model_copy(
-        update={
-            "image_ref": image,
-            "gpu": "none",
-            "gpu_layers": None,
-            "override_tensors": (),
-            "moe_offload_batch": None,
-            "split_mode_graph": None,
-            "tensor_split": (),
-            "mmap": None,
-        }
-    )
+    """`stack` without its GPU: for the `cpu` profile (no GPU_LAYOUT options, GPU buffer rules or split)."""
+    update = {"image_ref": image, "gpu": "none", "override_tensors": (), "tensor_split": ()}
+    return stack.model_copy(update=update | dict.fromkeys(GPU_LAYOUT))
 
 
 def engine_command(stack: StackSpec, facts: ImageFacts | None) -> list[str]:

@@ -306,6 +306,30 @@ def test_a_gpu_stack_puts_every_layer_on_the_gpu(
     assert assemble_stack(given, epyc).gpu_layers == 2  # the user's count stands
 
 
+@pytest.mark.parametrize(
+    ("engine", "preset"), [("ik_llama.cpp", "deepseek-r1-671b"), ("llama.cpp", "qwen3-235b-a22b")]
+)
+def test_a_cpu_stack_of_a_gpu_preset_leaves_its_gpu_layout_out(
+    epyc: HostFacts, tmp_path: Path, engine: str, preset: str
+) -> None:
+    """--gpu none with a preset: no layer count, -ot rule, offload batch or --no-mmap of the preset's (what
+    the CPU-only profile leaves out), its other options kept; the user's own layout options stand."""
+    arch = "deepseek2" if preset.startswith("deepseek") else "qwen3moe"
+    path = write_moe_gguf(tmp_path / "models" / f"{arch}.gguf", TINY_SHAPES[arch])
+    options = StackOptions(model_path=path, engine=engine, preset=preset, gpu="nvidia")
+    gpu = assemble_stack(options, epyc)
+    cpu = assemble_stack(options.model_copy(update={"gpu": "none"}), epyc)
+    assert gpu.gpu_layers == 99 and gpu.override_tensors == (EXPERTS_ON_CPU_RULE,)
+    assert (cpu.gpu_layers, cpu.override_tensors, cpu.moe_offload_batch, cpu.mmap) == (None, (), None, None)
+    assert cpu.cache_type == gpu.cache_type == "q8_0" and cpu.flash_attention == gpu.flash_attention
+    command = get_engine(engine).server_args(cpu, None)
+    assert "--n-gpu-layers" not in command and "--override-tensor" not in command
+    layout = EngineOptions(gpu_layers=2, mmap=False)
+    given = options.model_copy(update={"gpu": "none", "engine_options": layout, "experts_on_cpu": True})
+    kept = assemble_stack(given, epyc)
+    assert (kept.gpu_layers, kept.mmap, kept.override_tensors) == (2, False, (EXPERTS_ON_CPU_RULE,))
+
+
 def test_ports_are_checked_only_where_the_stack_publishes_them(epyc: HostFacts, model: Path) -> None:
     """A Kubernetes manifest or another host's compose file publishes nothing here: a port this host
     holds (the README's demo on 8080, say) must not refuse it."""

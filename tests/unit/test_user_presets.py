@@ -55,10 +55,12 @@ def test_a_new_preset_is_added_and_a_packaged_one_changed(tmp_path: Path, host: 
     assert load_presets()["deepseek-r1-671b"].engine_options(get_engine("ik_llama.cpp")).ctx_size == 32768
 
     model = write_moe_gguf(tmp_path / "models" / "m.gguf", MoeShape(layers=2))
-    options = StackOptions(model_path=model, preset="glm-air-like", presets_file=mine, skip_image_checks=True)
+    options = StackOptions(
+        model_path=model, preset="glm-air-like", presets_file=mine, gpu="nvidia", skip_image_checks=True
+    )
     stack = assemble_stack(options, host)
     assert (stack.ctx_size, stack.cache_type, stack.temperature) == (65536, "q8_0", 0.3)
-    assert stack.override_tensors and stack.served_name == "glm-air-like"
+    assert stack.override_tensors and stack.served_name == "glm-air-like"  # its experts-on-CPU rule
 
 
 def test_the_environment_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
