@@ -12,10 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
 
-from builder.spec import NeutralOptions, option
+from builder.spec import NeutralOptions, Strict, option
 
 
 def argument(default: Any, *, help: str) -> Any:
@@ -53,7 +53,7 @@ Sizes = Annotated[tuple[float, ...], _text_as(sizes)]
 Repeated = Annotated[tuple[str, ...], BeforeValidator(lambda value: value or ())]
 
 
-class _Group(BaseModel):
+class _Group(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -8,8 +8,9 @@ field and the fix, so the CLI can show them as one line.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -25,7 +26,18 @@ FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 EXPERTS_ON_CPU_RULE = r"blk\.[0-9]+\.ffn_.*_exps\.weight=CPU"
 
 
-class _Spec(BaseModel):
+class Strict(BaseModel):
+    """A model whose copies take its own fields alone: pydantic's model_copy(update=) sets whatever key it
+    is given, a misspelt or renamed one silently (a copy with an `image` the spec no longer has)."""
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        unknown = sorted(set(update or ()) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(unknown)}")
+        return super().model_copy(update=update, deep=deep)
+
+
+class _Spec(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -19,7 +19,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -54,6 +53,7 @@ from builder.spec import (
     NeutralOptions,
     NumaPolicy,
     PypiSource,
+    Strict,
     option,
 )
 
@@ -422,7 +422,7 @@ QUIET_SHARE = 4
 MIN_IDLE_WITH_PROMPTS = 4
 
 
-class ImageSpec(BaseModel):
+class ImageSpec(Strict):
     """One image: engine × source × CUDA target × CPU target, on given base images."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -443,7 +443,7 @@ class ImageSpec(BaseModel):
         return self.source.ref
 
 
-class EngineChoice(BaseModel):
+class EngineChoice(Strict):
     """The engine a request names, declared once: compose's command line, the options of one model and
     the spec hold it (the command line gives its name, the spec writes it)."""
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
 from builder.engines.base import Engine, ImageSpec
 from builder.errors import SpecError
@@ -17,13 +17,13 @@ from builder.images.matrix import cuda_target
 from builder.images.mirror import SOURCES_ENV
 from builder.images.naming import DEFAULT_NAMESPACE, DEFAULT_REGISTRY, image_spec
 from builder.request import Numbers
-from builder.spec import BaseImages, option
+from builder.spec import BaseImages, Strict, option
 
 CudaBase = Literal["nvidia", "pypi", "debian"]
 ProgressMode = Literal["auto", "plain", "tty"]  # how cli/progress.py shows a build
 
 
-class _Group(BaseModel):
+class _Group(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
+    Field,
     SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
@@ -23,6 +23,7 @@ from pydantic import (
 
 from builder import __version__
 from builder.engines import EngineField
+from builder.spec import Strict
 
 Scalar = StrictStr | StrictBool | StrictInt | StrictFloat
 # An engine option as recorded: a plain value, or a list of them (override rules, a tensor split).
@@ -33,7 +34,7 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
-class _Kebab(BaseModel):
+class _Kebab(Strict):
     """The file's own keys (`gpu-layers`), set here by field name; nothing else is read."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=_kebab, populate_by_name=True)
@@ -130,8 +131,9 @@ class Record(_Kebab):
     flags_checked: StrictBool  # emitted against the image's flag contract
     cpu_weights: Literal["pinned"] | None = None  # the engine keeps the CPU weights in page-locked memory
     profiles: tuple[StrictStr, ...] = ()  # the compose profiles of a file with a GPU and a CPU service
-    serves: dict[str, Served] = {}  # by service name
-    lint_exceptions: dict[str, str] = {}  # compose-lint rule ID: why this stack departs from it
+    serves: dict[str, Served] = Field(default_factory=dict)  # by service name
+    # compose-lint rule ID: why this stack departs from it
+    lint_exceptions: dict[str, str] = Field(default_factory=dict)
     tuned: Tuning | None = None  # what `tune` found (tuning/tune_stack.py)
 
     @property

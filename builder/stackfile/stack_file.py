@@ -17,7 +17,6 @@ from typing import Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -32,6 +31,7 @@ from pydantic import (
 
 from builder.contract import MODEL_DIR
 from builder.errors import StackError
+from builder.spec import Strict
 from builder.stackfile.escaping import literal, meant
 from builder.stackfile.record import Record
 from builder.untrusted_text import load_yaml, yaml_problem
@@ -44,7 +44,7 @@ class StackFileError(StackError):
     """A stack file that is not one moe-stack writes (its text names the file and the key)."""
 
 
-class _Part(BaseModel):
+class _Part(Strict):
     """A part of the file: only the keys declared, immutable; an unset key is left out of the file."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from builder.engines.base import EngineChoice
 from builder.errors import SpecError
@@ -23,10 +23,10 @@ from builder.request import (
     argument,
     sizes,
 )
-from builder.spec import EngineOptions, option
+from builder.spec import EngineOptions, Strict, option
 
 
-class AskedOptions(BaseModel):
+class AskedOptions(Strict):
     """The user's choices that moe-stack resolves into the spec (None or empty: moe-stack decides), as the
     command line and the options of one model both hold them."""
 
@@ -179,7 +179,7 @@ class StackCommandLine(EngineChoice, AskedOptions, ServedOptions, ContainerOptio
 _AS_GIVEN = {name for group in (AskedOptions, ServedOptions, ContainerOptions) for name in group.model_fields}
 
 
-class StackFileOptions(BaseModel):
+class StackFileOptions(Strict):
     """The options of the verbs that act on a stack's file (up, bench, tune, smoke)."""
 
     profile: str | None = option(

@@ -13,7 +13,18 @@ from builder.errors import SpecError
 from builder.images.naming import image_spec, variant_tag
 from builder.platform.targets import cpu_target
 from builder.spec import CudaTarget, GitSource, LocalSource
-from tests.specs import default_spec
+from tests.specs import default_spec, demo_stack
+
+
+def test_a_copy_takes_only_the_models_own_fields(tmp_path: Path) -> None:
+    """pydantic's model_copy(update=) would set any key: a renamed field's old name (the spec's `image`,
+    now `image_ref`) is refused by name, as a misspelt one is; the real field still copies."""
+    stack = demo_stack(tmp_path)
+    with pytest.raises(TypeError, match="StackSpec has no field imag_ref, image"):
+        stack.model_copy(update={"image": "x", "imag_ref": "y"})
+    with pytest.raises(TypeError, match="ImageSpec has no field march"):
+        default_spec("llama.cpp").model_copy(update={"march": "znver4"})
+    assert stack.model_copy(update={"image_ref": "img:2"}).image_ref == "img:2"
 
 
 def test_variant_tag_shortens_full_commits() -> None:
