@@ -7,7 +7,7 @@
 #                                                   sapphirerapids llama.cpp@cuda13.0-sapphirerapids+image
 #
 # writes .device/seed/TREE/: rootfs.tar.xz.part-aa, -ab, ... and rootfs.sha256 (the whole archive's);
-# env.txt (the image's Config.Env); removed.txt (`sha256 bytes /path` a line: a CUDA 13 image's cuBLAS and
+# env.txt (the image's Config.Env); flags.json (its server's flag contract, the label); removed.txt (`sha256 bytes /path` a line: a CUDA 13 image's cuBLAS and
 # cuBLASLt, ~600 MB, left out: the GPU machine binds its own copy of the same release, from NVIDIA's
 # wheels; a CUDA 12 image keeps them, that machine has none). XZ_LEVEL (default -9e; -6: faster).
 # Carry the folder's small files and the parts over as many calls as they take: the harness gathers
@@ -32,4 +32,5 @@ fi
 tar -C "$work/rootfs" --numeric-owner -cf - . | xz -T0 "${XZ_LEVEL:--9e}" | split -b 40M - "$out/rootfs.tar.xz.part-"
 cat "$out"/rootfs.tar.xz.part-* | sha256sum | cut -d' ' -f1 >"$out/rootfs.sha256"
 docker image inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$image" | sed '/^$/d' >"$out/env.txt"
+docker image inspect -f '{{index .Config.Labels "io.moe-stack.server-flags"}}' "$image" >"$out/flags.json"
 du -sh "$out"/* | sort -h

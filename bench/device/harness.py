@@ -25,9 +25,9 @@ MEASURE one of measures.MEASURES: serve, restart, bench, tune, bandwidth, pinned
 
 `rounds N` runs the list N times over, the cases alternating, the host's read rate measured at the
 start of each round. A case done on this machine is not run again; each call runs what is left
-until BUDGET_S (default 560 s) and writes to $OUT the eight files a device call brings back:
-results.jsonl (every row so far), logs.tar.xz (the engines' and tools' logs), facts.txt,
-builds.txt, models.jsonl, bandwidth.txt. A call's rows also print as they come.
+until BUDGET_S (default 560 s) and writes to $OUT what a device call brings back: results.jsonl
+(every row so far), logs.tar.xz (the engines' and tools' logs), facts.txt, builds.txt, models.jsonl,
+bandwidth.txt, an image's TREE.binds.txt (what was bound in). A call's rows also print as they come.
 
 What a call carries (git-ignored, made on the development machine; 64 MiB a call at most):
   .device/seed/TREE.tar.xz  the engine tree an image builds: llama-cpp-python's vendor/llama.cpp for

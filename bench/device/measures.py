@@ -60,7 +60,7 @@ from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.host.probe import probe
 from builder.models.synth_moe import token_read_bytes
-from builder.platform.flags import check_args, parse_contract
+from builder.platform.flags import check_args, from_label, parse_contract
 from builder.running.api import EngineApi
 from builder.running.tool_bench import parse_llama_bench, tool_args
 from builder.spec import EngineOptions
@@ -216,8 +216,9 @@ def started_server(case: Case, row: dict, log: Path) -> tuple[subprocess.Popen, 
         row["command"] = args = command(case, port)
         return serve(case.tree.tool("llama-server"), args, log), port
     service = compose_stack(stack_of(case), "bench/device/harness.py", check_files=False).service(SERVICE)
-    verbose = ["-lv", "4"] if case.tree.engine_name == "llama.cpp" else []  # as command() gives a tree's
-    args = [*service.args, *verbose]
+    flags = from_label((case.tree.home / "carried/flags.json").read_text())  # the image's own contract
+    args = [*service.args, *(["-lv", "4"] if "-lv" in flags else [])]  # as command() gives a tree's
+    check_args(args, flags, f"{case.tree.name} (its contract)")
     row["command"], row["environment"] = args, service.env
     return enter(case.tree, model_file(case).parent, args, service.env, log), CONTAINER_PORT
 
