@@ -60,7 +60,7 @@ def derived_preset(facts: ModelFacts, engine: Engine, gpu: bool) -> Derived | No
     if gpu:
         wanted["moe_offload_batch"] = max(1, OFFLOAD_TOKENS * facts.experts_used // facts.expert_count)
     options = EngineOptions.model_validate({k: v for k, v in wanted.items() if k in engine.honours})
-    rules = (EXPERTS_ON_CPU_RULE,) if engine.takes_override_rules else ()
+    rules = (EXPERTS_ON_CPU_RULE,) if gpu and engine.takes_override_rules else ()  # no GPU: all on the CPU
     return Derived(options, rules, _described(facts))
 
 

@@ -65,6 +65,9 @@ def test_a_gpu_stack_without_a_preset_is_the_hybrid_layout(
     record = compose_dict(stack, "x")["x-moe-stack"]
     assert record["derived"].startswith(f"no preset: from the model's {arch}, 8 experts (2 used)")
     assert "routed experts on the CPU" in record["derived"]
+    cpu = assemble_stack(StackOptions(model_path=model, engine="ik_llama.cpp"), host)  # --gpu none
+    assert cpu.override_tensors == () and cpu.gpu_layers is None and cpu.moe_offload_batch is None
+    assert cpu.derived is not None and "routed experts" not in cpu.derived and "fused_moe" in cpu.derived
 
 
 def test_the_users_options_win_and_a_dense_model_gets_none(tmp_path: Path, host: HostFacts) -> None:
