@@ -4,8 +4,10 @@ split model is read part by part."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +100,12 @@ def read_facts(path: Path) -> ModelFacts:
             f"{path} says it has {layers} layers ({arch}.block_count); a model has 1 to {MAX_LAYERS}"
         )
     readers = [reader, *(open_gguf(p) for p in parts[1:])]
-    expert, other, other_in_layer = _weight_bytes(path, readers, layers)
+    table = ((t.name, tuple(map(int, t.shape)), int(t.n_bytes), FLOAT_WIDTHS.get(t.tensor_type, 0))
+             for part in readers for t in part.tensors)  # fmt: skip
+    try:
+        totals = tensor_totals(table, layers)
+    except ValueError as err:
+        raise ModelError(f"{path}: {err}; the file is corrupt") from None
     heads = header_number(reader, f"{arch}.attention.head_count")
     embd = header_number(reader, f"{arch}.embedding_length")
     if heads < 1 or embd < 1:
@@ -117,21 +124,18 @@ def read_facts(path: Path) -> ModelFacts:
         raise ModelError(
             f"{path} says {nextn} of its {layers} layers predict further tokens; the file is corrupt"
         )
-    if nextn and not any(expert[: layers - nextn]) and not any(other_in_layer[: layers - nextn]):
+    if nextn and not any(totals.expert[: layers - nextn]) and not any(totals.in_layer[: layers - nextn]):
         raise ModelError(
             f"{path.name} holds a multi-token-prediction head alone (convert_hf_to_gguf.py --mtp writes "
             "mtp-<name>.gguf), no model: give the model's file, and --mtp where that file carries the head"
         )
-    cached = _cached_layers(reader, arch, layers)
+    cached = kv_layers(_numbers(reader, f"{arch}.attention.head_count_kv"), layers, totals.cached_layers)
     window = max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0))
-    embeddings = [t for t in reader.tensors if t.name == "token_embd.weight"]
-    embedding = sum(int(t.n_bytes) for t in embeddings)
-    vocab = int(embeddings[0].shape[1]) if embeddings and len(embeddings[0].shape) > 1 else 0
     return ModelFacts(
         arch=arch,
         layers=layers,
-        expert_bytes=tuple(expert),
-        other_bytes=other,
+        expert_bytes=totals.expert,
+        other_bytes=totals.other,
         kv_heads=kv_heads,
         key_dim=key_dim,
         value_dim=value_dim,
@@ -142,24 +146,76 @@ def read_facts(path: Path) -> ModelFacts:
         attention_layers=cached if cached else None,
         recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
         heads=heads,
-        embedding_bytes=embedding,
-        vocab=vocab,
+        embedding_bytes=totals.embedding,
+        vocab=totals.vocab,
         hidden=embd,
         expert_ffn=max(0, header_number(reader, f"{arch}.expert_feed_forward_length", default=0)),
         nextn_layers=nextn,
-        nextn_other_bytes=sum(other_in_layer[layers - nextn :]) if nextn else 0,
+        nextn_other_bytes=sum(totals.in_layer[layers - nextn :]),
         sliding_window=window,
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
-        indexer_layers=len({match.group(1) for t in reader.tensors if (match := INDEXER_KEY.match(t.name))}),
+        indexer_layers=totals.indexer_layers,
         compress_ratios=tuple(_numbers(reader, f"{arch}.attention.compress_ratios")[:layers]),
-        built_mla_bytes=built_mla_bytes(
-            (t.name, int(t.n_elements), FLOAT_WIDTHS.get(t.tensor_type, 0))
-            for part_reader in readers
-            for t in part_reader.tensors
-        ),
+        built_mla_bytes=totals.built_mla,
     )
+
+
+# A tensor as the totals read it: its name, ne (row length first), bytes, and the bytes an element takes in
+# a float type (0: quantized).
+TableRow = tuple[str, tuple[int, ...], int, int]
+
+
+@dataclass(frozen=True)
+class TensorTotals:
+    """What a model's tensor table says: the routed experts' bytes in each of its layers, every other
+    tensor's and of those each layer's, the embeddings' (and the vocabulary, their rows), the layers with a
+    key projection and with an indexer's, and the MLA up-projection ik_llama.cpp builds at load."""
+
+    expert: tuple[int, ...]
+    other: int
+    in_layer: tuple[int, ...]
+    embedding: int
+    vocab: int
+    cached_layers: int
+    indexer_layers: int
+    built_mla: int
+
+
+def tensor_totals(table: Iterable[TableRow], layers: int) -> TensorTotals:
+    """The totals of `table` for a model of `layers` blocks; ValueError for an expert beyond them."""
+    expert, in_layer = [0] * layers, [0] * layers
+    other = embedding = vocab = 0
+    cached: set[str] = set()
+    indexed: set[str] = set()
+    elements = []
+    for name, ne, n_bytes, width in table:
+        if match := ROUTED_EXPERT.match(name):
+            if (layer := int(match.group(1))) >= layers:
+                raise ValueError(f"tensor {name} is in layer {layer}, but the model has {layers} layers")
+            expert[layer] += n_bytes
+            continue
+        other += n_bytes
+        if (block := LAYER_TENSOR.match(name)) and int(block.group(1)) < layers:
+            in_layer[int(block.group(1))] += n_bytes
+        if name == "token_embd.weight":
+            embedding, vocab = embedding + n_bytes, ne[1] if len(ne) > 1 else 0
+        if match := CACHED_ATTENTION.match(name):
+            cached.add(match.group(1))
+        if match := INDEXER_KEY.match(name):
+            indexed.add(match.group(1))
+        elements.append((name, math.prod(ne), width))
+    return TensorTotals(tuple(expert), other, tuple(in_layer), embedding, vocab, len(cached), len(indexed),
+                        built_mla_bytes(elements))  # fmt: skip
+
+
+def kv_layers(per_layer_heads: list[int], layers: int, with_key_projection: int) -> int:
+    """Layers with a KV cache: where the model gives head_count_kv per layer, those whose count isn't 0 (the
+    KDA hybrids' recurrent layers have 0, and key projections too); else those with a key projection."""
+    if len(per_layer_heads) > 1:
+        return sum(1 for heads in per_layer_heads[:layers] if heads)
+    return with_key_projection
 
 
 def built_mla_bytes(tensors: Iterable[tuple[str, int, int]]) -> int:
@@ -189,32 +245,6 @@ def _q8_0_bytes(elements: int) -> int:
     return elements * Q8_0_BLOCK[1] // Q8_0_BLOCK[0]
 
 
-def _weight_bytes(
-    path: Path, readers: list[gguf.GGUFReader], layers: int
-) -> tuple[list[int], int, list[int]]:
-    """The routed experts' bytes in each layer, every other tensor's, and of those the bytes in each layer,
-    over a split model's parts."""
-    expert = [0] * layers
-    other = 0
-    other_in_layer = [0] * layers
-    for part_reader in readers:
-        for tensor in part_reader.tensors:
-            match = ROUTED_EXPERT.match(tensor.name)
-            if not match:
-                other += int(tensor.n_bytes)
-                if (block := LAYER_TENSOR.match(tensor.name)) and int(block.group(1)) < layers:
-                    other_in_layer[int(block.group(1))] += int(tensor.n_bytes)
-                continue
-            layer = int(match.group(1))
-            if layer >= layers:
-                raise ModelError(
-                    f"{path}: tensor {tensor.name} is in layer {layer}, but the model has {layers} "
-                    "layers; the file is corrupt"
-                )
-            expert[layer] += int(tensor.n_bytes)
-    return expert, other, other_in_layer
-
-
 def _cached_dims(
     reader: gguf.GGUFReader, arch: str, heads: int, embd: int
 ) -> tuple[int, int, int, int | None]:
@@ -235,15 +265,6 @@ def _cached_dims(
         key_dim = header_number(reader, f"{arch}.attention.key_length_mla")
         value_dim = header_number(reader, f"{arch}.attention.value_length_mla")
     return kv_heads, key_dim, value_dim, mla_dim
-
-
-def _cached_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:
-    """Layers with a KV cache: where the GGUF gives head_count_kv per layer, those whose count isn't 0 (the
-    KDA hybrids' recurrent layers have 0, and key projections too); else those with a key projection."""
-    per_layer = _numbers(reader, f"{arch}.attention.head_count_kv")
-    if len(per_layer) > 1:
-        return sum(1 for heads in per_layer[:layers] if heads)
-    return len({match.group(1) for t in reader.tensors if (match := CACHED_ATTENTION.match(t.name))})
 
 
 def _window_layers(reader: gguf.GGUFReader, arch: str, layers: int) -> int:

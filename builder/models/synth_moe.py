@@ -17,12 +17,11 @@ import numpy as np
 
 from builder.models.facts import ModelFacts
 from builder.models.gguf_facts import (
-    CACHED_ATTENTION,
-    INDEXER_KEY,
     ROUTED_EXPERT,
     WINDOW_PATTERN,
-    built_mla_bytes,
+    kv_layers,
     recurrent_state_bytes,
+    tensor_totals,
     windowed_layers,
 )
 from builder.models.synth_delta import KdaHybridShape
@@ -142,43 +141,27 @@ def token_read_bytes(shape: MoeShape) -> tuple[int, int]:
 def shape_facts(shape: MoeShape) -> ModelFacts:
     """What the planner reads from the file `write_moe_gguf` writes for `shape`, without writing it (a
     test holds the two together): plans for full-size shapes that would take hundreds of GB to write."""
-    experts = [0] * shape.blocks
-    other = embedding = nextn_other = 0
-    cached, indexed = set(), set()
-    tensors = list(shape.tensors(vocab_size(shape)))
-    for name, ne, kind in tensors:
-        n_bytes = tensor_bytes(ne, kind, shape.quant)
-        if ROUTED_EXPERT.match(name):
-            experts[int(name.split(".")[1])] += n_bytes
-            continue
-        other += n_bytes
-        if name.startswith("blk.") and int(name.split(".")[1]) >= shape.layers:
-            nextn_other += n_bytes
-        embedding += n_bytes if name == "token_embd.weight" else 0
-        if CACHED_ATTENTION.match(name):
-            cached.add(name.split(".")[1])
-        if INDEXER_KEY.match(name):
-            indexed.add(name.split(".")[1])
+    table = ((name, ne, tensor_bytes(ne, kind, shape.quant), 0 if _is_quantized(kind) else 4)
+             for name, ne, kind in shape.tensors(vocab_size(shape)))  # fmt: skip
+    totals = tensor_totals(table, shape.blocks)
+    per_layer = shape.kv_head_counts if isinstance(shape.kv_head_counts, list) else []
+    cached = kv_layers(per_layer, shape.blocks, totals.cached_layers)
     kv_heads, key, value, latent, state = shape.kv_heads, shape.head_dim, shape.head_dim, None, 0
     window: int = getattr(shape, "sliding_window", 0)  # gpt-oss's and deepseek4's
     if isinstance(shape, DeepSeek2Shape):
         kv_heads, value, latent = shape.heads, shape.v_head_dim, shape.kv_lora + shape.rope_dim
     if isinstance(shape, Qwen3NextShape):
+        inner = shape.ssm_state * shape.ssm_v_heads
         state = recurrent_state_bytes(
-            shape.ssm_state,
-            shape.ssm_state * shape.ssm_v_heads,
-            shape.ssm_groups,
-            shape.ssm_conv,
-            shape.layers - len(cached),
+            shape.ssm_state, inner, shape.ssm_groups, shape.ssm_conv, shape.layers - cached
         )
-    if isinstance(shape, KdaHybridShape):  # head_count_kv per layer: its MLA layers (MTP block's too)
-        cached = {str(i) for i, heads in enumerate(shape.kv_head_counts) if heads}
+    if isinstance(shape, KdaHybridShape):
         state = shape.recurrent_state
     return ModelFacts(
         arch=shape.arch,
         layers=shape.blocks,
-        expert_bytes=tuple(experts),
-        other_bytes=other,
+        expert_bytes=totals.expert,
+        other_bytes=totals.other,
         kv_heads=kv_heads,
         key_dim=key,
         value_dim=value,
@@ -186,22 +169,20 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         expert_count=shape.experts,
         experts_used=shape.experts_used,
         expert_groups=shape.expert_groups,
-        attention_layers=len(cached) or None,  # as read_facts: no key projection it knows, every layer
+        attention_layers=cached or None,  # as read_facts: no key projection it knows, every layer
         recurrent_state_bytes=state,
         heads=shape.heads,
-        embedding_bytes=embedding,
-        vocab=vocab_size(shape),
+        embedding_bytes=totals.embedding,
+        vocab=totals.vocab,
         hidden=shape.hidden,
         expert_ffn=shape.expert_ffn,
         nextn_layers=shape.blocks - shape.layers,
-        nextn_other_bytes=nextn_other,
+        nextn_other_bytes=sum(totals.in_layer[shape.layers :]),
         context_length=shape.context,
         indexer_dim=shape.indexer_dim,
-        indexer_layers=len(indexed),
+        indexer_layers=totals.indexer_layers,
         compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's
-        built_mla_bytes=built_mla_bytes(
-            (name, int(np.prod(ne)), 0 if _is_quantized(kind) else 4) for name, ne, kind in tensors
-        ),
+        built_mla_bytes=totals.built_mla,
         sliding_window=window,
         window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,
     )
