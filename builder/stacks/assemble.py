@@ -106,6 +106,11 @@ def _without_gpu(a: Assembly) -> Assembly:
     CPU" by a rule."""
     if a.options.gpu != "none":
         return a
+    if a.options.fit_vram_gb:
+        raise SpecError(
+            "--fit-vram-gb sizes what a GPU holds and --gpu none gives the stack none: give --gpu nvidia "
+            "or cdi, or drop --fit-vram-gb"
+        )
     given = a.options.engine_options
     unset = {name: None for name in GPU_LAYOUT if getattr(given, name) is None}
     return replace(a, engine_options=a.engine_options.model_copy(update=unset), preset_rules=())

@@ -135,6 +135,8 @@ def test_for_other_host_ignores_this_topology(epyc: HostFacts, model: Path) -> N
 def test_refusals(epyc: HostFacts, model: Path) -> None:
     with pytest.raises(SpecError, match="more than the 64 physical cores"):
         assemble_stack(StackOptions(model_path=model, threads=65), epyc)
+    with pytest.raises(SpecError, match="--fit-vram-gb sizes what a GPU holds and --gpu none gives"):
+        assemble_stack(StackOptions(model_path=model, fit_vram_gb=(24.0,)), epyc)
     with pytest.raises(SpecError, match="--cpu-image adds a CPU-only profile"):
         plan_stack(StackOptions(model_path=model, cpu_image="img:cpu", skip_image_checks=True), epyc)
     with pytest.raises(StackError, match="AMXINT8 reads weights from kt-kernel's converter, not a GGUF"):

@@ -189,10 +189,14 @@ def test_compose_fits_experts_to_vram(tmp_path: Path) -> None:
         str(out),
         "--port",
         str(free_local_port()),
+        "--gpu",
+        "nvidia",
         "--fit-vram-gb",
         str((reserve + 1.0105 * GIB) / GIB),  # and the 1 GiB margin the plan keeps free
         "-c",
         "4096",
+        "-ub",
+        "512",  # a GPU stack's derived -ub is 2048
         "--cache-type",
         "f16",
     )
