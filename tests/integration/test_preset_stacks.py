@@ -2,7 +2,8 @@
 against the built image (its flag contract checked), served on this CPU with a tiny model of the
 preset's architecture (qwen3moe, deepseek2 with MLA, qwen3next with its recurrent layers, and the
 families: glm4moe, gpt-oss, minimax-m2): healthy, a
-completion and a chat answered, the preset's own flags on the engine's command line. The committed
+completion and a chat answered, the preset's own flags on the engine's command line (less its GPU layout:
+these stacks have no GPU). The committed
 compose/ examples are emitted against the contracts recorded from these same images: the records must
 equal the images' labels."""
 
@@ -89,7 +90,9 @@ def test_preset_serves_its_architecture(
     compose_file = write_stack(document, tmp_path / "compose.yaml")
     command = document.service("engine").args
     expected = get_engine(engine).server_args(stack_plan.stack, stack_plan.facts.server_flags)
-    assert command == expected and "--ctx-size" in command and "--override-tensor" in command
+    assert command == expected and "--ctx-size" in command
+    # A stack without a GPU leaves the preset's GPU layout out (its -ngl and experts-on-CPU rule).
+    assert "--override-tensor" not in command and "--n-gpu-layers" not in command
     with contextlib.ExitStack() as served:
         serve_stack(served, compose_file, port, wait_s=240)
         answer = complete(port, "hello the model", max_tokens=8)
