@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,37 @@ print(json.dumps({
     assert seen["launchers"] == []
     assert seen["options"] == {"ubatch_size": 512, "ctx_size": 8192, "mmap": False}
     assert seen["levers"] == ["-m", "x", "-t", "12", "-p", "2048,8192", "-n", "0", "-rtr", "1"]
+
+
+@pytest.mark.skipif(not all(map(shutil.which, ("gcc", "objcopy", "size"))), reason="needs gcc and binutils")
+def test_fatbin_reads_each_cuda_objects_device_code(tmp_path: Path) -> None:
+    """The fatbin measure over a tree's build: each *.cu.o's .nv_fatbin bytes (here objects given a section
+    of that name, as nvcc links one) and their sum; a TREE+lineinfo tree is one that keeps -lineinfo."""
+    build = tmp_path / "work/trees/ik_llama.cpp+lineinfo/build/ggml-cuda"
+    build.mkdir(parents=True)
+    (tmp_path / "a.c").write_text("int a;\n")
+    subprocess.run(["gcc", "-c", str(tmp_path / "a.c"), "-o", str(tmp_path / "a.o")], check=True)
+    for name, size in (("mmq.cu", 12345), ("fattn.cu", 678)):
+        (tmp_path / name).write_bytes(b"\0" * size)
+        section = f".nv_fatbin={tmp_path / name}"
+        subprocess.run(
+            ["objcopy", "--add-section", section, str(tmp_path / "a.o"), str(build / f"{name}.o")], check=True
+        )
+    probe = """
+import json
+from machine import Case
+from measures import run_case
+case = Case.parse("fatbin ik_llama.cpp+lineinfo:objects")
+print(json.dumps([case.tree.keeps_lineinfo, run_case(case, 1, None, 0.0)]))
+"""
+    env = {
+        "PYTHONPATH": f"{ROOT}:{HARNESS.parent}",
+        "PATH": "/usr/bin:/bin",
+        "DEVICE_WORK": str(tmp_path / "work"),
+    }
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=HARNESS.parent, env=env, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    lineinfo, row = json.loads(run.stdout)
+    assert lineinfo and "error" not in row, row
+    assert row["objects"] == {"fattn.cu": 678, "mmq.cu": 12345} and row["fatbin_bytes"] == 13023
