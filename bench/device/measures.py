@@ -154,7 +154,12 @@ def command(case: Case, port: int) -> list[str]:
         args[args.index("--load-mode") + 1] = options["load_mode"]
     elif "load_mode" in options:
         args += ["--load-mode", options["load_mode"]]
-    return args + (["-lv", "4"] if "-lv" in flags else [])  # mainline logs its buffers from verbosity 4
+    return args + buffers_logged(flags)
+
+
+def buffers_logged(flags: dict[str, str]) -> list[str]:
+    """What makes the server log its buffers: mainline logs them from verbosity 4 (a server with -lv)."""
+    return ["-lv", "4"] if "-lv" in flags else []
 
 
 def complete(api: EngineApi, prompt: str, n_predict: int, **more: object) -> dict:
@@ -217,7 +222,7 @@ def started_server(case: Case, row: dict, log: Path) -> tuple[subprocess.Popen, 
         return serve(case.tree.tool("llama-server"), args, log), port
     service = compose_stack(stack_of(case), "bench/device/harness.py", check_files=False).service(SERVICE)
     flags = from_label((case.tree.home / "carried/flags.json").read_text())  # the image's own contract
-    args = [*service.args, *(["-lv", "4"] if "-lv" in flags else [])]  # as command() gives a tree's
+    args = [*service.args, *buffers_logged(flags)]
     check_args(args, flags, f"{case.tree.name} (its contract)")
     row["command"], row["environment"] = args, service.env
     return enter(case.tree, model_file(case).parent, args, service.env, log), CONTAINER_PORT
