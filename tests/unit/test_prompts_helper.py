@@ -5,10 +5,13 @@ and a stop before the restore ended keeps the saved slots rather than saving the
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +32,9 @@ class SlowSaver:
     directory: Path
     fail: bool = False
     short: bool = False  # as ik_llama.cpp 8337e4c on a full disk: half the file, "n_written": 0 and HTTP 200
+    unanswered: bool = False  # as ik_llama.cpp when it drops the reply: the file written, no answer ever
+    fill: bool = False  # the second half as big as the disk (it writes what fits)
+    checkpoints: bool = False  # as ik_llama.cpp for a model with checkpoints: a .checkpoints file beside it
     restore_s: float = 0.0
     seen_midway: list[bytes | None] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
@@ -59,9 +65,18 @@ class SlowSaver:
                     time.sleep(0.5)
                     slot_file = saver.directory / SLOT_FILE
                     saver.seen_midway.append(slot_file.read_bytes() if slot_file.exists() else None)
-                    if not (saver.fail or saver.short):
+                    if saver.fill:
+                        with contextlib.suppress(OSError):  # the disk is full
+                            out.write(b"x" * (8 << 20))
+                            out.flush()
+                    elif not (saver.fail or saver.short):
                         out.write(b"NEW-second-half")
-                written = 0 if saver.short else 30  # the whole file: both halves
+                if saver.checkpoints:
+                    (saver.directory / f"{name}.checkpoints").write_bytes(b"NEW-checkpoints")
+                if saver.unanswered:
+                    time.sleep(300)  # the client gives up first
+                    return
+                written = 0 if saver.short else 30 + 15 * saver.checkpoints  # the whole file: both halves
                 status, body = (
                     (500, b'{"error": "failed to write"}')
                     if saver.fail
@@ -176,3 +191,56 @@ def test_a_stop_before_the_restore_ended_keeps_the_saved_slots(prompts_dir: Path
     else:
         assert saver.actions == ["restore", "save"], (saver.actions, said)
         assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
+
+
+def test_a_save_keeps_the_checkpoints_beside_its_file(prompts_dir: Path) -> None:
+    """ik_llama.cpp writes a model's checkpoints beside the slot's file and counts them in its n_written:
+    they move with the file (else the next save removes them, and the count says the file is short)."""
+    (prompts_dir / f"{SLOT_FILE}.checkpoints").write_bytes(b"OLD-checkpoints")
+    done = _save(SlowSaver(prompts_dir, checkpoints=True))
+    assert "save slot 0: done" in done.stderr, done.stderr
+    assert (prompts_dir / f"{SLOT_FILE}.checkpoints").read_bytes() == b"NEW-checkpoints"
+    assert sorted(p.name for p in prompts_dir.iterdir()) == [
+        ".moe-stack",
+        SLOT_FILE,
+        f"{SLOT_FILE}.checkpoints",
+    ]
+
+
+def test_an_unanswered_save_is_judged_on_disk_once_its_file_stops_growing(prompts_dir: Path) -> None:
+    """ik_llama.cpp sometimes drops a save's reply: the helper stops waiting once the file has settled
+    (not after its 4-minute limit) and keeps it, the disk having room."""
+    started = time.monotonic()
+    done = _save(SlowSaver(prompts_dir, unanswered=True))
+    assert "save slot 0: written, no reply" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30
+    assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
+
+
+@pytest.fixture
+def full_prompts_dir(prompts_dir: Path) -> Iterator[Path]:
+    """The volume on a 4 MiB tmpfs of its own, holding what `prompts_dir` held."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    held = {
+        path.relative_to(prompts_dir): path.read_bytes() for path in prompts_dir.rglob("*") if path.is_file()
+    }
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(prompts_dir)], check=True)
+    try:
+        for name, content in held.items():
+            (prompts_dir / name).parent.mkdir(mode=0o700, exist_ok=True)
+            (prompts_dir / name).write_bytes(content)
+        yield prompts_dir
+    finally:
+        subprocess.run(["umount", "-l", str(prompts_dir)], check=False)
+
+
+def test_an_unanswered_save_that_filled_the_disk_keeps_the_last_whole_one(full_prompts_dir: Path) -> None:
+    """The reply dropped and the disk full after the write (ik_llama.cpp drops most the reply of a save that
+    ends at once, as one meeting a full disk): the file may be cut short, so the last whole save stays."""
+    started = time.monotonic()
+    done = _save(SlowSaver(full_prompts_dir, unanswered=True, fill=True))
+    assert "no reply, and the disk is full" in done.stderr, done.stderr
+    assert time.monotonic() - started < 30
+    assert (full_prompts_dir / SLOT_FILE).read_bytes() == b"OLD-whole-save"
+    assert sorted(p.name for p in full_prompts_dir.iterdir()) == [".moe-stack", SLOT_FILE]
