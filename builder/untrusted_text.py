@@ -10,6 +10,7 @@ stack) or grows exponentially: the files moe-stack reads from others have no use
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -48,6 +49,20 @@ class _NoAliases(yaml.SafeLoader):
 def load_yaml(text: str) -> Any:
     """`text` as plain data (YAML's safe types), aliases refused: yaml.YAMLError when it isn't."""
     return yaml.load(text, Loader=_NoAliases)
+
+
+class UnreadableYaml(ValueError):
+    """A YAML file that can't be read or parsed; its text is the problem, in one line."""
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML file at `path` as plain data (`load_yaml`); UnreadableYaml when it can't be."""
+    try:
+        return load_yaml(path.read_text())
+    except OSError as err:
+        raise UnreadableYaml(f"can't be read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise UnreadableYaml(f"is not plain YAML: {yaml_problem(err)}") from None
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

@@ -131,11 +131,10 @@ def read_facts(path: Path) -> ModelFacts:
         )
     cached = kv_layers(_numbers(reader, f"{arch}.attention.head_count_kv"), layers, totals.cached_layers)
     window = max(0, header_number(reader, f"{arch}.attention.sliding_window", default=0))
-    return ModelFacts(
+    return totals.facts(
+        nextn,
+        cached,
         arch=arch,
-        layers=layers,
-        expert_bytes=totals.expert,
-        other_bytes=totals.other,
         kv_heads=kv_heads,
         key_dim=key_dim,
         value_dim=value_dim,
@@ -143,22 +142,15 @@ def read_facts(path: Path) -> ModelFacts:
         expert_count=experts,
         experts_used=used,
         expert_groups=max(0, header_number(reader, f"{arch}.expert_group_count", default=0)),
-        attention_layers=cached if cached else None,
         recurrent_state_bytes=_recurrent_state(reader, arch, layers - cached if cached else 0),
         heads=heads,
-        embedding_bytes=totals.embedding,
-        vocab=totals.vocab,
         hidden=embd,
         expert_ffn=max(0, header_number(reader, f"{arch}.expert_feed_forward_length", default=0)),
-        nextn_layers=nextn,
-        nextn_other_bytes=sum(totals.in_layer[layers - nextn :]),
         sliding_window=window,
         window_layers=_window_layers(reader, arch, layers - nextn) if window else 0,
         context_length=max(0, header_number(reader, f"{arch}.context_length", default=0)),
         indexer_dim=max(0, header_number(reader, f"{arch}.attention.indexer.key_length", default=0)),
-        indexer_layers=totals.indexer_layers,
         compress_ratios=tuple(_numbers(reader, f"{arch}.attention.compress_ratios")[:layers]),
-        built_mla_bytes=totals.built_mla,
     )
 
 
@@ -181,6 +173,17 @@ class TensorTotals:
     cached_layers: int
     indexer_layers: int
     built_mla: int
+
+    def facts(self, nextn_layers: int, attention_layers: int, **header: Any) -> ModelFacts:
+        """The model's facts: these totals, its last `nextn_layers` layers' weights (its NextN head) and its
+        layers with a KV cache (0: none it knows, every layer), with the rest from its `header`."""
+        layers = len(self.expert)
+        return ModelFacts(
+            layers=layers, expert_bytes=self.expert, other_bytes=self.other, embedding_bytes=self.embedding,
+            vocab=self.vocab, indexer_layers=self.indexer_layers, built_mla_bytes=self.built_mla,
+            nextn_layers=nextn_layers, nextn_other_bytes=sum(self.in_layer[layers - nextn_layers :]),
+            attention_layers=attention_layers or None, **header,
+        )  # fmt: skip
 
 
 def tensor_totals(table: Iterable[TableRow], layers: int) -> TensorTotals:

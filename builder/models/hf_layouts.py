@@ -42,10 +42,17 @@ def _shared_config(shape: MoeShape, vocab: int) -> dict[str, object]:
     }
 
 
-def _qwen_experts(shape: MoeShape, shared_ffn: int | None = None) -> dict[str, object]:
-    """The expert keys Qwen's MoE configs share (a shared expert's width where it has one)."""
+def _qwen_config(
+    shape: MoeShape, architecture: str, model_type: str, shared_ffn: int | None = None
+) -> dict[str, object]:
+    """The keys Qwen's MoE configs share: the architecture, the attention heads and the experts (a shared
+    expert's width where it has one)."""
     shared = {} if shared_ffn is None else {"shared_expert_intermediate_size": shared_ffn}
     return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
         "intermediate_size": shape.expert_ffn,
         "moe_intermediate_size": shape.expert_ffn,
         **shared,
@@ -61,11 +68,7 @@ def _qwen_experts(shape: MoeShape, shared_ffn: int | None = None) -> dict[str, o
 
 def _qwen3moe_config(shape: MoeShape) -> dict[str, object]:
     return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
-        **_qwen_experts(shape),
+        **_qwen_config(shape, "Qwen3MoeForCausalLM", "qwen3_moe"),
         "rope_scaling": None,
         "use_sliding_window": False,
         "sliding_window": None,
@@ -115,12 +118,8 @@ def _deepseek_v3_config(shape: DeepSeek2Shape) -> dict[str, object]:
 
 def _qwen3next_config(shape: Qwen3NextShape) -> dict[str, object]:
     return {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "num_key_value_heads": shape.kv_heads,
-        "head_dim": shape.head_dim,
+        **_qwen_config(shape, "Qwen3NextForCausalLM", "qwen3_next", shape.shared_ffn),
         "partial_rotary_factor": shape.rope_dim / shape.head_dim,
-        **_qwen_experts(shape, shape.shared_ffn),
         "full_attention_interval": 4,
         "linear_conv_kernel_dim": shape.ssm_conv,
         "linear_key_head_dim": shape.ssm_state,

@@ -112,13 +112,8 @@ class Glm4MoeShape(MoeShape):
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
-        yield from _biased_attention(p, h, q, kv)
-        yield f"{p}.attn_output.weight", (q, h), "quant"
-        if self.qk_norm:
-            yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
-            yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+        yield from self.gqa_attention(p, bias=True, norms="head" if self.qk_norm else "")
         yield f"{p}.post_attention_norm.weight", (h,), "norm"
         yield from dense_or_shared_moe(self, i, self.dense_layers, self.dense_ffn, self.shared_experts)
 
@@ -139,11 +134,9 @@ class GptOssShape(MoeShape):
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
         yield f"{p}.post_attention_norm.weight", (h,), "norm"
-        yield from _biased_attention(p, h, q, kv)
-        yield f"{p}.attn_output.weight", (q, h), "quant"
+        yield from self.gqa_attention(p, bias=True, norms="")
         yield f"{p}.attn_output.bias", (h,), "f32"
         yield f"{p}.attn_sinks.weight", (self.heads,), "f32"
         yield from self.routed_experts(i)
@@ -165,14 +158,8 @@ class MiniMaxM2Shape(MoeShape):
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_norm.weight", (h,), "norm"
-        yield f"{p}.attn_q.weight", (h, q), "quant"
-        yield f"{p}.attn_k.weight", (h, kv), "quant"
-        yield f"{p}.attn_v.weight", (h, kv), "quant"
-        yield f"{p}.attn_output.weight", (q, h), "quant"
-        yield f"{p}.attn_q_norm.weight", (q,), "norm"
-        yield f"{p}.attn_k_norm.weight", (kv,), "norm"
+        yield from self.gqa_attention(p, norms="whole")
         yield f"{p}.ffn_norm.weight", (h,), "norm"
         yield from self.routed_experts(i)
         yield f"{p}.exp_probs_b.bias", (self.experts,), "f32"
@@ -195,10 +182,6 @@ class GlmDsaShape(DeepSeek2Shape):
             or self.indexer_key < self.rope_dim
         ):
             raise ValueError("the indexer's key width must be a power of two, 64 and the rope dims at least")
-
-    @property
-    def indexer_dim(self) -> int:
-        return self.indexer_key
 
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)
@@ -288,10 +271,6 @@ class DeepSeek4Shape(MoeShape):
     @property
     def ratios(self) -> list[int]:
         return [self.ratio(i) for i in range(self.layers)]
-
-    @property
-    def indexer_dim(self) -> int:
-        return self.indexer_key
 
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)
@@ -400,10 +379,6 @@ class MiniMaxM3Shape(Glm4MoeShape):
                 "(half the head)"
             )
 
-    @property
-    def indexer_dim(self) -> int:
-        return self.indexer_key
-
     def metadata(self, writer: gguf.GGUFWriter) -> None:
         super().metadata(writer)
         arch = self.arch
@@ -425,15 +400,6 @@ class MiniMaxM3Shape(Glm4MoeShape):
             yield f"{p}.indexer.k_proj.weight", (h, key), "f32"
             yield f"{p}.indexer.q_norm.weight", (key,), "norm"
             yield f"{p}.indexer.k_norm.weight", (key,), "norm"
-
-
-def _biased_attention(p: str, h: int, q: int, kv: int) -> Iterator[Tensor]:
-    yield f"{p}.attn_q.weight", (h, q), "quant"
-    yield f"{p}.attn_k.weight", (h, kv), "quant"
-    yield f"{p}.attn_v.weight", (h, kv), "quant"
-    yield f"{p}.attn_q.bias", (q,), "f32"
-    yield f"{p}.attn_k.bias", (kv,), "f32"
-    yield f"{p}.attn_v.bias", (kv,), "f32"
 
 
 # Full size, from the models' configs (MOE-FAMILIES.md §2), at their real vocabularies (the embeddings,

@@ -157,11 +157,10 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         )
     if isinstance(shape, KdaHybridShape):
         state = shape.recurrent_state
-    return ModelFacts(
+    return totals.facts(
+        shape.blocks - shape.layers,
+        cached,  # as read_facts: 0 (no key projection it knows) is every layer
         arch=shape.arch,
-        layers=shape.blocks,
-        expert_bytes=totals.expert,
-        other_bytes=totals.other,
         kv_heads=kv_heads,
         key_dim=key,
         value_dim=value,
@@ -169,20 +168,13 @@ def shape_facts(shape: MoeShape) -> ModelFacts:
         expert_count=shape.experts,
         experts_used=shape.experts_used,
         expert_groups=shape.expert_groups,
-        attention_layers=cached or None,  # as read_facts: no key projection it knows, every layer
         recurrent_state_bytes=state,
         heads=shape.heads,
-        embedding_bytes=totals.embedding,
-        vocab=totals.vocab,
         hidden=shape.hidden,
         expert_ffn=shape.expert_ffn,
-        nextn_layers=shape.blocks - shape.layers,
-        nextn_other_bytes=sum(totals.in_layer[shape.layers :]),
         context_length=shape.context,
-        indexer_dim=shape.indexer_dim,
-        indexer_layers=totals.indexer_layers,
+        indexer_dim=shape.indexer_key,
         compress_ratios=tuple(getattr(shape, "ratios", ())),  # deepseek4's
-        built_mla_bytes=totals.built_mla,
         sliding_window=window,
         window_layers=windowed_layers(WINDOW_PATTERN[shape.arch], shape.layers) if window else 0,
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import gguf
 
@@ -53,6 +53,8 @@ class MoeShape:
     # Routing within groups of experts (expert_group_count and _used_count; 0: plain top-k).
     expert_groups: int = 0
     groups_used: int = 0
+    # The sparse-attention indexer's key width a token caches per layer (glm-dsa and its kin; 0: none).
+    indexer_key: int = 0
 
     def __post_init__(self) -> None:
         if self.quant not in QUANTS:
@@ -93,11 +95,6 @@ class MoeShape:
         return self.head_dim, self.head_dim
 
     @property
-    def indexer_dim(self) -> int:
-        """The sparse-attention indexer's key width a token caches per layer (glm-dsa; 0: none)."""
-        return 0
-
-    @property
     def blocks(self) -> int:
         """block_count: the layers, and the multi-token-prediction layers after them."""
         return self.layers
@@ -133,16 +130,24 @@ class MoeShape:
         yield f"{p}.ffn_norm.weight", (h,), "norm"
         yield from self.routed_experts(i)
 
-    def gqa_attention(self, p: str, gated: bool = False) -> Iterator[Tensor]:
-        """Grouped-query attention's projections in layer `p`, with a q and a k norm a head (`gated`: the
-        query projection twice as wide, the query and its output gate)."""
+    def gqa_attention(
+        self, p: str, gated: bool = False, bias: bool = False, norms: Literal["head", "whole", ""] = "head"
+    ) -> Iterator[Tensor]:
+        """Grouped-query attention's projections in layer `p` (`gated`: the query projection twice as wide,
+        the query and its output gate; `bias`: q, k and v biased), with a q and a k norm a head, over the
+        whole projection, or none."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield f"{p}.attn_q.weight", (h, 2 * q if gated else q), "quant"
         yield f"{p}.attn_k.weight", (h, kv), "quant"
         yield f"{p}.attn_v.weight", (h, kv), "quant"
+        if bias:
+            yield f"{p}.attn_q.bias", (q,), "f32"
+            yield f"{p}.attn_k.bias", (kv,), "f32"
+            yield f"{p}.attn_v.bias", (kv,), "f32"
         yield f"{p}.attn_output.weight", (q, h), "quant"
-        yield f"{p}.attn_q_norm.weight", (self.head_dim,), "norm"
-        yield f"{p}.attn_k_norm.weight", (self.head_dim,), "norm"
+        if norms:
+            yield f"{p}.attn_q_norm.weight", (q if norms == "whole" else self.head_dim,), "norm"
+            yield f"{p}.attn_k_norm.weight", (kv if norms == "whole" else self.head_dim,), "norm"
 
     def routed_experts(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden

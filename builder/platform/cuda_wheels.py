@@ -26,15 +26,22 @@ WHEEL_PLATFORMS = (
 
 
 @dataclass(frozen=True)
-class Wheel:
+class Package:
+    """One pinned part of a CUDA release: a PyPI wheel, pinned by its sha256 (`requirement`), or a Debian
+    package, pinned by its version (`pin`: apt checks it against the archive's signed index)."""
+
     name: str
     version: str
-    sha256: str
+    sha256: str = ""  # a wheel's
     runtime: bool = False  # part of the runtime base (what a server loads), not only the devel one
 
     @property
     def requirement(self) -> str:
         return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}={self.version}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +66,7 @@ class PypiCuda(CudaRelease):
     """One CUDA release assembled from wheels."""
 
     wheel_root: str  # the prefix inside every wheel of the release
-    wheels: tuple[Wheel, ...]
+    wheels: tuple[Package, ...]
     runtime_libs: tuple[str, ...]  # the sonames a server loads (the driver's libcuda.so.1 aside)
 
 
@@ -73,38 +80,38 @@ PYPI_CUDA: dict[str, PypiCuda] = {
             full_version="13.0.96",
             wheel_root="nvidia/cu13",
             wheels=(
-                Wheel(
+                Package(
                     "nvidia-cuda-nvcc",
                     "13.0.88",
                     "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
                 ),
-                Wheel(
+                Package(
                     "nvidia-cuda-crt",
                     "13.0.88",
                     "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
                 ),
-                Wheel(
+                Package(
                     "nvidia-nvvm",
                     "13.0.88",
                     "c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0",
                 ),
-                Wheel(
+                Package(
                     "nvidia-cuda-cccl",
                     "13.0.85",
                     "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
                 ),
-                Wheel(
+                Package(
                     "nvidia-cuda-cuobjdump",
                     "13.2.51",
                     "95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50",
                 ),
-                Wheel(
+                Package(
                     "nvidia-cuda-runtime",
                     "13.0.96",
                     "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
                     runtime=True,
                 ),
-                Wheel(
+                Package(
                     "nvidia-cublas",
                     "13.1.0.3",
                     "ee8722c1f0145ab246bccb9e452153b5e0515fd094c3678df50b2a0888b8b171",

@@ -12,18 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from builder.platform.cuda_wheels import CudaRelease
-
-
-@dataclass(frozen=True)
-class DebPackage:
-    name: str
-    version: str
-    runtime: bool = False  # part of the runtime base (what a server loads), not only the devel one
-
-    @property
-    def pin(self) -> str:
-        return f"{self.name}={self.version}"
+from builder.platform.cuda_wheels import CudaRelease, Package
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +21,7 @@ class DebianCuda(CudaRelease):
 
     suite: str
     component: str
-    packages: tuple[DebPackage, ...]
+    packages: tuple[Package, ...]
     host_gcc: int  # the g++-N the toolkit's nvcc compiles host code with (its newest supported GCC)
 
     def pins(self, runtime: bool) -> list[str]:
@@ -53,11 +42,11 @@ DEBIAN_CUDA: dict[str, DebianCuda] = {
             suite="trixie",
             component="non-free",
             packages=(
-                DebPackage("nvidia-cuda-toolkit", "12.4.131~12.4.1-2"),
-                DebPackage("nvidia-cuda-dev", "12.4.127~12.4.1-2"),
-                DebPackage("libcudart12", "12.4.127~12.4.1-2", runtime=True),
-                DebPackage("libcublas12", "12.4.5.8~12.4.1-2", runtime=True),
-                DebPackage("libcublaslt12", "12.4.5.8~12.4.1-2", runtime=True),
+                Package("nvidia-cuda-toolkit", "12.4.131~12.4.1-2"),
+                Package("nvidia-cuda-dev", "12.4.127~12.4.1-2"),
+                Package("libcudart12", "12.4.127~12.4.1-2", runtime=True),
+                Package("libcublas12", "12.4.5.8~12.4.1-2", runtime=True),
+                Package("libcublaslt12", "12.4.5.8~12.4.1-2", runtime=True),
             ),
             host_gcc=13,
             min_driver="550",

@@ -9,7 +9,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from builder.engines import Engine, adapters, engine_names
@@ -25,7 +24,7 @@ from builder.platform.toolchain import MIN_DRIVER
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
 from builder.stacks.compose import compose_stack
 from builder.stacks.document import cpu_only, start_period_for
-from builder.untrusted_text import CONTROL, load_yaml, yaml_problem
+from builder.untrusted_text import CONTROL, UnreadableYaml, read_yaml
 
 # A presets file of the user's own (the packaged one's schema), merged over the packaged presets: by
 # `compose --presets FILE`, else this variable.
@@ -177,11 +176,9 @@ def get_preset(name: str, user_file: Path | None = None) -> Preset:
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
     try:
-        data = load_yaml(path.read_text())
-    except OSError as err:
-        raise SpecError(f"presets file {path}: {err.strerror}; give a readable YAML file") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"presets file {path} is not plain YAML: {yaml_problem(err)}; fix it") from None
+        data = read_yaml(path)
+    except UnreadableYaml as err:
+        raise SpecError(f"presets file {path} {err}; fix it") from None
     if not isinstance(data, dict) or not all(isinstance(entry, dict) for entry in data.values()):
         raise SpecError(
             f"presets file {path}: each preset is a mapping of its name to its keys (see {presets_file()})"
