@@ -136,10 +136,6 @@ class Record(_Kebab):
     lint_exceptions: dict[str, str] = Field(default_factory=dict)
     tuned: Tuning | None = None  # what `tune` found (tuning/tune_stack.py)
 
-    @property
-    def cpu_weights_pinned(self) -> bool:
-        return self.cpu_weights == "pinned"
-
     @model_serializer(mode="wrap")
     def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         dumped: dict[str, object] = handler(self)
