@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from builder.contract import API_KEY_PATH
+from builder.contract import API_KEY_PATH, CONTAINER_PORT
 from builder.engines.compute_buffers import BufferFits
 from builder.errors import SpecError, StackError
 from builder.host.probe import CpuInfo
@@ -101,6 +101,15 @@ class PromptStore:
     def sizes(self, kv_bytes: int) -> tuple[int, int]:
         """(disk, host memory) it takes for a stack whose KV cache is `kv_bytes`."""
         return int(self.disk_share * kv_bytes), int(self.host_share * kv_bytes)
+
+
+# Every engine's server listens on the container's every address, at the port the stack publishes.
+LISTEN = {"--host": "0.0.0.0", "--port": str(CONTAINER_PORT)}
+
+
+def flag_args(settings: Mapping[str, str]) -> list[str]:
+    """`settings` as a command line's words: each flag, then its value, in their order."""
+    return [word for pair in settings.items() for word in pair]
 
 
 class Engine(ABC):

@@ -21,7 +21,7 @@ from builder.errors import StackError
 from builder.models.facts import ModelFacts
 from builder.models.kv_cache import CacheLayout
 from builder.models.opened import OpenedModel
-from builder.platform.flags import takes_stages
+from builder.platform.flags import required_flag, takes_stages
 
 # The architectures whose NextN (MTP) tensors its loader knows, and skips unless -mtp
 # (llama-load-tensors.cpp at 8337e4c: bailingmoe3's and qwen35moe's came with the bump from 007d640).
@@ -252,16 +252,13 @@ class IkLlamaCpp(LlamaFamilyEngine):
         return ["-no-fmoe"] if "-no-fmoe" in flags else []
 
     def mla_args(self, mode: int, flags: dict[str, str] | None) -> list[str]:
-        if flags is not None and "-mla" not in flags:
-            raise StackError("this ik_llama.cpp build has no -mla option; drop --mla")
-        return ["-mla", str(mode)]
+        return [required_flag(flags, "-mla", self.name, "--mla", "-mla option"), str(mode)]
 
     def moe_offload_batch_args(self, batch: int, flags: dict[str, str] | None) -> list[str]:
         """`-cuda offload-batch-size=N`: measured on the device (bench/results/device-2026-11-30b), a
         Qwen3-235B-shaped slice's pp256 went from 511 to 5572 t/s at N=2 (mainline: 2234)."""
-        if flags is not None and "-cuda" not in flags:
-            raise StackError("this ik_llama.cpp build has no -cuda parameters; drop --moe-offload-batch")
-        return ["-cuda", f"offload-batch-size={batch}"]
+        cuda = required_flag(flags, "-cuda", self.name, "--moe-offload-batch", "-cuda parameters")
+        return [cuda, f"offload-batch-size={batch}"]
 
     def grouped_routing_args(self, flags: dict[str, str] | None) -> list[str]:
         if flags is not None and "-ger" not in flags:
@@ -273,9 +270,7 @@ class IkLlamaCpp(LlamaFamilyEngine):
 
     def hugepages_args(self, flags: dict[str, str] | None) -> list[str]:
         """-thp maps weights with MAP_HUGETLB from the host's reserved pool (falling back with a message)."""
-        if flags is not None and "-thp" not in flags:
-            raise StackError("this ik_llama.cpp build has no -thp option; drop --hugepages")
-        return ["-thp"]
+        return [required_flag(flags, "-thp", self.name, "--hugepages", "-thp option")]
 
     def split_mode_graph_args(self, gpus: int, flags: dict[str, str] | None) -> list[str]:
         """`--split-mode graph` over a plan of `gpus` GPUs (0: no multi-GPU plan), with -smgs: src/llama.cpp

@@ -9,8 +9,16 @@ import shlex
 from abc import abstractmethod
 from pathlib import Path
 
-from builder.contract import CONFIG_DIR, CONTAINER_PORT, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
-from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, ImageSpec, StackSpec
+from builder.contract import CONFIG_DIR, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
+from builder.engines.base import (
+    CUDA_STUB_DIR,
+    CUDA_STUB_SETUP,
+    LISTEN,
+    Engine,
+    ImageSpec,
+    StackSpec,
+    flag_args,
+)
 from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.sglang_hicache import STORE as HICACHE_STORE
@@ -553,32 +561,22 @@ class KTransformers(_PythonEngine):
         method = self.kt_method(stack)
         # A GGUF's directory is mounted at /models; a converted directory's parent is (directory_mount).
         weights = f"{MODEL_DIR}/{stack.model.name}" if stack.model.path.is_dir() else MODEL_DIR
-        args = [
-            "--model-path",
-            CONFIG_DIR,
-            "--kt-weight-path",
-            weights,
-            "--kt-method",
-            method,
-            "--kt-cpuinfer",
-            str(stack.cpu_threads),
-            "--kt-threadpool-count",
-            str(stack.numa_node_count),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(CONTAINER_PORT),
-            "--context-length",
-            str(stack.ctx_size),
-            "--max-running-requests",
-            str(stack.parallel),
+        settings = {
+            "--model-path": CONFIG_DIR,
+            "--kt-weight-path": weights,
+            "--kt-method": method,
+            "--kt-cpuinfer": str(stack.cpu_threads),
+            "--kt-threadpool-count": str(stack.numa_node_count),
+            **LISTEN,
+            "--context-length": str(stack.ctx_size),
+            "--max-running-requests": str(stack.parallel),
             # The KV pool holds the stack's context for each request, as a llama.cpp stack's cache does:
             # SGLang's default fills its static memory fraction (125.8 GB of an H200 for a 16k one-request
             # stack), and on a 2-layer R1 slice that pool asked for 186 GiB and failed
             # (bench/results/kt-seed-models-2026-12-02).
-            "--max-total-tokens",
-            str(stack.ctx_size * stack.parallel),
-        ]
+            "--max-total-tokens": str(stack.ctx_size * stack.parallel),
+        }
+        args = flag_args(settings)
         if stack.bind_nodes:  # one pool per chosen node, in that order (it defaults to nodes 0..count-1)
             args += ["--kt-numa-nodes", *map(str, stack.bind_nodes)]
         # Always written: without it (or a ratio) sglang-kt 0.7.2 configures no kt-kernel experts at
@@ -677,20 +675,14 @@ class KTransformersLegacy(_PythonEngine):
     def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """The seed's command: GGUF directory, HF config directory, CPU threads, KV cache length."""
         self._refuse_unsupported(stack)
-        args = [
-            "--model_path",
-            CONFIG_DIR,
-            "--gguf_path",
-            MODEL_DIR,
-            "--cpu_infer",
-            str(stack.cpu_threads),
-            "--cache_lens",
-            str(stack.ctx_size),
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(CONTAINER_PORT),
-        ]
+        settings = {
+            "--model_path": CONFIG_DIR,
+            "--gguf_path": MODEL_DIR,
+            "--cpu_infer": str(stack.cpu_threads),
+            "--cache_lens": str(stack.ctx_size),
+            **LISTEN,
+        }
+        args = flag_args(settings)
         if stack.served_name is not None and has_flag(flags, "--model_name"):
             args += ["--model_name", stack.served_name]
         # 0.2.x's server-side sampling defaults (its metrics: none).

@@ -6,13 +6,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builder.contract import CONTAINER_PORT, ROUTER_PRESET
-from builder.engines.base import StackSpec
+from builder.contract import ROUTER_PRESET
+from builder.engines.base import LISTEN, StackSpec, flag_args
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.models.kv_cache import CacheLayout
-from builder.platform.flags import has_flag, looks_like_flag, takes_value
+from builder.platform.flags import has_flag, looks_like_flag, required_flag, takes_value
 
 if TYPE_CHECKING:
     from builder.models.facts import ModelFacts
@@ -72,9 +72,7 @@ class LlamaCpp(LlamaFamilyEngine):
         prefills the prompt again (measured: bench/results/prompt-restart-2026-12-03)."""
         args = []
         if stack.keep_prompts and stack.sliding_window and "--swa-full" not in stack.extra_args:
-            if not has_flag(flags, "--swa-full"):
-                raise StackError(f"this {self.name} build has no --swa-full; drop --keep-prompts")
-            args.append("--swa-full")
+            args.append(required_flag(flags, "--swa-full", self.name, "--keep-prompts"))
         if stack.idle_unload is None:
             return args
         if not has_flag(flags, "--sleep-idle-seconds"):
@@ -167,16 +165,7 @@ class LlamaCpp(LlamaFamilyEngine):
                 raise StackError(
                     f"this {self.name} build has no router mode ({flag}); use one stack per model"
                 )
-        command = [
-            "--models-preset",
-            ROUTER_PRESET,
-            "--models-max",
-            "1",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(CONTAINER_PORT),
-        ]
+        command = flag_args({"--models-preset": ROUTER_PRESET, "--models-max": "1", **LISTEN})
         if stack.api_key_file is not None:
             command += self.key_args()
         sections = ["version = 1", ""]

@@ -9,13 +9,21 @@ from pathlib import Path
 
 from builder.contract import (
     CHAT_PAGE_CONTEXT,
-    CONTAINER_PORT,
     ENGINE_BIN_DIR,
     MODEL_DIR,
     PROMPTS_DIR,
     TOOLS_LABEL,
 )
-from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, Engine, ImageSpec, PromptStore, StackSpec
+from builder.engines.base import (
+    CUDA_STUB_DIR,
+    CUDA_STUB_SETUP,
+    LISTEN,
+    Engine,
+    ImageSpec,
+    PromptStore,
+    StackSpec,
+    flag_args,
+)
 from builder.engines.reasoning import TEMPLATE_KWARGS, reasoning_args
 from builder.engines.tune_space import (
     LOAD_MODE,
@@ -34,7 +42,7 @@ from builder.engines.tune_space import (
 )
 from builder.errors import StackError
 from builder.platform.clone import clone_commands
-from builder.platform.flags import check_choice, has_choices, has_flag, takes_value
+from builder.platform.flags import check_choice, has_choices, has_flag, required_flag, takes_value
 from builder.platform.targets import GGML_X86_FEATURES
 from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget
@@ -307,20 +315,14 @@ class LlamaFamilyEngine(Engine):
     # -- run ----------------------------------------------------------------------------------
     def arguments(self, stack: StackSpec, flags: dict[str, str] | None) -> list[str]:
         """`llama-server` arguments for a stack's options."""
-        args = [
-            "--model",
-            f"{MODEL_DIR}/{stack.model.name}",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(CONTAINER_PORT),
-            "--ctx-size",
-            str(stack.ctx_size),
-            "--threads",
-            str(stack.cpu_threads),
-            "--parallel",
-            str(stack.parallel),
-        ]
+        settings = {
+            "--model": f"{MODEL_DIR}/{stack.model.name}",
+            **LISTEN,
+            "--ctx-size": str(stack.ctx_size),
+            "--threads": str(stack.cpu_threads),
+            "--parallel": str(stack.parallel),
+        }
+        args = flag_args(settings)
         for rule in stack.override_tensors:
             args += ["--override-tensor", rule]
         # On by default, so written where this build has them (an older build just goes without).
@@ -358,18 +360,13 @@ class LlamaFamilyEngine(Engine):
         for field, flag in self.option_flags:
             value = getattr(stack, field)
             if value is not None:
-                if not has_flag(flags, flag):
-                    raise StackError(
-                        f"this {self.name} build has no {flag}; drop --{field.replace('_', '-')}"
-                    )
+                required_flag(flags, flag, self.name, f"--{field.replace('_', '-')}")
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
         args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.api_key_file is not None:
             args += self.key_args()
         if stack.keep_prompts:
-            if not has_flag(flags, SLOT_SAVE_FLAG):
-                raise StackError(f"this {self.name} build has no {SLOT_SAVE_FLAG}; drop --keep-prompts")
-            args += [SLOT_SAVE_FLAG, f"{PROMPTS_DIR}/"]
+            args += [required_flag(flags, SLOT_SAVE_FLAG, self.name, "--keep-prompts"), f"{PROMPTS_DIR}/"]
         return args
 
     def renders_jinja(self, stack: StackSpec) -> bool:
@@ -471,10 +468,10 @@ class LlamaFamilyEngine(Engine):
         args: list[str] = []
         if stack.draft_model is not None:
             draft = f"{MODEL_DIR}/{stack.draft_model.name}"
-            args += [self._draft_flag(flags, "--model-draft", "--draft-model"), draft]
+            args += [required_flag(flags, "--model-draft", self.name, "--draft-model"), draft]
             args += self.draft_type_args(flags)
             if stack.gpu != "none":
-                args += [self._draft_flag(flags, "--n-gpu-layers-draft", "--draft-model"), "99"]
+                args += [required_flag(flags, "--n-gpu-layers-draft", self.name, "--draft-model"), "99"]
         if stack.mtp:
             args += self.mtp_args(flags)
         if stack.draft_max is not None:
@@ -486,21 +483,14 @@ class LlamaFamilyEngine(Engine):
         there (their --mmproj-offload default), which the plan counts."""
         if stack.mmproj is None:
             return []
-        if not has_flag(flags, "--mmproj"):
-            raise StackError(f"this {self.name} build has no --mmproj; drop --mmproj")
-        return ["--mmproj", f"{MODEL_DIR}/{stack.mmproj.name}"]
-
-    def _draft_flag(self, flags: dict[str, str] | None, flag: str, option: str) -> str:
-        if not has_flag(flags, flag):
-            raise StackError(f"this {self.name} build has no {flag}; drop {option}")
-        return flag
+        return [required_flag(flags, "--mmproj", self.name, "--mmproj"), f"{MODEL_DIR}/{stack.mmproj.name}"]
 
     def draft_type_args(self, flags: dict[str, str] | None) -> list[str]:
         """What names a plain draft model's kind, where the engine needs it (ik_llama.cpp: nothing)."""
         return []
 
     def draft_max_flag(self, flags: dict[str, str] | None) -> str:
-        return self._draft_flag(flags, "--draft-max", "--draft-max")
+        return required_flag(flags, "--draft-max", self.name, "--draft-max")
 
     def draft_length_dimension(self, args: list[str]) -> Dimension:
         """`tune`'s search over the draft length of a server drafting with `args`."""

@@ -20,6 +20,7 @@ import json
 from typing import TYPE_CHECKING, Protocol
 
 from builder.errors import StackError
+from builder.platform.flags import required_flag
 
 if TYPE_CHECKING:  # the adapters call in here: no import back at run time
     from builder.engines.base import StackSpec
@@ -56,7 +57,8 @@ def reasoning_args(engine: Reasoner, stack: StackSpec, flags: dict[str, str] | N
     if stack.reasoning_effort is not None:
         args += effort_args(engine, stack.reasoning_effort, flags)
     if stack.reasoning_format is not None:
-        args += [_flag(engine, flags, "--reasoning-format", "--reasoning-format"), stack.reasoning_format]
+        spelled = required_flag(flags, "--reasoning-format", engine.name, "--reasoning-format")
+        args += [spelled, stack.reasoning_format]
     return args
 
 
@@ -68,7 +70,7 @@ def budget_args(engine: Reasoner, budget: int, option: str, flags: dict[str, str
             f"({budget}): drop it or give --thinking off, or serve with mainline llama.cpp, whose budget "
             "ends thinking after N tokens"
         )
-    return [_flag(engine, flags, "--reasoning-budget", option), str(budget)]
+    return [required_flag(flags, "--reasoning-budget", engine.name, option), str(budget)]
 
 
 def effort_args(engine: Reasoner, effort: str, flags: dict[str, str] | None) -> list[str]:
@@ -76,7 +78,7 @@ def effort_args(engine: Reasoner, effort: str, flags: dict[str, str] | None) -> 
     if _current(engine, flags, "--reasoning-effort"):
         return ["--reasoning-effort", effort]
     kwargs = json.dumps({"reasoning_effort": effort}, separators=(",", ":"))
-    return [_flag(engine, flags, TEMPLATE_KWARGS, "--reasoning-effort"), kwargs]
+    return [required_flag(flags, TEMPLATE_KWARGS, engine.name, "--reasoning-effort"), kwargs]
 
 
 def _check_template(engine: Reasoner, stack: StackSpec) -> None:
@@ -103,9 +105,3 @@ def _current(engine: Reasoner, flags: dict[str, str] | None, flag: str) -> bool:
     """Whether the build has mainline's `flag` (--reasoning, --reasoning-effort): its contract says, else
     the adapter's current syntax does."""
     return engine.reasoning_flags if flags is None else flag in flags
-
-
-def _flag(engine: Reasoner, flags: dict[str, str] | None, flag: str, option: str) -> str:
-    if flags is not None and flag not in flags:
-        raise StackError(f"this {engine.name} build has no {flag}; drop {option}")
-    return flag

@@ -145,3 +145,11 @@ def has_flag(flags: dict[str, str] | None, flag: str) -> bool:
     """Whether the image's contract lists `flag`; an unknown contract (None) is taken to have it, and
     the adapter writes its engine's current syntax."""
     return flags is None or flag in flags
+
+
+def required_flag(flags: dict[str, str] | None, flag: str, engine: str, drop: str, what: str = "") -> str:
+    """`flag`, where the image's contract has it (`has_flag`); else StackError: this `engine` build has no
+    `what` (the flag itself unless named); drop `drop`, the option that asked for it."""
+    if not has_flag(flags, flag):
+        raise StackError(f"this {engine} build has no {what or flag}; drop {drop}")
+    return flag
