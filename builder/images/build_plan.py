@@ -138,13 +138,18 @@ class BuildPlan:
     def contract_step(self, dest: Path, stage: str = CONTRACT_STAGE) -> BuildPlan:
         """The first step: export the server's --help text (the `contract` stage, or another files-only
         `stage`) into `dest` (reading the shared cache; the second step writes it)."""
+        return self.side_step(stage, {"type": "local", "dest": str(dest)})
+
+    def side_step(self, stage: str, output: dict[str, str] | None = None) -> BuildPlan:
+        """This build of `stage` alone, its files to `output` if given: nothing tagged, labelled, loaded,
+        pushed or cached to a registry."""
         return replace(
             self,
             target=stage,
             tags=(),
             labels={},
             load=False,
-            output={"type": "local", "dest": str(dest)},
+            output=output or {},
             push=False,
             cache_to=None,
             metadata_file=None,

@@ -29,35 +29,16 @@ EXPORT_STAGE = "ccache-export"
 RUN_CONTEXT = "ccache-run"  # a new id each export, so the copy runs again
 
 
-def _side_step(plan: BuildPlan, stage: str) -> BuildPlan:
-    """`plan` building only `stage`: nothing tagged, labelled, loaded, pushed or cached to a registry."""
-    return replace(
-        plan,
-        target=stage,
-        tags=(),
-        labels={},
-        load=False,
-        push=False,
-        output={},
-        cache_to=None,
-        metadata_file=None,
-    )
-
-
 def import_step(plan: BuildPlan, directory: Path) -> BuildPlan:
     """Seed the build's cache mount with `directory`'s ccache files."""
-    step = _side_step(plan, IMPORT_STAGE)
+    step = plan.side_step(IMPORT_STAGE)
     return replace(step, build_contexts={**plan.build_contexts, SEED_CONTEXT: str(directory)})
 
 
 def export_step(plan: BuildPlan, dest: Path, run_id: Path) -> BuildPlan:
     """Copy the build's cache mount into `dest`; `run_id` is a directory holding a new id (new_run_id)."""
-    step = _side_step(plan, EXPORT_STAGE)
-    return replace(
-        step,
-        output={"type": "local", "dest": str(dest)},
-        build_contexts={**plan.build_contexts, RUN_CONTEXT: str(run_id)},
-    )
+    step = plan.contract_step(dest, EXPORT_STAGE)
+    return replace(step, build_contexts={**plan.build_contexts, RUN_CONTEXT: str(run_id)})
 
 
 def new_run_id(directory: Path) -> Path:

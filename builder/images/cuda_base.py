@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,17 +68,9 @@ def current_images(client: DockerClient, cuda: LocalCuda) -> bool:
 
 
 def content_labels(cuda: LocalCuda, runtime: bool) -> dict[str, str]:
-    """The labels that pin what a base holds: its wheels, or its Debian packages."""
-    return wheel_labels(cuda, runtime) if isinstance(cuda, PypiCuda) else package_labels(cuda, runtime)
-
-
-def wheel_labels(cuda: PypiCuda, runtime: bool) -> dict[str, str]:
-    """`io.moe-stack.wheel.<name>`: version and sha256 of every wheel in the (devel or runtime) image."""
-    return {
-        f"{LABEL_PREFIX}.wheel.{wheel.name}": f"{wheel.version} sha256:{wheel.sha256}"
-        for wheel in cuda.wheels
-        if wheel.runtime or not runtime
-    }
+    """The labels that pin what a (devel or runtime) base holds: `io.moe-stack.wheel.<name>`, the version
+    and sha256 of each wheel, or `io.moe-stack.deb.<name>`, the version of each Debian package."""
+    return {f"{LABEL_PREFIX}.{key}": value for key, value in (p.label for p in cuda.parts(runtime))}
 
 
 def wheel_file_name(name: str, version: str, directory: Path) -> Path:
@@ -98,7 +90,7 @@ def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
     are checked, not fetched again); returns each wheel's file by package name."""
     dest.mkdir(parents=True, exist_ok=True)
     requirements = dest / "requirements.txt"
-    requirements.write_text("".join(wheel.requirement + "\n" for wheel in cuda.wheels))
+    requirements.write_text("".join(wheel.requirement + "\n" for wheel in cuda.packages))
     platforms = (arg for platform in WHEEL_PLATFORMS for arg in ("--platform", platform))
     failed = pip_download(
         dest, "--only-binary=:all:", "--require-hashes", "-r", str(requirements), *platforms
@@ -108,16 +100,7 @@ def download_wheels(cuda: PypiCuda, dest: Path) -> dict[str, Path]:
             f"can't download CUDA {cuda.version}'s wheels from PyPI ({failed}); check pip's index "
             "(PIP_INDEX_URL) and that it mirrors NVIDIA's nvidia-* packages"
         )
-    return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.wheels}
-
-
-def package_labels(cuda: DebianCuda, runtime: bool) -> dict[str, str]:
-    """`io.moe-stack.deb.<name>`: the version of every pinned package in the (devel or runtime) image."""
-    return {
-        f"{LABEL_PREFIX}.deb.{package.name}": package.version
-        for package in cuda.packages
-        if package.runtime or not runtime
-    }
+    return {wheel.name: wheel_file_name(wheel.name, wheel.version, dest) for wheel in cuda.packages}
 
 
 def base_labels(cuda: LocalCuda, debian_base: str, runtime: bool, created: datetime) -> dict[str, str]:
@@ -187,12 +170,12 @@ def render_files(
         created,
         {},
         wheel_root=cuda.wheel_root,
-        wheel_files=[wheel_files[wheel.name].name for wheel in cuda.wheels],
+        wheel_files=[wheel_files[wheel.name].name for wheel in cuda.packages],
         runtime_libs=cuda.runtime_libs,
         check_packages=["g++"],
     )
     root = templates_root() / _TEMPLATE_DIR
-    sums = "".join(f"{wheel.sha256}  /wheels/{wheel_files[wheel.name].name}\n" for wheel in cuda.wheels)
+    sums = "".join(f"{wheel.sha256}  /wheels/{wheel_files[wheel.name].name}\n" for wheel in cuda.packages)
     return {
         "Dockerfile": text,
         "cuda-wheels.sha256": sums,
@@ -232,8 +215,8 @@ def render_debian_files(cuda: DebianCuda, debian_base: str, mirror: str, created
         component=cuda.component,
         host_gcc=cuda.host_gcc,
         host_driver_package=HOST_DRIVER_PACKAGE,
-        devel_pins=cuda.pins(runtime=False),
-        runtime_pins=cuda.pins(runtime=True),
+        devel_pins=[package.pin for package in cuda.parts(runtime=False)],
+        runtime_pins=[package.pin for package in cuda.parts(runtime=True)],
         check_packages=[],
     )
     root = templates_root() / _TEMPLATE_DIR
@@ -293,7 +276,7 @@ def make_cuda_base(
     else:
         files = render_debian_files(cuda, debian_base, base_mirror(client, debian_base), created)
     context = content_dir(files, cache_root / "contexts", f"cuda-{cuda.version}-base")
-    plan = BuildPlan(context=context, tags=(), build_contexts=build_contexts, load=False)
+    plan = BuildPlan(context=context, tags=(), build_contexts=build_contexts)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log, tempfile.TemporaryDirectory(prefix="moe-stack-cuda-check-") as tmp:
         stream_build(client, plan.contract_step(Path(tmp), CHECK_STAGE), log, log_path, show)
@@ -305,16 +288,7 @@ def make_cuda_base(
             )
         for flavour in ("devel", "runtime"):
             stream_build(
-                client,
-                BuildPlan(
-                    context=context,
-                    tags=(cuda.image(flavour),),
-                    target=flavour,
-                    build_contexts=plan.build_contexts,
-                ),
-                log,
-                log_path,
-                show,
+                client, replace(plan, tags=(cuda.image(flavour),), target=flavour), log, log_path, show
             )
         stub_symbols = int((Path(tmp) / "stub-symbols.txt").read_text())
     return CudaBase(devel=cuda.image("devel"), runtime=cuda.image("runtime"), stub_symbols=stub_symbols)

@@ -43,6 +43,14 @@ class Package:
     def pin(self) -> str:
         return f"{self.name}={self.version}"
 
+    @property
+    def label(self) -> tuple[str, str]:
+        """Its label's key under the base's prefix and its value: `wheel.<name>`, its version and sha256,
+        or `deb.<name>`, its version."""
+        if self.sha256:
+            return f"wheel.{self.name}", f"{self.version} sha256:{self.sha256}"
+        return f"deb.{self.name}", self.version
+
 
 @dataclass(frozen=True, kw_only=True)
 class CudaRelease:
@@ -51,6 +59,11 @@ class CudaRelease:
     version: str
     full_version: str  # the cudart version, as NVIDIA's images set CUDA_VERSION
     min_driver: str  # NVIDIA_REQUIRE_CUDA: the container toolkit refuses older drivers at start
+    packages: tuple[Package, ...]  # what it is made of: wheels, or Debian packages
+
+    def parts(self, runtime: bool) -> list[Package]:
+        """What the runtime base holds (`runtime`), or the devel one: every package."""
+        return [package for package in self.packages if package.runtime or not runtime]
 
     def image(self, flavour: str) -> str:
         """`moe-stack/cuda:<version>-devel|runtime`."""
@@ -66,7 +79,6 @@ class PypiCuda(CudaRelease):
     """One CUDA release assembled from wheels."""
 
     wheel_root: str  # the prefix inside every wheel of the release
-    wheels: tuple[Package, ...]
     runtime_libs: tuple[str, ...]  # the sonames a server loads (the driver's libcuda.so.1 aside)
 
 
@@ -79,7 +91,7 @@ PYPI_CUDA: dict[str, PypiCuda] = {
             version="13.0",
             full_version="13.0.96",
             wheel_root="nvidia/cu13",
-            wheels=(
+            packages=(
                 Package(
                     "nvidia-cuda-nvcc",
                     "13.0.88",

@@ -21,11 +21,7 @@ class DebianCuda(CudaRelease):
 
     suite: str
     component: str
-    packages: tuple[Package, ...]
     host_gcc: int  # the g++-N the toolkit's nvcc compiles host code with (its newest supported GCC)
-
-    def pins(self, runtime: bool) -> list[str]:
-        return [package.pin for package in self.packages if package.runtime or not runtime]
 
 
 # nvidia-cuda-toolkit brings nvcc, ptxas, cicc and the rest of the compiler, and through nvidia-cuda-dev

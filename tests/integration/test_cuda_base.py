@@ -53,7 +53,7 @@ def test_base_is_checked_laid_out_and_labelled(
 ) -> None:
     devel = docker_client.image.inspect(CUDA.image("devel"))
     runtime = docker_client.image.inspect(CUDA.image("runtime"))
-    for wheel in CUDA.wheels:
+    for wheel in CUDA.packages:
         label = f"{wheel.version} sha256:{wheel.sha256}"
         assert devel.config.labels[f"io.moe-stack.wheel.{wheel.name}"] == label
         assert runtime.config.labels.get(f"io.moe-stack.wheel.{wheel.name}") == (

@@ -47,7 +47,7 @@ DEBIAN = BaseImages(cuda="debian")
 def _wheel_files() -> dict[str, Path]:
     return {
         w.name: Path(f"{w.name.replace('-', '_')}-{w.version}-py3-none-manylinux_2_27_x86_64.whl")
-        for w in CUDA13.wheels
+        for w in CUDA13.packages
     }
 
 
@@ -87,8 +87,8 @@ def test_base_dockerfile_is_hadolint_clean(tmp_path: Path, text: object) -> None
 def test_every_wheel_is_pinned_checked_and_labelled() -> None:
     files = _render()
     sums = files["cuda-wheels.sha256"].splitlines()
-    assert len(sums) == len(CUDA13.wheels) == 7
-    for wheel, line in zip(CUDA13.wheels, sums, strict=True):
+    assert len(sums) == len(CUDA13.packages) == 7
+    for wheel, line in zip(CUDA13.packages, sums, strict=True):
         assert re.fullmatch(r"[0-9a-f]{64}", wheel.sha256)
         assert line == f"{wheel.sha256}  /wheels/{_wheel_files()[wheel.name].name}"
         assert (
