@@ -90,8 +90,7 @@ def _preset_options(a: Assembly) -> Assembly:
         return replace(a, engine_options=merged, preset_rules=rules)
     derived = derived_preset(facts, adapter, options.gpu != "none")
     if derived is None:
-        merged, rules = merge_options(None, adapter, options.engine_options, options.presets_file)
-        return replace(a, engine_options=merged, preset_rules=rules)
+        return a  # a dense model: the user's options alone
     return replace(
         a,
         engine_options=options.engine_options.over(derived.options),
@@ -132,8 +131,21 @@ def _projector(a: Assembly) -> Assembly:
 
 
 def _sparse_attention(a: Assembly) -> Assembly:
-    if block_sparse(a.model.facts):
-        _check_sparse_attention(a.engine_options, a.options)
+    """MiniMax Sparse Attention runs only with flash attention and a cache per slot: otherwise mainline
+    attends densely over the whole context, with a warning in its log alone (src/models/minimax-m3.cpp at
+    0c1e57098), which the plan and a long context's speed don't expect."""
+    if not block_sparse(a.model.facts):
+        return a
+    if a.engine_options.flash_attention == "off":
+        raise SpecError(
+            "this model's sparse attention runs only with flash attention (off, the engine attends densely "
+            "over the whole context): drop --flash-attention off"
+        )
+    if {"--kv-unified", "-kvu"} & set(a.options.engine_args) and a.options.parallel > 1:
+        raise SpecError(
+            "this model's sparse attention needs a cache per slot (with --kv-unified and several slots the "
+            "engine attends densely): drop --kv-unified"
+        )
     return a
 
 
@@ -226,22 +238,6 @@ def _spec(a: Assembly) -> StackSpec:
     }
     given = options.model_dump(include=_GIVEN_TO_SPEC)
     return StackSpec.model_validate(given | decided).with_options(a.engine_options)
-
-
-def _check_sparse_attention(given: EngineOptions, options: StackOptions) -> None:
-    """MiniMax Sparse Attention runs only with flash attention and a cache per slot: otherwise mainline
-    attends densely over the whole context, with a warning in its log alone (src/models/minimax-m3.cpp at
-    0c1e57098), which the plan and a long context's speed don't expect."""
-    if given.flash_attention == "off":
-        raise SpecError(
-            "this model's sparse attention runs only with flash attention (off, the engine attends densely "
-            "over the whole context): drop --flash-attention off"
-        )
-    if {"--kv-unified", "-kvu"} & set(options.engine_args) and options.parallel > 1:
-        raise SpecError(
-            "this model's sparse attention needs a cache per slot (with --kv-unified and several slots the "
-            "engine attends densely): drop --kv-unified"
-        )
 
 
 def _vram_plan(

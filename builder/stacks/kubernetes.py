@@ -26,32 +26,16 @@ from builder.stackfile.service_parts import HEALTHCHECK
 from builder.stacks.document import engine_command, entrypoint_environment, pinned_image
 from builder.stacks.memory_use import NOTHING_KNOWN, MemoryUse
 
-# Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names;
-# NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by default, and the other flags come with these).
+# Node Feature Discovery's labels for the CPU flags that tell moe-stack's targets apart (its cpuid names:
+# the kernel's flag upper-cased without "_", FMA3 for fma; NFD leaves BMI1/BMI2/F16C/LZCNT unlabelled by
+# default, and the other flags come with these).
 NFD_PREFIX = "feature.node.kubernetes.io/cpu-cpuid."
-NFD_CPUID = {
-    "avx": "AVX",
-    "avx2": "AVX2",
-    "fma": "FMA3",
-    "avx_vnni": "AVXVNNI",
-    "avx512f": "AVX512F",
-    "avx512bw": "AVX512BW",
-    "avx512cd": "AVX512CD",
-    "avx512dq": "AVX512DQ",
-    "avx512vl": "AVX512VL",
-    "avx512_vnni": "AVX512VNNI",
-    "avx512_bf16": "AVX512BF16",
-    "avx512vbmi": "AVX512VBMI",
-    "avx512_vbmi2": "AVX512VBMI2",
-    "avx512ifma": "AVX512IFMA",
-    "avx512_bitalg": "AVX512BITALG",
-    "avx512_vpopcntdq": "AVX512VPOPCNTDQ",
-    "avx512_fp16": "AVX512FP16",
-    "avx512_vp2intersect": "AVX512VP2INTERSECT",
-    "amx_tile": "AMXTILE",
-    "amx_int8": "AMXINT8",
-    "amx_bf16": "AMXBF16",
-}
+_NFD_FLAGS = (
+    "avx", "avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+    "avx512_vnni", "avx512_bf16", "avx512vbmi", "avx512_vbmi2", "avx512ifma", "avx512_bitalg",
+    "avx512_vpopcntdq", "avx512_fp16", "avx512_vp2intersect", "amx_tile", "amx_int8", "amx_bf16",
+)  # fmt: skip
+NFD_CPUID = {flag: "FMA3" if flag == "fma" else flag.replace("_", "").upper() for flag in _NFD_FLAGS}
 KUBELET_NOTES = """\
 # Kubelet settings this placement relies on (each node that may run it):
 #   cpuManagerPolicy: static          integer CPU requests = limits (Guaranteed QoS) pin physical cores

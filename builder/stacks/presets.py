@@ -108,12 +108,10 @@ class Preset:
 
 
 def merge_options(
-    preset: str | None, engine: Engine, given: EngineOptions, user_file: Path | None = None
+    preset: str, engine: Engine, given: EngineOptions, user_file: Path | None = None
 ) -> tuple[EngineOptions, tuple[str, ...]]:
     """The engine options: the preset's for `engine`, overridden by those `given` (the fields set in
     it); and the preset's -ot rules, kept apart so a VRAM plan can replace them."""
-    if preset is None:
-        return given, ()
     chosen = get_preset(preset, user_file)
     options = given.over(chosen.engine_options(engine))
     chosen.check_thinking(options, engine)
