@@ -256,7 +256,7 @@ def _print_trials(result: TuneResult) -> None:
     for number, trial in enumerate(result.trials, 1):
         table.add_row(
             str(number),
-            f"{trial.dimension}={trial.value}",
+            trial.label,
             f"{trial.prefill_tps:.1f}",
             f"{trial.decode_tps:.2f}",
             f"{trial.seconds:.0f}",

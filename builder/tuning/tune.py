@@ -60,9 +60,6 @@ class Setting:
     args: Args
     env: Env
 
-    def label(self, dimension: str) -> str:
-        return f"{dimension}={self.values[dimension]}"
-
 
 @dataclass(frozen=True)
 class Trial:
@@ -71,6 +68,10 @@ class Trial:
     prefill_tps: float
     decode_tps: float
     seconds: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.dimension}={self.value}"
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,7 @@ class Tuner:
                     result.failed[f"{dimension.name}={value}"] = str(err)
                     self.progress(f"{dimension.name}={value} failed, left out: {err}")
                     continue
-                scores[value].append(score(self.objective, trial.prefill_tps, trial.decode_tps))
+                scores[value].append(self._score(trial))
         return candidates[winner({v: s for v, s in scores.items() if v not in failed}, current)]
 
     def _with(self, incumbent: Setting, dimension: Dimension, value: str) -> Setting:
@@ -307,34 +308,26 @@ class Tuner:
             order = [("stack", baseline), ("tuned", best)]
             for name, setting in order if round_ % 2 == 0 else reversed(order):
                 samples[name].append(self._trial(result, "confirm", name, setting))
-        pre = [
-            t.prefill_tps / b.prefill_tps
-            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
-            if b.prefill_tps
-        ]
-        dec = [
-            t.decode_tps / b.decode_tps
-            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
-            if b.decode_tps
-        ]
+        pairs = list(zip(samples["tuned"], samples["stack"], strict=True))
+        pre = [t.prefill_tps / b.prefill_tps for t, b in pairs if b.prefill_tps]
+        dec = [t.decode_tps / b.decode_tps for t, b in pairs if b.decode_tps]
+        gains = [self._score(t) / self._score(b) for t, b in pairs if self._score(b) > 0]
         result.baseline_tps, result.tuned_tps = _medians(samples["stack"]), _medians(samples["tuned"])
-        gains = [
-            score(self.objective, t.prefill_tps, t.decode_tps)
-            / score(self.objective, b.prefill_tps, b.decode_tps)
-            for t, b in zip(samples["tuned"], samples["stack"], strict=True)
-            if score(self.objective, b.prefill_tps, b.decode_tps) > 0
-        ]
-        if not gains or statistics.median(gains) < 1 + MIN_GAIN:  # a winner of the search's noise
-            result.not_confirmed = {
-                name: value for name, value in best.values.items() if value != baseline.values[name]
-            }
-            result.best = baseline
-            result.tuned_tps = result.baseline_tps
-            result.ratio_spread = ((1.0, 1.0), (1.0, 1.0))
         result.ratio_spread = (
             (min(pre, default=0.0), max(pre, default=0.0)),
             (min(dec, default=0.0), max(dec, default=0.0)),
         )
+        if not gains or statistics.median(gains) < 1 + MIN_GAIN:  # a winner of the search's noise
+            result.not_confirmed = {
+                name: value for name, value in best.values.items() if value != baseline.values[name]
+            }
+            # The stack kept: its figures on both sides, the ratio 1 and no spread (not the confirm
+            # rounds', which a record then showed beside a ratio of 1.00).
+            result.best, result.tuned_tps = baseline, result.baseline_tps
+            result.ratio_spread = ((1.0, 1.0), (1.0, 1.0))
+
+    def _score(self, trial: Trial) -> float:
+        return score(self.objective, trial.prefill_tps, trial.decode_tps)
 
 
 def _medians(trials: list[Trial]) -> tuple[float, float]:
@@ -348,10 +341,8 @@ def winner(scores: dict[str, list[float]], incumbent: str) -> str:
     """The candidate whose median beats the incumbent's by more than the incumbent's own spread (its
     rounds' (max - min) ÷ median) and MIN_GAIN; else the incumbent."""
     base = statistics.median(scores[incumbent])
-    if base <= 0:
-        best = max(scores, key=lambda value: statistics.median(scores[value]))
-        return best if statistics.median(scores[best]) > 0 else incumbent
-    spread = (max(scores[incumbent]) - min(scores[incumbent])) / base
-    margin = max(spread, MIN_GAIN)
     best = max(scores, key=lambda value: statistics.median(scores[value]))
+    if base <= 0:
+        return best if statistics.median(scores[best]) > 0 else incumbent
+    margin = max((max(scores[incumbent]) - min(scores[incumbent])) / base, MIN_GAIN)
     return best if statistics.median(scores[best]) > base * (1 + margin) else incumbent

@@ -17,22 +17,13 @@ def plot(result: TuneResult, path: Path) -> Path:
         from matplotlib import pyplot
     except ImportError:
         raise SpecError("--plot needs matplotlib: pip install 'moe-stack[bench]'") from None
-    labels: list[str] = []
-    for trial in result.trials:
-        label = f"{trial.dimension}={trial.value}"
-        if label not in labels:
-            labels.append(label)
+    labels = list(dict.fromkeys(trial.label for trial in result.trials))
     figure, axes = pyplot.subplots(2, 1, figsize=(max(6.0, 0.5 * len(labels) + 2), 7), sharex=True)
     for axis, name, pick in ((axes[0], "prefill t/s", 0), (axes[1], "decode t/s", 1)):
         for trial in result.trials:
             value = (trial.prefill_tps, trial.decode_tps)[pick]
             tuned = trial.dimension == "confirm" and trial.value == "tuned"
-            axis.scatter(
-                labels.index(f"{trial.dimension}={trial.value}"),
-                value,
-                s=18,
-                color="tab:green" if tuned else "tab:blue",
-            )
+            axis.scatter(labels.index(trial.label), value, s=18, color="tab:green" if tuned else "tab:blue")
         axis.set_ylabel(name)
         axis.grid(axis="y", alpha=0.3)
     axes[1].set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)

@@ -135,9 +135,10 @@ class Drifting(StandIn):
         tests = json.loads(output.stdout)
         given = dict(zip(args[::2], args[1::2], strict=False))
         lucky = given.get("-ub") == "1024" and len(self.calls) <= 26  # fast during its dimension only
+        jitter = 1.0 + 0.02 * (len(self.calls) % 3 - 1)  # and every run within 2 % of the others
         for test in tests:
             base = 1000.0 if test["n_gen"] == 0 else 40.0
-            test["avg_ts"] = base * (1.3 if lucky else 1.0)
+            test["avg_ts"] = base * (1.3 if lucky else 1.0) * jitter
             test["samples_ts"] = [test["avg_ts"]]
         return ToolOutput(json.dumps(tests), "")
 
@@ -146,6 +147,8 @@ def test_a_winner_the_confirm_round_does_not_bear_out_is_dropped() -> None:
     result = _tuner(Drifting(), engine="llama.cpp").run(budget_s=10_000)
     assert result.not_confirmed == {"ubatch": "1024"}
     assert result.best is result.baseline and result.best.values["ubatch"] == "512"
+    # The stack's own figures on both sides: its ratio 1, and no spread (not the confirm rounds').
+    assert result.ratios == (1.0, 1.0) and result.ratio_spread == ((1.0, 1.0), (1.0, 1.0))
 
 
 class RepackFails(StandIn):
