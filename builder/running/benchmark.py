@@ -16,7 +16,7 @@ from builder.errors import StackError
 from builder.running.api import EngineApi
 from builder.running.bandwidth import ARRAY_MIB, TOOL, DecodeBound, parse_bandwidth
 from builder.running.run import run_in_service
-from builder.running.tool_run import engine_service_name
+from builder.stackfile.service_parts import engine_service_name
 from builder.stackfile.stack_file import StackFile
 
 # A sentence of ordinary words: about one token per word in every tokenizer moe-stack serves.

@@ -15,8 +15,8 @@ from builder.contract import LOADED_IMAGES, prometheus_image
 from builder.docker_client import describe, docker, gpu_passthrough_available
 from builder.errors import StackError
 from builder.running.load_progress import watching_load
-from builder.running.tool_run import engine_service_name
 from builder.stackfile.host_checks import check_port_free
+from builder.stackfile.service_parts import engine_service_name
 from builder.stackfile.stack_file import Service, StackFile
 from builder.untrusted_text import printable
 

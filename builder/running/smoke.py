@@ -21,7 +21,7 @@ from builder.running.api import EngineApi
 from builder.running.client_checks import CLIENT_ERRORS, ClientCheck, Clients, client_checks, clients_for
 from builder.running.run import published_ports, running_container, stack_api_key, up
 from builder.stackfile.record import Record, Served
-from builder.stackfile.service_parts import CPU_SERVICE, SERVICE
+from builder.stackfile.service_parts import SERVICE, engine_service_name
 from builder.stackfile.stack_file import Service, StackFile
 
 
@@ -43,10 +43,6 @@ class StackUnderTest:
     container: Container | None
 
     @property
-    def command(self) -> list[str]:
-        return self.service.args
-
-    @property
     def record(self) -> Record:
         return self.stack_file.record
 
@@ -61,6 +57,11 @@ class StackUnderTest:
         served = self.served
         tool_calls, images = (served.tool_calls, served.images) if served is not None else (False, False)
         return clients_for(self.api, _model(self), tool_calls, images)
+
+
+StackCheck = Callable[[StackUnderTest], tuple[bool, str]]
+# What a check may raise: said as its failure, the other checks still run.
+_CHECK_ERRORS = (MoeStackError, DockerException, *CLIENT_ERRORS, KeyError, IndexError, TypeError, ValueError)
 
 
 def smoke(compose_file: Path, profile: str | None = None, start_timeout_s: int = 1800) -> list[Check]:
@@ -85,29 +86,19 @@ def api_checks(compose_file: Path, api: EngineApi) -> list[Check]:
     return _run_checks(stack, _api_checks(stack))
 
 
-def _run_checks(
-    stack: StackUnderTest, checks: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]]
-) -> list[Check]:
+def _run_checks(stack: StackUnderTest, checks: list[tuple[str, StackCheck]]) -> list[Check]:
     out = []
     for name, check in checks:
         try:
             out.append(Check(name, *check(stack)))
-        except (
-            MoeStackError,
-            DockerException,
-            *CLIENT_ERRORS,
-            KeyError,
-            IndexError,
-            TypeError,
-            ValueError,
-        ) as err:
+        except _CHECK_ERRORS as err:
             out.append(Check(name, False, f"{type(err).__name__}: {err}"))
     return out
 
 
 def _under_test(compose_file: Path, profile: str | None) -> StackUnderTest:
     stack_file = StackFile.read(compose_file)
-    name = CPU_SERVICE if profile == "cpu" else SERVICE
+    name = engine_service_name(profile)
     service = stack_file.service(name)
     (bind, port), *_ = published_ports(compose_file, stack_file)
     api = EngineApi(
@@ -130,17 +121,15 @@ def _completion(stack: StackUnderTest) -> tuple[bool, str]:
         "/v1/completions",
         {"model": _model(stack), "prompt": "Paris is the capital of", "max_tokens": 8, "temperature": 0},
     )
-    text = str(reply["choices"][0].get("text") or "")
-    return bool(
-        reply["usage"]["completion_tokens"]
-    ), f"{reply['usage']['completion_tokens']} tokens: {text!r}"
+    text, tokens = str(reply["choices"][0].get("text") or ""), reply["usage"]["completion_tokens"]
+    return bool(tokens), f"{tokens} tokens: {text!r}"
 
 
 def _flags(stack: StackUnderTest) -> tuple[bool, str]:
     if stack.container is None:
         return False, "no running container of the service"
     running = list(stack.container.config.cmd or [])
-    same = running == stack.command
+    same = running == stack.service.args
     return same, "the container runs the file's command" if same else f"it runs {running}"
 
 
@@ -162,13 +151,7 @@ def _placement(stack: StackUnderTest) -> tuple[bool, str]:
     policy = stack.service.env.get(NUMA_ENV, "none")
     if policy != "none":
         maps = _run(stack.container, ["sh", "-c", "head -n 50 /proc/1/numa_maps"])
-        kind = (
-            "interleave"
-            if policy.startswith("interleave")
-            else "bind"
-            if policy.startswith("membind")
-            else ""
-        )
+        kind = {"interleave": "interleave", "membind": "bind"}.get(policy.partition(":")[0], "")
         ok &= not kind or kind in maps
         seen.append(
             f"NUMA {policy}: {'seen in' if not kind or kind in maps else 'missing from'} /proc/1/numa_maps"
@@ -234,7 +217,7 @@ def _cpus_of(cpulist: str) -> set[int]:
     return cpus
 
 
-def _api_checks(stack: StackUnderTest) -> list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]]:
+def _api_checks(stack: StackUnderTest) -> list[tuple[str, StackCheck]]:
     """What a client sees (no Docker needed: `api_checks` runs them where the engine runs without it): the
     served name and a completion, each API the engine serves through its official client, metrics."""
     through_clients = [(name, _through_clients(check)) for name, check in client_checks(stack.record.engine)]
@@ -246,7 +229,7 @@ def _api_checks(stack: StackUnderTest) -> list[tuple[str, Callable[[StackUnderTe
     ]
 
 
-def _through_clients(check: ClientCheck) -> Callable[[StackUnderTest], tuple[bool, str]]:
+def _through_clients(check: ClientCheck) -> StackCheck:
     return lambda stack: check(stack.clients)
 
 
@@ -260,7 +243,7 @@ def _model_file(stack: StackUnderTest) -> tuple[bool, str]:
 
 
 # What only the running container shows.
-_CONTAINER_CHECKS: list[tuple[str, Callable[[StackUnderTest], tuple[bool, str]]]] = [
+_CONTAINER_CHECKS: list[tuple[str, StackCheck]] = [
     ("model-file", _model_file),
     ("flags", _flags),
     ("placement", _placement),

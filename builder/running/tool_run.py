@@ -24,13 +24,8 @@ from builder.images.naming import tools_image_of
 from builder.platform.flags import parse_help
 from builder.running.tool_bench import BenchRow, ToolOutput, last_error, parse, program, tool_args
 from builder.stackfile.escaping import literal
-from builder.stackfile.service_parts import CPU_SERVICE, SERVICE
+from builder.stackfile.service_parts import engine_service_name
 from builder.stackfile.stack_file import Healthcheck, StackFile, to_yaml
-
-
-def engine_service_name(profile: str | None) -> str:
-    """The name of a stack file's engine service (its CPU-only one for `profile` cpu)."""
-    return CPU_SERVICE if profile == "cpu" else SERVICE
 
 
 def tool_document(stack: StackFile, service_name: str, image: str, command: list[str]) -> dict[str, object]:

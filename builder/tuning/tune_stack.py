@@ -20,8 +20,9 @@ from builder.platform.flags import parse_help
 from builder.running.bandwidth import ARRAY_MIB, TOOL, DecodeBound, ReadBandwidth, parse_bandwidth
 from builder.running.run import check_model_here
 from builder.running.tool_bench import NativeRunner, Runner
-from builder.running.tool_run import ContainerRunner, engine_service_name, stack_server_args
+from builder.running.tool_run import ContainerRunner, stack_server_args
 from builder.stackfile.record import Bound, Rates, Ratios, Record, Served, Tuning
+from builder.stackfile.service_parts import engine_service_name
 from builder.stackfile.stack_file import StackFile
 from builder.tuning.tune import CPU_PROMPT_TOKENS, HYBRID_PROMPT_TOKENS, Objective, Tuner, TuneResult, chosen
 
