@@ -19,18 +19,15 @@ from builder.host.probe import probe
 from builder.images.naming import DEFAULT_PREFIX
 from builder.models.planner import size
 
-ToOpt = Annotated[
-    str,
-    typer.Option(
-        "--to", help="REGISTRY/NAMESPACE to push to, e.g. ghcr.io/OWNER or 127.0.0.1:5000/moe-stack"
-    ),
-]
-FromOpt = Annotated[str, typer.Option("--from", help="REGISTRY/NAMESPACE to pull from")]
-
 
 def publish(
     images: Annotated[list[str], typer.Argument(help="local images built by moe-stack")],
-    to: ToOpt,
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to", help="REGISTRY/NAMESPACE to push to, e.g. ghcr.io/OWNER or 127.0.0.1:5000/moe-stack"
+        ),
+    ],
 ) -> None:
     """Push images under their immutable tag and moving alias; each digest is checked against the registry."""
     for pushed in publish_images(images, to):
@@ -39,7 +36,7 @@ def publish(
 
 @takes_options()
 def pull(
-    source: FromOpt = DEFAULT_PREFIX,
+    source: Annotated[str, typer.Option("--from", help="REGISTRY/NAMESPACE to pull from")] = DEFAULT_PREFIX,
     engine: Engine = declared(),
     ref: Annotated[
         str | None, typer.Option("--ref", help="engine ref part of the tag (default: the pinned one)")
@@ -75,54 +72,39 @@ def bundle(
     )
 
 
-LoadDestOpt = Annotated[Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")]
-LoadExpectSha256Opt = Annotated[
-    str | None,
-    typer.Option(
-        "--expect-sha256",
-        help="the archive's sha256 that `bundle` printed (got out of band): refuse any other",
-    ),
-]
-LoadUnverifiedOpt = Annotated[
-    bool,
-    typer.Option(
-        "--unverified",
-        help="load without an out-of-band sha256 (the bundle's own checksums catch corruption, not "
-        "tampering)",
-    ),
-]
-LoadModelDirOpt = Annotated[
-    Path | None, typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it")
-]
-LoadBindOpt = Annotated[
-    str, typer.Option("--bind", help="host address to publish on (0.0.0.0 exposes it to the network)")
-]
-LoadConfigDirOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--config-dir",
-        help="KTransformers: this host's copy of the model's Hugging Face directory, for a stack that "
-        "mounts one",
-    ),
-]
-LoadApiKeyFileOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--api-key-file",
-        help="this host's API key file: the loaded stack checks this key (a bundle carries none of its own)",
-    ),
-]
-
-
+@takes_options()
 def load(
     archive: Annotated[Path, typer.Argument(help="bundle from `moe-stack bundle`")],
-    dest: LoadDestOpt = Path("."),
-    expect_sha256: LoadExpectSha256Opt = None,
-    unverified: LoadUnverifiedOpt = False,
-    model_dir: LoadModelDirOpt = None,
-    bind: LoadBindOpt = "127.0.0.1",
-    config_dir: LoadConfigDirOpt = None,
-    api_key_file: LoadApiKeyFileOpt = None,
+    dest: Annotated[
+        Path, typer.Option("--dest", help="directory for the stack (and the bundled model)")
+    ] = Path("."),
+    expect_sha256: Annotated[
+        str | None,
+        typer.Option(
+            "--expect-sha256",
+            help="the archive's sha256 that `bundle` printed (got out of band): refuse any other",
+        ),
+    ] = None,
+    unverified: Annotated[
+        bool,
+        typer.Option(
+            "--unverified",
+            help="load without an out-of-band sha256 (the bundle's own checksums catch corruption, not "
+            "tampering)",
+        ),
+    ] = False,
+    model_dir: Annotated[
+        Path | None,
+        typer.Option("--model-dir", help="where the model is, when the bundle doesn't hold it"),
+    ] = None,
+    bind: str = declared(),
+    config_dir: Path | None = declared(
+        help="KTransformers: this host's copy of the model's Hugging Face directory, for a stack that "
+        "mounts one"
+    ),
+    api_key_file: Path | None = declared(
+        help="this host's API key file: the loaded stack checks this key (a bundle carries none of its own)"
+    ),
 ) -> None:
     """Check a bundle's digests, load its images and write its stack (rebuilt by moe-stack); needs no
     network."""
