@@ -60,7 +60,6 @@ from builder.models.synth_shapes import (
     Qwen3NextShape,
     Tensor,
     dense_or_shared_moe,
-    nextn_blocks,
     swiglu,
 )
 
@@ -105,10 +104,6 @@ class Glm4MoeShape(MoeShape):
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         if self.nextn_layers:
             writer.add_uint32(f"{self.arch}.nextn_predict_layers", self.nextn_layers)
-
-    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
-        yield from super().tensors(n_vocab)
-        yield from nextn_blocks(self)
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden

@@ -122,6 +122,7 @@ class MoeShape:
             yield from self.layer(i)
         yield "output_norm.weight", (h,), "norm"
         yield "output.weight", (h, n_vocab), "head"
+        yield from nextn_blocks(self)
 
     def layer(self, i: int) -> Iterator[Tensor]:
         p, h = f"blk.{i}", self.hidden
@@ -205,10 +206,6 @@ class DeepSeek2Shape(MoeShape):
     @property
     def blocks(self) -> int:
         return self.layers + self.mtp_layers
-
-    def tensors(self, n_vocab: int) -> Iterator[Tensor]:
-        yield from super().tensors(n_vocab)
-        yield from nextn_blocks(self)
 
     @property
     def cached_lengths(self) -> tuple[int, int]:
