@@ -107,11 +107,6 @@ class PromptStore:
 LISTEN = {"--host": "0.0.0.0", "--port": str(CONTAINER_PORT)}
 
 
-def flag_args(settings: Mapping[str, str]) -> list[str]:
-    """`settings` as a command line's words: each flag, then its value, in their order."""
-    return [word for pair in settings.items() for word in pair]
-
-
 class Engine(ABC):
     """An inference engine moe-stack builds into an image and runs in a stack."""
 

@@ -17,7 +17,6 @@ from builder.engines.base import (
     Engine,
     ImageSpec,
     StackSpec,
-    flag_args,
 )
 from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
@@ -29,7 +28,7 @@ from builder.models.formats import KT_WEIGHTS, ModelFormat
 from builder.models.kt_weights import read_converted
 from builder.models.kv_cache import CacheLayout
 from builder.platform.clone import clone_commands
-from builder.platform.flags import check_choice, has_flag
+from builder.platform.flags import check_choice, flag_args, has_flag
 from builder.platform.toolchain import Toolchain, cuda_release, toolchain
 from builder.spec import BaseImages, CpuTarget, CudaTarget, EngineSource, LocalSource, PypiSource
 

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder.contract import ROUTER_PRESET
-from builder.engines.base import LISTEN, StackSpec, flag_args
+from builder.engines.base import LISTEN, StackSpec
 from builder.engines.compute_buffers import MAINLINE_BUFFERS
 from builder.engines.llama_family import LlamaFamilyEngine
 from builder.errors import StackError
 from builder.models.kv_cache import CacheLayout
-from builder.platform.flags import has_flag, looks_like_flag, required_flag, takes_value
+from builder.platform.flags import flag_args, has_flag, looks_like_flag, required_flag, takes_value
 
 if TYPE_CHECKING:
     from builder.models.facts import ModelFacts

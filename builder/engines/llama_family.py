@@ -22,7 +22,6 @@ from builder.engines.base import (
     ImageSpec,
     PromptStore,
     StackSpec,
-    flag_args,
 )
 from builder.engines.reasoning import TEMPLATE_KWARGS, reasoning_args
 from builder.engines.tune_space import (
@@ -42,7 +41,14 @@ from builder.engines.tune_space import (
 )
 from builder.errors import StackError
 from builder.platform.clone import clone_commands
-from builder.platform.flags import check_choice, has_choices, has_flag, required_flag, takes_value
+from builder.platform.flags import (
+    check_choice,
+    flag_args,
+    has_choices,
+    has_flag,
+    required_flag,
+    takes_value,
+)
 from builder.platform.targets import GGML_X86_FEATURES
 from builder.platform.toolchain import Toolchain
 from builder.spec import CpuTarget, CudaTarget

@@ -45,6 +45,7 @@ from builder.files import cache_dir, content_dir
 from builder.images.baseimage import ensure_base
 from builder.images.build_plan import BuildPlan, stream_build
 from builder.images.render import template_environment
+from builder.platform.flags import flag_args
 
 # What the build step leaves out of the sources' hash and copy, at the app's top level: npm's install
 # and earlier outputs.
@@ -259,43 +260,23 @@ class SandboxRun:
         """The whole `docker run` command line: one core of the host's left to it (the build gets the rest,
         and at least one)."""
         env = [arg for key, value in SANDBOX_ENV.items() for arg in ("--env", f"{key}={value}")]
-        return [
-            "docker",
-            "run",
-            "--rm",
-            "--pull",
-            "never",  # the image is made here (LOCAL_ONLY): never a Docker Hub name
-            "--name",
-            self.name,
-            "--network",
-            "none",
-            "--user",
-            f"{self.uid}:{self.gid}",
-            "--read-only",
-            "--tmpfs",
-            "/tmp:rw,nosuid,nodev,size=1g",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
-            "--pids-limit",
-            str(SANDBOX_PIDS),
-            "--memory",
-            SANDBOX_MEMORY,
-            "--memory-swap",
-            SANDBOX_MEMORY,
-            "--cpus",
-            str(self.cpus),
-            "--mount",
-            f"type=bind,source={self.work},target={SANDBOX_DIR}",
-            "--workdir",
-            SANDBOX_DIR,
-            *env,
-            self.image,
-            "npm",
-            "run",
-            "build",
-        ]
+        options = {
+            "--pull": "never",  # the image is made here (LOCAL_ONLY): never a Docker Hub name
+            "--name": self.name,
+            "--network": "none",
+            "--user": f"{self.uid}:{self.gid}",
+            "--tmpfs": "/tmp:rw,nosuid,nodev,size=1g",
+            "--cap-drop": "ALL",
+            "--security-opt": "no-new-privileges",
+            "--pids-limit": str(SANDBOX_PIDS),
+            "--memory": SANDBOX_MEMORY,
+            "--memory-swap": SANDBOX_MEMORY,
+            "--cpus": str(self.cpus),
+            "--mount": f"type=bind,source={self.work},target={SANDBOX_DIR}",
+            "--workdir": SANDBOX_DIR,
+        }
+        run = ["docker", "run", "--rm", "--read-only", *flag_args(options), *env]
+        return [*run, self.image, "npm", "run", "build"]
 
 
 def run_sandboxed(run: SandboxRun, ui: Path) -> None:

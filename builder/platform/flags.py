@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
 from builder.errors import StackError
 
@@ -139,6 +140,11 @@ def takes_stages(flags: dict[str, str] | None) -> bool:
     --help shows `SPEC[:k=v,...]`), as ik_llama.cpp's since its speculative rework; an unknown contract is
     taken to, as the pinned tree does."""
     return flags is None or "k=v" in flags.get("--spec-type", "")
+
+
+def flag_args(settings: Mapping[str, str]) -> list[str]:
+    """`settings` as a command line's words: each flag, then its value, in their order."""
+    return [word for pair in settings.items() for word in pair]
 
 
 def has_flag(flags: dict[str, str] | None, flag: str) -> bool:
