@@ -82,8 +82,25 @@ class PypiCuda(CudaRelease):
     runtime_libs: tuple[str, ...]  # the sonames a server loads (the driver's libcuda.so.1 aside)
 
 
+def wheel_table(text: str) -> tuple[Package, ...]:
+    """The wheels of a table a line each: name, version, sha256, and `runtime` for the runtime base's."""
+    rows = (line.split() for line in text.splitlines() if line.strip())
+    return tuple(
+        Package(name, version, sha256, runtime=kind == ["runtime"]) for name, version, sha256, *kind in rows
+    )
+
+
 # Sizes and the checks behind this set: shared notes, CUDA-FROM-PYPI.md (checked 2026-11-30). No
 # cuobjdump 13.0 wheel exists; 13.2.51's reads 13.0 binaries.
+_CUDA_13_0_WHEELS = """
+nvidia-cuda-nvcc       13.0.88   56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03
+nvidia-cuda-crt        13.0.88   2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4
+nvidia-nvvm            13.0.88   c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0
+nvidia-cuda-cccl       13.0.85   e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649
+nvidia-cuda-cuobjdump  13.2.51   95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50
+nvidia-cuda-runtime    13.0.96   7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548 runtime
+nvidia-cublas          13.1.0.3  ee8722c1f0145ab246bccb9e452153b5e0515fd094c3678df50b2a0888b8b171 runtime
+"""
 PYPI_CUDA: dict[str, PypiCuda] = {
     c.version: c
     for c in (
@@ -91,45 +108,7 @@ PYPI_CUDA: dict[str, PypiCuda] = {
             version="13.0",
             full_version="13.0.96",
             wheel_root="nvidia/cu13",
-            packages=(
-                Package(
-                    "nvidia-cuda-nvcc",
-                    "13.0.88",
-                    "56fe502eb77625a12f25172caa3cdddb4e4c8ba2c8c17dba44b164761b380f03",
-                ),
-                Package(
-                    "nvidia-cuda-crt",
-                    "13.0.88",
-                    "2c8043c7c9e02492716426e9919fc78d2c5b3b2a7a768a88e952676b08aa55a4",
-                ),
-                Package(
-                    "nvidia-nvvm",
-                    "13.0.88",
-                    "c5f41ffeb6466944a026dfa5317d7d85355c119bbec279205d22f1869d1054e0",
-                ),
-                Package(
-                    "nvidia-cuda-cccl",
-                    "13.0.85",
-                    "e0da7ad981f3a8aff08241b5bfc1af868742a63e2762f53a5171c492ef242649",
-                ),
-                Package(
-                    "nvidia-cuda-cuobjdump",
-                    "13.2.51",
-                    "95c69d3ddf0c2c1f535ec44c3433a66aeee19f588d9d22f73356e20b25f12b50",
-                ),
-                Package(
-                    "nvidia-cuda-runtime",
-                    "13.0.96",
-                    "7f82250d7782aa23b6cfe765ecc7db554bd3c2870c43f3d1821f1d18aebf0548",
-                    runtime=True,
-                ),
-                Package(
-                    "nvidia-cublas",
-                    "13.1.0.3",
-                    "ee8722c1f0145ab246bccb9e452153b5e0515fd094c3678df50b2a0888b8b171",
-                    runtime=True,
-                ),
-            ),
+            packages=wheel_table(_CUDA_13_0_WHEELS),
             runtime_libs=("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13"),
             min_driver="580",
         ),
