@@ -43,26 +43,16 @@ PYTORCH_INDEX = "https://download.pytorch.org/whl"
 
 # kt-kernel's CPU variants, best first, and the /proc/cpuinfo flags each needs: the same rule its
 # loader applies (kt_kernel/_cpu_detect.py in 0.7.2); KT_KERNEL_CPU_VARIANT overrides it.
+_AVX512_BASE = frozenset({"avx512f", "avx512bw"})
+_AVX512_VNNI = _AVX512_BASE | {"avx512_vnni"}
+_AVX512_VBMI = _AVX512_VNNI | {"avx512_vbmi"}
+_AVX512_BF16 = _AVX512_VBMI | {"avx512_bf16"}
 KT_VARIANTS: tuple[tuple[str, frozenset[str]], ...] = (
-    (
-        "amx",
-        frozenset(
-            {
-                "amx_tile",
-                "amx_int8",
-                "amx_bf16",
-                "avx512f",
-                "avx512bw",
-                "avx512_vnni",
-                "avx512_vbmi",
-                "avx512_bf16",
-            }
-        ),
-    ),
-    ("avx512_bf16", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"})),
-    ("avx512_vbmi", frozenset({"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"})),
-    ("avx512_vnni", frozenset({"avx512f", "avx512bw", "avx512_vnni"})),
-    ("avx512_base", frozenset({"avx512f", "avx512bw"})),
+    ("amx", _AVX512_BF16 | frozenset(AMX_FLAGS)),
+    ("avx512_bf16", _AVX512_BF16),
+    ("avx512_vbmi", _AVX512_VBMI),
+    ("avx512_vnni", _AVX512_VNNI),
+    ("avx512_base", _AVX512_BASE),
     ("avx2", frozenset({"avx2"})),
 )
 

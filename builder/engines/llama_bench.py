@@ -27,41 +27,18 @@ SERVING_ONLY = frozenset({
 # llama-bench has no context size: a test's context is its prompt plus what it generates.
 _CONTEXT = frozenset({"-c", "--ctx-size"})
 
-# Server spellings of a valued setting → llama-bench's flag for it.
+# Server spellings of a valued setting → llama-bench's flag for it (each group's first).
 _VALUED = {
-    "-m": "-m",
-    "--model": "-m",
-    "-t": "-t",
-    "--threads": "-t",
-    "-ngl": "-ngl",
-    "--n-gpu-layers": "-ngl",
-    "--gpu-layers": "-ngl",
-    "-b": "-b",
-    "--batch-size": "-b",
-    "-ub": "-ub",
-    "--ubatch-size": "-ub",
-    "-ctk": "-ctk",
-    "--cache-type-k": "-ctk",
-    "-ctv": "-ctv",
-    "--cache-type-v": "-ctv",
-    "-mla": "-mla",
-    "--mla-use": "-mla",
-    "-amb": "-amb",
-    "--attention-max-batch": "-amb",
-    "-cuda": "-cuda",
-    "--cuda-params": "-cuda",
-    "-ncmoe": "--n-cpu-moe",
-    "--n-cpu-moe": "--n-cpu-moe",
-    "-sm": "-sm",
-    "--split-mode": "-sm",
-    "-mg": "-mg",
-    "--main-gpu": "-mg",
-    "--numa": "--numa",
-    "-lm": "-lm",
-    "--load-mode": "-lm",
-    "-ser": "-ser",
-    "--smart-expert-reduction": "-ser",
-}
+    spelling: spellings[0]
+    for spellings in (
+        ("-m", "--model"), ("-t", "--threads"), ("-ngl", "--n-gpu-layers", "--gpu-layers"),
+        ("-b", "--batch-size"), ("-ub", "--ubatch-size"), ("-ctk", "--cache-type-k"),
+        ("-ctv", "--cache-type-v"), ("-mla", "--mla-use"), ("-amb", "--attention-max-batch"),
+        ("-cuda", "--cuda-params"), ("--n-cpu-moe", "-ncmoe"), ("-sm", "--split-mode"), ("-mg", "--main-gpu"),
+        ("--numa",), ("-lm", "--load-mode"), ("-ser", "--smart-expert-reduction"),
+    )
+    for spelling in spellings
+}  # fmt: skip
 # Server on/off switches → llama-bench's flag and value for them; where spellings differ between
 # versions, the first the tool lists (mainline replaced -mmp with -lm, its load mode).
 _SWITCHES: dict[str, tuple[tuple[str, str], ...]] = {
