@@ -134,9 +134,7 @@ def _routed_experts(p: str, shape: MoeShape) -> Iterator[Weight]:
     h, ffn = shape.hidden, shape.expert_ffn
     yield f"{p}.mlp.gate.weight", (shape.experts, h), "random"
     for e in range(shape.experts):
-        yield f"{p}.mlp.experts.{e}.gate_proj.weight", (ffn, h), "random"
-        yield f"{p}.mlp.experts.{e}.up_proj.weight", (ffn, h), "random"
-        yield f"{p}.mlp.experts.{e}.down_proj.weight", (h, ffn), "random"
+        yield from _mlp(f"{p}.mlp.experts.{e}", ffn, h)
 
 
 def _mlp(p: str, width: int, h: int) -> Iterator[Weight]:
@@ -145,17 +143,23 @@ def _mlp(p: str, width: int, h: int) -> Iterator[Weight]:
     yield f"{p}.down_proj.weight", (h, width), "random"
 
 
-def _qwen3moe_layer(i: int, shape: MoeShape) -> Iterator[Weight]:
-    p, h = f"model.layers.{i}", shape.hidden
-    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    yield f"{p}.input_layernorm.weight", (h,), "ones"
-    yield f"{p}.post_attention_layernorm.weight", (h,), "ones"
-    yield f"{p}.self_attn.q_proj.weight", (q, h), "random"
+def _gqa_attention(p: str, shape: MoeShape, norm: str, gated: bool = False) -> Iterator[Weight]:
+    """Grouped-query attention with a q and a k norm a head (filled with `norm`); `gated`: the query
+    projection twice as wide, the query and its output gate."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    yield f"{p}.self_attn.q_proj.weight", (2 * q if gated else q, h), "random"
     yield f"{p}.self_attn.k_proj.weight", (kv, h), "random"
     yield f"{p}.self_attn.v_proj.weight", (kv, h), "random"
     yield f"{p}.self_attn.o_proj.weight", (h, q), "random"
-    yield f"{p}.self_attn.q_norm.weight", (shape.head_dim,), "ones"
-    yield f"{p}.self_attn.k_norm.weight", (shape.head_dim,), "ones"
+    yield f"{p}.self_attn.q_norm.weight", (shape.head_dim,), norm
+    yield f"{p}.self_attn.k_norm.weight", (shape.head_dim,), norm
+
+
+def _qwen3moe_layer(i: int, shape: MoeShape) -> Iterator[Weight]:
+    p, h = f"model.layers.{i}", shape.hidden
+    yield f"{p}.input_layernorm.weight", (h,), "ones"
+    yield f"{p}.post_attention_layernorm.weight", (h,), "ones"
+    yield from _gqa_attention(p, shape, "ones")
     yield from _routed_experts(p, shape)
 
 
@@ -187,13 +191,7 @@ def _qwen3next_layer(i: int, shape: Qwen3NextShape) -> Iterator[Weight]:
     yield f"{p}.input_layernorm.weight", (h,), "zeros"
     yield f"{p}.post_attention_layernorm.weight", (h,), "zeros"
     if (i + 1) % 4 == 0:
-        q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-        yield f"{p}.self_attn.q_proj.weight", (2 * q, h), "random"  # the query and its output gate
-        yield f"{p}.self_attn.k_proj.weight", (kv, h), "random"
-        yield f"{p}.self_attn.v_proj.weight", (kv, h), "random"
-        yield f"{p}.self_attn.o_proj.weight", (h, q), "random"
-        yield f"{p}.self_attn.q_norm.weight", (shape.head_dim,), "zeros"
-        yield f"{p}.self_attn.k_norm.weight", (shape.head_dim,), "zeros"
+        yield from _gqa_attention(p, shape, "zeros", gated=True)
     else:
         key, value = shape.ssm_state * shape.ssm_groups, shape.ssm_state * shape.ssm_v_heads
         yield f"{p}.linear_attn.in_proj_qkvz.weight", (2 * key + 2 * value, h), "random"
