@@ -27,7 +27,7 @@ from builder.images.recorded_contracts import check_pinned_architecture, recorde
 from builder.models.kt_weights import check_same_model
 from builder.models.kv_cache import DEFAULT_UBATCH
 from builder.models.opened import OpenedModel
-from builder.models.planner import GIB, Plan
+from builder.models.planner import GIB
 from builder.platform.targets import CPU_TARGETS
 from builder.request import ContainerOptions, ServedOptions
 from builder.spec import EXPERTS_ON_CPU_RULE, EngineOptions
@@ -164,7 +164,8 @@ def _engine_fit(a: Assembly) -> Assembly:
 
 
 def _fitted_vram(a: Assembly) -> Assembly:
-    """--fit-vram-gb: the VRAM plan's rules and tensor split replace the preset's all-experts-on-CPU rule."""
+    """--fit-vram-gb: the VRAM plan's rules and tensor split replace the preset's all-experts-on-CPU rule
+    (the plan at the stack's context, cache and micro-batch, a draft model and a vision projector counted)."""
     options, adapter = a.options, a.options.engine
     if not options.fit_vram_gb:
         return a
@@ -175,7 +176,24 @@ def _fitted_vram(a: Assembly) -> Assembly:
         )
     if len(options.fit_vram_gb) > 1 and not adapter.takes_override_rules:
         raise SpecError(f"{adapter.name} keeps its GPU experts on one GPU: give --fit-vram-gb one size")
-    fitted = _vram_plan(options, adapter, a.model, a.draft, a.engine_options, a.host.mem_total_bytes)
+    given = a.engine_options
+    demand = GpuDemand(
+        engine=adapter,
+        facts=adapter.loaded_model(a.model, given.mtp),
+        ctx=given.ctx_size,
+        ubatch=given.ubatch_size or DEFAULT_UBATCH,
+        cache_type=given.cache_type or "f16",
+        layout=adapter.cache_layout(given.mla, keeps_whole_window(options.keep_prompts, options.engine_args)),
+        sequences=options.parallel,
+    )
+    fitted = vram_plan(
+        demand,
+        [int(gb * GIB) for gb in options.fit_vram_gb],
+        a.host.mem_total_bytes,
+        margin=int(options.vram_margin_gb * GIB),
+        beside=draft_vram_bytes(a.draft, adapter, demand.ctx, demand.ubatch) + projector_bytes(given),
+        cache_type_v=given.cache_type_v,
+    )
     gpu_experts = a.gpu_experts
     if gpu_experts is None and not adapter.takes_override_rules:
         gpu_experts = fitted.gpu_experts_per_layer
@@ -238,35 +256,6 @@ def _spec(a: Assembly) -> StackSpec:
     }
     given = options.model_dump(include=_GIVEN_TO_SPEC)
     return StackSpec.model_validate(given | decided).with_options(a.engine_options)
-
-
-def _vram_plan(
-    options: StackOptions,
-    adapter: Engine,
-    model: OpenedModel,
-    draft: OpenedModel | None,
-    given: EngineOptions,
-    ram_bytes: int,
-) -> Plan:
-    """The plan for --fit-vram-gb at the stack's context, cache and micro-batch, a draft model and a vision
-    projector counted."""
-    demand = GpuDemand(
-        engine=adapter,
-        facts=adapter.loaded_model(model, given.mtp),
-        ctx=given.ctx_size,
-        ubatch=given.ubatch_size or DEFAULT_UBATCH,
-        cache_type=given.cache_type or "f16",
-        layout=adapter.cache_layout(given.mla, keeps_whole_window(options.keep_prompts, options.engine_args)),
-        sequences=options.parallel,
-    )
-    return vram_plan(
-        demand,
-        [int(gb * GIB) for gb in options.fit_vram_gb],
-        ram_bytes,
-        margin=int(options.vram_margin_gb * GIB),
-        beside=draft_vram_bytes(draft, adapter, demand.ctx, demand.ubatch) + projector_bytes(given),
-        cache_type_v=given.cache_type_v,
-    )
 
 
 def _layers_on_gpu(a: Assembly) -> Assembly:
