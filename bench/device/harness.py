@@ -52,7 +52,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from machine import OUT, WORK, Case, Tree, on_path, read_rate_gbs, unpack_image, with_builder_deps
+from machine import OUT, WORK, Case, Tree, on_path, output, read_rate_gbs, unpack_image, with_builder_deps
 
 
 def start_builds(needed: dict[Tree, set[str]]) -> None:
@@ -106,10 +106,7 @@ def facts() -> None:
         "grep -E 'MemTotal|Huge' /proc/meminfo; gcc --version | head -1; nvcc --version | tail -1",
         "df -h /tmp | tail -1",
     ]
-    text = "".join(
-        subprocess.run(c, shell=True, capture_output=True, text=True, check=False).stdout for c in commands
-    )
-    (OUT / "facts.txt").write_text(text)
+    (OUT / "facts.txt").write_text("".join(map(output, commands)))
 
 
 def collect() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 REPO = Path(__file__).resolve().parents[2]
 CARRIED = REPO / ".device/seed"
@@ -118,37 +117,14 @@ class Tree:
         shutil.rmtree(self.home, ignore_errors=True)
         self.home.mkdir(parents=True)
         family = REPO / "dockerfiles/llama-cpp-family"
-        steps = [
-            [
-                "tar",
-                "-C",
-                str(self.home),
-                "--strip-components=1",
-                "-xJf",
-                str(CARRIED / f"{self.source}.tar.xz"),
-            ]
-        ]
+        home, build = str(self.home), str(self.home / "build")
+        steps = [["tar", "-C", home, "--strip-components=1", "-xJf", str(CARRIED / f"{self.source}.tar.xz")]]
         if getattr(engine, "needs_build_info_shim", False):  # as its images: ik's sdists lack the step
-            steps.append(
-                ["sh", str(family / "build-info.sh"), str(self.home), self.source.partition("@")[2] or "pin"]
-            )
+            steps.append(["sh", str(family / "build-info.sh"), home, self.source.partition("@")[2] or "pin"])
         if getattr(engine, "drops_cuda_lineinfo", False) and not (self.cpu_only or self.keeps_lineinfo):
-            steps.append(["sh", str(family / "cuda-no-lineinfo.sh"), str(self.home)])
-        steps.append(
-            [
-                "cmake",
-                "-S",
-                str(self.home),
-                "-B",
-                str(self.home / "build"),
-                "-G",
-                "Ninja",
-                *self.configure_args(),
-            ]
-        )
-        steps.append(
-            ["cmake", "--build", str(self.home / "build"), "--target", *targets, "--parallel", str(jobs)]
-        )
+            steps.append(["sh", str(family / "cuda-no-lineinfo.sh"), home])
+        steps.append(["cmake", "-S", home, "-B", build, "-G", "Ninja", *self.configure_args()])
+        steps.append(["cmake", "--build", build, "--target", *targets, "--parallel", str(jobs)])
         ok = all(subprocess.run(step, check=False).returncode == 0 for step in steps)
         (WORK / "trees" / f"{self.name}.done").write_text("ok\n" if ok else "failed\n")
         return ok
@@ -301,23 +277,19 @@ def healthy(port: int, server: subprocess.Popen, deadline: float) -> bool:
     return False
 
 
-def nvidia_smi(*query: str) -> list[list[str]]:
-    try:
-        text = subprocess.run(
-            ["nvidia-smi", *query, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [[cell.strip() for cell in line.split(",")] for line in text.splitlines() if line.strip()]
+def output(command: list[str] | str, **how: Any) -> str:
+    """What `command` prints (a string runs in the shell), whatever its exit."""
+    shell = isinstance(command, str)
+    return subprocess.run(command, shell=shell, capture_output=True, text=True, check=False, **how).stdout
 
 
 def gpu_used_mib() -> int:
-    rows = nvidia_smi("--query-gpu=memory.used")
-    return int(rows[0][0]) if rows else -1
+    """The first GPU's used memory (-1: no nvidia-smi answer)."""
+    try:
+        used = output(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
+    return int(used.split()[0]) if used.strip() else -1
 
 
 class GpuPeak:
@@ -344,13 +316,13 @@ def read_rate_gbs() -> float | None:
     if not tool.is_file():
         source = REPO / "dockerfiles/common/moe-stack-bandwidth.c"
         subprocess.run(["gcc", "-O3", "-fopenmp", "-ffast-math", "-o", str(tool), str(source)], check=True)
-    printed = subprocess.run(
-        [str(tool), "4096"], capture_output=True, text=True, timeout=120, check=False
-    ).stdout
+    from builder.running.bandwidth import parse_bandwidth
+
+    printed = output([str(tool), "4096"], timeout=120)
     with (OUT / "bandwidth.txt").open("a") as sink:
         sink.write(printed)
-    found = re.search(r"^read GB/s ([\d.]+)$", printed, re.MULTILINE)
-    return float(found.group(1)) if found else None
+    found = parse_bandwidth(printed)
+    return found.best if found else None
 
 
 # ----- case lists and the loop -------------------------------------------------------------------

@@ -48,6 +48,7 @@ from machine import (
     gpu_used_mib,
     healthy,
     next_port,
+    output,
     serve,
     stop,
 )
@@ -104,19 +105,9 @@ def contract(tree: Tree, tool: str = "llama-server") -> dict[str, str]:
     """The built tool's flags: its --help, plus its parser's literals where the engine's --help leaves
     flags out (as the images' contract stage reads them)."""
     engine = get_engine(tree.engine_name)
-    help_text = subprocess.run(
-        [str(tree.tool(tool)), "--help"], capture_output=True, text=True, timeout=60, check=False
-    ).stdout
+    help_text = output([str(tree.tool(tool)), "--help"], timeout=60)
     literals_command = engine.parser_literals_command() if tool == "llama-server" else None  # type: ignore[attr-defined]
-    literals = None
-    if literals_command:
-        literals = subprocess.run(
-            literals_command.replace("/src/", f"{tree.home}/"),
-            shell=True,
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
+    literals = output(literals_command.replace("/src/", f"{tree.home}/")) if literals_command else None
     return parse_contract(help_text, literals)
 
 
@@ -213,16 +204,19 @@ def measure_serve(case: Case, row: dict, deadline: float) -> None:
     row["offloaded"] = "/".join(offloaded[-1]) if offloaded else None
 
 
-def started_server(case: Case, row: dict, log: Path) -> tuple[subprocess.Popen, int]:
-    """The case's server and its port: the tree's llama-server with the stack's arguments, or an image's
-    entrypoint with the command and environment compose writes for its service, as a runtime starts it."""
+def started_server(
+    case: Case, row: dict, log: Path, more: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, int]:
+    """The case's server and its port: the tree's llama-server with the stack's arguments and `more`, or an
+    image's entrypoint with the command and environment compose writes for its service, as a runtime
+    starts it (`more` after them)."""
     if not case.tree.is_image:
         port = next_port()
-        row["command"] = args = command(case, port)
+        row["command"] = args = [*command(case, port), *more]
         return serve(case.tree.tool("llama-server"), args, log), port
     service = compose_stack(stack_of(case), "bench/device/harness.py", check_files=False).service(SERVICE)
     flags = from_label((case.tree.home / "carried/flags.json").read_text())  # the image's own contract
-    args = [*service.args, *buffers_logged(flags)]
+    args = [*service.args, *buffers_logged(flags), *more]
     check_args(args, flags, f"{case.tree.name} (its contract)")
     row["command"], row["environment"] = args, service.env
     return enter(case.tree, model_file(case).parent, args, service.env, log), CONTAINER_PORT
@@ -271,13 +265,11 @@ def speeds(
 def measure_restart(case: Case, row: dict, deadline: float) -> None:
     """The prompt cold, cached, its slot saved; then restarts with the slot restored before the prompt,
     and one without: each step's wall time and the engine's prompt_n (1 where the restore was used)."""
-    port, slots = next_port(), WORK / "slots"
+    steps: list[dict] = []
+    slots = WORK / "slots"
     slots.mkdir(exist_ok=True)
-    args = [*command(case, port), "--slot-save-path", f"{slots}/"]
-    row["command"], steps = args, []
     query = {"prompt": " ".join([SENTENCE] * int(case.options.get("sentences", "618"))), "n_predict": 1,
              "cache_prompt": True, "id_slot": 0}  # fmt: skip
-    api = EngineApi(port, timeout_s=300)
 
     def timed(path: str, body: dict, step: str, **more: object) -> dict:
         began = time.time()
@@ -289,7 +281,9 @@ def measure_restart(case: Case, row: dict, deadline: float) -> None:
     for number, step in enumerate(["cold", "restart 0", "restart 1", "restart 2", "restart without restore"]):
         started = time.time()
         log = WORK / "logs" / f"{log_name(case, row['round'])}-{number}.log"
-        server, port = started_server(case, row, log)
+        # Each start on a port of its own (started_server): the API follows it.
+        server, port = started_server(case, row, log, ("--slot-save-path", f"{slots}/"))
+        api = EngineApi(port, timeout_s=300)
         try:
             if not healthy(port, server, min(started + 600, deadline)):
                 row["error"] = f"{step}: not healthy (exit {server.poll()})"

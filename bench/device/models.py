@@ -35,20 +35,7 @@ MODELS: dict[str, tuple[str, MoeShape]] = {
     "q235-12": (Q235, synth_shape("qwen3moe", layers=12, experts=32, quant="Q4_0")),
     "r1p": (R1, synth_shape("deepseek2", layers=4, dense_layers=1, quant="Q4_0")),
     # Qwen3-30B-A3B's widths, all 48 layers, and Qwen3-235B's 8-layer slice at a 4k context (tune's).
-    "a3b": (
-        QN,
-        MoeShape(
-            layers=48,
-            hidden=2048,
-            heads=32,
-            kv_heads=4,
-            head_dim=128,
-            expert_ffn=768,
-            experts=128,
-            experts_used=8,
-            quant="Q4_0",
-        ),
-    ),
+    "a3b": (QN, synth_shape("qwen3moe", layers=48, hidden=2048, heads=32, expert_ffn=768, context=4096)),
     "q235b": (Q235, synth_shape("qwen3moe", layers=8, context=4096)),
     "q235-4": (Q235, synth_shape("qwen3moe", layers=4, context=4096)),  # the CUDA images' runs (P1)
 }
