@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from python_on_whales import DockerClient
 from python_on_whales.exceptions import DockerException
 
@@ -30,7 +29,7 @@ from builder.models.hub import recorded
 from builder.safe_tar import UnsafeArchive, extract_files
 from builder.stackfile.host_checks import check_api_key_file, check_readable_in_container
 from builder.stackfile.stack_file import StackFile
-from builder.untrusted_text import load_yaml, yaml_problem
+from builder.untrusted_text import UnreadableYaml, read_yaml
 
 FORMAT = 1
 MANIFEST, COMPOSE, IMAGES = "manifest.json", "compose.yaml", "images.tar"
@@ -233,13 +232,11 @@ def _rebuilt_stack(bundle: Path, staging: Path, manifest: dict[str, Any], choice
     """The stack moe-stack writes for the bundle's, once images.tar's names are the manifest's, each
     with the ID the manifest lists (read from images.tar before Docker sees it)."""
     try:
-        document = load_yaml((staging / COMPOSE).read_text())
+        document = read_yaml(staging / COMPOSE)
         rebuilt = rebuild_stack(document, manifest["images"], choices)
         check_images_tar(staging / IMAGES, manifest["images"])
-    except yaml.YAMLError as err:
-        raise BundleError(
-            f"bundle {bundle}: its compose.yaml is not plain YAML ({yaml_problem(err)})"
-        ) from None
+    except UnreadableYaml as err:
+        raise BundleError(f"bundle {bundle}: its compose.yaml {err}") from None
     except UntrustedBundle as err:
         raise BundleError(f"bundle {bundle} refused: {err}") from None
     return rebuilt

@@ -10,14 +10,7 @@ from abc import abstractmethod
 from pathlib import Path
 
 from builder.contract import CONFIG_DIR, ENGINE_BIN_DIR, MODEL_DIR, SERVER_MODULE_ENV
-from builder.engines.base import (
-    CUDA_STUB_DIR,
-    CUDA_STUB_SETUP,
-    LISTEN,
-    Engine,
-    ImageSpec,
-    StackSpec,
-)
+from builder.engines.base import CUDA_STUB_DIR, CUDA_STUB_SETUP, LISTEN, Engine, ImageSpec, StackSpec
 from builder.engines.kt_wheels import LOCK_FILE, check_wheelhouse, read_lock
 from builder.engines.sglang_hicache import FLAGS as HICACHE_FLAGS
 from builder.engines.sglang_hicache import STORE as HICACHE_STORE

@@ -366,8 +366,8 @@ class LlamaFamilyEngine(Engine):
         for field, flag in self.option_flags:
             value = getattr(stack, field)
             if value is not None:
-                required_flag(flags, flag, self.name, f"--{field.replace('_', '-')}")
-                args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+                spelled = required_flag(flags, flag, self.name, f"--{field.replace('_', '-')}")
+                args += [spelled, f"{value:g}" if isinstance(value, float) else str(value)]
         args += self.load_args(stack.mmap, stack.mlock, flags)
         if stack.api_key_file is not None:
             args += self.key_args()

@@ -35,13 +35,6 @@ from builder.stackfile.stack_file import (
 
 SERVICE = "engine"
 CPU_SERVICE = "engine-cpu"  # the CPU-only service of a stack with gpu/cpu profiles
-
-
-def engine_service_name(profile: str | None) -> str:
-    """The name of a stack file's engine service (its CPU-only one for `profile` cpu)."""
-    return CPU_SERVICE if profile == "cpu" else SERVICE
-
-
 GPU_PROFILE, CPU_PROFILE = "gpu", "cpu"
 HEALTHCHECK = ("CMD", "/usr/local/bin/moe-stack-health")
 # A server that logs every request must not fill the disk: at most 3 × 50 MB per service.
@@ -63,6 +56,11 @@ HARDENED: Hardening = {
     "cap_drop": ("ALL",),
     "security_opt": ("no-new-privileges:true",),
 }
+
+
+def engine_service_name(profile: str | None) -> str:
+    """The name of a stack file's engine service (its CPU-only one for `profile` cpu)."""
+    return CPU_SERVICE if profile == "cpu" else SERVICE
 
 
 def published(target: int, port: int, bind: str) -> Port:
