@@ -27,6 +27,7 @@ of every case: needs=S (started only with that much of the call left; each measu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -396,25 +397,30 @@ def measure_pinned_pages(case: Case, row: dict, deadline: float) -> None:
     get_dummy_flat_data_page, `pin_memory=True`), then copies it into the host pool. The allocations for
     a 12.9k-token prompt's pages (201 of 64 tokens, bf16 K and V of 4 heads of 128) at the kt-restart
     slice's 2 layers and Qwen3-235B's 94, fresh and again (torch keeps freed pinned blocks), and
-    unpinned."""
+    unpinned: in a process of its own, so that each case's first allocation is a fresh one."""
     del case, deadline
-    import torch  # the machine's own
-
-    torch.cuda.init()
-    pages, page_tokens, kv_heads, head_dim = 201, 64, 4, 128
-
-    def seconds(layers: int, pinned: bool) -> float:
-        started = time.perf_counter()
-        held = [torch.zeros((2, layers, page_tokens, kv_heads, head_dim), dtype=torch.bfloat16,
-                            pin_memory=pinned) for _ in range(pages)]  # fmt: skip
-        elapsed = time.perf_counter() - started
-        del held
-        return round(elapsed, 3)
-
-    for name, layers in (("slice", 2), ("qwen3-235b", 94)):
-        row[name] = {"page_bytes": 2 * layers * page_tokens * kv_heads * head_dim * 2,
-                     "pinned_fresh_s": seconds(layers, True), "pinned_again_s": seconds(layers, True),
-                     "unpinned_s": seconds(layers, False)}  # fmt: skip
+    code = """
+import json, sys, time, torch
+torch.cuda.init()
+pages, page_tokens, kv_heads, head_dim = 201, 64, 4, 128
+def seconds(layers, pinned):
+    started = time.perf_counter()
+    held = [torch.zeros((2, layers, page_tokens, kv_heads, head_dim), dtype=torch.bfloat16,
+                        pin_memory=pinned) for _ in range(pages)]
+    elapsed = time.perf_counter() - started
+    del held
+    return round(elapsed, 3)
+print(json.dumps({name: {"page_bytes": 2 * layers * page_tokens * kv_heads * head_dim * 2,
+                         "pinned_fresh_s": seconds(layers, True), "pinned_again_s": seconds(layers, True),
+                         "unpinned_s": seconds(layers, False)}
+                  for name, layers in (("slice", 2), ("qwen3-235b", 94))}))
+"""
+    child = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    if child.returncode:
+        raise ValueError(f"the allocations' own process failed: {child.stderr[-300:]}")
+    row |= json.loads(child.stdout)
 
 
 def measure_fatbin(case: Case, row: dict, deadline: float) -> None:

@@ -245,3 +245,28 @@ def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
         assert run_in(container, ["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone
         after, cached = _prefilled(stack)
         assert after < 10 and cached > 500, (after, cached, said)  # the first save, restored whole
+
+
+def test_a_recurrent_models_checkpoints_move_with_its_save(
+    base_image: str, tiny_models: dict[str, Path], start_stack: StackFactory
+) -> None:
+    """ik_llama.cpp keeps context checkpoints of a recurrent model's state (Qwen3-Next's can't be rolled
+    back a token: a prompt seen again resumes from the last checkpoint before its end) and saves them
+    beside the slot's file (`.checkpoints`). The helper settles them with the save, and the restarted
+    server resumes the prompt from a checkpoint read back from that file, as the running one did."""
+    image = build_engine_image("ik_llama.cpp", "avx2", base_image)
+    stack = start_stack(image, tiny_models["qwen3next"], keep_prompts=True)
+    _logs_until(stack, "restore slot 0: nothing saved for this model and build yet")
+    first, _ = _prefilled(stack)
+    again, _ = _prefilled(stack)
+    assert first > 500 and again < 10, (first, again)  # the running server: from its last checkpoint
+    _restarted(stack)
+    logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
+    container = stack.client.compose.ps()[0]
+    settled = [name for name in run_in(container, ["ls", PROMPTS_DIR]).split() if "-slot0.bin" in name]
+    assert any(name.endswith("-slot0.bin.checkpoints") for name in settled), settled
+    assert not [name for name in settled if "saving" in name], settled
+    after, cached = _prefilled(stack)
+    assert after < 10 and cached > 500, (after, cached)
+    restarted = str(stack.client.compose.logs())[len(logs) :]
+    assert "restored context checkpoint" in restarted, restarted[-3000:]
