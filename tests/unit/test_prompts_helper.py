@@ -35,6 +35,7 @@ class SlowSaver:
     unanswered: bool = False  # as ik_llama.cpp when it drops the reply: the file written, no answer ever
     fill: bool = False  # the second half as big as the disk (it writes what fits)
     checkpoints: bool = False  # as ik_llama.cpp for a model with checkpoints: a .checkpoints file beside it
+    stall_s: float = 0.0  # as storage that stalls a write: the file held open, not growing, before its end
     restore_s: float = 0.0
     seen_midway: list[bytes | None] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
@@ -70,6 +71,7 @@ class SlowSaver:
                             out.write(b"x" * (8 << 20))
                             out.flush()
                     elif not (saver.fail or saver.short):
+                        time.sleep(saver.stall_s)
                         out.write(b"NEW-second-half")
                 if saver.checkpoints:
                     (saver.directory / f"{name}.checkpoints").write_bytes(b"NEW-checkpoints")
@@ -214,6 +216,14 @@ def test_an_unanswered_save_is_judged_on_disk_once_its_file_stops_growing(prompt
     done = _save(SlowSaver(prompts_dir, unanswered=True))
     assert "save slot 0: written, no reply" in done.stderr, done.stderr
     assert time.monotonic() - started < 30
+    assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
+
+
+def test_an_unanswered_save_is_not_judged_while_its_file_is_open(prompts_dir: Path) -> None:
+    """A write that stalls longer than the 10 s the helper waits for growth (slow storage): the server still
+    holds the file open, so the helper waits for it to close rather than keep half a save."""
+    done = _save(SlowSaver(prompts_dir, unanswered=True, stall_s=20))
+    assert "save slot 0: written, no reply" in done.stderr, done.stderr
     assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
 
 
