@@ -162,8 +162,9 @@ def _asked(port: int, number: int) -> str:
     return "answered"
 
 
-# ik_llama.cpp's run takes 352 s here against mainline's 23 (each of its five stops about 70 s under the
-# queued load): it runs in the slow tier (nightly), mainline's in every run.
+# ik_llama.cpp's run took 321 s here against mainline's 21 (its stops held by handlers waiting for replies
+# it had dropped); since the helper sends a second signal 10 s into a stop, 22 s and 62 s in two runs. It
+# stays in the slow tier (nightly), mainline's in every run.
 @pytest.mark.parametrize(
     "engine_image", ["llama.cpp", pytest.param("ik_llama.cpp", marks=pytest.mark.slow)], indirect=True
 )
@@ -239,7 +240,9 @@ def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
 
         stopped = time.monotonic()
         _restarted(stack)  # SIGTERM: the save of `other` meets the full disk
-        assert time.monotonic() - stopped < 120 and answers_health(stack.port)
+        took = time.monotonic() - stopped
+        helper = [x for x in str(stack.client.compose.logs()).splitlines() if "moe-stack-prompts:" in x]
+        assert took < 120 and answers_health(stack.port), (took, helper)
         logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
         said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
         assert run_in(container, ["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone

@@ -195,6 +195,45 @@ def test_a_stop_before_the_restore_ended_keeps_the_saved_slots(prompts_dir: Path
         assert (prompts_dir / SLOT_FILE).read_bytes() == b"NEW-first-half;NEW-second-half"
 
 
+# A server that a stop's SIGTERM doesn't end (ik_llama.cpp 8337e4c waits for the handler of a request whose
+# reply it dropped): one that a second signal ends (both engines exit on it), and one that takes SIGKILL.
+STUCK_SERVERS = {
+    "second signal": 'echo $$ >"$1"; n=0; trap "n=\\$((n + 1)); [ \\$n -ge 2 ] && exit 3" TERM; '
+    "while :; do sleep 0.1; done",
+    "SIGKILL": 'echo $$ >"$1"; trap "" TERM; while :; do sleep 0.1; done',
+}
+
+
+@pytest.mark.parametrize("server", STUCK_SERVERS, ids=list(STUCK_SERVERS))
+def test_a_server_that_does_not_stop_on_sigterm_is_ended(prompts_dir: Path, server: str) -> None:
+    """`serve`: the slots saved and the server signalled, it is still up 10 s later: a second SIGTERM, then
+    SIGKILL 5 s after that, so a stop ends well within the stack's grace period."""
+    saver, pid_file = SlowSaver(prompts_dir), prompts_dir.parent / "server.pid"
+    served = _served(saver)
+    try:
+        helper = subprocess.Popen(
+            ["bash", str(HELPER), "serve", "bash", "-c", STUCK_SERVERS[server], "server", str(pid_file)],
+            env=_env(saver, served),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 20
+        while "restore" not in saver.actions and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
+        stopped = time.monotonic()
+        helper.terminate()
+        _, said = helper.communicate(timeout=60)
+    finally:
+        served.shutdown()
+        served.server_close()
+    took = time.monotonic() - stopped
+    assert saver.actions == ["restore", "save"], (saver.actions, said)
+    assert "the server did not stop within 10 s of SIGTERM: a second signal ends it" in said, said
+    assert 10 <= took < (13 if server == "second signal" else 18), (took, said)
+    assert not Path(f"/proc/{pid_file.read_text().strip()}").exists(), said  # ended, and reaped
+
+
 def test_a_save_keeps_the_checkpoints_beside_its_file(prompts_dir: Path) -> None:
     """ik_llama.cpp writes a model's checkpoints beside the slot's file and counts them in its n_written:
     they move with the file (else the next save removes them, and the count says the file is short)."""
