@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -227,6 +228,10 @@ def test_a_server_that_does_not_stop_on_sigterm_is_ended(prompts_dir: Path, serv
     finally:
         served.shutdown()
         served.server_close()
+        if helper.poll() is None:  # the helper never ended its server (the failure): neither is left running
+            helper.kill()
+            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
     took = time.monotonic() - stopped
     assert saver.actions == ["restore", "save"], (saver.actions, said)
     assert "the server did not stop within 10 s of SIGTERM: a second signal ends it" in said, said
