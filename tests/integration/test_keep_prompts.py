@@ -62,6 +62,11 @@ def _prefilled(stack: RunningStack, prompt: str = LONG_PROMPT) -> tuple[int, int
     return int(timings["prompt_n"]), int(timings.get("cache_n", reply.get("tokens_cached", 0)))
 
 
+def _said(logs: str) -> list[str]:
+    """The helper's lines of an engine's log."""
+    return [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
+
+
 def _logs_until(stack: RunningStack, line: str, times: int = 1, timeout_s: float = 120) -> str:
     """The engine's log once `line` is in it `times` times (AssertionError with its helper's lines if not)."""
     deadline = time.monotonic() + timeout_s
@@ -70,8 +75,7 @@ def _logs_until(stack: RunningStack, line: str, times: int = 1, timeout_s: float
         if logs.count(line) >= times:
             return logs
         time.sleep(1)
-    said = [entry for entry in logs.splitlines() if "moe-stack-prompts:" in entry]
-    raise AssertionError(f"no {line!r} ×{times} in the engine's log within {timeout_s:.0f} s: {said}")
+    raise AssertionError(f"no {line!r} ×{times} in the engine's log within {timeout_s:.0f} s: {_said(logs)}")
 
 
 def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
@@ -90,7 +94,7 @@ def test_a_restarted_server_takes_a_seen_prompt_from_its_saved_slot(
     _restarted(stack)  # SIGTERM: the entrypoint saves slot 0, then stops the server
     # ik_llama.cpp at its pinned ref loses some replies to a save or restore it did (moe-stack-prompts)
     logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)  # the first start's, then this
-    said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
+    said = _said(logs)
     assert any("save slot 0: done" in line or "save slot 0: written" in line for line in said), said
     after, cached = _prefilled(stack)
     assert after < 10 and cached > 500, (after, cached)  # from the restored slot, not prefilled again
@@ -241,10 +245,9 @@ def test_a_save_that_fills_the_disk_keeps_the_last_whole_one(
         stopped = time.monotonic()
         _restarted(stack)  # SIGTERM: the save of `other` meets the full disk
         took = time.monotonic() - stopped
-        helper = [x for x in str(stack.client.compose.logs()).splitlines() if "moe-stack-prompts:" in x]
-        assert took < 120 and answers_health(stack.port), (took, helper)
+        assert took < 120 and answers_health(stack.port), (took, _said(str(stack.client.compose.logs())))
         logs = _logs_until(stack, "moe-stack-prompts: restore slot 0: ", times=2)
-        said = [line for line in logs.splitlines() if "moe-stack-prompts:" in line]
+        said = _said(logs)
         assert run_in(container, ["ls", PROMPTS_DIR]).split() == saved, said  # the filler, the partial gone
         after, cached = _prefilled(stack)
         assert after < 10 and cached > 500, (after, cached, said)  # the first save, restored whole

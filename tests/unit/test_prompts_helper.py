@@ -165,28 +165,40 @@ def test_a_save_answered_but_cut_short_keeps_the_last_whole_one(prompts_dir: Pat
     assert sorted(p.name for p in prompts_dir.iterdir()) == [".moe-stack", SLOT_FILE]  # the short one removed
 
 
+def _stopped_while_serving(saver: SlowSaver, *command: str, timeout_s: float = 30) -> tuple[str, float]:
+    """`serve COMMAND` against `saver`, stopped (SIGTERM) a second after it asked for the restore: what it
+    said, and how long the stop took. A helper not ended within `timeout_s` is killed with its server."""
+    server = _served(saver)
+    helper = subprocess.Popen(
+        ["bash", str(HELPER), "serve", *command],
+        env=_env(saver, server),
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the helper and its server
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while "restore" not in saver.actions and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the restore answered, or still waits
+        stopped = time.monotonic()
+        helper.terminate()
+        _, said = helper.communicate(timeout=timeout_s)
+        return said, time.monotonic() - stopped
+    finally:
+        server.shutdown()
+        server.server_close()
+        if helper.poll() is None:  # the helper never ended its server (the failure): neither is left running
+            os.killpg(helper.pid, signal.SIGKILL)
+            helper.wait()
+
+
 @pytest.mark.parametrize("restore_s", [0.0, 20.0])
 def test_a_stop_before_the_restore_ended_keeps_the_saved_slots(prompts_dir: Path, restore_s: float) -> None:
     """`serve`: stopped while the restore still waits (20 s: clients hold the slot), the helper saves
     nothing; stopped after it, it saves as ever (the control)."""
     saver = SlowSaver(prompts_dir, restore_s=restore_s)
-    server = _served(saver)
-    try:
-        helper = subprocess.Popen(
-            ["bash", str(HELPER), "serve", "sleep", "60"],
-            env=_env(saver, server),
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 20
-        while "restore" not in saver.actions and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1)  # the restore answered (the control) or still waits
-        helper.terminate()
-        _, said = helper.communicate(timeout=30)
-    finally:
-        server.shutdown()
-        server.server_close()
+    said, _ = _stopped_while_serving(saver, "sleep", "60")
     if restore_s:
         assert saver.actions == ["restore"], saver.actions
         assert "stopped before the slots were restored: the saved ones are kept as they were" in said, said
@@ -210,29 +222,8 @@ def test_a_server_that_does_not_stop_on_sigterm_is_ended(prompts_dir: Path, serv
     """`serve`: the slots saved and the server signalled, it is still up 10 s later: a second SIGTERM, then
     SIGKILL 5 s after that, so a stop ends well within the stack's grace period."""
     saver, pid_file = SlowSaver(prompts_dir), prompts_dir.parent / "server.pid"
-    served = _served(saver)
-    try:
-        helper = subprocess.Popen(
-            ["bash", str(HELPER), "serve", "bash", "-c", STUCK_SERVERS[server], "server", str(pid_file)],
-            env=_env(saver, served),
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 20
-        while "restore" not in saver.actions and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1)
-        stopped = time.monotonic()
-        helper.terminate()
-        _, said = helper.communicate(timeout=60)
-    finally:
-        served.shutdown()
-        served.server_close()
-        if helper.poll() is None:  # the helper never ended its server (the failure): neither is left running
-            helper.kill()
-            with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    took = time.monotonic() - stopped
+    command = ("bash", "-c", STUCK_SERVERS[server], "server", str(pid_file))
+    said, took = _stopped_while_serving(saver, *command, timeout_s=60)
     assert saver.actions == ["restore", "save"], (saver.actions, said)
     assert "the server did not stop within 10 s of SIGTERM: a second signal ends it" in said, said
     assert 10 <= took < (13 if server == "second signal" else 18), (took, said)
